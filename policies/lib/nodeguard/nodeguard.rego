@@ -1,0 +1,376 @@
+# METADATA
+# title: nodeguard rule library
+# description: |
+#   A Node may be deleted only when no InfraMachine linked to it still exists.
+#   Pure functions over (review, inventory, parameters); the inventory has
+#   Gatekeeper's layout: inventory.namespace[ns][groupVersion][Kind][name].
+#   Every runtime (Gatekeeper, the enforcer, the OPA bundle) calls decide/3.
+package lib.nodeguard
+
+# METADATA
+# title: Default synced InfraMachine kinds
+# description: |
+#   Kinds whose objects are synced, so their absence proves the host is gone.
+#   The rule reads group and kind; version is the one the generated sync
+#   config asks Gatekeeper to watch.
+default_infra_machine_kinds := [
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "AWSMachine"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "AzureMachine"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "AzureMachinePoolMachine"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "GCPMachine"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "VSphereMachine"},
+	{"group": "vmware.infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "VSphereMachine"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "OpenStackMachine"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "Metal3Machine"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "IBMVPCMachine"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "IBMPowerVSMachine"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "HCloudMachine"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "HetznerBareMetalMachine"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "NutanixMachine"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1alpha1", "kind": "KubevirtMachine"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "DockerMachine"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "DevMachine"},
+]
+
+# METADATA
+# title: Default synced InfraMachinePool kinds
+# description: Pool kinds whose spec.providerIDList links Nodes to the pool.
+default_infra_machine_pool_kinds := [
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "AWSMachinePool"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "AzureMachinePool"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "GCPMachinePool"},
+	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "DockerMachinePool"},
+]
+
+# METADATA
+# title: Default parameters
+# description: What a Constraint without parameters means.
+default_parameters := {
+	"infraMachineKinds": default_infra_machine_kinds,
+	"infraMachinePoolKinds": default_infra_machine_pool_kinds,
+	"allowUnverifiedKinds": false,
+	"clusterName": "",
+	"clusterNamespace": "",
+	"exemptUsers": [],
+	"exemptGroups": [],
+}
+
+# METADATA
+# title: Decide
+# description: |
+#   The decision for one admission review: allowed, blockers (linked
+#   InfraMachines that still exist), unverified (linked Machines whose
+#   InfraMachine kind is not synced), messages (one sentence each) and
+#   warnings (what an exempt user bypassed).
+decide(review, inventory, parameters) := _decide_judged(review, inventory, object.union(default_parameters, _object_or_empty(parameters))) if {
+	judged(review)
+} else := {"allowed": true, "blockers": [], "unverified": [], "messages": [], "warnings": []}
+
+# METADATA
+# title: Judged
+# description: |
+#   Only DELETE of a core Node is judged; other operations, other kinds and
+#   audit reviews (which carry no operation) yield no violation.
+judged(review) if {
+	review.operation == "DELETE"
+	review.kind.kind == "Node"
+	object.get(review.kind, "group", "") == ""
+}
+
+_object_or_empty(x) := x if {
+	is_object(x)
+} else := {}
+
+_decide_judged(review, inventory, params) := _decide_node(node, inventory, params, _user(review)) if {
+	node := _node(review)
+} else := _deny_unknown_node(review)
+
+# On DELETE the API server sends the Node as oldObject; Gatekeeper also copies
+# it to object.
+_node(review) := review.oldObject if {
+	count(object.get(review, "oldObject", {})) > 0
+} else := review.object if {
+	count(object.get(review, "object", {})) > 0
+}
+
+_user(review) := object.get(review, "userInfo", {})
+
+# Fail closed: a Node we cannot see might be linked to anything.
+_deny_unknown_node(review) := {
+	"allowed": false,
+	"blockers": [],
+	"unverified": [],
+	"messages": [sprintf(
+		"Node %q cannot be judged: the DELETE request carries no oldObject, so nodeguard cannot tell which InfraMachines are linked to it; retry the delete.",
+		[object.get(review, "name", "")],
+	)],
+	"warnings": [],
+}
+
+_decide_node(node, inventory, params, user) := _verdict(node, blockers, unverified, reasons, _exempt_by(user, params)) if {
+	blockers := _blockers(node, inventory, params)
+	unverified := _unverified(node, inventory, params)
+	reasons := array.concat(
+		[_blocker_sentence(node, b) | some b in blockers],
+		[_unverified_sentence(node, u) | some u in unverified],
+	)
+}
+
+_verdict(node, blockers, unverified, reasons, exempt_by) := {
+	"allowed": true,
+	"blockers": blockers,
+	"unverified": unverified,
+	"messages": [],
+	"warnings": [],
+} if {
+	count(reasons) == 0
+} else := {
+	"allowed": true,
+	"blockers": blockers,
+	"unverified": unverified,
+	"messages": [],
+	"warnings": [sprintf(
+		"nodeguard: %s is exempt, so the delete of Node %q was allowed although it would be denied: %s",
+		[exempt_by, node.metadata.name, concat(" ", reasons)],
+	)],
+} if {
+	exempt_by != ""
+} else := {
+	"allowed": false,
+	"blockers": blockers,
+	"unverified": unverified,
+	"messages": reasons,
+	"warnings": [],
+}
+
+_exempt_by(user, params) := sprintf("user %q", [user.username]) if {
+	user.username in params.exemptUsers
+} else := sprintf("group %q", [group]) if {
+	some group in object.get(user, "groups", [])
+	group in params.exemptGroups
+} else := ""
+
+# --- Links -------------------------------------------------------------------
+
+# Each link is [infra key, how]; a key is {group, kind, namespace, name}.
+_links(node, inventory, params) := (_machine_links(node, inventory, params) | _infra_provider_id_links(node, inventory, params)) | _pool_links(node, inventory, params)
+
+# Links 1, 2 and 4 go through a Machine to the InfraMachine it references.
+_machine_links(node, inventory, params) := {[key, link] |
+	some ns, gv, name
+	machine := inventory.namespace[ns][gv].Machine[name]
+	_group(gv) == "cluster.x-k8s.io"
+	_machine_in_scope(ns, machine, params)
+	some link_type in _machine_link_types(node, ns, name, machine)
+	key := _infra_ref(ns, machine)
+	link := {"type": link_type, "machine": sprintf("%s/%s", [ns, name])}
+}
+
+_machine_link_types(node, ns, name, machine) := {link_type |
+	some link_type in {"machineNodeRef", "machineProviderID", "nodeAnnotation"}
+	_machine_linked(link_type, node, ns, name, machine)
+}
+
+_machine_linked("machineNodeRef", node, _, _, machine) if {
+	machine.status.nodeRef.name == node.metadata.name
+}
+
+_machine_linked("machineProviderID", node, _, _, machine) if {
+	_provider_id(node) != ""
+	machine.spec.providerID == _provider_id(node)
+}
+
+# Annotations can be edited by anyone who may update the Node, so this link
+# only ever adds blockers; it never removes one found by another link.
+_machine_linked("nodeAnnotation", node, ns, name, _) if {
+	node.metadata.annotations["cluster.x-k8s.io/machine"] == name
+	node.metadata.annotations["cluster.x-k8s.io/cluster-namespace"] == ns
+}
+
+# Link 3: an InfraMachine whose own spec.providerID is the Node's.
+_infra_provider_id_links(node, inventory, params) := {[key, {"type": "infraProviderID"}] |
+	pid := _provider_id(node)
+	pid != ""
+	some kind in params.infraMachineKinds
+	some ns, gv, name
+	obj := inventory.namespace[ns][gv][kind.kind][name]
+	_group(gv) == kind.group
+	_infra_in_scope(ns, obj, params)
+	obj.spec.providerID == pid
+	key := {"group": kind.group, "kind": kind.kind, "namespace": ns, "name": name}
+}
+
+# Link 5: an InfraMachinePool listing the Node's providerID.
+_pool_links(node, inventory, params) := {[key, {"type": "poolProviderIDList"}] |
+	pid := _provider_id(node)
+	pid != ""
+	some kind in params.infraMachinePoolKinds
+	some ns, gv, name
+	obj := inventory.namespace[ns][gv][kind.kind][name]
+	_group(gv) == kind.group
+	_infra_in_scope(ns, obj, params)
+	pid in object.get(obj, ["spec", "providerIDList"], [])
+	key := {"group": kind.group, "kind": kind.kind, "namespace": ns, "name": name}
+}
+
+_provider_id(node) := object.get(node, ["spec", "providerID"], "")
+
+# v1beta2 refs carry apiGroup and live in the Machine's namespace; v1beta1
+# refs carry apiVersion and may name a namespace.
+_infra_ref(machine_ns, machine) := {
+	"group": _ref_group(ref),
+	"kind": ref.kind,
+	"namespace": _ref_namespace(ref, machine_ns),
+	"name": ref.name,
+} if {
+	ref := machine.spec.infrastructureRef
+}
+
+_ref_group(ref) := ref.apiGroup if {
+	is_string(ref.apiGroup)
+} else := _group(ref.apiVersion)
+
+_ref_namespace(ref, machine_ns) := ref.namespace if {
+	ref.namespace != ""
+} else := machine_ns
+
+# "group/version" -> group; core "v1" -> "".
+_group(gv) := split(gv, "/")[0] if {
+	contains(gv, "/")
+} else := ""
+
+# --- Cluster scope -------------------------------------------------------------
+
+_machine_in_scope(ns, machine, params) if {
+	_namespace_in_scope(ns, params)
+	_machine_cluster_in_scope(machine, params)
+}
+
+_namespace_in_scope(_, params) if params.clusterNamespace == ""
+
+_namespace_in_scope(ns, params) if ns == params.clusterNamespace
+
+_machine_cluster_in_scope(_, params) if params.clusterName == ""
+
+_machine_cluster_in_scope(machine, params) if machine.spec.clusterName == params.clusterName
+
+_machine_cluster_in_scope(machine, params) if {
+	machine.metadata.labels["cluster.x-k8s.io/cluster-name"] == params.clusterName
+}
+
+# An InfraMachine without a cluster-name label might belong to this cluster,
+# so it counts (fail closed); one labelled for another cluster does not.
+_infra_in_scope(ns, obj, params) if {
+	_namespace_in_scope(ns, params)
+	_infra_cluster_in_scope(obj, params)
+}
+
+_infra_cluster_in_scope(_, params) if params.clusterName == ""
+
+_infra_cluster_in_scope(obj, params) if {
+	object.get(obj, ["metadata", "labels", "cluster.x-k8s.io/cluster-name"], "") in {"", params.clusterName}
+}
+
+# --- Blockers and unverified kinds ---------------------------------------------
+
+_blockers(node, inventory, params) := [blocker |
+	links := _links(node, inventory, params)
+	some key in {pair[0] | some pair in links}
+	some found in _lookup(inventory, key)
+	blocker := object.union(key, {
+		"version": found.version,
+		"deleting": _deleting(found.obj),
+		"links": _links_of(links, key),
+	})
+]
+
+# The inventory keys objects by groupVersion; a reference's version may differ
+# from the synced one, so match on group and take the lowest synced version
+# when several are synced.
+_lookup(inventory, key) := [{"version": version, "obj": obj}] if {
+	versions := {_version(gv) |
+		some gv
+		inventory.namespace[key.namespace][gv][key.kind][key.name]
+		_group(gv) == key.group
+	}
+	count(versions) > 0
+	version := min(versions)
+	obj := inventory.namespace[key.namespace][_gv(key.group, version)][key.kind][key.name]
+} else := []
+
+_version(gv) := split(gv, "/")[1] if {
+	contains(gv, "/")
+} else := gv
+
+_gv(group, version) := sprintf("%s/%s", [group, version]) if {
+	group != ""
+} else := version
+
+_deleting(obj) if {
+	obj.metadata.deletionTimestamp
+} else := false
+
+# A Machine-linked InfraMachine that is absent proves nothing when its kind is
+# not synced: deny unless the parameters opt out.
+_unverified(node, inventory, params) := [] if {
+	params.allowUnverifiedKinds == true
+} else := [entry |
+	links := _machine_links(node, inventory, params)
+	some key in {pair[0] | some pair in links}
+	count(_lookup(inventory, key)) == 0
+	not _synced(key, params.infraMachineKinds)
+	entry := object.union(key, {"links": _links_of(links, key)})
+]
+
+# Sets iterate in sorted order, so the links of a key come out stable.
+_links_of(links, key) := [pair[1] | some pair in links; pair[0] == key]
+
+_synced(key, kinds) if {
+	some kind in kinds
+	kind.group == key.group
+	kind.kind == key.kind
+}
+
+# --- Messages ------------------------------------------------------------------
+
+_blocker_sentence(node, b) := sprintf(
+	"Node %q cannot be deleted: %s %s/%s (%s) %s, linked by %s; %s.",
+	[node.metadata.name, b.kind, b.namespace, b.name, b.group, _state(b), _links_phrase(b.links), _advice(node, b)],
+)
+
+_state(b) := "is being deleted but still exists" if {
+	b.deleting
+} else := "still exists"
+
+# What to do next depends on who owns the host: a Machine, a pool, or nobody.
+_advice(node, b) := "its host may still be running: wait until it is gone, then delete the Node" if {
+	b.deleting
+} else := sprintf("delete Machine %s instead; Cluster API deletes the Node once the %s is gone", [machine, b.kind]) if {
+	some link in b.links
+	machine := link.machine
+} else := sprintf("scale the MachinePool down instead; the delete is allowed once the %s no longer lists providerID %q", [b.kind, _provider_id(node)]) if {
+	some link in b.links
+	link.type == "poolProviderIDList"
+} else := sprintf("delete the %s first, then the Node", [b.kind])
+
+_unverified_sentence(node, u) := sprintf(
+	"Node %q cannot be deleted: it is linked by %s to %s %s/%s of group %q, a kind nodeguard does not see, so nodeguard cannot prove that host is gone; %s.",
+	[node.metadata.name, _links_phrase(u.links), u.kind, u.namespace, u.name, u.group, _unverified_advice(u)],
+)
+
+_unverified_advice(u) := sprintf(
+	"add {group: %q, kind: %q} to infraMachineKinds and to the sync config, or set allowUnverifiedKinds: true",
+	[u.group, u.kind],
+)
+
+_links_phrase(links) := concat(" and ", [_link_phrase(link) | some link in links])
+
+_link_phrase(link) := sprintf("Machine %s (status.nodeRef)", [link.machine]) if {
+	link.type == "machineNodeRef"
+} else := sprintf("Machine %s (spec.providerID)", [link.machine]) if {
+	link.type == "machineProviderID"
+} else := sprintf("Machine %s (named by the Node's cluster.x-k8s.io/machine annotation)", [link.machine]) if {
+	link.type == "nodeAnnotation"
+} else := "its own spec.providerID" if {
+	link.type == "infraProviderID"
+} else := "its spec.providerIDList"

@@ -1,0 +1,15 @@
+# METADATA
+# title: nodeguard enforcer entry point
+# description: |
+#   Takes everything from input, so one prepared query (data.nodeguard.decision)
+#   serves every request: input.review (an AdmissionRequest), input.inventory
+#   (Gatekeeper's layout) and input.parameters (a Constraint's spec.parameters).
+package nodeguard
+
+import data.lib.nodeguard
+
+# METADATA
+# title: Decision
+# description: The decision object - allowed, blockers, unverified, messages, warnings.
+# entrypoint: true
+decision := nodeguard.decide(input.review, object.get(input, "inventory", {}), object.get(input, "parameters", {}))

@@ -1,0 +1,36 @@
+# METADATA
+# title: Tests of the enforcer entry point
+# description: decision takes review, inventory and parameters from input.
+package nodeguard_test
+
+import data.lib.nodeguard_test as fixtures
+import data.nodeguard
+
+test_decision_denies_with_blockers if {
+	d := nodeguard.decision with input as {
+		"review": fixtures.delete_review(fixtures.capa_node),
+		"inventory": fixtures.inventory([fixtures.capa_machine, fixtures.capa_infra]),
+		"parameters": {},
+	}
+	d.allowed == false
+	d.blockers[0].kind == "AWSMachine"
+	d.blockers[0].version == "v1beta2"
+	count(d.messages) == 1
+	d.warnings == []
+}
+
+test_decision_allows_without_inventory if {
+	d := nodeguard.decision with input as {"review": fixtures.delete_review(fixtures.capa_node)}
+	d.allowed == true
+	d.blockers == []
+}
+
+test_decision_warns_for_exempt_group if {
+	d := nodeguard.decision with input as {
+		"review": fixtures.delete_review(fixtures.capa_node),
+		"inventory": fixtures.inventory([fixtures.capa_machine, fixtures.capa_infra]),
+		"parameters": {"exemptGroups": ["system:authenticated"]},
+	}
+	d.allowed == true
+	count(d.warnings) == 1
+}
