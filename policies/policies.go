@@ -1,0 +1,71 @@
+// Package policies embeds the Rego sources of the rule so that every runtime
+// (the generated Gatekeeper template, the enforcer, the OPA bundle) reads the
+// same bytes.
+package policies
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strings"
+)
+
+//go:embed lib k8snodeguard nodeguard
+var sources embed.FS
+
+// File is one Rego source file.
+type File struct {
+	Path   string // relative to policies/
+	Source string
+}
+
+// Paths of the entry points; the library is everything under lib/.
+const (
+	GatekeeperEntry = "k8snodeguard/src.rego"
+	EnforcerEntry   = "nodeguard/decision.rego"
+	// EnforcerQuery is the one query the enforcer prepares.
+	EnforcerQuery = "data.nodeguard.decision"
+)
+
+// Library returns the rule library (package lib.*), tests excluded, sorted by path.
+func Library() ([]File, error) {
+	return collect("lib")
+}
+
+// All returns every non-test Rego file, sorted by path.
+func All() ([]File, error) {
+	return collect(".")
+}
+
+// Read returns one embedded file.
+func Read(path string) (File, error) {
+	b, err := sources.ReadFile(path)
+	if err != nil {
+		return File{}, fmt.Errorf("read embedded policy %s: %w", path, err)
+	}
+	return File{Path: path, Source: string(b)}, nil
+}
+
+func collect(root string) ([]File, error) {
+	var files []File
+	err := fs.WalkDir(sources, root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".rego") || strings.HasSuffix(path, "_test.rego") {
+			return nil
+		}
+		f, err := Read(path)
+		if err != nil {
+			return err
+		}
+		files = append(files, f)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("walk embedded policies under %s: %w", root, err)
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
+	return files, nil
+}
