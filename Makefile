@@ -1,0 +1,47 @@
+# nodeguard: `make test` runs everything CI runs.
+GO ?= go
+OPA := $(GO) tool opa
+GATOR := $(GO) tool gator
+# Regal has its own tools module: it does not build against OPA v1.22's deps.
+REGAL := $(GO) tool -modfile=tools/regal/go.mod regal
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+SIGNING_KEY ?=
+COVERAGE_MIN ?= 95
+
+.PHONY: test lint policy-test generate generate-check gatekeeper-test go-test bundle
+
+test: lint policy-test generate-check gatekeeper-test go-test
+
+lint:
+	@echo "== lint: opa fmt, opa check --strict, regal, gofmt, go vet"
+	@out="$$($(OPA) fmt -l policies)"; if [ -n "$$out" ]; then echo "opa fmt would change: $$out" >&2; $(OPA) fmt -d policies; exit 1; fi
+	$(OPA) check --strict policies
+	$(REGAL) lint policies
+	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; if [ -n "$$out" ]; then echo "gofmt would change: $$out" >&2; exit 1; fi
+	$(GO) vet ./...
+
+policy-test:
+	@echo "== opa test (with coverage)"
+	$(OPA) test policies
+	$(OPA) test --coverage policies | $(GO) run ./internal/cmd/coverage -min $(COVERAGE_MIN)
+
+generate:
+	$(GO) run ./internal/cmd/generate
+
+generate-check:
+	@echo "== generated files match policies/"
+	$(GO) run ./internal/cmd/generate -check
+
+gatekeeper-test:
+	@echo "== gator verify and sync test"
+	$(GATOR) verify constraints/
+	$(GATOR) sync test --force-omit-gvk-manifest -n constraints/template.yaml -n constraints/syncset.yaml
+	$(GATOR) sync test --force-omit-gvk-manifest -n constraints/template.yaml -n constraints/config.yaml
+
+go-test:
+	@echo "== go test (kustomize render, bundle build+sign+verify, Gatekeeper engine, ...)"
+	$(GO) test ./...
+
+bundle:
+	@mkdir -p build
+	$(GO) run ./internal/cmd/bundle -o build/nodeguard-bundle.tar.gz -revision "$(REVISION)" $(if $(SIGNING_KEY),-signing-key "$(SIGNING_KEY)")
