@@ -4,11 +4,14 @@
 package policies
 
 import (
+	"context"
 	"embed"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strings"
+
+	"github.com/open-policy-agent/opa/v1/rego"
 )
 
 //go:embed lib k8snodeguard nodeguard
@@ -68,4 +71,29 @@ func collect(root string) ([]File, error) {
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
 	return files, nil
+}
+
+// DefaultParameters evaluates data.lib.nodeguard.default_parameters: what a
+// Constraint without parameters means.
+func DefaultParameters(ctx context.Context) (map[string]any, error) {
+	lib, err := Library()
+	if err != nil {
+		return nil, err
+	}
+	opts := []func(*rego.Rego){rego.Query("data.lib.nodeguard.default_parameters")}
+	for _, f := range lib {
+		opts = append(opts, rego.Module(f.Path, f.Source))
+	}
+	rs, err := rego.New(opts...).Eval(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("evaluate default parameters: %w", err)
+	}
+	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
+		return nil, fmt.Errorf("evaluate default parameters: want one result, got %d", len(rs))
+	}
+	params, ok := rs[0].Expressions[0].Value.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("default parameters are %T, not an object", rs[0].Expressions[0].Value)
+	}
+	return params, nil
 }

@@ -10,7 +10,6 @@ import (
 	"fmt"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-	"github.com/open-policy-agent/opa/v1/rego"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/nodeguard/nodeguard/policies"
@@ -50,24 +49,13 @@ type Info struct {
 	Description string
 }
 
-// LoadDefaults evaluates data.lib.nodeguard.default_parameters.
+// LoadDefaults reads the default parameters from the Rego.
 func LoadDefaults(ctx context.Context) (Defaults, error) {
-	lib, err := policies.Library()
+	params, err := policies.DefaultParameters(ctx)
 	if err != nil {
 		return Defaults{}, err
 	}
-	opts := []func(*rego.Rego){rego.Query("data.lib.nodeguard.default_parameters")}
-	for _, f := range lib {
-		opts = append(opts, rego.Module(f.Path, f.Source))
-	}
-	rs, err := rego.New(opts...).Eval(ctx)
-	if err != nil {
-		return Defaults{}, fmt.Errorf("evaluate default parameters: %w", err)
-	}
-	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
-		return Defaults{}, fmt.Errorf("evaluate default parameters: want one result, got %d", len(rs))
-	}
-	raw, err := json.Marshal(rs[0].Expressions[0].Value)
+	raw, err := json.Marshal(params)
 	if err != nil {
 		return Defaults{}, fmt.Errorf("encode default parameters: %w", err)
 	}

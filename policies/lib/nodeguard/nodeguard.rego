@@ -363,14 +363,20 @@ _unverified_advice(u) := sprintf(
 	[u.group, u.kind],
 )
 
-_links_phrase(links) := concat(" and ", [_link_phrase(link) | some link in links])
+# One phrase per Machine (naming each of its links), then the direct links.
+_links_phrase(links) := concat(" and ", array.concat(
+	[sprintf("Machine %s (%s)", [machine, concat(", ", [_machine_field(l.type) | some l in links; l.machine == machine])]) |
+		some machine in {l.machine | some l in links; l.machine}
+	],
+	[_direct_phrase(l.type) | some l in links; not l.machine],
+))
 
-_link_phrase(link) := sprintf("Machine %s (status.nodeRef)", [link.machine]) if {
-	link.type == "machineNodeRef"
-} else := sprintf("Machine %s (spec.providerID)", [link.machine]) if {
-	link.type == "machineProviderID"
-} else := sprintf("Machine %s (named by the Node's cluster.x-k8s.io/machine annotation)", [link.machine]) if {
-	link.type == "nodeAnnotation"
-} else := "its own spec.providerID" if {
-	link.type == "infraProviderID"
-} else := "its spec.providerIDList"
+_machine_field("machineNodeRef") := "status.nodeRef"
+
+_machine_field("machineProviderID") := "spec.providerID"
+
+_machine_field("nodeAnnotation") := "named by the Node's cluster.x-k8s.io/machine annotation"
+
+_direct_phrase("infraProviderID") := "its own spec.providerID"
+
+_direct_phrase("poolProviderIDList") := "its spec.providerIDList"

@@ -398,9 +398,7 @@ test_message_names_node_blocker_link_and_next_step if {
 	d := decide(capa_node, [capa_machine, capa_infra])
 	msg := d.messages[0]
 	startswith(msg, `Node "ip-10-0-1-17.ec2.internal" cannot be deleted: AWSMachine prod/prod-md-0-q8z4v (infrastructure.cluster.x-k8s.io) still exists`)
-	contains(msg, "Machine prod/prod-md-0-q8z4v (status.nodeRef)")
-	contains(msg, "Machine prod/prod-md-0-q8z4v (spec.providerID)")
-	contains(msg, "its own spec.providerID")
+	contains(msg, "linked by Machine prod/prod-md-0-q8z4v (status.nodeRef, spec.providerID) and its own spec.providerID;")
 	contains(msg, "delete Machine prod/prod-md-0-q8z4v instead")
 }
 

@@ -1,0 +1,174 @@
+// Package check implements `nodeguard check`: would deleting this Node be
+// allowed? Offline against manifest files, or live against a cluster.
+package check
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/policies"
+)
+
+// Exit codes: scripts depend on them.
+const (
+	ExitAllowed = 0
+	ExitError   = 1
+	ExitDenied  = 2
+)
+
+// Options are the flags of `nodeguard check`.
+type Options struct {
+	Node       string
+	Files      []string
+	Cluster    string
+	User       string
+	Groups     []string
+	Constraint string
+	Output     string
+	Kubeconfig string
+	Context    string
+}
+
+// Result is what -o json prints.
+type Result struct {
+	Node    string `json:"node"`
+	Cluster string `json:"cluster,omitempty"`
+	decision.Decision
+}
+
+// Run judges the delete and prints the result; the int is the exit code.
+func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
+	if opts.Node == "" {
+		return ExitError, fmt.Errorf("--node is required")
+	}
+	if opts.Output != "text" && opts.Output != "json" {
+		return ExitError, fmt.Errorf("-o %q: want text or json", opts.Output)
+	}
+	var params map[string]any
+	if opts.Constraint != "" {
+		p, err := manifest.ConstraintParameters(opts.Constraint)
+		if err != nil {
+			return ExitError, err
+		}
+		params = p
+	}
+	var (
+		d   decision.Decision
+		err error
+	)
+	if len(opts.Files) > 0 {
+		d, err = offline(ctx, opts, params)
+	} else {
+		d, err = live(ctx, opts, params)
+	}
+	if err != nil {
+		return ExitError, err
+	}
+	if err := print(out, opts, d); err != nil {
+		return ExitError, err
+	}
+	if !d.Allowed {
+		return ExitDenied, nil
+	}
+	return ExitAllowed, nil
+}
+
+func offline(ctx context.Context, opts Options, params map[string]any) (decision.Decision, error) {
+	objs, err := manifest.Load(opts.Files...)
+	if err != nil {
+		return decision.Decision{}, err
+	}
+	var node *unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetAPIVersion() == "v1" && o.GetKind() == "Node" && o.GetName() == opts.Node {
+			node = o
+		}
+	}
+	if node == nil {
+		return decision.Decision{}, fmt.Errorf("node %q not found in %v", opts.Node, opts.Files)
+	}
+	effective, err := policies.DefaultParameters(ctx)
+	if err != nil {
+		return decision.Decision{}, err
+	}
+	for k, v := range params {
+		effective[k] = v
+	}
+	infra, err := groupKinds(effective, "infraMachineKinds")
+	if err != nil {
+		return decision.Decision{}, err
+	}
+	pools, err := groupKinds(effective, "infraMachinePoolKinds")
+	if err != nil {
+		return decision.Decision{}, err
+	}
+	inv, err := inventory.FromObjects(objs, infra, pools)
+	if err != nil {
+		return decision.Decision{}, err
+	}
+	g, err := guard.New(ctx, inv, guard.Options{Parameters: params})
+	if err != nil {
+		return decision.Decision{}, err
+	}
+	return g.Decide(ctx, request(opts, node))
+}
+
+func request(opts Options, node *unstructured.Unstructured) guard.Request {
+	return guard.Request{
+		Node:     node,
+		Cluster:  opts.Cluster,
+		UserInfo: authenticationv1.UserInfo{Username: opts.User, Groups: opts.Groups},
+	}
+}
+
+// groupKinds reads a list of {group, kind} parameters.
+func groupKinds(params map[string]any, key string) ([]schema.GroupKind, error) {
+	list, ok := params[key].([]any)
+	if !ok {
+		return nil, fmt.Errorf("parameter %s: want a list of {group, kind}, got %T", key, params[key])
+	}
+	out := make([]schema.GroupKind, 0, len(list))
+	for i, item := range list {
+		m, _ := item.(map[string]any)
+		group, _ := m["group"].(string)
+		kind, _ := m["kind"].(string)
+		if kind == "" {
+			return nil, fmt.Errorf("parameter %s[%d]: want {group, kind}, got %v", key, i, item)
+		}
+		out = append(out, schema.GroupKind{Group: group, Kind: kind})
+	}
+	return out, nil
+}
+
+func print(out io.Writer, opts Options, d decision.Decision) error {
+	if opts.Output == "json" {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(Result{Node: opts.Node, Cluster: opts.Cluster, Decision: d}); err != nil {
+			return fmt.Errorf("write result: %w", err)
+		}
+		return nil
+	}
+	if d.Allowed {
+		fmt.Fprintf(out, "ALLOWED: Node %q may be deleted: no InfraMachine linked to it still exists.\n", opts.Node)
+	} else {
+		fmt.Fprintf(out, "DENIED: Node %q may not be deleted yet.\n", opts.Node)
+	}
+	for _, m := range d.Messages {
+		fmt.Fprintf(out, "  - %s\n", m)
+	}
+	for _, w := range d.Warnings {
+		fmt.Fprintf(out, "warning: %s\n", w)
+	}
+	return nil
+}

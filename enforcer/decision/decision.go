@@ -1,0 +1,112 @@
+// Package decision evaluates nodeguard's Rego rule (the embedded policies/,
+// entry point data.nodeguard.decision) with one query prepared at start-up and
+// reused for every request.
+package decision
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/open-policy-agent/opa/v1/rego"
+
+	"github.com/nodeguard/nodeguard/policies"
+)
+
+// Input is what the rule reads: an AdmissionRequest-shaped review, an
+// inventory in Gatekeeper's layout, and a Constraint's parameters.
+type Input struct {
+	Review     map[string]any `json:"review"`
+	Inventory  map[string]any `json:"inventory"`
+	Parameters map[string]any `json:"parameters"`
+}
+
+// Link says how a blocker is linked to the Node.
+type Link struct {
+	Type    string `json:"type"`
+	Machine string `json:"machine,omitempty"`
+}
+
+// Blocker is a linked InfraMachine (or pool) that still exists.
+type Blocker struct {
+	Group     string `json:"group"`
+	Version   string `json:"version"`
+	Kind      string `json:"kind"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Deleting  bool   `json:"deleting"`
+	Links     []Link `json:"links"`
+}
+
+// Unverified is a linked Machine's InfraMachine whose kind is not synced, so
+// its absence proves nothing.
+type Unverified struct {
+	Group     string `json:"group"`
+	Kind      string `json:"kind"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Links     []Link `json:"links"`
+}
+
+// Decision is the rule's answer.
+type Decision struct {
+	Allowed    bool         `json:"allowed"`
+	Blockers   []Blocker    `json:"blockers"`
+	Unverified []Unverified `json:"unverified"`
+	Messages   []string     `json:"messages"`
+	Warnings   []string     `json:"warnings"`
+}
+
+// Evaluator holds the prepared query; it is safe for concurrent use.
+type Evaluator struct {
+	query rego.PreparedEvalQuery
+}
+
+// NewEvaluator compiles the embedded policies once.
+func NewEvaluator(ctx context.Context) (*Evaluator, error) {
+	files, err := policies.All()
+	if err != nil {
+		return nil, err
+	}
+	opts := []func(*rego.Rego){rego.Query(policies.EnforcerQuery)}
+	for _, f := range files {
+		opts = append(opts, rego.Module(f.Path, f.Source))
+	}
+	q, err := rego.New(opts...).PrepareForEval(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("prepare %s: %w", policies.EnforcerQuery, err)
+	}
+	return &Evaluator{query: q}, nil
+}
+
+// Evaluate runs the rule on one input.
+func (e *Evaluator) Evaluate(ctx context.Context, in Input) (Decision, error) {
+	rs, err := e.query.Eval(ctx, rego.EvalInput(in.asValue()))
+	if err != nil {
+		return Decision{}, fmt.Errorf("evaluate %s: %w", policies.EnforcerQuery, err)
+	}
+	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
+		return Decision{}, fmt.Errorf("evaluate %s: want one result, got %d", policies.EnforcerQuery, len(rs))
+	}
+	// The result is plain JSON-shaped data; a round trip maps it onto the types.
+	raw, err := json.Marshal(rs[0].Expressions[0].Value)
+	if err != nil {
+		return Decision{}, fmt.Errorf("encode decision: %w", err)
+	}
+	var d Decision
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return Decision{}, fmt.Errorf("decode decision: %w", err)
+	}
+	return d, nil
+}
+
+func (in Input) asValue() map[string]any {
+	v := map[string]any{"review": in.Review}
+	if in.Inventory != nil {
+		v["inventory"] = in.Inventory
+	}
+	if in.Parameters != nil {
+		v["parameters"] = in.Parameters
+	}
+	return v
+}

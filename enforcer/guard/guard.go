@@ -1,0 +1,211 @@
+// Package guard is nodeguard's library API: Decide says whether a Node may be
+// deleted, from an inventory of Machines and InfraMachines, optionally
+// re-reading the few candidate objects from the API server first.
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/policies"
+)
+
+// Request is one Node delete to judge.
+type Request struct {
+	Node *unstructured.Unstructured
+	// Cluster, "namespace/name", limits the Machines and InfraMachines that
+	// count to one CAPI Cluster; empty means all.
+	Cluster  string
+	UserInfo authenticationv1.UserInfo
+}
+
+// FreshReader reads one object from the API server, bypassing caches. It
+// returns nil and no error when the object does not exist.
+type FreshReader interface {
+	Get(ctx context.Context, gvk schema.GroupVersionKind, namespace, name string) (*unstructured.Unstructured, error)
+}
+
+// Options configure a Guard.
+type Options struct {
+	// Parameters are a Constraint's spec.parameters; missing keys take the
+	// rule's defaults.
+	Parameters map[string]any
+	// SyncedKinds, when set, replaces infraMachineKinds and
+	// infraMachinePoolKinds with the kinds actually synced (live use).
+	SyncedKinds func() (machines, pools []schema.GroupVersionKind)
+	// Ready, when set, returns an error while the inventory is not synced;
+	// every decision is then a denial.
+	Ready func() error
+	// Fresh, when set, re-reads every candidate before deciding.
+	Fresh FreshReader
+	// FreshTimeout bounds all fresh reads of one decision (default 2s).
+	FreshTimeout time.Duration
+}
+
+// Guard decides Node deletes; it is safe for concurrent use.
+type Guard struct {
+	eval   *decision.Evaluator
+	inv    *inventory.Inventory
+	params map[string]any
+	opts   Options
+}
+
+// New prepares the rule once.
+func New(ctx context.Context, inv *inventory.Inventory, opts Options) (*Guard, error) {
+	eval, err := decision.NewEvaluator(ctx)
+	if err != nil {
+		return nil, err
+	}
+	params, err := policies.DefaultParameters(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range opts.Parameters {
+		params[k] = v
+	}
+	if opts.FreshTimeout == 0 {
+		opts.FreshTimeout = 2 * time.Second
+	}
+	return &Guard{eval: eval, inv: inv, params: params, opts: opts}, nil
+}
+
+// Parameters returns the effective parameters (defaults merged with the
+// Constraint's), before synced kinds and cluster scope are applied.
+func (g *Guard) Parameters() map[string]any {
+	out := make(map[string]any, len(g.params))
+	for k, v := range g.params {
+		out[k] = v
+	}
+	return out
+}
+
+// Decide judges the delete of req.Node. An error means no decision could be
+// made (bad request, rule failure); callers must then deny.
+func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, error) {
+	if req.Node == nil || req.Node.GetName() == "" {
+		return decision.Decision{}, errors.New("decide: the request has no Node")
+	}
+	if g.opts.Ready != nil {
+		if err := g.opts.Ready(); err != nil {
+			return Deny(fmt.Sprintf("Node %q cannot be deleted yet: nodeguard is not ready (%v), "+
+				"so it cannot tell whether an InfraMachine is linked to it; retry once nodeguard reports ready.",
+				req.Node.GetName(), err)), nil
+		}
+	}
+	params, err := g.parameters(req.Cluster)
+	if err != nil {
+		return decision.Decision{}, err
+	}
+	objs, refs := g.inv.Candidates(req.Node)
+	if g.opts.Fresh != nil {
+		objs, err = g.refresh(ctx, objs, refs)
+		if err != nil {
+			return Deny(fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not re-read the "+
+				"objects linked to it from the API server (%v), so it cannot prove their hosts are gone; retry shortly.",
+				req.Node.GetName(), err)), nil
+		}
+	}
+	return g.eval.Evaluate(ctx, decision.Input{
+		Review:     DeleteReview(req.Node, req.UserInfo),
+		Inventory:  inventory.Layout(objs),
+		Parameters: params,
+	})
+}
+
+// Deny is a denial that no Rego evaluation produced (not ready, no fresh read).
+func Deny(msg string) decision.Decision {
+	return decision.Decision{Allowed: false, Blockers: []decision.Blocker{}, Unverified: []decision.Unverified{},
+		Messages: []string{msg}, Warnings: []string{}}
+}
+
+func (g *Guard) parameters(cluster string) (map[string]any, error) {
+	params := g.Parameters()
+	if cluster != "" {
+		ns, name, ok := strings.Cut(cluster, "/")
+		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			return nil, fmt.Errorf("cluster %q: want NAMESPACE/NAME", cluster)
+		}
+		params["clusterNamespace"], params["clusterName"] = ns, name
+	}
+	if g.opts.SyncedKinds != nil {
+		machines, pools := g.opts.SyncedKinds()
+		params["infraMachineKinds"], params["infraMachinePoolKinds"] = kindList(machines), kindList(pools)
+	}
+	return params, nil
+}
+
+func kindList(gvks []schema.GroupVersionKind) []any {
+	out := make([]any, 0, len(gvks))
+	for _, g := range gvks {
+		out = append(out, map[string]any{"group": g.Group, "kind": g.Kind})
+	}
+	return out
+}
+
+// refresh replaces each candidate with what the API server says now, drops
+// the ones that are gone, and reads what the Machines reference but the
+// cache lacks: neither a stale "gone" nor a stale "present" decides.
+func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, refs []inventory.Ref) ([]*unstructured.Unstructured, error) {
+	ctx, cancel := context.WithTimeout(ctx, g.opts.FreshTimeout)
+	defer cancel()
+	var out []*unstructured.Unstructured
+	have := map[inventory.Ref]bool{}
+	for _, o := range objs {
+		gvk := o.GroupVersionKind()
+		fresh, err := g.opts.Fresh.Get(ctx, gvk, o.GetNamespace(), o.GetName())
+		if err != nil {
+			return nil, fmt.Errorf("get %s %s/%s: %w", gvk.Kind, o.GetNamespace(), o.GetName(), err)
+		}
+		have[inventory.Ref{GVK: schema.GroupVersionKind{Group: gvk.Group, Kind: gvk.Kind}, Namespace: o.GetNamespace(), Name: o.GetName()}] = true
+		if fresh != nil {
+			out = append(out, fresh)
+		}
+	}
+	for _, ref := range refs {
+		key := inventory.Ref{GVK: schema.GroupVersionKind{Group: ref.GVK.Group, Kind: ref.GVK.Kind}, Namespace: ref.Namespace, Name: ref.Name}
+		if have[key] {
+			continue
+		}
+		// Read at the version the inventory watches; a kind it does not watch
+		// stays unverified and the rule denies.
+		for _, gvk := range append(g.inv.Kinds(inventory.InfraMachine), g.inv.Kinds(inventory.InfraMachinePool)...) {
+			if gvk.Group != ref.GVK.Group || gvk.Kind != ref.GVK.Kind {
+				continue
+			}
+			fresh, err := g.opts.Fresh.Get(ctx, gvk, ref.Namespace, ref.Name)
+			if err != nil {
+				return nil, fmt.Errorf("get %s: %w", ref, err)
+			}
+			if fresh != nil {
+				out = append(out, fresh)
+			}
+			break
+		}
+	}
+	return out, nil
+}
+
+// DeleteReview is the AdmissionRequest-shaped review of a Node delete, as the
+// rule reads it.
+func DeleteReview(node *unstructured.Unstructured, user authenticationv1.UserInfo) map[string]any {
+	groups := make([]any, 0, len(user.Groups))
+	for _, g := range user.Groups {
+		groups = append(groups, g)
+	}
+	return map[string]any{
+		"operation": "DELETE",
+		"kind":      map[string]any{"group": "", "version": "v1", "kind": "Node"},
+		"name":      node.GetName(),
+		"oldObject": node.Object,
+		"userInfo":  map[string]any{"username": user.Username, "groups": groups},
+	}
+}
