@@ -3,11 +3,8 @@
 package manifest
 
 import (
-	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -17,7 +14,6 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 )
 
@@ -80,34 +76,50 @@ func LoadFile(path string) ([]*unstructured.Unstructured, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
-	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
 	var objs []*unstructured.Unstructured
-	line := 1 // where the current document starts
-	for {
-		doc, err := reader.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%s:%d: %w", path, line, err)
-		}
-		start := line + leadingBlankLines(doc)
-		line += bytes.Count(doc, []byte("\n"))
-		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
+	for _, doc := range split(b) {
+		if len(bytes.TrimSpace(stripComments(doc.body))) == 0 {
 			continue
 		}
-		got, err := decode(doc)
+		got, err := decode(doc.body)
 		if err != nil {
-			// YAML errors count lines from the document's start.
-			if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+			// YAML errors count lines from the document's start: make them
+			// count from the file's.
+			msg := err.Error()
+			line := doc.line + leadingBlankLines(doc.body)
+			if m := yamlLine.FindStringSubmatch(msg); m != nil {
 				n, _ := strconv.Atoi(m[1])
-				return nil, fmt.Errorf("%s:%d: %s", path, start+n-1, err)
+				line = doc.line + n - 1
+				msg = yamlLine.ReplaceAllString(msg, "line "+strconv.Itoa(line))
 			}
-			return nil, fmt.Errorf("%s:%d: %w", path, start, err)
+			return nil, fmt.Errorf("%s:%d: %s", path, line, msg)
 		}
 		objs = append(objs, got...)
 	}
 	return objs, nil
+}
+
+type document struct {
+	line int // 1-based line of the document's first line in the file
+	body []byte
+}
+
+// split cuts a file at "---" separator lines, remembering where each
+// document starts.
+func split(b []byte) []document {
+	var docs []document
+	cur := document{line: 1}
+	lines := bytes.SplitAfter(b, []byte("\n"))
+	for i, l := range lines {
+		t := bytes.TrimRight(l, " \t\r\n")
+		if bytes.Equal(t, []byte("---")) || bytes.HasPrefix(t, []byte("--- ")) {
+			docs = append(docs, cur)
+			cur = document{line: i + 2}
+			continue
+		}
+		cur.body = append(cur.body, l...)
+	}
+	return append(docs, cur)
 }
 
 func decode(doc []byte) ([]*unstructured.Unstructured, error) {

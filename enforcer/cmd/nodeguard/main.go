@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -16,12 +17,12 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:])
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
 
-func run(ctx context.Context, args []string) int {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	code := check.ExitAllowed
 	root := &cobra.Command{
 		Use:           "nodeguard",
@@ -31,8 +32,10 @@ func run(ctx context.Context, args []string) int {
 	}
 	root.AddCommand(checkCommand(&code))
 	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
 	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "nodeguard:", err)
+		fmt.Fprintln(stderr, "nodeguard:", err)
 		return check.ExitError
 	}
 	return code

@@ -1,0 +1,169 @@
+package guard_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/nodeguard/nodeguard/enforcer/freshread"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+)
+
+var (
+	machineGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
+	dockerGVK  = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
+)
+
+func newObj(gvk schema.GroupVersionKind, name string, fields map[string]any) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: fields}
+	u.SetGroupVersionKind(gvk)
+	u.SetNamespace("default")
+	u.SetName(name)
+	return u
+}
+
+func capdMachine() *unstructured.Unstructured {
+	return newObj(machineGVK, "m1", map[string]any{
+		"spec": map[string]any{"infrastructureRef": map[string]any{
+			"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "m1",
+		}},
+		"status": map[string]any{"nodeRef": map[string]any{"name": "n1"}},
+	})
+}
+
+func capdInfra() *unstructured.Unstructured {
+	return newObj(dockerGVK, "m1", map[string]any{"spec": map[string]any{}})
+}
+
+func capdNode() *unstructured.Unstructured {
+	n := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "n1"}}}
+	return n
+}
+
+// cache builds an inventory holding the given objects.
+func cache(t *testing.T, objs ...*unstructured.Unstructured) *inventory.Inventory {
+	t.Helper()
+	inv := inventory.New()
+	machines, infras := inventory.NewStore(), inventory.NewStore()
+	inv.AddKind(machineGVK, inventory.Machine, machines)
+	inv.AddKind(dockerGVK, inventory.InfraMachine, infras)
+	for _, o := range objs {
+		store := infras
+		if o.GetKind() == "Machine" {
+			store = machines
+		}
+		require.NoError(t, store.Add(o))
+	}
+	return inv
+}
+
+// apiServer is a fake dynamic client with a mapper that knows both kinds.
+func apiServer(objs ...runtime.Object) (*dynamicfake.FakeDynamicClient, meta.RESTMapper) {
+	mapper := meta.NewDefaultRESTMapper(nil)
+	mapper.Add(machineGVK, meta.RESTScopeNamespace)
+	mapper.Add(dockerGVK, meta.RESTScopeNamespace)
+	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+		machineGVK.GroupVersion().WithResource("machines"):      "MachineList",
+		dockerGVK.GroupVersion().WithResource("dockermachines"): "DockerMachineList",
+	}, objs...)
+	return client, mapper
+}
+
+func decide(t *testing.T, inv *inventory.Inventory, opts guard.Options, req guard.Request) (bool, []string) {
+	t.Helper()
+	g, err := guard.New(context.Background(), inv, opts)
+	require.NoError(t, err)
+	d, err := g.Decide(context.Background(), req)
+	require.NoError(t, err)
+	return d.Allowed, d.Messages
+}
+
+func TestCacheOnlyDecisions(t *testing.T) {
+	allowed, msgs := decide(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, guard.Request{Node: capdNode()})
+	assert.False(t, allowed)
+	assert.Contains(t, msgs[0], "DockerMachine default/m1")
+
+	allowed, _ = decide(t, cache(t, capdMachine()), guard.Options{}, guard.Request{Node: capdNode()})
+	assert.True(t, allowed)
+}
+
+func TestFreshReadSeesAnInfraMachineTheCacheMissed(t *testing.T) {
+	client, mapper := apiServer(capdMachine(), capdInfra())
+	allowed, msgs := decide(t, cache(t, capdMachine()), guard.Options{Fresh: freshread.New(client, mapper)}, guard.Request{Node: capdNode()})
+	assert.False(t, allowed, "a stale 'gone' in the cache must not allow")
+	assert.Contains(t, msgs[0], "DockerMachine default/m1")
+}
+
+func TestFreshReadDropsAnInfraMachineAlreadyGone(t *testing.T) {
+	client, mapper := apiServer(capdMachine())
+	allowed, _ := decide(t, cache(t, capdMachine(), capdInfra()), guard.Options{Fresh: freshread.New(client, mapper)}, guard.Request{Node: capdNode()})
+	assert.True(t, allowed, "a stale 'present' in the cache must not deny CAPI's own delete")
+}
+
+func TestFreshReadFailureDenies(t *testing.T) {
+	client, mapper := apiServer(capdMachine(), capdInfra())
+	client.PrependReactor("get", "dockermachines", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("etcdserver: request timed out")
+	})
+	allowed, msgs := decide(t, cache(t, capdMachine()), guard.Options{Fresh: freshread.New(client, mapper)}, guard.Request{Node: capdNode()})
+	assert.False(t, allowed)
+	assert.Contains(t, msgs[0], "could not re-read")
+	assert.Contains(t, msgs[0], "etcdserver: request timed out")
+}
+
+func TestNotReadyDenies(t *testing.T) {
+	allowed, msgs := decide(t, cache(t), guard.Options{Ready: func() error { return errors.New("DockerMachine informer not synced") }},
+		guard.Request{Node: capdNode()})
+	assert.False(t, allowed)
+	assert.Contains(t, msgs[0], "nodeguard is not ready (DockerMachine informer not synced)")
+}
+
+func TestSyncedKindsReplaceTheParameters(t *testing.T) {
+	none := func() ([]schema.GroupVersionKind, []schema.GroupVersionKind) { return nil, nil }
+	allowed, msgs := decide(t, cache(t, capdMachine()), guard.Options{SyncedKinds: none}, guard.Request{Node: capdNode()})
+	assert.False(t, allowed, "DockerMachine is not synced, so its absence proves nothing")
+	assert.Contains(t, msgs[0], "a kind nodeguard does not see")
+
+	docker := func() ([]schema.GroupVersionKind, []schema.GroupVersionKind) {
+		return []schema.GroupVersionKind{dockerGVK}, nil
+	}
+	allowed, _ = decide(t, cache(t, capdMachine()), guard.Options{SyncedKinds: docker}, guard.Request{Node: capdNode()})
+	assert.True(t, allowed)
+}
+
+func TestClusterScopeAndExemptions(t *testing.T) {
+	m := capdMachine()
+	m.SetLabels(map[string]string{"cluster.x-k8s.io/cluster-name": "other"})
+	allowed, _ := decide(t, cache(t, m, capdInfra()), guard.Options{}, guard.Request{Node: capdNode(), Cluster: "default/dev"})
+	assert.True(t, allowed, "a Machine of another cluster does not count")
+	allowed, _ = decide(t, cache(t, m, capdInfra()), guard.Options{}, guard.Request{Node: capdNode(), Cluster: "default/other"})
+	assert.False(t, allowed)
+
+	g, err := guard.New(context.Background(), cache(t, capdMachine(), capdInfra()), guard.Options{Parameters: map[string]any{"exemptGroups": []any{"ops"}}})
+	require.NoError(t, err)
+	d, err := g.Decide(context.Background(), guard.Request{Node: capdNode(), UserInfo: authenticationv1.UserInfo{Username: "bob", Groups: []string{"ops"}}})
+	require.NoError(t, err)
+	assert.True(t, d.Allowed)
+	require.Len(t, d.Warnings, 1)
+	assert.Contains(t, d.Warnings[0], `group "ops" is exempt`)
+}
+
+func TestBadRequests(t *testing.T) {
+	g, err := guard.New(context.Background(), cache(t), guard.Options{})
+	require.NoError(t, err)
+	_, err = g.Decide(context.Background(), guard.Request{})
+	assert.ErrorContains(t, err, "no Node")
+	_, err = g.Decide(context.Background(), guard.Request{Node: capdNode(), Cluster: "no-slash"})
+	assert.ErrorContains(t, err, "want NAMESPACE/NAME")
+}

@@ -1,0 +1,180 @@
+package inventory_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+)
+
+var (
+	machineV1beta2 = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
+	dockerMachine  = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
+	dockerPool     = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachinePool"}
+)
+
+func obj(gvk schema.GroupVersionKind, ns, name string, fields map[string]any) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{}}
+	for k, v := range fields {
+		u.Object[k] = v
+	}
+	u.SetGroupVersionKind(gvk)
+	u.SetNamespace(ns)
+	u.SetName(name)
+	return u
+}
+
+func machine(ns, name, nodeName, providerID, infraName string) *unstructured.Unstructured {
+	spec := map[string]any{"infrastructureRef": map[string]any{
+		"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": infraName,
+	}}
+	if providerID != "" {
+		spec["providerID"] = providerID
+	}
+	fields := map[string]any{"spec": spec}
+	if nodeName != "" {
+		fields["status"] = map[string]any{"nodeRef": map[string]any{"name": nodeName}}
+	}
+	return obj(machineV1beta2, ns, name, fields)
+}
+
+func node(name, providerID string, annotations map[string]string) *unstructured.Unstructured {
+	n := obj(schema.GroupVersionKind{Version: "v1", Kind: "Node"}, "", name, map[string]any{"spec": map[string]any{"providerID": providerID}})
+	n.SetAnnotations(annotations)
+	return n
+}
+
+func keys(objs []*unstructured.Unstructured) []string {
+	var out []string
+	for _, o := range objs {
+		out = append(out, fmt.Sprintf("%s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName()))
+	}
+	return out
+}
+
+func TestCandidatesFindEveryLinkAndNothingElse(t *testing.T) {
+	inv := inventory.New()
+	machines, infras, pools := inventory.NewStore(), inventory.NewStore(), inventory.NewStore()
+	inv.AddKind(machineV1beta2, inventory.Machine, machines)
+	inv.AddKind(dockerMachine, inventory.InfraMachine, infras)
+	inv.AddKind(dockerPool, inventory.InfraMachinePool, pools)
+	for i := range 1000 {
+		name := fmt.Sprintf("other-%d", i)
+		require.NoError(t, machines.Add(machine("default", name, name, "docker:////"+name, name)))
+		require.NoError(t, infras.Add(obj(dockerMachine, "default", name, map[string]any{"spec": map[string]any{"providerID": "docker:////" + name}})))
+	}
+	require.NoError(t, machines.Add(machine("default", "by-node-ref", "n1", "", "infra-a")))
+	require.NoError(t, machines.Add(machine("default", "by-provider-id", "", "docker:////n1", "infra-b")))
+	require.NoError(t, machines.Add(machine("team", "by-annotation", "", "", "infra-c")))
+	require.NoError(t, infras.Add(obj(dockerMachine, "default", "infra-a", nil)))
+	require.NoError(t, infras.Add(obj(dockerMachine, "team", "infra-c", nil)))
+	require.NoError(t, infras.Add(obj(dockerMachine, "default", "orphan", map[string]any{"spec": map[string]any{"providerID": "docker:////n1"}})))
+	require.NoError(t, pools.Add(obj(dockerPool, "default", "pool", map[string]any{"spec": map[string]any{"providerIDList": []any{"docker:////x", "docker:////n1"}}})))
+
+	objs, refs := inv.Candidates(node("n1", "docker:////n1", map[string]string{
+		"cluster.x-k8s.io/machine": "by-annotation", "cluster.x-k8s.io/cluster-namespace": "team",
+	}))
+	assert.ElementsMatch(t, []string{
+		"Machine default/by-node-ref", "Machine default/by-provider-id", "Machine team/by-annotation",
+		"DockerMachine default/infra-a", "DockerMachine team/infra-c", "DockerMachine default/orphan",
+		"DockerMachinePool default/pool",
+	}, keys(objs))
+	var refNames []string
+	for _, r := range refs {
+		refNames = append(refNames, r.String())
+	}
+	// infra-b is referenced but not cached: it is still a ref, for fresh reads.
+	assert.ElementsMatch(t, []string{"DockerMachine default/infra-a", "DockerMachine default/infra-b", "DockerMachine team/infra-c"}, refNames)
+}
+
+func TestCandidatesWithoutProviderIDOrAnnotations(t *testing.T) {
+	inv := inventory.New()
+	machines, infras := inventory.NewStore(), inventory.NewStore()
+	inv.AddKind(machineV1beta2, inventory.Machine, machines)
+	inv.AddKind(dockerMachine, inventory.InfraMachine, infras)
+	require.NoError(t, infras.Add(obj(dockerMachine, "default", "empty-id", map[string]any{"spec": map[string]any{"providerID": ""}})))
+	objs, refs := inv.Candidates(node("n1", "", nil))
+	assert.Empty(t, objs, "an empty providerID must not match objects without one")
+	assert.Empty(t, refs)
+}
+
+func TestInfraRefShapes(t *testing.T) {
+	m := obj(machineV1beta2, "ns", "m", map[string]any{"spec": map[string]any{"infrastructureRef": map[string]any{
+		"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "AWSMachine", "name": "a",
+	}}})
+	ref, ok := inventory.InfraRef(m)
+	require.True(t, ok)
+	assert.Equal(t, inventory.Ref{GVK: schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Kind: "AWSMachine"}, Namespace: "ns", Name: "a"}, ref)
+
+	old := obj(schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta1", Kind: "Machine"}, "ns", "m",
+		map[string]any{"spec": map[string]any{"infrastructureRef": map[string]any{
+			"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "AWSMachine", "name": "a", "namespace": "other",
+		}}})
+	ref, ok = inventory.InfraRef(old)
+	require.True(t, ok)
+	assert.Equal(t, inventory.Ref{GVK: schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "AWSMachine"}, Namespace: "other", Name: "a"}, ref)
+
+	_, ok = inventory.InfraRef(obj(machineV1beta2, "ns", "m", nil))
+	assert.False(t, ok)
+}
+
+func TestStripKeepsOnlyWhatTheRuleReads(t *testing.T) {
+	m := machine("default", "m", "n1", "docker:////n1", "m")
+	m.SetLabels(map[string]string{"cluster.x-k8s.io/cluster-name": "dev", "other": "x"})
+	m.SetAnnotations(map[string]string{"big": "annotation"})
+	m.SetUID("u1")
+	m.SetResourceVersion("42")
+	require.NoError(t, unstructured.SetNestedField(m.Object, "v1.34.1", "spec", "version"))
+	require.NoError(t, unstructured.SetNestedField(m.Object, "Running", "status", "phase"))
+	require.NoError(t, unstructured.SetNestedField(m.Object, "Node", "status", "nodeRef", "kind"))
+
+	out, err := inventory.Strip(m)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]any{
+		"apiVersion": "cluster.x-k8s.io/v1beta2",
+		"kind":       "Machine",
+		"metadata": map[string]any{
+			"name": "m", "namespace": "default", "uid": "u1", "resourceVersion": "42",
+			"labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"},
+		},
+		"spec": map[string]any{
+			"providerID":        "docker:////n1",
+			"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "m"},
+		},
+		"status": map[string]any{"nodeRef": map[string]any{"name": "n1"}},
+	}, out.(*unstructured.Unstructured).Object)
+
+	tombstone := "not an object"
+	passed, err := inventory.Strip(tombstone)
+	require.NoError(t, err)
+	assert.Equal(t, tombstone, passed)
+}
+
+func TestLayoutIsGatekeepersShape(t *testing.T) {
+	m := machine("default", "m", "n1", "", "m")
+	got := inventory.Layout([]*unstructured.Unstructured{m})
+	assert.Equal(t, m.Object, got["namespace"].(map[string]any)["default"].(map[string]any)["cluster.x-k8s.io/v1beta2"].(map[string]any)["Machine"].(map[string]any)["m"])
+}
+
+func TestFromObjectsKeepsMachinesListedAndReferencedKinds(t *testing.T) {
+	objs := []*unstructured.Unstructured{
+		machine("", "m", "n1", "", "x"),
+		obj(dockerMachine, "", "x", nil),
+		obj(schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Cluster"}, "default", "dev", nil),
+		obj(schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "FooMachinePool"}, "default", "p", nil),
+		node("n1", "", nil),
+	}
+	inv, err := inventory.FromObjects(objs, nil, []schema.GroupKind{{Group: "example.com", Kind: "FooMachinePool"}})
+	require.NoError(t, err)
+	assert.Equal(t, []schema.GroupVersionKind{machineV1beta2}, inv.Kinds(inventory.Machine))
+	assert.Equal(t, []schema.GroupVersionKind{dockerMachine}, inv.Kinds(inventory.InfraMachine))
+	assert.Equal(t, "example.com/v1, Kind=FooMachinePool", inv.Kinds(inventory.InfraMachinePool)[0].String())
+	got, _ := inv.Candidates(node("n1", "", nil))
+	assert.ElementsMatch(t, []string{"Machine default/m", "DockerMachine default/x"}, keys(got), "no namespace means default")
+	assert.Equal(t, 1, inv.Count()[dockerMachine])
+}

@@ -1,0 +1,74 @@
+package manifest_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/enforcer/manifest"
+)
+
+func write(t *testing.T, dir, name, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+	require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
+	return p
+}
+
+func names(t *testing.T, paths ...string) []string {
+	t.Helper()
+	objs, err := manifest.Load(paths...)
+	require.NoError(t, err)
+	var out []string
+	for _, o := range objs {
+		out = append(out, o.GetKind()+"/"+o.GetName())
+	}
+	return out
+}
+
+func TestLoadMultiDocumentYAMLJSONAndLists(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "a.yaml", "# leading comment\n---\napiVersion: v1\nkind: Node\nmetadata: {name: n1}\n---\n# only a comment\n---\napiVersion: v1\nkind: Node\nmetadata: {name: n2}\n")
+	write(t, dir, "sub/b.json", `{"apiVersion": "v1", "kind": "List", "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n3"}}]}`)
+	write(t, dir, "sub/ignored.txt", "not a manifest")
+	assert.Equal(t, []string{"Node/n1", "Node/n2", "Node/n3"}, names(t, dir))
+	assert.Equal(t, []string{"Node/n3"}, names(t, filepath.Join(dir, "sub/b.json")))
+}
+
+func TestLoadErrorsNameFileAndLine(t *testing.T) {
+	dir := t.TempDir()
+	bad := write(t, dir, "bad.yaml", "apiVersion: v1\nkind: Node\nmetadata: {name: ok}\n---\napiVersion: v1\nkind: Node\nmetadata:\n  name: [unclosed\n")
+	_, err := manifest.Load(bad)
+	require.Error(t, err)
+	assert.Regexp(t, `bad\.yaml:8: .*line 8`, err.Error())
+
+	noKind := write(t, dir, "nokind.yaml", "\n\napiVersion: v1\nmetadata: {name: x}\n")
+	_, err = manifest.Load(noKind)
+	assert.ErrorContains(t, err, "nokind.yaml:3: not a Kubernetes object")
+
+	noName := write(t, dir, "noname.yaml", "apiVersion: v1\nkind: Node\nmetadata: {}\n")
+	_, err = manifest.Load(noName)
+	assert.ErrorContains(t, err, "noname.yaml:1: Node has no metadata.name")
+
+	_, err = manifest.Load(filepath.Join(dir, "missing.yaml"))
+	assert.ErrorContains(t, err, "missing.yaml")
+
+	empty := filepath.Join(dir, "empty")
+	require.NoError(t, os.Mkdir(empty, 0o755))
+	_, err = manifest.Load(empty)
+	assert.ErrorContains(t, err, "no .yaml, .yml or .json files")
+}
+
+func TestConstraintParameters(t *testing.T) {
+	params, err := manifest.ConstraintParameters("../../constraints/constraint.yaml")
+	require.NoError(t, err)
+	assert.Equal(t, false, params["allowUnverifiedKinds"])
+	assert.NotEmpty(t, params["infraMachineKinds"])
+
+	_, err = manifest.ConstraintParameters("../../constraints/syncset.yaml")
+	assert.ErrorContains(t, err, "want exactly one K8sNodeGuard, found 0")
+}
