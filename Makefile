@@ -7,10 +7,12 @@ REGAL := $(GO) tool -modfile=tools/regal/go.mod regal
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 SIGNING_KEY ?=
 COVERAGE_MIN ?= 95
+# Randomized scenarios per constraint variant in the differential test.
+SCENARIOS ?= 2000
 
-.PHONY: test lint policy-test generate generate-check gatekeeper-test go-test bundle
+.PHONY: test lint policy-test generate generate-check gatekeeper-test go-test differential bundle
 
-test: lint policy-test generate-check gatekeeper-test go-test
+test: lint policy-test generate-check gatekeeper-test go-test differential
 
 lint:
 	@echo "== lint: opa fmt, opa check --strict, regal, gofmt, go vet"
@@ -39,8 +41,12 @@ gatekeeper-test:
 	$(GATOR) sync test --force-omit-gvk-manifest -n constraints/template.yaml -n constraints/config.yaml
 
 go-test:
-	@echo "== go test (kustomize render, bundle build+sign+verify, Gatekeeper engine, ...)"
-	$(GO) test ./...
+	@echo "== go test (kustomize render, bundle build+sign+verify, Gatekeeper engine, enforcer, CLI)"
+	$(GO) test $$($(GO) list ./... | grep -v /tests/differential)
+
+differential:
+	@echo "== differential: enforcer vs Gatekeeper's engine on randomized inventories"
+	$(GO) test -count=1 -v ./tests/differential/ -args -scenarios $(SCENARIOS)
 
 bundle:
 	@mkdir -p build

@@ -57,9 +57,11 @@ type Decision struct {
 	Warnings   []string     `json:"warnings"`
 }
 
-// Evaluator holds the prepared query; it is safe for concurrent use.
+// Evaluator holds the prepared query and the rule's default parameters; it
+// is safe for concurrent use.
 type Evaluator struct {
-	query rego.PreparedEvalQuery
+	query    rego.PreparedEvalQuery
+	defaults map[string]any
 }
 
 // NewEvaluator compiles the embedded policies once.
@@ -76,7 +78,20 @@ func NewEvaluator(ctx context.Context) (*Evaluator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("prepare %s: %w", policies.EnforcerQuery, err)
 	}
-	return &Evaluator{query: q}, nil
+	defaults, err := policies.DefaultParameters(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &Evaluator{query: q, defaults: defaults}, nil
+}
+
+// DefaultParameters returns a copy of the rule's default parameters.
+func (e *Evaluator) DefaultParameters() map[string]any {
+	out := make(map[string]any, len(e.defaults))
+	for k, v := range e.defaults {
+		out[k] = v
+	}
+	return out
 }
 
 // Evaluate runs the rule on one input.

@@ -16,7 +16,6 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/policies"
 )
 
 // Request is one Node delete to judge.
@@ -49,6 +48,8 @@ type Options struct {
 	Fresh FreshReader
 	// FreshTimeout bounds all fresh reads of one decision (default 2s).
 	FreshTimeout time.Duration
+	// Evaluator, when set, is shared instead of compiling the rule again.
+	Evaluator *decision.Evaluator
 }
 
 // Guard decides Node deletes; it is safe for concurrent use.
@@ -61,14 +62,14 @@ type Guard struct {
 
 // New prepares the rule once.
 func New(ctx context.Context, inv *inventory.Inventory, opts Options) (*Guard, error) {
-	eval, err := decision.NewEvaluator(ctx)
-	if err != nil {
-		return nil, err
+	eval := opts.Evaluator
+	if eval == nil {
+		var err error
+		if eval, err = decision.NewEvaluator(ctx); err != nil {
+			return nil, err
+		}
 	}
-	params, err := policies.DefaultParameters(ctx)
-	if err != nil {
-		return nil, err
-	}
+	params := eval.DefaultParameters()
 	for k, v := range opts.Parameters {
 		params[k] = v
 	}

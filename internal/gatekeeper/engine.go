@@ -125,3 +125,11 @@ func decodeYAML(b []byte) (*unstructured.Unstructured, error) {
 func metaGVK(group, version, kind string) metav1.GroupVersionKind {
 	return metav1.GroupVersionKind{Group: group, Version: version, Kind: kind}
 }
+
+// RemoveObject takes one object out of data.inventory.
+func (e *Engine) RemoveObject(ctx context.Context, obj *unstructured.Unstructured) error {
+	if _, err := e.client.RemoveData(ctx, obj); err != nil {
+		return fmt.Errorf("remove %s %s/%s from inventory: %w", obj.GetKind(), obj.GetNamespace(), obj.GetName(), err)
+	}
+	return nil
+}

@@ -145,9 +145,10 @@ _verdict(node, blockers, unverified, reasons, exempt_by) := {
 
 _exempt_by(user, params) := sprintf("user %q", [user.username]) if {
 	user.username in params.exemptUsers
-} else := sprintf("group %q", [group]) if {
-	some group in object.get(user, "groups", [])
-	group in params.exemptGroups
+} else := sprintf("group %q", [groups[0]]) if {
+	# The first exempt group in order, so a user in several gets one answer.
+	groups := sort([group | some group in object.get(user, "groups", []); group in params.exemptGroups])
+	count(groups) > 0
 } else := ""
 
 # --- Links -------------------------------------------------------------------
@@ -345,9 +346,10 @@ _state(b) := "is being deleted but still exists" if {
 # What to do next depends on who owns the host: a Machine, a pool, or nobody.
 _advice(node, b) := "its host may still be running: wait until it is gone, then delete the Node" if {
 	b.deleting
-} else := sprintf("delete Machine %s instead; Cluster API deletes the Node once the %s is gone", [machine, b.kind]) if {
-	some link in b.links
-	machine := link.machine
+} else := sprintf("delete Machine %s instead; Cluster API deletes the Node once the %s is gone", [concat(" and ", machines), b.kind]) if {
+	# Several Machines may reference one InfraMachine: name them all, in order.
+	machines := sort({link.machine | some link in b.links; link.machine})
+	count(machines) > 0
 } else := sprintf("scale the MachinePool down instead; the delete is allowed once the %s no longer lists providerID %q", [b.kind, _provider_id(node)]) if {
 	some link in b.links
 	link.type == "poolProviderIDList"

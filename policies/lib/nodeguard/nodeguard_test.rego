@@ -412,3 +412,18 @@ test_judged if {
 	nodeguard.judged(delete_review(capd_node))
 	not nodeguard.judged(object.union(delete_review(capd_node), {"operation": "CREATE"}))
 }
+
+test_two_machines_referencing_one_infra_machine if {
+	twin := json.patch(capd_machine, [{"op": "replace", "path": "/metadata/name", "value": "twin"}])
+	d := decide(capd_node, [capd_machine, twin, capd_infra])
+	not d.allowed
+	count(d.blockers) == 1
+	contains(d.messages[0], "delete Machine default/dev-md-0-abcde and default/twin instead")
+}
+
+test_user_in_two_exempt_groups if {
+	review := object.union(delete_review(capd_node), {"userInfo": {"username": "bob", "groups": ["zeta", "alpha"]}})
+	d := nodeguard.decide(review, inventory([capd_machine, capd_infra]), {"exemptGroups": ["zeta", "alpha"]})
+	d.allowed
+	contains(d.warnings[0], `group "alpha" is exempt`)
+}
