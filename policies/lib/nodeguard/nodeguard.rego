@@ -108,8 +108,11 @@ _deny_unknown_node(review) := {
 }
 
 _decide_node(node, inventory, params, user) := _verdict(node, blockers, unverified, reasons, _exempt_by(user, params)) if {
-	blockers := _blockers(node, inventory, params)
-	unverified := _unverified(node, inventory, params)
+	# Links are found once and shared: they are the expensive part.
+	machine_links := _machine_links(node, inventory, params)
+	links := (machine_links | _infra_provider_id_links(node, inventory, params)) | _pool_links(node, inventory, params)
+	blockers := _blockers(inventory, links)
+	unverified := _unverified(inventory, machine_links, params)
 	reasons := array.concat(
 		[_blocker_sentence(node, b) | some b in blockers],
 		[_unverified_sentence(node, u) | some u in unverified],
@@ -154,15 +157,15 @@ _exempt_by(user, params) := sprintf("user %q", [user.username]) if {
 # --- Links -------------------------------------------------------------------
 
 # Each link is [infra key, how]; a key is {group, kind, namespace, name}.
-_links(node, inventory, params) := (_machine_links(node, inventory, params) | _infra_provider_id_links(node, inventory, params)) | _pool_links(node, inventory, params)
-
 # Links 1, 2 and 4 go through a Machine to the InfraMachine it references.
 _machine_links(node, inventory, params) := {[key, link] |
 	some ns, gv, name
 	machine := inventory.namespace[ns][gv].Machine[name]
+
+	# Gatekeeper scans every Machine: the selective test goes first.
+	some link_type in _machine_link_types(node, ns, name, machine)
 	_group(gv) == "cluster.x-k8s.io"
 	_machine_in_scope(ns, machine, params)
-	some link_type in _machine_link_types(node, ns, name, machine)
 	key := _infra_ref(ns, machine)
 	link := {"type": link_type, "machine": sprintf("%s/%s", [ns, name])}
 }
@@ -195,9 +198,9 @@ _infra_provider_id_links(node, inventory, params) := {[key, {"type": "infraProvi
 	some kind in params.infraMachineKinds
 	some ns, gv, name
 	obj := inventory.namespace[ns][gv][kind.kind][name]
+	obj.spec.providerID == pid
 	_group(gv) == kind.group
 	_infra_in_scope(ns, obj, params)
-	obj.spec.providerID == pid
 	key := {"group": kind.group, "kind": kind.kind, "namespace": ns, "name": name}
 }
 
@@ -208,9 +211,9 @@ _pool_links(node, inventory, params) := {[key, {"type": "poolProviderIDList"}] |
 	some kind in params.infraMachinePoolKinds
 	some ns, gv, name
 	obj := inventory.namespace[ns][gv][kind.kind][name]
+	pid in object.get(obj, ["spec", "providerIDList"], [])
 	_group(gv) == kind.group
 	_infra_in_scope(ns, obj, params)
-	pid in object.get(obj, ["spec", "providerIDList"], [])
 	key := {"group": kind.group, "kind": kind.kind, "namespace": ns, "name": name}
 }
 
@@ -274,8 +277,7 @@ _infra_cluster_in_scope(obj, params) if {
 
 # --- Blockers and unverified kinds ---------------------------------------------
 
-_blockers(node, inventory, params) := [blocker |
-	links := _links(node, inventory, params)
+_blockers(inventory, links) := [blocker |
 	some key in {pair[0] | some pair in links}
 	some found in _lookup(inventory, key)
 	blocker := object.union(key, {
@@ -313,14 +315,13 @@ _deleting(obj) if {
 
 # A Machine-linked InfraMachine that is absent proves nothing when its kind is
 # not synced: deny unless the parameters opt out.
-_unverified(node, inventory, params) := [] if {
+_unverified(inventory, machine_links, params) := [] if {
 	params.allowUnverifiedKinds == true
 } else := [entry |
-	links := _machine_links(node, inventory, params)
-	some key in {pair[0] | some pair in links}
+	some key in {pair[0] | some pair in machine_links}
 	count(_lookup(inventory, key)) == 0
 	not _synced(key, params.infraMachineKinds)
-	entry := object.union(key, {"links": _links_of(links, key)})
+	entry := object.union(key, {"links": _links_of(machine_links, key)})
 ]
 
 # Sets iterate in sorted order, so the links of a key come out stable.

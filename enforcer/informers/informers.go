@@ -1,0 +1,326 @@
+// Package informers keeps the inventory in step with the API server: one
+// dynamic informer per kind, stripped by the inventory's transform and
+// indexed by its indexes. Kinds are found, not hard-coded: Machines at the
+// served version, every kind a Machine references (resolved as Cluster API
+// does, through the CRD's contract label), and the kinds the parameters name
+// that the API server serves. A kind that appears later gets its informer then.
+package informers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+)
+
+// Contract labels on provider CRDs, newest first: the value lists the CRD's
+// versions that implement the contract, joined by "_"; the last is used.
+var contractLabels = []string{"cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1beta1"}
+
+var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+// Options configure a Syncer.
+type Options struct {
+	Client dynamic.Interface
+	// Mapper maps kinds to resources; when it can reset (a deferred
+	// discovery mapper), a miss resets it once so new CRDs are seen.
+	Mapper meta.RESTMapper
+	// InfraKinds and PoolKinds are the parameters' kinds; those the API
+	// server serves are watched from the start.
+	InfraKinds, PoolKinds []schema.GroupKind
+	// RetryInterval is how often kinds that could not be resolved are tried
+	// again (default 10s).
+	RetryInterval time.Duration
+}
+
+// Syncer starts informers and reports readiness.
+type Syncer struct {
+	opts    Options
+	inv     *inventory.Inventory
+	factory dynamicinformer.DynamicSharedInformerFactory
+
+	mu         sync.Mutex
+	informers  map[schema.GroupKind]tracked
+	referenced map[schema.GroupKind]bool // kinds cached Machines reference
+	failed     map[schema.GroupKind]error
+	ctx        context.Context
+	pending    chan schema.GroupKind
+}
+
+type tracked struct {
+	gvk      schema.GroupVersionKind
+	role     inventory.Role
+	informer cache.SharedIndexInformer
+}
+
+// New returns a Syncer that fills inv.
+func New(inv *inventory.Inventory, opts Options) *Syncer {
+	if opts.RetryInterval == 0 {
+		opts.RetryInterval = 10 * time.Second
+	}
+	return &Syncer{
+		opts:       opts,
+		inv:        inv,
+		factory:    dynamicinformer.NewDynamicSharedInformerFactory(opts.Client, 0),
+		informers:  map[schema.GroupKind]tracked{},
+		referenced: map[schema.GroupKind]bool{},
+		failed:     map[schema.GroupKind]error{},
+		pending:    make(chan schema.GroupKind, 64),
+	}
+}
+
+// Start finds the kinds and starts their informers; it returns once they are
+// started (not synced: see Ready). Informers stop when ctx is done.
+func (s *Syncer) Start(ctx context.Context) error {
+	s.mu.Lock()
+	s.ctx = ctx
+	s.mu.Unlock()
+	machine, err := s.preferred(schema.GroupKind{Group: inventory.MachineGroup, Kind: "Machine"})
+	if err != nil {
+		return fmt.Errorf("find the served version of Cluster API Machines: %w", err)
+	}
+	if err := s.track(machine, inventory.Machine); err != nil {
+		return err
+	}
+	for _, gk := range s.opts.InfraKinds {
+		s.trackIfServed(gk, inventory.InfraMachine)
+	}
+	for _, gk := range s.opts.PoolKinds {
+		s.trackIfServed(gk, inventory.InfraMachinePool)
+	}
+	go s.resolveLoop(ctx)
+	return nil
+}
+
+func (s *Syncer) trackIfServed(gk schema.GroupKind, role inventory.Role) {
+	gvk, err := s.preferred(gk)
+	if err != nil {
+		return // not served here: a Machine referencing it stays unverified
+	}
+	if err := s.track(gvk, role); err != nil {
+		s.mu.Lock()
+		s.failed[gk] = err
+		s.mu.Unlock()
+	}
+}
+
+// track starts the informer of one kind, once.
+func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.informers[gvk.GroupKind()]; ok {
+		return nil
+	}
+	mapping, err := s.mapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return fmt.Errorf("map %s to a resource: %w", gvk, err)
+	}
+	informer := s.factory.ForResource(mapping.Resource).Informer()
+	if err := informer.SetTransform(inventory.Strip); err != nil {
+		return fmt.Errorf("set transform on %s informer: %w", gvk, err)
+	}
+	if err := informer.AddIndexers(inventory.Indexers()); err != nil {
+		return fmt.Errorf("add indexers to %s informer: %w", gvk, err)
+	}
+	if role == inventory.Machine {
+		if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    s.onMachine,
+			UpdateFunc: func(_, obj any) { s.onMachine(obj) },
+		}); err != nil {
+			return fmt.Errorf("watch %s references: %w", gvk, err)
+		}
+	}
+	s.informers[gvk.GroupKind()] = tracked{gvk: gvk, role: role, informer: informer}
+	delete(s.failed, gvk.GroupKind())
+	s.inv.AddKind(gvk, role, informer.GetIndexer())
+	s.factory.Start(s.ctx.Done())
+	return nil
+}
+
+// onMachine notes the kind a Machine references and queues it if new.
+func (s *Syncer) onMachine(obj any) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return
+	}
+	ref, ok := inventory.InfraRef(u)
+	if !ok {
+		return
+	}
+	gk := ref.GVK.GroupKind()
+	s.mu.Lock()
+	known := s.referenced[gk]
+	s.referenced[gk] = true
+	_, tracked := s.informers[gk]
+	s.mu.Unlock()
+	if !known && !tracked {
+		select {
+		case s.pending <- gk:
+		default: // full: the retry tick picks it up
+		}
+	}
+}
+
+// resolveLoop starts informers for newly referenced kinds, and retries the
+// ones that failed (a CRD installed later, a transient error).
+func (s *Syncer) resolveLoop(ctx context.Context) {
+	tick := time.NewTicker(s.opts.RetryInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case gk := <-s.pending:
+			s.resolve(ctx, gk)
+		case <-tick.C:
+			for _, gk := range s.untracked() {
+				s.resolve(ctx, gk)
+			}
+		}
+	}
+}
+
+func (s *Syncer) untracked() []schema.GroupKind {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []schema.GroupKind
+	for gk := range s.referenced {
+		if _, ok := s.informers[gk]; !ok {
+			out = append(out, gk)
+		}
+	}
+	return out
+}
+
+func (s *Syncer) resolve(ctx context.Context, gk schema.GroupKind) {
+	gvk, err := s.contractVersion(ctx, gk)
+	if err == nil {
+		err = s.track(gvk, inventory.InfraMachine)
+	}
+	if err != nil {
+		s.mu.Lock()
+		s.failed[gk] = err
+		s.mu.Unlock()
+	}
+}
+
+// contractVersion resolves a referenced kind's version as Cluster API does:
+// the CRD <plural>.<group> and its contract label; the served preferred
+// version when the CRD carries no contract label.
+func (s *Syncer) contractVersion(ctx context.Context, gk schema.GroupKind) (schema.GroupVersionKind, error) {
+	mapping, err := s.mapping(gk, "")
+	if err != nil {
+		return schema.GroupVersionKind{}, fmt.Errorf("%s is not served: %w", gk, err)
+	}
+	crd, err := s.opts.Client.Resource(crdGVR).Get(ctx, mapping.Resource.Resource+"."+gk.Group, metav1.GetOptions{})
+	if err != nil {
+		return schema.GroupVersionKind{}, fmt.Errorf("read CRD of %s: %w", gk, err)
+	}
+	labels := crd.GetLabels()
+	for _, l := range contractLabels {
+		if v := labels[l]; v != "" {
+			versions := strings.Split(v, "_")
+			return gk.WithVersion(versions[len(versions)-1]), nil
+		}
+	}
+	return mapping.GroupVersionKind, nil
+}
+
+func (s *Syncer) preferred(gk schema.GroupKind) (schema.GroupVersionKind, error) {
+	m, err := s.mapping(gk, "")
+	if err != nil {
+		return schema.GroupVersionKind{}, err
+	}
+	return m.GroupVersionKind, nil
+}
+
+func (s *Syncer) mapping(gk schema.GroupKind, version string) (*meta.RESTMapping, error) {
+	var versions []string
+	if version != "" {
+		versions = []string{version}
+	}
+	m, err := s.opts.Mapper.RESTMapping(gk, versions...)
+	if err != nil && meta.IsNoMatchError(err) {
+		if r, ok := s.opts.Mapper.(meta.ResettableRESTMapper); ok {
+			r.Reset()
+			m, err = s.opts.Mapper.RESTMapping(gk, versions...)
+		}
+	}
+	return m, err
+}
+
+// Ready returns nil once every informer has synced and every kind that
+// cached Machines reference has one (or cannot have one: then the rule
+// denies those Machines' Nodes as unverified).
+func (s *Syncer) Ready() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var waiting []string
+	for gk, t := range s.informers {
+		if !t.informer.HasSynced() {
+			waiting = append(waiting, gk.String())
+		}
+	}
+	for gk := range s.referenced {
+		if _, ok := s.informers[gk]; !ok && s.failed[gk] == nil {
+			waiting = append(waiting, gk.String()+" (resolving)")
+		}
+	}
+	if len(s.informers) == 0 {
+		return errors.New("not started")
+	}
+	if len(waiting) > 0 {
+		sort.Strings(waiting)
+		return fmt.Errorf("waiting for %s", strings.Join(waiting, ", "))
+	}
+	return nil
+}
+
+// SyncedKinds returns the InfraMachine and pool kinds whose informers have
+// synced: what the rule may treat as proof of absence.
+func (s *Syncer) SyncedKinds() (infra, pools []schema.GroupVersionKind) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range s.informers {
+		if !t.informer.HasSynced() {
+			continue
+		}
+		switch t.role {
+		case inventory.InfraMachine:
+			infra = append(infra, t.gvk)
+		case inventory.InfraMachinePool:
+			pools = append(pools, t.gvk)
+		}
+	}
+	sortGVKs(infra)
+	sortGVKs(pools)
+	return infra, pools
+}
+
+// Failed returns the kinds that could not be watched, with why.
+func (s *Syncer) Failed() map[schema.GroupKind]error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[schema.GroupKind]error, len(s.failed))
+	for k, v := range s.failed {
+		out[k] = v
+	}
+	return out
+}
+
+func sortGVKs(g []schema.GroupVersionKind) {
+	sort.Slice(g, func(i, j int) bool { return g[i].String() < g[j].String() })
+}

@@ -1,0 +1,196 @@
+// Package bench measures decision latency and cache memory of the enforcer
+// next to Gatekeeper's engine on the same data. Run with `make bench`.
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/internal/gatekeeper"
+)
+
+var sizesFlag = flag.String("sizes", "100,1000,10000,50000", "Machine counts (each with as many DockerMachines)")
+
+var (
+	machineGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
+	dockerGVK  = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
+	user       = authenticationv1.UserInfo{Username: "kubernetes-admin", Groups: []string{"system:masters"}}
+)
+
+func sizes(b *testing.B) []int {
+	var out []int
+	for _, s := range strings.Split(*sizesFlag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		require.NoError(b, err)
+		out = append(out, n)
+	}
+	return out
+}
+
+// objects returns n realistic CAPD Machines and their DockerMachines, spread
+// over 10 namespaces, and the Node of Machine 0.
+func objects(n int) (node *unstructured.Unstructured, objs []*unstructured.Unstructured) {
+	for i := range n {
+		ns := fmt.Sprintf("team-%d", i%10)
+		name := fmt.Sprintf("md-0-%06d", i)
+		pid := "docker:////" + name
+		m := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+			"metadata": map[string]any{
+				"namespace": ns, "name": name, "uid": fmt.Sprintf("00000000-0000-0000-0000-%012d", i),
+				"resourceVersion": "12345", "generation": int64(1), "creationTimestamp": "2026-11-29T10:00:00Z",
+				"labels": map[string]any{"cluster.x-k8s.io/cluster-name": ns, "cluster.x-k8s.io/deployment-name": "md-0",
+					"cluster.x-k8s.io/set-name": "md-0-x7k2p"},
+				"ownerReferences": []any{map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
+					"name": "md-0-x7k2p", "uid": "0b7cc6a2-5b1e-4a5a-8d0f-43a1b2c3d4e5", "controller": true}},
+			},
+			"spec": map[string]any{
+				"clusterName": ns, "version": "v1.34.1", "providerID": pid,
+				"bootstrap":         map[string]any{"configRef": map[string]any{"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": name}},
+				"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name},
+			},
+			"status": map[string]any{"phase": "Running", "nodeRef": map[string]any{"name": name},
+				"addresses": []any{map[string]any{"type": "InternalIP", "address": "172.18.0.5"}}},
+		}}
+		d := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DockerMachine",
+			"metadata": map[string]any{
+				"namespace": ns, "name": name, "uid": fmt.Sprintf("10000000-0000-0000-0000-%012d", i),
+				"resourceVersion": "12346", "labels": map[string]any{"cluster.x-k8s.io/cluster-name": ns},
+				"finalizers": []any{"dockermachine.infrastructure.cluster.x-k8s.io"},
+			},
+			"spec":   map[string]any{"providerID": pid, "customImage": "kindest/node:v1.34.1", "bootstrapped": true},
+			"status": map[string]any{"ready": true},
+		}}
+		objs = append(objs, m, d)
+	}
+	name := "md-0-000000"
+	node = &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "v1", "kind": "Node",
+		"metadata": map[string]any{"name": name, "annotations": map[string]any{
+			"cluster.x-k8s.io/cluster-namespace": "team-0", "cluster.x-k8s.io/machine": name}},
+		"spec": map[string]any{"providerID": "docker:////" + name},
+	}}
+	return node, objs
+}
+
+// enforcerInventory fills informer-shaped stores through the same transform.
+func enforcerInventory(b *testing.B, objs []*unstructured.Unstructured) *inventory.Inventory {
+	inv := inventory.New()
+	machines, infras := inventory.NewStore(), inventory.NewStore()
+	inv.AddKind(machineGVK, inventory.Machine, machines)
+	inv.AddKind(dockerGVK, inventory.InfraMachine, infras)
+	for _, o := range objs {
+		stripped, err := inventory.Strip(o.DeepCopy())
+		require.NoError(b, err)
+		store := infras
+		if o.GetKind() == "Machine" {
+			store = machines
+		}
+		require.NoError(b, store.Add(stripped))
+	}
+	return inv
+}
+
+func gatekeeperEngine(b *testing.B, objs []*unstructured.Unstructured) *gatekeeper.Engine {
+	tmpl, err := os.ReadFile("../../constraints/template.yaml")
+	require.NoError(b, err)
+	cons, err := os.ReadFile("../../constraints/constraint.yaml")
+	require.NoError(b, err)
+	engine, err := gatekeeper.NewEngine(context.Background(), tmpl, cons)
+	require.NoError(b, err)
+	for _, o := range objs {
+		require.NoError(b, engine.AddObject(context.Background(), o))
+	}
+	return engine
+}
+
+// loop runs op b.N times and reports the 50th and 99th percentile.
+func loop(b *testing.B, op func() bool) {
+	durations := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		if op() {
+			b.Fatal("the delete must be denied: the DockerMachine exists")
+		}
+		durations = append(durations, time.Since(start))
+	}
+	b.StopTimer()
+	slices.Sort(durations)
+	b.ReportMetric(float64(durations[len(durations)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(durations[len(durations)*99/100].Microseconds()), "p99-µs")
+}
+
+func BenchmarkDecision(b *testing.B) {
+	ctx := context.Background()
+	for _, n := range sizes(b) {
+		node, objs := objects(n)
+		b.Run(fmt.Sprintf("enforcer/machines=%d", n), func(b *testing.B) {
+			g, err := guard.New(ctx, enforcerInventory(b, objs), guard.Options{})
+			require.NoError(b, err)
+			req := guard.Request{Node: node, UserInfo: user}
+			loop(b, func() bool {
+				d, err := g.Decide(ctx, req)
+				require.NoError(b, err)
+				return d.Allowed
+			})
+		})
+		b.Run(fmt.Sprintf("gatekeeper/machines=%d", n), func(b *testing.B) {
+			engine := gatekeeperEngine(b, objs)
+			loop(b, func() bool {
+				v, err := engine.ReviewDelete(ctx, node, user)
+				require.NoError(b, err)
+				return len(v) == 0
+			})
+		})
+	}
+}
+
+// BenchmarkCacheMemory reports live heap bytes per cached object (Machines and
+// DockerMachines both count), measured after a GC, for each side.
+func BenchmarkCacheMemory(b *testing.B) {
+	for _, n := range sizes(b) {
+		_, objs := objects(n)
+		b.Run(fmt.Sprintf("enforcer/machines=%d", n), func(b *testing.B) {
+			for range b.N {
+				before := heap()
+				inv := enforcerInventory(b, objs)
+				b.ReportMetric(float64(heap()-before)/float64(len(objs)), "B/object")
+				runtime.KeepAlive(inv)
+			}
+		})
+		b.Run(fmt.Sprintf("gatekeeper/machines=%d", n), func(b *testing.B) {
+			for range b.N {
+				before := heap()
+				engine := gatekeeperEngine(b, objs)
+				b.ReportMetric(float64(heap()-before)/float64(len(objs)), "B/object")
+				runtime.KeepAlive(engine)
+			}
+		})
+	}
+}
+
+func heap() int64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
