@@ -10,7 +10,7 @@ COVERAGE_MIN ?= 95
 # Randomized scenarios per constraint variant in the differential test.
 SCENARIOS ?= 2000
 
-.PHONY: test lint policy-test generate generate-check gatekeeper-test go-test differential bundle
+.PHONY: test lint policy-test generate generate-check gatekeeper-test go-test differential bundle bench
 
 test: lint policy-test generate-check gatekeeper-test go-test differential
 
@@ -51,3 +51,11 @@ differential:
 bundle:
 	@mkdir -p build
 	$(GO) run ./internal/cmd/bundle -o build/nodeguard-bundle.tar.gz -revision "$(REVISION)" $(if $(SIGNING_KEY),-signing-key "$(SIGNING_KEY)")
+
+# Decision latency and cache memory, enforcer next to Gatekeeper's engine
+# (see docs/performance.md). Gatekeeper at 50k Machines takes minutes.
+BENCH_SIZES ?= 100,1000,10000,50000
+bench:
+	$(GO) test ./tests/bench/ -run '^$$' -bench 'Decision/enforcer' -benchtime 2000x -timeout 60m -args -sizes $(BENCH_SIZES)
+	$(GO) test ./tests/bench/ -run '^$$' -bench 'Decision/gatekeeper' -benchtime 5x -timeout 60m -args -sizes $(BENCH_SIZES)
+	$(GO) test ./tests/bench/ -run '^$$' -bench 'CacheMemory' -benchtime 1x -timeout 60m -args -sizes $(BENCH_SIZES)

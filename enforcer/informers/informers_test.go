@@ -66,11 +66,11 @@ func setup(t *testing.T, objs ...runtime.Object) (*dynamicfake.FakeDynamicClient
 	}
 	mapper.Add(crdGVK, meta.RESTScopeRoot)
 	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		machineGVK.GroupVersion().WithResource("machines"):               "MachineList",
-		dockerGVK.GroupVersion().WithResource("dockermachines"):          "DockerMachineList",
-		poolGVK.GroupVersion().WithResource("dockermachinepools"):        "DockerMachinePoolList",
-		fooOld.GroupVersion().WithResource("foomachines"):                "FooMachineList",
-		fooGVK.GroupVersion().WithResource("foomachines"):                "FooMachineList",
+		machineGVK.GroupVersion().WithResource("machines"):              "MachineList",
+		dockerGVK.GroupVersion().WithResource("dockermachines"):         "DockerMachineList",
+		poolGVK.GroupVersion().WithResource("dockermachinepools"):       "DockerMachinePoolList",
+		fooOld.GroupVersion().WithResource("foomachines"):               "FooMachineList",
+		fooGVK.GroupVersion().WithResource("foomachines"):               "FooMachineList",
 		crdGVK.GroupVersion().WithResource("customresourcedefinitions"): "CustomResourceDefinitionList",
 	}, objs...)
 	return client, mapper
