@@ -16,7 +16,6 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
-	"github.com/nodeguard/nodeguard/policies"
 )
 
 // Exit codes: scripts depend on them.
@@ -97,18 +96,11 @@ func offline(ctx context.Context, opts Options, params map[string]any) (decision
 	if node == nil {
 		return decision.Decision{}, fmt.Errorf("node %q not found in %v", opts.Node, opts.Files)
 	}
-	effective, err := policies.DefaultParameters(ctx)
+	eval, err := decision.NewEvaluator(ctx)
 	if err != nil {
 		return decision.Decision{}, err
 	}
-	for k, v := range params {
-		effective[k] = v
-	}
-	infra, err := groupKinds(effective, "infraMachineKinds")
-	if err != nil {
-		return decision.Decision{}, err
-	}
-	pools, err := groupKinds(effective, "infraMachinePoolKinds")
+	infra, pools, err := kinds(eval, params)
 	if err != nil {
 		return decision.Decision{}, err
 	}
@@ -116,7 +108,7 @@ func offline(ctx context.Context, opts Options, params map[string]any) (decision
 	if err != nil {
 		return decision.Decision{}, err
 	}
-	g, err := guard.New(ctx, inv, guard.Options{Parameters: params})
+	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Evaluator: eval})
 	if err != nil {
 		return decision.Decision{}, err
 	}
@@ -129,6 +121,22 @@ func request(opts Options, node *unstructured.Unstructured) guard.Request {
 		Cluster:  opts.Cluster,
 		UserInfo: authenticationv1.UserInfo{Username: opts.User, Groups: opts.Groups},
 	}
+}
+
+// kinds returns the InfraMachine and pool kinds of the parameters, with the
+// rule's defaults for those not given.
+func kinds(eval *decision.Evaluator, params map[string]any) (infra, pools []schema.GroupKind, err error) {
+	effective := eval.DefaultParameters()
+	for k, v := range params {
+		effective[k] = v
+	}
+	if infra, err = groupKinds(effective, "infraMachineKinds"); err != nil {
+		return nil, nil, err
+	}
+	if pools, err = groupKinds(effective, "infraMachinePoolKinds"); err != nil {
+		return nil, nil, err
+	}
+	return infra, pools, nil
 }
 
 // groupKinds reads a list of {group, kind} parameters.

@@ -57,15 +57,7 @@ func liveWith(ctx context.Context, client dynamic.Interface, mapper meta.RESTMap
 	if err != nil {
 		return decision.Decision{}, err
 	}
-	effective := eval.DefaultParameters()
-	for k, v := range params {
-		effective[k] = v
-	}
-	infraKinds, err := groupKinds(effective, "infraMachineKinds")
-	if err != nil {
-		return decision.Decision{}, err
-	}
-	poolKinds, err := groupKinds(effective, "infraMachinePoolKinds")
+	infraKinds, poolKinds, err := kinds(eval, params)
 	if err != nil {
 		return decision.Decision{}, err
 	}
