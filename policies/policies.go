@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
 )
 
@@ -73,18 +74,28 @@ func collect(root string) ([]File, error) {
 	return files, nil
 }
 
-// DefaultParameters evaluates data.lib.nodeguard.default_parameters: what a
-// Constraint without parameters means.
-func DefaultParameters(ctx context.Context) (map[string]any, error) {
-	lib, err := Library()
+// Compile parses and compiles every non-test Rego file once; queries over
+// the result pass it to rego.Compiler.
+func Compile() (*ast.Compiler, error) {
+	files, err := All()
 	if err != nil {
 		return nil, err
 	}
-	opts := []func(*rego.Rego){rego.Query("data.lib.nodeguard.default_parameters")}
-	for _, f := range lib {
-		opts = append(opts, rego.Module(f.Path, f.Source))
+	modules := make(map[string]string, len(files))
+	for _, f := range files {
+		modules[f.Path] = f.Source
 	}
-	rs, err := rego.New(opts...).Eval(ctx)
+	c, err := ast.CompileModulesWithOpt(modules, ast.CompileOpts{ParserOptions: ast.ParserOptions{RegoVersion: ast.RegoV1}})
+	if err != nil {
+		return nil, fmt.Errorf("compile embedded policies: %w", err)
+	}
+	return c, nil
+}
+
+// DefaultParameters evaluates data.lib.nodeguard.default_parameters (what a
+// Constraint without parameters means) over compiled policies.
+func DefaultParameters(ctx context.Context, compiled *ast.Compiler) (map[string]any, error) {
+	rs, err := rego.New(rego.Query("data.lib.nodeguard.default_parameters"), rego.Compiler(compiled)).Eval(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("evaluate default parameters: %w", err)
 	}

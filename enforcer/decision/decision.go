@@ -64,21 +64,18 @@ type Evaluator struct {
 	defaults map[string]any
 }
 
-// NewEvaluator compiles the embedded policies once.
+// NewEvaluator compiles the embedded policies once, for both the prepared
+// query and the defaults.
 func NewEvaluator(ctx context.Context) (*Evaluator, error) {
-	files, err := policies.All()
+	compiled, err := policies.Compile()
 	if err != nil {
 		return nil, err
 	}
-	opts := []func(*rego.Rego){rego.Query(policies.EnforcerQuery)}
-	for _, f := range files {
-		opts = append(opts, rego.Module(f.Path, f.Source))
-	}
-	q, err := rego.New(opts...).PrepareForEval(ctx)
+	q, err := rego.New(rego.Query(policies.EnforcerQuery), rego.Compiler(compiled)).PrepareForEval(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("prepare %s: %w", policies.EnforcerQuery, err)
 	}
-	defaults, err := policies.DefaultParameters(ctx)
+	defaults, err := policies.DefaultParameters(ctx, compiled)
 	if err != nil {
 		return nil, err
 	}

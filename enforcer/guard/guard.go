@@ -171,6 +171,8 @@ func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, 
 			out = append(out, fresh)
 		}
 	}
+	// Kinds the inventory watches, looked up once rather than per ref.
+	watched := append(g.inv.Kinds(inventory.InfraMachine), g.inv.Kinds(inventory.InfraMachinePool)...)
 	for _, ref := range refs {
 		key := inventory.Ref{GVK: schema.GroupVersionKind{Group: ref.GVK.Group, Kind: ref.GVK.Kind}, Namespace: ref.Namespace, Name: ref.Name}
 		if have[key] {
@@ -178,7 +180,7 @@ func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, 
 		}
 		// Read at the version the inventory watches; a kind it does not watch
 		// stays unverified and the rule denies.
-		for _, gvk := range append(g.inv.Kinds(inventory.InfraMachine), g.inv.Kinds(inventory.InfraMachinePool)...) {
+		for _, gvk := range watched {
 			if gvk.Group != ref.GVK.Group || gvk.Kind != ref.GVK.Kind {
 				continue
 			}

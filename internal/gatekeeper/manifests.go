@@ -51,7 +51,11 @@ type Info struct {
 
 // LoadDefaults reads the default parameters from the Rego.
 func LoadDefaults(ctx context.Context) (Defaults, error) {
-	params, err := policies.DefaultParameters(ctx)
+	compiled, err := policies.Compile()
+	if err != nil {
+		return Defaults{}, err
+	}
+	params, err := policies.DefaultParameters(ctx, compiled)
 	if err != nil {
 		return Defaults{}, err
 	}
