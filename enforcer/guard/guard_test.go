@@ -63,7 +63,9 @@ func cache(t *testing.T, objs ...*unstructured.Unstructured) *inventory.Inventor
 		if o.GetKind() == "Machine" {
 			store = machines
 		}
-		require.NoError(t, store.Add(o))
+		r, err := inventory.Strip(o)
+		require.NoError(t, err)
+		require.NoError(t, store.Add(r))
 	}
 	return inv
 }

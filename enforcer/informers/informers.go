@@ -17,7 +17,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -129,7 +128,7 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role) error {
 		return fmt.Errorf("map %s to a resource: %w", gvk, err)
 	}
 	informer := s.factory.ForResource(mapping.Resource).Informer()
-	if err := informer.SetTransform(inventory.Strip); err != nil {
+	if err := informer.SetTransform(inventory.Transform(gvk)); err != nil {
 		return fmt.Errorf("set transform on %s informer: %w", gvk, err)
 	}
 	if err := informer.AddIndexers(inventory.Indexers()); err != nil {
@@ -152,11 +151,11 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role) error {
 
 // onMachine notes the kind a Machine references and queues it if new.
 func (s *Syncer) onMachine(obj any) {
-	u, ok := obj.(*unstructured.Unstructured)
+	r, ok := obj.(*inventory.Record)
 	if !ok {
 		return
 	}
-	ref, ok := inventory.InfraRef(u)
+	ref, ok := r.InfraRef()
 	if !ok {
 		return
 	}

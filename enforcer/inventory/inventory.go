@@ -51,28 +51,26 @@ func Indexers() cache.Indexers {
 }
 
 func indexNodeName(obj any) ([]string, error) {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return nil, fmt.Errorf("index %s: unexpected %T", ByNodeName, obj)
+	r, err := recordOf(obj)
+	if err != nil {
+		return nil, fmt.Errorf("index %s: %w", ByNodeName, err)
 	}
-	name, _, _ := unstructured.NestedString(u.Object, "status", "nodeRef", "name")
-	if name == "" {
+	if r.nodeRefName == "" {
 		return nil, nil
 	}
-	return []string{name}, nil
+	return []string{r.nodeRefName}, nil
 }
 
 func indexProviderID(obj any) ([]string, error) {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return nil, fmt.Errorf("index %s: unexpected %T", ByProviderID, obj)
+	r, err := recordOf(obj)
+	if err != nil {
+		return nil, fmt.Errorf("index %s: %w", ByProviderID, err)
 	}
 	var ids []string
-	if id, _, _ := unstructured.NestedString(u.Object, "spec", "providerID"); id != "" {
-		ids = append(ids, id)
+	if r.providerID != "" {
+		ids = append(ids, r.providerID)
 	}
-	list, _, _ := unstructured.NestedStringSlice(u.Object, "spec", "providerIDList")
-	for _, id := range list {
+	for _, id := range r.providerIDList {
 		if id != "" {
 			ids = append(ids, id)
 		}
@@ -81,7 +79,7 @@ func indexProviderID(obj any) ([]string, error) {
 }
 
 // NewStore returns an indexer with the inventory's indexes, for objects that
-// do not come from an informer.
+// do not come from an informer; add Records (see Strip) to it.
 func NewStore() cache.Indexer {
 	return cache.NewIndexer(cache.MetaNamespaceKeyFunc, Indexers())
 }
@@ -169,16 +167,17 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 	inv.mu.RLock()
 	defer inv.mu.RUnlock()
 	seen := map[Ref]bool{}
+	var picked []*Record
 	add := func(gvk schema.GroupVersionKind, items []any) {
 		for _, item := range items {
-			u, ok := item.(*unstructured.Unstructured)
-			if !ok {
+			r, err := recordOf(item)
+			if err != nil {
 				continue
 			}
-			r := Ref{GVK: gvk, Namespace: u.GetNamespace(), Name: u.GetName()}
-			if !seen[r] {
-				seen[r] = true
-				objs = append(objs, u)
+			key := Ref{GVK: gvk, Namespace: r.namespace, Name: r.name}
+			if !seen[key] {
+				seen[key] = true
+				picked = append(picked, r)
 			}
 		}
 	}
@@ -200,11 +199,11 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 	}
 	// What the picked Machines reference, in every version the inventory holds.
 	refSeen := map[Ref]bool{}
-	for _, m := range append([]*unstructured.Unstructured(nil), objs...) {
-		if m.GetKind() != "Machine" {
+	for _, m := range append([]*Record(nil), picked...) {
+		if m.kind != "Machine" {
 			continue
 		}
-		ref, ok := InfraRef(m)
+		ref, ok := m.InfraRef()
 		if !ok || refSeen[ref] {
 			continue
 		}
@@ -219,6 +218,10 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 			}
 		}
 	}
+	objs = make([]*unstructured.Unstructured, len(picked))
+	for i, r := range picked {
+		objs[i] = r.Unstructured()
+	}
 	return objs, refs
 }
 
@@ -227,26 +230,7 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 // kind, name, namespace}. The version of the returned GVK is the ref's own
 // (v1beta1) or empty (v1beta2).
 func InfraRef(machine *unstructured.Unstructured) (Ref, bool) {
-	ref, ok, _ := unstructured.NestedMap(machine.Object, "spec", "infrastructureRef")
-	if !ok {
-		return Ref{}, false
-	}
-	str := func(k string) string { s, _ := ref[k].(string); return s }
-	kind, name := str("kind"), str("name")
-	if kind == "" || name == "" {
-		return Ref{}, false
-	}
-	gvk := schema.GroupVersionKind{Kind: kind}
-	if g, ok := ref["apiGroup"].(string); ok {
-		gvk.Group = g
-	} else if gv, err := schema.ParseGroupVersion(str("apiVersion")); err == nil {
-		gvk.Group, gvk.Version = gv.Group, gv.Version
-	}
-	ns := str("namespace")
-	if ns == "" {
-		ns = machine.GetNamespace()
-	}
-	return Ref{GVK: gvk, Namespace: ns, Name: name}, true
+	return NewRecord(machine).InfraRef()
 }
 
 // Layout arranges objects as Gatekeeper's inventory:
@@ -269,43 +253,6 @@ func child(m map[string]any, key string) map[string]any {
 	c := map[string]any{}
 	m[key] = c
 	return c
-}
-
-// Strip keeps only the fields the rule reads, to cache less; the decision is
-// the same (the differential test checks this against full objects).
-func Strip(obj any) (any, error) {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		// Tombstones and other wrappers pass through untouched.
-		return obj, nil
-	}
-	out := map[string]any{"apiVersion": u.GetAPIVersion(), "kind": u.GetKind()}
-	meta := map[string]any{"name": u.GetName()}
-	if ns := u.GetNamespace(); ns != "" {
-		meta["namespace"] = ns
-	}
-	for _, k := range []string{"uid", "resourceVersion", "deletionTimestamp"} {
-		if v, ok, _ := unstructured.NestedFieldNoCopy(u.Object, "metadata", k); ok && v != nil {
-			meta[k] = v
-		}
-	}
-	if c, ok := u.GetLabels()["cluster.x-k8s.io/cluster-name"]; ok {
-		meta["labels"] = map[string]any{"cluster.x-k8s.io/cluster-name": c}
-	}
-	out["metadata"] = meta
-	spec := map[string]any{}
-	for _, k := range []string{"providerID", "providerIDList", "clusterName", "infrastructureRef"} {
-		if v, ok, _ := unstructured.NestedFieldNoCopy(u.Object, "spec", k); ok {
-			spec[k] = v
-		}
-	}
-	if len(spec) > 0 {
-		out["spec"] = spec
-	}
-	if name, ok, _ := unstructured.NestedString(u.Object, "status", "nodeRef", "name"); ok {
-		out["status"] = map[string]any{"nodeRef": map[string]any{"name": name}}
-	}
-	return &unstructured.Unstructured{Object: out}, nil
 }
 
 func (inv *Inventory) store(gvk schema.GroupVersionKind) cache.Indexer {

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 )
@@ -65,16 +66,16 @@ func TestCandidatesFindEveryLinkAndNothingElse(t *testing.T) {
 	inv.AddKind(dockerPool, inventory.InfraMachinePool, pools)
 	for i := range 1000 {
 		name := fmt.Sprintf("other-%d", i)
-		require.NoError(t, machines.Add(machine("default", name, name, "docker:////"+name, name)))
-		require.NoError(t, infras.Add(obj(dockerMachine, "default", name, map[string]any{"spec": map[string]any{"providerID": "docker:////" + name}})))
+		add(t, machines, machine("default", name, name, "docker:////"+name, name))
+		add(t, infras, obj(dockerMachine, "default", name, map[string]any{"spec": map[string]any{"providerID": "docker:////" + name}}))
 	}
-	require.NoError(t, machines.Add(machine("default", "by-node-ref", "n1", "", "infra-a")))
-	require.NoError(t, machines.Add(machine("default", "by-provider-id", "", "docker:////n1", "infra-b")))
-	require.NoError(t, machines.Add(machine("team", "by-annotation", "", "", "infra-c")))
-	require.NoError(t, infras.Add(obj(dockerMachine, "default", "infra-a", nil)))
-	require.NoError(t, infras.Add(obj(dockerMachine, "team", "infra-c", nil)))
-	require.NoError(t, infras.Add(obj(dockerMachine, "default", "orphan", map[string]any{"spec": map[string]any{"providerID": "docker:////n1"}})))
-	require.NoError(t, pools.Add(obj(dockerPool, "default", "pool", map[string]any{"spec": map[string]any{"providerIDList": []any{"docker:////x", "docker:////n1"}}})))
+	add(t, machines, machine("default", "by-node-ref", "n1", "", "infra-a"))
+	add(t, machines, machine("default", "by-provider-id", "", "docker:////n1", "infra-b"))
+	add(t, machines, machine("team", "by-annotation", "", "", "infra-c"))
+	add(t, infras, obj(dockerMachine, "default", "infra-a", nil))
+	add(t, infras, obj(dockerMachine, "team", "infra-c", nil))
+	add(t, infras, obj(dockerMachine, "default", "orphan", map[string]any{"spec": map[string]any{"providerID": "docker:////n1"}}))
+	add(t, pools, obj(dockerPool, "default", "pool", map[string]any{"spec": map[string]any{"providerIDList": []any{"docker:////x", "docker:////n1"}}}))
 
 	objs, refs := inv.Candidates(node("n1", "docker:////n1", map[string]string{
 		"cluster.x-k8s.io/machine": "by-annotation", "cluster.x-k8s.io/cluster-namespace": "team",
@@ -97,7 +98,7 @@ func TestCandidatesWithoutProviderIDOrAnnotations(t *testing.T) {
 	machines, infras := inventory.NewStore(), inventory.NewStore()
 	inv.AddKind(machineV1beta2, inventory.Machine, machines)
 	inv.AddKind(dockerMachine, inventory.InfraMachine, infras)
-	require.NoError(t, infras.Add(obj(dockerMachine, "default", "empty-id", map[string]any{"spec": map[string]any{"providerID": ""}})))
+	add(t, infras, obj(dockerMachine, "default", "empty-id", map[string]any{"spec": map[string]any{"providerID": ""}}))
 	objs, refs := inv.Candidates(node("n1", "", nil))
 	assert.Empty(t, objs, "an empty providerID must not match objects without one")
 	assert.Empty(t, refs)
@@ -123,6 +124,13 @@ func TestInfraRefShapes(t *testing.T) {
 	assert.False(t, ok)
 }
 
+func add(t *testing.T, store cache.Indexer, u *unstructured.Unstructured) {
+	t.Helper()
+	r, err := inventory.Strip(u)
+	require.NoError(t, err)
+	require.NoError(t, store.Add(r))
+}
+
 func TestStripKeepsOnlyWhatTheRuleReads(t *testing.T) {
 	m := machine("default", "m", "n1", "docker:////n1", "m")
 	m.SetLabels(map[string]string{"cluster.x-k8s.io/cluster-name": "dev", "other": "x"})
@@ -130,29 +138,58 @@ func TestStripKeepsOnlyWhatTheRuleReads(t *testing.T) {
 	m.SetUID("u1")
 	m.SetResourceVersion("42")
 	require.NoError(t, unstructured.SetNestedField(m.Object, "v1.34.1", "spec", "version"))
+	require.NoError(t, unstructured.SetNestedField(m.Object, "dev", "spec", "clusterName"))
 	require.NoError(t, unstructured.SetNestedField(m.Object, "Running", "status", "phase"))
 	require.NoError(t, unstructured.SetNestedField(m.Object, "Node", "status", "nodeRef", "kind"))
+	require.NoError(t, unstructured.SetNestedField(m.Object, "2026-11-29T10:00:00Z", "metadata", "deletionTimestamp"))
 
 	out, err := inventory.Strip(m)
 	require.NoError(t, err)
+	r := out.(*inventory.Record)
 	assert.Equal(t, map[string]any{
 		"apiVersion": "cluster.x-k8s.io/v1beta2",
 		"kind":       "Machine",
 		"metadata": map[string]any{
-			"name": "m", "namespace": "default", "uid": "u1", "resourceVersion": "42",
+			"name": "m", "namespace": "default", "deletionTimestamp": "2026-11-29T10:00:00Z",
 			"labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"},
 		},
 		"spec": map[string]any{
-			"providerID":        "docker:////n1",
+			"providerID": "docker:////n1", "clusterName": "dev",
 			"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "m"},
 		},
 		"status": map[string]any{"nodeRef": map[string]any{"name": "n1"}},
-	}, out.(*unstructured.Unstructured).Object)
+	}, r.Unstructured().Object)
 
-	tombstone := "not an object"
+	again, err := inventory.Strip(r)
+	require.NoError(t, err)
+	assert.Same(t, r, again, "client-go may hand the transform an object it already transformed")
+
+	tombstone := cache.DeletedFinalStateUnknown{Key: "default/m", Obj: r}
 	passed, err := inventory.Strip(tombstone)
 	require.NoError(t, err)
 	assert.Equal(t, tombstone, passed)
+}
+
+func TestRecordKeepsPoolListsAndV1beta1Refs(t *testing.T) {
+	pool := obj(dockerPool, "default", "p", map[string]any{"spec": map[string]any{"providerIDList": []any{"a", "b"}}})
+	old := obj(schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta1", Kind: "Machine"}, "ns", "m",
+		map[string]any{"spec": map[string]any{"infrastructureRef": map[string]any{
+			"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "AWSMachine", "name": "a", "namespace": "other",
+		}}})
+	for _, u := range []*unstructured.Unstructured{pool, old} {
+		assert.Equal(t, u.Object, inventory.NewRecord(u).Unstructured().Object)
+	}
+	copied := inventory.NewRecord(old).DeepCopyObject().(*inventory.Record)
+	assert.Equal(t, old.Object, copied.Unstructured().Object)
+}
+
+func TestStoreReadsUnstrippedObjectsTheSameWay(t *testing.T) {
+	inv := inventory.New()
+	machines := inventory.NewStore()
+	inv.AddKind(machineV1beta2, inventory.Machine, machines)
+	require.NoError(t, machines.Add(machine("default", "m", "n1", "", "m")))
+	objs, _ := inv.Candidates(node("n1", "", nil))
+	assert.Equal(t, []string{"Machine default/m"}, keys(objs))
 }
 
 func TestLayoutIsGatekeepersShape(t *testing.T) {

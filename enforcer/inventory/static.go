@@ -43,17 +43,13 @@ func FromObjects(objs []*unstructured.Unstructured, infraKinds, poolKinds []sche
 		if !ok {
 			continue
 		}
-		stripped, err := Strip(o)
-		if err != nil {
-			return nil, err
-		}
-		u := stripped.(*unstructured.Unstructured)
-		if u.GetNamespace() == "" {
-			u.SetNamespace("default")
+		r := NewRecord(o)
+		if r.namespace == "" {
+			r.namespace = "default"
 		}
 		inv.AddKind(gvk, role, NewStore())
-		if err := inv.store(gvk).Add(u); err != nil {
-			return nil, fmt.Errorf("add %s %s/%s: %w", gvk.Kind, u.GetNamespace(), u.GetName(), err)
+		if err := inv.store(gvk).Add(r); err != nil {
+			return nil, fmt.Errorf("add %s %s/%s: %w", gvk.Kind, r.namespace, r.name, err)
 		}
 	}
 	return inv, nil
