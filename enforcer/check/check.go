@@ -10,11 +10,11 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 )
 
@@ -68,7 +68,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if len(opts.Files) > 0 {
 		d, err = offline(ctx, opts, params)
 	} else {
-		d, err = live(ctx, opts, params)
+		d, err = judgeLive(ctx, opts, params)
 	}
 	if err != nil {
 		return ExitError, err
@@ -100,7 +100,7 @@ func offline(ctx context.Context, opts Options, params map[string]any) (decision
 	if err != nil {
 		return decision.Decision{}, err
 	}
-	infra, pools, err := kinds(eval, params)
+	infra, pools, err := live.Kinds(eval, params)
 	if err != nil {
 		return decision.Decision{}, err
 	}
@@ -121,41 +121,6 @@ func request(opts Options, node *unstructured.Unstructured) guard.Request {
 		Cluster:  opts.Cluster,
 		UserInfo: authenticationv1.UserInfo{Username: opts.User, Groups: opts.Groups},
 	}
-}
-
-// kinds returns the InfraMachine and pool kinds of the parameters, with the
-// rule's defaults for those not given.
-func kinds(eval *decision.Evaluator, params map[string]any) (infra, pools []schema.GroupKind, err error) {
-	effective := eval.DefaultParameters()
-	for k, v := range params {
-		effective[k] = v
-	}
-	if infra, err = groupKinds(effective, "infraMachineKinds"); err != nil {
-		return nil, nil, err
-	}
-	if pools, err = groupKinds(effective, "infraMachinePoolKinds"); err != nil {
-		return nil, nil, err
-	}
-	return infra, pools, nil
-}
-
-// groupKinds reads a list of {group, kind} parameters.
-func groupKinds(params map[string]any, key string) ([]schema.GroupKind, error) {
-	list, ok := params[key].([]any)
-	if !ok {
-		return nil, fmt.Errorf("parameter %s: want a list of {group, kind}, got %T", key, params[key])
-	}
-	out := make([]schema.GroupKind, 0, len(list))
-	for i, item := range list {
-		m, _ := item.(map[string]any)
-		group, _ := m["group"].(string)
-		kind, _ := m["kind"].(string)
-		if kind == "" {
-			return nil, fmt.Errorf("parameter %s[%d]: want {group, kind}, got %v", key, i, item)
-		}
-		out = append(out, schema.GroupKind{Group: group, Kind: kind})
-	}
-	return out, nil
 }
 
 func print(out io.Writer, opts Options, d decision.Decision) error {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 
+	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 )
 
@@ -59,7 +60,8 @@ func TestLiveCheckAgainstAnAPIServer(t *testing.T) {
 	client, mapper := fakeCluster(t)
 	opts := Options{Node: "dev-md-0-x7k2p-abcde", Output: "text"}
 
-	d, err := liveWith(ctx, client, mapper, opts, nil)
+	c := live.Clients{Dynamic: client, Mapper: mapper}
+	d, err := judgeWith(ctx, c, opts, nil)
 	require.NoError(t, err)
 	assert.False(t, d.Allowed)
 	require.Len(t, d.Blockers, 1)
@@ -68,15 +70,15 @@ func TestLiveCheckAgainstAnAPIServer(t *testing.T) {
 	// CAPI deletes the DockerMachine: the Node may go.
 	gvr := schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Resource: "dockermachines"}
 	require.NoError(t, client.Resource(gvr).Namespace("default").Delete(ctx, "dev-md-0-x7k2p-abcde", metav1.DeleteOptions{}))
-	d, err = liveWith(ctx, client, mapper, opts, nil)
+	d, err = judgeWith(ctx, c, opts, nil)
 	require.NoError(t, err)
 	assert.True(t, d.Allowed, "%v", d.Messages)
 
-	_, err = liveWith(ctx, client, mapper, Options{Node: "missing"}, nil)
+	_, err = judgeWith(ctx, c, Options{Node: "missing"}, nil)
 	assert.ErrorContains(t, err, `get node "missing"`)
 }
 
 func TestLiveCheckWithABadKubeconfig(t *testing.T) {
-	_, err := live(context.Background(), Options{Node: "n", Kubeconfig: "/nonexistent/kubeconfig"}, nil)
+	_, err := judgeLive(context.Background(), Options{Node: "n", Kubeconfig: "/nonexistent/kubeconfig"}, nil)
 	assert.ErrorContains(t, err, "load kubeconfig")
 }
