@@ -48,9 +48,21 @@ type Unverified struct {
 	Links     []Link `json:"links"`
 }
 
+// Reasons say in one word why a decision went the way it did (metrics, logs).
+const (
+	ReasonNoLink          = "no-link"           // allowed: nothing linked still exists
+	ReasonExempt          = "exempt"            // allowed for an exempt user or group; see Warnings
+	ReasonBlocked         = "blocked"           // denied: a linked InfraMachine or pool still exists
+	ReasonUnverified      = "unverified"        // denied: a linked kind is not synced
+	ReasonUnjudgeable     = "unjudgeable"       // denied: the review carries no Node
+	ReasonNotReady        = "not-ready"         // denied: caches not synced yet
+	ReasonFreshReadFailed = "fresh-read-failed" // denied: the API server did not answer in time
+)
+
 // Decision is the rule's answer.
 type Decision struct {
 	Allowed    bool         `json:"allowed"`
+	Reason     string       `json:"reason"`
 	Blockers   []Blocker    `json:"blockers"`
 	Unverified []Unverified `json:"unverified"`
 	Messages   []string     `json:"messages"`
@@ -109,7 +121,23 @@ func (e *Evaluator) Evaluate(ctx context.Context, in Input) (Decision, error) {
 	if err := json.Unmarshal(raw, &d); err != nil {
 		return Decision{}, fmt.Errorf("decode decision: %w", err)
 	}
+	d.Reason = reason(d)
 	return d, nil
+}
+
+func reason(d Decision) string {
+	switch {
+	case d.Allowed && len(d.Warnings) > 0:
+		return ReasonExempt
+	case d.Allowed:
+		return ReasonNoLink
+	case len(d.Blockers) > 0:
+		return ReasonBlocked
+	case len(d.Unverified) > 0:
+		return ReasonUnverified
+	default:
+		return ReasonUnjudgeable
+	}
 }
 
 func (in Input) asValue() map[string]any {

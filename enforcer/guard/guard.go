@@ -97,7 +97,7 @@ func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, err
 	}
 	if g.opts.Ready != nil {
 		if err := g.opts.Ready(); err != nil {
-			return Deny(fmt.Sprintf("Node %q cannot be deleted yet: nodeguard is not ready (%v), "+
+			return Deny(decision.ReasonNotReady, fmt.Sprintf("Node %q cannot be deleted yet: nodeguard is not ready (%v), "+
 				"so it cannot tell whether an InfraMachine is linked to it; retry once nodeguard reports ready.",
 				req.Node.GetName(), err)), nil
 		}
@@ -110,7 +110,7 @@ func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, err
 	if g.opts.Fresh != nil {
 		objs, err = g.refresh(ctx, objs, refs)
 		if err != nil {
-			return Deny(fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not re-read the "+
+			return Deny(decision.ReasonFreshReadFailed, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not re-read the "+
 				"objects linked to it from the API server (%v), so it cannot prove their hosts are gone; retry shortly.",
 				req.Node.GetName(), err)), nil
 		}
@@ -123,8 +123,8 @@ func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, err
 }
 
 // Deny is a denial that no Rego evaluation produced (not ready, no fresh read).
-func Deny(msg string) decision.Decision {
-	return decision.Decision{Allowed: false, Blockers: []decision.Blocker{}, Unverified: []decision.Unverified{},
+func Deny(reason, msg string) decision.Decision {
+	return decision.Decision{Allowed: false, Reason: reason, Blockers: []decision.Blocker{}, Unverified: []decision.Unverified{},
 		Messages: []string{msg}, Warnings: []string{}}
 }
 

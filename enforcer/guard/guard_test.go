@@ -15,6 +15,7 @@ import (
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
@@ -84,11 +85,39 @@ func apiServer(objs ...runtime.Object) (*dynamicfake.FakeDynamicClient, meta.RES
 
 func decide(t *testing.T, inv *inventory.Inventory, opts guard.Options, req guard.Request) (bool, []string) {
 	t.Helper()
+	d := decideFull(t, inv, opts, req)
+	return d.Allowed, d.Messages
+}
+
+func decideFull(t *testing.T, inv *inventory.Inventory, opts guard.Options, req guard.Request) decision.Decision {
+	t.Helper()
 	g, err := guard.New(context.Background(), inv, opts)
 	require.NoError(t, err)
 	d, err := g.Decide(context.Background(), req)
 	require.NoError(t, err)
-	return d.Allowed, d.Messages
+	return d
+}
+
+func TestReasons(t *testing.T) {
+	node := guard.Request{Node: capdNode()}
+	notReady := guard.Options{Ready: func() error { return errors.New("not synced") }}
+	none := func() ([]schema.GroupVersionKind, []schema.GroupVersionKind) { return nil, nil }
+	client, mapper := apiServer(capdMachine(), capdInfra())
+	client.PrependReactor("get", "dockermachines", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("timeout")
+	})
+	exempt := guard.Request{Node: capdNode(), UserInfo: authenticationv1.UserInfo{Username: "ops"}}
+	for want, got := range map[string]decision.Decision{
+		decision.ReasonBlocked:         decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, node),
+		decision.ReasonNoLink:          decideFull(t, cache(t, capdMachine()), guard.Options{}, node),
+		decision.ReasonUnverified:      decideFull(t, cache(t, capdMachine()), guard.Options{SyncedKinds: none}, node),
+		decision.ReasonNotReady:        decideFull(t, cache(t), notReady, node),
+		decision.ReasonFreshReadFailed: decideFull(t, cache(t, capdMachine()), guard.Options{Fresh: freshread.New(client, mapper)}, node),
+		decision.ReasonExempt: decideFull(t, cache(t, capdMachine(), capdInfra()),
+			guard.Options{Parameters: map[string]any{"exemptUsers": []any{"ops"}}}, exempt),
+	} {
+		assert.Equal(t, want, got.Reason, "%v", got.Messages)
+	}
 }
 
 func TestCacheOnlyDecisions(t *testing.T) {

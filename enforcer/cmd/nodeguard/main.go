@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nodeguard/nodeguard/enforcer/check"
+	"github.com/nodeguard/nodeguard/enforcer/serve"
 )
 
 func main() {
@@ -30,7 +32,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(checkCommand(&code))
+	root.AddCommand(checkCommand(&code), serveCommand(stderr))
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -66,5 +68,34 @@ func checkCommand(code *int) *cobra.Command {
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file (live mode)")
 	f.StringVar(&opts.Context, "context", "", "kubeconfig context (live mode)")
 	_ = cmd.MarkFlagRequired("node")
+	return cmd
+}
+
+func serveCommand(stderr io.Writer) *cobra.Command {
+	var opts serve.Options
+	cmd := &cobra.Command{
+		Use:   "serve --tls-cert-file FILE --tls-private-key-file FILE",
+		Short: "Run the validating admission webhook for Node deletes",
+		Long: "Serve AdmissionReviews over HTTPS. /validate judges Nodes against the Machines of the cluster of the\n" +
+			"kubeconfig (self-hosted); /validate/clusters/NAMESPACE/NAME judges a workload cluster's Nodes against that\n" +
+			"CAPI Cluster's Machines only (management cluster). /healthz, /readyz and /metrics are served on the same port.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := slog.New(slog.NewJSONHandler(stderr, nil))
+			return serve.Run(cmd.Context(), opts, log, nil)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Listen, "listen-address", serve.DefaultListen, "address to serve HTTPS on")
+	f.StringVar(&opts.CertFile, "tls-cert-file", "", "serving certificate (PEM); reloaded when the file changes")
+	f.StringVar(&opts.KeyFile, "tls-private-key-file", "", "serving private key (PEM); reloaded when the file changes")
+	f.StringVar(&opts.ClientCAFile, "client-ca-file", "", "if set, reviews must come with a client certificate signed by this CA")
+	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster whose Machines count (default: in-cluster)")
+	f.StringVar(&opts.Context, "context", "", "kubeconfig context")
+	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the rule's defaults)")
+	f.BoolVar(&opts.NoFreshReads, "no-fresh-reads", false, "answer from the informer caches alone (a lagging cache can then decide)")
+	f.DurationVar(&opts.FreshReadTimeout, "fresh-read-timeout", serve.DefaultFreshTimeout, "bound on the fresh reads of one review; past it the delete is denied")
+	f.DurationVar(&opts.RequestTimeout, "request-timeout", serve.DefaultRequestTimeout, "deadline of one review; keep it below the webhook's timeoutSeconds")
+	f.DurationVar(&opts.ShutdownGrace, "shutdown-grace", serve.DefaultShutdownGrace, "how long in-flight reviews may finish after SIGTERM")
 	return cmd
 }

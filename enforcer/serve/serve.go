@@ -1,0 +1,113 @@
+// Package serve wires `nodeguard serve`: a live Enforcer over one cluster's
+// API server, the webhook handler, metrics, and the HTTPS server.
+package serve
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/nodeguard/nodeguard/enforcer/freshread"
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/webhook"
+)
+
+// Options are the flags of `nodeguard serve`.
+type Options struct {
+	Listen              string
+	CertFile, KeyFile   string
+	ClientCAFile        string
+	Kubeconfig, Context string
+	Constraint          string
+	NoFreshReads        bool
+	FreshReadTimeout    time.Duration
+	RequestTimeout      time.Duration
+	ShutdownGrace       time.Duration
+}
+
+// Defaults for the flags; the request deadline stays below the 5s
+// timeoutSeconds that `nodeguard webhook-config` writes.
+const (
+	DefaultListen         = ":8443"
+	DefaultRequestTimeout = 4 * time.Second
+	DefaultFreshTimeout   = 2 * time.Second
+	DefaultShutdownGrace  = 10 * time.Second
+)
+
+var clusterGVK = schema.GroupVersionKind{Group: inventory.MachineGroup, Kind: "Cluster"}
+
+// Run serves until ctx is done. listening, when set, receives the address
+// once the port is open.
+func Run(ctx context.Context, opts Options, log *slog.Logger, listening func(net.Addr)) error {
+	c, err := live.Connect(opts.Kubeconfig, opts.Context)
+	if err != nil {
+		return err
+	}
+	return RunWith(ctx, c, opts, log, listening)
+}
+
+// RunWith is Run with clients already built.
+func RunWith(ctx context.Context, c live.Clients, opts Options, log *slog.Logger, listening func(net.Addr)) error {
+	var params map[string]any
+	if opts.Constraint != "" {
+		p, err := manifest.ConstraintParameters(opts.Constraint)
+		if err != nil {
+			return err
+		}
+		params = p
+	}
+	e, err := live.Start(ctx, c, live.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout})
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := webhook.NewMetrics(reg, e.Inventory.Count)
+	if err != nil {
+		return err
+	}
+	clusters := freshread.New(c.Dynamic, c.Mapper)
+	handler := webhook.New(webhook.Options{
+		Decider: e.Guard,
+		Ready:   e.Syncer.Ready,
+		ClusterExists: func(ctx context.Context, namespace, name string) (bool, error) {
+			obj, err := clusters.Get(ctx, clusterGVK, namespace, name)
+			return obj != nil, err
+		},
+		Timeout:           opts.RequestTimeout,
+		RequireClientCert: opts.ClientCAFile != "",
+		Metrics:           metrics,
+		MetricsHandler:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		Log:               log,
+	})
+	srv, err := webhook.NewServer(handler, webhook.TLSOptions{CertFile: opts.CertFile, KeyFile: opts.KeyFile, ClientCAFile: opts.ClientCAFile}, log)
+	if err != nil {
+		return err
+	}
+	listen := opts.Listen
+	if listen == "" {
+		listen = DefaultListen
+	}
+	l, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", listen, err)
+	}
+	log.Info("serving", "address", l.Addr().String(), "freshReads", !opts.NoFreshReads)
+	if listening != nil {
+		listening(l.Addr())
+	}
+	grace := opts.ShutdownGrace
+	if grace == 0 {
+		grace = DefaultShutdownGrace
+	}
+	return srv.Serve(ctx, l, grace)
+}

@@ -1,0 +1,405 @@
+package webhook_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/webhook"
+	"github.com/nodeguard/nodeguard/internal/testpki"
+)
+
+const linkedNode = "dev-md-0-x7k2p-abcde" // its DockerMachine exists in the example
+
+// example is a Guard over the CAPD example, where ops is an exempt group.
+func example(t testing.TB) (*guard.Guard, *inventory.Inventory, map[string]*unstructured.Unstructured) {
+	t.Helper()
+	objs, err := manifest.Load("../../examples/capd-v1beta2")
+	require.NoError(t, err)
+	nodes := map[string]*unstructured.Unstructured{}
+	for _, o := range objs {
+		if o.GetKind() == "Node" {
+			nodes[o.GetName()] = o
+		}
+	}
+	inv, err := inventory.FromObjects(objs, []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"}}, nil)
+	require.NoError(t, err)
+	g, err := guard.New(context.Background(), inv, guard.Options{Parameters: map[string]any{"exemptGroups": []any{"ops"}}})
+	require.NoError(t, err)
+	return g, inv, nodes
+}
+
+// review is an AdmissionReview of one operation on one object.
+func review(op admissionv1.Operation, kind string, obj any, groups ...string) []byte {
+	raw, _ := json.Marshal(obj)
+	r := map[string]any{
+		"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+		"request": map[string]any{
+			"uid": "7f0b2f6c-1111-2222-3333-444455556666", "operation": op, "name": "x",
+			"kind":     map[string]any{"group": "", "version": "v1", "kind": kind},
+			"resource": map[string]any{"group": "", "version": "v1", "resource": strings.ToLower(kind) + "s"},
+			"userInfo": map[string]any{"username": "alice", "groups": groups},
+		},
+	}
+	if op == admissionv1.Delete {
+		r["request"].(map[string]any)["oldObject"] = json.RawMessage(raw)
+	} else {
+		r["request"].(map[string]any)["object"] = json.RawMessage(raw)
+	}
+	b, _ := json.Marshal(r)
+	return b
+}
+
+type server struct {
+	url    string
+	client *http.Client
+	stop   func() error
+}
+
+// serve runs the handler behind the real Server on a loopback port, with a
+// certificate from a new CA unless opts names one from issuer.
+func serve(t testing.TB, h http.Handler, opts webhook.TLSOptions, clientCert *tls.Certificate) *server {
+	return serveWith(t, testpki.New(t), h, opts, clientCert)
+}
+
+func serveWith(t testing.TB, pki *testpki.CA, h http.Handler, opts webhook.TLSOptions, clientCert *tls.Certificate) *server {
+	t.Helper()
+	if opts.CertFile == "" {
+		opts.CertFile, opts.KeyFile = pki.ServerFiles(t, "first")
+	}
+	s, err := webhook.NewServer(h, opts, nil)
+	require.NoError(t, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, l, 5*time.Second) }()
+	tlsCfg := &tls.Config{RootCAs: pki.Pool(), MinVersion: tls.VersionTLS12, ServerName: "127.0.0.1"}
+	if clientCert != nil {
+		tlsCfg.Certificates = []tls.Certificate{*clientCert}
+	}
+	var once sync.Once
+	var stopErr error
+	srv := &server{
+		url:    "https://" + l.Addr().String(),
+		client: &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg, MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second},
+		stop:   func() error { once.Do(func() { cancel(); stopErr = <-done }); return stopErr },
+	}
+	t.Cleanup(func() { _ = srv.stop() })
+	return srv
+}
+
+func (s *server) post(t testing.TB, path, contentType string, body []byte) (int, string, *admissionv1.AdmissionReview) {
+	t.Helper()
+	resp, err := s.client.Post(s.url+path, contentType, bytes.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	if resp.StatusCode != http.StatusOK {
+		return resp.StatusCode, string(raw), nil
+	}
+	var out admissionv1.AdmissionReview
+	require.NoError(t, json.Unmarshal(raw, &out), string(raw))
+	return resp.StatusCode, string(raw), &out
+}
+
+func TestDecisions(t *testing.T) {
+	g, _, nodes := example(t)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+
+	_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
+	require.NotNil(t, out.Response)
+	assert.Equal(t, "7f0b2f6c-1111-2222-3333-444455556666", string(out.Response.UID))
+	assert.Equal(t, "admission.k8s.io/v1", out.APIVersion)
+	assert.False(t, out.Response.Allowed)
+	require.NotNil(t, out.Response.Result)
+	assert.EqualValues(t, http.StatusForbidden, out.Response.Result.Code)
+	assert.Contains(t, out.Response.Result.Message, "DockerMachine default/"+linkedNode)
+
+	_, _, out = s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "ops"))
+	assert.True(t, out.Response.Allowed, "ops is exempt")
+	require.Len(t, out.Response.Warnings, 1)
+	assert.Contains(t, out.Response.Warnings[0], `group "ops" is exempt`)
+
+	unlinked := map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "bare-metal-1"}}
+	_, _, out = s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", unlinked))
+	assert.True(t, out.Response.Allowed)
+	assert.Nil(t, out.Response.Result)
+
+	for _, body := range [][]byte{
+		review(admissionv1.Update, "Node", nodes[linkedNode].Object),
+		review(admissionv1.Delete, "Pod", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "p"}}),
+	} {
+		_, _, out = s.post(t, "/validate", "application/json", body)
+		assert.True(t, out.Response.Allowed, "not a Node DELETE: untouched")
+		assert.Empty(t, out.Response.Warnings)
+	}
+}
+
+func TestClusterRoute(t *testing.T) {
+	g, _, nodes := example(t)
+	known := map[string]bool{"default/dev": true, "default/other": true}
+	exists := func(_ context.Context, ns, name string) (bool, error) {
+		if ns == "broken" {
+			return false, errors.New("connection refused")
+		}
+		return known[ns+"/"+name], nil
+	}
+	s := serve(t, webhook.New(webhook.Options{Decider: g, ClusterExists: exists}), webhook.TLSOptions{}, nil)
+	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
+
+	_, _, out := s.post(t, "/validate/clusters/default/dev", "application/json", body)
+	assert.False(t, out.Response.Allowed, "the Machine belongs to default/dev")
+
+	_, _, out = s.post(t, "/validate/clusters/default/other", "application/json", body)
+	assert.True(t, out.Response.Allowed, "only Cluster default/other's Machines count")
+
+	_, _, out = s.post(t, "/validate/clusters/default/typo", "application/json", body)
+	assert.False(t, out.Response.Allowed, "an unknown Cluster in the URL must not allow everything")
+	assert.Contains(t, out.Response.Result.Message, "does not have")
+
+	_, _, out = s.post(t, "/validate/clusters/broken/x", "application/json", body)
+	assert.False(t, out.Response.Allowed)
+	assert.Contains(t, out.Response.Result.Message, "connection refused")
+
+	code, _, _ := s.post(t, "/validate/clusters/default", "application/json", body)
+	assert.Equal(t, http.StatusNotFound, code)
+}
+
+func TestBadInput(t *testing.T) {
+	g, _, nodes := example(t)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	node := nodes[linkedNode].Object
+	noRequest := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`)
+	withoutOld := bytes.Replace(review(admissionv1.Delete, "Node", node), []byte(`"oldObject"`), []byte(`"object"`), 1)
+	notANode := review(admissionv1.Delete, "Node", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "p"}})
+	undecodable := review(admissionv1.Delete, "Node", "just a string")
+	v1beta1 := bytes.Replace(review(admissionv1.Delete, "Node", node), []byte(`admission.k8s.io/v1"`), []byte(`admission.k8s.io/v1beta1"`), 1)
+	noUID := bytes.Replace(review(admissionv1.Delete, "Node", node), []byte(`"uid":"7f0b2f6c-1111-2222-3333-444455556666"`), []byte(`"uid":""`), 1)
+
+	for _, tc := range []struct {
+		name, contentType string
+		body              []byte
+		code              int
+		says              string
+	}{
+		{"wrong content type", "text/plain", review(admissionv1.Delete, "Node", node), http.StatusUnsupportedMediaType, "want application/json"},
+		{"too big", "application/json", bytes.Repeat([]byte(" "), webhook.MaxBodyBytes+1), http.StatusRequestEntityTooLarge, "body over"},
+		{"malformed JSON", "application/json", []byte(`{"apiVersion":`), http.StatusBadRequest, "malformed AdmissionReview JSON"},
+		{"no request", "application/json", noRequest, http.StatusBadRequest, "has no request"},
+		{"no uid", "application/json", noUID, http.StatusBadRequest, "no uid"},
+		{"v1beta1", "application/json", v1beta1, http.StatusBadRequest, "want apiVersion admission.k8s.io/v1"},
+		{"no oldObject", "application/json", withoutOld, http.StatusBadRequest, "carries no oldObject"},
+		{"oldObject not a Node", "application/json", notANode, http.StatusBadRequest, "want a v1 Node"},
+		{"oldObject does not decode", "application/json", undecodable, http.StatusBadRequest, "does not decode"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, body, _ := s.post(t, "/validate", tc.contentType, tc.body)
+			assert.Equal(t, tc.code, code, body)
+			assert.Contains(t, body, tc.says)
+		})
+	}
+
+	resp, err := s.client.Get(s.url + "/validate")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+	assert.Equal(t, http.MethodPost, resp.Header.Get("Allow"))
+
+	// charset parameters are fine.
+	code, _, out := s.post(t, "/validate", "application/json; charset=utf-8", review(admissionv1.Delete, "Node", node))
+	assert.Equal(t, http.StatusOK, code)
+	assert.False(t, out.Response.Allowed)
+}
+
+type deciderFunc func(ctx context.Context, req guard.Request) (decision.Decision, error)
+
+func (f deciderFunc) Decide(ctx context.Context, req guard.Request) (decision.Decision, error) {
+	return f(ctx, req)
+}
+
+func TestNoDecisionDenies(t *testing.T) {
+	_, _, nodes := example(t)
+	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
+
+	failing := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
+		return decision.Decision{}, errors.New("rego: eval_conflict_error")
+	})
+	s := serve(t, webhook.New(webhook.Options{Decider: failing}), webhook.TLSOptions{}, nil)
+	_, _, out := s.post(t, "/validate", "application/json", body)
+	assert.False(t, out.Response.Allowed)
+	assert.EqualValues(t, http.StatusInternalServerError, out.Response.Result.Code)
+	assert.Contains(t, out.Response.Result.Message, "eval_conflict_error")
+
+	// A decision that outlives the deadline is cut off and denied in time.
+	hanging := deciderFunc(func(ctx context.Context, _ guard.Request) (decision.Decision, error) {
+		<-ctx.Done()
+		return decision.Decision{}, ctx.Err()
+	})
+	s = serve(t, webhook.New(webhook.Options{Decider: hanging, Timeout: 200 * time.Millisecond}), webhook.TLSOptions{}, nil)
+	start := time.Now()
+	_, _, out = s.post(t, "/validate", "application/json", body)
+	assert.Less(t, time.Since(start), 2*time.Second)
+	assert.False(t, out.Response.Allowed)
+	assert.Contains(t, out.Response.Result.Message, "context deadline exceeded")
+}
+
+func TestProbes(t *testing.T) {
+	g, _, _ := example(t)
+	var mu sync.Mutex
+	readyErr := errors.New("waiting for DockerMachine")
+	ready := func() error { mu.Lock(); defer mu.Unlock(); return readyErr }
+	s := serve(t, webhook.New(webhook.Options{Decider: g, Ready: ready}), webhook.TLSOptions{}, nil)
+	get := func(path string) (int, string) {
+		resp, err := s.client.Get(s.url + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	code, _ := get("/healthz")
+	assert.Equal(t, http.StatusOK, code)
+	code, body := get("/readyz")
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Contains(t, body, "waiting for DockerMachine")
+	mu.Lock()
+	readyErr = nil
+	mu.Unlock()
+	code, _ = get("/readyz")
+	assert.Equal(t, http.StatusOK, code)
+}
+
+func TestMetrics(t *testing.T) {
+	g, inv, nodes := example(t)
+	reg := prometheus.NewRegistry()
+	m, err := webhook.NewMetrics(reg, inv.Count)
+	require.NoError(t, err)
+	h := webhook.New(webhook.Options{Decider: g, Metrics: m, MetricsHandler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
+	s := serve(t, h, webhook.TLSOptions{}, nil)
+	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
+	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
+	s.post(t, "/validate/clusters/default/other", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
+	s.post(t, "/validate", "application/json", review(admissionv1.Update, "Node", nodes[linkedNode].Object))
+	s.post(t, "/validate", "text/plain", nil)
+
+	resp, err := s.client.Get(s.url + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	text := string(raw)
+	for _, want := range []string{
+		`nodeguard_decisions_total{reason="blocked",result="denied",route="/validate"} 2`,
+		`nodeguard_decisions_total{reason="no-link",result="allowed",route="/validate/clusters/{namespace}/{name}"} 1`,
+		`nodeguard_decisions_total{reason="not-judged",result="allowed",route="/validate"} 1`,
+		`nodeguard_decisions_total{reason="bad-request",result="error",route="/validate"} 1`,
+		`nodeguard_decision_duration_seconds_count{route="/validate"} 4`,
+		`nodeguard_cached_objects{group="infrastructure.cluster.x-k8s.io",kind="DockerMachine",version="v1beta2"} 1`,
+		`nodeguard_cached_objects{group="cluster.x-k8s.io",kind="Machine",version="v1beta2"} 1`,
+		`nodeguard_fresh_read_errors_total 0`,
+	} {
+		assert.Contains(t, text, want)
+	}
+}
+
+func TestFreshReadErrorsAreCounted(t *testing.T) {
+	_, _, nodes := example(t)
+	reg := prometheus.NewRegistry()
+	m, err := webhook.NewMetrics(reg, nil)
+	require.NoError(t, err)
+	failing := deciderFunc(func(_ context.Context, req guard.Request) (decision.Decision, error) {
+		return guard.Deny(decision.ReasonFreshReadFailed, "could not re-read"), nil
+	})
+	s := serve(t, webhook.New(webhook.Options{Decider: failing, Metrics: m}), webhook.TLSOptions{}, nil)
+	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
+	got, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range got {
+		if f.GetName() == "nodeguard_fresh_read_errors_total" {
+			assert.InDelta(t, 1, f.GetMetric()[0].GetCounter().GetValue(), 0)
+			return
+		}
+	}
+	t.Fatal("nodeguard_fresh_read_errors_total not gathered")
+}
+
+func TestConcurrentReviews(t *testing.T) {
+	g, _, nodes := example(t)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	denied := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
+	exempt := review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "ops")
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body, want := denied, false
+			if i%2 == 1 {
+				body, want = exempt, true
+			}
+			resp, err := s.client.Post(s.url+"/validate", "application/json", bytes.NewReader(body))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			var out admissionv1.AdmissionReview
+			if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+				errs <- err
+				return
+			}
+			if out.Response == nil || out.Response.Allowed != want {
+				errs <- fmt.Errorf("review %d: allowed = %v, want %v", i, out.Response != nil && out.Response.Allowed, want)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestGracefulShutdownFinishesInFlightReviews(t *testing.T) {
+	_, _, nodes := example(t)
+	started := make(chan struct{})
+	slow := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
+		close(started)
+		time.Sleep(300 * time.Millisecond)
+		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
+	})
+	s := serve(t, webhook.New(webhook.Options{Decider: slow}), webhook.TLSOptions{}, nil)
+	result := make(chan *admissionv1.AdmissionReview, 1)
+	go func() {
+		_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
+		result <- out
+	}()
+	<-started
+	require.NoError(t, s.stop(), "Serve returns cleanly after draining")
+	out := <-result
+	require.NotNil(t, out)
+	assert.True(t, out.Response.Allowed)
+}
