@@ -12,9 +12,13 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nodeguard/nodeguard/enforcer/check"
+	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 func main() {
@@ -32,7 +36,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(checkCommand(&code), serveCommand(stderr))
+	root.AddCommand(checkCommand(&code), serveCommand(stderr), webhookConfigCommand())
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -97,5 +101,74 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&opts.FreshReadTimeout, "fresh-read-timeout", serve.DefaultFreshTimeout, "bound on the fresh reads of one review; past it the delete is denied")
 	f.DurationVar(&opts.RequestTimeout, "request-timeout", serve.DefaultRequestTimeout, "deadline of one review; keep it below the webhook's timeoutSeconds")
 	f.DurationVar(&opts.ShutdownGrace, "shutdown-grace", serve.DefaultShutdownGrace, "how long in-flight reviews may finish after SIGTERM")
+	return cmd
+}
+
+func webhookConfigCommand() *cobra.Command {
+	var (
+		opts                  webhookconfig.Options
+		caFile                string
+		apply                 bool
+		kubeconfig, kcContext string
+	)
+	cmd := &cobra.Command{
+		Use:   "webhook-config --url URL --ca-bundle-file FILE [--cluster NAMESPACE/NAME] [--apply]",
+		Short: "Print (or install) the ValidatingWebhookConfiguration that sends Node deletes to nodeguard serve",
+		Long: "Prints a ValidatingWebhookConfiguration: nodes, DELETE only, failurePolicy Fail, timeoutSeconds 5.\n" +
+			"With --cluster, the webhook judges that CAPI Cluster's Nodes (route /validate/clusters/NAMESPACE/NAME).\n" +
+			"With --apply and --cluster, installs it into that workload cluster through the management cluster's\n" +
+			"<name>-kubeconfig Secret; with --apply alone, into the cluster of the kubeconfig.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if caFile != "" {
+				b, err := os.ReadFile(caFile)
+				if err != nil {
+					return fmt.Errorf("read --ca-bundle-file: %w", err)
+				}
+				opts.CABundle = b
+			}
+			cfg, err := webhookconfig.Build(opts)
+			if err != nil {
+				return err
+			}
+			if !apply {
+				out, err := webhookconfig.YAML(cfg)
+				if err != nil {
+					return err
+				}
+				_, err = cmd.OutOrStdout().Write(out)
+				return err
+			}
+			c, err := live.Connect(kubeconfig, kcContext)
+			if err != nil {
+				return err
+			}
+			mgmt, err := kubernetes.NewForConfig(c.Config)
+			if err != nil {
+				return fmt.Errorf("create client: %w", err)
+			}
+			workload := func(kc []byte) (kubernetes.Interface, error) {
+				rc, err := clientcmd.RESTConfigFromKubeConfig(kc)
+				if err != nil {
+					return nil, err
+				}
+				return kubernetes.NewForConfig(rc)
+			}
+			where, err := webhookconfig.Install(cmd.Context(), mgmt, opts.Cluster, cfg, workload)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "ValidatingWebhookConfiguration %s applied to %s\n", cfg.Name, where)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.URL, "url", "", "base https URL where the API server reaches nodeguard serve")
+	f.StringVar(&opts.Service, "service", "", "instead of --url: the Service NAMESPACE/NAME of nodeguard serve in the same cluster")
+	f.StringVar(&caFile, "ca-bundle-file", "", "PEM CA that signed nodeguard's serving certificate (required)")
+	f.StringVar(&opts.Cluster, "cluster", "", "CAPI Cluster NAMESPACE/NAME whose Nodes this webhook judges (management-cluster topology)")
+	f.BoolVar(&apply, "apply", false, "install instead of print")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the management (or self-hosted) cluster, for --apply")
+	f.StringVar(&kcContext, "context", "", "kubeconfig context, for --apply")
 	return cmd
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
 func nodeguard(t *testing.T, args ...string) (int, string, string) {
@@ -86,4 +88,16 @@ func TestCheckErrors(t *testing.T) {
 			assert.Contains(t, errOut, tc.want)
 		})
 	}
+}
+
+func TestWebhookConfigPrintsTheConfiguration(t *testing.T) {
+	ca := testpki.New(t).CAFile(t)
+	code, out, errOut := nodeguard(t, "webhook-config", "--url", "https://nodeguard.example.com", "--ca-bundle-file", ca, "--cluster", "fleet/prod-1")
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "url: https://nodeguard.example.com/validate/clusters/fleet/prod-1")
+	assert.Contains(t, out, "- DELETE")
+
+	code, _, errOut = nodeguard(t, "webhook-config", "--url", "https://nodeguard.example.com")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "--ca-bundle-file is required")
 }

@@ -1,0 +1,194 @@
+// Package webhookconfig writes the ValidatingWebhookConfiguration that sends
+// Node deletes to `nodeguard serve`, and installs it into a workload cluster
+// through the CAPI kubeconfig Secret of the management cluster.
+package webhookconfig
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+)
+
+// Name is the configuration's name, and WebhookName the webhook's.
+const (
+	Name        = "nodeguard"
+	WebhookName = "node-delete.nodeguard.io"
+	// TimeoutSeconds leaves the server's 4s request deadline room to answer.
+	TimeoutSeconds = 5
+)
+
+// Options say where the webhook is and which Machines count.
+type Options struct {
+	// URL is the server's base URL (https); the route is appended.
+	URL string
+	// Service, "namespace/name", is the alternative to URL for a server in
+	// the same cluster as the API server (self-hosted).
+	Service string
+	// CABundle is the PEM CA that signed the server's certificate.
+	CABundle []byte
+	// Cluster, "namespace/name", routes to /validate/clusters/NS/NAME: only
+	// that CAPI Cluster's Machines count.
+	Cluster string
+}
+
+// Build returns the configuration: Node DELETE only, failurePolicy Fail.
+func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	if err := checkCABundle(opts.CABundle); err != nil {
+		return nil, err
+	}
+	path := "/validate"
+	if opts.Cluster != "" {
+		ns, name, ok := strings.Cut(opts.Cluster, "/")
+		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			return nil, fmt.Errorf("--cluster %q: want NAMESPACE/NAME", opts.Cluster)
+		}
+		path += "/clusters/" + ns + "/" + name
+	}
+	client := admissionregistrationv1.WebhookClientConfig{CABundle: opts.CABundle}
+	switch {
+	case opts.URL != "" && opts.Service != "":
+		return nil, errors.New("give --url or --service, not both")
+	case opts.URL != "":
+		u, err := url.Parse(opts.URL)
+		if err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			return nil, fmt.Errorf("--url %q: want https://HOST[:PORT][/PREFIX]", opts.URL)
+		}
+		u.Path = strings.TrimSuffix(u.Path, "/") + path
+		s := u.String()
+		client.URL = &s
+	case opts.Service != "":
+		ns, name, ok := strings.Cut(opts.Service, "/")
+		if !ok || ns == "" || name == "" {
+			return nil, fmt.Errorf("--service %q: want NAMESPACE/NAME", opts.Service)
+		}
+		client.Service = &admissionregistrationv1.ServiceReference{Namespace: ns, Name: name, Path: &path}
+	default:
+		return nil, errors.New("--url (or --service) is required: where the API server reaches nodeguard serve")
+	}
+	fail := admissionregistrationv1.Fail
+	none := admissionregistrationv1.SideEffectClassNone
+	equivalent := admissionregistrationv1.Equivalent
+	clusterScope := admissionregistrationv1.ClusterScope
+	timeout := int32(TimeoutSeconds)
+	return &admissionregistrationv1.ValidatingWebhookConfiguration{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
+		ObjectMeta: metav1.ObjectMeta{Name: Name, Labels: map[string]string{"app.kubernetes.io/name": "nodeguard"}},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:         WebhookName,
+			ClientConfig: client,
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Delete},
+				Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"},
+					Resources: []string{"nodes"}, Scope: &clusterScope},
+			}},
+			FailurePolicy:           &fail,
+			MatchPolicy:             &equivalent,
+			SideEffects:             &none,
+			TimeoutSeconds:          &timeout,
+			AdmissionReviewVersions: []string{"v1"},
+		}},
+	}, nil
+}
+
+func checkCABundle(bundle []byte) error {
+	if len(bundle) == 0 {
+		return errors.New("--ca-bundle-file is required: the API server must trust nodeguard's serving certificate")
+	}
+	rest, n := bundle, 0
+	for {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		if _, err := x509.ParseCertificate(block.Bytes); err != nil {
+			return fmt.Errorf("CA bundle: %w", err)
+		}
+		n++
+	}
+	if n == 0 {
+		return errors.New("CA bundle holds no PEM certificate")
+	}
+	return nil
+}
+
+// YAML renders the configuration for kubectl apply.
+func YAML(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) ([]byte, error) {
+	out, err := yaml.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("render ValidatingWebhookConfiguration: %w", err)
+	}
+	return out, nil
+}
+
+// Apply creates the configuration in the cluster of client, or replaces the
+// one there.
+func Apply(ctx context.Context, client kubernetes.Interface, cfg *admissionregistrationv1.ValidatingWebhookConfiguration) error {
+	api := client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	existing, err := api.Get(ctx, cfg.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		if _, err := api.Create(ctx, cfg, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create ValidatingWebhookConfiguration %s: %w", cfg.Name, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("get ValidatingWebhookConfiguration %s: %w", cfg.Name, err)
+	}
+	cfg = cfg.DeepCopy()
+	cfg.ResourceVersion = existing.ResourceVersion
+	if _, err := api.Update(ctx, cfg, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("update ValidatingWebhookConfiguration %s: %w", cfg.Name, err)
+	}
+	return nil
+}
+
+// WorkloadKubeconfig reads the kubeconfig CAPI keeps for a workload cluster:
+// Secret <name>-kubeconfig, key "value", in the Cluster's namespace.
+func WorkloadKubeconfig(ctx context.Context, mgmt kubernetes.Interface, cluster string) ([]byte, error) {
+	ns, name, ok := strings.Cut(cluster, "/")
+	if !ok || ns == "" || name == "" {
+		return nil, fmt.Errorf("--cluster %q: want NAMESPACE/NAME", cluster)
+	}
+	secret, err := mgmt.CoreV1().Secrets(ns).Get(ctx, name+"-kubeconfig", metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("read the kubeconfig of Cluster %s: %w", cluster, err)
+	}
+	value := secret.Data["value"]
+	if len(value) == 0 {
+		return nil, fmt.Errorf("Secret %s/%s-kubeconfig has no key \"value\"", ns, name)
+	}
+	return value, nil
+}
+
+// Install applies cfg into the workload cluster named by cluster, reached
+// through its kubeconfig Secret in the management cluster mgmt; with no
+// cluster, into mgmt's own cluster (self-hosted). It returns where it went.
+func Install(ctx context.Context, mgmt kubernetes.Interface, cluster string, cfg *admissionregistrationv1.ValidatingWebhookConfiguration,
+	workload func(kubeconfig []byte) (kubernetes.Interface, error)) (string, error) {
+	if cluster == "" {
+		return "the cluster of the kubeconfig", Apply(ctx, mgmt, cfg)
+	}
+	kubeconfig, err := WorkloadKubeconfig(ctx, mgmt, cluster)
+	if err != nil {
+		return "", err
+	}
+	client, err := workload(kubeconfig)
+	if err != nil {
+		return "", fmt.Errorf("connect to workload cluster %s: %w", cluster, err)
+	}
+	return "workload cluster " + cluster, Apply(ctx, client, cfg)
+}

@@ -1,0 +1,103 @@
+package webhookconfig_test
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+	"github.com/nodeguard/nodeguard/internal/testpki"
+)
+
+func caBundle(t *testing.T) []byte {
+	t.Helper()
+	b, err := os.ReadFile(testpki.New(t).CAFile(t))
+	require.NoError(t, err)
+	return b
+}
+
+func TestBuildSendsOnlyNodeDeletesAndFailsClosed(t *testing.T) {
+	ca := caBundle(t)
+	cfg, err := webhookconfig.Build(webhookconfig.Options{URL: "https://nodeguard.example.com:8443/", CABundle: ca, Cluster: "fleet/prod-1"})
+	require.NoError(t, err)
+	require.Len(t, cfg.Webhooks, 1)
+	w := cfg.Webhooks[0]
+	assert.Equal(t, "https://nodeguard.example.com:8443/validate/clusters/fleet/prod-1", *w.ClientConfig.URL)
+	assert.Equal(t, ca, w.ClientConfig.CABundle)
+	require.Len(t, w.Rules, 1)
+	assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Delete}, w.Rules[0].Operations)
+	assert.Equal(t, []string{""}, w.Rules[0].APIGroups)
+	assert.Equal(t, []string{"nodes"}, w.Rules[0].Resources)
+	assert.Equal(t, admissionregistrationv1.Fail, *w.FailurePolicy)
+	assert.LessOrEqual(t, *w.TimeoutSeconds, int32(5))
+	assert.Equal(t, admissionregistrationv1.SideEffectClassNone, *w.SideEffects)
+	assert.Equal(t, []string{"v1"}, w.AdmissionReviewVersions)
+	assert.Equal(t, admissionregistrationv1.Equivalent, *w.MatchPolicy)
+
+	out, err := webhookconfig.YAML(cfg)
+	require.NoError(t, err)
+	assert.Contains(t, string(out), "kind: ValidatingWebhookConfiguration")
+	assert.Contains(t, string(out), "failurePolicy: Fail")
+
+	self, err := webhookconfig.Build(webhookconfig.Options{Service: "nodeguard-system/nodeguard", CABundle: ca})
+	require.NoError(t, err)
+	assert.Nil(t, self.Webhooks[0].ClientConfig.URL)
+	assert.Equal(t, "/validate", *self.Webhooks[0].ClientConfig.Service.Path)
+}
+
+func TestBuildRejectsBadOptions(t *testing.T) {
+	ca := caBundle(t)
+	for want, opts := range map[string]webhookconfig.Options{
+		"--ca-bundle-file is required": {URL: "https://x"},
+		"no PEM certificate":           {URL: "https://x", CABundle: []byte("not pem")},
+		"want https://":                {URL: "http://x", CABundle: ca},
+		"want NAMESPACE/NAME":          {URL: "https://x", CABundle: ca, Cluster: "prod-1"},
+		"--url (or --service)":         {CABundle: ca},
+		"not both":                     {URL: "https://x", Service: "a/b", CABundle: ca},
+	} {
+		_, err := webhookconfig.Build(opts)
+		assert.ErrorContains(t, err, want)
+	}
+}
+
+func TestInstallIntoAWorkloadClusterThroughItsKubeconfigSecret(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := webhookconfig.Build(webhookconfig.Options{URL: "https://nodeguard.example.com", CABundle: caBundle(t), Cluster: "fleet/prod-1"})
+	require.NoError(t, err)
+	mgmt := fake.NewClientset(&corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "fleet", Name: "prod-1-kubeconfig"},
+		Data:       map[string][]byte{"value": []byte("kubeconfig of prod-1")},
+	})
+	workload := fake.NewClientset()
+	var got []byte
+	connect := func(kubeconfig []byte) (kubernetes.Interface, error) { got = kubeconfig; return workload, nil }
+
+	where, err := webhookconfig.Install(ctx, mgmt, "fleet/prod-1", cfg, connect)
+	require.NoError(t, err)
+	assert.Equal(t, "workload cluster fleet/prod-1", where)
+	assert.Equal(t, "kubeconfig of prod-1", string(got))
+	installed, err := workload.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, *cfg.Webhooks[0].ClientConfig.URL, *installed.Webhooks[0].ClientConfig.URL)
+	_, err = mgmt.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+	assert.Error(t, err, "nothing is installed into the management cluster")
+
+	// Applying again replaces it (a renewed CA bundle).
+	cfg.Webhooks[0].ClientConfig.CABundle = caBundle(t)
+	_, err = webhookconfig.Install(ctx, mgmt, "fleet/prod-1", cfg, connect)
+	require.NoError(t, err)
+	installed, err = workload.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, cfg.Webhooks[0].ClientConfig.CABundle, installed.Webhooks[0].ClientConfig.CABundle)
+
+	_, err = webhookconfig.Install(ctx, mgmt, "fleet/missing", cfg, connect)
+	assert.ErrorContains(t, err, "read the kubeconfig of Cluster fleet/missing")
+}
