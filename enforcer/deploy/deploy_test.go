@@ -1,0 +1,120 @@
+// Package deploy_test renders the kustomize deployment of nodeguard serve and
+// checks what an operator relies on: it fails safe and holds least privilege.
+package deploy_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/api/resmap"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+
+	"github.com/nodeguard/nodeguard/enforcer/decision"
+)
+
+func render(t *testing.T, dir string) resmap.ResMap {
+	t.Helper()
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	require.NoError(t, err)
+	return m
+}
+
+func decode[T any](t *testing.T, m resmap.ResMap, kind, name string) *T {
+	t.Helper()
+	for _, r := range m.Resources() {
+		if r.GetKind() == kind && r.GetName() == name {
+			raw, err := r.AsYAML()
+			require.NoError(t, err)
+			var out T
+			require.NoError(t, yaml.UnmarshalStrict(raw, &out))
+			return &out
+		}
+	}
+	t.Fatalf("%s %s not rendered", kind, name)
+	return nil
+}
+
+func TestDeploymentIsHardenedAndAvailable(t *testing.T) {
+	m := render(t, ".")
+	d := decode[appsv1.Deployment](t, m, "Deployment", "nodeguard")
+	assert.Equal(t, "nodeguard-system", d.Namespace)
+	assert.EqualValues(t, 2, *d.Spec.Replicas)
+	pod := d.Spec.Template.Spec
+	require.NotNil(t, pod.Affinity.PodAntiAffinity)
+	assert.True(t, *pod.SecurityContext.RunAsNonRoot)
+	require.Len(t, pod.Containers, 1)
+	c := pod.Containers[0]
+	assert.Equal(t, "ghcr.io/nodeguard/nodeguard:v0.1.0", c.Image)
+	assert.True(t, *c.SecurityContext.ReadOnlyRootFilesystem)
+	assert.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
+	assert.False(t, c.Resources.Requests.Memory().IsZero())
+	assert.False(t, c.Resources.Limits.Memory().IsZero())
+	assert.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
+	assert.Contains(t, c.Args, "serve")
+	assert.Contains(t, c.Args, "--tls-cert-file=/etc/nodeguard/tls/tls.crt")
+
+	types := map[string]bool{}
+	for _, r := range m.Resources() {
+		types[r.GetKind()] = true
+	}
+	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "PodDisruptionBudget"} {
+		assert.True(t, types[k], "%s rendered", k)
+	}
+}
+
+// The server's role reads, never writes, never touches Secrets, and covers
+// every default InfraMachine and pool kind of the rule.
+func TestServerRoleIsLeastPrivilege(t *testing.T) {
+	role := decode[rbacv1.ClusterRole](t, render(t, "."), "ClusterRole", "nodeguard")
+	granted := map[string]bool{}
+	for _, rule := range role.Rules {
+		assert.ElementsMatch(t, []string{"get", "list", "watch"}, rule.Verbs)
+		for _, g := range rule.APIGroups {
+			for _, r := range rule.Resources {
+				assert.NotEqual(t, "*", r)
+				assert.NotEqual(t, "secrets", r)
+				granted[g+"/"+r] = true
+			}
+		}
+	}
+	eval, err := decision.NewEvaluator(context.Background())
+	require.NoError(t, err)
+	defaults := eval.DefaultParameters()
+	for _, key := range []string{"infraMachineKinds", "infraMachinePoolKinds"} {
+		for _, k := range defaults[key].([]any) {
+			kind := k.(map[string]any)
+			resource := kind["group"].(string) + "/" + strings.ToLower(kind["kind"].(string)) + "s"
+			assert.True(t, granted[resource], "the role must let serve watch %s", resource)
+		}
+	}
+	assert.True(t, granted["cluster.x-k8s.io/machines"])
+	assert.True(t, granted["apiextensions.k8s.io/customresourcedefinitions"])
+}
+
+func TestOptionalComponents(t *testing.T) {
+	dir := t.TempDir()
+	abs, err := filepath.Abs(".")
+	require.NoError(t, err)
+	rel, err := filepath.Rel(dir, abs)
+	require.NoError(t, err)
+	kustomization := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel + "]\n" +
+		"components: [" + rel + "/components/cert-manager, " + rel + "/components/installer]\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600))
+	m := render(t, dir)
+	cert := decode[map[string]any](t, m, "Certificate", "nodeguard")
+	spec := (*cert)["spec"].(map[string]any)
+	assert.Equal(t, "nodeguard-tls", spec["secretName"])
+	assert.Contains(t, spec["dnsNames"], "nodeguard.nodeguard-system.svc")
+	installer := decode[rbacv1.ClusterRole](t, m, "ClusterRole", "nodeguard-installer")
+	assert.Equal(t, []string{"secrets"}, installer.Rules[0].Resources)
+	assert.Equal(t, []string{"get"}, installer.Rules[0].Verbs)
+}
