@@ -10,9 +10,9 @@ COVERAGE_MIN ?= 95
 # Randomized scenarios per constraint variant in the differential test.
 SCENARIOS ?= 2000
 
-.PHONY: test lint policy-test generate generate-check gatekeeper-test go-test differential bundle bench
+.PHONY: test lint policy-test generate generate-check gatekeeper-test go-test race differential load bundle bench
 
-test: lint policy-test generate-check gatekeeper-test go-test differential
+test: lint policy-test generate-check gatekeeper-test go-test race differential load
 
 lint:
 	@echo "== lint: opa fmt, opa check --strict, regal, gofmt, go vet"
@@ -44,9 +44,24 @@ go-test:
 	@echo "== go test (kustomize render, bundle build+sign+verify, Gatekeeper engine, enforcer, CLI)"
 	$(GO) test $$($(GO) list ./... | grep -v /tests/differential)
 
+# The concurrent paths (webhook under parallel reviews, informers, guard)
+# again under the race detector.
+race:
+	@echo "== go test -race (webhook, serve, guard, informers)"
+	$(GO) test -race ./enforcer/webhook/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/
+
 differential:
 	@echo "== differential: enforcer vs Gatekeeper's engine on randomized inventories"
 	$(GO) test -count=1 -v ./tests/differential/ -args -scenarios $(SCENARIOS)
+
+# A bounded load run: LOAD_REQUESTS AdmissionReviews over TLS on loopback
+# against a cache of LOAD_MACHINES Machines; prints decisions/s and p50/p99.
+LOAD_REQUESTS ?= 5000
+LOAD_MACHINES ?= 10000
+LOAD_PARALLELISM ?= 4
+load:
+	@echo "== load: webhook over TLS on loopback"
+	$(GO) test ./tests/load/ -run '^$$' -bench Webhook -benchtime $(LOAD_REQUESTS)x -timeout 10m -args -machines $(LOAD_MACHINES) -parallelism $(LOAD_PARALLELISM)
 
 bundle:
 	@mkdir -p build

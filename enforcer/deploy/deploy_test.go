@@ -107,13 +107,16 @@ func TestOptionalComponents(t *testing.T) {
 	rel, err := filepath.Rel(dir, abs)
 	require.NoError(t, err)
 	kustomization := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel + "]\n" +
-		"components: [" + rel + "/components/cert-manager, " + rel + "/components/installer]\n"
+		"components: [" + rel + "/components/cert-manager, " + rel + "/components/installer, " + rel + "/components/constraint]\n"
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600))
 	m := render(t, dir)
 	cert := decode[map[string]any](t, m, "Certificate", "nodeguard")
 	spec := (*cert)["spec"].(map[string]any)
 	assert.Equal(t, "nodeguard-tls", spec["secretName"])
 	assert.Contains(t, spec["dnsNames"], "nodeguard.nodeguard-system.svc")
+	d := decode[appsv1.Deployment](t, m, "Deployment", "nodeguard")
+	assert.Contains(t, d.Spec.Template.Spec.Containers[0].Args, "--constraint=/etc/nodeguard/constraint/constraint.yaml")
+	assert.Equal(t, "nodeguard-constraint", d.Spec.Template.Spec.Volumes[1].ConfigMap.Name)
 	installer := decode[rbacv1.ClusterRole](t, m, "ClusterRole", "nodeguard-installer")
 	assert.Equal(t, []string{"secrets"}, installer.Rules[0].Resources)
 	assert.Equal(t, []string{"get"}, installer.Rules[0].Verbs)

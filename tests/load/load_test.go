@@ -1,0 +1,144 @@
+// Package load drives `nodeguard serve`'s handler over real TLS on loopback
+// with many concurrent AdmissionReviews, and reports decisions per second and
+// latency percentiles. Run with `make load`; the client shares the machine's
+// cores with the server, so the figure is a floor for the server alone.
+package load
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/webhook"
+	"github.com/nodeguard/nodeguard/internal/testpki"
+)
+
+var (
+	machines    = flag.Int("machines", 10000, "Machines in the cache, each with its DockerMachine")
+	parallelism = flag.Int("parallelism", 8, "concurrent clients per core (b.SetParallelism)")
+)
+
+var (
+	machineGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
+	dockerGVK  = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
+)
+
+// fleet caches n CAPD Machines and DockerMachines and returns one DELETE
+// review per Node, so requests spread over the inventory.
+func fleet(b *testing.B, n int) (*inventory.Inventory, [][]byte) {
+	inv := inventory.New()
+	ms, ds := inventory.NewStore(), inventory.NewStore()
+	inv.AddKind(machineGVK, inventory.Machine, ms)
+	inv.AddKind(dockerGVK, inventory.InfraMachine, ds)
+	add := func(store interface{ Add(any) error }, gvk schema.GroupVersionKind, obj map[string]any) {
+		r, err := inventory.Transform(gvk)(unstructuredOf(obj))
+		require.NoError(b, err)
+		require.NoError(b, store.Add(r))
+	}
+	reviews := make([][]byte, 0, n)
+	for i := range n {
+		ns, name := fmt.Sprintf("team-%d", i%10), fmt.Sprintf("md-0-%06d", i)
+		pid := "docker:////" + name
+		add(ms, machineGVK, map[string]any{
+			"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+			"metadata": map[string]any{"namespace": ns, "name": name, "labels": map[string]any{"cluster.x-k8s.io/cluster-name": ns}},
+			"spec": map[string]any{"clusterName": ns, "providerID": pid,
+				"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name}},
+			"status": map[string]any{"nodeRef": map[string]any{"name": name}},
+		})
+		add(ds, dockerGVK, map[string]any{
+			"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DockerMachine",
+			"metadata": map[string]any{"namespace": ns, "name": name, "labels": map[string]any{"cluster.x-k8s.io/cluster-name": ns}},
+			"spec":     map[string]any{"providerID": pid},
+		})
+		node, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "Node",
+			"metadata": map[string]any{"name": name, "annotations": map[string]any{
+				"cluster.x-k8s.io/cluster-namespace": ns, "cluster.x-k8s.io/machine": name}},
+			"spec": map[string]any{"providerID": pid}})
+		body, _ := json.Marshal(map[string]any{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+			"request": map[string]any{"uid": fmt.Sprintf("uid-%d", i), "operation": "DELETE", "name": name,
+				"kind": map[string]any{"group": "", "version": "v1", "kind": "Node"}, "oldObject": json.RawMessage(node),
+				"userInfo": map[string]any{"username": "kubernetes-admin", "groups": []string{"system:masters"}}}})
+		reviews = append(reviews, body)
+	}
+	return inv, reviews
+}
+
+func BenchmarkWebhook(b *testing.B) {
+	inv, reviews := fleet(b, *machines)
+	g, err := guard.New(context.Background(), inv, guard.Options{})
+	require.NoError(b, err)
+	ca := testpki.New(b)
+	cert, key := ca.ServerFiles(b, "load")
+	srv, err := webhook.NewServer(webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{CertFile: cert, KeyFile: key}, nil)
+	require.NoError(b, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = srv.Serve(ctx, l, time.Second) }()
+	client := &http.Client{Transport: &http.Transport{
+		TLSClientConfig:     &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12},
+		MaxIdleConnsPerHost: 1024,
+	}}
+	url := "https://" + l.Addr().String() + "/validate"
+
+	var (
+		mu        sync.Mutex
+		latencies []time.Duration
+		next      atomic.Int64
+	)
+	b.SetParallelism(*parallelism)
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		var mine []time.Duration
+		for pb.Next() {
+			body := reviews[int(next.Add(1))%len(reviews)]
+			t0 := time.Now()
+			resp, err := client.Post(url, "application/json", bytes.NewReader(body))
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			var out admissionv1.AdmissionReview
+			err = json.NewDecoder(resp.Body).Decode(&out)
+			resp.Body.Close()
+			mine = append(mine, time.Since(t0))
+			if err != nil || out.Response == nil || out.Response.Allowed {
+				b.Errorf("every Node here has its DockerMachine: want a denial, got %+v (%v)", out.Response, err)
+				return
+			}
+		}
+		mu.Lock()
+		latencies = append(latencies, mine...)
+		mu.Unlock()
+	})
+	elapsed := time.Since(start)
+	b.StopTimer()
+	slices.Sort(latencies)
+	b.ReportMetric(float64(len(latencies))/elapsed.Seconds(), "decisions/s")
+	b.ReportMetric(float64(latencies[len(latencies)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(latencies[len(latencies)*99/100].Microseconds()), "p99-µs")
+}
+
+func unstructuredOf(obj map[string]any) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: obj}
+}
