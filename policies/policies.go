@@ -85,7 +85,7 @@ func Compile() (*ast.Compiler, error) {
 	for _, f := range files {
 		modules[f.Path] = f.Source
 	}
-	c, err := ast.CompileModulesWithOpt(modules, ast.CompileOpts{ParserOptions: ast.ParserOptions{RegoVersion: ast.RegoV1}})
+	c, err := ast.CompileModulesWithOpt(modules, ast.CompileOpts{ParserOptions: ast.ParserOptions{RegoVersion: ast.RegoV1, ProcessAnnotation: true}})
 	if err != nil {
 		return nil, fmt.Errorf("compile embedded policies: %w", err)
 	}
