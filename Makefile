@@ -4,7 +4,8 @@ OPA := $(GO) tool opa
 GATOR := $(GO) tool gator
 # Regal has its own tools module: it does not build against OPA v1.22's deps.
 REGAL := $(GO) tool -modfile=tools/regal/go.mod regal
-REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+# Bundle revision: the template version, then the commit (CHANGELOG.md).
+REVISION ?= $(shell $(GO) run ./internal/cmd/generate -version)+$(shell git rev-parse --short=12 HEAD 2>/dev/null)
 SIGNING_KEY ?=
 COVERAGE_MIN ?= 95
 # Randomized scenarios per constraint variant in the differential test.
@@ -31,7 +32,7 @@ generate:
 	$(GO) run ./internal/cmd/generate
 
 generate-check:
-	@echo "== generated files match policies/"
+	@echo "== generated files (constraints/, docs/policy.md, docs/decisions.md, versions) match policies/"
 	$(GO) run ./internal/cmd/generate -check
 
 gatekeeper-test:

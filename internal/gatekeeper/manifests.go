@@ -242,7 +242,7 @@ func template(info Info, d Defaults) (any, error) {
 		}{
 			CRD: map[string]any{"spec": map[string]any{
 				"names":      map[string]any{"kind": info.Kind},
-				"validation": map[string]any{"openAPIV3Schema": parameterSchema()},
+				"validation": map[string]any{"openAPIV3Schema": ParameterSchema()},
 			}},
 			Targets: []target{{
 				Target:     "admission.k8s.gatekeeper.sh",
@@ -256,7 +256,8 @@ func template(info Info, d Defaults) (any, error) {
 	}, nil
 }
 
-func parameterSchema() map[string]any {
+// ParameterSchema is the Constraint parameters' OpenAPI schema, with what each does.
+func ParameterSchema() map[string]any {
 	kinds := func(what string) map[string]any {
 		return map[string]any{
 			"type":        "array",

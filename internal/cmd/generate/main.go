@@ -1,6 +1,9 @@
-// Command generate writes the Gatekeeper manifests in constraints/ from the
-// Rego in policies/. With -check it writes nothing and fails when a committed
-// file differs from what it would write, which is how CI catches hand edits.
+// Command generate writes, from the Rego in policies/: the Gatekeeper
+// manifests in constraints/, docs/policy.md, the decision snapshots in
+// docs/decisions.md and the version ledger versions.yaml. It
+// refuses when decisions changed but the template version did not. With
+// -check it writes nothing and fails when a committed file differs from what
+// it would write, which is how CI catches hand edits and missing bumps.
 package main
 
 import (
@@ -13,22 +16,44 @@ import (
 	"sort"
 
 	"github.com/nodeguard/nodeguard/internal/gatekeeper"
+	"github.com/nodeguard/nodeguard/internal/policydoc"
 )
 
 func main() {
-	dir := flag.String("dir", "constraints", "directory the generated files belong in")
+	root := flag.String("root", ".", "repository root")
 	check := flag.Bool("check", false, "fail if a generated file is missing or differs, instead of writing")
+	version := flag.Bool("version", false, "print the template version and exit")
 	flag.Parse()
-	if err := run(context.Background(), *dir, *check); err != nil {
+	if *version {
+		info, err := gatekeeper.LoadInfo()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "generate:", err)
+			os.Exit(1)
+		}
+		fmt.Println(info.Version)
+		return
+	}
+	if err := run(context.Background(), *root, *check); err != nil {
 		fmt.Fprintln(os.Stderr, "generate:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dir string, check bool) error {
-	files, err := gatekeeper.Render(ctx)
+func run(ctx context.Context, root string, check bool) error {
+	rendered, err := gatekeeper.Render(ctx)
 	if err != nil {
 		return err
+	}
+	files := map[string][]byte{}
+	for name, b := range rendered {
+		files[filepath.Join("constraints", name)] = b
+	}
+	docs, err := reviewDocs(ctx, root, check)
+	if err != nil {
+		return err
+	}
+	for name, b := range docs {
+		files[name] = b
 	}
 	names := make([]string, 0, len(files))
 	for name := range files {
@@ -37,7 +62,7 @@ func run(ctx context.Context, dir string, check bool) error {
 	sort.Strings(names)
 	var stale []string
 	for _, name := range names {
-		path := filepath.Join(dir, name)
+		path := filepath.Join(root, name)
 		if check {
 			have, err := os.ReadFile(path)
 			if err != nil || !bytes.Equal(have, files[name]) {
@@ -50,7 +75,68 @@ func run(ctx context.Context, dir string, check bool) error {
 		}
 	}
 	if len(stale) > 0 {
-		return fmt.Errorf("%v out of date with policies/; run `make generate` and commit the result", stale)
+		return fmt.Errorf("%v out of date with policies/ (or hand-edited); run `make generate` and commit the result", stale)
 	}
 	return nil
+}
+
+// reviewDocs renders docs/policy.md, docs/decisions.md and the ledger, and
+// enforces the versioning rules against the committed snapshots.
+func reviewDocs(ctx context.Context, root string, check bool) (map[string][]byte, error) {
+	info, err := gatekeeper.LoadInfo()
+	if err != nil {
+		return nil, err
+	}
+	defaults, err := gatekeeper.LoadDefaults(ctx)
+	if err != nil {
+		return nil, err
+	}
+	policy, err := policydoc.RenderPolicy(ctx)
+	if err != nil {
+		return nil, err
+	}
+	scenarios, err := policydoc.Scenarios(root)
+	if err != nil {
+		return nil, err
+	}
+	snaps, err := policydoc.Decide(ctx, scenarios)
+	if err != nil {
+		return nil, err
+	}
+	committed, _ := os.ReadFile(filepath.Join(root, "docs", "decisions.md")) // absent: first run
+	ledgerPath := filepath.Join(root, "versions.yaml")
+	rawLedger, _ := os.ReadFile(ledgerPath) // absent: no versions yet
+	ledger, err := policydoc.ParseLedger(rawLedger)
+	if err != nil {
+		return nil, err
+	}
+	var sync []string
+	for _, g := range gatekeeper.SyncedGVKs(defaults) {
+		sync = append(sync, g.Group+"/"+g.Kind)
+	}
+	sort.Strings(sync) // order in the Rego is not a change
+	cur := policydoc.Entry{Version: info.Version, Decisions: policydoc.Digest(snaps), Sync: sync}
+	updated, err := ledger.Record(cur, policydoc.Changed(committed, snaps))
+	if err != nil {
+		return nil, err
+	}
+	if check && len(updated) != len(ledger) {
+		return nil, fmt.Errorf("version %s has no entry in versions.yaml: run `make generate` and commit the result", info.Version)
+	}
+	changelog, err := os.ReadFile(filepath.Join(root, "CHANGELOG.md"))
+	if err != nil {
+		return nil, fmt.Errorf("read CHANGELOG.md: %w", err)
+	}
+	if err := policydoc.CheckChangelog(changelog, info.Version); err != nil {
+		return nil, err
+	}
+	ledgerYAML, err := updated.Render()
+	if err != nil {
+		return nil, err
+	}
+	return map[string][]byte{
+		filepath.Join("docs", "policy.md"):    policy,
+		filepath.Join("docs", "decisions.md"): policydoc.RenderDecisions(info.Version, snaps),
+		"versions.yaml":                       ledgerYAML,
+	}, nil
 }

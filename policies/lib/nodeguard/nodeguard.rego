@@ -5,6 +5,42 @@
 #   Pure functions over (review, inventory, parameters); the inventory has
 #   Gatekeeper's layout: inventory.namespace[ns][groupVersion][Kind][name].
 #   Every runtime (Gatekeeper, the enforcer, the OPA bundle) calls decide/3.
+# custom:
+#   links:
+#     - type: machineNodeRef
+#       when: "a Machine's status.nodeRef.name is the Node's name"
+#       blocks: the InfraMachine the Machine's spec.infrastructureRef names
+#     - type: machineProviderID
+#       when: "a Machine's spec.providerID is the Node's spec.providerID"
+#       blocks: the InfraMachine the Machine's spec.infrastructureRef names
+#     - type: nodeAnnotation
+#       when: "the Node's cluster.x-k8s.io/machine and cluster.x-k8s.io/cluster-namespace annotations name a Machine"
+#       blocks: "that Machine's InfraMachine (annotations only ever add blockers: anyone who may update the Node can edit them)"
+#     - type: infraProviderID
+#       when: "an InfraMachine of a synced kind has the Node's spec.providerID as its own spec.providerID"
+#       blocks: that InfraMachine, even with no Machine (an orphan)
+#     - type: poolProviderIDList
+#       when: "an InfraMachinePool of a synced pool kind lists the Node's spec.providerID in spec.providerIDList"
+#       blocks: that pool, until it stops listing the Node
+#   semantics:
+#     - title: Deleting objects
+#       text: An InfraMachine with a deletionTimestamp still exists, so it still blocks; its host may still run.
+#     - title: Unverified kinds
+#       text: >-
+#         A linked Machine whose InfraMachine kind is not in infraMachineKinds (not synced) proves nothing by
+#         its absence, so the delete is denied unless allowUnverifiedKinds is true.
+#     - title: Exemptions
+#       text: >-
+#         A user in exemptUsers, or in a group of exemptGroups, is allowed; the enforcer's answer carries a
+#         warning naming what was bypassed (Gatekeeper cannot warn on an allowed request).
+#     - title: Cluster scope
+#       text: >-
+#         With clusterName/clusterNamespace set, only Machines and InfraMachines of that CAPI Cluster count;
+#         an InfraMachine without a cluster-name label still counts (fail closed).
+#     - title: What is judged
+#       text: >-
+#         Only DELETE of a core Node. Other operations, other kinds and audit reviews (no operation) are allowed.
+#         A DELETE without the Node (no oldObject or object) is denied.
 package lib.nodeguard
 
 # METADATA
