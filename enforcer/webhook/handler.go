@@ -118,12 +118,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	start := time.Now()
 	review, herr := h.read(w, r)
 	if herr != nil {
-		if herr.code == http.StatusMethodNotAllowed {
-			w.Header().Set("Allow", http.MethodPost)
-		}
-		http.Error(w, "nodeguard: "+herr.msg, herr.code)
-		h.opts.Metrics.observe(route, "error", ReasonBadRequest, time.Since(start))
-		h.opts.Log.Warn("bad admission request", "route", route, "cluster", cluster, "status", herr.code, "error", herr.msg)
+		h.reject(w, herr, route, cluster, start)
 		return
 	}
 	req := review.Request
@@ -131,9 +126,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	if req.Operation == admissionv1.Delete && req.Kind.Group == "" && req.Kind.Kind == "Node" {
 		node, herr := decodeNode(req)
 		if herr != nil {
-			http.Error(w, "nodeguard: "+herr.msg, herr.code)
-			h.opts.Metrics.observe(route, "error", ReasonBadRequest, time.Since(start))
-			h.opts.Log.Warn("bad admission request", "route", route, "cluster", cluster, "status", herr.code, "error", herr.msg)
+			h.reject(w, herr, route, cluster, start)
 			return
 		}
 		d := h.decide(r.Context(), node, cluster, req)
@@ -161,6 +154,16 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)
+}
+
+// reject answers a request that cannot be judged with its HTTP error.
+func (h *handler) reject(w http.ResponseWriter, herr *httpError, route, cluster string, start time.Time) {
+	if herr.code == http.StatusMethodNotAllowed {
+		w.Header().Set("Allow", http.MethodPost)
+	}
+	http.Error(w, "nodeguard: "+herr.msg, herr.code)
+	h.opts.Metrics.observe(route, "error", ReasonBadRequest, time.Since(start))
+	h.opts.Log.Warn("bad admission request", "route", route, "cluster", cluster, "status", herr.code, "error", herr.msg)
 }
 
 // read checks the transport and decodes the AdmissionReview.
