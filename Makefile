@@ -11,9 +11,9 @@ COVERAGE_MIN ?= 95
 # Randomized scenarios per constraint variant in the differential test.
 SCENARIOS ?= 2000
 
-.PHONY: test lint policy-test generate generate-check gatekeeper-test go-test race differential load bundle bench
+.PHONY: test lint policy-test generate generate-check gatekeeper-test go-test race differential load e2e bundle bench
 
-test: lint policy-test generate-check gatekeeper-test go-test race differential load
+test: lint policy-test generate-check gatekeeper-test go-test race differential load e2e
 
 lint:
 	@echo "== lint: opa fmt, opa check --strict, regal, gofmt, go vet"
@@ -54,6 +54,13 @@ race:
 differential:
 	@echo "== differential: enforcer vs Gatekeeper's engine on randomized inventories"
 	$(GO) test -count=1 -v ./tests/differential/ -args -scenarios $(SCENARIOS)
+
+# End to end on a real kube-apiserver and etcd, built from Go modules by
+# tests/e2e/tools/build.sh into the user cache (cold: minutes; then seconds).
+e2e:
+	@echo "== e2e: kube-apiserver + etcd + nodeguard serve"
+	@start=$$(date +%s); bin=$$(bash tests/e2e/tools/build.sh) && echo "e2e tools ready in $$(( $$(date +%s) - start )) s: $$bin" && \
+	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/
 
 # A bounded load run: LOAD_REQUESTS AdmissionReviews over TLS on loopback
 # against a cache of LOAD_MACHINES Machines; prints decisions/s and p50/p99.

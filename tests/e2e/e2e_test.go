@@ -1,0 +1,187 @@
+//go:build e2e
+
+// Package e2e runs nodeguard against a real kube-apiserver and etcd (built by
+// tests/e2e/tools/build.sh) with the real Cluster API CRDs. Run with
+// `make e2e`; the build tag keeps it out of `go test ./...`.
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/serve"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+	"github.com/nodeguard/nodeguard/internal/testpki"
+)
+
+var binDir = flag.String("bin", os.Getenv("NODEGUARD_E2E_BIN"), "directory with kube-apiserver and etcd (tests/e2e/tools/build.sh prints it)")
+
+// Pinned CRD sources: the real ones, from the Cluster API modules.
+const (
+	capiModule = "sigs.k8s.io/cluster-api@v1.14.2"
+	capdModule = "sigs.k8s.io/cluster-api/test@v1.14.0"
+)
+
+var (
+	machines      = schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "machines"}
+	dockerMachine = schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Resource: "dockermachines"}
+)
+
+func moduleDir(t *testing.T, module string) string {
+	t.Helper()
+	out, err := exec.Command("go", "mod", "download", "-json", module).Output()
+	require.NoError(t, err, "go mod download %s", module)
+	var info struct{ Dir string }
+	require.NoError(t, json.Unmarshal(out, &info))
+	return info.Dir
+}
+
+// apiServer starts etcd and kube-apiserver with the Machine and DockerMachine
+// CRDs installed, and returns an admin config.
+func apiServer(t *testing.T) *rest.Config {
+	t.Helper()
+	if *binDir == "" {
+		t.Skip("no kube-apiserver/etcd: run `make e2e` (it builds them with tests/e2e/tools/build.sh)")
+	}
+	capi, capd := moduleDir(t, capiModule), moduleDir(t, capdModule)
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: *binDir,
+		CRDInstallOptions: envtest.CRDInstallOptions{Paths: []string{
+			filepath.Join(capi, "core/config/crd/bases/cluster.x-k8s.io_machines.yaml"),
+			filepath.Join(capi, "core/config/crd/bases/cluster.x-k8s.io_clusters.yaml"),
+			filepath.Join(capd, "infrastructure/docker/config/crd/bases/infrastructure.cluster.x-k8s.io_dockermachines.yaml"),
+		}},
+		ErrorIfCRDPathMissing: true,
+	}
+	start := time.Now()
+	cfg, err := env.Start()
+	require.NoError(t, err)
+	t.Logf("kube-apiserver and etcd ready in %s", time.Since(start).Round(time.Millisecond))
+	// CAPD v1.14 marks DockerMachine deprecated (DevMachine replaces it); the
+	// warning on every call would bury the test's own output.
+	cfg.WarningHandler = rest.NoWarnings{}
+	t.Cleanup(func() { _ = env.Stop() })
+	return cfg
+}
+
+// nodeguard runs `nodeguard serve` against cfg and points the API server's
+// Node deletes at it.
+func nodeguard(t *testing.T, cfg *rest.Config) {
+	t.Helper()
+	clients, err := live.FromConfig(cfg)
+	require.NoError(t, err)
+	ca := testpki.New(t)
+	cert, key := ca.ServerFiles(t, "nodeguard")
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serve.RunWith(ctx, clients, serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key},
+			slog.New(slog.NewTextHandler(os.Stderr, nil)), func(a net.Addr) { addr <- a })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	var url string
+	select {
+	case a := <-addr:
+		url = "https://" + a.String()
+	case err := <-done:
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(ca.CAFile(t))
+	require.NoError(t, err)
+	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
+	require.NoError(t, err)
+	kube, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	require.NoError(t, webhookconfig.Apply(context.Background(), kube, vwc))
+}
+
+func apply(t *testing.T, client dynamic.Interface, gvr schema.GroupVersionResource, obj map[string]any) *unstructured.Unstructured {
+	t.Helper()
+	u := &unstructured.Unstructured{Object: obj}
+	ns := u.GetNamespace()
+	created, err := client.Resource(gvr).Namespace(ns).Create(context.Background(), u, metav1.CreateOptions{})
+	require.NoError(t, err)
+	if status, ok := obj["status"]; ok {
+		created.Object["status"] = status
+		created, err = client.Resource(gvr).Namespace(ns).UpdateStatus(context.Background(), created, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+	return created
+}
+
+// Scenario 1 and 2: CAPI's order is allowed, the wrong order is denied.
+func TestNodeDeleteWaitsForTheInfraMachine(t *testing.T) {
+	cfg := apiServer(t)
+	nodeguard(t, cfg)
+	ctx := context.Background()
+	kube, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	dyn, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+
+	name, pid := "dev-md-0-x7k2p-abcde", "docker:////dev-md-0-x7k2p-abcde"
+	apply(t, dyn, schema.GroupVersionResource{Version: "v1", Resource: "nodes"}, map[string]any{
+		"apiVersion": "v1", "kind": "Node",
+		"metadata": map[string]any{"name": name, "annotations": map[string]any{
+			"cluster.x-k8s.io/cluster-name": "dev", "cluster.x-k8s.io/cluster-namespace": "default", "cluster.x-k8s.io/machine": name}},
+		"spec": map[string]any{"providerID": pid},
+	})
+	apply(t, dyn, dockerMachine, map[string]any{
+		"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DockerMachine",
+		"metadata": map[string]any{"namespace": "default", "name": name, "labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"},
+			"finalizers": []any{"dockermachine.infrastructure.cluster.x-k8s.io"}},
+		"spec": map[string]any{"providerID": pid},
+	})
+	apply(t, dyn, machines, map[string]any{
+		"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+		"metadata": map[string]any{"namespace": "default", "name": name, "labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}},
+		"spec": map[string]any{"clusterName": "dev", "providerID": pid,
+			"bootstrap":         map[string]any{"dataSecretName": name + "-bootstrap"},
+			"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name}},
+		"status": map[string]any{"nodeRef": map[string]any{"name": name}},
+	})
+
+	deleteNode := func() error { return kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}) }
+	var err2 error
+	require.Eventually(t, func() bool {
+		err2 = deleteNode()
+		return err2 != nil && strings.Contains(err2.Error(), "DockerMachine default/"+name)
+	}, 30*time.Second, 200*time.Millisecond, "the wrong order must be denied once nodeguard is ready: %v", err2)
+	assert.True(t, apierrors.IsForbidden(err2), "%v", err2)
+
+	require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
+	err = deleteNode()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is being deleted but still exists")
+
+	dm, err := dyn.Resource(dockerMachine).Namespace("default").Get(ctx, name, metav1.GetOptions{})
+	require.NoError(t, err)
+	dm.SetFinalizers(nil)
+	_, err = dyn.Resource(dockerMachine).Namespace("default").Update(ctx, dm, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	gone := time.Now()
+	require.NoError(t, deleteNode(), "the InfraMachine is gone: the delete is allowed at once (fresh reads)")
+	t.Logf("Node delete allowed %s after the DockerMachine disappeared", time.Since(gone).Round(time.Millisecond))
+}
