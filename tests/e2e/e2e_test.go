@@ -60,6 +60,12 @@ func moduleDir(t *testing.T, module string) string {
 // apiServer starts etcd and kube-apiserver with the Machine and DockerMachine
 // CRDs installed, and returns an admin config.
 func apiServer(t *testing.T) *rest.Config {
+	cfg, _ := apiServerEnv(t)
+	return cfg
+}
+
+// apiServerEnv is apiServer, with the environment for adding users.
+func apiServerEnv(t *testing.T) (*rest.Config, *envtest.Environment) {
 	t.Helper()
 	if *binDir == "" {
 		t.Skip("no kube-apiserver/etcd: run `make e2e` (it builds them with tests/e2e/tools/build.sh)")
@@ -82,12 +88,12 @@ func apiServer(t *testing.T) *rest.Config {
 	// warning on every call would bury the test's own output.
 	cfg.WarningHandler = rest.NoWarnings{}
 	t.Cleanup(func() { _ = env.Stop() })
-	return cfg
+	return cfg, env
 }
 
-// nodeguard runs `nodeguard serve` against cfg and points the API server's
-// Node deletes at it.
-func nodeguard(t *testing.T, cfg *rest.Config) {
+// nodeguard runs `nodeguard serve` against cfg (with the parameters of the
+// Constraint file, if any) and points the API server's Node deletes at it.
+func nodeguard(t *testing.T, cfg *rest.Config, constraint string) {
 	t.Helper()
 	clients, err := live.FromConfig(cfg)
 	require.NoError(t, err)
@@ -97,7 +103,7 @@ func nodeguard(t *testing.T, cfg *rest.Config) {
 	addr := make(chan net.Addr, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- serve.RunWith(ctx, clients, serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key},
+		done <- serve.RunWith(ctx, clients, serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key, Constraint: constraint},
 			slog.New(slog.NewTextHandler(os.Stderr, nil)), func(a net.Addr) { addr <- a })
 	}()
 	t.Cleanup(func() { cancel(); <-done })
@@ -134,35 +140,15 @@ func apply(t *testing.T, client dynamic.Interface, gvr schema.GroupVersionResour
 // Scenario 1 and 2: CAPI's order is allowed, the wrong order is denied.
 func TestNodeDeleteWaitsForTheInfraMachine(t *testing.T) {
 	cfg := apiServer(t)
-	nodeguard(t, cfg)
+	nodeguard(t, cfg, "")
 	ctx := context.Background()
 	kube, err := kubernetes.NewForConfig(cfg)
 	require.NoError(t, err)
 	dyn, err := dynamic.NewForConfig(cfg)
 	require.NoError(t, err)
 
-	name, pid := "dev-md-0-x7k2p-abcde", "docker:////dev-md-0-x7k2p-abcde"
-	apply(t, dyn, schema.GroupVersionResource{Version: "v1", Resource: "nodes"}, map[string]any{
-		"apiVersion": "v1", "kind": "Node",
-		"metadata": map[string]any{"name": name, "annotations": map[string]any{
-			"cluster.x-k8s.io/cluster-name": "dev", "cluster.x-k8s.io/cluster-namespace": "default", "cluster.x-k8s.io/machine": name}},
-		"spec": map[string]any{"providerID": pid},
-	})
-	apply(t, dyn, dockerMachine, map[string]any{
-		"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DockerMachine",
-		"metadata": map[string]any{"namespace": "default", "name": name, "labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"},
-			"finalizers": []any{"dockermachine.infrastructure.cluster.x-k8s.io"}},
-		"spec": map[string]any{"providerID": pid},
-	})
-	apply(t, dyn, machines, map[string]any{
-		"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-		"metadata": map[string]any{"namespace": "default", "name": name, "labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}},
-		"spec": map[string]any{"clusterName": "dev", "providerID": pid,
-			"bootstrap":         map[string]any{"dataSecretName": name + "-bootstrap"},
-			"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name}},
-		"status": map[string]any{"nodeRef": map[string]any{"name": name}},
-	})
-
+	name := "dev-md-0-x7k2p-abcde"
+	capdMachine(t, dyn, name, true)
 	deleteNode := func() error { return kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}) }
 	var err2 error
 	require.Eventually(t, func() bool {
@@ -184,4 +170,81 @@ func TestNodeDeleteWaitsForTheInfraMachine(t *testing.T) {
 	gone := time.Now()
 	require.NoError(t, deleteNode(), "the InfraMachine is gone: the delete is allowed at once (fresh reads)")
 	t.Logf("Node delete allowed %s after the DockerMachine disappeared", time.Since(gone).Round(time.Millisecond))
+}
+
+// capdMachine creates what CAPD makes for one Machine: the Node, the
+// DockerMachine (with CAPD's finalizer when finalizer is set) and the Machine
+// linking both, by nodeRef, providerID and the Node's annotations.
+func capdMachine(t *testing.T, dyn dynamic.Interface, name string, finalizer bool) {
+	t.Helper()
+	pid := "docker:////" + name
+	apply(t, dyn, schema.GroupVersionResource{Version: "v1", Resource: "nodes"}, map[string]any{
+		"apiVersion": "v1", "kind": "Node",
+		"metadata": map[string]any{"name": name, "annotations": map[string]any{
+			"cluster.x-k8s.io/cluster-name": "dev", "cluster.x-k8s.io/cluster-namespace": "default", "cluster.x-k8s.io/machine": name}},
+		"spec": map[string]any{"providerID": pid},
+	})
+	meta := map[string]any{"namespace": "default", "name": name, "labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}}
+	if finalizer {
+		meta["finalizers"] = []any{"dockermachine.infrastructure.cluster.x-k8s.io"}
+	}
+	apply(t, dyn, dockerMachine, map[string]any{
+		"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DockerMachine", "metadata": meta,
+		"spec": map[string]any{"providerID": pid},
+	})
+	apply(t, dyn, machines, map[string]any{
+		"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+		"metadata": map[string]any{"namespace": "default", "name": name, "labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}},
+		"spec": map[string]any{"clusterName": "dev", "providerID": pid,
+			"bootstrap":         map[string]any{"dataSecretName": name + "-bootstrap"},
+			"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name}},
+		"status": map[string]any{"nodeRef": map[string]any{"name": name}},
+	})
+}
+
+// kubectl runs the kubectl built with the API server, as the admin user.
+func kubectl(t *testing.T, env *envtest.Environment, args ...string) (string, error) {
+	t.Helper()
+	user, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
+	require.NoError(t, err)
+	kubeconfig, err := user.KubeConfig()
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(path, kubeconfig, 0o600))
+	cmd := exec.Command(filepath.Join(*binDir, "kubectl"), append([]string{"--kubeconfig", path}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// Scenarios 2 (kubectl), 3 and 4: what a person at kubectl sees.
+func TestKubectl(t *testing.T) {
+	cfg, env := apiServerEnv(t)
+	nodeguard(t, cfg, "../../constraints/tests/constraint-exempt.yaml")
+	dyn, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+	capdMachine(t, dyn, "linked-a", false)
+	capdMachine(t, dyn, "linked-b", false)
+	apply(t, dyn, schema.GroupVersionResource{Version: "v1", Resource: "nodes"}, map[string]any{
+		"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "bare-metal-1"}})
+
+	var out string
+	require.Eventually(t, func() bool {
+		out, err = kubectl(t, env, "delete", "node", "linked-a")
+		return err != nil && strings.Contains(out, "DockerMachine default/linked-a")
+	}, 30*time.Second, 200*time.Millisecond, "kubectl delete node must be denied: %s", out)
+	assert.Contains(t, out, `admission webhook "node-delete.nodeguard.io" denied the request`)
+	t.Logf("kubectl delete node linked-a:\n%s", out)
+
+	out, err = kubectl(t, env, "delete", "nodes", "--all")
+	require.Error(t, err, "two Nodes are still linked")
+	assert.Contains(t, out, `node "bare-metal-1" deleted`, "each Node is judged on its own")
+	assert.Contains(t, out, "DockerMachine default/linked-a")
+	assert.Contains(t, out, "DockerMachine default/linked-b")
+	t.Logf("kubectl delete nodes --all:\n%s", out)
+
+	out, err = kubectl(t, env, "delete", "node", "linked-b", "--as", "oncall", "--as-group", "nodeguard:break-glass", "--as-group", "system:masters")
+	require.NoError(t, err, out)
+	assert.Contains(t, out, `Warning: nodeguard: group "nodeguard:break-glass" is exempt`)
+	assert.Contains(t, out, `node "linked-b" deleted`)
+	t.Logf("kubectl delete node linked-b as break-glass:\n%s", out)
 }
