@@ -20,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -27,6 +28,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/nodeguard/nodeguard/enforcer/live"
@@ -97,25 +99,7 @@ func nodeguard(t *testing.T, cfg *rest.Config, constraint string) {
 	t.Helper()
 	clients, err := live.FromConfig(cfg)
 	require.NoError(t, err)
-	ca := testpki.New(t)
-	cert, key := ca.ServerFiles(t, "nodeguard")
-	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan net.Addr, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- serve.RunWith(ctx, clients, serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key, Constraint: constraint},
-			slog.New(slog.NewTextHandler(os.Stderr, nil)), func(a net.Addr) { addr <- a })
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	var url string
-	select {
-	case a := <-addr:
-		url = "https://" + a.String()
-	case err := <-done:
-		t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(ca.CAFile(t))
-	require.NoError(t, err)
+	url, caPEM := serveOn(t, clients, constraint)
 	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
 	require.NoError(t, err)
 	kube, err := kubernetes.NewForConfig(cfg)
@@ -247,4 +231,100 @@ func TestKubectl(t *testing.T) {
 	assert.Contains(t, out, `Warning: nodeguard: group "nodeguard:break-glass" is exempt`)
 	assert.Contains(t, out, `node "linked-b" deleted`)
 	t.Logf("kubectl delete node linked-b as break-glass:\n%s", out)
+}
+
+// Scenario 6: Machines in a management cluster, Nodes in a workload cluster
+// whose webhook routes to /validate/clusters/NS/NAME, installed through CAPI's
+// kubeconfig Secret as `nodeguard webhook-config --apply --cluster` does.
+func TestManagementAndWorkloadClusters(t *testing.T) {
+	mgmt := apiServer(t)
+	workload, workloadEnv := apiServerEnv(t)
+	clients, err := live.FromConfig(mgmt)
+	require.NoError(t, err)
+	url, caPEM := serveOn(t, clients, "")
+	dyn, err := dynamic.NewForConfig(mgmt)
+	require.NoError(t, err)
+	mgmtKube, err := kubernetes.NewForConfig(mgmt)
+	require.NoError(t, err)
+	workloadKube, err := kubernetes.NewForConfig(workload)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	// The Machine and DockerMachine live in the management cluster; so does
+	// the workload cluster's kubeconfig Secret.
+	capdMachine(t, dyn, "dev-md-0-abcde", false)
+	require.NoError(t, dyn.Resource(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}).Delete(ctx, "dev-md-0-abcde", metav1.DeleteOptions{}))
+	for _, name := range []string{"dev", "other"} {
+		apply(t, dyn, schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "clusters"}, map[string]any{
+			"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": map[string]any{"namespace": "default", "name": name},
+			"spec": map[string]any{"paused": true}})
+	}
+	user, err := workloadEnv.AddUser(envtest.User{Name: "kubernetes-admin", Groups: []string{"system:masters"}}, nil)
+	require.NoError(t, err)
+	kubeconfig, err := user.KubeConfig()
+	require.NoError(t, err)
+	for _, name := range []string{"dev", "other"} {
+		_, err = mgmtKube.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name + "-kubeconfig"},
+			Data:       map[string][]byte{"value": kubeconfig},
+		}, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	install := func(cluster string) {
+		vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: cluster})
+		require.NoError(t, err)
+		where, err := webhookconfig.Install(ctx, mgmtKube, cluster, vwc, func(kc []byte) (kubernetes.Interface, error) {
+			rc, err := clientcmd.RESTConfigFromKubeConfig(kc)
+			if err != nil {
+				return nil, err
+			}
+			return kubernetes.NewForConfig(rc)
+		})
+		require.NoError(t, err)
+		assert.Equal(t, "workload cluster "+cluster, where)
+	}
+	node := func() {
+		_, err := workloadKube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dev-md-0-abcde",
+			Annotations: map[string]string{"cluster.x-k8s.io/cluster-namespace": "default", "cluster.x-k8s.io/machine": "dev-md-0-abcde"}},
+			Spec: corev1.NodeSpec{ProviderID: "docker:////dev-md-0-abcde"}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+
+	install("default/dev")
+	node()
+	var derr error
+	require.Eventually(t, func() bool {
+		derr = workloadKube.CoreV1().Nodes().Delete(ctx, "dev-md-0-abcde", metav1.DeleteOptions{})
+		return derr != nil && strings.Contains(derr.Error(), "DockerMachine default/dev-md-0-abcde")
+	}, 30*time.Second, 200*time.Millisecond, "the workload Node is linked to the management cluster's Machine: %v", derr)
+
+	// The same Node name in cluster "other" is not this Machine's Node.
+	install("default/other")
+	require.NoError(t, workloadKube.CoreV1().Nodes().Delete(ctx, "dev-md-0-abcde", metav1.DeleteOptions{}),
+		"cluster other's Node is not blocked by cluster dev's Machines")
+}
+
+// serveOn runs `nodeguard serve` over clients and returns its URL and CA.
+func serveOn(t *testing.T, clients live.Clients, constraint string) (string, []byte) {
+	t.Helper()
+	ca := testpki.New(t)
+	cert, key := ca.ServerFiles(t, "nodeguard")
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serve.RunWith(ctx, clients, serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key, Constraint: constraint},
+			slog.New(slog.NewTextHandler(os.Stderr, nil)), func(a net.Addr) { addr <- a })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	var url string
+	select {
+	case a := <-addr:
+		url = "https://" + a.String()
+	case err := <-done:
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(ca.CAFile(t))
+	require.NoError(t, err)
+	return url, caPEM
 }
