@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -308,23 +309,83 @@ func TestManagementAndWorkloadClusters(t *testing.T) {
 func serveOn(t *testing.T, clients live.Clients, constraint string) (string, []byte) {
 	t.Helper()
 	ca := testpki.New(t)
+	url, _ := serveAt(t, clients, constraint, ca, "127.0.0.1:0")
+	caPEM, err := os.ReadFile(ca.CAFile(t))
+	require.NoError(t, err)
+	return url, caPEM
+}
+
+// serveAt runs `nodeguard serve` on listen with a certificate from ca, and
+// returns its URL and a function that stops it (also run at cleanup).
+func serveAt(t *testing.T, clients live.Clients, constraint string, ca *testpki.CA, listen string) (string, func()) {
+	t.Helper()
 	cert, key := ca.ServerFiles(t, "nodeguard")
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan net.Addr, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- serve.RunWith(ctx, clients, serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key, Constraint: constraint},
+		done <- serve.RunWith(ctx, clients, serve.Options{Listen: listen, CertFile: cert, KeyFile: key, Constraint: constraint},
 			slog.New(slog.NewTextHandler(os.Stderr, nil)), func(a net.Addr) { addr <- a })
 	}()
-	t.Cleanup(func() { cancel(); <-done })
-	var url string
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
 	select {
 	case a := <-addr:
-		url = "https://" + a.String()
+		return "https://" + a.String(), stop
 	case err := <-done:
 		t.Fatal(err)
 	}
+	return "", stop
+}
+
+// Scenario 7: with failurePolicy Fail, Node deletes are denied while
+// nodeguard is down; restarted, it judges correctly once its caches sync.
+func TestEnforcerDownDeniesAndRecovers(t *testing.T) {
+	cfg := apiServer(t)
+	clients, err := live.FromConfig(cfg)
+	require.NoError(t, err)
+	ca := testpki.New(t)
+	url, stop := serveAt(t, clients, "", ca, "127.0.0.1:0")
 	caPEM, err := os.ReadFile(ca.CAFile(t))
 	require.NoError(t, err)
-	return url, caPEM
+	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
+	require.NoError(t, err)
+	kube, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, webhookconfig.Apply(ctx, kube, vwc))
+	dyn, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+	capdMachine(t, dyn, "linked-a", false)
+	deleteNode := func() error { return kube.CoreV1().Nodes().Delete(ctx, "linked-a", metav1.DeleteOptions{}) }
+	var derr error
+	require.Eventually(t, func() bool {
+		derr = deleteNode()
+		return derr != nil && strings.Contains(derr.Error(), "DockerMachine default/linked-a")
+	}, 30*time.Second, 200*time.Millisecond, "%v", derr)
+
+	stop()
+	// CAPI moves on while nodeguard is down: the DockerMachine goes.
+	require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, "linked-a", metav1.DeleteOptions{}))
+	derr = deleteNode()
+	require.Error(t, derr, "failurePolicy Fail: no nodeguard, no Node delete")
+	assert.Contains(t, derr.Error(), "failed calling webhook")
+	t.Logf("delete while nodeguard is down: %v", derr)
+
+	// Back on the same address: every answer before its caches sync is a
+	// denial; then the delete is allowed.
+	serveAt(t, clients, "", ca, strings.TrimPrefix(url, "https://"))
+	var answers []string
+	require.Eventually(t, func() bool {
+		derr = deleteNode()
+		if derr != nil {
+			answers = append(answers, derr.Error())
+		}
+		return derr == nil
+	}, 30*time.Second, 50*time.Millisecond, "%v", derr)
+	for _, a := range answers {
+		assert.NotContains(t, a, "linked-a\" cannot be deleted: DockerMachine", "a stale cache must not decide")
+	}
+	t.Logf("after restart: %d denials (not ready or not listening yet), then allowed", len(answers))
 }
