@@ -94,18 +94,30 @@ func apiServerEnv(t *testing.T) (*rest.Config, *envtest.Environment) {
 	return cfg, env
 }
 
+// running is one `nodeguard serve` and what it takes to start it again.
+type running struct {
+	url     string
+	ca      *testpki.CA
+	clients live.Clients
+	stop    func()
+}
+
 // nodeguard runs `nodeguard serve` against cfg (with the parameters of the
 // Constraint file, if any) and points the API server's Node deletes at it.
-func nodeguard(t *testing.T, cfg *rest.Config, constraint string) {
+func nodeguard(t *testing.T, cfg *rest.Config, constraint string) running {
 	t.Helper()
 	clients, err := live.FromConfig(cfg)
 	require.NoError(t, err)
-	url, caPEM := serveOn(t, clients, constraint)
+	ca := testpki.New(t)
+	url, stop := serveAt(t, clients, constraint, ca, "127.0.0.1:0")
+	caPEM, err := os.ReadFile(ca.CAFile(t))
+	require.NoError(t, err)
 	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
 	require.NoError(t, err)
 	kube, err := kubernetes.NewForConfig(cfg)
 	require.NoError(t, err)
 	require.NoError(t, webhookconfig.Apply(context.Background(), kube, vwc))
+	return running{url: url, ca: ca, clients: clients, stop: stop}
 }
 
 func apply(t *testing.T, client dynamic.Interface, gvr schema.GroupVersionResource, obj map[string]any) *unstructured.Unstructured {
@@ -343,18 +355,10 @@ func serveAt(t *testing.T, clients live.Clients, constraint string, ca *testpki.
 // nodeguard is down; restarted, it judges correctly once its caches sync.
 func TestEnforcerDownDeniesAndRecovers(t *testing.T) {
 	cfg := apiServer(t)
-	clients, err := live.FromConfig(cfg)
-	require.NoError(t, err)
-	ca := testpki.New(t)
-	url, stop := serveAt(t, clients, "", ca, "127.0.0.1:0")
-	caPEM, err := os.ReadFile(ca.CAFile(t))
-	require.NoError(t, err)
-	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
-	require.NoError(t, err)
+	ng := nodeguard(t, cfg, "")
 	kube, err := kubernetes.NewForConfig(cfg)
 	require.NoError(t, err)
 	ctx := context.Background()
-	require.NoError(t, webhookconfig.Apply(ctx, kube, vwc))
 	dyn, err := dynamic.NewForConfig(cfg)
 	require.NoError(t, err)
 	capdMachine(t, dyn, "linked-a", false)
@@ -365,7 +369,7 @@ func TestEnforcerDownDeniesAndRecovers(t *testing.T) {
 		return derr != nil && strings.Contains(derr.Error(), "DockerMachine default/linked-a")
 	}, 30*time.Second, 200*time.Millisecond, "%v", derr)
 
-	stop()
+	ng.stop()
 	// CAPI moves on while nodeguard is down: the DockerMachine goes.
 	require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, "linked-a", metav1.DeleteOptions{}))
 	derr = deleteNode()
@@ -375,7 +379,7 @@ func TestEnforcerDownDeniesAndRecovers(t *testing.T) {
 
 	// Back on the same address: every answer before its caches sync is a
 	// denial; then the delete is allowed.
-	serveAt(t, clients, "", ca, strings.TrimPrefix(url, "https://"))
+	serveAt(t, ng.clients, "", ng.ca, strings.TrimPrefix(ng.url, "https://"))
 	var answers []string
 	require.Eventually(t, func() bool {
 		derr = deleteNode()
