@@ -9,8 +9,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -103,9 +105,14 @@ func reviewDocs(ctx context.Context, root string, check bool) (map[string][]byte
 	if err != nil {
 		return nil, err
 	}
-	committed, _ := os.ReadFile(filepath.Join(root, "docs", "decisions.md")) // absent: first run
-	ledgerPath := filepath.Join(root, "versions.yaml")
-	rawLedger, _ := os.ReadFile(ledgerPath) // absent: no versions yet
+	committed, err := readOptional(filepath.Join(root, "docs", "decisions.md")) // absent: first run
+	if err != nil {
+		return nil, err
+	}
+	rawLedger, err := readOptional(filepath.Join(root, "versions.yaml")) // absent: no versions yet
+	if err != nil {
+		return nil, err
+	}
 	ledger, err := policydoc.ParseLedger(rawLedger)
 	if err != nil {
 		return nil, err
@@ -139,4 +146,17 @@ func reviewDocs(ctx context.Context, root string, check bool) (map[string][]byte
 		filepath.Join("docs", "decisions.md"): policydoc.RenderDecisions(info.Version, snaps),
 		"versions.yaml":                       ledgerYAML,
 	}, nil
+}
+
+// readOptional reads a file that may not exist yet; any other error stops
+// generate, so an unreadable ledger is never replaced by a fresh one.
+func readOptional(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return b, nil
 }
