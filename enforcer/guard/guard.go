@@ -153,8 +153,9 @@ func kindList(gvks []schema.GroupVersionKind) []any {
 }
 
 // refresh replaces each candidate with what the API server says now, drops
-// the ones that are gone, and reads what the Machines reference but the
-// cache lacks: neither a stale "gone" nor a stale "present" decides.
+// the ones that are gone, and reads what the cache lacks: the objects the
+// Machines reference, and the Machine the Node names (with what it
+// references). Neither a stale "gone" nor a stale "present" decides.
 func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, refs []inventory.Ref) ([]*unstructured.Unstructured, error) {
 	ctx, cancel := context.WithTimeout(ctx, g.opts.FreshTimeout)
 	defer cancel()
@@ -166,35 +167,57 @@ func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, 
 		if err != nil {
 			return nil, fmt.Errorf("get %s %s/%s: %w", gvk.Kind, o.GetNamespace(), o.GetName(), err)
 		}
-		have[inventory.Ref{GVK: schema.GroupVersionKind{Group: gvk.Group, Kind: gvk.Kind}, Namespace: o.GetNamespace(), Name: o.GetName()}] = true
+		have[unversioned(inventory.Ref{GVK: gvk, Namespace: o.GetNamespace(), Name: o.GetName()})] = true
 		if fresh != nil {
 			out = append(out, fresh)
 		}
 	}
 	// Kinds the inventory watches, looked up once rather than per ref.
-	watched := append(g.inv.Kinds(inventory.InfraMachine), g.inv.Kinds(inventory.InfraMachinePool)...)
-	for _, ref := range refs {
-		key := inventory.Ref{GVK: schema.GroupVersionKind{Group: ref.GVK.Group, Kind: ref.GVK.Kind}, Namespace: ref.Namespace, Name: ref.Name}
-		if have[key] {
+	watched := append(g.inv.Kinds(inventory.Machine), g.inv.Kinds(inventory.InfraMachine)...)
+	watched = append(watched, g.inv.Kinds(inventory.InfraMachinePool)...)
+	for len(refs) > 0 {
+		ref := unversioned(refs[0])
+		refs = refs[1:]
+		if have[ref] {
 			continue
 		}
-		// Read at the version the inventory watches; a kind it does not watch
-		// stays unverified and the rule denies.
-		for _, gvk := range watched {
-			if gvk.Group != ref.GVK.Group || gvk.Kind != ref.GVK.Kind {
-				continue
+		have[ref] = true
+		fresh, err := g.readWatched(ctx, watched, ref)
+		if err != nil {
+			return nil, err
+		}
+		if fresh == nil {
+			continue
+		}
+		out = append(out, fresh)
+		if fresh.GetKind() == "Machine" {
+			if infra, ok := inventory.InfraRef(fresh); ok {
+				refs = append(refs, infra)
 			}
+		}
+	}
+	return out, nil
+}
+
+// readWatched reads ref at the version the inventory watches its kind; a
+// kind it does not watch is not read (an InfraMachine of it stays
+// unverified, and the rule denies).
+func (g *Guard) readWatched(ctx context.Context, watched []schema.GroupVersionKind, ref inventory.Ref) (*unstructured.Unstructured, error) {
+	for _, gvk := range watched {
+		if gvk.Group == ref.GVK.Group && gvk.Kind == ref.GVK.Kind {
 			fresh, err := g.opts.Fresh.Get(ctx, gvk, ref.Namespace, ref.Name)
 			if err != nil {
 				return nil, fmt.Errorf("get %s: %w", ref, err)
 			}
-			if fresh != nil {
-				out = append(out, fresh)
-			}
-			break
+			return fresh, nil
 		}
 	}
-	return out, nil
+	return nil, nil
+}
+
+func unversioned(r inventory.Ref) inventory.Ref {
+	r.GVK.Version = ""
+	return r
 }
 
 // DeleteReview is the AdmissionRequest-shaped review of a Node delete, as the

@@ -136,6 +136,19 @@ func TestFreshReadSeesAnInfraMachineTheCacheMissed(t *testing.T) {
 	assert.Contains(t, msgs[0], "DockerMachine default/m1")
 }
 
+func TestFreshReadFindsTheAnnotatedMachineTheCacheLacks(t *testing.T) {
+	// Created while the watches were down: neither object is cached yet.
+	client, mapper := apiServer(capdMachine(), capdInfra())
+	node := capdNode()
+	node.SetAnnotations(map[string]string{"cluster.x-k8s.io/machine": "m1", "cluster.x-k8s.io/cluster-namespace": "default"})
+	allowed, _ := decide(t, cache(t), guard.Options{}, guard.Request{Node: node})
+	require.True(t, allowed, "the cache alone knows no link")
+
+	allowed, msgs := decide(t, cache(t), guard.Options{Fresh: freshread.New(client, mapper)}, guard.Request{Node: node})
+	assert.False(t, allowed, "the Machine the Node names, and its InfraMachine, are read from the API server")
+	assert.Contains(t, msgs[0], "DockerMachine default/m1")
+}
+
 func TestFreshReadDropsAnInfraMachineAlreadyGone(t *testing.T) {
 	client, mapper := apiServer(capdMachine())
 	allowed, _ := decide(t, cache(t, capdMachine(), capdInfra()), guard.Options{Fresh: freshread.New(client, mapper)}, guard.Request{Node: capdNode()})

@@ -153,8 +153,9 @@ func (r Ref) String() string {
 
 // Candidates picks every object that could be linked to the Node: a small
 // superset, found through the indexes, so its cost does not grow with the
-// number of Machines. Refs lists what the picked Machines reference (found or
-// not), for fresh reads.
+// number of Machines. Refs lists, for fresh reads, what the picked Machines
+// reference (found or not) and the Machine the Node's annotations name when
+// the cache lacks it.
 func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstructured.Unstructured, refs []Ref) {
 	name := node.GetName()
 	providerID, _, _ := unstructured.NestedString(node.Object, "spec", "providerID")
@@ -181,6 +182,7 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 			}
 		}
 	}
+	annotatedFound := false
 	for _, gvk := range inv.order {
 		s := inv.stores[gvk]
 		if s.role == Machine {
@@ -189,6 +191,7 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 			if annotated != "" {
 				if item, ok, _ := s.indexer.GetByKey(annotated); ok {
 					add(gvk, []any{item})
+					annotatedFound = true
 				}
 			}
 		}
@@ -196,6 +199,12 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 			items, _ := s.indexer.ByIndex(ByProviderID, providerID)
 			add(gvk, items)
 		}
+	}
+	// The Machine the Node names but the cache lacks (created while a watch
+	// was down, say): a fresh read can still find it.
+	if annotated != "" && !annotatedFound {
+		refs = append(refs, Ref{GVK: schema.GroupVersionKind{Group: MachineGroup, Kind: "Machine"},
+			Namespace: ann["cluster.x-k8s.io/cluster-namespace"], Name: ann["cluster.x-k8s.io/machine"]})
 	}
 	// What the picked Machines reference, in every version the inventory holds.
 	refSeen := map[Ref]bool{}

@@ -93,6 +93,24 @@ func TestCandidatesFindEveryLinkAndNothingElse(t *testing.T) {
 	assert.ElementsMatch(t, []string{"DockerMachine default/infra-a", "DockerMachine default/infra-b", "DockerMachine team/infra-c"}, refNames)
 }
 
+func TestCandidatesNameTheAnnotatedMachineTheCacheLacks(t *testing.T) {
+	inv := inventory.New()
+	machines := inventory.NewStore()
+	inv.AddKind(machineV1beta2, inventory.Machine, machines)
+	annotated := node("n1", "", map[string]string{"cluster.x-k8s.io/machine": "m", "cluster.x-k8s.io/cluster-namespace": "team"})
+
+	objs, refs := inv.Candidates(annotated)
+	assert.Empty(t, objs)
+	require.Len(t, refs, 1, "the Machine the Node names is a ref, for fresh reads")
+	assert.Equal(t, inventory.Ref{GVK: schema.GroupVersionKind{Group: "cluster.x-k8s.io", Kind: "Machine"}, Namespace: "team", Name: "m"}, refs[0])
+
+	add(t, machines, machine("team", "m", "", "", "infra"))
+	objs, refs = inv.Candidates(annotated)
+	assert.Equal(t, []string{"Machine team/m"}, keys(objs))
+	require.Len(t, refs, 1, "once cached, only what the Machine references is a ref")
+	assert.Equal(t, "DockerMachine team/infra", refs[0].String())
+}
+
 func TestCandidatesWithoutProviderIDOrAnnotations(t *testing.T) {
 	inv := inventory.New()
 	machines, infras := inventory.NewStore(), inventory.NewStore()
