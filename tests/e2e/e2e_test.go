@@ -7,8 +7,8 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -31,67 +32,86 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
 var binDir = flag.String("bin", os.Getenv("NODEGUARD_E2E_BIN"), "directory with kube-apiserver and etcd (tests/e2e/tools/build.sh prints it)")
 
-// Pinned CRD sources: the real ones, from the Cluster API modules.
-const (
-	capiModule = "sigs.k8s.io/cluster-api@v1.14.2"
-	capdModule = "sigs.k8s.io/cluster-api/test@v1.14.0"
+var (
+	current, older = localcluster.Current(), localcluster.Older()
+	machines       = current.GVR("cluster.x-k8s.io", "machines")
+	dockerMachine  = current.GVR("infrastructure.cluster.x-k8s.io", "dockermachines")
+	nodes          = localcluster.Nodes()
 )
 
-var (
-	machines      = schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "machines"}
-	dockerMachine = schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Resource: "dockermachines"}
-)
+func TestMain(m *testing.M) {
+	// envtest logs through controller-runtime; without a logger it prints a
+	// stack trace instead. The processes' own logs are kept by keepLog.
+	ctrllog.SetLogger(logr.Discard())
+	os.Exit(m.Run())
+}
 
 func moduleDir(t *testing.T, module string) string {
 	t.Helper()
-	out, err := exec.Command("go", "mod", "download", "-json", module).Output()
-	require.NoError(t, err, "go mod download %s", module)
-	var info struct{ Dir string }
-	require.NoError(t, json.Unmarshal(out, &info))
-	return info.Dir
+	dir, err := localcluster.ModuleDir(module)
+	require.NoError(t, err)
+	return dir
 }
 
-// apiServer starts etcd and kube-apiserver with the Machine and DockerMachine
-// CRDs installed, and returns an admin config.
+// apiServer starts etcd and kube-apiserver with the current release's CRDs
+// installed, and returns an admin config.
 func apiServer(t *testing.T) *rest.Config {
 	cfg, _ := apiServerEnv(t)
 	return cfg
 }
 
-// apiServerEnv is apiServer, with the environment for adding users.
+// apiServerEnv is apiServer, with the environment for adding users and
+// restarting the API server.
 func apiServerEnv(t *testing.T) (*rest.Config, *envtest.Environment) {
+	return apiServerFor(t, current)
+}
+
+// apiServerFor is apiServerEnv with the CRDs of release r.
+func apiServerFor(t *testing.T, r localcluster.Release) (*rest.Config, *envtest.Environment) {
 	t.Helper()
 	if *binDir == "" {
 		t.Skip("no kube-apiserver/etcd: run `make e2e` (it builds them with tests/e2e/tools/build.sh)")
 	}
-	capi, capd := moduleDir(t, capiModule), moduleDir(t, capdModule)
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: *binDir,
-		CRDInstallOptions: envtest.CRDInstallOptions{Paths: []string{
-			filepath.Join(capi, "core/config/crd/bases/cluster.x-k8s.io_machines.yaml"),
-			filepath.Join(capi, "core/config/crd/bases/cluster.x-k8s.io_clusters.yaml"),
-			filepath.Join(capd, "infrastructure/docker/config/crd/bases/infrastructure.cluster.x-k8s.io_dockermachines.yaml"),
-		}},
-		ErrorIfCRDPathMissing: true,
-	}
+	env, err := localcluster.Environment(*binDir, t.TempDir(), r)
+	require.NoError(t, err)
+	keepLog(t, "kube-apiserver", &env.ControlPlane.GetAPIServer().Out, &env.ControlPlane.GetAPIServer().Err)
+	env.ControlPlane.Etcd = &envtest.Etcd{}
+	keepLog(t, "etcd", &env.ControlPlane.Etcd.Out, &env.ControlPlane.Etcd.Err)
 	start := time.Now()
-	cfg, err := env.Start()
+	_, err = env.Start()
 	require.NoError(t, err)
 	t.Logf("kube-apiserver and etcd ready in %s", time.Since(start).Round(time.Millisecond))
-	// CAPD v1.14 marks DockerMachine deprecated (DevMachine replaces it); the
-	// warning on every call would bury the test's own output.
-	cfg.WarningHandler = rest.NoWarnings{}
 	t.Cleanup(func() { _ = env.Stop() })
-	return cfg, env
+	return localcluster.Config(env), env
+}
+
+// keepLog sends a process's output to a file whose tail is printed if the
+// test fails.
+func keepLog(t *testing.T, name string, out, errOut *io.Writer) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name+".log")
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	*out, *errOut = f, f
+	t.Cleanup(func() {
+		_ = f.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(path)
+			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+			t.Logf("last lines of the %s log (%s):\n%s", name, path, strings.Join(lines[max(0, len(lines)-60):], "\n"))
+		}
+	})
 }
 
 // running is one `nodeguard serve` and what it takes to start it again.
@@ -122,15 +142,8 @@ func nodeguard(t *testing.T, cfg *rest.Config, constraint string) running {
 
 func apply(t *testing.T, client dynamic.Interface, gvr schema.GroupVersionResource, obj map[string]any) *unstructured.Unstructured {
 	t.Helper()
-	u := &unstructured.Unstructured{Object: obj}
-	ns := u.GetNamespace()
-	created, err := client.Resource(gvr).Namespace(ns).Create(context.Background(), u, metav1.CreateOptions{})
+	created, err := localcluster.Apply(context.Background(), client, gvr, obj)
 	require.NoError(t, err)
-	if status, ok := obj["status"]; ok {
-		created.Object["status"] = status
-		created, err = client.Resource(gvr).Namespace(ns).UpdateStatus(context.Background(), created, metav1.UpdateOptions{})
-		require.NoError(t, err)
-	}
 	return created
 }
 
@@ -169,46 +182,24 @@ func TestNodeDeleteWaitsForTheInfraMachine(t *testing.T) {
 	t.Logf("Node delete allowed %s after the DockerMachine disappeared", time.Since(gone).Round(time.Millisecond))
 }
 
-// capdMachine creates what CAPD makes for one Machine: the Node, the
-// DockerMachine (with CAPD's finalizer when finalizer is set) and the Machine
-// linking both, by nodeRef, providerID and the Node's annotations.
+// capdMachine creates what CAPD makes for one Machine of the current release.
 func capdMachine(t *testing.T, dyn dynamic.Interface, name string, finalizer bool) {
 	t.Helper()
-	pid := "docker:////" + name
-	apply(t, dyn, schema.GroupVersionResource{Version: "v1", Resource: "nodes"}, map[string]any{
-		"apiVersion": "v1", "kind": "Node",
-		"metadata": map[string]any{"name": name, "annotations": map[string]any{
-			"cluster.x-k8s.io/cluster-name": "dev", "cluster.x-k8s.io/cluster-namespace": "default", "cluster.x-k8s.io/machine": name}},
-		"spec": map[string]any{"providerID": pid},
-	})
-	meta := map[string]any{"namespace": "default", "name": name, "labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}}
-	if finalizer {
-		meta["finalizers"] = []any{"dockermachine.infrastructure.cluster.x-k8s.io"}
-	}
-	apply(t, dyn, dockerMachine, map[string]any{
-		"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DockerMachine", "metadata": meta,
-		"spec": map[string]any{"providerID": pid},
-	})
-	apply(t, dyn, machines, map[string]any{
-		"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-		"metadata": map[string]any{"namespace": "default", "name": name, "labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}},
-		"spec": map[string]any{"clusterName": "dev", "providerID": pid,
-			"bootstrap":         map[string]any{"dataSecretName": name + "-bootstrap"},
-			"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name}},
-		"status": map[string]any{"nodeRef": map[string]any{"name": name}},
-	})
+	require.NoError(t, current.CAPDMachine(context.Background(), dyn, name, finalizer))
+}
+
+// adminKubeconfig writes a kubeconfig for an admin user of env's API server.
+func adminKubeconfig(t *testing.T, env *envtest.Environment) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, localcluster.AdminKubeconfig(env, path))
+	return path
 }
 
 // kubectl runs the kubectl built with the API server, as the admin user.
 func kubectl(t *testing.T, env *envtest.Environment, args ...string) (string, error) {
 	t.Helper()
-	user, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
-	require.NoError(t, err)
-	kubeconfig, err := user.KubeConfig()
-	require.NoError(t, err)
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, os.WriteFile(path, kubeconfig, 0o600))
-	cmd := exec.Command(filepath.Join(*binDir, "kubectl"), append([]string{"--kubeconfig", path}, args...)...)
+	cmd := exec.Command(filepath.Join(*binDir, "kubectl"), append([]string{"--kubeconfig", adminKubeconfig(t, env)}, args...)...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
@@ -221,7 +212,7 @@ func TestKubectl(t *testing.T) {
 	require.NoError(t, err)
 	capdMachine(t, dyn, "linked-a", false)
 	capdMachine(t, dyn, "linked-b", false)
-	apply(t, dyn, schema.GroupVersionResource{Version: "v1", Resource: "nodes"}, map[string]any{
+	apply(t, dyn, nodes, map[string]any{
 		"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "bare-metal-1"}})
 
 	var out string
@@ -266,7 +257,7 @@ func TestManagementAndWorkloadClusters(t *testing.T) {
 	// The Machine and DockerMachine live in the management cluster; so does
 	// the workload cluster's kubeconfig Secret.
 	capdMachine(t, dyn, "dev-md-0-abcde", false)
-	require.NoError(t, dyn.Resource(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}).Delete(ctx, "dev-md-0-abcde", metav1.DeleteOptions{}))
+	require.NoError(t, dyn.Resource(nodes).Delete(ctx, "dev-md-0-abcde", metav1.DeleteOptions{}))
 	for _, name := range []string{"dev", "other"} {
 		apply(t, dyn, schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "clusters"}, map[string]any{
 			"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": map[string]any{"namespace": "default", "name": name},
@@ -392,4 +383,122 @@ func TestEnforcerDownDeniesAndRecovers(t *testing.T) {
 		assert.NotContains(t, a, "linked-a\" cannot be deleted: DockerMachine", "a stale cache must not decide")
 	}
 	t.Logf("after restart: %d denials (not ready or not listening yet), then allowed", len(answers))
+}
+
+// Scenario 7, second half: the API server restarts under a running
+// nodeguard. Its informers lose their watches; no answer in that window may
+// allow a linked Node's delete, and the informers catch up by themselves.
+func TestAPIServerRestartUnderARunningEnforcer(t *testing.T) {
+	cfg, env := apiServerEnv(t)
+	nodeguard(t, cfg, "")
+	kube, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	dyn, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+	ctx := context.Background()
+	dryRun := func(name string) error {
+		return kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+	}
+	capdMachine(t, dyn, "linked-a", false)
+	var derr error
+	require.Eventually(t, func() bool {
+		derr = dryRun("linked-a")
+		return derr != nil && strings.Contains(derr.Error(), "DockerMachine default/linked-a")
+	}, 30*time.Second, 200*time.Millisecond, "%v", derr)
+
+	api := env.ControlPlane.APIServer
+	start := time.Now()
+	require.NoError(t, api.Stop())
+	stopped := time.Since(start)
+	require.NoError(t, api.Start())
+	restarted := time.Now()
+	t.Logf("kube-apiserver stopped in %s, serving again %s later", stopped.Round(time.Millisecond), restarted.Sub(start).Round(time.Millisecond))
+
+	// Made while nodeguard's watches are still re-establishing: a CAPI
+	// Machine (its Node names it) and an orphan DockerMachine linked by
+	// providerID only, which only the informer can find.
+	capdMachine(t, dyn, "linked-b", false)
+	apply(t, dyn, nodes, map[string]any{
+		"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "orphan-1"}, "spec": map[string]any{"providerID": "docker:////orphan-1"}})
+	apply(t, dyn, dockerMachine, map[string]any{
+		"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DockerMachine",
+		"metadata": map[string]any{"namespace": "default", "name": "orphan-1"}, "spec": map[string]any{"providerID": "docker:////orphan-1"}})
+
+	checks := 0
+	require.Eventually(t, func() bool {
+		for _, name := range []string{"linked-a", "linked-b"} {
+			err := dryRun(name)
+			checks++
+			if !assert.Error(t, err, "Node %s is linked: no answer may allow its delete", name) {
+				return true
+			}
+			assert.Contains(t, err.Error(), "DockerMachine default/"+name)
+		}
+		derr = dryRun("orphan-1")
+		return derr != nil && strings.Contains(derr.Error(), "DockerMachine default/orphan-1")
+	}, 30*time.Second, 20*time.Millisecond, "the informers must recover and see the orphan DockerMachine: %v", derr)
+	t.Logf("informers caught up %s after the restart; %d checks of linked Nodes on the way, all denied",
+		time.Since(restarted).Round(time.Millisecond), checks)
+}
+
+// Scenario 5: an older Cluster API that serves and stores only v1beta1, and
+// the current one; in both, an orphan InfraMachine linked by providerID only
+// and a MachinePool Node linked through the pool's providerIDList.
+func TestClusterAPIReleases(t *testing.T) {
+	for _, r := range []localcluster.Release{older, current} {
+		t.Run(r.Name, func(t *testing.T) {
+			cfg, _ := apiServerFor(t, r)
+			nodeguard(t, cfg, "")
+			kube, err := kubernetes.NewForConfig(cfg)
+			require.NoError(t, err)
+			dyn, err := dynamic.NewForConfig(cfg)
+			require.NoError(t, err)
+			ctx := context.Background()
+			nodes := nodes
+			infra := func(kind, resource, name string, spec map[string]any) {
+				apply(t, dyn, r.GVR("infrastructure.cluster.x-k8s.io", resource), map[string]any{
+					"apiVersion": "infrastructure.cluster.x-k8s.io/" + r.Version, "kind": kind,
+					"metadata": map[string]any{"namespace": "default", "name": name, "labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}},
+					"spec":     spec})
+			}
+			require.NoError(t, r.CAPDMachine(ctx, dyn, "dev-md-0-abcde", false))
+			// Orphan: a DockerMachine no Machine references, same providerID.
+			apply(t, dyn, nodes, map[string]any{"apiVersion": "v1", "kind": "Node",
+				"metadata": map[string]any{"name": "orphan-1"}, "spec": map[string]any{"providerID": "docker:////orphan-1"}})
+			infra("DockerMachine", "dockermachines", "orphan-1", map[string]any{"providerID": "docker:////orphan-1"})
+			// MachinePool: the Node's providerID is in the pool's list.
+			apply(t, dyn, nodes, map[string]any{"apiVersion": "v1", "kind": "Node",
+				"metadata": map[string]any{"name": "dev-mp-0-1"}, "spec": map[string]any{"providerID": "docker:////dev-mp-0-1"}})
+			infra("DockerMachinePool", "dockermachinepools", "dev-mp-0", map[string]any{
+				"providerIDList": []any{"docker:////dev-mp-0-0", "docker:////dev-mp-0-1"}})
+
+			denied := map[string]string{
+				"dev-md-0-abcde": "DockerMachine default/dev-md-0-abcde",
+				"orphan-1":       "DockerMachine default/orphan-1",
+				"dev-mp-0-1":     "DockerMachinePool default/dev-mp-0",
+			}
+			for node, blocker := range denied {
+				var derr error
+				require.Eventually(t, func() bool {
+					derr = kube.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+					return derr != nil && strings.Contains(derr.Error(), blocker)
+				}, 30*time.Second, 200*time.Millisecond, "Node %s must be denied naming %s: %v", node, blocker, derr)
+				t.Logf("%s: %v", node, derr)
+			}
+
+			// CAPI's order: each InfraMachine goes first, then its Node may.
+			require.NoError(t, dyn.Resource(r.GVR("infrastructure.cluster.x-k8s.io", "dockermachines")).Namespace("default").
+				Delete(ctx, "dev-md-0-abcde", metav1.DeleteOptions{}))
+			require.NoError(t, dyn.Resource(r.GVR("infrastructure.cluster.x-k8s.io", "dockermachines")).Namespace("default").
+				Delete(ctx, "orphan-1", metav1.DeleteOptions{}))
+			pool, err := dyn.Resource(r.GVR("infrastructure.cluster.x-k8s.io", "dockermachinepools")).Namespace("default").Get(ctx, "dev-mp-0", metav1.GetOptions{})
+			require.NoError(t, err)
+			require.NoError(t, unstructured.SetNestedStringSlice(pool.Object, []string{"docker:////dev-mp-0-0"}, "spec", "providerIDList"))
+			_, err = dyn.Resource(r.GVR("infrastructure.cluster.x-k8s.io", "dockermachinepools")).Namespace("default").Update(ctx, pool, metav1.UpdateOptions{})
+			require.NoError(t, err)
+			for node := range denied {
+				require.NoError(t, kube.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{}), "Node %s has no InfraMachine left", node)
+			}
+		})
+	}
 }
