@@ -11,9 +11,13 @@ COVERAGE_MIN ?= 95
 # Randomized scenarios per constraint variant in the differential test.
 SCENARIOS ?= 2000
 
-.PHONY: test lint policy-test generate generate-check gatekeeper-test go-test race differential load e2e bundle bench
+.PHONY: test lint policy-test generate generate-check gatekeeper-test go-test race differential load e2e demo bundle bench
 
-test: lint policy-test generate-check gatekeeper-test go-test race differential load e2e
+PHASES := lint policy-test generate-check gatekeeper-test go-test race differential load e2e
+# Each phase in turn, with its time, so a slow CI run says where it went.
+test:
+	@for phase in $(PHASES); do start=$$(date +%s); $(MAKE) --no-print-directory $$phase || exit 1; \
+	echo "== $$phase took $$(( $$(date +%s) - start )) s"; done
 
 lint:
 	@echo "== lint: opa fmt, opa check --strict, regal, gofmt, go vet"
@@ -22,6 +26,7 @@ lint:
 	$(REGAL) lint policies
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; if [ -n "$$out" ]; then echo "gofmt would change: $$out" >&2; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags e2e ./tests/e2e/ ./internal/cmd/demo/
 
 policy-test:
 	@echo "== opa test (with coverage)"
@@ -58,9 +63,14 @@ differential:
 # End to end on a real kube-apiserver and etcd, built from Go modules by
 # tests/e2e/tools/build.sh into the user cache (cold: minutes; then seconds).
 e2e:
-	@echo "== e2e: kube-apiserver + etcd + nodeguard serve"
+	@echo "== e2e: kube-apiserver + etcd + nodeguard serve + Gatekeeper"
 	@start=$$(date +%s); bin=$$(bash tests/e2e/tools/build.sh) && echo "e2e tools ready in $$(( $$(date +%s) - start )) s: $$bin" && \
-	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/
+	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/ ./internal/cmd/demo/
+
+# The README's "run it": a narrated replay of scenarios 1 and 2 on a local
+# kube-apiserver with nodeguard as its webhook (builds the binaries first).
+demo:
+	@bin=$$(bash tests/e2e/tools/build.sh) && $(GO) run ./internal/cmd/demo -bin "$$bin"
 
 # A bounded load run: LOAD_REQUESTS AdmissionReviews over TLS on loopback
 # against a cache of LOAD_MACHINES Machines; prints decisions/s and p50/p99.

@@ -1,0 +1,34 @@
+//go:build e2e
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The demo is the README's first command: it must show both scenarios and
+// fail if nodeguard answered otherwise (run returns an error then).
+func TestDemo(t *testing.T) {
+	bin := os.Getenv("NODEGUARD_E2E_BIN")
+	if bin == "" {
+		t.Skip("no kube-apiserver/etcd: run `make e2e` (it builds them with tests/e2e/tools/build.sh)")
+	}
+	var out bytes.Buffer
+	require.NoError(t, run(context.Background(), bin, &out), out.String())
+	for _, want := range []string{
+		"$ kubectl delete node " + node,
+		`admission webhook "node-delete.nodeguard.io" denied the request`,
+		"still exists, linked by Machine default/" + node,
+		"is being deleted but still exists",
+		`node "` + node + `" deleted`,
+	} {
+		assert.Contains(t, out.String(), want)
+	}
+	t.Log(out.String())
+}
