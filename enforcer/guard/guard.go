@@ -169,7 +169,7 @@ func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, 
 		}
 		have[unversioned(inventory.Ref{GVK: gvk, Namespace: o.GetNamespace(), Name: o.GetName()})] = true
 		if fresh != nil {
-			out = append(out, fresh)
+			out = append(out, stripped(fresh))
 		}
 	}
 	// Kinds the inventory watches, looked up once rather than per ref.
@@ -189,7 +189,7 @@ func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, 
 		if fresh == nil {
 			continue
 		}
-		out = append(out, fresh)
+		out = append(out, stripped(fresh))
 		if fresh.GetKind() == "Machine" {
 			if infra, ok := inventory.InfraRef(fresh); ok {
 				refs = append(refs, infra)
@@ -213,6 +213,13 @@ func (g *Guard) readWatched(ctx context.Context, watched []schema.GroupVersionKi
 		}
 	}
 	return nil, nil
+}
+
+// stripped keeps only what the rule reads, as the informers do: the rule
+// sees one shape whichever way an object came, and a full object (managed
+// fields and all) would only make the input larger to convert.
+func stripped(u *unstructured.Unstructured) *unstructured.Unstructured {
+	return inventory.NewRecord(u).Unstructured()
 }
 
 func unversioned(r inventory.Ref) inventory.Ref {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -147,6 +149,24 @@ func TestFreshReadFindsTheAnnotatedMachineTheCacheLacks(t *testing.T) {
 	allowed, msgs := decide(t, cache(t), guard.Options{Fresh: freshread.New(client, mapper)}, guard.Request{Node: node})
 	assert.False(t, allowed, "the Machine the Node names, and its InfraMachine, are read from the API server")
 	assert.Contains(t, msgs[0], "DockerMachine default/m1")
+}
+
+func TestFreshReadKeepsWhatTheRuleReads(t *testing.T) {
+	// A full object as the API server returns it: managed fields, status and
+	// a deletionTimestamp; the fresh copy is stripped like the cached one.
+	infra := newObj(dockerGVK, "m1", map[string]any{
+		"spec":   map[string]any{"customImage": "kindest/node:v1.34.1"},
+		"status": map[string]any{"ready": true},
+	})
+	infra.SetDeletionTimestamp(&metav1.Time{Time: time.Date(2026, 11, 30, 7, 0, 0, 0, time.UTC)})
+	infra.SetFinalizers([]string{"dockermachine.infrastructure.cluster.x-k8s.io"})
+	infra.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "capd", Operation: metav1.ManagedFieldsOperationUpdate}})
+	client, mapper := apiServer(capdMachine(), infra)
+	d := decideFull(t, cache(t, capdMachine()), guard.Options{Fresh: freshread.New(client, mapper)}, guard.Request{Node: capdNode()})
+	assert.False(t, d.Allowed)
+	require.Len(t, d.Blockers, 1)
+	assert.True(t, d.Blockers[0].Deleting, "the deletionTimestamp survives the strip")
+	assert.Contains(t, d.Messages[0], "is being deleted but still exists")
 }
 
 func TestFreshReadDropsAnInfraMachineAlreadyGone(t *testing.T) {
