@@ -8,9 +8,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,6 +23,9 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
+
+	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/serve"
 )
 
 // Release is a Cluster API release whose CRDs the API server gets: the real
@@ -203,4 +209,25 @@ func Config(env *envtest.Environment) *rest.Config {
 	cfg := rest.CopyConfig(env.Config)
 	cfg.WarningHandler = rest.NoWarnings{}
 	return cfg
+}
+
+// Serve runs `nodeguard serve` in this process until ctx ends or stop is
+// called, and returns its https URL once it listens. stop waits for it to
+// finish and may be called more than once.
+func Serve(ctx context.Context, clients live.Clients, opts serve.Options, log *slog.Logger) (url string, stop func(), err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	addr := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serve.RunWith(ctx, clients, opts, log, func(a net.Addr) { addr <- a })
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	select {
+	case a := <-addr:
+		return "https://" + a.String(), stop, nil
+	case err := <-done:
+		cancel()
+		return "", func() {}, fmt.Errorf("nodeguard serve: %w", err)
+	}
 }

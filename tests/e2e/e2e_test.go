@@ -10,12 +10,10 @@ import (
 	"flag"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -161,10 +159,11 @@ func TestNodeDeleteWaitsForTheInfraMachine(t *testing.T) {
 	capdMachine(t, dyn, name, true)
 	deleteNode := func() error { return kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}) }
 	var err2 error
-	require.Eventually(t, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		err2 = deleteNode()
-		return err2 != nil && strings.Contains(err2.Error(), "DockerMachine default/"+name)
-	}, 30*time.Second, 200*time.Millisecond, "the wrong order must be denied once nodeguard is ready: %v", err2)
+		require.Error(c, err2)
+		assert.Contains(c, err2.Error(), "DockerMachine default/"+name)
+	}, 30*time.Second, 200*time.Millisecond, "the wrong order must be denied once nodeguard is ready")
 	assert.True(t, apierrors.IsForbidden(err2), "%v", err2)
 
 	require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
@@ -216,10 +215,11 @@ func TestKubectl(t *testing.T) {
 		"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "bare-metal-1"}})
 
 	var out string
-	require.Eventually(t, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		out, err = kubectl(t, env, "delete", "node", "linked-a")
-		return err != nil && strings.Contains(out, "DockerMachine default/linked-a")
-	}, 30*time.Second, 200*time.Millisecond, "kubectl delete node must be denied: %s", out)
+		require.Error(c, err)
+		assert.Contains(c, out, "DockerMachine default/linked-a")
+	}, 30*time.Second, 200*time.Millisecond, "kubectl delete node must be denied")
 	assert.Contains(t, out, `admission webhook "node-delete.nodeguard.io" denied the request`)
 	t.Logf("kubectl delete node linked-a:\n%s", out)
 
@@ -296,11 +296,11 @@ func TestManagementAndWorkloadClusters(t *testing.T) {
 
 	install("default/dev")
 	node()
-	var derr error
-	require.Eventually(t, func() bool {
-		derr = workloadKube.CoreV1().Nodes().Delete(ctx, "dev-md-0-abcde", metav1.DeleteOptions{})
-		return derr != nil && strings.Contains(derr.Error(), "DockerMachine default/dev-md-0-abcde")
-	}, 30*time.Second, 200*time.Millisecond, "the workload Node is linked to the management cluster's Machine: %v", derr)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		err := workloadKube.CoreV1().Nodes().Delete(ctx, "dev-md-0-abcde", metav1.DeleteOptions{})
+		require.Error(c, err)
+		assert.Contains(c, err.Error(), "DockerMachine default/dev-md-0-abcde")
+	}, 30*time.Second, 200*time.Millisecond, "the workload Node is linked to the management cluster's Machine")
 
 	// The same Node name in cluster "other" is not this Machine's Node.
 	install("default/other")
@@ -323,23 +323,11 @@ func serveOn(t *testing.T, clients live.Clients, constraint string) (string, []b
 func serveAt(t *testing.T, clients live.Clients, constraint string, ca *testpki.CA, listen string) (string, func()) {
 	t.Helper()
 	cert, key := ca.ServerFiles(t, "nodeguard")
-	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan net.Addr, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- serve.RunWith(ctx, clients, serve.Options{Listen: listen, CertFile: cert, KeyFile: key, Constraint: constraint},
-			slog.New(slog.NewTextHandler(os.Stderr, nil)), func(a net.Addr) { addr <- a })
-	}()
-	var once sync.Once
-	stop := func() { once.Do(func() { cancel(); <-done }) }
+	url, stop, err := localcluster.Serve(context.Background(), clients,
+		serve.Options{Listen: listen, CertFile: cert, KeyFile: key, Constraint: constraint}, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	require.NoError(t, err)
 	t.Cleanup(stop)
-	select {
-	case a := <-addr:
-		return "https://" + a.String(), stop
-	case err := <-done:
-		t.Fatal(err)
-	}
-	return "", stop
+	return url, stop
 }
 
 // Scenario 7: with failurePolicy Fail, Node deletes are denied while
@@ -354,16 +342,16 @@ func TestEnforcerDownDeniesAndRecovers(t *testing.T) {
 	require.NoError(t, err)
 	capdMachine(t, dyn, "linked-a", false)
 	deleteNode := func() error { return kube.CoreV1().Nodes().Delete(ctx, "linked-a", metav1.DeleteOptions{}) }
-	var derr error
-	require.Eventually(t, func() bool {
-		derr = deleteNode()
-		return derr != nil && strings.Contains(derr.Error(), "DockerMachine default/linked-a")
-	}, 30*time.Second, 200*time.Millisecond, "%v", derr)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		err := deleteNode()
+		require.Error(c, err)
+		assert.Contains(c, err.Error(), "DockerMachine default/linked-a")
+	}, 30*time.Second, 200*time.Millisecond, "nodeguard must deny once ready")
 
 	ng.stop()
 	// CAPI moves on while nodeguard is down: the DockerMachine goes.
 	require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, "linked-a", metav1.DeleteOptions{}))
-	derr = deleteNode()
+	derr := deleteNode()
 	require.Error(t, derr, "failurePolicy Fail: no nodeguard, no Node delete")
 	assert.Contains(t, derr.Error(), "failed calling webhook")
 	t.Logf("delete while nodeguard is down: %v", derr)
@@ -372,13 +360,13 @@ func TestEnforcerDownDeniesAndRecovers(t *testing.T) {
 	// denial; then the delete is allowed.
 	serveAt(t, ng.clients, "", ng.ca, strings.TrimPrefix(ng.url, "https://"))
 	var answers []string
-	require.Eventually(t, func() bool {
-		derr = deleteNode()
-		if derr != nil {
-			answers = append(answers, derr.Error())
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		err := deleteNode()
+		if err != nil {
+			answers = append(answers, err.Error())
 		}
-		return derr == nil
-	}, 30*time.Second, 50*time.Millisecond, "%v", derr)
+		assert.NoError(c, err)
+	}, 30*time.Second, 50*time.Millisecond, "restarted, nodeguard must allow once synced")
 	for _, a := range answers {
 		assert.NotContains(t, a, "linked-a\" cannot be deleted: DockerMachine", "a stale cache must not decide")
 	}
@@ -400,11 +388,11 @@ func TestAPIServerRestartUnderARunningEnforcer(t *testing.T) {
 		return kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
 	}
 	capdMachine(t, dyn, "linked-a", false)
-	var derr error
-	require.Eventually(t, func() bool {
-		derr = dryRun("linked-a")
-		return derr != nil && strings.Contains(derr.Error(), "DockerMachine default/linked-a")
-	}, 30*time.Second, 200*time.Millisecond, "%v", derr)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		err := dryRun("linked-a")
+		require.Error(c, err)
+		assert.Contains(c, err.Error(), "DockerMachine default/linked-a")
+	}, 30*time.Second, 200*time.Millisecond, "nodeguard must deny once ready")
 
 	api := env.ControlPlane.APIServer
 	start := time.Now()
@@ -425,18 +413,20 @@ func TestAPIServerRestartUnderARunningEnforcer(t *testing.T) {
 		"metadata": map[string]any{"namespace": "default", "name": "orphan-1"}, "spec": map[string]any{"providerID": "docker:////orphan-1"}})
 
 	checks := 0
-	require.Eventually(t, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		for _, name := range []string{"linked-a", "linked-b"} {
 			err := dryRun(name)
 			checks++
+			// On t, not c: a single wrong allow fails the test.
 			if !assert.Error(t, err, "Node %s is linked: no answer may allow its delete", name) {
-				return true
+				return
 			}
 			assert.Contains(t, err.Error(), "DockerMachine default/"+name)
 		}
-		derr = dryRun("orphan-1")
-		return derr != nil && strings.Contains(derr.Error(), "DockerMachine default/orphan-1")
-	}, 30*time.Second, 20*time.Millisecond, "the informers must recover and see the orphan DockerMachine: %v", derr)
+		err := dryRun("orphan-1")
+		require.Error(c, err)
+		assert.Contains(c, err.Error(), "DockerMachine default/orphan-1")
+	}, 30*time.Second, 20*time.Millisecond, "the informers must recover and see the orphan DockerMachine")
 	t.Logf("informers caught up %s after the restart; %d checks of linked Nodes on the way, all denied",
 		time.Since(restarted).Round(time.Millisecond), checks)
 }
@@ -479,10 +469,11 @@ func TestClusterAPIReleases(t *testing.T) {
 			}
 			for node, blocker := range denied {
 				var derr error
-				require.Eventually(t, func() bool {
+				require.EventuallyWithT(t, func(c *assert.CollectT) {
 					derr = kube.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
-					return derr != nil && strings.Contains(derr.Error(), blocker)
-				}, 30*time.Second, 200*time.Millisecond, "Node %s must be denied naming %s: %v", node, blocker, derr)
+					require.Error(c, derr)
+					assert.Contains(c, derr.Error(), blocker)
+				}, 30*time.Second, 200*time.Millisecond, "Node %s must be denied naming %s", node, blocker)
 				t.Logf("%s: %v", node, derr)
 			}
 

@@ -61,9 +61,6 @@ func gatekeeper(t *testing.T, env *envtest.Environment, kube kubernetes.Interfac
 	ca := testpki.New(t)
 	cert, _ := ca.ServerFiles(t, "tls") // tls.crt and tls.key, the names Gatekeeper reads
 	port := freePort(t)
-	logPath := filepath.Join(t.TempDir(), "gatekeeper.log")
-	logFile, err := os.Create(logPath)
-	require.NoError(t, err)
 	cmd := exec.Command(filepath.Join(*binDir, "gatekeeper"),
 		"--kubeconfig", adminKubeconfig(t, env),
 		"--debug-use-fake-pod", "--disable-cert-rotation", "--cert-dir", filepath.Dir(cert),
@@ -72,7 +69,7 @@ func gatekeeper(t *testing.T, env *envtest.Environment, kube kubernetes.Interfac
 		"--operation=webhook", "--operation=audit", "--operation=status", "--operation=generate",
 		"--audit-interval=2", "--api-cache-dir", t.TempDir(), "--shutdown-delay=0", "--log-level=INFO")
 	cmd.Env = append(os.Environ(), "POD_NAMESPACE=gatekeeper-system")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
+	keepLog(t, "gatekeeper", &cmd.Stdout, &cmd.Stderr) // registered first, so it runs after the stop below
 	start := time.Now()
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
@@ -84,12 +81,6 @@ func gatekeeper(t *testing.T, env *envtest.Environment, kube kubernetes.Interfac
 		case <-time.After(15 * time.Second):
 			_ = cmd.Process.Kill()
 			<-done
-		}
-		_ = logFile.Close()
-		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-			t.Logf("last lines of the Gatekeeper log (%s):\n%s", logPath, strings.Join(lines[max(0, len(lines)-80):], "\n"))
 		}
 	})
 
@@ -107,10 +98,10 @@ func gatekeeper(t *testing.T, env *envtest.Environment, kube kubernetes.Interfac
 	// `kubectl apply -k constraints/`, again until the Constraint's kind
 	// exists, as the kustomization's comment tells a user.
 	var out string
-	require.Eventually(t, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		out, err = kubectl(t, env, "apply", "-k", "../../constraints")
-		return err == nil
-	}, 90*time.Second, time.Second, "kubectl apply -k constraints/: %s", out)
+		assert.NoError(c, err, out)
+	}, 90*time.Second, time.Second, "kubectl apply -k constraints/")
 	t.Logf("Gatekeeper started; constraints applied %s later:\n%s", time.Since(start).Round(time.Millisecond), out)
 }
 

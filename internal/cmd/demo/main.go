@@ -184,23 +184,13 @@ func startNodeguard(ctx context.Context, cfg *rest.Config, work string) (string,
 	if err != nil {
 		return "", nil, nil, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	addr := make(chan net.Addr, 1)
-	done := make(chan error, 1)
 	// The decision log would interleave with the narration; keep it out.
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	go func() {
-		done <- serve.RunWith(ctx, clients, serve.Options{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile}, log,
-			func(a net.Addr) { addr <- a })
-	}()
-	stop := func() { cancel(); <-done }
-	select {
-	case a := <-addr:
-		return "https://" + a.String(), certPEM, stop, nil
-	case err := <-done:
-		cancel()
-		return "", nil, nil, fmt.Errorf("nodeguard serve: %w", err)
+	url, stop, err := localcluster.Serve(ctx, clients, serve.Options{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		return "", nil, nil, err
 	}
+	return url, certPEM, stop, nil
 }
 
 // waitReady polls nodeguard's /readyz until it answers 200.
