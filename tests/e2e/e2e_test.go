@@ -138,6 +138,22 @@ func nodeguard(t *testing.T, cfg *rest.Config, constraint string) running {
 	return running{url: url, ca: ca, clients: clients, stop: stop}
 }
 
+// clientsFor returns a typed and a dynamic client for cfg.
+func clientsFor(t *testing.T, cfg *rest.Config) (kubernetes.Interface, dynamic.Interface) {
+	t.Helper()
+	kube, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	dyn, err := dynamic.NewForConfig(cfg)
+	require.NoError(t, err)
+	return kube, dyn
+}
+
+// dryRunDelete asks for a Node delete that reaches the webhooks but deletes
+// nothing, so a Node survives an answer that allows.
+func dryRunDelete(ctx context.Context, kube kubernetes.Interface, name string) error {
+	return kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+}
+
 func apply(t *testing.T, client dynamic.Interface, gvr schema.GroupVersionResource, obj map[string]any) *unstructured.Unstructured {
 	t.Helper()
 	created, err := localcluster.Apply(context.Background(), client, gvr, obj)
@@ -150,21 +166,18 @@ func TestNodeDeleteWaitsForTheInfraMachine(t *testing.T) {
 	cfg := apiServer(t)
 	nodeguard(t, cfg, "")
 	ctx := context.Background()
-	kube, err := kubernetes.NewForConfig(cfg)
-	require.NoError(t, err)
-	dyn, err := dynamic.NewForConfig(cfg)
-	require.NoError(t, err)
+	kube, dyn := clientsFor(t, cfg)
 
 	name := "dev-md-0-x7k2p-abcde"
 	capdMachine(t, dyn, name, true)
 	deleteNode := func() error { return kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}) }
-	var err2 error
+	var err error
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		err2 = deleteNode()
-		require.Error(c, err2)
-		assert.Contains(c, err2.Error(), "DockerMachine default/"+name)
+		err = deleteNode()
+		require.Error(c, err)
+		assert.Contains(c, err.Error(), "DockerMachine default/"+name)
 	}, 30*time.Second, 200*time.Millisecond, "the wrong order must be denied once nodeguard is ready")
-	assert.True(t, apierrors.IsForbidden(err2), "%v", err2)
+	assert.True(t, apierrors.IsForbidden(err), "%v", err)
 
 	require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
 	err = deleteNode()
@@ -207,14 +220,14 @@ func kubectl(t *testing.T, env *envtest.Environment, args ...string) (string, er
 func TestKubectl(t *testing.T) {
 	cfg, env := apiServerEnv(t)
 	nodeguard(t, cfg, "../../constraints/tests/constraint-exempt.yaml")
-	dyn, err := dynamic.NewForConfig(cfg)
-	require.NoError(t, err)
+	_, dyn := clientsFor(t, cfg)
 	capdMachine(t, dyn, "linked-a", false)
 	capdMachine(t, dyn, "linked-b", false)
 	apply(t, dyn, nodes, map[string]any{
 		"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "bare-metal-1"}})
 
 	var out string
+	var err error
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		out, err = kubectl(t, env, "delete", "node", "linked-a")
 		require.Error(c, err)
@@ -335,11 +348,8 @@ func serveAt(t *testing.T, clients live.Clients, constraint string, ca *testpki.
 func TestEnforcerDownDeniesAndRecovers(t *testing.T) {
 	cfg := apiServer(t)
 	ng := nodeguard(t, cfg, "")
-	kube, err := kubernetes.NewForConfig(cfg)
-	require.NoError(t, err)
+	kube, dyn := clientsFor(t, cfg)
 	ctx := context.Background()
-	dyn, err := dynamic.NewForConfig(cfg)
-	require.NoError(t, err)
 	capdMachine(t, dyn, "linked-a", false)
 	deleteNode := func() error { return kube.CoreV1().Nodes().Delete(ctx, "linked-a", metav1.DeleteOptions{}) }
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
@@ -379,14 +389,9 @@ func TestEnforcerDownDeniesAndRecovers(t *testing.T) {
 func TestAPIServerRestartUnderARunningEnforcer(t *testing.T) {
 	cfg, env := apiServerEnv(t)
 	nodeguard(t, cfg, "")
-	kube, err := kubernetes.NewForConfig(cfg)
-	require.NoError(t, err)
-	dyn, err := dynamic.NewForConfig(cfg)
-	require.NoError(t, err)
+	kube, dyn := clientsFor(t, cfg)
 	ctx := context.Background()
-	dryRun := func(name string) error {
-		return kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
-	}
+	dryRun := func(name string) error { return dryRunDelete(ctx, kube, name) }
 	capdMachine(t, dyn, "linked-a", false)
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		err := dryRun("linked-a")
@@ -439,12 +444,8 @@ func TestClusterAPIReleases(t *testing.T) {
 		t.Run(r.Name, func(t *testing.T) {
 			cfg, _ := apiServerFor(t, r)
 			nodeguard(t, cfg, "")
-			kube, err := kubernetes.NewForConfig(cfg)
-			require.NoError(t, err)
-			dyn, err := dynamic.NewForConfig(cfg)
-			require.NoError(t, err)
+			kube, dyn := clientsFor(t, cfg)
 			ctx := context.Background()
-			nodes := nodes
 			infra := func(kind, resource, name string, spec map[string]any) {
 				apply(t, dyn, r.GVR("infrastructure.cluster.x-k8s.io", resource), map[string]any{
 					"apiVersion": "infrastructure.cluster.x-k8s.io/" + r.Version, "kind": kind,
@@ -470,7 +471,7 @@ func TestClusterAPIReleases(t *testing.T) {
 			for node, blocker := range denied {
 				var derr error
 				require.EventuallyWithT(t, func(c *assert.CollectT) {
-					derr = kube.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+					derr = dryRunDelete(ctx, kube, node)
 					require.Error(c, derr)
 					assert.Contains(c, derr.Error(), blocker)
 				}, 30*time.Second, 200*time.Millisecond, "Node %s must be denied naming %s", node, blocker)

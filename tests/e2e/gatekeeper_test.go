@@ -22,7 +22,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -139,21 +138,14 @@ func gatekeeperWebhookConfig(t *testing.T, gk string) *admissionregistrationv1.V
 // generated template, and its audit finds no violation in existing Nodes.
 func TestGatekeeper(t *testing.T) {
 	cfg, env := apiServerEnv(t)
-	kube, err := kubernetes.NewForConfig(cfg)
-	require.NoError(t, err)
-	dyn, err := dynamic.NewForConfig(cfg)
-	require.NoError(t, err)
+	kube, dyn := clientsFor(t, cfg)
 	ctx := context.Background()
 	gatekeeper(t, env, kube)
 
 	capdMachine(t, dyn, "dev-md-0-abcde", true)
 	capdMachine(t, dyn, "linked-b", false)
 	deleteNode := func(name string) error { return kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}) }
-	// Dry runs reach the webhook but delete nothing, so the Node survives
-	// an answer that allows.
-	dryRun := func(name string) error {
-		return kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
-	}
+	dryRun := func(name string) error { return dryRunDelete(ctx, kube, name) }
 
 	// Scenario 1: denied while the DockerMachine exists (once Gatekeeper has
 	// synced it).
