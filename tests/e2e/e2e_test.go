@@ -43,7 +43,6 @@ var binDir = flag.String("bin", os.Getenv("NODEGUARD_E2E_BIN"), "directory with 
 
 var (
 	current, older = localcluster.Current(), localcluster.Older()
-	machines       = current.GVR("cluster.x-k8s.io", "machines")
 	dockerMachine  = current.GVR("infrastructure.cluster.x-k8s.io", "dockermachines")
 	nodes          = localcluster.Nodes()
 )
@@ -479,14 +478,14 @@ func TestClusterAPIReleases(t *testing.T) {
 			}
 
 			// CAPI's order: each InfraMachine goes first, then its Node may.
-			require.NoError(t, dyn.Resource(r.GVR("infrastructure.cluster.x-k8s.io", "dockermachines")).Namespace("default").
-				Delete(ctx, "dev-md-0-abcde", metav1.DeleteOptions{}))
-			require.NoError(t, dyn.Resource(r.GVR("infrastructure.cluster.x-k8s.io", "dockermachines")).Namespace("default").
-				Delete(ctx, "orphan-1", metav1.DeleteOptions{}))
-			pool, err := dyn.Resource(r.GVR("infrastructure.cluster.x-k8s.io", "dockermachinepools")).Namespace("default").Get(ctx, "dev-mp-0", metav1.GetOptions{})
+			dockerMachines := dyn.Resource(r.GVR("infrastructure.cluster.x-k8s.io", "dockermachines")).Namespace("default")
+			require.NoError(t, dockerMachines.Delete(ctx, "dev-md-0-abcde", metav1.DeleteOptions{}))
+			require.NoError(t, dockerMachines.Delete(ctx, "orphan-1", metav1.DeleteOptions{}))
+			pools := dyn.Resource(r.GVR("infrastructure.cluster.x-k8s.io", "dockermachinepools")).Namespace("default")
+			pool, err := pools.Get(ctx, "dev-mp-0", metav1.GetOptions{})
 			require.NoError(t, err)
 			require.NoError(t, unstructured.SetNestedStringSlice(pool.Object, []string{"docker:////dev-mp-0-0"}, "spec", "providerIDList"))
-			_, err = dyn.Resource(r.GVR("infrastructure.cluster.x-k8s.io", "dockermachinepools")).Namespace("default").Update(ctx, pool, metav1.UpdateOptions{})
+			_, err = pools.Update(ctx, pool, metav1.UpdateOptions{})
 			require.NoError(t, err)
 			for node := range denied {
 				require.NoError(t, kube.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{}), "Node %s has no InfraMachine left", node)
