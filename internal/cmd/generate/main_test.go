@@ -20,7 +20,8 @@ func TestCommittedFilesAreGenerated(t *testing.T) {
 // A decision that differs from the committed snapshot under the same version
 // fails the check, naming the scenario. The Rego cannot be changed under a
 // test (it is embedded), so the committed side changes instead: a copy of the
-// repository whose ledger and snapshot say version 0.1.0 decided otherwise.
+// repository whose ledger and snapshot say the current version decided
+// otherwise.
 func TestChangedDecisionWithoutVersionBumpFailsNamingTheScenario(t *testing.T) {
 	root := t.TempDir()
 	for _, dir := range []string{"constraints", "examples", "docs"} {
@@ -42,12 +43,16 @@ func TestChangedDecisionWithoutVersionBumpFailsNamingTheScenario(t *testing.T) {
 	ledger := filepath.Join(root, "versions.yaml")
 	raw, err = os.ReadFile(ledger)
 	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(ledger, []byte(strings.Replace(string(raw), "decisions: sha256:", "decisions: sha256:0", 1)), 0o600))
+	// The ledger lists versions oldest first; the last entry is the current one.
+	at := strings.LastIndex(string(raw), "decisions: sha256:")
+	require.GreaterOrEqual(t, at, 0)
+	current := strings.TrimSpace(string(raw[strings.LastIndex(string(raw), "version:")+len("version:"):]))
+	require.NoError(t, os.WriteFile(ledger, []byte(string(raw[:at])+strings.Replace(string(raw[at:]), "sha256:", "sha256:0", 1)), 0o600))
 
 	for _, check := range []bool{true, false} {
 		err := run(context.Background(), root, check)
 		require.Error(t, err)
-		assert.Contains(t, err.Error(), "decisions changed for suite/default-constraint/capi-order-infra-gone-is-allowed, but version 0.1.0")
+		assert.Contains(t, err.Error(), "decisions changed for suite/default-constraint/capi-order-infra-gone-is-allowed, but version "+current+" ")
 	}
 	after, err := os.ReadFile(snapshot)
 	require.NoError(t, err)
