@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -58,7 +59,21 @@ type Guard struct {
 	inv    *inventory.Inventory
 	params map[string]any
 	opts   Options
+
+	// Converted parameters per cluster route, with the synced kinds they
+	// were built from: converting them is a fair share of a decision's cost.
+	mu     sync.Mutex
+	routes map[string]route
 }
+
+type route struct {
+	kinds  string
+	params decision.Parameters
+}
+
+// maxRoutes bounds the converted parameters kept; a caller naming ever new
+// clusters then pays the conversion each time instead of growing memory.
+const maxRoutes = 1024
 
 // New prepares the rule once.
 func New(ctx context.Context, inv *inventory.Inventory, opts Options) (*Guard, error) {
@@ -76,7 +91,7 @@ func New(ctx context.Context, inv *inventory.Inventory, opts Options) (*Guard, e
 	if opts.FreshTimeout == 0 {
 		opts.FreshTimeout = 2 * time.Second
 	}
-	return &Guard{eval: eval, inv: inv, params: params, opts: opts}, nil
+	return &Guard{eval: eval, inv: inv, params: params, opts: opts, routes: map[string]route{}}, nil
 }
 
 // Parameters returns the effective parameters (defaults merged with the
@@ -128,20 +143,45 @@ func Deny(reason, msg string) decision.Decision {
 		Messages: []string{msg}, Warnings: []string{}}
 }
 
-func (g *Guard) parameters(cluster string) (map[string]any, error) {
+// parameters are the effective parameters for a cluster route, converted
+// once per route and set of synced kinds.
+func (g *Guard) parameters(cluster string) (decision.Parameters, error) {
+	var ns, name string
+	if cluster != "" {
+		var ok bool
+		ns, name, ok = strings.Cut(cluster, "/")
+		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			return decision.Parameters{}, fmt.Errorf("cluster %q: want NAMESPACE/NAME", cluster)
+		}
+	}
+	var machines, pools []schema.GroupVersionKind
+	if g.opts.SyncedKinds != nil {
+		machines, pools = g.opts.SyncedKinds()
+	}
+	kinds := fmt.Sprint(machines, pools)
+	g.mu.Lock()
+	r, ok := g.routes[cluster]
+	g.mu.Unlock()
+	if ok && r.kinds == kinds {
+		return r.params, nil
+	}
 	params := g.Parameters()
 	if cluster != "" {
-		ns, name, ok := strings.Cut(cluster, "/")
-		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-			return nil, fmt.Errorf("cluster %q: want NAMESPACE/NAME", cluster)
-		}
 		params["clusterNamespace"], params["clusterName"] = ns, name
 	}
 	if g.opts.SyncedKinds != nil {
-		machines, pools := g.opts.SyncedKinds()
 		params["infraMachineKinds"], params["infraMachinePoolKinds"] = kindList(machines), kindList(pools)
 	}
-	return params, nil
+	converted, err := decision.NewParameters(params)
+	if err != nil {
+		return decision.Parameters{}, err
+	}
+	g.mu.Lock()
+	if _, known := g.routes[cluster]; known || len(g.routes) < maxRoutes {
+		g.routes[cluster] = route{kinds: kinds, params: converted}
+	}
+	g.mu.Unlock()
+	return converted, nil
 }
 
 func kindList(gvks []schema.GroupVersionKind) []any {

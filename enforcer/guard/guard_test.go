@@ -206,6 +206,30 @@ func TestSyncedKindsReplaceTheParameters(t *testing.T) {
 	assert.True(t, allowed)
 }
 
+// The guard keeps converted parameters per route; a change of the synced
+// kinds, or another route, must still reach the rule.
+func TestOneGuardFollowsSyncedKindsAndRoutes(t *testing.T) {
+	var synced []schema.GroupVersionKind
+	m := capdMachine()
+	m.SetLabels(map[string]string{"cluster.x-k8s.io/cluster-name": "dev"})
+	g, err := guard.New(context.Background(), cache(t, m), guard.Options{
+		SyncedKinds: func() ([]schema.GroupVersionKind, []schema.GroupVersionKind) { return synced, nil },
+	})
+	require.NoError(t, err)
+	decideOn := func(cluster string) decision.Decision {
+		d, err := g.Decide(context.Background(), guard.Request{Node: capdNode(), Cluster: cluster})
+		require.NoError(t, err)
+		return d
+	}
+	assert.Equal(t, decision.ReasonUnverified, decideOn("default/dev").Reason, "DockerMachine not synced yet")
+	synced = []schema.GroupVersionKind{dockerGVK}
+	assert.Equal(t, decision.ReasonNoLink, decideOn("default/dev").Reason, "DockerMachine synced now, and absent")
+	synced = nil
+	assert.Equal(t, decision.ReasonUnverified, decideOn("default/dev").Reason, "DockerMachine no longer synced")
+	assert.Equal(t, decision.ReasonNoLink, decideOn("default/other").Reason, "the Machine belongs to another cluster")
+	assert.Equal(t, decision.ReasonUnverified, decideOn("default/dev").Reason)
+}
+
 func TestClusterScopeAndExemptions(t *testing.T) {
 	m := capdMachine()
 	m.SetLabels(map[string]string{"cluster.x-k8s.io/cluster-name": "other"})

@@ -133,7 +133,11 @@ func Decide(ctx context.Context, scenarios []Scenario) ([]Snapshot, error) {
 	}
 	out := make([]Snapshot, 0, len(scenarios))
 	for _, s := range scenarios {
-		d, err := eval.Evaluate(ctx, decision.Input{Review: s.Review, Inventory: inventory.Layout(s.Objects), Parameters: s.Parameters})
+		params, err := decision.NewParameters(s.Parameters)
+		if err != nil {
+			return nil, fmt.Errorf("scenario %s: %w", s.Name, err)
+		}
+		d, err := eval.Evaluate(ctx, decision.Input{Review: s.Review, Inventory: inventory.Layout(s.Objects), Parameters: params})
 		if err != nil {
 			return nil, fmt.Errorf("scenario %s: %w", s.Name, err)
 		}
