@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/api/resmap"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -58,6 +59,15 @@ func TestDeploymentIsHardenedAndAvailable(t *testing.T) {
 	assert.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
 	assert.False(t, c.Resources.Requests.Memory().IsZero())
 	assert.False(t, c.Resources.Limits.Memory().IsZero())
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	assert.Equal(t, "400", env["GOGC"])
+	// Go writes 400MiB where a Kubernetes quantity writes 400Mi.
+	memLimit, err := resource.ParseQuantity(strings.TrimSuffix(env["GOMEMLIMIT"], "B"))
+	require.NoError(t, err, "GOMEMLIMIT")
+	assert.Negative(t, memLimit.Cmp(*c.Resources.Limits.Memory()), "GOMEMLIMIT stays below the container's memory limit")
 	assert.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
 	assert.Contains(t, c.Args, "serve")
 	assert.Contains(t, c.Args, "--tls-cert-file=/etc/nodeguard/tls/tls.crt")
