@@ -99,6 +99,7 @@ bundle:
 # (see docs/performance.md). Gatekeeper at 50k Machines takes minutes.
 BENCH_SIZES ?= 100,1000,10000,50000
 bench:
+	$(GO) test ./tests/bench/ -run '^$$' -bench 'CPUBaseline' -benchtime 5000x
 	$(GO) test ./tests/bench/ -run '^$$' -bench 'Decision/enforcer' -benchtime 2000x -timeout 60m -args -sizes $(BENCH_SIZES)
 	$(GO) test ./tests/bench/ -run '^$$' -bench 'Decision/gatekeeper' -benchtime 5x -timeout 60m -args -sizes $(BENCH_SIZES)
 	$(GO) test ./tests/bench/ -run '^$$' -bench 'CacheMemory' -benchtime 1x -timeout 60m -args -sizes $(BENCH_SIZES)

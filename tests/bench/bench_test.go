@@ -4,6 +4,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -25,7 +26,10 @@ import (
 	"github.com/nodeguard/nodeguard/internal/gatekeeper"
 )
 
-var sizesFlag = flag.String("sizes", "100,1000,10000,50000", "Machine counts (each with as many DockerMachines)")
+var (
+	sizesFlag = flag.String("sizes", "100,1000,10000,50000", "Machine counts (each with as many DockerMachines)")
+	dumpInput = flag.String("dump-input", "", "write the Rego input of the benchmarked decision to this file, for opa eval --profile")
+)
 
 var (
 	machineGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
@@ -91,7 +95,7 @@ func objects(n int) (node *unstructured.Unstructured, objs []*unstructured.Unstr
 }
 
 // enforcerInventory fills informer-shaped stores through the same transform.
-func enforcerInventory(b *testing.B, objs []*unstructured.Unstructured) *inventory.Inventory {
+func enforcerInventory(b testing.TB, objs []*unstructured.Unstructured) *inventory.Inventory {
 	inv := inventory.New()
 	machines, infras := inventory.NewStore(), inventory.NewStore()
 	inv.AddKind(machineGVK, inventory.Machine, machines)
@@ -164,6 +168,45 @@ func BenchmarkDecision(b *testing.B) {
 			})
 		})
 	}
+}
+
+// TestDumpDecisionInput writes the input the enforcer hands the rule for the
+// benchmarked decision, so OPA's profiler can count what the rule evaluates:
+// go tool opa eval -d policies/lib/nodeguard/nodeguard.rego -d policies/nodeguard/decision.rego
+// -i FILE --profile --format json data.nodeguard.decision
+func TestDumpDecisionInput(t *testing.T) {
+	if *dumpInput == "" {
+		t.Skip("no -dump-input FILE given; this only writes the benchmarked decision's input for opa eval --profile")
+	}
+	node, objs := objects(100)
+	inv := enforcerInventory(t, objs)
+	g, err := guard.New(context.Background(), inv, guard.Options{})
+	require.NoError(t, err)
+	candidates, _ := inv.Candidates(node)
+	raw, err := json.MarshalIndent(map[string]any{
+		"review":     guard.DeleteReview(node, user),
+		"inventory":  inventory.Layout(candidates),
+		"parameters": g.Parameters(),
+	}, "", "  ")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(*dumpInput, raw, 0o600))
+}
+
+// BenchmarkCPUBaseline times a fixed CPU-only loop (no allocation, no I/O)
+// with the same percentile harness, to show the tail the machine itself adds:
+// a p99 target below this benchmark's p99 cannot be met by any code of the
+// same p50 on that machine.
+func BenchmarkCPUBaseline(b *testing.B) {
+	var sink uint64
+	loop(b, func() bool {
+		x := uint64(1)
+		for range 40_000 {
+			x = x*6364136223846793005 + 1442695040888963407
+		}
+		sink += x
+		return false
+	})
+	runtime.KeepAlive(sink)
 }
 
 // BenchmarkCacheMemory reports live heap bytes per cached object (Machines and
