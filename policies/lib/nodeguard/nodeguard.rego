@@ -98,7 +98,10 @@ default_parameters := {
 #   InfraMachines that still exist), unverified (linked Machines whose
 #   InfraMachine kind is not synced), messages (one sentence each) and
 #   warnings (what an exempt user bypassed).
-decide(review, inventory, parameters) := _decide_judged(review, inventory, _parameters(parameters)) if {
+decide(review, inventory, parameters) := _decide_judged(review, inventory, parameters) if {
+	judged(review)
+	_complete(parameters)
+} else := _decide_judged(review, inventory, object.union(default_parameters, _object_or_empty(parameters))) if {
 	judged(review)
 } else := {"allowed": true, "blockers": [], "unverified": [], "messages": [], "warnings": []}
 
@@ -117,9 +120,22 @@ judged(review) if {
 # few function calls per candidate (each costs more than the test inside it)
 # and every fact derived once and passed down.
 
-_parameters(parameters) := object.union(default_parameters, parameters) if {
+_object_or_empty(x) := x if {
+	is_object(x)
+} else := {}
+
+# The enforcer passes every parameter (its defaults come from
+# default_parameters); only a Constraint leaves some out. Building
+# default_parameters costs as much as finding a link type, so it is built
+# only to fill gaps.
+_complete(parameters) if {
 	is_object(parameters)
-} else := default_parameters
+	names := {
+		"infraMachineKinds", "infraMachinePoolKinds", "allowUnverifiedKinds",
+		"clusterName", "clusterNamespace", "exemptUsers", "exemptGroups",
+	}
+	object.keys(parameters) & names == names
+}
 
 _decide_judged(review, inventory, params) := _decide_node(node, inventory, params, object.get(review, "userInfo", {})) if {
 	node := _node(review)

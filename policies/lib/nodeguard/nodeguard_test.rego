@@ -388,6 +388,21 @@ test_unlisted_kind_is_not_found_by_provider_id if {
 	decide_with(without_annotations(capd_node), [capd_infra, capd_pool], params).allowed
 }
 
+# The enforcer passes every parameter; they are used as given, not merged.
+test_complete_parameters_are_used_as_given if {
+	params := object.union(nodeguard.default_parameters, {"infraMachineKinds": [], "allowUnverifiedKinds": true})
+	decide_with(capd_node, [capd_machine], params).allowed
+	not decide_with(capd_node, [capd_machine], json.remove(params, ["allowUnverifiedKinds"])).allowed
+}
+
+# Parameters missing any default key are merged with the defaults.
+test_every_default_parameter_is_needed_to_skip_the_merge if {
+	nodeguard._complete(nodeguard.default_parameters)
+	every name, _ in nodeguard.default_parameters {
+		not nodeguard._complete(object.remove(nodeguard.default_parameters, [name]))
+	}
+}
+
 test_parameters_that_are_not_an_object_mean_defaults if {
 	not nodeguard.decide(delete_review(capd_node), inventory([capd_machine, capd_infra]), null).allowed
 }
