@@ -161,8 +161,7 @@ func run(ctx context.Context, bin string, out io.Writer) error {
 	}
 	say("   -> allowed, %s after the DockerMachine disappeared (kubectl's start included): nodeguard re-reads",
 		time.Since(gone).Round(time.Millisecond))
-	say("      the candidates from the API server,")
-	say("      so neither a stale \"present\" nor a stale \"gone\" in its cache decides.\n")
+	say("      the candidates from the API server, so neither a stale \"present\" nor a stale \"gone\" in its cache decides.\n")
 	return nil
 }
 
