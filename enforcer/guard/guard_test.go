@@ -3,6 +3,8 @@ package guard_test
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -228,6 +230,45 @@ func TestOneGuardFollowsSyncedKindsAndRoutes(t *testing.T) {
 	assert.Equal(t, decision.ReasonUnverified, decideOn("default/dev").Reason, "DockerMachine no longer synced")
 	assert.Equal(t, decision.ReasonNoLink, decideOn("default/other").Reason, "the Machine belongs to another cluster")
 	assert.Equal(t, decision.ReasonUnverified, decideOn("default/dev").Reason)
+}
+
+// Routes and synced kinds changing under concurrent decisions (run with -race).
+func TestConcurrentDecisionsShareConvertedParameters(t *testing.T) {
+	var dockerSynced atomic.Bool
+	m := capdMachine()
+	m.SetLabels(map[string]string{"cluster.x-k8s.io/cluster-name": "dev"})
+	g, err := guard.New(context.Background(), cache(t, m), guard.Options{
+		SyncedKinds: func() ([]schema.GroupVersionKind, []schema.GroupVersionKind) {
+			if dockerSynced.Load() {
+				return []schema.GroupVersionKind{dockerGVK}, nil
+			}
+			return nil, nil
+		},
+	})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 25 {
+				if w == 0 {
+					dockerSynced.Store(i%2 == 0)
+				}
+				cluster := []string{"default/dev", "default/other"}[(w+i)%2]
+				d, err := g.Decide(context.Background(), guard.Request{Node: capdNode(), Cluster: cluster})
+				if !assert.NoError(t, err) {
+					return
+				}
+				if cluster == "default/other" {
+					assert.Equal(t, decision.ReasonNoLink, d.Reason, "the Machine belongs to another cluster")
+				} else {
+					assert.Contains(t, []string{decision.ReasonNoLink, decision.ReasonUnverified}, d.Reason)
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 func TestClusterScopeAndExemptions(t *testing.T) {
