@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/internal/policydoc"
 )
 
 const repo = "../../.."
@@ -43,16 +45,18 @@ func TestChangedDecisionWithoutVersionBumpFailsNamingTheScenario(t *testing.T) {
 	ledger := filepath.Join(root, "versions.yaml")
 	raw, err = os.ReadFile(ledger)
 	require.NoError(t, err)
-	// The ledger lists versions oldest first; the last entry is the current one.
-	at := strings.LastIndex(string(raw), "decisions: sha256:")
-	require.GreaterOrEqual(t, at, 0)
-	current := strings.TrimSpace(string(raw[strings.LastIndex(string(raw), "version:")+len("version:"):]))
-	require.NoError(t, os.WriteFile(ledger, []byte(string(raw[:at])+strings.Replace(string(raw[at:]), "sha256:", "sha256:0", 1)), 0o600))
+	entries, err := policydoc.ParseLedger(raw)
+	require.NoError(t, err)
+	current := &entries[len(entries)-1] // oldest first: the last entry is the current version
+	current.Decisions = strings.Replace(current.Decisions, "sha256:", "sha256:0", 1)
+	raw, err = entries.Render()
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(ledger, raw, 0o600))
 
 	for _, check := range []bool{true, false} {
 		err := run(context.Background(), root, check)
 		require.Error(t, err)
-		assert.Contains(t, err.Error(), "decisions changed for suite/default-constraint/capi-order-infra-gone-is-allowed, but version "+current+" ")
+		assert.Contains(t, err.Error(), "decisions changed for suite/default-constraint/capi-order-infra-gone-is-allowed, but version "+current.Version+" ")
 	}
 	after, err := os.ReadFile(snapshot)
 	require.NoError(t, err)
