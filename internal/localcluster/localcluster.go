@@ -35,14 +35,32 @@ type Release struct {
 	Name       string
 	CAPI, CAPD string // module@version
 	Core       string // the core CRDs' directory in the CAPI module
-	Contract   map[string]string
-	Version    string // the version Machines and DockerMachines are written in
+	// CoreCRDs and CAPDCRDs are the CRD files installed, by name in their
+	// module's directory.
+	CoreCRDs, CAPDCRDs []string
+	Contract           map[string]string
+	Version            string // the version Machines and DockerMachines are written in
 }
 
+// capdCRDs is where CAPD's CRDs live in the CAPI test module.
+const capdCRDs = "infrastructure/docker/config/crd/bases"
+
 // Current is Cluster API v1.14: it stores v1beta2 and still serves v1beta1.
+// Its CRDs include everything the CAPI core manager (tests/e2e/tools/capi,
+// the same release) watches, so the real controllers can run against it.
 func Current() Release {
 	return Release{Name: "v1.14", CAPI: "sigs.k8s.io/cluster-api@v1.14.2", CAPD: "sigs.k8s.io/cluster-api/test@v1.14.0",
 		Core: "core/config/crd/bases", Version: "v1beta2",
+		CoreCRDs: []string{
+			"cluster.x-k8s.io_machines.yaml", "cluster.x-k8s.io_clusters.yaml", "cluster.x-k8s.io_machinepools.yaml",
+			"cluster.x-k8s.io_machinesets.yaml", "cluster.x-k8s.io_machinedeployments.yaml",
+			"cluster.x-k8s.io_machinehealthchecks.yaml", "cluster.x-k8s.io_machinedrainrules.yaml",
+			"addons.cluster.x-k8s.io_clusterresourcesets.yaml", "addons.cluster.x-k8s.io_clusterresourcesetbindings.yaml",
+		},
+		CAPDCRDs: []string{
+			"infrastructure.cluster.x-k8s.io_dockermachines.yaml", "infrastructure.cluster.x-k8s.io_dockermachinepools.yaml",
+			"infrastructure.cluster.x-k8s.io_dockermachinetemplates.yaml",
+		},
 		Contract: map[string]string{"cluster.x-k8s.io/v1beta1": "v1beta1", "cluster.x-k8s.io/v1beta2": "v1beta2"}}
 }
 
@@ -50,6 +68,8 @@ func Current() Release {
 func Older() Release {
 	return Release{Name: "v1.10", CAPI: "sigs.k8s.io/cluster-api@v1.10.10", CAPD: "sigs.k8s.io/cluster-api/test@v1.10.10",
 		Core: "config/crd/bases", Version: "v1beta1",
+		CoreCRDs: []string{"cluster.x-k8s.io_machines.yaml", "cluster.x-k8s.io_clusters.yaml", "cluster.x-k8s.io_machinepools.yaml"},
+		CAPDCRDs: []string{"infrastructure.cluster.x-k8s.io_dockermachines.yaml", "infrastructure.cluster.x-k8s.io_dockermachinepools.yaml"},
 		Contract: map[string]string{"cluster.x-k8s.io/v1beta1": "v1beta1"}}
 }
 
@@ -76,8 +96,8 @@ func ModuleDir(module string) (string, error) {
 	return info.Dir, nil
 }
 
-// CRDs reads the release's Machine, Cluster and MachinePool CRDs and CAPD's
-// DockerMachine and DockerMachinePool CRDs.
+// CRDs reads the release's core CRDs and CAPD's; CAPD's carry the contract
+// label.
 func (r Release) CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	capi, err := ModuleDir(r.CAPI)
 	if err != nil {
@@ -88,25 +108,27 @@ func (r Release) CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 		return nil, err
 	}
 	var out []*apiextensionsv1.CustomResourceDefinition
-	for _, path := range []string{
-		filepath.Join(capi, r.Core, "cluster.x-k8s.io_machines.yaml"),
-		filepath.Join(capi, r.Core, "cluster.x-k8s.io_clusters.yaml"),
-		filepath.Join(capi, r.Core, "cluster.x-k8s.io_machinepools.yaml"),
-		filepath.Join(capd, "infrastructure/docker/config/crd/bases/infrastructure.cluster.x-k8s.io_dockermachines.yaml"),
-		filepath.Join(capd, "infrastructure/docker/config/crd/bases/infrastructure.cluster.x-k8s.io_dockermachinepools.yaml"),
-	} {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("read CRD: %w", err)
+	read := func(dir string, names []string, labels map[string]string) error {
+		for _, name := range names {
+			path := filepath.Join(dir, name)
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return fmt.Errorf("read CRD: %w", err)
+			}
+			crd := &apiextensionsv1.CustomResourceDefinition{}
+			if err := yaml.UnmarshalStrict(data, crd); err != nil {
+				return fmt.Errorf("decode CRD %s: %w", path, err)
+			}
+			crd.Labels = labels
+			out = append(out, crd)
 		}
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		if err := yaml.UnmarshalStrict(data, crd); err != nil {
-			return nil, fmt.Errorf("decode CRD %s: %w", path, err)
-		}
-		if crd.Spec.Group != "cluster.x-k8s.io" {
-			crd.Labels = r.Contract
-		}
-		out = append(out, crd)
+		return nil
+	}
+	if err := read(filepath.Join(capi, r.Core), r.CoreCRDs, nil); err != nil {
+		return nil, err
+	}
+	if err := read(filepath.Join(capd, capdCRDs), r.CAPDCRDs, r.Contract); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

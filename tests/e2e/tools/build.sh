@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # Builds the e2e suite's kube-apiserver, etcd and kubectl from this tools module,
-# and the Gatekeeper manager from ./gatekeeper, into the user cache directory,
+# the Gatekeeper manager from ./gatekeeper and the Cluster API core manager from
+# ./capi, into the user cache directory,
 # keyed by the modules' pins and the Go version, so fresh clones reuse them.
 # Prints the directory holding the binaries.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${NODEGUARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodeguard}
-key=$( (cat "$here/go.mod" "$here/go.sum" "$here/etcd/main.go" "$here/gatekeeper/go.mod" "$here/gatekeeper/go.sum" "$0"; go version) | sha256sum | cut -c1-16)
+key=$( (cat "$here/go.mod" "$here/go.sum" "$here/etcd/main.go" "$here/gatekeeper/go.mod" "$here/gatekeeper/go.sum" "$here/capi/go.mod" "$here/capi/go.sum" "$0"; go version) | sha256sum | cut -c1-16)
 # Built from the module, the binary would call itself v0.0.0-master; the API
 # server derives its emulation version from this, so stamp the real one.
 k8s_version=v1.36.3
 ldflags="-X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36"
 dir="$cache/e2e-bin/$key"
 gatekeeper_version=v3.23.1
-if [ -x "$dir/kube-apiserver" ] && [ -x "$dir/etcd" ] && [ -x "$dir/kubectl" ] && [ -x "$dir/gatekeeper" ]; then
+capi_version=v1.14.2
+if [ -x "$dir/kube-apiserver" ] && [ -x "$dir/etcd" ] && [ -x "$dir/kubectl" ] && [ -x "$dir/gatekeeper" ] && [ -x "$dir/capi-manager" ]; then
 	echo "$dir"
 	exit 0
 fi
-echo "e2e tools: building kube-apiserver and kubectl $k8s_version, etcd v3.6.8 and Gatekeeper $gatekeeper_version into $dir" >&2
-echo "e2e tools: a cold build compiles most of Kubernetes and Gatekeeper (~15 min on 2 cores); later runs reuse it" >&2
+echo "e2e tools: building kube-apiserver and kubectl $k8s_version, etcd v3.6.8, Gatekeeper $gatekeeper_version and the Cluster API $capi_version manager into $dir" >&2
+echo "e2e tools: a cold build compiles most of Kubernetes, Gatekeeper and Cluster API (~20 min on 2 cores); later runs reuse it" >&2
 tmp=$(mktemp -d "$cache/e2e-bin/.build.XXXXXX" 2>/dev/null || { mkdir -p "$cache/e2e-bin" && mktemp -d "$cache/e2e-bin/.build.XXXXXX"; })
 trap 'rm -rf "$tmp"' EXIT
 start=$SECONDS
@@ -33,6 +35,9 @@ echo "e2e tools: kubectl built in $((SECONDS - start)) s" >&2
 start=$SECONDS
 (cd "$here/gatekeeper" && go build -o "$tmp/gatekeeper" github.com/open-policy-agent/gatekeeper/v3)
 echo "e2e tools: Gatekeeper manager built in $((SECONDS - start)) s" >&2
+start=$SECONDS
+(cd "$here/capi" && go build -o "$tmp/capi-manager" sigs.k8s.io/cluster-api/core)
+echo "e2e tools: Cluster API manager built in $((SECONDS - start)) s" >&2
 mkdir -p "$(dirname "$dir")"
 rm -rf "$dir"
 mv "$tmp" "$dir"

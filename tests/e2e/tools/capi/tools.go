@@ -1,0 +1,7 @@
+//go:build tools
+
+// Package tools pins the Cluster API core manager (the machine, MachineSet
+// and Cluster controllers) the e2e suite runs out of cluster.
+package tools
+
+import _ "sigs.k8s.io/cluster-api/core"
