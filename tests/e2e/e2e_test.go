@@ -94,8 +94,8 @@ func apiServerFor(t *testing.T, r localcluster.Release) (*rest.Config, *envtest.
 }
 
 // keepLog sends a process's output to a file whose tail is printed if the
-// test fails.
-func keepLog(t *testing.T, name string, out, errOut *io.Writer) {
+// test fails, and returns the file's path.
+func keepLog(t *testing.T, name string, out, errOut *io.Writer) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), name+".log")
 	f, err := os.Create(path)
@@ -109,6 +109,7 @@ func keepLog(t *testing.T, name string, out, errOut *io.Writer) {
 			t.Logf("last lines of the %s log (%s):\n%s", name, path, strings.Join(lines[max(0, len(lines)-60):], "\n"))
 		}
 	})
+	return path
 }
 
 // running is one `nodeguard serve` and what it takes to start it again.

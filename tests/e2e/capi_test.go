@@ -1,0 +1,353 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+	"github.com/nodeguard/nodeguard/internal/localcluster"
+)
+
+var (
+	machines       = current.GVR("cluster.x-k8s.io", "machines")
+	machineSets    = current.GVR("cluster.x-k8s.io", "machinesets")
+	dockerTemplate = current.GVR("infrastructure.cluster.x-k8s.io", "dockermachinetemplates")
+)
+
+// capiCluster is CAPI Cluster default/dev managed by the real Cluster API
+// core manager: Machines on the management API server, Nodes on the
+// workload one (the same server when self-hosted), CAPD played by the test.
+type capiCluster struct {
+	mgmtEnv, workloadEnv *envtest.Environment
+	dyn                  dynamic.Interface    // management cluster
+	nodes                kubernetes.Interface // workload cluster
+	capd                 *localcluster.CAPD
+	managerLog           string
+}
+
+// startCAPI creates cluster default/dev on mgmtEnv, its kubeconfig Secret
+// for workloadEnv (as kubernetes-admin in system:masters, the identity CAPI
+// deletes Nodes as), runs CAPD and the CAPI manager, and one control-plane
+// Machine (CAPI deletes a Node only while another control-plane Machine
+// exists).
+func startCAPI(t *testing.T, mgmtEnv, workloadEnv *envtest.Environment) *capiCluster {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	mgmtKube, dyn := clientsFor(t, localcluster.Config(mgmtEnv))
+	nodes, _ := clientsFor(t, localcluster.Config(workloadEnv))
+	user, err := workloadEnv.AddUser(envtest.User{Name: "kubernetes-admin", Groups: []string{"system:masters"}}, nil)
+	require.NoError(t, err)
+	workloadKubeconfig, err := user.KubeConfig()
+	require.NoError(t, err)
+	require.NoError(t, current.CAPICluster(ctx, dyn, mgmtKube, "default", "dev", workloadKubeconfig))
+
+	c := &capiCluster{mgmtEnv: mgmtEnv, workloadEnv: workloadEnv, dyn: dyn, nodes: nodes,
+		capd: current.StartCAPD(ctx, dyn, nodes, "default")}
+	var log io.Writer
+	c.managerLog = keepLog(t, "capi-manager", &log, &log)
+	start := time.Now()
+	stop, err := localcluster.StartCAPIManager(*binDir, adminKubeconfig(t, mgmtEnv), t.TempDir(), log)
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	c.machine(t, "dev-cp-0", localcluster.MachineOptions{ControlPlane: true})
+	t.Logf("CAPI manager started; control-plane Machine dev-cp-0 linked to its Node %s later", time.Since(start).Round(time.Millisecond))
+	return c
+}
+
+// machine creates a Machine and its DockerMachine and waits until CAPI has
+// linked the Node CAPD registered: nodeRef set, Node annotated.
+func (c *capiCluster) machine(t *testing.T, name string, opts localcluster.MachineOptions) {
+	t.Helper()
+	require.NoError(t, current.CAPIMachine(context.Background(), c.dyn, "default", "dev", name, opts))
+	c.waitLinked(t, name)
+}
+
+// waitLinked waits until CAPI has linked Machine name to its Node and
+// returns the Node's name.
+func (c *capiCluster) waitLinked(t *testing.T, name string) string {
+	t.Helper()
+	node, err := current.WaitLinked(context.Background(), c.dyn, c.nodes, "default", name, 60*time.Second)
+	require.NoError(t, err, "CAPD: %v", c.capd.Err())
+	return node
+}
+
+// gone waits until get reports NotFound and returns when it first did.
+func gone(t *testing.T, what string, timeout time.Duration, get func(context.Context) error) time.Time {
+	t.Helper()
+	at, err := localcluster.WaitGone(context.Background(), timeout, get)
+	require.NoError(t, err, what)
+	return at
+}
+
+func (c *capiCluster) getMachine(name string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		_, err := c.dyn.Resource(machines).Namespace("default").Get(ctx, name, metav1.GetOptions{})
+		return err
+	}
+}
+
+func (c *capiCluster) getDockerMachine(name string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		_, err := c.dyn.Resource(dockerMachine).Namespace("default").Get(ctx, name, metav1.GetOptions{})
+		return err
+	}
+}
+
+func (c *capiCluster) getNode(name string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		_, err := c.nodes.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		return err
+	}
+}
+
+// deletesInOrder is scenario 1 on c: `kubectl delete machine`; while CAPI
+// waits for the DockerMachine (held by CAPD), a third party's `kubectl delete
+// node` is denied; once CAPD lets it go, CAPI deletes the Node through
+// nodeguard and the Machine disappears, leaving nothing behind.
+func (c *capiCluster) deletesInOrder(t *testing.T, name string) {
+	t.Helper()
+	ctx := context.Background()
+	c.capd.Hold(name)
+	out, err := kubectl(t, c.mgmtEnv, "delete", "machine", name, "--wait=false")
+	require.NoError(t, err, out)
+	t.Logf("kubectl delete machine %s: %s", name, out)
+
+	require.EventuallyWithT(t, func(col *assert.CollectT) {
+		reason, err := current.DeletingReason(ctx, c.dyn, "default", name)
+		require.NoError(col, err)
+		assert.Equal(col, "WaitingForInfrastructureDeletion", reason)
+		n, err := c.nodes.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		require.NoError(col, err)
+		assert.True(col, n.Spec.Unschedulable, "CAPI cordons the Node while draining it")
+	}, 60*time.Second, 100*time.Millisecond, "CAPI must drain the Node and wait for the DockerMachine")
+	t.Log("CAPI cordoned and drained the Node; Machine condition Deleting: WaitingForInfrastructureDeletion")
+
+	out, err = kubectl(t, c.workloadEnv, "delete", "node", name)
+	require.Error(t, err, "a third party deletes the Node while the DockerMachine is being deleted: %s", out)
+	assert.Contains(t, out, `admission webhook "node-delete.nodeguard.io" denied the request`)
+	assert.Contains(t, out, "DockerMachine default/"+name)
+	assert.Contains(t, out, "is being deleted but still exists")
+	t.Logf("third-party kubectl delete node %s:\n%s", name, out)
+
+	c.capd.Let(name)
+	dmGone := gone(t, "DockerMachine "+name, 30*time.Second, c.getDockerMachine(name))
+	nodeGone := gone(t, "Node "+name, 60*time.Second, c.getNode(name))
+	gone(t, "Machine "+name, 60*time.Second, c.getMachine(name))
+	d, ok := c.capd.Deleted(name)
+	require.True(t, ok)
+	assert.True(t, d.NodeExisted, "the Node must outlive the DockerMachine")
+	delay := nodeGone.Sub(d.At)
+	t.Logf("CAPI deleted Node %s %s after its DockerMachine was gone (finalizer removed; seen gone %s later)",
+		name, delay.Round(time.Millisecond), dmGone.Sub(d.At).Round(time.Millisecond))
+	// CAPI reacts to the DockerMachine's deletion event at once; allow for a
+	// loaded CI machine, not for a retry cycle of tens of seconds.
+	assert.Less(t, delay, 20*time.Second, "CAPI's Node delete must be allowed on its first attempts")
+}
+
+// Real CAPI, scenario 1: the machine controller's own order, with a
+// third-party delete denied in the middle.
+func TestCAPIDeletesAMachineInOrder(t *testing.T) {
+	cfg, env := apiServerEnv(t)
+	nodeguard(t, cfg, "")
+	c := startCAPI(t, env, env)
+	c.machine(t, "dev-md-0-abcde", localcluster.MachineOptions{})
+	c.deletesInOrder(t, "dev-md-0-abcde")
+	assert.NoError(t, c.getNode("dev-cp-0")(context.Background()), "the control-plane Node stays")
+}
+
+// Real CAPI, scenario 2: a MachineSet scaled down by one; CAPI picks the
+// Machine and deletes it in order; the other Machine and Node stay untouched.
+func TestCAPIScalesDownAMachineSet(t *testing.T) {
+	cfg, env := apiServerEnv(t)
+	nodeguard(t, cfg, "")
+	c := startCAPI(t, env, env)
+	ctx := context.Background()
+	apply(t, c.dyn, dockerTemplate, map[string]any{
+		"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DockerMachineTemplate",
+		"metadata": map[string]any{"namespace": "default", "name": "dev-md-0"},
+		"spec":     map[string]any{"template": map[string]any{"spec": map[string]any{}}}})
+	selector := map[string]any{"cluster.x-k8s.io/cluster-name": "dev", "cluster.x-k8s.io/set-name": "dev-md-0"}
+	apply(t, c.dyn, machineSets, map[string]any{
+		"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
+		"metadata": map[string]any{"namespace": "default", "name": "dev-md-0", "labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}},
+		"spec": map[string]any{"clusterName": "dev", "replicas": int64(2),
+			"selector": map[string]any{"matchLabels": selector},
+			"template": map[string]any{
+				"metadata": map[string]any{"labels": selector},
+				"spec": map[string]any{"clusterName": "dev",
+					"bootstrap":         map[string]any{"dataSecretName": "dev-md-0-bootstrap"},
+					"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachineTemplate", "name": "dev-md-0"}}}}})
+
+	// The MachineSet's Machines, each linked to its Node, with their UIDs.
+	type member struct{ node, infra, uid, nodeUID string }
+	members := map[string]member{}
+	require.EventuallyWithT(t, func(col *assert.CollectT) {
+		list, err := c.dyn.Resource(machines).Namespace("default").List(ctx, metav1.ListOptions{LabelSelector: "cluster.x-k8s.io/set-name=dev-md-0"})
+		require.NoError(col, err)
+		require.Len(col, list.Items, 2)
+		for _, m := range list.Items {
+			node, _, _ := unstructured.NestedString(m.Object, "status", "nodeRef", "name")
+			require.NotEmpty(col, node, "Machine %s has no nodeRef yet (CAPD: %v)", m.GetName(), c.capd.Err())
+			infra, _, _ := unstructured.NestedString(m.Object, "spec", "infrastructureRef", "name")
+			n, err := c.nodes.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+			require.NoError(col, err)
+			members[m.GetName()] = member{node: node, infra: infra, uid: string(m.GetUID()), nodeUID: string(n.UID)}
+		}
+	}, 90*time.Second, 200*time.Millisecond, "the MachineSet's two Machines must be linked to their Nodes")
+	t.Logf("MachineSet dev-md-0 runs %v", members)
+
+	_, err := c.dyn.Resource(machineSets).Namespace("default").Patch(ctx, "dev-md-0", types.MergePatchType,
+		[]byte(`{"spec":{"replicas":1}}`), metav1.PatchOptions{})
+	require.NoError(t, err)
+	var deleted string
+	require.EventuallyWithT(t, func(col *assert.CollectT) {
+		for name := range members {
+			if err := c.getMachine(name)(ctx); apierrors.IsNotFound(err) {
+				deleted = name
+			}
+		}
+		require.NotEmpty(col, deleted, "no Machine gone yet")
+	}, 90*time.Second, 100*time.Millisecond, "CAPI must delete one Machine of the MachineSet")
+	gone(t, "Node "+members[deleted].node, 30*time.Second, c.getNode(members[deleted].node))
+	gone(t, "DockerMachine "+members[deleted].infra, 30*time.Second, c.getDockerMachine(members[deleted].infra))
+	d, ok := c.capd.Deleted(members[deleted].infra)
+	require.True(t, ok)
+	assert.True(t, d.NodeExisted, "the Node must outlive the DockerMachine")
+	t.Logf("CAPI scaled down: Machine %s deleted, its DockerMachine first, then its Node", deleted)
+
+	for name, m := range members {
+		if name == deleted {
+			continue
+		}
+		obj, err := c.dyn.Resource(machines).Namespace("default").Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, m.uid, string(obj.GetUID()))
+		assert.Nil(t, obj.GetDeletionTimestamp(), "the other Machine is not being deleted")
+		n, err := c.nodes.CoreV1().Nodes().Get(ctx, m.node, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, m.nodeUID, string(n.UID))
+		assert.False(t, n.Spec.Unschedulable, "the other Node is not cordoned")
+		require.NoError(t, c.getDockerMachine(m.infra)(ctx))
+	}
+}
+
+// Real CAPI, scenario 3 (upstream cluster-api #14024): nodeguard is down, so
+// the API server refuses every Node delete (failurePolicy Fail); with the
+// production nodeDeletionTimeoutSeconds of 10, CAPI gives up, the Machine
+// disappears and its Node is left behind. This is the hazard nodeguard's
+// orphan reconciler removes.
+func TestCAPIGivesUpOnANodeDeleteWhileNodeguardIsDown(t *testing.T) {
+	cfg, env := apiServerEnv(t)
+	ng := nodeguard(t, cfg, "")
+	c := startCAPI(t, env, env)
+	ctx := context.Background()
+	c.machine(t, "dev-md-0-abcde", localcluster.MachineOptions{NodeDeletionTimeoutSeconds: ptr.To[int64](10)})
+
+	ng.stop()
+	start := time.Now()
+	require.NoError(t, c.dyn.Resource(machines).Namespace("default").Delete(ctx, "dev-md-0-abcde", metav1.DeleteOptions{}))
+	machineGone := gone(t, "Machine dev-md-0-abcde", 90*time.Second, c.getMachine("dev-md-0-abcde"))
+	d, ok := c.capd.Deleted("dev-md-0-abcde")
+	require.True(t, ok)
+	n, err := c.nodes.CoreV1().Nodes().Get(ctx, "dev-md-0-abcde", metav1.GetOptions{})
+	require.NoError(t, err, "CAPI gave up: the Node is left behind")
+	assert.Equal(t, "dev-md-0-abcde", n.Annotations["cluster.x-k8s.io/machine"], "the orphan still names its Machine")
+	t.Logf("Machine gone %s after its delete (DockerMachine gone after %s); Node %s left behind",
+		machineGone.Sub(start).Round(time.Millisecond), d.At.Sub(start).Round(time.Millisecond), n.Name)
+	log, err := os.ReadFile(c.managerLog)
+	require.NoError(t, err)
+	assert.Contains(t, string(log), "Node deletion timeout expired, continuing without Node deletion")
+	assert.Contains(t, string(log), "failed calling webhook", "the API server refused CAPI's Node delete: nodeguard was down")
+}
+
+// Real CAPI, scenario 4: Machines and the CAPI manager on the management
+// API server, Nodes on the workload one; the webhook is installed into the
+// workload cluster through the kubeconfig Secret and routes to the Cluster.
+func TestCAPIManagementAndWorkloadClusters(t *testing.T) {
+	_, mgmtEnv := apiServerEnv(t)
+	_, workloadEnv := apiServerEnv(t)
+	c := startCAPI(t, mgmtEnv, workloadEnv)
+	clients, err := live.FromConfig(localcluster.Config(mgmtEnv))
+	require.NoError(t, err)
+	url, caPEM := serveOn(t, clients, "")
+	mgmtKube, _ := clientsFor(t, localcluster.Config(mgmtEnv))
+	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: "default/dev"})
+	require.NoError(t, err)
+	where, err := webhookconfig.Install(context.Background(), mgmtKube, "default/dev", vwc, func(kc []byte) (kubernetes.Interface, error) {
+		rc, err := clientcmd.RESTConfigFromKubeConfig(kc)
+		if err != nil {
+			return nil, err
+		}
+		return kubernetes.NewForConfig(rc)
+	})
+	require.NoError(t, err)
+	t.Logf("webhook installed into %s", where)
+
+	c.machine(t, "dev-md-0-abcde", localcluster.MachineOptions{})
+	require.EventuallyWithT(t, func(col *assert.CollectT) {
+		err := dryRunDelete(context.Background(), c.nodes, "dev-md-0-abcde")
+		require.Error(col, err)
+		assert.Contains(col, err.Error(), "DockerMachine default/dev-md-0-abcde")
+	}, 30*time.Second, 200*time.Millisecond, "the workload cluster's webhook must judge against the management cluster")
+	c.deletesInOrder(t, "dev-md-0-abcde")
+}
+
+// Real CAPI, scenario 5: Gatekeeper with the generated constraints instead of
+// nodeguard serve. CAPI's order completes; but while CAPI waits for the
+// DockerMachine, a third party's Node delete is allowed: Gatekeeper's sync
+// drops objects with a deletionTimestamp from data.inventory (README, Limits).
+func TestCAPIWithGatekeeper(t *testing.T) {
+	cfg, env := apiServerEnv(t)
+	kube, _ := clientsFor(t, cfg)
+	gatekeeper(t, env, kube)
+	c := startCAPI(t, env, env)
+	ctx := context.Background()
+	name := "dev-md-0-abcde"
+	c.machine(t, name, localcluster.MachineOptions{})
+	require.EventuallyWithT(t, func(col *assert.CollectT) {
+		err := dryRunDelete(ctx, kube, name)
+		require.Error(col, err)
+		assert.Contains(col, err.Error(), `admission webhook "validation.gatekeeper.sh" denied the request: [node-deletion-guard]`)
+		assert.Contains(col, err.Error(), "DockerMachine default/"+name)
+	}, 60*time.Second, 250*time.Millisecond, "Gatekeeper must deny the wrong order once it has synced the DockerMachine")
+
+	c.capd.Hold(name)
+	require.NoError(t, c.dyn.Resource(machines).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
+	require.EventuallyWithT(t, func(col *assert.CollectT) {
+		reason, err := current.DeletingReason(ctx, c.dyn, "default", name)
+		require.NoError(col, err)
+		assert.Equal(col, "WaitingForInfrastructureDeletion", reason)
+	}, 60*time.Second, 100*time.Millisecond, "CAPI must wait for the DockerMachine")
+	// A dry run, so the Node stays for CAPI's own delete.
+	require.EventuallyWithT(t, func(col *assert.CollectT) {
+		assert.NoError(col, dryRunDelete(ctx, kube, name))
+	}, 30*time.Second, 250*time.Millisecond, "Gatekeeper v3.23 no longer sees the DockerMachine once it is being deleted")
+	t.Log("Gatekeeper allowed a third-party Node delete while CAPI waited for the DockerMachine (dry run)")
+
+	c.capd.Let(name)
+	gone(t, "Node "+name, 60*time.Second, c.getNode(name))
+	gone(t, "Machine "+name, 60*time.Second, c.getMachine(name))
+	d, ok := c.capd.Deleted(name)
+	require.True(t, ok)
+	assert.True(t, d.NodeExisted, "CAPI's order: the Node outlived the DockerMachine")
+	t.Log("CAPI's order completed through Gatekeeper: no deadlock")
+}
