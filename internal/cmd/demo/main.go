@@ -1,8 +1,9 @@
-// Command demo replays, on a real kube-apiserver and etcd on loopback, what
-// nodeguard is for: a Node delete in the wrong order is denied (scenario 2),
-// and CAPI's order is allowed the moment the InfraMachine is gone (scenario
-// 1). It narrates what a person should see, then stops everything. Run it
-// with `make demo`, which first builds the binaries it needs.
+// Command demo replays, on a real kube-apiserver and etcd on loopback with
+// the real Cluster API machine controller, what nodeguard is for: a Node
+// delete in the wrong order is denied (scenario 2), and when a Machine is
+// deleted, CAPI's own order goes through the moment the InfraMachine is gone
+// (scenario 1). It narrates what a person should see, then stops everything.
+// Run it with `make demo`, which first builds the binaries it needs.
 package main
 
 import (
@@ -24,10 +25,12 @@ import (
 
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	certutil "k8s.io/client-go/util/cert"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/nodeguard/nodeguard/enforcer/live"
@@ -77,7 +80,7 @@ func run(ctx context.Context, bin string, out io.Writer) error {
 		return fmt.Errorf("start kube-apiserver and etcd: %w", err)
 	}
 	defer func() {
-		say("== Stopping nodeguard, kube-apiserver and etcd")
+		say("== Stopping the CAPI manager, nodeguard, kube-apiserver and etcd")
 		_ = env.Stop()
 	}()
 	say("   ready in %s", time.Since(start).Round(100*time.Millisecond))
@@ -110,16 +113,24 @@ func run(ctx context.Context, bin string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("client: %w", err)
 	}
-	say("\n== What CAPD creates for one Machine of cluster default/dev:")
-	if err := r.CAPDMachine(ctx, dyn, node, true); err != nil {
-		return err
-	}
-	say("   Node %s, DockerMachine default/%s (with CAPD's finalizer), Machine default/%s linking both", node, node, node)
-
 	kubeconfig := filepath.Join(work, "kubeconfig")
 	if err := localcluster.AdminKubeconfig(env, kubeconfig); err != nil {
 		return err
 	}
+	capd, stopCAPI, err := startCAPI(ctx, env, bin, kubeconfig, work, say)
+	if err != nil {
+		return err
+	}
+	defer stopCAPI()
+	if err := r.CAPIMachine(ctx, dyn, "default", "dev", node, localcluster.MachineOptions{}); err != nil {
+		return err
+	}
+	if _, err := r.WaitLinked(ctx, dyn, kube, "default", node, time.Minute); err != nil {
+		return err
+	}
+	say("   Machine default/%s: CAPD provisioned its DockerMachine, the kubelet registered Node %s,", node, node)
+	say("   and CAPI linked them (status.nodeRef, the Node's cluster.x-k8s.io/machine annotation)")
+
 	kubectl := func(args ...string) error {
 		say("   $ kubectl %s", strings.Join(args, " "))
 		cmd := exec.CommandContext(ctx, filepath.Join(bin, "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
@@ -136,33 +147,106 @@ func run(ctx context.Context, bin string, out io.Writer) error {
 	}
 	say("   -> denied: the Pod garbage collector would free the Pods' identities while the host may still run them.")
 
-	say("\n== Scenario 1, CAPI's order: the Machine controller deletes the DockerMachine first")
-	dockerMachines := dyn.Resource(r.GVR("infrastructure.cluster.x-k8s.io", "dockermachines")).Namespace("default")
-	if err := dockerMachines.Delete(ctx, node, metav1.DeleteOptions{}); err != nil {
-		return fmt.Errorf("delete DockerMachine: %w", err)
+	say("\n== Scenario 1, CAPI's order: the Machine is deleted, and Cluster API's machine controller does the rest")
+	capd.Hold(node) // the "container" takes a while to go: a window to try the wrong order again
+	if err := kubectl("delete", "machine", node, "--wait=false"); err != nil {
+		return fmt.Errorf("delete the Machine: %w", err)
 	}
-	say("   DockerMachine default/%s is being deleted; CAPD's finalizer holds it while the container is torn down", node)
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		reason, err := r.DeletingReason(ctx, dyn, "default", node)
+		return err == nil && reason == "WaitingForInfrastructureDeletion", nil
+	}); err != nil {
+		return fmt.Errorf("CAPI did not reach WaitingForInfrastructureDeletion: %w", err)
+	}
+	say("   CAPI cordoned and drained the Node, deleted DockerMachine default/%s and waits for it to go", node)
+	say("   (Machine condition Deleting: WaitingForInfrastructureDeletion). Meanwhile someone deletes the Node:")
 	if err := kubectl("delete", "node", node); err == nil {
 		return errors.New("the Node delete was allowed while its DockerMachine was still being deleted")
 	}
 	say("   -> still denied: being deleted is not gone.")
-	dm, err := dockerMachines.Get(ctx, node, metav1.GetOptions{})
+	capd.Let(node)
+	getNode := func(ctx context.Context) error {
+		_, err := kube.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		return err
+	}
+	nodeGone, err := localcluster.WaitGone(ctx, time.Minute, getNode)
 	if err != nil {
-		return fmt.Errorf("get DockerMachine: %w", err)
+		return fmt.Errorf("CAPI did not delete Node %s: %w", node, err)
 	}
-	dm.SetFinalizers(nil)
-	if _, err := dockerMachines.Update(ctx, dm, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("remove the finalizer: %w", err)
+	dmGone, _ := capd.Deleted(node)
+	say("   CAPD removed its finalizer: the DockerMachine is gone. CAPI then deleted the Node through nodeguard,")
+	say("   %s later: nodeguard re-reads the candidates from the API server, so a stale \"present\" in its cache",
+		nodeGone.Sub(dmGone.At).Round(time.Millisecond))
+	say("   does not deny CAPI's one attempt (a stale \"gone\" would not allow either).")
+	getMachine := func(ctx context.Context) error {
+		_, err := dyn.Resource(r.GVR("cluster.x-k8s.io", "machines")).Namespace("default").Get(ctx, node, metav1.GetOptions{})
+		return err
 	}
-	gone := time.Now()
-	say("   CAPD removes its finalizer: the DockerMachine is gone; the Machine controller now deletes the Node")
-	if err := kubectl("delete", "node", node); err != nil {
-		return fmt.Errorf("the Node delete was denied after its DockerMachine was gone: %w", err)
+	if _, err := localcluster.WaitGone(ctx, time.Minute, getMachine); err != nil {
+		return fmt.Errorf("Machine %s: %w", node, err)
 	}
-	say("   -> allowed, %s after the DockerMachine disappeared (kubectl's start included): nodeguard re-reads",
-		time.Since(gone).Round(time.Millisecond))
-	say("      the candidates from the API server, so neither a stale \"present\" nor a stale \"gone\" in its cache decides.\n")
+	say("   Machine default/%s is gone: CAPI's order, end to end, with nothing left behind.\n", node)
 	return nil
+}
+
+// startCAPI creates cluster default/dev with a control-plane Machine (CAPI
+// deletes a Node only while another control-plane Machine exists), starts
+// CAPD (played here) and the real CAPI manager, and returns CAPD and a stop
+// function. On a failure the tail of the manager's log is printed.
+func startCAPI(ctx context.Context, env *envtest.Environment, bin, kubeconfig, work string, say func(string, ...any)) (*localcluster.CAPD, func(), error) {
+	r := localcluster.Current()
+	cfg := localcluster.Config(env)
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("client: %w", err)
+	}
+	// CAPI reaches the workload cluster (here the same API server) through
+	// the Cluster's kubeconfig Secret, as kubernetes-admin.
+	user, err := env.AddUser(envtest.User{Name: "kubernetes-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("add kubernetes-admin: %w", err)
+	}
+	workload, err := user.KubeConfig()
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubernetes-admin kubeconfig: %w", err)
+	}
+	if err := r.CAPICluster(ctx, dyn, kube, "default", "dev", workload); err != nil {
+		return nil, nil, err
+	}
+	capdCtx, stopCAPD := context.WithCancel(ctx)
+	capd := r.StartCAPD(capdCtx, dyn, kube, "default")
+	logPath := filepath.Join(work, "capi-manager.log")
+	log, err := os.Create(logPath)
+	if err != nil {
+		stopCAPD()
+		return nil, nil, fmt.Errorf("CAPI manager log: %w", err)
+	}
+	stopManager, err := localcluster.StartCAPIManager(bin, kubeconfig, work, log)
+	if err != nil {
+		stopCAPD()
+		log.Close()
+		return nil, nil, err
+	}
+	stop := func() { stopManager(); stopCAPD(); log.Close() }
+	say("\n== Starting the Cluster API %s core manager, unmodified, out of cluster (%s)", r.Name, strings.TrimPrefix(r.CAPI, "sigs.k8s.io/"))
+	say("   Only what cannot run here is played: CAPD (no containers) and the kubelet (it registers Nodes)")
+	if err := r.CAPIMachine(ctx, dyn, "default", "dev", "dev-cp-0", localcluster.MachineOptions{ControlPlane: true}); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	if _, err := r.WaitLinked(ctx, dyn, kube, "default", "dev-cp-0", time.Minute); err != nil {
+		b, _ := os.ReadFile(logPath)
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		say("   last lines of the CAPI manager's log:\n%s", strings.Join(lines[max(0, len(lines)-30):], "\n"))
+		stop()
+		return nil, nil, fmt.Errorf("%w (CAPD: %v)", err, capd.Err())
+	}
+	say("   Cluster default/dev runs; its control-plane Machine dev-cp-0 is linked to its Node")
+	return capd, stop, nil
 }
 
 // startNodeguard runs `nodeguard serve` in this process with a throwaway

@@ -12,8 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The demo is the README's first command: it must show both scenarios and
-// fail if nodeguard answered otherwise (run returns an error then).
+// The demo is the README's first command: it must show both scenarios with
+// the real CAPI manager and fail if nodeguard or CAPI acted otherwise (run
+// returns an error then).
 func TestDemo(t *testing.T) {
 	bin := os.Getenv("NODEGUARD_E2E_BIN")
 	if bin == "" {
@@ -26,7 +27,9 @@ func TestDemo(t *testing.T) {
 		`admission webhook "node-delete.nodeguard.io" denied the request`,
 		"still exists, linked by Machine default/" + node,
 		"is being deleted but still exists",
-		`node "` + node + `" deleted`,
+		`machine.cluster.x-k8s.io "` + node + `" deleted`,
+		"Machine condition Deleting: WaitingForInfrastructureDeletion",
+		"CAPI then deleted the Node through nodeguard",
 	} {
 		assert.Contains(t, out.String(), want)
 	}
