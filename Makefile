@@ -73,12 +73,13 @@ fuzz:
 # End to end on a real kube-apiserver and etcd, built from Go modules by
 # tests/e2e/tools/build.sh into the user cache (cold: minutes; then seconds).
 e2e:
-	@echo "== e2e: kube-apiserver + etcd + nodeguard serve + Gatekeeper"
+	@echo "== e2e: kube-apiserver + etcd + nodeguard serve + Gatekeeper + the Cluster API manager"
 	@start=$$(date +%s); bin=$$(bash tests/e2e/tools/build.sh) && echo "e2e tools ready in $$(( $$(date +%s) - start )) s: $$bin" && \
 	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/ ./internal/cmd/demo/
 
-# The README's "run it": a narrated replay of scenarios 1 and 2 on a local
-# kube-apiserver with nodeguard as its webhook (builds the binaries first).
+# The README's "run it": a narrated replay of scenarios 2 and 9 on a local
+# kube-apiserver with nodeguard as its webhook and the real CAPI manager
+# (builds the binaries first).
 demo:
 	@bin=$$(bash tests/e2e/tools/build.sh) && $(GO) run ./internal/cmd/demo -bin "$$bin"
 
