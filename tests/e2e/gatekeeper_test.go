@@ -4,134 +4,40 @@ package e2e
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"syscall"
+	"io"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
-	"sigs.k8s.io/yaml"
 
-	"github.com/nodeguard/nodeguard/internal/testpki"
+	"github.com/nodeguard/nodeguard/internal/localcluster"
 )
-
-// The Gatekeeper the e2e tools build (tests/e2e/tools/gatekeeper/go.mod).
-const gatekeeperModule = "github.com/open-policy-agent/gatekeeper/v3@v3.23.1"
 
 var constraintGVR = schema.GroupVersionResource{Group: "constraints.gatekeeper.sh", Version: "v1beta1", Resource: "k8snodeguard"} // Gatekeeper names the plural after the kind, lowercased
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// gatekeeper runs Gatekeeper's manager out of cluster against the API server
-// of env, as FIELD-NOTES.md describes, with Gatekeeper's own validating
-// webhook configuration patched by constraints/webhook (DELETE, fail closed)
-// and pointed at it. Its log is printed if the test fails.
+// gatekeeper runs Gatekeeper's manager against the API server of env with
+// its webhook patched by constraints/webhook, and applies constraints/
+// (localcluster.StartGatekeeper). Its log is printed if the test fails.
 func gatekeeper(t *testing.T, env *envtest.Environment, kube kubernetes.Interface) {
 	t.Helper()
-	gk := moduleDir(t, gatekeeperModule)
-	ctx := context.Background()
-	_, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: []string{filepath.Join(gk, "charts/gatekeeper/crds")}})
-	require.NoError(t, err)
-	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "gatekeeper-system"}}, metav1.CreateOptions{})
-	require.NoError(t, err)
-
-	ca := testpki.New(t)
-	cert, _ := ca.ServerFiles(t, "tls") // tls.crt and tls.key, the names Gatekeeper reads
-	port := freePort(t)
-	cmd := exec.Command(filepath.Join(*binDir, "gatekeeper"),
-		"--kubeconfig", adminKubeconfig(t, env),
-		"--debug-use-fake-pod", "--disable-cert-rotation", "--cert-dir", filepath.Dir(cert),
-		"--host", "127.0.0.1", "--port", strconv.Itoa(port),
-		"--health-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--metrics-addr", "0",
-		"--operation=webhook", "--operation=audit", "--operation=status", "--operation=generate",
-		"--audit-interval=2", "--api-cache-dir", t.TempDir(), "--shutdown-delay=0", "--log-level=INFO")
-	cmd.Env = append(os.Environ(), "POD_NAMESPACE=gatekeeper-system")
-	keepLog(t, "gatekeeper", &cmd.Stdout, &cmd.Stderr) // registered first, so it runs after the stop below
+	var log io.Writer
+	keepLog(t, "gatekeeper", &log, &log) // registered first, so it runs after the stop below
 	start := time.Now()
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
-
-	caPEM, err := os.ReadFile(ca.CAFile(t))
+	stop, out, err := localcluster.StartGatekeeper(context.Background(), env, *binDir, "../..", t.TempDir(), log)
 	require.NoError(t, err)
-	vwc := gatekeeperWebhookConfig(t, gk)
-	for i := range vwc.Webhooks {
-		path := *vwc.Webhooks[i].ClientConfig.Service.Path
-		url := fmt.Sprintf("https://127.0.0.1:%d%s", port, path)
-		vwc.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM}
-	}
-	_, err = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, vwc, metav1.CreateOptions{})
+	t.Cleanup(stop)
+	vwc, err := kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(context.Background(),
+		"gatekeeper-validating-webhook-configuration", metav1.GetOptions{})
 	require.NoError(t, err)
-
-	// `kubectl apply -k constraints/`, again until the Constraint's kind
-	// exists, as the kustomization's comment tells a user.
-	var out string
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		out, err = kubectl(t, env, "apply", "-k", "../../constraints")
-		assert.NoError(c, err, out)
-	}, 90*time.Second, time.Second, "kubectl apply -k constraints/")
+	require.Contains(t, vwc.Webhooks[0].Rules[0].Operations, admissionregistrationv1.Delete, "constraints/webhook enables DELETE")
 	t.Logf("Gatekeeper started; constraints applied %s later:\n%s", time.Since(start).Round(time.Millisecond), out)
-}
-
-// gatekeeperWebhookConfig is the ValidatingWebhookConfiguration of
-// Gatekeeper's deploy/gatekeeper.yaml with constraints/webhook applied.
-func gatekeeperWebhookConfig(t *testing.T, gk string) *admissionregistrationv1.ValidatingWebhookConfiguration {
-	t.Helper()
-	all, err := os.ReadFile(filepath.Join(gk, "deploy/gatekeeper.yaml"))
-	require.NoError(t, err)
-	var vwc string
-	for _, doc := range strings.Split(string(all), "\n---\n") {
-		if strings.Contains(doc, "\nkind: ValidatingWebhookConfiguration\n") {
-			vwc = doc
-		}
-	}
-	require.NotEmpty(t, vwc, "deploy/gatekeeper.yaml has no ValidatingWebhookConfiguration")
-	component, err := os.ReadFile("../../constraints/webhook/kustomization.yaml")
-	require.NoError(t, err)
-	fs := filesys.MakeFsInMemory()
-	require.NoError(t, fs.WriteFile("/app/vwc.yaml", []byte(vwc)))
-	require.NoError(t, fs.WriteFile("/app/webhook/kustomization.yaml", component))
-	require.NoError(t, fs.WriteFile("/app/kustomization.yaml", []byte("resources: [vwc.yaml]\ncomponents: [webhook]\n")))
-	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(fs, "/app")
-	require.NoError(t, err)
-	require.Len(t, m.Resources(), 1)
-	raw, err := m.Resources()[0].AsYAML()
-	require.NoError(t, err)
-	out := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-	require.NoError(t, yaml.UnmarshalStrict(raw, out))
-	require.Contains(t, out.Webhooks[0].Rules[0].Operations, admissionregistrationv1.Delete)
-	return out
 }
 
 // Scenario 8: scenarios 1, 2 and 4 through real Gatekeeper with the
