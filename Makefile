@@ -11,7 +11,7 @@ COVERAGE_MIN ?= 95
 # Randomized scenarios per constraint variant in the differential test.
 SCENARIOS ?= 2000
 
-.PHONY: test lint policy-test generate generate-check gatekeeper-test go-test race fuzz differential load e2e demo bundle bench
+.PHONY: test lint policy-test generate generate-check gatekeeper-test go-test race fuzz differential load e2e demo bundle bench bench-apiserver
 
 PHASES := lint policy-test generate-check gatekeeper-test go-test race fuzz differential load e2e
 # Each phase in turn, with its time, so a slow CI run says where it went.
@@ -75,7 +75,9 @@ fuzz:
 e2e:
 	@echo "== e2e: kube-apiserver + etcd + nodeguard serve + Gatekeeper + the Cluster API manager"
 	@start=$$(date +%s); bin=$$(bash tests/e2e/tools/build.sh) && echo "e2e tools ready in $$(( $$(date +%s) - start )) s: $$bin" && \
-	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/ ./internal/cmd/demo/
+	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/ ./internal/cmd/demo/ && \
+	echo "== e2e: API-server benchmark, smoke size" && \
+	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 ./tests/apibench/ -run '^$$' -bench . -benchtime 5x -args -sizes 100
 
 # The README's "run it": a narrated replay of scenarios 2 and 9 on a local
 # kube-apiserver with nodeguard as its webhook and the real CAPI manager
@@ -95,6 +97,16 @@ load:
 bundle:
 	@mkdir -p build
 	$(GO) run ./internal/cmd/bundle -o build/nodeguard-bundle.tar.gz -revision "$(REVISION)" $(if $(SIGNING_KEY),-signing-key "$(SIGNING_KEY)")
+
+# What a Node DELETE costs through the real API server with no webhook,
+# nodeguard serve (with and without fresh reads) and Gatekeeper, at fleet
+# sizes; start-up time and RSS of nodeguard (docs/performance.md). Gatekeeper
+# is measured up to 10,000 Machines.
+APIBENCH_SIZES ?= 1000,10000,50000
+APIBENCH_REQUESTS ?= 200
+bench-apiserver:
+	@bin=$$(bash tests/e2e/tools/build.sh) && \
+	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 ./tests/apibench/ -run '^$$' -bench 'NodeDelete' -benchtime $(APIBENCH_REQUESTS)x -timeout 120m -args -sizes $(APIBENCH_SIZES)
 
 # Decision latency and cache memory, enforcer next to Gatekeeper's engine
 # (see docs/performance.md). Gatekeeper at 50k Machines takes minutes.

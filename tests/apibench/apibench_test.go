@@ -1,0 +1,418 @@
+//go:build e2e
+
+// Package apibench measures what an operator feels: how much longer a Node
+// DELETE takes through the real kube-apiserver with nodeguard (or Gatekeeper)
+// as its validating webhook than with none, at fleet sizes, plus nodeguard's
+// time to ready and memory. Server-side dry-run deletes pass through the
+// webhooks and delete nothing. Run with `make bench-apiserver`; `make e2e`
+// runs a smoke size. The binaries come from tests/e2e/tools/build.sh.
+package apibench
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+	"github.com/nodeguard/nodeguard/internal/localcluster"
+	"github.com/nodeguard/nodeguard/internal/testpki"
+)
+
+var (
+	binDir        = flag.String("bin", os.Getenv("NODEGUARD_E2E_BIN"), "directory with kube-apiserver, etcd, kubectl and gatekeeper (tests/e2e/tools/build.sh prints it)")
+	sizesFlag     = flag.String("sizes", "1000", "Machine counts (each with as many DockerMachines)")
+	modesFlag     = flag.String("modes", "none,nodeguard,nodeguard-no-fresh-reads,gatekeeper", "webhooks to measure, in order")
+	gatekeeperMax = flag.Int("gatekeeper-max", 10000, "largest fleet Gatekeeper is measured at (its engine is linear in the synced inventory)")
+	nodeguardArgs = flag.String("nodeguard-args", "", "extra flags for nodeguard serve, space separated")
+)
+
+const (
+	blockedNode = "md-0-000000" // its Machine and DockerMachine exist
+	allowedNode = "free-0"      // nothing links to it
+)
+
+func TestMain(m *testing.M) {
+	ctrllog.SetLogger(logr.Discard())
+	os.Exit(m.Run())
+}
+
+// result is one row of the summary table.
+type result struct {
+	size                     int
+	mode, verdict            string
+	p50, p99                 time.Duration
+	addedP50, addedP99       time.Duration
+	ready                    time.Duration
+	rssMiB                   float64
+	haveBaseline, haveServer bool
+}
+
+func BenchmarkNodeDelete(b *testing.B) {
+	if *binDir == "" {
+		b.Skip("no kube-apiserver/etcd: run `make bench-apiserver` (it builds them with tests/e2e/tools/build.sh)")
+	}
+	nodeguardBin := buildNodeguard(b)
+	var results []result
+	for _, n := range sizes(b) {
+		env, cfg := apiServer(b)
+		kube, err := kubernetes.NewForConfig(cfg)
+		require.NoError(b, err)
+		start := time.Now()
+		populate(b, cfg, n)
+		fmt.Printf("%d Machines and %d DockerMachines created in %s\n", n, n, time.Since(start).Round(time.Second))
+		baseline := map[string][2]time.Duration{}
+		for _, mode := range strings.Split(*modesFlag, ",") {
+			if mode == "gatekeeper" && n > *gatekeeperMax {
+				b.Logf("gatekeeper at %d Machines: skipped (-gatekeeper-max %d): ~1 s per review at 10,000 already, linear in the fleet", n, *gatekeeperMax)
+				continue
+			}
+			srv := startWebhook(b, env, kube, mode, nodeguardBin)
+			for _, verdict := range []string{"blocked", "allowed"} {
+				node := map[string]string{"blocked": blockedNode, "allowed": allowedNode}[verdict]
+				var lat []time.Duration
+				b.Run(fmt.Sprintf("machines=%d/%s/%s", n, mode, verdict), func(b *testing.B) {
+					lat = measure(b, kube, node, verdict == "blocked" && mode != "none")
+					p50, p99 := percentile(lat, 50), percentile(lat, 99)
+					b.ReportMetric(ms(p50), "p50-ms")
+					b.ReportMetric(ms(p99), "p99-ms")
+					if base, ok := baseline[verdict]; ok {
+						b.ReportMetric(ms(p50-base[0]), "added-p50-ms")
+						b.ReportMetric(ms(p99-base[1]), "added-p99-ms")
+					}
+					if srv.ready > 0 {
+						b.ReportMetric(srv.ready.Seconds(), "ready-s")
+						b.ReportMetric(srv.rssMiB, "rss-MiB")
+					}
+				})
+				r := result{size: n, mode: mode, verdict: verdict, p50: percentile(lat, 50), p99: percentile(lat, 99),
+					ready: srv.ready, rssMiB: srv.rssMiB, haveServer: srv.ready > 0}
+				if mode == "none" {
+					baseline[verdict] = [2]time.Duration{r.p50, r.p99}
+				} else if base, ok := baseline[verdict]; ok {
+					r.addedP50, r.addedP99, r.haveBaseline = r.p50-base[0], r.p99-base[1], true
+				}
+				results = append(results, r)
+			}
+			srv.stop()
+		}
+		_ = env.Stop()
+	}
+	// The summary, ready for docs/performance.md (b.Log of a parent
+	// benchmark is not shown without -v).
+	fmt.Print(table(results))
+}
+
+func sizes(b *testing.B) []int {
+	var out []int
+	for _, s := range strings.Split(*sizesFlag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		require.NoError(b, err)
+		out = append(out, n)
+	}
+	return out
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// measure times b.N dry-run deletes of node, one after another, and checks
+// each answer: a blocked Node must be denied, an allowed one admitted.
+func measure(b *testing.B, kube kubernetes.Interface, node string, wantDenied bool) []time.Duration {
+	ctx := context.Background()
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		err := kube.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		lat = append(lat, time.Since(start))
+		if wantDenied && !apierrors.IsForbidden(err) || !wantDenied && err != nil {
+			b.Fatalf("dry-run delete of Node %s: want denied=%v, got %v", node, wantDenied, err)
+		}
+	}
+	b.StopTimer()
+	return lat
+}
+
+func percentile(lat []time.Duration, p int) time.Duration {
+	if len(lat) == 0 {
+		return 0
+	}
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	return s[min(len(s)-1, len(s)*p/100)]
+}
+
+func table(results []result) string {
+	var sb strings.Builder
+	sb.WriteString("| Machines | webhook | Node | p50 | p99 | added p50 | added p99 | ready after start | RSS |\n")
+	sb.WriteString("|---:|---|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range results {
+		added := "-"
+		if r.haveBaseline {
+			added = fmt.Sprintf("%.2f ms | %.2f ms", ms(r.addedP50), ms(r.addedP99))
+		} else {
+			added = "- | -"
+		}
+		server := "- | -"
+		if r.haveServer {
+			server = fmt.Sprintf("%.1f s | %.0f MiB", r.ready.Seconds(), r.rssMiB)
+		}
+		fmt.Fprintf(&sb, "| %d | %s | %s | %.2f ms | %.2f ms | %s | %s |\n", r.size, r.mode, r.verdict, ms(r.p50), ms(r.p99), added, server)
+	}
+	return sb.String()
+}
+
+// buildNodeguard builds the nodeguard binary, so it runs in its own process
+// (its memory is its own) as in a cluster.
+func buildNodeguard(b *testing.B) string {
+	out := filepath.Join(b.TempDir(), "nodeguard")
+	cmd := exec.Command("go", "build", "-o", out, "./enforcer/cmd/nodeguard")
+	cmd.Dir = "../.."
+	msg, err := cmd.CombinedOutput()
+	require.NoError(b, err, "%s", msg)
+	return out
+}
+
+// apiServer starts kube-apiserver and etcd with the current CAPI CRDs.
+func apiServer(b *testing.B) (*envtest.Environment, *rest.Config) {
+	env, err := localcluster.Environment(*binDir, b.TempDir(), localcluster.Current())
+	require.NoError(b, err)
+	_, err = env.Start()
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = env.Stop() })
+	cfg := localcluster.Config(env)
+	// Filling the fleet is not what is measured: no client-side throttle.
+	cfg.QPS, cfg.Burst = 10000, 10000
+	return env, cfg
+}
+
+// populate creates n realistic CAPD Machines and DockerMachines over 10
+// namespaces, the Machine of the blocked Node with its nodeRef, and the two
+// Nodes.
+func populate(b *testing.B, cfg *rest.Config, n int) {
+	ctx := context.Background()
+	dyn, err := dynamic.NewForConfig(cfg)
+	require.NoError(b, err)
+	kube, err := kubernetes.NewForConfig(cfg)
+	require.NoError(b, err)
+	for i := range 10 {
+		_, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("team-%d", i)}}, metav1.CreateOptions{})
+		require.NoError(b, err)
+	}
+	r := localcluster.Current()
+	machines, infra := r.GVR("cluster.x-k8s.io", "machines"), r.GVR("infrastructure.cluster.x-k8s.io", "dockermachines")
+	work := make(chan int)
+	errs := make(chan error, 16)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				m, d := objects(i)
+				if i == 0 {
+					m["status"] = map[string]any{"nodeRef": map[string]any{"name": blockedNode}}
+				}
+				if _, err := localcluster.Apply(ctx, dyn, infra, d); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := localcluster.Apply(ctx, dyn, machines, m); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	for i := range n {
+		select {
+		case work <- i:
+		case err := <-errs:
+			close(work)
+			b.Fatal(err)
+		}
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	require.NoError(b, <-errs)
+	for _, node := range []map[string]any{
+		{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": blockedNode, "annotations": map[string]any{
+			"cluster.x-k8s.io/cluster-name": "team-0", "cluster.x-k8s.io/cluster-namespace": "team-0", "cluster.x-k8s.io/machine": blockedNode}},
+			"spec": map[string]any{"providerID": "docker:////" + blockedNode}},
+		{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": allowedNode}, "spec": map[string]any{"providerID": "docker:////" + allowedNode}},
+	} {
+		_, err := localcluster.Apply(ctx, dyn, localcluster.Nodes(), node)
+		require.NoError(b, err)
+	}
+}
+
+// objects are Machine i (team-(i%10)/md-0-i, as a MachineSet makes it) and
+// its DockerMachine, as the API server would hold them.
+func objects(i int) (machine, docker map[string]any) {
+	ns := fmt.Sprintf("team-%d", i%10)
+	name := fmt.Sprintf("md-0-%06d", i)
+	pid := "docker:////" + name
+	machine = map[string]any{
+		"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+		"metadata": map[string]any{"namespace": ns, "name": name,
+			"labels": map[string]any{"cluster.x-k8s.io/cluster-name": ns, "cluster.x-k8s.io/deployment-name": "md-0",
+				"cluster.x-k8s.io/set-name": "md-0-x7k2p"}},
+		"spec": map[string]any{"clusterName": ns, "version": "v1.34.1", "providerID": pid,
+			"bootstrap":         map[string]any{"dataSecretName": name + "-bootstrap"},
+			"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name}},
+	}
+	docker = map[string]any{
+		"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DockerMachine",
+		"metadata": map[string]any{"namespace": ns, "name": name, "labels": map[string]any{"cluster.x-k8s.io/cluster-name": ns}},
+		"spec":     map[string]any{"providerID": pid, "customImage": "kindest/node:v1.34.1", "bootstrapped": true},
+	}
+	return machine, docker
+}
+
+// webhook is one running webhook server, or none.
+type webhook struct {
+	stop   func()
+	ready  time.Duration
+	rssMiB float64
+}
+
+// startWebhook starts the webhook of mode, points Node deletes at it and
+// waits until it denies the blocked Node (so its data is synced).
+func startWebhook(b *testing.B, env *envtest.Environment, kube kubernetes.Interface, mode, nodeguardBin string) webhook {
+	ctx := context.Background()
+	w := webhook{stop: func() {}}
+	switch mode {
+	case "none":
+		return w
+	case "nodeguard", "nodeguard-no-fresh-reads":
+		args := strings.Fields(*nodeguardArgs)
+		if mode == "nodeguard-no-fresh-reads" {
+			args = append(args, "--no-fresh-reads")
+		}
+		w = startNodeguard(b, env, kube, nodeguardBin, args)
+	case "gatekeeper":
+		start := time.Now()
+		log, err := os.Create(filepath.Join(b.TempDir(), "gatekeeper.log"))
+		require.NoError(b, err)
+		stop, _, err := localcluster.StartGatekeeper(ctx, env, *binDir, "../..", b.TempDir(), log)
+		require.NoError(b, err)
+		w.stop = func() {
+			stop()
+			_ = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, "gatekeeper-validating-webhook-configuration", metav1.DeleteOptions{})
+			_ = log.Close()
+		}
+		b.Logf("Gatekeeper started and constraints applied in %s", time.Since(start).Round(time.Millisecond))
+	default:
+		b.Fatalf("unknown mode %q", mode)
+	}
+	start := time.Now()
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		err := kube.CoreV1().Nodes().Delete(ctx, blockedNode, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		return apierrors.IsForbidden(err), nil
+	})
+	require.NoError(b, err, "%s never denied the blocked Node", mode)
+	b.Logf("%s denies the blocked Node %s after its webhook was registered", mode, time.Since(start).Round(time.Millisecond))
+	return w
+}
+
+// startNodeguard runs `nodeguard serve` as its own process, measures the
+// time from start to /readyz OK and its RSS then, and registers its webhook.
+func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Interface, bin string, extra []string) webhook {
+	ctx := context.Background()
+	dir := b.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	require.NoError(b, localcluster.AdminKubeconfig(env, kubeconfig))
+	ca := testpki.New(b)
+	cert, key := ca.ServerFiles(b, "nodeguard")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	addr := l.Addr().String()
+	require.NoError(b, l.Close())
+	args := append([]string{"serve", "--kubeconfig", kubeconfig, "--tls-cert-file", cert, "--tls-private-key-file", key,
+		"--listen-address", addr}, extra...)
+	cmd := exec.Command(bin, args...)
+	// The deployment's settings (enforcer/deploy/deployment.yaml).
+	cmd.Env = append(os.Environ(), "GOGC=400", "GOMEMLIMIT=400MiB")
+	log, err := os.Create(filepath.Join(dir, "nodeguard.log"))
+	require.NoError(b, err)
+	cmd.Stdout, cmd.Stderr = log, log
+	start := time.Now()
+	require.NoError(b, cmd.Start())
+	stop := func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = log.Close()
+		_ = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, webhookconfig.Name, metav1.DeleteOptions{})
+	}
+	caPEM, err := os.ReadFile(ca.CAFile(b))
+	require.NoError(b, err)
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	url := "https://" + addr
+	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		resp, err := client.Get(url + "/readyz")
+		if err != nil {
+			return false, nil
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	ready := time.Since(start)
+	if err != nil {
+		stop()
+		logged, _ := os.ReadFile(log.Name())
+		b.Fatalf("nodeguard not ready: %v\n%s", err, logged)
+	}
+	rss := rssMiB(b, cmd.Process.Pid)
+	b.Logf("nodeguard serve %v: ready %s after start, RSS %.0f MiB", extra, ready.Round(time.Millisecond), rss)
+	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
+	require.NoError(b, err)
+	require.NoError(b, webhookconfig.Apply(ctx, kube, vwc))
+	return webhook{stop: stop, ready: ready, rssMiB: rss}
+}
+
+// rssMiB reads a process's resident set size from /proc.
+func rssMiB(b *testing.B, pid int) float64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	require.NoError(b, err)
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if rest, ok := strings.CutPrefix(s.Text(), "VmRSS:"); ok {
+			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
+			require.NoError(b, err)
+			return float64(kb) / 1024
+		}
+	}
+	b.Fatalf("no VmRSS in /proc/%d/status", pid)
+	return 0
+}
