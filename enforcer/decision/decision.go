@@ -109,12 +109,12 @@ type prepared struct {
 // Policy says which policy an Evaluator runs.
 type Policy struct {
 	// Source is SourceEmbedded or SourceBundle.
-	Source string
+	Source string `json:"source"`
 	// Version is the embedded template version (empty for a bundle, which
 	// carries no Gatekeeper entry point).
-	Version string
+	Version string `json:"version,omitempty"`
 	// Revision is the bundle manifest's revision (empty when embedded).
-	Revision string
+	Revision string `json:"revision,omitempty"`
 }
 
 // Where a policy comes from.

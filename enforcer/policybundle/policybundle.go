@@ -55,6 +55,15 @@ func Load(ctx context.Context, opts Options) (*decision.Evaluator, error) {
 	return e, nil
 }
 
+// Evaluator is the verified bundle's policy when opts.Path is set, else the
+// embedded rule.
+func Evaluator(ctx context.Context, opts Options) (*decision.Evaluator, error) {
+	if opts.Path == "" {
+		return decision.NewEvaluator(ctx)
+	}
+	return Load(ctx, opts)
+}
+
 func read(opts Options) (opabundle.Bundle, error) {
 	if opts.VerificationKeyFile == "" {
 		return opabundle.Bundle{}, errors.New("--bundle-verification-key is required: nodeguard runs only signed bundles")
