@@ -103,3 +103,22 @@ bench:
 	$(GO) test ./tests/bench/ -run '^$$' -bench 'Decision/enforcer' -benchtime 2000x -timeout 60m -args -sizes $(BENCH_SIZES)
 	$(GO) test ./tests/bench/ -run '^$$' -bench 'Decision/gatekeeper' -benchtime 5x -timeout 60m -args -sizes $(BENCH_SIZES)
 	$(GO) test ./tests/bench/ -run '^$$' -bench 'CacheMemory' -benchtime 1x -timeout 60m -args -sizes $(BENCH_SIZES)
+
+# The container image, built without a Docker daemon (internal/cmd/image):
+# an OCI layout in build/image holding one index for linux/amd64 and
+# linux/arm64. Everything is fixed by the commit, so two builds of one commit
+# give one digest: the last line printed. A work tree with uncommitted changes
+# gets a -dirty version.
+IMAGE_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGE_REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+IMAGE_FLAGS = -o build/image -version $(IMAGE_VERSION) -revision $(IMAGE_REVISION) -source-date-epoch $(SOURCE_DATE_EPOCH)
+.PHONY: image image-push
+image:
+	@$(GO) run ./internal/cmd/image $(IMAGE_FLAGS)
+
+# Pushes the same index to $(REGISTRY)/nodeguard:$(IMAGE_VERSION) (docker's
+# credential config is used for the login).
+image-push:
+	@test -n "$(REGISTRY)" || { echo "usage: make image-push REGISTRY=registry.example.com/team" >&2; exit 1; }
+	@$(GO) run ./internal/cmd/image $(IMAGE_FLAGS) -push $(REGISTRY)/nodeguard:$(IMAGE_VERSION)
