@@ -14,6 +14,7 @@ SCENARIOS ?= 2000
 .PHONY: test lint policy-test generate generate-check gatekeeper-test go-test race fuzz differential load e2e demo bundle bench
 
 PHASES := lint policy-test generate-check gatekeeper-test go-test race fuzz differential load e2e
+PHASES += chart
 # Each phase in turn, with its time, so a slow CI run says where it went.
 test:
 	@for phase in $(PHASES); do start=$$(date +%s); $(MAKE) --no-print-directory $$phase || exit 1; \
@@ -113,7 +114,7 @@ IMAGE_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || ech
 IMAGE_REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGE_FLAGS = -o build/image -version $(IMAGE_VERSION) -revision $(IMAGE_REVISION) -source-date-epoch $(SOURCE_DATE_EPOCH)
-.PHONY: image image-push
+.PHONY: image image-push chart
 image:
 	@$(GO) run ./internal/cmd/image $(IMAGE_FLAGS)
 
@@ -122,3 +123,11 @@ image:
 image-push:
 	@test -n "$(REGISTRY)" || { echo "usage: make image-push REGISTRY=registry.example.com/team" >&2; exit 1; }
 	@$(GO) run ./internal/cmd/image $(IMAGE_FLAGS) -push $(REGISTRY)/nodeguard:$(IMAGE_VERSION)
+
+# The Helm chart, through the pinned helm of tools/helm (its own module, as
+# Regal). charts/chart_test.go (in go-test) checks it against enforcer/deploy.
+HELM := $(GO) tool -modfile=tools/helm/go.mod helm
+chart:
+	@echo "== helm lint and template"
+	$(HELM) lint --strict charts/nodeguard
+	$(HELM) template nodeguard charts/nodeguard --namespace nodeguard-system > /dev/null
