@@ -114,7 +114,7 @@ IMAGE_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || ech
 IMAGE_REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGE_FLAGS = -o build/image -version $(IMAGE_VERSION) -revision $(IMAGE_REVISION) -source-date-epoch $(SOURCE_DATE_EPOCH)
-.PHONY: image image-push chart
+.PHONY: image image-push image-pin chart
 image:
 	@$(GO) run ./internal/cmd/image $(IMAGE_FLAGS)
 
@@ -123,6 +123,13 @@ image:
 image-push:
 	@test -n "$(REGISTRY)" || { echo "usage: make image-push REGISTRY=registry.example.com/team" >&2; exit 1; }
 	@$(GO) run ./internal/cmd/image $(IMAGE_FLAGS) -push $(REGISTRY)/nodeguard:$(IMAGE_VERSION)
+
+# Points the chart (charts/nodeguard/values.yaml) and the kustomization
+# (enforcer/deploy) at $(REGISTRY)/nodeguard:$(IMAGE_VERSION)@<digest>, the one
+# place both take the image from; commit the result with the release.
+image-pin:
+	@test -n "$(REGISTRY)" || { echo "usage: make image-pin REGISTRY=registry.example.com/team" >&2; exit 1; }
+	@$(GO) run ./internal/cmd/image $(IMAGE_FLAGS) -pin $(REGISTRY)/nodeguard
 
 # The Helm chart, through the pinned helm of tools/helm (its own module, as
 # Regal). charts/chart_test.go (in go-test) checks it against enforcer/deploy.

@@ -212,7 +212,7 @@ func TestChartValues(t *testing.T) {
 	var d appsv1.Deployment
 	h.decode(t, "Deployment/nodeguard", &d)
 	c := d.Spec.Template.Spec.Containers[0]
-	assert.Equal(t, "ghcr.io/nodeguard/nodeguard@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", c.Image)
+	assert.Equal(t, "ghcr.io/nodeguard/nodeguard:v0.1.0@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", c.Image)
 	assert.Contains(t, c.Args, "--request-timeout=3s", "a flag is one line of values")
 	assert.NotContains(t, strings.Join(c.Args, " "), "--listen-address", "null leaves a flag out")
 	for _, a := range []string{"--constraint=/etc/nodeguard/constraint/constraint.yaml", "--bundle=/etc/nodeguard/bundle/bundle.tar.gz",

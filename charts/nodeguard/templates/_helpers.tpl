@@ -12,7 +12,7 @@ app.kubernetes.io/name: nodeguard
 
 {{- define "nodeguard.image" -}}
 {{- if .Values.image.digest -}}
-{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}@{{ .Values.image.digest }}
 {{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag }}
 {{- end -}}

@@ -47,6 +47,7 @@ type options struct {
 	created   time.Time
 	push      string
 	root      string // repository root, where ./enforcer/cmd/nodeguard is
+	pin       string // repository to pin the chart and kustomization to
 }
 
 func main() {
@@ -62,6 +63,7 @@ func main() {
 	flag.StringVar(&o.source, "source", "https://github.com/nodeguard/nodeguard", "source repository URL (label)")
 	flag.Int64Var(&epoch, "source-date-epoch", 0, "creation time and file times, seconds since 1970 (the commit time)")
 	flag.StringVar(&o.root, "root", ".", "repository root")
+	flag.StringVar(&o.pin, "pin", "", "point charts/nodeguard/values.yaml and enforcer/deploy/kustomization.yaml at this repository, the version and the digest")
 	flag.StringVar(&o.push, "push", "", "also push the index to this reference, e.g. registry.example.com/nodeguard:v0.2.0")
 	flag.Parse()
 	o.platforms = strings.Split(platforms, ",")
@@ -135,6 +137,12 @@ func run(ctx context.Context, o options) (v1.Hash, error) {
 			return v1.Hash{}, fmt.Errorf("push %s: %w", ref, err)
 		}
 		fmt.Fprintf(os.Stderr, "pushed %s@%s\n", ref.Context(), digest)
+	}
+	if o.pin != "" {
+		if err := pin(o.root, o.pin, o.version, digest.String()); err != nil {
+			return v1.Hash{}, err
+		}
+		fmt.Fprintf(os.Stderr, "pinned %s and %s to %s:%s@%s\n", chartValues, kustomization, o.pin, o.version, digest)
 	}
 	return digest, nil
 }
