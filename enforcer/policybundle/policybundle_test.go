@@ -205,3 +205,37 @@ func unpack(t *testing.T, tarball []byte, dir string) {
 		require.NoError(t, os.WriteFile(p, body, 0o600))
 	}
 }
+
+// kubelet updates a mounted ConfigMap by swapping the ..data symlink; the
+// bundle's own path is a symlink through it and never changes itself.
+func TestWatchFollowsAConfigMapUpdate(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	key := testbundle.NewKey(t)
+	dir := t.TempDir()
+	version := func(name string, b []byte) {
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, name), 0o755))
+		testbundle.WriteFile(t, filepath.Join(dir, name), "bundle.tar.gz", b)
+		require.NoError(t, os.Symlink(name, filepath.Join(dir, "..data_tmp")))
+		require.NoError(t, os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")))
+	}
+	version("..v1", testbundle.Nodeguard(t, "r1", key.Private))
+	require.NoError(t, os.Symlink("..data/bundle.tar.gz", filepath.Join(dir, "bundle.tar.gz")))
+	opts := policybundle.Options{Path: filepath.Join(dir, "bundle.tar.gz"), VerificationKeyFile: key.PublicKeyFile}
+	running, err := policybundle.Load(ctx, opts)
+	require.NoError(t, err)
+	reloaded := make(chan error, 4)
+	go func() {
+		_ = policybundle.Watch(ctx, opts, running, slog.New(slog.DiscardHandler), func(err error) { reloaded <- err })
+	}()
+	time.Sleep(100 * time.Millisecond)
+
+	version("..v2", testbundle.Nodeguard(t, "r2", key.Private))
+	select {
+	case err := <-reloaded:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reload after the ..data swap")
+	}
+	assert.Equal(t, "r2", running.Policy().Revision)
+}

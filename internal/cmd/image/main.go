@@ -92,7 +92,6 @@ func run(ctx context.Context, o options) (v1.Hash, error) {
 		"org.opencontainers.image.revision": o.revision,
 		"org.opencontainers.image.source":   o.source,
 		"org.opencontainers.image.created":  o.created.Format(time.RFC3339),
-		"org.opencontainers.image.licenses": "Apache-2.0",
 	}
 	var idx v1.ImageIndex = mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
 	for _, p := range o.platforms {
