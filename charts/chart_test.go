@@ -219,7 +219,7 @@ func TestChartValues(t *testing.T) {
 		"--bundle-verification-key=/etc/nodeguard/bundle-key/key.pem", "--bundle-key-id=default", "--bundle-scope=prod"} {
 		assert.Contains(t, c.Args, a)
 	}
-	assert.NotEmpty(t, d.Spec.Template.Annotations["checksum/constraint"])
+	assert.NotEmpty(t, d.Spec.Template.Annotations["checksum/config"])
 
 	// The Constraint in the ConfigMap is one nodeguard reads.
 	var cm corev1.ConfigMap

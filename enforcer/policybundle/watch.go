@@ -24,7 +24,7 @@ const settle = 200 * time.Millisecond
 // bundle that fails Load, or whose default parameters differ from the running
 // ones (the informers were started from those: a restart is needed), is not
 // used: running keeps its policy and reloaded is called with the error.
-// reloaded is called with nil after each successful swap.
+// reloaded, when set, is called with nil after each successful swap.
 func Watch(ctx context.Context, opts Options, running *decision.Evaluator, log *slog.Logger, reloaded func(error)) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -75,7 +75,9 @@ func Watch(ctx context.Context, opts Options, running *decision.Evaluator, log *
 			} else {
 				log.Info("bundle reloaded", "revision", running.Policy().Revision)
 			}
-			reloaded(err)
+			if reloaded != nil {
+				reloaded(err)
+			}
 		}
 	}
 }
