@@ -108,3 +108,23 @@ func DefaultParameters(ctx context.Context, compiled *ast.Compiler) (map[string]
 	}
 	return params, nil
 }
+
+// TemplateVersion is the K8sNodeGuard template version declared in the
+// Gatekeeper entry point's package METADATA (custom.version): the version of
+// the rule the binary embeds.
+func TemplateVersion() (string, error) {
+	f, err := Read(GatekeeperEntry)
+	if err != nil {
+		return "", err
+	}
+	m, err := ast.ParseModuleWithOpts(f.Path, f.Source, ast.ParserOptions{ProcessAnnotation: true})
+	if err != nil {
+		return "", fmt.Errorf("parse %s: %w", f.Path, err)
+	}
+	for _, a := range m.Annotations {
+		if v, ok := a.Custom["version"].(string); ok && a.Scope == "package" && v != "" {
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("%s: no custom.version in the package METADATA", f.Path)
+}

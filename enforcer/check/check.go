@@ -16,6 +16,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 )
 
 // Exit codes: scripts depend on them.
@@ -36,6 +37,9 @@ type Options struct {
 	Output     string
 	Kubeconfig string
 	Context    string
+	// Bundle, when its Path is set, is the signed policy bundle to judge
+	// with instead of the embedded rule.
+	Bundle policybundle.Options
 }
 
 // Result is what -o json prints.
@@ -61,14 +65,15 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 		}
 		params = p
 	}
-	var (
-		d   decision.Decision
-		err error
-	)
+	eval, err := policybundle.Evaluator(ctx, opts.Bundle)
+	if err != nil {
+		return ExitError, err
+	}
+	var d decision.Decision
 	if len(opts.Files) > 0 {
-		d, err = offline(ctx, opts, params)
+		d, err = offline(ctx, opts, params, eval)
 	} else {
-		d, err = judgeLive(ctx, opts, params)
+		d, err = judgeLive(ctx, opts, params, eval)
 	}
 	if err != nil {
 		return ExitError, err
@@ -82,7 +87,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	return ExitAllowed, nil
 }
 
-func offline(ctx context.Context, opts Options, params map[string]any) (decision.Decision, error) {
+func offline(ctx context.Context, opts Options, params map[string]any, eval *decision.Evaluator) (decision.Decision, error) {
 	objs, err := manifest.Load(opts.Files...)
 	if err != nil {
 		return decision.Decision{}, err
@@ -95,10 +100,6 @@ func offline(ctx context.Context, opts Options, params map[string]any) (decision
 	}
 	if node == nil {
 		return decision.Decision{}, fmt.Errorf("node %q not found in %v", opts.Node, opts.Files)
-	}
-	eval, err := decision.NewEvaluator(ctx)
-	if err != nil {
-		return decision.Decision{}, err
 	}
 	infra, pools, err := live.Kinds(eval, params)
 	if err != nil {

@@ -20,22 +20,22 @@ var nodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 // judgeLive judges against the cluster of the kubeconfig: Machines and
 // InfraMachines through the same informers and indexes as the webhook, with
 // fresh reads of the candidates.
-func judgeLive(ctx context.Context, opts Options, params map[string]any) (decision.Decision, error) {
+func judgeLive(ctx context.Context, opts Options, params map[string]any, eval *decision.Evaluator) (decision.Decision, error) {
 	c, err := live.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
 		return decision.Decision{}, err
 	}
-	return judgeWith(ctx, c, opts, params)
+	return judgeWith(ctx, c, opts, params, eval)
 }
 
-func judgeWith(ctx context.Context, c live.Clients, opts Options, params map[string]any) (decision.Decision, error) {
+func judgeWith(ctx context.Context, c live.Clients, opts Options, params map[string]any, eval *decision.Evaluator) (decision.Decision, error) {
 	node, err := c.Dynamic.Resource(nodeGVR).Get(ctx, opts.Node, metav1.GetOptions{})
 	if err != nil {
 		return decision.Decision{}, fmt.Errorf("get node %q: %w", opts.Node, err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
-	e, err := live.Start(ctx, c, live.Options{Parameters: params})
+	e, err := live.Start(ctx, c, live.Options{Parameters: params, Evaluator: eval})
 	if err != nil {
 		return decision.Decision{}, err
 	}

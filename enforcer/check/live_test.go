@@ -19,7 +19,7 @@ func TestLiveCheckAgainstAnAPIServer(t *testing.T) {
 	opts := Options{Node: "dev-md-0-x7k2p-abcde", Output: "text"}
 
 	c := live.Clients{Dynamic: client, Mapper: mapper}
-	d, err := judgeWith(ctx, c, opts, nil)
+	d, err := judgeWith(ctx, c, opts, nil, nil)
 	require.NoError(t, err)
 	assert.False(t, d.Allowed)
 	require.Len(t, d.Blockers, 1)
@@ -28,15 +28,15 @@ func TestLiveCheckAgainstAnAPIServer(t *testing.T) {
 	// CAPI deletes the DockerMachine: the Node may go.
 	gvr := schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Resource: "dockermachines"}
 	require.NoError(t, client.Resource(gvr).Namespace("default").Delete(ctx, "dev-md-0-x7k2p-abcde", metav1.DeleteOptions{}))
-	d, err = judgeWith(ctx, c, opts, nil)
+	d, err = judgeWith(ctx, c, opts, nil, nil)
 	require.NoError(t, err)
 	assert.True(t, d.Allowed, "%v", d.Messages)
 
-	_, err = judgeWith(ctx, c, Options{Node: "missing"}, nil)
+	_, err = judgeWith(ctx, c, Options{Node: "missing"}, nil, nil)
 	assert.ErrorContains(t, err, `get node "missing"`)
 }
 
 func TestLiveCheckWithABadKubeconfig(t *testing.T) {
-	_, err := judgeLive(context.Background(), Options{Node: "n", Kubeconfig: "/nonexistent/kubeconfig"}, nil)
+	_, err := judgeLive(context.Background(), Options{Node: "n", Kubeconfig: "/nonexistent/kubeconfig"}, nil, nil)
 	assert.ErrorContains(t, err, "load kubeconfig")
 }

@@ -7,9 +7,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"sync/atomic"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage/inmem"
 
 	"github.com/nodeguard/nodeguard/policies"
 )
@@ -90,11 +93,35 @@ type Decision struct {
 }
 
 // Evaluator holds the prepared query and the rule's default parameters; it
-// is safe for concurrent use.
+// is safe for concurrent use. Replace swaps in another policy atomically: a
+// decision runs wholly on the policy it started with.
 type Evaluator struct {
+	current atomic.Pointer[prepared]
+}
+
+// prepared is one compiled policy, never changed once built.
+type prepared struct {
 	query    rego.PreparedEvalQuery
 	defaults map[string]any
+	policy   Policy
 }
+
+// Policy says which policy an Evaluator runs.
+type Policy struct {
+	// Source is SourceEmbedded or SourceBundle.
+	Source string `json:"source"`
+	// Version is the embedded template version (empty for a bundle, which
+	// carries no Gatekeeper entry point).
+	Version string `json:"version,omitempty"`
+	// Revision is the bundle manifest's revision (empty when embedded).
+	Revision string `json:"revision,omitempty"`
+}
+
+// Where a policy comes from.
+const (
+	SourceEmbedded = "embedded"
+	SourceBundle   = "bundle"
+)
 
 // NewEvaluator compiles the embedded policies once, for both the prepared
 // query and the defaults.
@@ -103,7 +130,27 @@ func NewEvaluator(ctx context.Context) (*Evaluator, error) {
 	if err != nil {
 		return nil, err
 	}
-	q, err := rego.New(rego.Query(policies.EnforcerQuery), rego.Compiler(compiled)).PrepareForEval(ctx)
+	version, err := policies.TemplateVersion()
+	if err != nil {
+		return nil, err
+	}
+	return NewEvaluatorFor(ctx, compiled, nil, Policy{Source: SourceEmbedded, Version: version})
+}
+
+// NewEvaluatorFor prepares the entry point over an already compiled policy
+// (e.g. from a bundle) and data (nil: none). It fails when the policy lacks
+// the entry point or the default parameters.
+func NewEvaluatorFor(ctx context.Context, compiled *ast.Compiler, data map[string]any, policy Policy) (*Evaluator, error) {
+	for _, ref := range []string{policies.EnforcerQuery, "data.lib.nodeguard.default_parameters"} {
+		if len(compiled.GetRulesForVirtualDocument(ast.MustParseRef(ref))) == 0 {
+			return nil, fmt.Errorf("the policy has no rule %s", ref)
+		}
+	}
+	opts := []func(*rego.Rego){rego.Query(policies.EnforcerQuery), rego.Compiler(compiled)}
+	if data != nil {
+		opts = append(opts, rego.Store(inmem.NewFromObject(data)))
+	}
+	q, err := rego.New(opts...).PrepareForEval(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("prepare %s: %w", policies.EnforcerQuery, err)
 	}
@@ -111,16 +158,25 @@ func NewEvaluator(ctx context.Context) (*Evaluator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Evaluator{query: q, defaults: defaults}, nil
+	e := &Evaluator{}
+	e.current.Store(&prepared{query: q, defaults: defaults, policy: policy})
+	return e, nil
+}
+
+// Replace makes e run other's policy from the next decision on; decisions
+// already running finish on the old one.
+func (e *Evaluator) Replace(other *Evaluator) {
+	e.current.Store(other.current.Load())
+}
+
+// Policy says which policy e runs now.
+func (e *Evaluator) Policy() Policy {
+	return e.current.Load().policy
 }
 
 // DefaultParameters returns a copy of the rule's default parameters.
 func (e *Evaluator) DefaultParameters() map[string]any {
-	out := make(map[string]any, len(e.defaults))
-	for k, v := range e.defaults {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(e.current.Load().defaults)
 }
 
 // Evaluate runs the rule on one input.
@@ -129,7 +185,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, in Input) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	rs, err := e.query.Eval(ctx, rego.EvalParsedInput(input))
+	rs, err := e.current.Load().query.Eval(ctx, rego.EvalParsedInput(input))
 	if err != nil {
 		return Decision{}, fmt.Errorf("evaluate %s: %w", policies.EnforcerQuery, err)
 	}

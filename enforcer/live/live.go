@@ -65,10 +65,14 @@ type Options struct {
 	NoFreshReads bool
 	// FreshTimeout bounds the fresh reads of one decision (default 2s).
 	FreshTimeout time.Duration
+	// Evaluator, when set, runs instead of the embedded rule (e.g. a
+	// verified bundle's policy).
+	Evaluator *decision.Evaluator
 }
 
 // Enforcer is a Guard over informer caches of one cluster.
 type Enforcer struct {
+	Evaluator *decision.Evaluator
 	Guard     *guard.Guard
 	Syncer    *informers.Syncer
 	Inventory *inventory.Inventory
@@ -78,9 +82,12 @@ type Enforcer struct {
 // delete until Syncer.Ready reports the caches synced. Informers stop when
 // ctx is done.
 func Start(ctx context.Context, c Clients, opts Options) (*Enforcer, error) {
-	eval, err := decision.NewEvaluator(ctx)
-	if err != nil {
-		return nil, err
+	eval := opts.Evaluator
+	if eval == nil {
+		var err error
+		if eval, err = decision.NewEvaluator(ctx); err != nil {
+			return nil, err
+		}
 	}
 	infraKinds, poolKinds, err := Kinds(eval, opts.Parameters)
 	if err != nil {
@@ -105,7 +112,7 @@ func Start(ctx context.Context, c Clients, opts Options) (*Enforcer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Enforcer{Guard: g, Syncer: syncer, Inventory: inv}, nil
+	return &Enforcer{Evaluator: eval, Guard: g, Syncer: syncer, Inventory: inv}, nil
 }
 
 // WaitReady polls ready until it reports no error, the timeout passes, or

@@ -18,6 +18,8 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/version"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 )
 
@@ -32,6 +34,9 @@ type Options struct {
 	FreshReadTimeout    time.Duration
 	RequestTimeout      time.Duration
 	ShutdownGrace       time.Duration
+	// Bundle, when its Path is set, is a signed policy bundle to run instead
+	// of the embedded rule, reloaded when the file changes.
+	Bundle policybundle.Options
 }
 
 // Defaults for the flags; the request deadline stays below the 5s
@@ -65,12 +70,35 @@ func RunWith(ctx context.Context, c live.Clients, opts Options, log *slog.Logger
 		}
 		params = p
 	}
-	e, err := live.Start(ctx, c, live.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout})
+	// A bundle is verified and compiled before anything starts: a bad one
+	// stops nodeguard here.
+	eval, err := policybundle.Evaluator(ctx, opts.Bundle)
+	if err != nil {
+		return err
+	}
+	e, err := live.Start(ctx, c, live.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Evaluator: eval})
 	if err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	policyMetrics, err := version.Register(reg, eval.Policy)
+	if err != nil {
+		return err
+	}
+	if opts.Bundle.Path != "" {
+		go func() {
+			err := policybundle.Watch(ctx, opts.Bundle, eval, log, func(err error) {
+				if err != nil {
+					policyMetrics.ReloadErrors.Inc()
+				}
+			})
+			if err != nil {
+				// Without a watch the loaded policy keeps deciding; say so.
+				log.Error("bundle watch stopped: updates of the bundle file will not be loaded", "error", err)
+			}
+		}()
+	}
 	metrics, err := webhook.NewMetrics(reg, e.Inventory.Count)
 	if err != nil {
 		return err
@@ -101,7 +129,9 @@ func RunWith(ctx context.Context, c live.Clients, opts Options, log *slog.Logger
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", listen, err)
 	}
-	log.Info("serving", "address", l.Addr().String(), "freshReads", !opts.NoFreshReads)
+	pol := eval.Policy()
+	log.Info("serving", "address", l.Addr().String(), "freshReads", !opts.NoFreshReads,
+		"policy", pol.Source, "policyVersion", pol.Version, "bundleRevision", pol.Revision)
 	if listening != nil {
 		listening(l.Addr())
 	}

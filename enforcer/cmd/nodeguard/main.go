@@ -4,20 +4,26 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nodeguard/nodeguard/enforcer/check"
 	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
+	"github.com/nodeguard/nodeguard/enforcer/version"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
@@ -37,6 +43,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		SilenceErrors: true,
 	}
 	root.AddCommand(checkCommand(&code), serveCommand(stderr), webhookConfigCommand())
+	root.AddCommand(versionCommand())
+	if plugin := kubectlPluginName(os.Args[0]); plugin != "" {
+		// Installed as kubectl-nodeguard, kubectl runs it as `kubectl nodeguard`.
+		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: plugin}
+	}
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -71,6 +82,7 @@ func checkCommand(code *int) *cobra.Command {
 	f.StringVarP(&opts.Output, "output", "o", "text", "output format: text or json")
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file (live mode)")
 	f.StringVar(&opts.Context, "context", "", "kubeconfig context (live mode)")
+	bundleFlags(f, &opts.Bundle)
 	_ = cmd.MarkFlagRequired("node")
 	return cmd
 }
@@ -101,7 +113,60 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&opts.FreshReadTimeout, "fresh-read-timeout", serve.DefaultFreshTimeout, "bound on the fresh reads of one review; past it the delete is denied")
 	f.DurationVar(&opts.RequestTimeout, "request-timeout", serve.DefaultRequestTimeout, "deadline of one review; keep it below the webhook's timeoutSeconds")
 	f.DurationVar(&opts.ShutdownGrace, "shutdown-grace", serve.DefaultShutdownGrace, "how long in-flight reviews may finish after SIGTERM")
+	bundleFlags(f, &opts.Bundle)
 	return cmd
+}
+
+// bundleFlags are the flags of a signed policy bundle, named as OPA's CLI
+// names them where it has them.
+func bundleFlags(f *pflag.FlagSet, opts *policybundle.Options) {
+	f.StringVar(&opts.Path, "bundle", "", "signed OPA bundle (tar.gz from `make bundle`, or a directory) to run instead of the embedded rule; serve reloads it when it changes")
+	f.StringVar(&opts.VerificationKeyFile, "bundle-verification-key", "", "PEM public key the bundle's signature must verify with (required with --bundle)")
+	f.StringVar(&opts.KeyID, "bundle-key-id", policybundle.DefaultKeyID, "ID of the verification key (OPA's --verification-key-id)")
+	f.StringVar(&opts.Algorithm, "bundle-signing-alg", policybundle.DefaultAlgorithm, "algorithm of the verification key (OPA's --signing-alg)")
+	f.StringVar(&opts.Scope, "bundle-scope", "", "scope the signature must carry (OPA's --scope)")
+}
+
+func versionCommand() *cobra.Command {
+	var (
+		bundle policybundle.Options
+		output string
+	)
+	cmd := &cobra.Command{
+		Use:   "version",
+		Short: "Print the binary's version and commit and the policy it runs (with --bundle: that bundle's revision)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			eval, err := policybundle.Evaluator(cmd.Context(), bundle)
+			if err != nil {
+				return err
+			}
+			r := version.Report{Binary: version.Read(), Policy: eval.Policy()}
+			switch output {
+			case "text":
+				return r.Write(cmd.OutOrStdout())
+			case "json":
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(r)
+			default:
+				return fmt.Errorf("-o %q: want text or json", output)
+			}
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
+	bundleFlags(cmd.Flags(), &bundle)
+	return cmd
+}
+
+// kubectlPluginName is "kubectl nodeguard" when the binary runs as the
+// kubectl plugin kubectl-nodeguard, so help and errors show the command the
+// user typed; empty otherwise.
+func kubectlPluginName(arg0 string) string {
+	if strings.TrimSuffix(filepath.Base(arg0), ".exe") == "kubectl-nodeguard" {
+		return "kubectl nodeguard"
+	}
+	return ""
 }
 
 func webhookConfigCommand() *cobra.Command {

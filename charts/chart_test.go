@@ -1,0 +1,242 @@
+// Package charts_test renders the Helm chart with the pinned helm (tools/helm)
+// and checks it against the kustomize deployment in enforcer/deploy and the
+// webhook configuration `nodeguard webhook-config` builds: the two install
+// paths must deploy the same facts.
+package charts_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+
+	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+	"github.com/nodeguard/nodeguard/internal/testpki"
+)
+
+const namespace = "nodeguard-system"
+
+// objects are rendered manifests by "Kind/name".
+type objects map[string][]byte
+
+func (o objects) decode(t *testing.T, key string, into any) {
+	t.Helper()
+	raw, ok := o[key]
+	require.True(t, ok, "%s rendered; have %v", key, keys(o))
+	require.NoError(t, yaml.UnmarshalStrict(raw, into), key)
+}
+
+func keys(o objects) []string {
+	var out []string
+	for k := range o {
+		out = append(out, k)
+	}
+	return out
+}
+
+func split(t *testing.T, stream []byte) objects {
+	t.Helper()
+	out := objects{}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(stream), 4096)
+	for {
+		var u unstructured.Unstructured
+		if err := dec.Decode(&u.Object); err != nil {
+			require.ErrorContains(t, err, "EOF")
+			return out
+		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		raw, err := yaml.Marshal(u.Object)
+		require.NoError(t, err)
+		out[u.GetKind()+"/"+u.GetName()] = raw
+	}
+}
+
+// Helm runs the pinned helm from the repository root.
+func Helm(t *testing.T, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"tool", "-modfile=tools/helm/go.mod", "helm"}, args...)...)
+	cmd.Dir = ".."
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "helm %v: %s", args, stderr.String())
+	return out
+}
+
+func chart(t *testing.T, set ...string) objects {
+	t.Helper()
+	args := []string{"template", "nodeguard", "charts/nodeguard", "--namespace", namespace}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	return split(t, Helm(t, args...))
+}
+
+func kustomize(t *testing.T, dir string) objects {
+	t.Helper()
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	require.NoError(t, err)
+	raw, err := m.AsYaml()
+	require.NoError(t, err)
+	return split(t, raw)
+}
+
+// kustomizeAll renders enforcer/deploy with its cert-manager component.
+func kustomizeAll(t *testing.T) objects {
+	t.Helper()
+	dir := t.TempDir()
+	abs, err := filepath.Abs("../enforcer/deploy")
+	require.NoError(t, err)
+	rel, err := filepath.Rel(dir, abs)
+	require.NoError(t, err)
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel + "]\ncomponents: [" + rel + "/components/cert-manager]\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o600))
+	return kustomize(t, dir)
+}
+
+func TestChartLints(t *testing.T) {
+	out := Helm(t, "lint", "--strict", "charts/nodeguard")
+	assert.Contains(t, string(out), "0 chart(s) failed")
+}
+
+// Image, flags, environment, Pod security, probes, resources, RBAC,
+// Service, PDB and certificate: the chart's defaults render what kustomize
+// renders.
+func TestChartAndKustomizeAgree(t *testing.T) {
+	h, k := chart(t), kustomizeAll(t)
+
+	var hd, kd appsv1.Deployment
+	h.decode(t, "Deployment/nodeguard", &hd)
+	k.decode(t, "Deployment/nodeguard", &kd)
+	assert.Equal(t, kd.Namespace, hd.Namespace)
+	assert.Equal(t, *kd.Spec.Replicas, *hd.Spec.Replicas)
+	assert.Equal(t, kd.Spec.Selector, hd.Spec.Selector)
+	hp, kp := hd.Spec.Template.Spec, kd.Spec.Template.Spec
+	assert.Equal(t, kp.SecurityContext, hp.SecurityContext)
+	assert.Equal(t, kp.Affinity, hp.Affinity)
+	assert.Equal(t, kp.ServiceAccountName, hp.ServiceAccountName)
+	assert.Equal(t, kp.Volumes, hp.Volumes)
+	require.Len(t, hp.Containers, 1)
+	hc, kc := hp.Containers[0], kp.Containers[0]
+	assert.Equal(t, kc.Image, hc.Image, "one image")
+	assert.ElementsMatch(t, kc.Args, hc.Args, "the same serve flags")
+	assert.ElementsMatch(t, kc.Env, hc.Env)
+	assert.Equal(t, kc.Ports, hc.Ports)
+	assert.Equal(t, kc.ReadinessProbe, hc.ReadinessProbe)
+	assert.Equal(t, kc.LivenessProbe, hc.LivenessProbe)
+	assert.Equal(t, kc.Resources, hc.Resources)
+	assert.Equal(t, kc.SecurityContext, hc.SecurityContext)
+	assert.Equal(t, kc.VolumeMounts, hc.VolumeMounts)
+
+	var hr, kr rbacv1.ClusterRole
+	h.decode(t, "ClusterRole/nodeguard", &hr)
+	k.decode(t, "ClusterRole/nodeguard", &kr)
+	assert.Equal(t, kr.Rules, hr.Rules, "the same RBAC")
+	var hb, kb rbacv1.ClusterRoleBinding
+	h.decode(t, "ClusterRoleBinding/nodeguard", &hb)
+	k.decode(t, "ClusterRoleBinding/nodeguard", &kb)
+	assert.Equal(t, kb.RoleRef, hb.RoleRef)
+	assert.Equal(t, kb.Subjects, hb.Subjects)
+
+	var hs, ks corev1.Service
+	h.decode(t, "Service/nodeguard", &hs)
+	k.decode(t, "Service/nodeguard", &ks)
+	assert.Equal(t, ks.Spec, hs.Spec)
+	var hpdb, kpdb policyv1.PodDisruptionBudget
+	h.decode(t, "PodDisruptionBudget/nodeguard", &hpdb)
+	k.decode(t, "PodDisruptionBudget/nodeguard", &kpdb)
+	assert.Equal(t, kpdb.Spec, hpdb.Spec)
+
+	var hcert, kcert map[string]any
+	h.decode(t, "Certificate/nodeguard", &hcert)
+	k.decode(t, "Certificate/nodeguard", &kcert)
+	assert.Equal(t, kcert["spec"], hcert["spec"])
+	_, ok := h["ServiceAccount/nodeguard"]
+	assert.True(t, ok)
+}
+
+// The chart's webhook is the configuration `nodeguard webhook-config
+// --service` builds.
+func TestChartWebhookIsWhatWebhookConfigBuilds(t *testing.T) {
+	ca, err := os.ReadFile(testpki.New(t).CAFile(t))
+	require.NoError(t, err)
+	h := chart(t, "tls.certManager.enabled=false", "tls.caBundle="+string(ca))
+	var got admissionregistrationv1.ValidatingWebhookConfiguration
+	h.decode(t, "ValidatingWebhookConfiguration/nodeguard", &got)
+	want, err := webhookconfig.Build(webhookconfig.Options{Service: namespace + "/nodeguard", CABundle: ca})
+	require.NoError(t, err)
+	assert.Equal(t, want.Name, got.Name)
+	assert.Equal(t, want.Webhooks, got.Webhooks)
+	for _, k := range []string{"Certificate/nodeguard", "Issuer/nodeguard-selfsigned"} {
+		assert.NotContains(t, h, k, "no cert-manager objects without cert-manager")
+	}
+
+	// With cert-manager, its CA injector fills the caBundle.
+	h = chart(t)
+	got = admissionregistrationv1.ValidatingWebhookConfiguration{}
+	h.decode(t, "ValidatingWebhookConfiguration/nodeguard", &got)
+	assert.Equal(t, namespace+"/nodeguard", got.Annotations["cert-manager.io/inject-ca-from"])
+	assert.Empty(t, got.Webhooks[0].ClientConfig.CABundle)
+
+	assert.NotContains(t, chart(t, "webhook.enabled=false"), "ValidatingWebhookConfiguration/nodeguard")
+}
+
+func TestChartValues(t *testing.T) {
+	h := chart(t,
+		"image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+		"constraint.parameters.exemptGroups[0]=nodeguard:break-glass",
+		"flags.request-timeout=3s",
+		"flags.listen-address=null",
+		"policyBundle.configMapName=my-bundle",
+		"policyBundle.verificationKey=PEM",
+		"policyBundle.scope=prod",
+	)
+	var d appsv1.Deployment
+	h.decode(t, "Deployment/nodeguard", &d)
+	c := d.Spec.Template.Spec.Containers[0]
+	assert.Equal(t, "ghcr.io/nodeguard/nodeguard:v0.1.0@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", c.Image)
+	assert.Contains(t, c.Args, "--request-timeout=3s", "a flag is one line of values")
+	assert.NotContains(t, strings.Join(c.Args, " "), "--listen-address", "null leaves a flag out")
+	for _, a := range []string{"--constraint=/etc/nodeguard/constraint/constraint.yaml", "--bundle=/etc/nodeguard/bundle/bundle.tar.gz",
+		"--bundle-verification-key=/etc/nodeguard/bundle-key/key.pem", "--bundle-key-id=default", "--bundle-scope=prod"} {
+		assert.Contains(t, c.Args, a)
+	}
+	assert.NotEmpty(t, d.Spec.Template.Annotations["checksum/config"])
+
+	// The Constraint in the ConfigMap is one nodeguard reads.
+	var cm corev1.ConfigMap
+	h.decode(t, "ConfigMap/nodeguard-constraint", &cm)
+	path := filepath.Join(t.TempDir(), "constraint.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(cm.Data["constraint.yaml"]), 0o600))
+	params, err := manifest.ConstraintParameters(path)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]any{"exemptGroups": []any{"nodeguard:break-glass"}}, params)
+	var key corev1.ConfigMap
+	h.decode(t, "ConfigMap/nodeguard-bundle-key", &key)
+	assert.Equal(t, "PEM", key.Data["key.pem"])
+
+	// A bundle without its key is refused at render time.
+	cmd := exec.Command("go", "tool", "-modfile=tools/helm/go.mod", "helm", "template", "x", "charts/nodeguard", "--set", "policyBundle.configMapName=b")
+	cmd.Dir = ".."
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(out), "policyBundle.verificationKey is required")
+}

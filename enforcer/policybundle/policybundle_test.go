@@ -1,0 +1,241 @@
+package policybundle_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/internal/testbundle"
+)
+
+// blockedReview is a DELETE of a Node whose DockerMachine still exists.
+func blockedReview() decision.Input {
+	node := map[string]any{
+		"apiVersion": "v1", "kind": "Node",
+		"metadata": map[string]any{"name": "n1"},
+		"spec":     map[string]any{"providerID": "docker:////n1"},
+	}
+	infra := map[string]any{
+		"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DockerMachine",
+		"metadata": map[string]any{"namespace": "default", "name": "n1"},
+		"spec":     map[string]any{"providerID": "docker:////n1"},
+	}
+	return decision.Input{
+		Review: map[string]any{
+			"operation": "DELETE",
+			"kind":      map[string]any{"group": "", "version": "v1", "kind": "Node"},
+			"name":      "n1",
+			"oldObject": node,
+		},
+		Inventory: map[string]any{"namespace": map[string]any{"default": map[string]any{
+			"infrastructure.cluster.x-k8s.io/v1beta2": map[string]any{"DockerMachine": map[string]any{"n1": infra}},
+		}}},
+	}
+}
+
+func TestLoadAcceptsTheSignedBundleAsTarballAndDirectory(t *testing.T) {
+	ctx := context.Background()
+	key := testbundle.NewKey(t)
+	tarball := testbundle.Nodeguard(t, "0.1.1+abc", key.Private)
+	dir := t.TempDir()
+	unpack(t, tarball, filepath.Join(dir, "unpacked"))
+	embedded, err := decision.NewEvaluator(ctx)
+	require.NoError(t, err)
+	want, err := embedded.Evaluate(ctx, blockedReview())
+	require.NoError(t, err)
+	require.False(t, want.Allowed)
+
+	for name, path := range map[string]string{
+		"tarball":   testbundle.WriteFile(t, dir, "bundle.tar.gz", tarball),
+		"directory": filepath.Join(dir, "unpacked"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			e, err := policybundle.Load(ctx, policybundle.Options{Path: path, VerificationKeyFile: key.PublicKeyFile})
+			require.NoError(t, err)
+			assert.Equal(t, decision.Policy{Source: decision.SourceBundle, Revision: "0.1.1+abc"}, e.Policy())
+			assert.Equal(t, embedded.DefaultParameters(), e.DefaultParameters())
+			got, err := e.Evaluate(ctx, blockedReview())
+			require.NoError(t, err)
+			assert.Equal(t, want, got, "the bundle decides like the embedded rule")
+		})
+	}
+}
+
+func TestLoadRefusesBundlesItCannotTrust(t *testing.T) {
+	ctx := context.Background()
+	key := testbundle.NewKey(t)
+	other := testbundle.NewKey(t)
+	signed := testbundle.Nodeguard(t, "r1", key.Private)
+	dir := t.TempDir()
+
+	broken := testbundle.Sources(t)
+	broken["nodeguard/decision.rego"] = "package nodeguard\n\ndecision := no_such_function(input)\n"
+	noEntry := testbundle.Sources(t)
+	delete(noEntry, "nodeguard/decision.rego")
+
+	for name, tc := range map[string]struct {
+		bundle []byte
+		opts   policybundle.Options
+		want   string
+	}{
+		"unsigned":           {testbundle.Nodeguard(t, "r1", ""), policybundle.Options{}, "bundle missing .signatures.json"},
+		"tampered":           {testbundle.Tamper(t, signed), policybundle.Options{}, "digest mismatch"},
+		"wrong key":          {testbundle.Nodeguard(t, "r1", other.Private), policybundle.Options{}, "verification error"},
+		"wrong scope":        {signed, policybundle.Options{Scope: "prod"}, "scope mismatch"},
+		"does not compile":   {testbundle.Signed(t, broken, "r1", key.Private), policybundle.Options{}, "undefined function no_such_function"},
+		"lacks entry point":  {testbundle.Signed(t, noEntry, "r1", key.Private), policybundle.Options{}, "no rule data.nodeguard.decision"},
+		"no key given":       {signed, policybundle.Options{VerificationKeyFile: "-"}, "--bundle-verification-key is required"},
+		"not a bundle":       {[]byte("hello"), policybundle.Options{}, "read and verify"},
+		"key file not found": {signed, policybundle.Options{VerificationKeyFile: filepath.Join(dir, "nope.pem")}, "read verification key"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			opts := tc.opts
+			opts.Path = testbundle.WriteFile(t, t.TempDir(), "bundle.tar.gz", tc.bundle)
+			switch opts.VerificationKeyFile {
+			case "":
+				opts.VerificationKeyFile = key.PublicKeyFile
+			case "-":
+				opts.VerificationKeyFile = ""
+			}
+			e, err := policybundle.Load(ctx, opts)
+			require.Error(t, err)
+			assert.Nil(t, e)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Contains(t, err.Error(), opts.Path, "the error names the bundle")
+		})
+	}
+}
+
+func TestWatchSwapsInANewBundleAndKeepsTheOldOnABadOne(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	key := testbundle.NewKey(t)
+	dir := t.TempDir()
+	path := testbundle.WriteFile(t, dir, "bundle.tar.gz", testbundle.Nodeguard(t, "r1", key.Private))
+	opts := policybundle.Options{Path: path, VerificationKeyFile: key.PublicKeyFile}
+	running, err := policybundle.Load(ctx, opts)
+	require.NoError(t, err)
+
+	var ok, failed atomic.Int32
+	lastErr := atomic.Pointer[error]{}
+	go func() {
+		_ = policybundle.Watch(ctx, opts, running, slog.New(slog.DiscardHandler), func(err error) {
+			if err != nil {
+				failed.Add(1)
+				lastErr.Store(&err)
+				return
+			}
+			ok.Add(1)
+		})
+	}()
+	time.Sleep(100 * time.Millisecond) // the watch is set up
+
+	// A customized policy (allow everything), signed: swapped in.
+	custom := testbundle.Sources(t)
+	custom["nodeguard/decision.rego"] = testbundle.AllowAll
+	replace(t, path, testbundle.Signed(t, custom, "r2", key.Private))
+	require.Eventually(t, func() bool { return ok.Load() == 1 }, 10*time.Second, 20*time.Millisecond)
+	assert.Equal(t, "r2", running.Policy().Revision)
+	d, err := running.Evaluate(ctx, blockedReview())
+	require.NoError(t, err)
+	assert.True(t, d.Allowed, "the new policy decides")
+
+	// Tampered: refused, r2 keeps running.
+	replace(t, path, testbundle.Tamper(t, testbundle.Nodeguard(t, "r3", key.Private)))
+	require.Eventually(t, func() bool { return failed.Load() == 1 }, 10*time.Second, 20*time.Millisecond)
+	assert.Contains(t, (*lastErr.Load()).Error(), "digest mismatch")
+	assert.Equal(t, "r2", running.Policy().Revision)
+
+	// Different defaults would leave the informers watching the old kinds.
+	defaults := testbundle.Sources(t)
+	defaults["lib/nodeguard/nodeguard.rego"] = string(bytes.Replace([]byte(defaults["lib/nodeguard/nodeguard.rego"]),
+		[]byte(`"DockerMachine"`), []byte(`"DockerMachineX"`), 1))
+	require.NotEqual(t, testbundle.Sources(t)["lib/nodeguard/nodeguard.rego"], defaults["lib/nodeguard/nodeguard.rego"])
+	replace(t, path, testbundle.Signed(t, defaults, "r4", key.Private))
+	require.Eventually(t, func() bool { return failed.Load() == 2 }, 10*time.Second, 20*time.Millisecond)
+	assert.Contains(t, (*lastErr.Load()).Error(), "default parameters differ")
+	assert.Equal(t, "r2", running.Policy().Revision)
+
+	// The embedded rule again, signed: back to denying.
+	replace(t, path, testbundle.Nodeguard(t, "r5", key.Private))
+	require.Eventually(t, func() bool { return ok.Load() == 2 }, 10*time.Second, 20*time.Millisecond)
+	d, err = running.Evaluate(ctx, blockedReview())
+	require.NoError(t, err)
+	assert.False(t, d.Allowed)
+	assert.Equal(t, "r5", running.Policy().Revision)
+}
+
+// replace writes b next to path and renames it over path, as careful
+// writers (and kubelet) do.
+func replace(t *testing.T, path string, b []byte) {
+	t.Helper()
+	tmp := path + ".tmp"
+	require.NoError(t, os.WriteFile(tmp, b, 0o600))
+	require.NoError(t, os.Rename(tmp, path))
+}
+
+func unpack(t *testing.T, tarball []byte, dir string) {
+	t.Helper()
+	gz, err := gzip.NewReader(bytes.NewReader(tarball))
+	require.NoError(t, err)
+	tr := tar.NewReader(gz)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return
+		}
+		require.NoError(t, err)
+		body, err := io.ReadAll(tr)
+		require.NoError(t, err)
+		p := filepath.Join(dir, filepath.FromSlash(hdr.Name))
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, body, 0o600))
+	}
+}
+
+// kubelet updates a mounted ConfigMap by swapping the ..data symlink; the
+// bundle's own path is a symlink through it and never changes itself.
+func TestWatchFollowsAConfigMapUpdate(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	key := testbundle.NewKey(t)
+	dir := t.TempDir()
+	version := func(name string, b []byte) {
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, name), 0o755))
+		testbundle.WriteFile(t, filepath.Join(dir, name), "bundle.tar.gz", b)
+		require.NoError(t, os.Symlink(name, filepath.Join(dir, "..data_tmp")))
+		require.NoError(t, os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")))
+	}
+	version("..v1", testbundle.Nodeguard(t, "r1", key.Private))
+	require.NoError(t, os.Symlink("..data/bundle.tar.gz", filepath.Join(dir, "bundle.tar.gz")))
+	opts := policybundle.Options{Path: filepath.Join(dir, "bundle.tar.gz"), VerificationKeyFile: key.PublicKeyFile}
+	running, err := policybundle.Load(ctx, opts)
+	require.NoError(t, err)
+	reloaded := make(chan error, 4)
+	go func() {
+		_ = policybundle.Watch(ctx, opts, running, slog.New(slog.DiscardHandler), func(err error) { reloaded <- err })
+	}()
+	time.Sleep(100 * time.Millisecond)
+
+	version("..v2", testbundle.Nodeguard(t, "r2", key.Private))
+	select {
+	case err := <-reloaded:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reload after the ..data swap")
+	}
+	assert.Equal(t, "r2", running.Policy().Revision)
+}

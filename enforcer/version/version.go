@@ -1,0 +1,124 @@
+// Package version says what a nodeguard binary is: its version and commit
+// (from the Go build's VCS stamp, or -ldflags at release), and which policy
+// it runs; also as the Prometheus gauges nodeguard_build_info and
+// nodeguard_policy_info.
+package version
+
+import (
+	"fmt"
+	"io"
+	"runtime/debug"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodeguard/nodeguard/enforcer/decision"
+)
+
+// Set at link time by `make build`/`make image` (-ldflags -X, see the
+// Makefile), which works where the Go build's VCS stamp does not
+// (-buildvcs=false, a tarball of the source); written by the linker only.
+var (
+	linkVersion string
+	linkCommit  string
+)
+
+// Binary is what was built.
+type Binary struct {
+	Version   string `json:"version"`
+	Commit    string `json:"commit"`
+	Modified  bool   `json:"modified"` // built from a work tree with uncommitted changes
+	GoVersion string `json:"goVersion"`
+}
+
+// Read returns the binary's version and commit.
+func Read() Binary {
+	b := Binary{Version: "(devel)", Commit: "unknown"}
+	info, ok := debug.ReadBuildInfo()
+	if ok {
+		b.GoVersion = info.GoVersion
+		if info.Main.Version != "" {
+			b.Version = info.Main.Version
+		}
+		for _, s := range info.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				b.Commit = s.Value
+			case "vcs.modified":
+				b.Modified = s.Value == "true"
+			}
+		}
+	}
+	if linkVersion != "" {
+		b.Version = linkVersion
+	}
+	if linkCommit != "" {
+		b.Commit = linkCommit
+	}
+	return b
+}
+
+// Report is what `nodeguard version -o json` prints.
+type Report struct {
+	Binary
+	Policy decision.Policy `json:"policy"`
+}
+
+// Write prints r for people.
+func (r Report) Write(w io.Writer) error {
+	commit := r.Commit
+	if r.Modified {
+		commit += " (modified)"
+	}
+	policy := "embedded, K8sNodeGuard template " + r.Policy.Version
+	if r.Policy.Source == decision.SourceBundle {
+		policy = fmt.Sprintf("bundle, revision %q", r.Policy.Revision)
+	}
+	_, err := fmt.Fprintf(w, "nodeguard %s\ncommit:  %s\ngo:      %s\npolicy:  %s\n", r.Version, commit, r.GoVersion, policy)
+	if err != nil {
+		return fmt.Errorf("write version: %w", err)
+	}
+	return nil
+}
+
+// Metrics are the build and policy gauges and the reload error counter.
+type Metrics struct {
+	ReloadErrors prometheus.Counter
+}
+
+// Register adds nodeguard_build_info, nodeguard_policy_info (read from
+// policy at each scrape, so a reloaded bundle shows) and
+// nodeguard_policy_reload_errors_total to reg.
+func Register(reg prometheus.Registerer, policy func() decision.Policy) (*Metrics, error) {
+	b := Read()
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "nodeguard_build_info",
+		Help:        "Always 1; the labels say which nodeguard binary runs.",
+		ConstLabels: prometheus.Labels{"version": b.Version, "commit": b.Commit, "goversion": b.GoVersion},
+	})
+	build.Set(1)
+	m := &Metrics{ReloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "nodeguard_policy_reload_errors_total",
+		Help: "Bundle updates refused (bad signature, does not compile, ...); the last good policy kept running.",
+	})}
+	info := policyInfo{policy: policy, desc: prometheus.NewDesc("nodeguard_policy_info",
+		"Always 1; the labels say which policy decides: source (embedded or bundle), template version, bundle revision.",
+		[]string{"source", "version", "revision"}, nil)}
+	for _, c := range []prometheus.Collector{build, info, m.ReloadErrors} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register version metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+type policyInfo struct {
+	policy func() decision.Policy
+	desc   *prometheus.Desc
+}
+
+func (p policyInfo) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc }
+
+func (p policyInfo) Collect(ch chan<- prometheus.Metric) {
+	pol := p.policy()
+	ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, 1, pol.Source, pol.Version, pol.Revision)
+}

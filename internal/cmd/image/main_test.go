@@ -1,0 +1,126 @@
+package main
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Two builds of the same source give one digest; the amd64 image holds only
+// the static binary, runs as 65532, carries the labels, and its binary says
+// which version and commit it is.
+func TestImageIsReproducibleAndRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the image test cross-compiles nodeguard for two platforms, twice")
+	}
+	root, err := filepath.Abs("../../..")
+	require.NoError(t, err)
+	o := options{
+		platforms: []string{"linux/amd64", "linux/arm64"},
+		version:   "v9.9.9-test",
+		revision:  "0123456789abcdef0123456789abcdef01234567",
+		source:    "https://example.com/nodeguard",
+		created:   time.Unix(1700000000, 0).UTC(),
+		root:      root,
+	}
+	ctx := context.Background()
+	o.out = filepath.Join(t.TempDir(), "one")
+	first, err := run(ctx, o)
+	require.NoError(t, err)
+	o.out = filepath.Join(t.TempDir(), "two")
+	second, err := run(ctx, o)
+	require.NoError(t, err)
+	assert.Equal(t, first, second, "same source, same digest")
+
+	p, err := layout.FromPath(o.out)
+	require.NoError(t, err)
+	outer, err := p.ImageIndex()
+	require.NoError(t, err)
+	idx, err := outer.ImageIndex(first)
+	require.NoError(t, err)
+	m, err := idx.IndexManifest()
+	require.NoError(t, err)
+	require.Len(t, m.Manifests, 2)
+	assert.Equal(t, "v9.9.9-test", m.Annotations["org.opencontainers.image.version"])
+	var platforms []string
+	var amd64 v1.Hash
+	for _, d := range m.Manifests {
+		platforms = append(platforms, d.Platform.OS+"/"+d.Platform.Architecture)
+		if d.Platform.Architecture == "amd64" {
+			amd64 = d.Digest
+		}
+	}
+	assert.ElementsMatch(t, o.platforms, platforms)
+
+	img, err := idx.Image(amd64)
+	require.NoError(t, err)
+	cfg, err := img.ConfigFile()
+	require.NoError(t, err)
+	assert.Equal(t, "65532:65532", cfg.Config.User)
+	assert.Equal(t, []string{"/nodeguard"}, cfg.Config.Entrypoint)
+	assert.Equal(t, map[string]string{
+		"org.opencontainers.image.title":    "nodeguard",
+		"org.opencontainers.image.version":  "v9.9.9-test",
+		"org.opencontainers.image.revision": o.revision,
+		"org.opencontainers.image.source":   "https://example.com/nodeguard",
+		"org.opencontainers.image.created":  "2023-11-14T22:13:20Z",
+	}, cfg.Config.Labels)
+	assert.Equal(t, o.created, cfg.Created.Time)
+
+	// Unpack: one file, no shell or anything else.
+	layers, err := img.Layers()
+	require.NoError(t, err)
+	require.Len(t, layers, 1)
+	rc, err := layers[0].Uncompressed()
+	require.NoError(t, err)
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	dir := t.TempDir()
+	var names []string
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		names = append(names, hdr.Name)
+		assert.Equal(t, o.created, hdr.ModTime.UTC())
+		f, err := os.OpenFile(filepath.Join(dir, filepath.Base(hdr.Name)), os.O_CREATE|os.O_WRONLY, 0o755)
+		require.NoError(t, err)
+		_, err = io.Copy(f, tr)
+		require.NoError(t, err)
+		require.NoError(t, f.Close())
+	}
+	assert.Equal(t, []string{"nodeguard"}, names)
+
+	if runtime.GOOS != "linux" || runtime.GOARCH != "amd64" {
+		t.Skipf("cannot run the linux/amd64 binary on %s/%s", runtime.GOOS, runtime.GOARCH)
+	}
+	out, err := exec.Command(filepath.Join(dir, "nodeguard"), "version", "-o", "json").Output()
+	require.NoError(t, err)
+	var v map[string]any
+	require.NoError(t, json.Unmarshal(out, &v))
+	assert.Equal(t, "v9.9.9-test", v["version"])
+	assert.Equal(t, o.revision, v["commit"])
+	assert.Equal(t, map[string]any{"source": "embedded", "version": "0.1.1"}, v["policy"])
+
+	// Static: no ELF interpreter (a dynamic binary would need a libc the
+	// image does not have).
+	if file, err := exec.LookPath("file"); err == nil {
+		desc, err := exec.Command(file, filepath.Join(dir, "nodeguard")).Output()
+		require.NoError(t, err)
+		assert.Contains(t, string(desc), "statically linked")
+	}
+}

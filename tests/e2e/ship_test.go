@@ -1,0 +1,150 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/serve"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+	"github.com/nodeguard/nodeguard/internal/localcluster"
+	"github.com/nodeguard/nodeguard/internal/testbundle"
+	"github.com/nodeguard/nodeguard/internal/testpki"
+)
+
+// The Helm chart, rendered by the pinned helm, is validated object by object
+// by the real API server (server-side dry-run): schema, defaulting and
+// admission, nothing stored. cert-manager's Certificate and Issuer are left
+// out (no cert-manager CRDs here): the chart is rendered with an existing
+// Secret and a caBundle, plus a Constraint and a policy bundle.
+func TestChartPassesServerSideDryRun(t *testing.T) {
+	cfg := apiServer(t)
+	ctx := context.Background()
+	kube, dyn := clientsFor(t, cfg)
+	clients, err := live.FromConfig(cfg)
+	require.NoError(t, err)
+	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeguard-system",
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	key := testbundle.NewKey(t)
+	cmd := exec.Command("go", "tool", "-modfile=tools/helm/go.mod", "helm", "template", "nodeguard", "charts/nodeguard",
+		"--namespace", "nodeguard-system",
+		"--set", "tls.certManager.enabled=false",
+		"--set-file", "tls.caBundle="+testpki.New(t).CAFile(t),
+		"--set", "constraint.parameters.exemptGroups[0]=nodeguard:break-glass",
+		"--set", "policyBundle.configMapName=nodeguard-bundle",
+		"--set-file", "policyBundle.verificationKey="+key.PublicKeyFile)
+	cmd.Dir = "../.."
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	rendered, err := cmd.Output()
+	require.NoError(t, err, stderr.String())
+
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)
+	kinds := map[string]int{}
+	for {
+		var u unstructured.Unstructured
+		if err := dec.Decode(&u.Object); err != nil {
+			require.ErrorContains(t, err, "EOF")
+			break
+		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		gvk := u.GroupVersionKind()
+		m, err := clients.Mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		require.NoError(t, err, gvk.String())
+		r := dyn.Resource(m.Resource)
+		var created *unstructured.Unstructured
+		if m.Scope.Name() == "namespace" {
+			created, err = r.Namespace(u.GetNamespace()).Create(ctx, &u, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"})
+		} else {
+			created, err = r.Create(ctx, &u, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"})
+		}
+		require.NoError(t, err, "%s %s", gvk.Kind, u.GetName())
+		assert.NotEmpty(t, created.GetUID(), "the API server ran the create")
+		kinds[gvk.Kind]++
+	}
+	t.Logf("validated by the API server: %v", kinds)
+	for _, k := range []string{"Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+		"ValidatingWebhookConfiguration", "ConfigMap"} {
+		assert.Positive(t, kinds[k], "%s rendered and validated", k)
+	}
+	// Nothing was stored.
+	_, err = kube.AppsV1().Deployments("nodeguard-system").Get(ctx, "nodeguard", metav1.GetOptions{})
+	assert.True(t, err != nil, "dry-run stores nothing")
+}
+
+// `nodeguard serve --bundle` with nodeguard's own signed bundle decides like
+// the embedded rule through the real API server; a customized bundle swapped
+// in while it runs takes over.
+func TestServeWithASignedBundle(t *testing.T) {
+	cfg := apiServer(t)
+	ctx := context.Background()
+	kube, dyn := clientsFor(t, cfg)
+	key := testbundle.NewKey(t)
+	path := testbundle.WriteFile(t, t.TempDir(), "bundle.tar.gz", testbundle.Nodeguard(t, "e2e-1", key.Private))
+	bundleServe(t, cfg, kube, policybundle.Options{Path: path, VerificationKeyFile: key.PublicKeyFile})
+
+	name := "dev-md-0-x7k2p-abcde"
+	capdMachine(t, dyn, name, false)
+	deleteNode := func() error { return dryRunDelete(ctx, kube, name) }
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		err := deleteNode()
+		require.Error(c, err)
+		assert.Contains(c, err.Error(), "DockerMachine default/"+name)
+	}, 30*time.Second, 200*time.Millisecond, "the bundle's rule denies the wrong order")
+
+	custom := testbundle.Sources(t)
+	custom["nodeguard/decision.rego"] = testbundle.AllowAll
+	tmp := path + ".new"
+	require.NoError(t, os.WriteFile(tmp, testbundle.Signed(t, custom, "e2e-2", key.Private), 0o600))
+	require.NoError(t, os.Rename(tmp, path))
+	require.Eventually(t, func() bool { return deleteNode() == nil }, 10*time.Second, 100*time.Millisecond,
+		"the reloaded (allow-all) bundle decides")
+
+	require.NoError(t, os.WriteFile(tmp, testbundle.Nodeguard(t, "e2e-3", key.Private), 0o600))
+	require.NoError(t, os.Rename(tmp, path))
+	require.Eventually(t, func() bool { return deleteNode() != nil }, 10*time.Second, 100*time.Millisecond,
+		"nodeguard's rule again")
+
+	require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
+	require.NoError(t, deleteNode(), "the DockerMachine is gone: allowed")
+}
+
+// bundleServe runs `nodeguard serve --bundle` against cfg and points the API
+// server's Node deletes at it.
+func bundleServe(t *testing.T, cfg *rest.Config, kube kubernetes.Interface, bundle policybundle.Options) {
+	t.Helper()
+	clients, err := live.FromConfig(cfg)
+	require.NoError(t, err)
+	ca := testpki.New(t)
+	cert, keyFile := ca.ServerFiles(t, "nodeguard")
+	url, stop, err := localcluster.Serve(context.Background(), clients,
+		serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: keyFile, Bundle: bundle}, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	caPEM, err := os.ReadFile(ca.CAFile(t))
+	require.NoError(t, err)
+	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
+	require.NoError(t, err)
+	require.NoError(t, webhookconfig.Apply(context.Background(), kube, vwc))
+}
