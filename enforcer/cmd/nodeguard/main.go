@@ -17,6 +17,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/check"
 	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -36,7 +37,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(checkCommand(&code), serveCommand(stderr), webhookConfigCommand())
+	root.AddCommand(checkCommand(&code), serveCommand(stderr), webhookConfigCommand(), orphansCommand(&code))
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -72,6 +73,37 @@ func checkCommand(code *int) *cobra.Command {
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file (live mode)")
 	f.StringVar(&opts.Context, "context", "", "kubeconfig context (live mode)")
 	_ = cmd.MarkFlagRequired("node")
+	return cmd
+}
+
+func orphansCommand(code *int) *cobra.Command {
+	var opts orphans.CommandOptions
+	cmd := &cobra.Command{
+		Use:   "orphans [-f PATH ...] [--cluster NAMESPACE/NAME] [--grace DURATION] [--now RFC3339] [--match-provider-id] [--delete] [-o text|json]",
+		Short: "List orphan Nodes: CAPI Nodes whose Machine and InfraMachine are gone (exit 0, 1 on error)",
+		Long: "A Node is an orphan when CAPI managed it, its Machine is gone and no other Machine links it, the rule would\n" +
+			"allow deleting it, and it has not been Ready for the grace period (docs/policy.md, \"Orphan Nodes\").\n" +
+			"With -f, judge offline: the files hold Nodes, Machines, InfraMachines and pools; --now fixes the clock.\n" +
+			"Without -f, judge live against the cluster of the kubeconfig; --delete then deletes the orphans found,\n" +
+			"each conditional on the UID and resourceVersion judged, through admission like any other delete.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := orphans.Run(cmd.Context(), opts, cmd.OutOrStdout())
+			*code = c
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVarP(&opts.Files, "filename", "f", nil, "manifest file or directory (YAML, JSON, Lists); repeatable")
+	f.StringVar(&opts.Cluster, "cluster", "", "only count Machines of this CAPI Cluster, NAMESPACE/NAME")
+	f.DurationVar(&opts.Grace, "grace", orphans.DefaultGrace, "how long a Node must have been not Ready")
+	f.StringVar(&opts.Now, "now", "", "judge at this time (RFC 3339) instead of now, for reproducible output")
+	f.BoolVar(&opts.MatchProviderID, "match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
+	f.BoolVar(&opts.Delete, "delete", false, "delete the orphans found (live only)")
+	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the rule's defaults)")
+	f.StringVarP(&opts.Output, "output", "o", "text", "output format: text or json")
+	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file (live mode)")
+	f.StringVar(&opts.Context, "context", "", "kubeconfig context (live mode)")
 	return cmd
 }
 

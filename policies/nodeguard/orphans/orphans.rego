@@ -11,7 +11,9 @@
 # custom:
 #   criteria:
 #     - title: Managed by Cluster API
-#       text: The Node carries the cluster.x-k8s.io/machine and cluster.x-k8s.io/cluster-namespace annotations CAPI writes.
+#       text: >-
+#         The Node carries the cluster.x-k8s.io/machine and cluster.x-k8s.io/cluster-namespace annotations CAPI writes;
+#         judged for one Cluster (clusterName/clusterNamespace), its cluster annotations must not name another.
 #     - title: Its Machine is gone
 #       text: >-
 #         The Machine those annotations name does not exist, and no other Machine links the Node by status.nodeRef
@@ -159,6 +161,7 @@ _evidence_for_cluster(ns, obj, parameters) if {
 #   orphan. Linked Machines and the rule's blockers come from lib.nodeguard.
 kept_because(node, inventory, parameters, now, grace, match_provider_id) := array.flatten([
 	_not_matched(node, inventory, parameters, match_provider_id),
+	_other_cluster(node, parameters),
 	_ready_reason(node),
 	[_machine_reason(m) | some m in nodeguard.linked_machines(node, inventory, parameters)],
 	_rule_reasons(_decision(node, inventory, parameters)),
@@ -173,6 +176,15 @@ _not_matched(node, inventory, parameters, match_provider_id) := [] if {
 } else := ["it is not managed by Cluster API (no cluster.x-k8s.io/machine and cluster.x-k8s.io/cluster-namespace annotations)"] if {
 	match_provider_id != true
 } else := ["it has no CAPI annotations and no InfraMachine in the cluster uses its providerID scheme"]
+
+# Judged for one Cluster, a Node whose annotations name another is not that
+# Cluster's to judge: its Machines are out of scope, so their absence proves nothing.
+_other_cluster(node, parameters) := [sprintf("it belongs to Cluster %s, not to the Cluster judged", [cluster(node)])] if {
+	cluster(node) != ""
+	[ns, name] := split(cluster(node), "/")
+	some [key, have] in [["clusterNamespace", ns], ["clusterName", name]]
+	not object.get(parameters, key, "") in {"", have}
+} else := []
 
 _ready_reason(node) := ["its Ready condition is True"] if {
 	ready(node)
@@ -207,7 +219,7 @@ _grace_reason(since, now, grace) := [] if {
 	grace_passed(since, now, grace)
 } else := ["it has no known not-Ready time (no Ready condition and no creationTimestamp)"] if {
 	since == ""
-} else := [sprintf("it has not been Ready only since %s, less than the grace period %s before %s", [since, grace, now])]
+} else := [sprintf("it has been not Ready only since %s, less than the grace period %s before %s", [since, grace, now])]
 
 _reason(node, since, grace) := sprintf(
 	"Machine %s is gone, nothing links an InfraMachine to the Node, and it has not been Ready since %s (grace %s)",

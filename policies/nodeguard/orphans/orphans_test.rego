@@ -55,6 +55,14 @@ test_node_with_machine_annotation_only_is_kept if {
 	not verdict(node, []).orphan
 }
 
+test_node_of_another_cluster_is_kept_when_scoped if {
+	v := orphans.verdict(left_behind, {}, {"clusterName": "other", "clusterNamespace": "default"}, now, "5m", false)
+	not v.orphan
+	v.kept == ["it belongs to Cluster default/dev, not to the Cluster judged"]
+	not orphans.verdict(left_behind, {}, {"clusterNamespace": "elsewhere"}, now, "5m", false).orphan
+	orphans.verdict(left_behind, {}, {"clusterName": "dev", "clusterNamespace": "default"}, now, "5m", false).orphan
+}
+
 # --- 2. Its Machine is gone ----------------------------------------------------------
 
 test_named_machine_exists_keeps_it if {
@@ -147,7 +155,7 @@ test_ready_node_is_kept if {
 test_within_grace_is_kept if {
 	v := orphans.verdict(left_behind, {}, {}, now, "15m", false)
 	not v.orphan
-	v.kept == ["it has not been Ready only since 2026-11-30T11:50:00Z, less than the grace period 15m before 2026-11-30T12:00:00Z"]
+	v.kept == ["it has been not Ready only since 2026-11-30T11:50:00Z, less than the grace period 15m before 2026-11-30T12:00:00Z"]
 }
 
 test_grace_exactly_passed_is_an_orphan if {
