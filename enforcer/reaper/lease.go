@@ -75,17 +75,24 @@ func Elect(ctx context.Context, o LeaseOptions) (func() bool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("leader election: %w", err)
 	}
+	var current atomic.Pointer[leaderelection.LeaderElector]
+	current.Store(first)
 	go func() {
-		le := first
 		for ctx.Err() == nil {
-			le.Run(ctx) // returns when leadership is lost or ctx is done
+			current.Load().Run(ctx) // returns when leadership is lost or ctx is done
 			next, err := newElector()
 			if err != nil {
 				o.Log.Error("orphan reaper: leader election", "error", err.Error())
 				return
 			}
-			le = next
+			current.Store(next)
 		}
 	}()
-	return leading.Load, nil
+	// The callbacks alone can lag (a starved goroutine); also require the
+	// last successful renewal to be within RenewDeadline, which is before
+	// any other replica may take the Lease (LeaseDuration).
+	return func() bool {
+		le := current.Load()
+		return leading.Load() && le.IsLeader() && le.Check(o.RenewDeadline-o.LeaseDuration) == nil
+	}, nil
 }

@@ -59,10 +59,10 @@ func TestTwoReplicasNeverBothLead(t *testing.T) {
 	casLeases(client)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	// The Lease stores its duration in whole seconds: 1s is the shortest.
+	// The Lease stores its duration in whole seconds.
 	opts := func(id string) LeaseOptions {
 		return LeaseOptions{Client: client, Namespace: "nodeguard-system", Identity: id,
-			LeaseDuration: time.Second, RenewDeadline: 800 * time.Millisecond, RetryPeriod: 50 * time.Millisecond}
+			LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: 50 * time.Millisecond}
 	}
 	ctxA, stopA := context.WithCancel(ctx)
 	defer stopA()
