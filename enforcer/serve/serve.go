@@ -32,6 +32,8 @@ type Options struct {
 	FreshReadTimeout    time.Duration
 	RequestTimeout      time.Duration
 	ShutdownGrace       time.Duration
+	// Orphans configures the orphan-Node scan and reaper.
+	Orphans ReapOptions
 }
 
 // Defaults for the flags; the request deadline stays below the 5s
@@ -73,6 +75,9 @@ func RunWith(ctx context.Context, c live.Clients, opts Options, log *slog.Logger
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics, err := webhook.NewMetrics(reg, e.Inventory.Count)
 	if err != nil {
+		return err
+	}
+	if err := startReaper(ctx, c, e, reg, opts.Orphans, log); err != nil {
 		return err
 	}
 	clusters := freshread.New(c.Dynamic, c.Mapper)
