@@ -158,6 +158,10 @@ func runLive(ctx context.Context, opts CommandOptions, params map[string]any, no
 	if err != nil {
 		return Report{}, err
 	}
+	return runLiveWith(ctx, c, opts, params, now)
+}
+
+func runLiveWith(ctx context.Context, c live.Clients, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
 	e, err := live.Start(ctx, c, live.Options{Parameters: params})
