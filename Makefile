@@ -53,8 +53,8 @@ go-test:
 # The concurrent paths (webhook under parallel reviews, informers, guard)
 # again under the race detector.
 race:
-	@echo "== go test -race (webhook, serve, guard, informers)"
-	$(GO) test -race ./enforcer/webhook/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/
+	@echo "== go test -race (webhook, serve, guard, informers, reaper)"
+	$(GO) test -race ./enforcer/webhook/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/reaper/
 
 differential:
 	@echo "== differential: enforcer vs Gatekeeper's engine on randomized inventories"

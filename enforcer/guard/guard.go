@@ -209,23 +209,24 @@ func (g *Guard) scoped(ns, name string, machines, pools []schema.GroupVersionKin
 }
 
 // Objects returns what the rule would read for node: the candidates the
-// indexes pick, re-read from the API server when the Guard has fresh reads.
+// indexes pick, re-read from the API server when fresh is set and the Guard
+// has fresh reads (a periodic scan can do without; an action should not).
 // It fails while the inventory is not synced: an empty cache proves nothing.
-func (g *Guard) Objects(ctx context.Context, node *unstructured.Unstructured) ([]*unstructured.Unstructured, error) {
+func (g *Guard) Objects(ctx context.Context, node *unstructured.Unstructured, fresh bool) ([]*unstructured.Unstructured, error) {
 	if g.opts.Ready != nil {
 		if err := g.opts.Ready(); err != nil {
 			return nil, fmt.Errorf("inventory not ready: %w", err)
 		}
 	}
 	objs, refs := g.inv.Candidates(node)
-	if g.opts.Fresh == nil {
+	if !fresh || g.opts.Fresh == nil {
 		return objs, nil
 	}
-	fresh, err := g.refresh(ctx, objs, refs)
+	read, err := g.refresh(ctx, objs, refs)
 	if err != nil {
 		return nil, fmt.Errorf("fresh reads for Node %q: %w", node.GetName(), err)
 	}
-	return fresh, nil
+	return read, nil
 }
 
 func kindList(gvks []schema.GroupVersionKind) []any {

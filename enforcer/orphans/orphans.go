@@ -153,11 +153,23 @@ func NewFinder(ctx context.Context, opts Options) (*Finder, error) {
 // Grace is the grace period the Finder judges with.
 func (f *Finder) Grace() time.Duration { return f.opts.Grace }
 
-// Judge evaluates the criteria for each Node at time now; cluster
+// Judge evaluates the criteria for each Node at time now, re-reading what
+// they read from the API server when the Guard has fresh reads; cluster
 // ("namespace/name", or "" for all) scopes the Machines and InfraMachines
 // that count, as the webhook's /validate/clusters route does. An error means
 // no verdict at all: callers must then act on none.
 func (f *Finder) Judge(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, now time.Time) ([]Verdict, error) {
+	return f.judge(ctx, nodes, cluster, now, true)
+}
+
+// Scan is Judge from the informer caches alone: for periodic scans of every
+// Node, which would otherwise cost a few reads per Node per pass. Act only on
+// what Judge confirms.
+func (f *Finder) Scan(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, now time.Time) ([]Verdict, error) {
+	return f.judge(ctx, nodes, cluster, now, false)
+}
+
+func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, now time.Time, fresh bool) ([]Verdict, error) {
 	params, err := f.opts.Guard.ScopedParameters(cluster)
 	if err != nil {
 		return nil, err
@@ -168,7 +180,7 @@ func (f *Finder) Judge(ctx context.Context, nodes []*unstructured.Unstructured, 
 	}
 	out := make([]Verdict, 0, len(nodes))
 	for _, node := range nodes {
-		objs, err := f.opts.Guard.Objects(ctx, node)
+		objs, err := f.opts.Guard.Objects(ctx, node, fresh)
 		if err != nil {
 			return nil, err
 		}

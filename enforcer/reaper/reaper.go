@@ -125,7 +125,7 @@ func (r *Reaper) Pass(ctx context.Context, t Target) (Result, error) {
 		return Result{}, err
 	}
 	now := r.opts.Clock.Now()
-	verdicts, err := r.opts.Finder.Judge(ctx, nodes, t.Cluster, now)
+	verdicts, err := r.opts.Finder.Scan(ctx, nodes, t.Cluster, now)
 	if err != nil {
 		return Result{}, err
 	}
