@@ -55,7 +55,7 @@ verdict(node, inventory, parameters, now, grace, match_provider_id) := {
 	"cluster": cluster(node),
 	"machine": annotated_machine(node),
 	"notReadySince": since,
-	"reason": _reason(node, since, grace),
+	"reason": _orphan_reason(node, since, grace, kept),
 	"kept": kept,
 } if {
 	since := not_ready_since(node)
@@ -220,6 +220,10 @@ _grace_reason(since, now, grace) := [] if {
 } else := ["it has no known not-Ready time (no Ready condition and no creationTimestamp)"] if {
 	since == ""
 } else := [sprintf("it has been not Ready only since %s, less than the grace period %s before %s", [since, grace, now])]
+
+_orphan_reason(node, since, grace, kept) := "" if {
+	count(kept) > 0
+} else := _reason(node, since, grace)
 
 _reason(node, since, grace) := sprintf(
 	"Machine %s is gone, nothing links an InfraMachine to the Node, and it has not been Ready since %s (grace %s)",

@@ -47,6 +47,7 @@ test_node_without_capi_annotations_is_kept if {
 	not v.managed
 	v.cluster == ""
 	v.machine == ""
+	v.reason == ""
 	contains(v.kept[0], "not managed by Cluster API")
 }
 
