@@ -28,7 +28,7 @@ import (
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
-var machines = current.GVR("cluster.x-k8s.io", "machines")
+var capiMachines = current.GVR("cluster.x-k8s.io", "machines")
 
 // reaping is the orphan configuration the e2e tests run serve with: a short
 // grace and frequent passes, the Lease in "default" (which every API server
@@ -86,7 +86,7 @@ func playCAPI(t *testing.T, dyn dynamic.Interface, name string) {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
-	require.NoError(t, dyn.Resource(machines).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
+	require.NoError(t, dyn.Resource(capiMachines).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
 }
 
 // waitGone waits until Node name is gone and returns when that was seen.
@@ -160,7 +160,7 @@ func TestOrphanNodeWithItsInfraMachineIsKept(t *testing.T) {
 	setReady(t, kube, "reaped", corev1.ConditionUnknown)
 	// The Machine goes; the DockerMachine is being deleted (its finalizer holds it).
 	require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, "infra-left", metav1.DeleteOptions{}))
-	require.NoError(t, dyn.Resource(machines).Namespace("default").Delete(ctx, "infra-left", metav1.DeleteOptions{}))
+	require.NoError(t, dyn.Resource(capiMachines).Namespace("default").Delete(ctx, "infra-left", metav1.DeleteOptions{}))
 	playCAPI(t, dyn, "reaped")
 	waitGone(t, kube, "reaped", 60*time.Second)
 	time.Sleep(3 * time.Second)
