@@ -135,7 +135,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&opts.ShutdownGrace, "shutdown-grace", serve.DefaultShutdownGrace, "how long in-flight reviews may finish after SIGTERM")
 	f.BoolVar(&opts.Orphans.Enabled, "reap-orphan-nodes", false, "delete orphan Nodes (see `nodeguard orphans`); one replica acts, holding a Lease")
 	f.DurationVar(&opts.Orphans.Grace, "orphan-grace", orphans.DefaultGrace, "how long a Node must have been not Ready, and the least time between the two observations before a delete")
-	f.BoolVar(&opts.Orphans.DryRun, "reap-dry-run", false, "log the orphan Nodes that would be deleted instead of deleting them")
+	f.BoolVar(&opts.Orphans.DryRun, "reap-dry-run", false, "with --reap-orphan-nodes: log the orphan Nodes that would be deleted instead of deleting them")
 	f.BoolVar(&opts.Orphans.WorkloadClusters, "reap-workload-clusters", false, "also scan the Nodes of every CAPI Cluster, through its <name>-kubeconfig Secret")
 	f.BoolVar(&opts.Orphans.MatchProviderID, "orphan-match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
 	f.DurationVar(&opts.Orphans.Interval, "orphan-scan-interval", serve.DefaultOrphanScanInterval, "time between orphan scans (nodeguard_orphan_nodes); 0 turns the scan off")
