@@ -112,8 +112,8 @@ type Options struct {
 	// Guard supplies the objects the rule reads for a Node (indexes, fresh
 	// reads) and the effective parameters; required.
 	Guard *guard.Guard
-	// Inventory is the Guard's inventory, scanned for the wider match's
-	// evidence; required when MatchProviderID is set.
+	// Inventory is the Guard's inventory, scanned for evidence of which
+	// providerID schemes the synced InfraMachines use; required.
 	Inventory *inventory.Inventory
 	// Grace: how long a Node must have been not Ready (default DefaultGrace).
 	Grace time.Duration
@@ -134,8 +134,8 @@ func NewFinder(ctx context.Context, opts Options) (*Finder, error) {
 	if opts.Guard == nil {
 		return nil, fmt.Errorf("orphans: a Guard is required")
 	}
-	if opts.MatchProviderID && opts.Inventory == nil {
-		return nil, fmt.Errorf("orphans: the wider providerID match needs the inventory")
+	if opts.Inventory == nil {
+		return nil, fmt.Errorf("orphans: the inventory is required")
 	}
 	if opts.Grace == 0 {
 		opts.Grace = DefaultGrace
@@ -174,19 +174,14 @@ func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, 
 	if err != nil {
 		return nil, err
 	}
-	var evidence []*unstructured.Unstructured
-	if f.opts.MatchProviderID {
-		evidence = schemeEvidence(f.opts.Inventory.List(inventory.InfraMachine))
-	}
+	evidence := schemeEvidence(f.opts.Inventory.List(inventory.InfraMachine))
 	out := make([]Verdict, 0, len(nodes))
 	for _, node := range nodes {
 		objs, err := f.opts.Guard.Objects(ctx, node, fresh)
 		if err != nil {
 			return nil, err
 		}
-		if f.opts.MatchProviderID {
-			objs = append(objs, evidence...)
-		}
+		objs = append(objs, evidence...)
 		v, err := f.eval.Evaluate(ctx, Input{
 			Node:            node.Object,
 			Inventory:       inventory.Layout(objs),
@@ -205,9 +200,10 @@ func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, 
 }
 
 // schemeEvidence keeps one InfraMachine per (namespace, cluster label,
-// providerID scheme): enough for the wider match to see which schemes a
-// cluster uses, without handing every InfraMachine to every evaluation. The
-// Rego decides what counts as evidence; this only bounds the input.
+// providerID scheme): enough for the criteria to see which schemes a
+// cluster's synced InfraMachines use, without handing every InfraMachine to
+// every evaluation. The Rego decides what counts as evidence; this only
+// bounds the input.
 func schemeEvidence(infra []*unstructured.Unstructured) []*unstructured.Unstructured {
 	seen := map[[3]string]bool{}
 	var out []*unstructured.Unstructured

@@ -35,20 +35,29 @@ func TestEvaluatorPassesEveryInput(t *testing.T) {
 		"metadata": map[string]any{"name": "n", "annotations": map[string]any{
 			"cluster.x-k8s.io/cluster-name": "dev", "cluster.x-k8s.io/cluster-namespace": "default", "cluster.x-k8s.io/machine": "m",
 		}},
+		"spec":   map[string]any{"providerID": "docker:////n"},
 		"status": map[string]any{"conditions": []any{map[string]any{"type": "Ready", "status": "Unknown", "lastTransitionTime": "2026-11-30T11:00:00Z"}}},
 	}
+	// A DockerMachine of another host: the cluster uses docker:// providerIDs.
+	inv := map[string]any{"namespace": map[string]any{"default": map[string]any{"infrastructure.cluster.x-k8s.io/v1beta2": map[string]any{
+		"DockerMachine": map[string]any{"other": map[string]any{"metadata": map[string]any{"name": "other"}, "spec": map[string]any{"providerID": "docker:////other"}}},
+	}}}}
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	v, err := e.Evaluate(ctx, orphans.Input{Node: node, Now: now, Grace: 59 * time.Minute})
+	v, err := e.Evaluate(ctx, orphans.Input{Node: node, Inventory: inv, Now: now, Grace: 59 * time.Minute})
 	require.NoError(t, err)
 	assert.True(t, v.Orphan)
 	assert.Equal(t, "default/m", v.Machine)
 	assert.Equal(t, "default/dev", v.Cluster)
 	assert.Empty(t, v.Kept)
-	v, err = e.Evaluate(ctx, orphans.Input{Node: node, Now: now, Grace: 61 * time.Minute})
+	v, err = e.Evaluate(ctx, orphans.Input{Node: node, Inventory: inv, Now: now, Grace: 61 * time.Minute})
+	require.NoError(t, err)
+	assert.False(t, v.Orphan)
+	// Without the evidence, the absence of a DockerMachine proves nothing.
+	v, err = e.Evaluate(ctx, orphans.Input{Node: node, Now: now, Grace: 59 * time.Minute})
 	require.NoError(t, err)
 	assert.False(t, v.Orphan)
 	// A clock an hour behind sees the Node NotReady for no time at all.
-	v, err = e.Evaluate(ctx, orphans.Input{Node: node, Now: now.Add(-time.Hour), Grace: time.Second})
+	v, err = e.Evaluate(ctx, orphans.Input{Node: node, Inventory: inv, Now: now.Add(-time.Hour), Grace: time.Second})
 	require.NoError(t, err)
 	assert.False(t, v.Orphan)
 }

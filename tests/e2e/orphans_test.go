@@ -122,8 +122,10 @@ func TestOrphanNodesAreReaped(t *testing.T) {
 	nodeguardReaping(t, cfg, reaping(grace))
 	kube, dyn := clientsFor(t, cfg)
 
+	capdMachine(t, dyn, "control-plane-0", false) // stays: the cluster's DockerMachines show docker:// is synced
 	capdMachine(t, dyn, "left-behind", false)
 	capdMachine(t, dyn, "still-ready", false)
+	setReady(t, kube, "control-plane-0", corev1.ConditionTrue)
 	setReady(t, kube, "left-behind", corev1.ConditionUnknown)
 	setReady(t, kube, "still-ready", corev1.ConditionTrue)
 
@@ -199,7 +201,7 @@ func TestOrphanNodesAreReapedInAWorkloadCluster(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, webhookconfig.Apply(ctx, workloadKube, vwc))
 
-	for _, name := range []string{"left-behind", "still-ready"} {
+	for _, name := range []string{"control-plane-0", "left-behind", "still-ready"} {
 		capdMachine(t, dyn, name, false)
 		// CAPD's Node lives in the workload cluster, not the management one.
 		require.NoError(t, mgmtKube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}))
@@ -208,6 +210,7 @@ func TestOrphanNodesAreReapedInAWorkloadCluster(t *testing.T) {
 			Spec: corev1.NodeSpec{ProviderID: "docker:////" + name}}, metav1.CreateOptions{})
 		require.NoError(t, err)
 	}
+	setReady(t, workloadKube, "control-plane-0", corev1.ConditionTrue)
 	setReady(t, workloadKube, "left-behind", corev1.ConditionUnknown)
 	setReady(t, workloadKube, "still-ready", corev1.ConditionTrue)
 	playCAPI(t, dyn, "left-behind")

@@ -146,7 +146,7 @@ func TestOrphansGraceAndScope(t *testing.T) {
 	code, out, _ = nodeguard(t, "orphans", "-f", "../../orphans/testdata", "--now", "2026-11-30T12:00:00Z", "--cluster", "default/other")
 	require.Equal(t, 0, code)
 	assert.Contains(t, out, "0 orphan Node(s), 5 CAPI-managed Node(s) kept.")
-	assert.Contains(t, out, `kept: Node "dev-md-0-left": it belongs to Cluster default/dev, not to the Cluster judged.`)
+	assert.Contains(t, out, `kept: Node "dev-md-0-left": it belongs to Cluster default/dev, not to the Cluster judged;`)
 }
 
 func TestOrphansErrors(t *testing.T) {

@@ -21,7 +21,10 @@
 #     - title: The rule allows deleting it
 #       text: >-
 #         decide/3 allows the delete for a user with no exemption: no linked InfraMachine or pool exists (being
-#         deleted still counts) and no linked kind is unverified.
+#         deleted still counts) and no linked kind is unverified. And since, with the Machine gone, nothing says
+#         which kind the InfraMachine was, the Node has a spec.providerID whose scheme an InfraMachine of a synced
+#         kind in the cluster uses (labelled for it when a cluster is named): else an InfraMachine of a kind
+#         nodeguard does not see could still carry it.
 #     - title: Not Ready for the grace period
 #       text: >-
 #         Its Ready condition is not True and last changed at least the grace period ago (default 5m); a Node without
@@ -123,11 +126,21 @@ grace_passed(since, now, grace) if {
 # title: Provider ID match
 # description: |
 #   The opt-in wider match: a Node without CAPI's annotations whose providerID
-#   scheme is one an InfraMachine of a synced kind in the cluster uses. Whether
-#   anything carries the providerID itself is left to the other criteria.
+#   scheme is in use in the cluster (scheme_in_use). Whether anything carries
+#   the providerID itself is left to the other criteria.
 provider_id_match(node, inventory, parameters) if {
 	not managed(node)
-	scheme := provider_id_scheme(object.get(node, ["spec", "providerID"], ""))
+	scheme_in_use(object.get(node, ["spec", "providerID"], ""), inventory, parameters)
+}
+
+# METADATA
+# title: Provider ID scheme in use
+# description: |
+#   An InfraMachine of a synced kind in the cluster has a providerID of the same
+#   scheme as pid: the provider's kind is synced, so the absence of an
+#   InfraMachine carrying pid itself proves something.
+scheme_in_use(pid, inventory, parameters) if {
+	scheme := provider_id_scheme(pid)
 	some kind in object.union(nodeguard.default_parameters, parameters).infraMachineKinds
 	some ns, gv, name
 	obj := inventory.namespace[ns][gv][kind.kind][name]
@@ -165,6 +178,7 @@ kept_because(node, inventory, parameters, now, grace, match_provider_id) := arra
 	_ready_reason(node),
 	[_machine_reason(m) | some m in nodeguard.linked_machines(node, inventory, parameters)],
 	_rule_reasons(_decision(node, inventory, parameters)),
+	_unprovable(node, inventory, parameters),
 	_grace_reason(not_ready_since(node), now, grace),
 ])
 
@@ -185,6 +199,26 @@ _other_cluster(node, parameters) := [sprintf("it belongs to Cluster %s, not to t
 	some [key, have] in [["clusterNamespace", ns], ["clusterName", name]]
 	not object.get(parameters, key, "") in {"", have}
 } else := []
+
+# The rule's infraProviderID link sees only synced kinds. With the Machine
+# gone, nothing says which kind the Node's InfraMachine was; only when the
+# cluster's synced InfraMachines use the Node's providerID scheme does the
+# absence of one carrying that providerID prove the host is gone.
+_unprovable(node, inventory, parameters) := ["it has no spec.providerID, so nodeguard cannot prove no InfraMachine carries it"] if {
+	managed(node)
+	object.get(node, ["spec", "providerID"], "") == ""
+} else := [sprintf(
+	"no InfraMachine of a synced kind in the cluster uses providerID scheme %q, so the absence of one carrying %q proves nothing",
+	[_scheme_or_empty(pid), pid],
+)] if {
+	managed(node)
+	pid := node.spec.providerID
+	not scheme_in_use(pid, inventory, parameters)
+} else := []
+
+_scheme_or_empty(pid) := provider_id_scheme(pid) if {
+	provider_id_scheme(pid)
+} else := ""
 
 _ready_reason(node) := ["its Ready condition is True"] if {
 	ready(node)

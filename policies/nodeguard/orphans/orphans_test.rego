@@ -18,7 +18,12 @@ not_ready(node, since) := object.union(node, {"status": {"conditions": [
 
 left_behind := not_ready(fixtures.capd_node, long_ago)
 
-verdict(node, objs) := orphans.verdict(node, fixtures.inventory(objs), {}, now, "5m", false)
+# Every case holds a DockerMachine of another host (sibling, below): the
+# cluster's synced InfraMachines use docker:// providerIDs, so the absence of
+# one carrying the Node's proves something.
+verdict(node, objs) := orphans.verdict(node, fixtures.inventory(array.concat(objs, [sibling])), {}, now, "5m", false)
+
+evidence := fixtures.inventory([sibling])
 
 # --- All criteria hold ----------------------------------------------------------
 
@@ -57,11 +62,11 @@ test_node_with_machine_annotation_only_is_kept if {
 }
 
 test_node_of_another_cluster_is_kept_when_scoped if {
-	v := orphans.verdict(left_behind, {}, {"clusterName": "other", "clusterNamespace": "default"}, now, "5m", false)
+	v := orphans.verdict(left_behind, evidence, {"clusterName": "other", "clusterNamespace": "default"}, now, "5m", false)
 	not v.orphan
-	v.kept == ["it belongs to Cluster default/dev, not to the Cluster judged"]
-	not orphans.verdict(left_behind, {}, {"clusterNamespace": "elsewhere"}, now, "5m", false).orphan
-	orphans.verdict(left_behind, {}, {"clusterName": "dev", "clusterNamespace": "default"}, now, "5m", false).orphan
+	v.kept[0] == "it belongs to Cluster default/dev, not to the Cluster judged"
+	not orphans.verdict(left_behind, evidence, {"clusterNamespace": "elsewhere"}, now, "5m", false).orphan
+	orphans.verdict(left_behind, evidence, {"clusterName": "dev", "clusterNamespace": "default"}, now, "5m", false).orphan
 }
 
 # --- 2. Its Machine is gone ----------------------------------------------------------
@@ -104,8 +109,8 @@ test_machine_of_another_cluster_does_not_keep_it_when_scoped if {
 		{"op": "replace", "path": "/spec/clusterName", "value": "other"},
 		{"op": "replace", "path": "/metadata/labels/cluster.x-k8s.io~1cluster-name", "value": "other"},
 	])
-	orphans.verdict(left_behind, fixtures.inventory([machine]), {"clusterName": "dev"}, now, "5m", false).orphan
-	not orphans.verdict(left_behind, fixtures.inventory([machine]), {}, now, "5m", false).orphan
+	orphans.verdict(left_behind, fixtures.inventory([machine, sibling]), {"clusterName": "dev"}, now, "5m", false).orphan
+	not orphans.verdict(left_behind, fixtures.inventory([machine, sibling]), {}, now, "5m", false).orphan
 }
 
 # --- 3. The rule allows deleting it ----------------------------------------------------
@@ -144,6 +149,35 @@ test_exemptions_do_not_make_an_orphan if {
 	not orphans.verdict(left_behind, fixtures.inventory([fixtures.capd_infra]), params, now, "5m", false).orphan
 }
 
+test_no_synced_infra_machine_of_its_scheme_keeps_it if {
+	v := orphans.verdict(left_behind, {}, {}, now, "5m", false)
+	not v.orphan
+	v.kept == [`no InfraMachine of a synced kind in the cluster uses providerID scheme "docker", so the absence of one carrying "docker:////dev-md-0-abcde" proves nothing`]
+	aws := json.patch(left_behind, [{"op": "replace", "path": "/spec/providerID", "value": "aws:///us-east-1a/i-1"}])
+	not orphans.verdict(aws, evidence, {}, now, "5m", false).orphan
+}
+
+test_evidence_of_another_cluster_keeps_it_when_scoped if {
+	not orphans.verdict(left_behind, evidence, {"clusterName": "dev", "clusterNamespace": "elsewhere"}, now, "5m", false).orphan
+	other := json.patch(sibling, [{"op": "replace", "path": "/metadata/labels/cluster.x-k8s.io~1cluster-name", "value": "other"}])
+	not orphans.verdict(left_behind, fixtures.inventory([other]), {"clusterName": "dev"}, now, "5m", false).orphan
+	orphans.verdict(left_behind, fixtures.inventory([other]), {}, now, "5m", false).orphan
+}
+
+test_evidence_of_an_unsynced_kind_does_not_count if {
+	params := {"infraMachineKinds": [{"group": "infrastructure.cluster.x-k8s.io", "kind": "AWSMachine"}]}
+	not orphans.verdict(left_behind, evidence, params, now, "5m", false).orphan
+}
+
+test_node_without_provider_id_is_kept if {
+	v := verdict(json.remove(left_behind, ["spec"]), [])
+	not v.orphan
+	v.kept == ["it has no spec.providerID, so nodeguard cannot prove no InfraMachine carries it"]
+	scheme_less := json.patch(left_behind, [{"op": "replace", "path": "/spec/providerID", "value": "i-0a1b2c"}])
+	w := verdict(scheme_less, [])
+	w.kept == [`no InfraMachine of a synced kind in the cluster uses providerID scheme "", so the absence of one carrying "i-0a1b2c" proves nothing`]
+}
+
 # --- 4. Not Ready for the grace period ----------------------------------------------------
 
 test_ready_node_is_kept if {
@@ -154,14 +188,14 @@ test_ready_node_is_kept if {
 }
 
 test_within_grace_is_kept if {
-	v := orphans.verdict(left_behind, {}, {}, now, "15m", false)
+	v := orphans.verdict(left_behind, evidence, {}, now, "15m", false)
 	not v.orphan
 	v.kept == ["it has been not Ready only since 2026-11-30T11:50:00Z, less than the grace period 15m before 2026-11-30T12:00:00Z"]
 }
 
 test_grace_exactly_passed_is_an_orphan if {
-	orphans.verdict(left_behind, {}, {}, now, "10m", false).orphan
-	not orphans.verdict(left_behind, {}, {}, now, "10m1s", false).orphan
+	orphans.verdict(left_behind, evidence, {}, now, "10m", false).orphan
+	not orphans.verdict(left_behind, evidence, {}, now, "10m1s", false).orphan
 }
 
 test_no_ready_condition_counts_from_creation if {
@@ -169,7 +203,7 @@ test_no_ready_condition_counts_from_creation if {
 	v := verdict(node, [])
 	v.orphan
 	v.notReadySince == long_ago
-	not orphans.verdict(node, {}, {}, now, "1h", false).orphan
+	not orphans.verdict(node, evidence, {}, now, "1h", false).orphan
 }
 
 test_no_known_time_is_kept if {
@@ -180,9 +214,9 @@ test_no_known_time_is_kept if {
 }
 
 test_unreadable_clock_is_kept if {
-	not orphans.verdict(left_behind, {}, {}, "yesterday", "5m", false).orphan
-	not orphans.verdict(left_behind, {}, {}, now, "five minutes", false).orphan
-	not orphans.verdict(not_ready(fixtures.capd_node, "a while ago"), {}, {}, now, "5m", false).orphan
+	not orphans.verdict(left_behind, evidence, {}, "yesterday", "5m", false).orphan
+	not orphans.verdict(left_behind, evidence, {}, now, "five minutes", false).orphan
+	not orphans.verdict(not_ready(fixtures.capd_node, "a while ago"), evidence, {}, now, "5m", false).orphan
 }
 
 # --- Wider match ---------------------------------------------------------------------------
@@ -239,9 +273,9 @@ test_wider_match_keeps_ready_nodes if {
 # --- Entry point -----------------------------------------------------------------------------
 
 test_entry_point_defaults_grace if {
-	v := data.nodeguard.orphan with input as {"node": left_behind, "now": now}
+	v := data.nodeguard.orphan with input as {"node": left_behind, "inventory": evidence, "now": now}
 	v.orphan
-	recent := data.nodeguard.orphan with input as {"node": not_ready(fixtures.capd_node, "2026-11-30T11:56:00Z"), "now": now}
+	recent := data.nodeguard.orphan with input as {"node": not_ready(fixtures.capd_node, "2026-11-30T11:56:00Z"), "inventory": evidence, "now": now}
 	not recent.orphan
 }
 
