@@ -54,8 +54,8 @@ go-test:
 # The concurrent paths (webhook under parallel reviews, informers, guard)
 # again under the race detector.
 race:
-	@echo "== go test -race (webhook, serve, guard, informers, policybundle)"
-	$(GO) test -race ./enforcer/webhook/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/policybundle/
+	@echo "== go test -race (webhook, serve, guard, informers, policybundle, reaper)"
+	$(GO) test -race ./enforcer/webhook/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/policybundle/ ./enforcer/reaper/
 
 differential:
 	@echo "== differential: enforcer vs Gatekeeper's engine on randomized inventories"

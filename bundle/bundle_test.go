@@ -37,7 +37,8 @@ func TestBuildUnsigned(t *testing.T) {
 		paths = append(paths, m.Path)
 		assert.NotContains(t, m.Path, "_test.rego")
 	}
-	assert.Len(t, paths, 2, "library and enforcer entry point: %v", paths)
+	// The rule library and its entry point, and the orphan criteria and theirs.
+	assert.Len(t, paths, 4, "library, orphan criteria and their entry points: %v", paths)
 
 	// The bundle alone decides: a DELETE of a Node whose DockerMachine exists.
 	r := rego.New(rego.Query("data.nodeguard.decision.allowed"), rego.ParsedBundle("nodeguard", &b), rego.Input(capdInput()))

@@ -131,3 +131,38 @@ func TestOptionalComponents(t *testing.T) {
 	assert.Equal(t, []string{"secrets"}, installer.Rules[0].Resources)
 	assert.Equal(t, []string{"get"}, installer.Rules[0].Verbs)
 }
+
+func TestOrphanReaperComponents(t *testing.T) {
+	dir := t.TempDir()
+	abs, err := filepath.Abs(".")
+	require.NoError(t, err)
+	rel, err := filepath.Rel(dir, abs)
+	require.NoError(t, err)
+	kustomization := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel + "]\n" +
+		"components: [" + rel + "/components/orphan-reaper, " + rel + "/components/orphan-reaper-workload]\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600))
+	m := render(t, dir)
+	d := decode[appsv1.Deployment](t, m, "Deployment", "nodeguard")
+	c := d.Spec.Template.Spec.Containers[0]
+	assert.Contains(t, c.Args, "--reap-orphan-nodes")
+	assert.Contains(t, c.Args, "--reap-workload-clusters")
+	var podNamespace bool
+	for _, e := range c.Env {
+		podNamespace = podNamespace || (e.Name == "POD_NAMESPACE" && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace")
+	}
+	assert.True(t, podNamespace, "the Lease lives in the pod's namespace")
+	reap := decode[rbacv1.ClusterRole](t, m, "ClusterRole", "nodeguard-orphan-reaper")
+	assert.Equal(t, []string{"nodes"}, reap.Rules[0].Resources)
+	assert.Equal(t, []string{"delete"}, reap.Rules[0].Verbs)
+	lease := decode[rbacv1.Role](t, m, "Role", "nodeguard-orphan-reaper-lease")
+	assert.Equal(t, "nodeguard-system", lease.Namespace)
+	assert.Equal(t, []string{"leases"}, lease.Rules[0].Resources)
+	workload := decode[rbacv1.ClusterRole](t, m, "ClusterRole", "nodeguard-orphan-reaper-workload")
+	assert.Equal(t, []string{"secrets"}, workload.Rules[0].Resources)
+	assert.Equal(t, []string{"get"}, workload.Rules[0].Verbs)
+
+	// Without the components, serve can list Nodes (the gauge) but not delete them.
+	base := decode[rbacv1.ClusterRole](t, render(t, "."), "ClusterRole", "nodeguard")
+	assert.Equal(t, []string{"nodes"}, base.Rules[0].Resources)
+	assert.ElementsMatch(t, []string{"get", "list", "watch"}, base.Rules[0].Verbs)
+}

@@ -165,13 +165,7 @@ func (g *Guard) parameters(cluster string) (decision.Parameters, error) {
 	if ok && r.kinds == kinds {
 		return r.params, nil
 	}
-	params := g.Parameters()
-	if cluster != "" {
-		params["clusterNamespace"], params["clusterName"] = ns, name
-	}
-	if g.opts.SyncedKinds != nil {
-		params["infraMachineKinds"], params["infraMachinePoolKinds"] = kindList(machines), kindList(pools)
-	}
+	params := g.scoped(ns, name, machines, pools)
 	converted, err := decision.NewParameters(params)
 	if err != nil {
 		return decision.Parameters{}, err
@@ -182,6 +176,57 @@ func (g *Guard) parameters(cluster string) (decision.Parameters, error) {
 	}
 	g.mu.Unlock()
 	return converted, nil
+}
+
+// ScopedParameters are the effective parameters the rule reads for a cluster
+// route ("namespace/name", or "" for all): defaults, the Constraint's, the
+// synced kinds and the cluster scope. The orphan criteria take the same.
+func (g *Guard) ScopedParameters(cluster string) (map[string]any, error) {
+	var ns, name string
+	if cluster != "" {
+		var ok bool
+		ns, name, ok = strings.Cut(cluster, "/")
+		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			return nil, fmt.Errorf("cluster %q: want NAMESPACE/NAME", cluster)
+		}
+	}
+	var machines, pools []schema.GroupVersionKind
+	if g.opts.SyncedKinds != nil {
+		machines, pools = g.opts.SyncedKinds()
+	}
+	return g.scoped(ns, name, machines, pools), nil
+}
+
+func (g *Guard) scoped(ns, name string, machines, pools []schema.GroupVersionKind) map[string]any {
+	params := g.Parameters()
+	if name != "" {
+		params["clusterNamespace"], params["clusterName"] = ns, name
+	}
+	if g.opts.SyncedKinds != nil {
+		params["infraMachineKinds"], params["infraMachinePoolKinds"] = kindList(machines), kindList(pools)
+	}
+	return params
+}
+
+// Objects returns what the rule would read for node: the candidates the
+// indexes pick, re-read from the API server when fresh is set and the Guard
+// has fresh reads (a periodic scan can do without; an action should not).
+// It fails while the inventory is not synced: an empty cache proves nothing.
+func (g *Guard) Objects(ctx context.Context, node *unstructured.Unstructured, fresh bool) ([]*unstructured.Unstructured, error) {
+	if g.opts.Ready != nil {
+		if err := g.opts.Ready(); err != nil {
+			return nil, fmt.Errorf("inventory not ready: %w", err)
+		}
+	}
+	objs, refs := g.inv.Candidates(node)
+	if !fresh || g.opts.Fresh == nil {
+		return objs, nil
+	}
+	read, err := g.refresh(ctx, objs, refs)
+	if err != nil {
+		return nil, fmt.Errorf("fresh reads for Node %q: %w", node.GetName(), err)
+	}
+	return read, nil
 }
 
 func kindList(gvks []schema.GroupVersionKind) []any {

@@ -37,6 +37,8 @@ type Options struct {
 	// Bundle, when its Path is set, is a signed policy bundle to run instead
 	// of the embedded rule, reloaded when the file changes.
 	Bundle policybundle.Options
+	// Orphans configures the orphan-Node scan and reaper.
+	Orphans ReapOptions
 }
 
 // Defaults for the flags; the request deadline stays below the 5s
@@ -101,6 +103,9 @@ func RunWith(ctx context.Context, c live.Clients, opts Options, log *slog.Logger
 	}
 	metrics, err := webhook.NewMetrics(reg, e.Inventory.Count)
 	if err != nil {
+		return err
+	}
+	if err := startReaper(ctx, c, e, reg, opts.Orphans, log); err != nil {
 		return err
 	}
 	clusters := freshread.New(c.Dynamic, c.Mapper)

@@ -39,7 +39,8 @@ func TestServeJudgesAgainstTheAPIServer(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- serve.RunWith(ctx, live.Clients{Dynamic: client, Mapper: mapper},
-			serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key}, log, func(a net.Addr) { addr <- a })
+			serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key, Orphans: serve.ReapOptions{Interval: 50 * time.Millisecond}},
+			log, func(a net.Addr) { addr <- a })
 	}()
 	var base string
 	select {
@@ -93,6 +94,16 @@ func TestServeJudgesAgainstTheAPIServer(t *testing.T) {
 	assert.Contains(t, string(metrics), `nodeguard_decisions_total{reason="blocked",result="denied",route="/validate"} 1`)
 	assert.Contains(t, string(metrics), `nodeguard_cached_objects{group="cluster.x-k8s.io",kind="Machine",version="v1beta2"} 1`)
 	assert.Contains(t, string(metrics), "go_goroutines")
+	// The orphan scan runs without --reap-orphan-nodes: the Node's Machine exists.
+	assert.Eventually(t, func() bool {
+		resp, err := c.Get(base + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(b), `nodeguard_orphan_nodes{cluster=""} 0`)
+	}, 5*time.Second, 50*time.Millisecond)
 
 	cancel()
 	require.NoError(t, <-done)
@@ -108,6 +119,18 @@ func TestServeJudgesAgainstTheAPIServer(t *testing.T) {
 		assert.Contains(t, line, k)
 	}
 	assert.Equal(t, []any{"DockerMachine default/" + objs[0].GetName()}, line["blockers"])
+}
+
+func TestServeRefusesToReapWithoutAConfig(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // stops the informers
+	client, mapper := testcluster.CAPD(t, "../../examples/capd-v1beta2")
+	err := serve.RunWith(ctx, live.Clients{Dynamic: client, Mapper: mapper},
+		serve.Options{Listen: "127.0.0.1:0", Orphans: serve.ReapOptions{Enabled: true, Interval: time.Second}}, slog.New(slog.DiscardHandler), nil)
+	assert.ErrorContains(t, err, "reaping orphan Nodes needs a kubeconfig")
+	err = serve.RunWith(ctx, live.Clients{Dynamic: client, Mapper: mapper},
+		serve.Options{Listen: "127.0.0.1:0", Orphans: serve.ReapOptions{Enabled: true}}, slog.New(slog.DiscardHandler), nil)
+	assert.ErrorContains(t, err, "--reap-orphan-nodes needs a positive --orphan-scan-interval")
 }
 
 func TestServeRefusesToStartWithoutCertificates(t *testing.T) {

@@ -117,6 +117,9 @@ func RenderPolicy(ctx context.Context) ([]byte, error) {
 	for _, s := range semantics {
 		p("- **%s.** %s\n", s.Title, strings.TrimSpace(s.Text))
 	}
+	if err := orphanSection(c, p); err != nil {
+		return nil, err
+	}
 	p("\n## Adding a provider kind\n\n")
 	p("The default kinds live in one place: `default_infra_machine_kinds` (or `default_infra_machine_pool_kinds`) in\n")
 	p("`policies/lib/nodeguard/nodeguard.rego`, with the version the sync config should watch. Add the kind there,\n")
@@ -163,4 +166,39 @@ func defaultText(v any) string {
 	}
 	raw, _ := json.Marshal(v)
 	return "`" + string(raw) + "`"
+}
+
+// orphanSection renders the orphan criteria from the METADATA of package
+// nodeguard.orphans (description and custom.criteria).
+func orphanSection(c *ast.Compiler, p func(string, ...any)) error {
+	as := c.GetAnnotationSet()
+	for _, m := range c.Modules {
+		if m.Package.Path.String() != "data.nodeguard.orphans" {
+			continue
+		}
+		a := as.GetPackageScope(m.Package)
+		if a == nil {
+			continue
+		}
+		var custom struct {
+			Criteria []section `json:"criteria"`
+		}
+		raw, err := json.Marshal(a.Custom)
+		if err != nil {
+			return fmt.Errorf("encode nodeguard.orphans METADATA custom: %w", err)
+		}
+		if err := json.Unmarshal(raw, &custom); err != nil {
+			return fmt.Errorf("decode nodeguard.orphans METADATA custom: %w", err)
+		}
+		if len(custom.Criteria) == 0 {
+			return fmt.Errorf("package nodeguard.orphans METADATA has no custom.criteria")
+		}
+		p("\n## Orphan Nodes\n\n%s\n\nA Node is an orphan when all of these hold:\n\n", strings.TrimSpace(a.Description))
+		for i, cr := range custom.Criteria {
+			p("%d. **%s.** %s\n", i+1, cr.Title, strings.TrimSpace(cr.Text))
+		}
+		p("\nEvaluated by `nodeguard orphans` and `nodeguard serve --reap-orphan-nodes` through `data.nodeguard.orphan`.\n")
+		return nil
+	}
+	return fmt.Errorf("package nodeguard.orphans has no METADATA")
 }

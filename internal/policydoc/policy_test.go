@@ -50,7 +50,7 @@ func TestLinksTableNamesTheRulesLinkTypes(t *testing.T) {
 func TestPolicyPageHasEverySection(t *testing.T) {
 	page, err := RenderPolicy(context.Background())
 	require.NoError(t, err)
-	for _, h := range []string{"## The rule in plain words", "## Links", "## Parameters", "## Decision semantics", "## Adding a provider kind", "`lib.nodeguard.decide`"} {
+	for _, h := range []string{"## The rule in plain words", "## Links", "## Parameters", "## Decision semantics", "## Orphan Nodes", "Wider match (opt-in, off by default)", "## Adding a provider kind", "`lib.nodeguard.decide`", "`nodeguard.orphans.verdict`"} {
 		assert.Contains(t, string(page), h)
 	}
 }

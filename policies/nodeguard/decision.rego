@@ -4,6 +4,8 @@
 #   Takes everything from input, so one prepared query (data.nodeguard.decision)
 #   serves every request: input.review (an AdmissionRequest), input.inventory
 #   (Gatekeeper's layout) and input.parameters (a Constraint's spec.parameters).
+#   A second entry point, data.nodeguard.orphan (orphans.rego), judges whether a
+#   Node is an orphan the same way.
 package nodeguard
 
 import data.lib.nodeguard

@@ -21,6 +21,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/check"
 	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/version"
@@ -42,7 +43,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(checkCommand(&code), serveCommand(stderr), webhookConfigCommand())
+	root.AddCommand(checkCommand(&code), serveCommand(stderr), webhookConfigCommand(), orphansCommand(&code))
 	root.AddCommand(versionCommand())
 	if plugin := kubectlPluginName(os.Args[0]); plugin != "" {
 		// Installed as kubectl-nodeguard, kubectl runs it as `kubectl nodeguard`.
@@ -87,6 +88,37 @@ func checkCommand(code *int) *cobra.Command {
 	return cmd
 }
 
+func orphansCommand(code *int) *cobra.Command {
+	var opts orphans.CommandOptions
+	cmd := &cobra.Command{
+		Use:   "orphans [-f PATH ...] [--cluster NAMESPACE/NAME] [--grace DURATION] [--now RFC3339] [--match-provider-id] [--delete] [-o text|json]",
+		Short: "List orphan Nodes: CAPI Nodes whose Machine and InfraMachine are gone (exit 0, 1 on error)",
+		Long: "A Node is an orphan when CAPI managed it, its Machine is gone and no other Machine links it, the rule would\n" +
+			"allow deleting it, and it has not been Ready for the grace period (docs/policy.md, \"Orphan Nodes\").\n" +
+			"With -f, judge offline: the files hold Nodes, Machines, InfraMachines and pools; --now fixes the clock.\n" +
+			"Without -f, judge live against the cluster of the kubeconfig; --delete then deletes the orphans found,\n" +
+			"each conditional on the UID and resourceVersion judged, through admission like any other delete.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := orphans.Run(cmd.Context(), opts, cmd.OutOrStdout())
+			*code = c
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVarP(&opts.Files, "filename", "f", nil, "manifest file or directory (YAML, JSON, Lists); repeatable")
+	f.StringVar(&opts.Cluster, "cluster", "", "only count Machines of this CAPI Cluster, NAMESPACE/NAME")
+	f.DurationVar(&opts.Grace, "grace", orphans.DefaultGrace, "how long a Node must have been not Ready")
+	f.StringVar(&opts.Now, "now", "", "judge at this time (RFC 3339) instead of now, for reproducible output")
+	f.BoolVar(&opts.MatchProviderID, "match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
+	f.BoolVar(&opts.Delete, "delete", false, "delete the orphans found (live only)")
+	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the rule's defaults)")
+	f.StringVarP(&opts.Output, "output", "o", "text", "output format: text or json")
+	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file (live mode)")
+	f.StringVar(&opts.Context, "context", "", "kubeconfig context (live mode)")
+	return cmd
+}
+
 func serveCommand(stderr io.Writer) *cobra.Command {
 	var opts serve.Options
 	cmd := &cobra.Command{
@@ -114,6 +146,13 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&opts.RequestTimeout, "request-timeout", serve.DefaultRequestTimeout, "deadline of one review; keep it below the webhook's timeoutSeconds")
 	f.DurationVar(&opts.ShutdownGrace, "shutdown-grace", serve.DefaultShutdownGrace, "how long in-flight reviews may finish after SIGTERM")
 	bundleFlags(f, &opts.Bundle)
+	f.BoolVar(&opts.Orphans.Enabled, "reap-orphan-nodes", false, "delete orphan Nodes (see `nodeguard orphans`); one replica acts, holding a Lease")
+	f.DurationVar(&opts.Orphans.Grace, "orphan-grace", orphans.DefaultGrace, "how long a Node must have been not Ready, and the least time between the two observations before a delete")
+	f.BoolVar(&opts.Orphans.DryRun, "reap-dry-run", false, "with --reap-orphan-nodes: log the orphan Nodes that would be deleted instead of deleting them")
+	f.BoolVar(&opts.Orphans.WorkloadClusters, "reap-workload-clusters", false, "also scan the Nodes of every CAPI Cluster, through its <name>-kubeconfig Secret")
+	f.BoolVar(&opts.Orphans.MatchProviderID, "orphan-match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
+	f.DurationVar(&opts.Orphans.Interval, "orphan-scan-interval", serve.DefaultOrphanScanInterval, "time between orphan scans (nodeguard_orphan_nodes); 0 turns the scan off")
+	f.StringVar(&opts.Orphans.LeaseNamespace, "leader-election-namespace", "", "namespace of the orphan reaper's Lease (default: $POD_NAMESPACE, else nodeguard-system)")
 	return cmd
 }
 

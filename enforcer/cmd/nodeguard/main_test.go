@@ -101,3 +101,64 @@ func TestWebhookConfigPrintsTheConfiguration(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errOut, "--ca-bundle-file is required")
 }
+
+func TestOrphansOfflineText(t *testing.T) {
+	code, out, errOut := nodeguard(t, "orphans", "-f", "../../orphans/testdata", "--now", "2026-11-30T12:00:00Z")
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, `ORPHAN: Node "dev-md-0-left": Machine default/dev-md-0-left is gone`)
+	assert.Contains(t, out, `kept: Node "dev-md-0-ready": its Ready condition is True.`)
+	assert.Contains(t, out, "1 orphan Node(s), 4 CAPI-managed Node(s) kept.")
+	assert.NotContains(t, out, "dev-md-0-unannotated")
+}
+
+func TestOrphansOfflineJSONShape(t *testing.T) {
+	code, out, errOut := nodeguard(t, "orphans", "-f", "../../orphans/testdata", "--now", "2026-11-30T12:00:00Z", "--match-provider-id", "-o", "json")
+	require.Equal(t, 0, code, errOut)
+	var got struct {
+		Orphans []map[string]string `json:"orphans"`
+		Kept    []map[string]string `json:"kept"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &got))
+	require.Len(t, got.Orphans, 2)
+	assert.Equal(t, map[string]string{
+		"node": "dev-md-0-left", "cluster": "default/dev", "machine": "default/dev-md-0-left", "notReadySince": "2026-11-30T11:00:00Z",
+		"reason": "Machine default/dev-md-0-left is gone, nothing links an InfraMachine to the Node, and it has not been Ready since 2026-11-30T11:00:00Z (grace 5m0s)",
+	}, got.Orphans[0])
+	assert.Equal(t, "dev-md-0-unannotated", got.Orphans[1]["node"])
+	why := map[string]string{}
+	for _, k := range got.Kept {
+		why[k["node"]] = k["why"]
+	}
+	assert.Equal(t, map[string]string{
+		"dev-md-0-ready":    "its Ready condition is True",
+		"dev-md-0-deleting": "Machine default/dev-md-0-deleting is being deleted but still exists (linked by machineNodeRef, machineProviderID, nodeAnnotation); DockerMachine default/dev-md-0-deleting is being deleted but still exists",
+		"dev-md-0-infra":    "DockerMachine default/dev-md-0-infra still exists",
+		"dev-md-0-recent":   "it has been not Ready only since 2026-11-30T11:58:00Z, less than the grace period 5m0s before 2026-11-30T12:00:00Z",
+	}, why)
+}
+
+func TestOrphansGraceAndScope(t *testing.T) {
+	// A grace longer than the hour dev-md-0-left has been NotReady keeps it.
+	code, out, _ := nodeguard(t, "orphans", "-f", "../../orphans/testdata", "--now", "2026-11-30T12:00:00Z", "--grace", "2h")
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, "0 orphan Node(s), 5 CAPI-managed Node(s) kept.")
+	// Judged for another Cluster, this cluster's Nodes are not its to judge.
+	code, out, _ = nodeguard(t, "orphans", "-f", "../../orphans/testdata", "--now", "2026-11-30T12:00:00Z", "--cluster", "default/other")
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, "0 orphan Node(s), 5 CAPI-managed Node(s) kept.")
+	assert.Contains(t, out, `kept: Node "dev-md-0-left": it belongs to Cluster default/dev, not to the Cluster judged;`)
+}
+
+func TestOrphansErrors(t *testing.T) {
+	for name, args := range map[string][]string{
+		"delete offline": {"orphans", "-f", "../../orphans/testdata", "--delete"},
+		"bad now":        {"orphans", "-f", "../../orphans/testdata", "--now", "noon"},
+		"bad output":     {"orphans", "-f", "../../orphans/testdata", "-o", "yaml"},
+		"missing file":   {"orphans", "-f", "does-not-exist"},
+		"bad cluster":    {"orphans", "-f", "../../orphans/testdata", "--cluster", "dev"},
+	} {
+		code, _, errOut := nodeguard(t, args...)
+		assert.Equal(t, 1, code, name)
+		assert.NotEmpty(t, errOut, name)
+	}
+}

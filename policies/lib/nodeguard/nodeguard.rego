@@ -213,6 +213,25 @@ _exempt_by(user, params) := sprintf("user %q", [user.username]) if {
 	count(groups) > 0
 } else := ""
 
+# METADATA
+# title: Linked Machines
+# description: |
+#   The Machines in scope linked to the Node by status.nodeRef, spec.providerID
+#   or the Node's annotations, as a set of {machine: "namespace/name", types, deleting},
+#   whether or not they reference an InfraMachine. The orphan criteria use it:
+#   a Node with a linked Machine is CAPI's to delete, not nodeguard's.
+linked_machines(node, inventory, parameters) := {{"machine": concat("/", [ns, name]), "types": sort(link_types), "deleting": deleting} |
+	params := object.union(default_parameters, _object_or_empty(parameters))
+	pid := object.get(node, ["spec", "providerID"], "")
+	some ns, gv, name
+	machine := inventory.namespace[ns][gv].Machine[name]
+	link_types := _machine_link_types(node, pid, ns, name, machine)
+	count(link_types) > 0
+	startswith(gv, "cluster.x-k8s.io/")
+	_machine_in_scope(ns, machine, params)
+	deleting := object.get(machine, ["metadata", "deletionTimestamp"], false) != false
+}
+
 # --- Links -------------------------------------------------------------------
 
 # Each link is [infra key, how]; a key is {group, kind, namespace, name}.

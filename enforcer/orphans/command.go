@@ -1,0 +1,265 @@
+package orphans
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/manifest"
+)
+
+// Exit codes of `nodeguard orphans`: finding orphans is not an error.
+const (
+	ExitOK    = 0
+	ExitError = 1
+)
+
+// CommandOptions are the flags of `nodeguard orphans`.
+type CommandOptions struct {
+	Files           []string
+	Cluster         string
+	Grace           time.Duration
+	Now             string
+	MatchProviderID bool
+	Delete          bool
+	Constraint      string
+	Output          string
+	Kubeconfig      string
+	Context         string
+}
+
+// Report is what -o json prints.
+type Report struct {
+	Orphans []Orphan `json:"orphans"`
+	Kept    []Kept   `json:"kept"`
+	Deleted []string `json:"deleted,omitempty"`
+}
+
+// Orphan is one orphan Node in a Report.
+type Orphan struct {
+	Node          string `json:"node"`
+	Cluster       string `json:"cluster"`
+	Machine       string `json:"machine"`
+	NotReadySince string `json:"notReadySince"`
+	Reason        string `json:"reason"`
+}
+
+// Kept is a CAPI-managed Node that is not an orphan, and why.
+type Kept struct {
+	Node string `json:"node"`
+	Why  string `json:"why"`
+}
+
+// NodeGVR is the resource of core Nodes.
+var NodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+
+// liveSyncTimeout bounds how long a live run waits for its caches.
+const liveSyncTimeout = 60 * time.Second
+
+// Run lists (and with Delete, deletes) orphan Nodes and prints the report;
+// the int is the exit code.
+func Run(ctx context.Context, opts CommandOptions, out io.Writer) (int, error) {
+	if opts.Output != "text" && opts.Output != "json" {
+		return ExitError, fmt.Errorf("-o %q: want text or json", opts.Output)
+	}
+	if opts.Delete && len(opts.Files) > 0 {
+		return ExitError, fmt.Errorf("--delete works on a live cluster only, not on -f files")
+	}
+	if opts.Delete && opts.Now != "" {
+		return ExitError, fmt.Errorf("--delete judges at the real time; drop --now")
+	}
+	now := time.Now()
+	if opts.Now != "" {
+		t, err := time.Parse(time.RFC3339, opts.Now)
+		if err != nil {
+			return ExitError, fmt.Errorf("--now %q: want RFC 3339: %w", opts.Now, err)
+		}
+		now = t
+	}
+	var params map[string]any
+	if opts.Constraint != "" {
+		p, err := manifest.ConstraintParameters(opts.Constraint)
+		if err != nil {
+			return ExitError, err
+		}
+		params = p
+	}
+	var (
+		report Report
+		err    error
+	)
+	if len(opts.Files) > 0 {
+		report, err = offline(ctx, opts, params, now)
+	} else {
+		report, err = runLive(ctx, opts, params, now)
+	}
+	if err != nil {
+		return ExitError, err
+	}
+	if err := print(out, opts, report); err != nil {
+		return ExitError, err
+	}
+	return ExitOK, nil
+}
+
+func offline(ctx context.Context, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {
+	objs, err := manifest.Load(opts.Files...)
+	if err != nil {
+		return Report{}, err
+	}
+	var nodes []*unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetAPIVersion() == "v1" && o.GetKind() == "Node" {
+			nodes = append(nodes, o)
+		}
+	}
+	eval, err := decision.NewEvaluator(ctx)
+	if err != nil {
+		return Report{}, err
+	}
+	infra, pools, err := live.Kinds(eval, params)
+	if err != nil {
+		return Report{}, err
+	}
+	inv, err := inventory.FromObjects(objs, infra, pools)
+	if err != nil {
+		return Report{}, err
+	}
+	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Evaluator: eval})
+	if err != nil {
+		return Report{}, err
+	}
+	f, err := NewFinder(ctx, Options{Guard: g, Inventory: inv, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
+	if err != nil {
+		return Report{}, err
+	}
+	verdicts, err := f.Judge(ctx, nodes, opts.Cluster, now)
+	if err != nil {
+		return Report{}, err
+	}
+	return NewReport(verdicts), nil
+}
+
+func runLive(ctx context.Context, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {
+	c, err := live.Connect(opts.Kubeconfig, opts.Context)
+	if err != nil {
+		return Report{}, err
+	}
+	return runLiveWith(ctx, c, opts, params, now)
+}
+
+func runLiveWith(ctx context.Context, c live.Clients, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the informers
+	e, err := live.Start(ctx, c, live.Options{Parameters: params})
+	if err != nil {
+		return Report{}, err
+	}
+	if err := live.WaitReady(ctx, e.Syncer.Ready, liveSyncTimeout); err != nil {
+		return Report{}, err
+	}
+	f, err := NewFinder(ctx, Options{Guard: e.Guard, Inventory: e.Inventory, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
+	if err != nil {
+		return Report{}, err
+	}
+	nodes, err := ListNodes(ctx, c.Dynamic)
+	if err != nil {
+		return Report{}, err
+	}
+	verdicts, err := f.Judge(ctx, nodes, opts.Cluster, now)
+	if err != nil {
+		return Report{}, err
+	}
+	report := NewReport(verdicts)
+	if opts.Delete {
+		for _, v := range verdicts {
+			if !v.Orphan {
+				continue
+			}
+			if err := DeleteNode(ctx, c.Dynamic, v); err != nil {
+				return report, err
+			}
+			report.Deleted = append(report.Deleted, v.Node)
+		}
+	}
+	return report, nil
+}
+
+// ListNodes reads every Node from the API server.
+func ListNodes(ctx context.Context, client dynamic.Interface) ([]*unstructured.Unstructured, error) {
+	list, err := client.Resource(NodeGVR).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	out := make([]*unstructured.Unstructured, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, &list.Items[i])
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GetName() < out[j].GetName() })
+	return out, nil
+}
+
+// DeleteNode deletes the Node the verdict judged, and only that one: the
+// preconditions make the API server refuse when the Node was re-registered
+// under the same name (UID) or changed since (resourceVersion). The delete
+// goes through admission, so nodeguard's own webhook judges it too.
+func DeleteNode(ctx context.Context, client dynamic.Interface, v Verdict) error {
+	if v.UID == "" || v.ResourceVersion == "" {
+		return fmt.Errorf("delete Node %q: no UID or resourceVersion to make the delete conditional", v.Node)
+	}
+	uid, rv := v.UID, v.ResourceVersion
+	err := client.Resource(NodeGVR).Delete(ctx, v.Node, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+	if err != nil {
+		return fmt.Errorf("delete Node %q (uid %s, resourceVersion %s): %w", v.Node, uid, rv, err)
+	}
+	return nil
+}
+
+// NewReport sorts verdicts into orphans and the CAPI-managed Nodes kept.
+func NewReport(verdicts []Verdict) Report {
+	r := Report{Orphans: []Orphan{}, Kept: []Kept{}}
+	for _, v := range verdicts {
+		switch {
+		case v.Orphan:
+			r.Orphans = append(r.Orphans, Orphan{Node: v.Node, Cluster: v.Cluster, Machine: v.Machine, NotReadySince: v.NotReadySince, Reason: v.Reason})
+		case v.Managed:
+			r.Kept = append(r.Kept, Kept{Node: v.Node, Why: strings.Join(v.Kept, "; ")})
+		}
+	}
+	return r
+}
+
+func print(out io.Writer, opts CommandOptions, r Report) error {
+	if opts.Output == "json" {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(r); err != nil {
+			return fmt.Errorf("write report: %w", err)
+		}
+		return nil
+	}
+	for _, o := range r.Orphans {
+		fmt.Fprintf(out, "ORPHAN: Node %q: %s.\n", o.Node, o.Reason)
+	}
+	for _, k := range r.Kept {
+		fmt.Fprintf(out, "kept: Node %q: %s.\n", k.Node, k.Why)
+	}
+	for _, d := range r.Deleted {
+		fmt.Fprintf(out, "DELETED: Node %q.\n", d)
+	}
+	fmt.Fprintf(out, "%d orphan Node(s), %d CAPI-managed Node(s) kept.\n", len(r.Orphans), len(r.Kept))
+	return nil
+}

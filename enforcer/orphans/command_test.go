@@ -1,0 +1,44 @@
+package orphans
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
+)
+
+func TestLiveListAndDelete(t *testing.T) {
+	ctx := context.Background()
+	client, mapper := testcluster.CAPD(t, "../reaper/testdata")
+	c := live.Clients{Dynamic: client, Mapper: mapper}
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+	r, err := runLiveWith(ctx, c, CommandOptions{Output: "json"}, nil, now)
+	require.NoError(t, err)
+	require.Len(t, r.Orphans, 1)
+	assert.Equal(t, "dev-md-0-left", r.Orphans[0].Node)
+	assert.Len(t, r.Kept, 6)
+	assert.Empty(t, r.Deleted)
+
+	r, err = runLiveWith(ctx, c, CommandOptions{Output: "json", Delete: true}, nil, now)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"dev-md-0-left"}, r.Deleted)
+	list, err := client.Resource(NodeGVR).List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	assert.Len(t, list.Items, 7, "only the orphan was deleted")
+	for _, n := range list.Items {
+		assert.NotEqual(t, "dev-md-0-left", n.GetName())
+	}
+}
+
+func TestDeleteNeedsPreconditions(t *testing.T) {
+	client, _ := testcluster.CAPD(t, "testdata")
+	err := DeleteNode(context.Background(), client, Verdict{Node: "dev-md-0-recent"})
+	assert.ErrorContains(t, err, "no UID or resourceVersion")
+}

@@ -1,0 +1,309 @@
+package reaper
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
+)
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// fixture is an API server (client-go's fake) serving testdata/, a Finder
+// with fresh reads over it, and a Reaper on a fake clock.
+type fixture struct {
+	client   *dynamicfake.FakeDynamicClient
+	clock    *clocktesting.FakeClock
+	reaper   *Reaper
+	recorder *events.FakeRecorder
+	logs     *bytes.Buffer
+	metrics  *Metrics
+
+	mu      sync.Mutex
+	deletes []string // names of delete calls the API server accepted
+}
+
+func newFixture(t *testing.T, opts Options) *fixture {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	client, mapper := testcluster.CAPD(t, "testdata")
+	f := &fixture{client: client, clock: clocktesting.NewFakeClock(t0), recorder: events.NewFakeRecorder(10), logs: &bytes.Buffer{}}
+	// The fake does not check delete preconditions; the API server does.
+	client.PrependReactor("delete", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		del := a.(k8stesting.DeleteActionImpl)
+		cur, err := client.Tracker().Get(orphans.NodeGVR, "", del.Name)
+		if err != nil {
+			return true, nil, err
+		}
+		m := cur.(*unstructured.Unstructured)
+		pre := del.DeleteOptions.Preconditions
+		if pre == nil || pre.UID == nil || pre.ResourceVersion == nil {
+			return true, nil, fmt.Errorf("test: delete of Node %s without UID and resourceVersion preconditions", del.Name)
+		}
+		if *pre.UID != m.GetUID() || *pre.ResourceVersion != m.GetResourceVersion() {
+			return true, nil, apierrors.NewConflict(orphans.NodeGVR.GroupResource(), del.Name, fmt.Errorf("precondition failed"))
+		}
+		f.mu.Lock()
+		f.deletes = append(f.deletes, del.Name)
+		f.mu.Unlock()
+		return false, nil, nil // the tracker deletes it
+	})
+	e, err := live.Start(ctx, live.Clients{Dynamic: client, Mapper: mapper}, live.Options{})
+	require.NoError(t, err)
+	require.NoError(t, live.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
+	finder, err := orphans.NewFinder(ctx, orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Grace: 5 * time.Minute})
+	require.NoError(t, err)
+	f.metrics, err = NewMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	opts.Finder, opts.Clock, opts.Metrics = finder, f.clock, f.metrics
+	opts.Log = slog.New(slog.NewJSONHandler(f.logs, nil))
+	f.reaper, err = New(opts)
+	require.NoError(t, err)
+	return f
+}
+
+func (f *fixture) target() Target {
+	return Target{Nodes: f.client, Recorder: f.recorder}
+}
+
+func (f *fixture) pass(t *testing.T) Result {
+	t.Helper()
+	res, err := f.reaper.Pass(context.Background(), f.target())
+	require.NoError(t, err)
+	return res
+}
+
+func (f *fixture) nodes(t *testing.T) []string {
+	t.Helper()
+	list, err := f.client.Resource(orphans.NodeGVR).List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	var names []string
+	for _, n := range list.Items {
+		names = append(names, n.GetName())
+	}
+	return names
+}
+
+func (f *fixture) deleted() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.deletes...)
+}
+
+func leader() bool { return true }
+
+var mustStay = []string{
+	"dev-md-0-ready",          // Ready
+	"dev-md-0-owned",          // its Machine exists
+	"dev-md-0-deleting",       // its Machine (and DockerMachine) are being deleted
+	"dev-md-0-infra",          // a linked DockerMachine exists
+	"dev-md-0-infra-deleting", // a linked DockerMachine is being deleted
+	"dev-md-0-unannotated",    // not CAPI-managed (default match)
+}
+
+func TestDeletesTheLeftBehindNodeAfterTwoObservationsAGraceApart(t *testing.T) {
+	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+
+	res := f.pass(t)
+	assert.Equal(t, []string{"dev-md-0-left"}, res.Orphans)
+	assert.Empty(t, res.Deleted, "first observation: nothing is deleted")
+	assert.Equal(t, 1.0, testutil.ToFloat64(f.metrics.orphans.WithLabelValues("")))
+
+	f.clock.Step(4*time.Minute + 59*time.Second)
+	assert.Empty(t, f.pass(t).Deleted, "second observation less than the grace after the first")
+
+	f.clock.Step(time.Second)
+	res = f.pass(t)
+	assert.Equal(t, []string{"dev-md-0-left"}, res.Deleted)
+	assert.Equal(t, []string{"dev-md-0-left"}, f.deleted())
+	assert.NotContains(t, f.nodes(t), "dev-md-0-left")
+	for _, n := range mustStay {
+		assert.Contains(t, f.nodes(t), n)
+	}
+	assert.Equal(t, 1.0, testutil.ToFloat64(f.metrics.deleted.WithLabelValues("")))
+	event := <-f.recorder.Events
+	assert.Equal(t, "Normal OrphanNodeDeleted nodeguard deleted orphan Node dev-md-0-left: Machine default/dev-md-0-left is gone, "+
+		"nothing links an InfraMachine to the Node, and it has not been Ready since 2026-11-30T11:00:00Z (grace 5m0s)", event)
+
+	var line map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(f.logs.String()), "\n") {
+		require.NoError(t, json.Unmarshal([]byte(l), &line), l)
+		if line["msg"] == "deleted orphan node" {
+			break
+		}
+	}
+	assert.Equal(t, "deleted orphan node", line["msg"])
+	assert.Equal(t, "dev-md-0-left", line["node"])
+	assert.Equal(t, "00000000-0000-4000-8000-000000000001", line["uid"])
+	assert.Equal(t, "default/dev-md-0-left", line["machine"])
+	assert.Equal(t, "101", line["resourceVersion"])
+
+	// dev-md-0-recent went NotReady at 11:58: an orphan from 12:05 on, so
+	// first seen at 12:05 and deleted no earlier than 12:10.
+	assert.Equal(t, []string{"dev-md-0-left", "dev-md-0-recent"}, res.Orphans)
+	f.clock.Step(4 * time.Minute)
+	assert.Empty(t, f.pass(t).Deleted)
+	f.clock.Step(time.Minute)
+	assert.Equal(t, []string{"dev-md-0-recent"}, f.pass(t).Deleted)
+}
+
+func TestNeverDeletesWhatIsNotAnOrphan(t *testing.T) {
+	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	for i := 0; i < 3; i++ {
+		f.pass(t)
+		f.clock.Step(10 * time.Minute)
+	}
+	// Only the two orphans went (dev-md-0-recent after its own grace).
+	assert.ElementsMatch(t, []string{"dev-md-0-left", "dev-md-0-recent"}, f.deleted())
+	for _, n := range mustStay {
+		assert.Contains(t, f.nodes(t), n, "%s must never be deleted", n)
+	}
+}
+
+func TestNeverDeletesInDryRun(t *testing.T) {
+	f := newFixture(t, Options{Delete: true, DryRun: true, IsLeader: leader})
+	f.pass(t)
+	f.clock.Step(10 * time.Minute)
+	res := f.pass(t)
+	assert.Equal(t, []string{"dev-md-0-left", "dev-md-0-recent"}, res.Orphans)
+	assert.Equal(t, []string{"dev-md-0-left"}, res.Would)
+	assert.Empty(t, res.Deleted)
+	f.clock.Step(10 * time.Minute)
+	f.pass(t)
+	assert.Empty(t, f.deleted())
+	assert.Contains(t, f.nodes(t), "dev-md-0-left")
+	assert.Contains(t, f.logs.String(), `"msg":"dry run: would delete orphan node"`)
+	assert.Empty(t, f.recorder.Events)
+}
+
+func TestNeverDeletesWithoutTheLease(t *testing.T) {
+	f := newFixture(t, Options{Delete: true, IsLeader: func() bool { return false }})
+	f.pass(t)
+	f.clock.Step(10 * time.Minute)
+	res := f.pass(t)
+	assert.Equal(t, []string{"dev-md-0-left", "dev-md-0-recent"}, res.Orphans)
+	assert.Empty(t, f.deleted())
+}
+
+func TestObservesWithoutReaping(t *testing.T) {
+	f := newFixture(t, Options{IsLeader: leader}) // --reap-orphan-nodes off
+	f.pass(t)
+	f.clock.Step(10 * time.Minute)
+	f.pass(t)
+	assert.Empty(t, f.deleted())
+	assert.Equal(t, 2.0, testutil.ToFloat64(f.metrics.orphans.WithLabelValues("")))
+}
+
+// reRegister replaces Node name with a new object of the same name: a new
+// UID and resourceVersion, as when a host re-joins under its old name.
+func reRegister(t *testing.T, f *fixture, name string) *unstructured.Unstructured {
+	t.Helper()
+	old, err := f.client.Tracker().Get(orphans.NodeGVR, "", name)
+	require.NoError(t, err)
+	n := old.(*unstructured.Unstructured).DeepCopy()
+	n.SetUID(types.UID("11111111-0000-4000-8000-000000000001"))
+	n.SetResourceVersion("900")
+	require.NoError(t, f.client.Tracker().Delete(orphans.NodeGVR, "", name))
+	require.NoError(t, f.client.Tracker().Add(n))
+	return old.(*unstructured.Unstructured)
+}
+
+func TestNeverDeletesANodeReRegisteredBetweenObservations(t *testing.T) {
+	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	f.pass(t)
+	reRegister(t, f, "dev-md-0-left")
+	f.clock.Step(10 * time.Minute)
+	res := f.pass(t)
+	assert.Contains(t, res.Orphans, "dev-md-0-left")
+	assert.NotContains(t, res.Deleted, "dev-md-0-left", "the new Node was observed once only")
+	assert.NotContains(t, f.deleted(), "dev-md-0-left")
+}
+
+func TestNeverDeletesANodeReRegisteredBeforeTheFreshRead(t *testing.T) {
+	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	f.pass(t)
+	f.clock.Step(10 * time.Minute)
+	// The list still shows the old Node; by the fresh read it was replaced.
+	f.client.PrependReactor("get", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.GetAction).GetName() == "dev-md-0-left" {
+			reRegister(t, f, "dev-md-0-left")
+		}
+		return false, nil, nil
+	})
+	res := f.pass(t)
+	assert.NotContains(t, res.Deleted, "dev-md-0-left")
+	assert.NotContains(t, f.deleted(), "dev-md-0-left")
+	assert.Contains(t, f.logs.String(), "re-registered under the same name")
+}
+
+func TestNeverDeletesANodeReRegisteredBeforeTheDelete(t *testing.T) {
+	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	f.pass(t)
+	f.clock.Step(10 * time.Minute)
+	// The fresh read still returns the old Node; the API server holds the
+	// new one by the time the delete arrives: only its preconditions stop it.
+	var old *unstructured.Unstructured
+	f.client.PrependReactor("get", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.GetAction).GetName() != "dev-md-0-left" {
+			return false, nil, nil
+		}
+		if old == nil {
+			old = reRegister(t, f, "dev-md-0-left")
+		}
+		return true, old.DeepCopy(), nil
+	})
+	res := f.pass(t)
+	assert.NotContains(t, res.Deleted, "dev-md-0-left")
+	assert.NotContains(t, f.deleted(), "dev-md-0-left")
+	n, err := f.client.Tracker().Get(orphans.NodeGVR, "", "dev-md-0-left")
+	require.NoError(t, err)
+	assert.Equal(t, types.UID("11111111-0000-4000-8000-000000000001"), n.(*unstructured.Unstructured).GetUID())
+	assert.Contains(t, f.logs.String(), "precondition failed")
+}
+
+func TestNeverDeletesWhenAMachineAppearsBeforeTheDelete(t *testing.T) {
+	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	f.pass(t)
+	f.clock.Step(10 * time.Minute)
+	// A Machine linking the Node by nodeRef appears; the informer has not seen
+	// it, the fresh read of the annotated Machine does.
+	m := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+		"metadata": map[string]any{"namespace": "default", "name": "dev-md-0-left", "labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}},
+		"spec":     map[string]any{"clusterName": "dev", "infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "dev-md-0-left"}},
+	}}
+	f.client.PrependReactor("get", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.GetAction).GetName() == "dev-md-0-left" {
+			_ = f.client.Tracker().Add(m)
+		}
+		return false, nil, nil
+	})
+	res := f.pass(t)
+	assert.NotContains(t, res.Deleted, "dev-md-0-left")
+	assert.NotContains(t, f.deleted(), "dev-md-0-left")
+	assert.Contains(t, f.logs.String(), "no longer an orphan on a fresh read")
+}

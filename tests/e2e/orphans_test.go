@@ -1,0 +1,244 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/serve"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+	"github.com/nodeguard/nodeguard/internal/localcluster"
+	"github.com/nodeguard/nodeguard/internal/testpki"
+)
+
+var capiMachines = current.GVR("cluster.x-k8s.io", "machines")
+
+// reaping is the orphan configuration the e2e tests run serve with: a short
+// grace and frequent passes, the Lease in "default" (which every API server
+// has). A later test (e.g. with the real CAPI manager) can start from it.
+func reaping(grace time.Duration) serve.ReapOptions {
+	return serve.ReapOptions{Enabled: true, Grace: grace, Interval: 250 * time.Millisecond, LeaseNamespace: "default"}
+}
+
+// nodeguardReaping runs `nodeguard serve` over the cluster of cfg with the
+// orphan options reap, and points the API server's Node deletes at it, so
+// the reaper's own deletes pass through nodeguard's webhook.
+func nodeguardReaping(t *testing.T, cfg *rest.Config, reap serve.ReapOptions) running {
+	t.Helper()
+	clients, err := live.FromConfig(cfg)
+	require.NoError(t, err)
+	ca := testpki.New(t)
+	url, stop := serveWith(t, clients, ca, serve.Options{Listen: "127.0.0.1:0", Orphans: reap})
+	caPEM, err := os.ReadFile(ca.CAFile(t))
+	require.NoError(t, err)
+	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
+	require.NoError(t, err)
+	kube, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	require.NoError(t, webhookconfig.Apply(context.Background(), kube, vwc))
+	return running{url: url, ca: ca, clients: clients, stop: stop}
+}
+
+// serveWith runs `nodeguard serve` with opts (certificate from ca) and
+// returns its URL and a function that stops it (also run at cleanup).
+func serveWith(t *testing.T, clients live.Clients, ca *testpki.CA, opts serve.Options) (string, func()) {
+	t.Helper()
+	opts.CertFile, opts.KeyFile = ca.ServerFiles(t, "nodeguard")
+	url, stop, err := localcluster.Serve(context.Background(), clients, opts, slog.New(slog.NewJSONHandler(os.Stderr, nil)))
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	return url, stop
+}
+
+// setReady sets the Node's Ready condition, as a kubelet would.
+func setReady(t *testing.T, kube kubernetes.Interface, name string, status corev1.ConditionStatus) {
+	t.Helper()
+	ctx := context.Background()
+	n, err := kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	require.NoError(t, err)
+	now := metav1.Now()
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status, LastHeartbeatTime: now, LastTransitionTime: now}}
+	_, err = kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+	require.NoError(t, err)
+}
+
+// playCAPI deletes what Cluster API deletes for a Machine, InfraMachine
+// first, but not the Node: the Node left behind when CAPI's one Node delete
+// was denied or never made (cluster-api #14024, #7237).
+func playCAPI(t *testing.T, dyn dynamic.Interface, name string) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
+	require.NoError(t, dyn.Resource(capiMachines).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
+}
+
+// waitGone waits until Node name is gone and returns when that was seen.
+func waitGone(t *testing.T, kube kubernetes.Interface, name string, within time.Duration) time.Time {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		_, err := kube.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, within, 50*time.Millisecond, "Node %s must be reaped", name)
+	return time.Now()
+}
+
+// orphanEvents lists the OrphanNodeDeleted Events recorded on Node name.
+func orphanEvents(t *testing.T, kube kubernetes.Interface, name string) []string {
+	t.Helper()
+	list, err := kube.EventsV1().Events("").List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	var notes []string
+	for _, e := range list.Items {
+		if e.Reason == "OrphanNodeDeleted" && e.Regarding.Kind == "Node" && e.Regarding.Name == name {
+			notes = append(notes, e.Note)
+		}
+	}
+	return notes
+}
+
+// Orphan Nodes, self-hosted: the Node left behind is deleted once a grace
+// has passed between two observations; a Ready Node whose Machine is gone
+// is not.
+func TestOrphanNodesAreReaped(t *testing.T) {
+	cfg := apiServer(t)
+	grace := 2 * time.Second
+	nodeguardReaping(t, cfg, reaping(grace))
+	kube, dyn := clientsFor(t, cfg)
+
+	capdMachine(t, dyn, "control-plane-0", false) // stays: the cluster's DockerMachines show docker:// is synced
+	capdMachine(t, dyn, "left-behind", false)
+	capdMachine(t, dyn, "still-ready", false)
+	setReady(t, kube, "control-plane-0", corev1.ConditionTrue)
+	setReady(t, kube, "left-behind", corev1.ConditionUnknown)
+	setReady(t, kube, "still-ready", corev1.ConditionTrue)
+
+	playCAPI(t, dyn, "left-behind")
+	playCAPI(t, dyn, "still-ready")
+	gone := time.Now()
+	reaped := waitGone(t, kube, "left-behind", 60*time.Second)
+	t.Logf("left-behind reaped %s after its Machine and DockerMachine went (grace %s)", reaped.Sub(gone).Round(time.Millisecond), grace)
+	assert.GreaterOrEqual(t, reaped.Sub(gone), grace, "two observations a grace apart")
+
+	// Several more passes: the Ready Node stays.
+	time.Sleep(2 * grace)
+	_, err := kube.CoreV1().Nodes().Get(context.Background(), "still-ready", metav1.GetOptions{})
+	assert.NoError(t, err, "a Ready Node is never reaped")
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Len(c, orphanEvents(t, kube, "left-behind"), 1)
+	}, 10*time.Second, 100*time.Millisecond, "an Event on the deleted Node")
+	assert.Empty(t, orphanEvents(t, kube, "still-ready"))
+}
+
+// Orphan Nodes with a linked InfraMachine are never reaped: the rule would
+// deny the delete. No webhook is installed, so the reaper's own judgment is
+// all that stands between the Node and its delete.
+func TestOrphanNodeWithItsInfraMachineIsKept(t *testing.T) {
+	cfg := apiServer(t)
+	clients, err := live.FromConfig(cfg)
+	require.NoError(t, err)
+	serveWith(t, clients, testpki.New(t), serve.Options{Listen: "127.0.0.1:0", Orphans: reaping(time.Second)})
+	kube, dyn := clientsFor(t, cfg)
+	ctx := context.Background()
+	capdMachine(t, dyn, "infra-left", true)
+	capdMachine(t, dyn, "reaped", false)
+	setReady(t, kube, "infra-left", corev1.ConditionUnknown)
+	setReady(t, kube, "reaped", corev1.ConditionUnknown)
+	// The Machine goes; the DockerMachine is being deleted (its finalizer holds it).
+	require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, "infra-left", metav1.DeleteOptions{}))
+	require.NoError(t, dyn.Resource(capiMachines).Namespace("default").Delete(ctx, "infra-left", metav1.DeleteOptions{}))
+	playCAPI(t, dyn, "reaped")
+	waitGone(t, kube, "reaped", 60*time.Second)
+	time.Sleep(3 * time.Second)
+	_, err = kube.CoreV1().Nodes().Get(ctx, "infra-left", metav1.GetOptions{})
+	assert.NoError(t, err, "a Node whose DockerMachine is still being deleted is never reaped")
+}
+
+// Orphan Nodes in the management/workload topology: Machines in the
+// management cluster, Nodes in the workload cluster, reached through CAPI's
+// kubeconfig Secret and scoped to that Cluster.
+func TestOrphanNodesAreReapedInAWorkloadCluster(t *testing.T) {
+	mgmt := apiServer(t)
+	workload, workloadEnv := apiServerEnv(t)
+	reap := reaping(2 * time.Second)
+	reap.WorkloadClusters = true
+	// The management cluster's own Nodes are not judged here: no webhook there.
+	clients, err := live.FromConfig(mgmt)
+	require.NoError(t, err)
+	ca := testpki.New(t)
+	url, _ := serveWith(t, clients, ca, serve.Options{Listen: "127.0.0.1:0", Orphans: reap})
+	_, dyn := clientsFor(t, mgmt)
+	mgmtKube, err := kubernetes.NewForConfig(mgmt)
+	require.NoError(t, err)
+	workloadKube, err := kubernetes.NewForConfig(workload)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	apply(t, dyn, schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "clusters"}, map[string]any{
+		"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": map[string]any{"namespace": "default", "name": "dev"},
+		"spec": map[string]any{"paused": true}})
+	workloadAdmin(t, ctx, workloadEnv, mgmtKube, "default", "dev")
+	// The workload cluster's Node deletes go to nodeguard's route for Cluster default/dev.
+	caPEM, err := os.ReadFile(ca.CAFile(t))
+	require.NoError(t, err)
+	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: "default/dev"})
+	require.NoError(t, err)
+	require.NoError(t, webhookconfig.Apply(ctx, workloadKube, vwc))
+
+	for _, name := range []string{"control-plane-0", "left-behind", "still-ready"} {
+		capdMachine(t, dyn, name, false)
+		// CAPD's Node lives in the workload cluster, not the management one.
+		require.NoError(t, mgmtKube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}))
+		_, err := workloadKube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
+			Annotations: map[string]string{"cluster.x-k8s.io/cluster-name": "dev", "cluster.x-k8s.io/cluster-namespace": "default", "cluster.x-k8s.io/machine": name}},
+			Spec: corev1.NodeSpec{ProviderID: "docker:////" + name}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	setReady(t, workloadKube, "control-plane-0", corev1.ConditionTrue)
+	setReady(t, workloadKube, "left-behind", corev1.ConditionUnknown)
+	setReady(t, workloadKube, "still-ready", corev1.ConditionTrue)
+	playCAPI(t, dyn, "left-behind")
+	playCAPI(t, dyn, "still-ready")
+	gone := time.Now()
+	reaped := waitGone(t, workloadKube, "left-behind", 60*time.Second)
+	t.Logf("workload Node left-behind reaped %s after its Machine went", reaped.Sub(gone).Round(time.Millisecond))
+	time.Sleep(4 * time.Second)
+	_, err = workloadKube.CoreV1().Nodes().Get(ctx, "still-ready", metav1.GetOptions{})
+	assert.NoError(t, err, "a Ready Node is never reaped")
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Len(c, orphanEvents(t, workloadKube, "left-behind"), 1)
+	}, 10*time.Second, 100*time.Millisecond, "the Event is recorded in the workload cluster")
+}
+
+// workloadAdmin stores a kubeconfig for an admin of the workload cluster as
+// CAPI does: Secret <name>-kubeconfig, key value, in the Cluster's namespace.
+func workloadAdmin(t *testing.T, ctx context.Context, env *envtest.Environment, mgmt kubernetes.Interface, namespace, name string) {
+	t.Helper()
+	user, err := env.AddUser(envtest.User{Name: "kubernetes-admin", Groups: []string{"system:masters"}}, nil)
+	require.NoError(t, err)
+	kubeconfig, err := user.KubeConfig()
+	require.NoError(t, err)
+	_, err = clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	require.NoError(t, err)
+	_, err = mgmt.CoreV1().Secrets(namespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name + "-kubeconfig", Labels: map[string]string{"cluster.x-k8s.io/cluster-name": name}},
+		Data:       map[string][]byte{"value": kubeconfig},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+}
