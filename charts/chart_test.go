@@ -99,15 +99,20 @@ func kustomize(t *testing.T, dir string) objects {
 	return split(t, raw)
 }
 
-// kustomizeAll renders enforcer/deploy with its cert-manager component.
-func kustomizeAll(t *testing.T) objects {
+// kustomizeAll renders enforcer/deploy with its cert-manager component and
+// the other components named.
+func kustomizeAll(t *testing.T, components ...string) objects {
 	t.Helper()
 	dir := t.TempDir()
 	abs, err := filepath.Abs("../enforcer/deploy")
 	require.NoError(t, err)
 	rel, err := filepath.Rel(dir, abs)
 	require.NoError(t, err)
-	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel + "]\ncomponents: [" + rel + "/components/cert-manager]\n"
+	list := rel + "/components/cert-manager"
+	for _, c := range components {
+		list += ", " + rel + "/components/" + c
+	}
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel + "]\ncomponents: [" + list + "]\n"
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o600))
 	return kustomize(t, dir)
 }
@@ -171,6 +176,46 @@ func TestChartAndKustomizeAgree(t *testing.T) {
 	assert.Equal(t, kcert["spec"], hcert["spec"])
 	_, ok := h["ServiceAccount/nodeguard"]
 	assert.True(t, ok)
+}
+
+// orphanReaper in the chart deploys what the orphan-reaper components add
+// to the kustomize deployment: the flags, POD_NAMESPACE and the RBAC.
+func TestChartOrphanReaperIsTheKustomizeComponents(t *testing.T) {
+	for _, tc := range []struct {
+		set        []string
+		components []string
+		roles      []string
+	}{
+		{[]string{"orphanReaper.enabled=true"}, []string{"orphan-reaper"},
+			[]string{"ClusterRole/nodeguard-orphan-reaper", "Role/nodeguard-orphan-reaper-lease"}},
+		{[]string{"orphanReaper.enabled=true", "orphanReaper.workloadClusters=true"}, []string{"orphan-reaper", "orphan-reaper-workload"},
+			[]string{"ClusterRole/nodeguard-orphan-reaper", "Role/nodeguard-orphan-reaper-lease", "ClusterRole/nodeguard-orphan-reaper-workload"}},
+	} {
+		t.Run(strings.Join(tc.components, "+"), func(t *testing.T) {
+			h, k := chart(t, tc.set...), kustomizeAll(t, tc.components...)
+			var hd, kd appsv1.Deployment
+			h.decode(t, "Deployment/nodeguard", &hd)
+			k.decode(t, "Deployment/nodeguard", &kd)
+			hc, kc := hd.Spec.Template.Spec.Containers[0], kd.Spec.Template.Spec.Containers[0]
+			assert.ElementsMatch(t, kc.Args, hc.Args, "the same serve flags")
+			assert.ElementsMatch(t, kc.Env, hc.Env)
+			for _, name := range tc.roles {
+				var hr, kr rbacv1.ClusterRole // a Role's rules decode the same way
+				h.decode(t, name, &hr)
+				k.decode(t, name, &kr)
+				assert.Equal(t, kr.Rules, hr.Rules, name)
+				assert.Equal(t, kr.Namespace, hr.Namespace, name)
+			}
+			for name := range h {
+				if strings.Contains(name, "orphan-reaper") {
+					_, ok := k[name]
+					assert.True(t, ok, "the chart renders %s, kustomize does not", name)
+				}
+			}
+		})
+	}
+	_, ok := chart(t)["ClusterRole/nodeguard-orphan-reaper"]
+	assert.False(t, ok, "off by default")
 }
 
 // The chart's webhook is the configuration `nodeguard webhook-config
