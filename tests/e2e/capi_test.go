@@ -6,11 +6,13 @@ import (
 	"context"
 	"io"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -22,8 +24,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
+	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
 var (
@@ -289,7 +293,23 @@ func TestCAPIManagementAndWorkloadClusters(t *testing.T) {
 	clients, err := live.FromConfig(localcluster.Config(mgmtEnv))
 	require.NoError(t, err)
 	url, caPEM := serveOn(t, clients, "")
-	mgmtKube, _ := clientsFor(t, localcluster.Config(mgmtEnv))
+	c.installWebhook(t, url, caPEM)
+
+	c.machine(t, "dev-md-0-abcde", localcluster.MachineOptions{})
+	require.EventuallyWithT(t, func(col *assert.CollectT) {
+		err := dryRunDelete(context.Background(), c.nodes, "dev-md-0-abcde")
+		require.Error(col, err)
+		assert.Contains(col, err.Error(), "DockerMachine default/dev-md-0-abcde")
+	}, 30*time.Second, 200*time.Millisecond, "the workload cluster's webhook must judge against the management cluster")
+	c.deletesInOrder(t, "dev-md-0-abcde")
+}
+
+// installWebhook installs the webhook for Cluster default/dev into its
+// workload cluster through the kubeconfig Secret, as `nodeguard
+// webhook-config --apply --cluster default/dev` does.
+func (c *capiCluster) installWebhook(t *testing.T, url string, caPEM []byte) {
+	t.Helper()
+	mgmtKube, _ := clientsFor(t, localcluster.Config(c.mgmtEnv))
 	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: "default/dev"})
 	require.NoError(t, err)
 	where, err := webhookconfig.Install(context.Background(), mgmtKube, "default/dev", vwc, func(kc []byte) (kubernetes.Interface, error) {
@@ -301,14 +321,87 @@ func TestCAPIManagementAndWorkloadClusters(t *testing.T) {
 	})
 	require.NoError(t, err)
 	t.Logf("webhook installed into %s", where)
+}
 
-	c.machine(t, "dev-md-0-abcde", localcluster.MachineOptions{})
+// leaveBehind is scenario 3 for Machines names: each with the production
+// nodeDeletionTimeoutSeconds of 10, deleted while nodeguard is down (stop);
+// CAPI gives up on their Nodes, which stay behind, NotReady (their hosts
+// are gone).
+func (c *capiCluster) leaveBehind(t *testing.T, stop func(), names ...string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, name := range names {
+		c.machine(t, name, localcluster.MachineOptions{NodeDeletionTimeoutSeconds: ptr.To[int64](10)})
+	}
+	stop()
+	start := time.Now()
+	for _, name := range names {
+		require.NoError(t, c.dyn.Resource(machines).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
+	}
+	for _, name := range names {
+		gone(t, "Machine "+name, 90*time.Second, c.getMachine(name))
+		require.NoError(t, c.getNode(name)(ctx), "CAPI gave up: Node %s is left behind", name)
+	}
+	t.Logf("nodeguard down: CAPI gave up on the Nodes of %v; their Machines were gone %s after the deletes",
+		names, time.Since(start).Round(time.Millisecond))
+}
+
+// reaped checks what nodeguard's orphan reaper, back since restarted, does
+// with the Nodes CAPI left behind: orphan goes (with an Event), ready (its
+// kubelet still posts Ready) stays.
+func (c *capiCluster) reaped(t *testing.T, restarted time.Time, grace time.Duration, orphan, ready string) {
+	t.Helper()
+	at := gone(t, "orphan Node "+orphan, 60*time.Second, c.getNode(orphan))
+	t.Logf("orphan Node %s reaped %s after nodeguard came back (grace %s)", orphan, at.Sub(restarted).Round(time.Millisecond), grace)
 	require.EventuallyWithT(t, func(col *assert.CollectT) {
-		err := dryRunDelete(context.Background(), c.nodes, "dev-md-0-abcde")
-		require.Error(col, err)
-		assert.Contains(col, err.Error(), "DockerMachine default/dev-md-0-abcde")
-	}, 30*time.Second, 200*time.Millisecond, "the workload cluster's webhook must judge against the management cluster")
-	c.deletesInOrder(t, "dev-md-0-abcde")
+		assert.Len(col, orphanEvents(t, c.nodes, orphan), 1)
+	}, 10*time.Second, 100*time.Millisecond, "an OrphanNodeDeleted Event on the reaped Node")
+	// Several more passes: the Ready Node stays.
+	time.Sleep(3 * grace)
+	require.NoError(t, c.getNode(ready)(context.Background()), "a Ready Node is never reaped, though its Machine is gone")
+	assert.Empty(t, orphanEvents(t, c.nodes, ready))
+	require.NoError(t, c.getNode("dev-cp-0")(context.Background()), "the control-plane Node stays")
+}
+
+// Real CAPI, scenario 3 continued (issue 13): the Node CAPI left behind
+// while nodeguard was down is deleted once nodeguard is back with the
+// reaper on and the grace has passed; a Node whose Machine is gone but whose
+// kubelet still posts Ready is not.
+func TestCAPIOrphanIsReapedOnceNodeguardIsBack(t *testing.T) {
+	cfg, env := apiServerEnv(t)
+	ng := nodeguard(t, cfg, "")
+	c := startCAPI(t, env, env)
+	c.leaveBehind(t, ng.stop, "dev-md-0-abcde", "dev-md-0-fghij")
+	setReady(t, c.nodes, "dev-md-0-fghij", corev1.ConditionTrue) // its host still runs
+
+	grace := 2 * time.Second
+	restarted := time.Now()
+	serveWith(t, ng.clients, ng.ca, serve.Options{Listen: strings.TrimPrefix(ng.url, "https://"), Orphans: reaping(grace)})
+	c.reaped(t, restarted, grace, "dev-md-0-abcde", "dev-md-0-fghij")
+}
+
+// The same with Machines and the CAPI manager on the management API server
+// and the Nodes on the workload one, reaped through the kubeconfig Secret.
+func TestCAPIOrphanIsReapedInAWorkloadCluster(t *testing.T) {
+	_, mgmtEnv := apiServerEnv(t)
+	_, workloadEnv := apiServerEnv(t)
+	c := startCAPI(t, mgmtEnv, workloadEnv)
+	clients, err := live.FromConfig(localcluster.Config(mgmtEnv))
+	require.NoError(t, err)
+	ca := testpki.New(t)
+	url, stop := serveWith(t, clients, ca, serve.Options{Listen: "127.0.0.1:0"})
+	caPEM, err := os.ReadFile(ca.CAFile(t))
+	require.NoError(t, err)
+	c.installWebhook(t, url, caPEM)
+	c.leaveBehind(t, stop, "dev-md-0-abcde", "dev-md-0-fghij")
+	setReady(t, c.nodes, "dev-md-0-fghij", corev1.ConditionTrue)
+
+	grace := 2 * time.Second
+	reap := reaping(grace)
+	reap.WorkloadClusters = true
+	restarted := time.Now()
+	serveWith(t, clients, ca, serve.Options{Listen: strings.TrimPrefix(url, "https://"), Orphans: reap})
+	c.reaped(t, restarted, grace, "dev-md-0-abcde", "dev-md-0-fghij")
 }
 
 // Real CAPI, scenario 5: Gatekeeper with the generated constraints instead of

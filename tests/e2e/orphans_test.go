@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
@@ -27,8 +26,6 @@ import (
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
-
-var capiMachines = current.GVR("cluster.x-k8s.io", "machines")
 
 // reaping is the orphan configuration the e2e tests run serve with: a short
 // grace and frequent passes, the Lease in "default" (which every API server
@@ -86,17 +83,16 @@ func playCAPI(t *testing.T, dyn dynamic.Interface, name string) {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
-	require.NoError(t, dyn.Resource(capiMachines).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
+	require.NoError(t, dyn.Resource(machines).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
 }
 
 // waitGone waits until Node name is gone and returns when that was seen.
 func waitGone(t *testing.T, kube kubernetes.Interface, name string, within time.Duration) time.Time {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		_, err := kube.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err)
-	}, within, 50*time.Millisecond, "Node %s must be reaped", name)
-	return time.Now()
+	return gone(t, "Node "+name, within, func(ctx context.Context) error {
+		_, err := kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		return err
+	})
 }
 
 // orphanEvents lists the OrphanNodeDeleted Events recorded on Node name.
@@ -162,7 +158,7 @@ func TestOrphanNodeWithItsInfraMachineIsKept(t *testing.T) {
 	setReady(t, kube, "reaped", corev1.ConditionUnknown)
 	// The Machine goes; the DockerMachine is being deleted (its finalizer holds it).
 	require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, "infra-left", metav1.DeleteOptions{}))
-	require.NoError(t, dyn.Resource(capiMachines).Namespace("default").Delete(ctx, "infra-left", metav1.DeleteOptions{}))
+	require.NoError(t, dyn.Resource(machines).Namespace("default").Delete(ctx, "infra-left", metav1.DeleteOptions{}))
 	playCAPI(t, dyn, "reaped")
 	waitGone(t, kube, "reaped", 60*time.Second)
 	time.Sleep(3 * time.Second)
