@@ -27,6 +27,7 @@ import (
 	"github.com/nodeguard/nodeguard/internal/testbundle"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
+	"github.com/nodeguard/nodeguard/policies"
 )
 
 // server is a running `nodeguard serve` over a fake API server holding the
@@ -218,7 +219,9 @@ func TestServeReloadsTheBundleUnderLoad(t *testing.T) {
 func TestServeReportsTheEmbeddedPolicy(t *testing.T) {
 	s, err := startServe(t, policybundle.Options{})
 	require.NoError(t, err)
-	assert.Contains(t, s.metrics(t), `nodeguard_policy_info{revision="",source="embedded",version="0.1.1"} 1`)
+	v, err := policies.TemplateVersion()
+	require.NoError(t, err)
+	assert.Contains(t, s.metrics(t), `nodeguard_policy_info{revision="",source="embedded",version="`+v+`"} 1`)
 }
 
 func writeAtomically(t *testing.T, path string, b []byte) {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeguard/nodeguard/internal/testbundle"
+	"github.com/nodeguard/nodeguard/policies"
 )
 
 func TestCheckWithASignedBundle(t *testing.T) {
@@ -62,7 +63,9 @@ func TestVersion(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	var got map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &got))
-	assert.Equal(t, map[string]any{"source": "embedded", "version": "0.1.1"}, got["policy"])
+	v, err := policies.TemplateVersion()
+	require.NoError(t, err)
+	assert.Equal(t, map[string]any{"source": "embedded", "version": v}, got["policy"])
 	assert.NotEmpty(t, got["goVersion"])
 
 	key := testbundle.NewKey(t)

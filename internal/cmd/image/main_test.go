@@ -16,6 +16,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/policies"
 )
 
 // Two builds of the same source give one digest; the amd64 image holds only
@@ -114,7 +116,9 @@ func TestImageIsReproducibleAndRuns(t *testing.T) {
 	require.NoError(t, json.Unmarshal(out, &v))
 	assert.Equal(t, "v9.9.9-test", v["version"])
 	assert.Equal(t, o.revision, v["commit"])
-	assert.Equal(t, map[string]any{"source": "embedded", "version": "0.1.1"}, v["policy"])
+	want, err := policies.TemplateVersion()
+	require.NoError(t, err)
+	assert.Equal(t, map[string]any{"source": "embedded", "version": want}, v["policy"])
 
 	// Static: no ELF interpreter (a dynamic binary would need a libc the
 	// image does not have).
