@@ -45,6 +45,7 @@ type capiCluster struct {
 	nodes                kubernetes.Interface // workload cluster
 	capd                 *localcluster.CAPD
 	managerLog           string
+	stopManager          func()
 }
 
 // startCAPI creates cluster default/dev on mgmtEnv, its kubeconfig Secret
@@ -72,6 +73,7 @@ func startCAPI(t *testing.T, mgmtEnv, workloadEnv *envtest.Environment) *capiClu
 	stop, err := localcluster.StartCAPIManager(*binDir, adminKubeconfig(t, mgmtEnv), t.TempDir(), log)
 	require.NoError(t, err)
 	t.Cleanup(stop)
+	c.stopManager = stop
 	c.machine(t, "dev-cp-0", localcluster.MachineOptions{ControlPlane: true})
 	t.Logf("CAPI manager started; control-plane Machine dev-cp-0 linked to its Node %s later", time.Since(start).Round(time.Millisecond))
 	return c
@@ -344,6 +346,10 @@ func (c *capiCluster) leaveBehind(t *testing.T, stop func(), names ...string) {
 	}
 	t.Logf("nodeguard down: CAPI gave up on the Nodes of %v; their Machines were gone %s after the deletes",
 		names, time.Since(start).Round(time.Millisecond))
+	// Seen here: a reconcile queued before the Machine went runs once more on
+	// the cached Machine and tries the Node delete for another 10 s. Stop
+	// CAPI, so what removes the Node afterwards is nodeguard's reaper alone.
+	c.stopManager()
 }
 
 // reaped checks what nodeguard's orphan reaper, back since restarted, does
