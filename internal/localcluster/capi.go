@@ -42,18 +42,8 @@ const capdFinalizer = "dockermachine.infrastructure.cluster.x-k8s.io"
 // with the API server (objects are written at v1beta2, no conversion needed).
 func StartCAPIManager(binDir, kubeconfig, workDir string, log io.Writer) (stop func(), err error) {
 	certDir := filepath.Join(workDir, "capi-webhook-certs")
-	if err := os.MkdirAll(certDir, 0o700); err != nil {
-		return nil, fmt.Errorf("CAPI webhook cert dir: %w", err)
-	}
-	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.IPv4(127, 0, 0, 1)}, nil)
-	if err != nil {
-		return nil, fmt.Errorf("CAPI webhook certificate: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(certDir, "tls.crt"), certPEM, 0o600); err != nil {
-		return nil, fmt.Errorf("write CAPI webhook certificate: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(certDir, "tls.key"), keyPEM, 0o600); err != nil {
-		return nil, fmt.Errorf("write CAPI webhook key: %w", err)
+	if _, err := servingCert(certDir); err != nil {
+		return nil, fmt.Errorf("CAPI webhook: %w", err)
 	}
 	port, err := freePort()
 	if err != nil {
@@ -68,8 +58,18 @@ func StartCAPIManager(binDir, kubeconfig, workDir string, log io.Writer) (stop f
 		"--feature-gates=MachinePool=false,ClusterTopology=false,RuntimeSDK=false",
 		"--skip-crd-migration-phases=StorageVersionMigration,CleanupManagedFields")
 	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
+	stop, err = start(cmd)
+	if err != nil {
 		return nil, fmt.Errorf("start the CAPI manager: %w", err)
+	}
+	return stop, nil
+}
+
+// start starts cmd and returns a function that stops it: SIGTERM, then a
+// kill if it has not exited 15 s later. stop may be called more than once.
+func start(cmd *exec.Cmd) (stop func(), err error) {
+	if err := cmd.Start(); err != nil {
+		return nil, err
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
@@ -85,6 +85,26 @@ func StartCAPIManager(binDir, kubeconfig, workDir string, log io.Writer) (stop f
 			}
 		})
 	}, nil
+}
+
+// servingCert writes a throwaway serving certificate for 127.0.0.1 into dir
+// as tls.crt and tls.key (the names controller-runtime servers read) and
+// returns the certificate PEM, which carries its CA: a webhook's CA bundle.
+func servingCert(dir string) ([]byte, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("cert dir: %w", err)
+	}
+	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.IPv4(127, 0, 0, 1)}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("certificate: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), certPEM, 0o600); err != nil {
+		return nil, fmt.Errorf("write certificate: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tls.key"), keyPEM, 0o600); err != nil {
+		return nil, fmt.Errorf("write key: %w", err)
+	}
+	return certPEM, nil
 }
 
 func freePort() (int, error) {

@@ -4,14 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -19,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	certutil "k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -54,18 +50,9 @@ func StartGatekeeper(ctx context.Context, env *envtest.Environment, binDir, repo
 	// tls.crt and tls.key, the names Gatekeeper reads; the certificate PEM
 	// carries its CA, so it is also the webhook's CA bundle.
 	certDir := filepath.Join(workDir, "gatekeeper-certs")
-	if err := os.MkdirAll(certDir, 0o700); err != nil {
-		return nil, "", fmt.Errorf("Gatekeeper cert dir: %w", err)
-	}
-	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.IPv4(127, 0, 0, 1)}, nil)
+	certPEM, err := servingCert(certDir)
 	if err != nil {
-		return nil, "", fmt.Errorf("Gatekeeper certificate: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(certDir, "tls.crt"), certPEM, 0o600); err != nil {
-		return nil, "", fmt.Errorf("write Gatekeeper certificate: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(certDir, "tls.key"), keyPEM, 0o600); err != nil {
-		return nil, "", fmt.Errorf("write Gatekeeper key: %w", err)
+		return nil, "", fmt.Errorf("Gatekeeper: %w", err)
 	}
 	kubeconfig := filepath.Join(workDir, "gatekeeper.kubeconfig")
 	if err := AdminKubeconfig(env, kubeconfig); err != nil {
@@ -93,22 +80,8 @@ func StartGatekeeper(ctx context.Context, env *envtest.Environment, binDir, repo
 		"--audit-interval=2", "--api-cache-dir", apiCache, "--shutdown-delay=0", "--log-level=INFO")
 	cmd.Env = append(os.Environ(), "POD_NAMESPACE=gatekeeper-system")
 	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
+	if stop, err = start(cmd); err != nil {
 		return nil, "", fmt.Errorf("start Gatekeeper: %w", err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-done:
-			case <-time.After(15 * time.Second):
-				_ = cmd.Process.Kill()
-				<-done
-			}
-		})
 	}
 
 	vwc, err := gatekeeperWebhookConfig(gk, filepath.Join(repo, "constraints/webhook/kustomization.yaml"))
