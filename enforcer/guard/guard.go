@@ -131,7 +131,7 @@ func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, err
 		}
 	}
 	return g.eval.Evaluate(ctx, decision.Input{
-		Review:     DeleteReview(req.Node, req.UserInfo),
+		Review:     DeleteReview(inventory.StripNode(req.Node), req.UserInfo),
 		Inventory:  inventory.Layout(objs),
 		Parameters: params,
 	})
