@@ -145,7 +145,9 @@ func TestConcurrentDecisionsAreBounded(t *testing.T) {
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	})
 	s = serve(t, webhook.New(webhook.Options{Decider: stuck, MaxConcurrentDecisions: 1, Timeout: 300 * time.Millisecond}), webhook.TLSOptions{}, nil)
-	go func() { _, _ = s.answer("/validate", review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "first")) }()
+	go func() {
+		_, _ = s.answer("/validate", review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "first"))
+	}()
 	time.Sleep(50 * time.Millisecond)
 	start := time.Now()
 	out, err := s.answer("/validate", review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "second"))
