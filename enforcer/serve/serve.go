@@ -43,8 +43,10 @@ type Options struct {
 	// webhook's default).
 	MaxConcurrentDecisions int
 	// MetricsBindAddress serves /metrics over HTTP, HealthProbeBindAddress
-	// /healthz and /readyz; "0" turns either off. Neither is on the review
-	// port, so a NetworkPolicy can open only that one to the API server.
+	// /healthz and /readyz; "" or "0" turns either off (the command's flags
+	// default to DefaultMetricsBindAddress and DefaultHealthProbeBindAddress).
+	// Neither is on the review port, so a NetworkPolicy can open only that
+	// one to the API server.
 	MetricsBindAddress     string
 	HealthProbeBindAddress string
 	// SideListening, when set, receives the metrics' ("metrics") and
@@ -122,11 +124,11 @@ func RunWith(ctx context.Context, c live.Clients, opts Options, log *slog.Logger
 		return err
 	}
 	side := []sideServer{
-		{"metrics", orDefault(opts.MetricsBindAddress, DefaultMetricsBindAddress), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), "/metrics"},
-		{"health probes", orDefault(opts.HealthProbeBindAddress, DefaultHealthProbeBindAddress), webhook.Probes(e.Syncer.Ready), ""},
+		{"metrics", opts.MetricsBindAddress, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), "/metrics"},
+		{"health probes", opts.HealthProbeBindAddress, webhook.Probes(e.Syncer.Ready), ""},
 	}
 	for _, s := range side {
-		if s.address == "0" {
+		if s.address == "" || s.address == "0" {
 			continue
 		}
 		if err := s.start(ctx, log, opts.SideListening); err != nil {
@@ -150,13 +152,6 @@ func RunWith(ctx context.Context, c live.Clients, opts Options, log *slog.Logger
 		grace = DefaultShutdownGrace
 	}
 	return srv.Serve(ctx, l, grace)
-}
-
-func orDefault(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // sideServer is a plain-HTTP server beside the review port: metrics or
