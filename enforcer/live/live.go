@@ -33,15 +33,16 @@ type Clients struct {
 }
 
 // Client-side rate limits of the clients (--kube-api-qps, --kube-api-burst).
-// client-go's own defaults (5/s, burst 10) starve fresh reads: a MachineDeployment
-// scaled down by 30 deletes 30 Nodes within a second or two, each decision
-// re-reads 2-3 objects, and CAPI tries each Node delete for only ~10 s. A burst
-// of 100 covers 30-50 parallel decisions at once and 50/s sustains a scale-down
-// of hundreds of Nodes within CAPI's window. The API server's priority and
-// fairness stays the real limit; these only keep the client from refusing first.
+// client-go's own defaults (5/s, burst 10) starve fresh reads: a
+// MachineDeployment scaled down by 30 deletes 30 Nodes within a second or two,
+// each decision re-reads 2 objects (Machine, InfraMachine), and CAPI tries each
+// Node delete for only ~10 s. A burst of 200 covers 100 Node deletes arriving
+// at once; 100/s sustains ~50 Node deletes a second (docs/performance.md
+// measures the live path). The API server's priority and fairness stays the
+// real limit; these only keep the client from refusing first.
 const (
-	DefaultQPS   float32 = 50
-	DefaultBurst         = 100
+	DefaultQPS   float32 = 100
+	DefaultBurst         = 200
 )
 
 // Connect builds clients from a kubeconfig file (empty: the usual kubectl
