@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -32,6 +33,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
@@ -91,6 +93,13 @@ func fleet(b *testing.B, n int) (*inventory.Inventory, [][]byte) {
 		reviews = append(reviews, body)
 	}
 	return inv, reviews
+}
+
+func TestMain(m *testing.M) {
+	// envtest logs through controller-runtime; without a logger it says so
+	// in the middle of the benchmark's output.
+	ctrllog.SetLogger(logr.Discard())
+	os.Exit(m.Run())
 }
 
 func BenchmarkWebhook(b *testing.B) {
