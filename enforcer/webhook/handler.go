@@ -8,6 +8,8 @@ package webhook
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -324,20 +326,30 @@ func (h *handler) decide(ctx context.Context, node *unstructured.Unstructured, c
 	}
 }
 
-// flightKey is everything a decision reads from the review. The stripped
-// Node holds all the rule reads of it, so reviews of the same Node that
-// differ elsewhere (status, labels, uid) still share.
+// flightKey is everything a decision reads from the review, hashed: the
+// stripped Node holds all the rule reads of it, so reviews of the same Node
+// that differ elsewhere (status, labels, uid) still share. Hashing keeps the
+// key small whatever the review carries (a forged one may list 100,000
+// groups); each field is length-prefixed, so no two inputs write the same
+// bytes.
 func flightKey(node *unstructured.Unstructured, cluster string, user authenticationv1.UserInfo) (string, error) {
-	b, err := json.Marshal(struct {
-		Cluster  string         `json:"c"`
-		Node     map[string]any `json:"n"`
-		Username string         `json:"u"`
-		Groups   []string       `json:"g"`
-	}{cluster, node.Object, user.Username, user.Groups})
+	nodeJSON, err := json.Marshal(node.Object)
 	if err != nil {
 		return "", fmt.Errorf("key the review: %w", err)
 	}
-	return string(b), nil
+	h := sha256.New()
+	field := func(s string) {
+		_ = binary.Write(h, binary.BigEndian, uint64(len(s)))
+		_, _ = io.WriteString(h, s)
+	}
+	field(cluster)
+	field(string(nodeJSON))
+	field(user.Username)
+	_ = binary.Write(h, binary.BigEndian, uint64(len(user.Groups)))
+	for _, g := range user.Groups {
+		field(g)
+	}
+	return string(h.Sum(nil)), nil
 }
 
 func (h *handler) decideNow(ctx context.Context, node *unstructured.Unstructured, cluster string, user authenticationv1.UserInfo) decision.Decision {

@@ -27,7 +27,8 @@ import (
 // The nodeguard binary, as deployed (GOGC=400, GOMEMLIMIT=400MiB), answers 8
 // concurrent ~1 MiB hostile reviews, three rounds, with a peak RSS under
 // 256 MiB; the container's limit is 512Mi. Before the Node was reduced to
-// what the rule reads, the same load peaked at 628 MB.
+// what the rule reads, the same load peaked at 628 MB. Two kinds alternate:
+// Nodes full of empty objects, and users with 95,000 groups.
 func TestHostileReviewsPeakRSS(t *testing.T) {
 	_, env := apiServerEnv(t)
 	bin := filepath.Join(t.TempDir(), "nodeguard")
@@ -57,12 +58,21 @@ func TestHostileReviewsPeakRSS(t *testing.T) {
 
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}}}
-	bodies := make([][]byte, 8)
-	for i := range bodies {
-		bodies[i] = hostileReview(fmt.Sprintf("hostile-%d", i))
+	nodes, users := make([][]byte, 8), make([][]byte, 8)
+	for i := range nodes {
+		nodes[i] = hostileReview(fmt.Sprintf("hostile-%d", i), nil)
+		groups := make([]string, 95_000)
+		for j := range groups {
+			groups[j] = fmt.Sprintf("%d-%d", i, j)
+		}
+		users[i] = hostileReview("some-node", groups)
 	}
-	for round := range 3 {
+	for round := range 4 {
 		var wg sync.WaitGroup
+		bodies := nodes
+		if round%2 == 1 {
+			bodies = users
+		}
 		for i, body := range bodies {
 			wg.Add(1)
 			go func() {
@@ -78,20 +88,23 @@ func TestHostileReviewsPeakRSS(t *testing.T) {
 		wg.Wait()
 	}
 	peak := peakRSS(t, cmd.Process.Pid)
-	t.Logf("nodeguard serve (GOGC=400, GOMEMLIMIT=400MiB): peak RSS %d MiB ready, %d MiB after 3 rounds of 8 concurrent %d KiB reviews",
-		before>>20, peak>>20, len(bodies[0])>>10)
+	t.Logf("nodeguard serve (GOGC=400, GOMEMLIMIT=400MiB): peak RSS %d MiB ready, %d MiB after 4 rounds of 8 concurrent ~%d KiB reviews",
+		before>>20, peak>>20, len(nodes[0])>>10)
 	assert.Less(t, peak, int64(256<<20))
 }
 
-// hostileReview is a ~1 MiB DELETE review whose Node holds 340,000 empty
-// objects under spec.
-func hostileReview(name string) []byte {
+// hostileReview is a ~1 MiB DELETE review: without groups, its Node holds
+// 340,000 empty objects under spec; with them, the user is in all of them.
+func hostileReview(name string, groups []string) []byte {
 	junk := strings.Repeat("{},", 340_000)
+	if groups != nil {
+		junk = "{},"
+	}
 	node := `{"apiVersion":"v1","kind":"Node","metadata":{"name":"` + name + `"},"spec":{"taints":[` + junk[:len(junk)-1] + `]}}`
 	b, _ := json.Marshal(map[string]any{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
 		"request": map[string]any{"uid": "hostile-" + name, "operation": "DELETE", "name": name,
 			"kind": map[string]any{"group": "", "version": "v1", "kind": "Node"}, "oldObject": json.RawMessage(node),
-			"userInfo": map[string]any{"username": "mallory"}}})
+			"userInfo": map[string]any{"username": "mallory", "groups": groups}}})
 	return b
 }
 
