@@ -54,7 +54,7 @@ go-test:
 # again under the race detector.
 race:
 	@echo "== go test -race (webhook, serve, guard, informers)"
-	$(GO) test -race ./enforcer/webhook/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/
+	$(GO) test -race ./enforcer/webhook/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/freshread/
 
 differential:
 	@echo "== differential: enforcer vs Gatekeeper's engine on randomized inventories"
