@@ -199,7 +199,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 		resp.Allowed, resp.Warnings = d.Allowed, d.Warnings
 		if !d.Allowed {
 			code := int32(http.StatusForbidden)
-			if d.Reason == ReasonError {
+			if d.Reason == ReasonError || d.Reason == ReasonBusy {
 				code = http.StatusInternalServerError
 			}
 			resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: metav1.StatusReasonForbidden,

@@ -155,6 +155,7 @@ func TestConcurrentDecisionsAreBounded(t *testing.T) {
 	assert.Less(t, time.Since(start), 2*time.Second)
 	assert.False(t, out.Allowed)
 	assert.Contains(t, out.Result.Message, "--max-concurrent-decisions")
+	assert.EqualValues(t, http.StatusInternalServerError, out.Result.Code, "not the rule's denial")
 }
 
 // Malformed requests are counted by reason and logged at a bounded rate.
