@@ -43,6 +43,13 @@ import (
 // per review is bounded by decoding only what the rule reads, not by this.
 const MaxBodyBytes = 1 << 20
 
+// inFlightBodyBytes bounds the review bytes being decoded and decided at
+// once. A real review is a few KiB, so hundreds fit; ~1 MiB forged ones go
+// four at a time: what a review costs while it is decoded (a user's groups
+// become one string each) stays live until its answer, and with the
+// deployment's GOGC=400 the heap grows to five times what is live.
+const inFlightBodyBytes = 4 * MaxBodyBytes
+
 // DefaultMaxConcurrentDecisions bounds the decisions evaluating at once: a
 // decision is ~0.5 ms of CPU plus fresh reads that wait on the API server, so
 // a few per core keep the cores busy while a flood of reviews queues instead
@@ -77,6 +84,7 @@ const (
 	RejectNoUID        = "no-uid"
 	RejectNoOldObject  = "no-old-object"
 	RejectBadOldObject = "bad-old-object"
+	RejectBusy         = "busy" // large reviews waited past the deadline
 )
 
 // Decider judges one Node delete; *guard.Guard is one.
@@ -113,6 +121,8 @@ type handler struct {
 	opts Options
 	// slots bounds concurrent decisions; its waiters are served in order.
 	slots *semaphore.Weighted
+	// bodies bounds the bytes of reviews being decoded and decided.
+	bodies *semaphore.Weighted
 	// flights lets concurrent reviews with the same input share one
 	// decision. It holds a decision only while it is being made: a review
 	// arriving after it was answered makes its own.
@@ -140,6 +150,7 @@ func New(opts Options) http.Handler {
 		opts.LogInterval = time.Second
 	}
 	h := &handler{opts: opts, slots: semaphore.NewWeighted(int64(opts.MaxConcurrentDecisions)),
+		bodies:    semaphore.NewWeighted(inFlightBodyBytes),
 		rejectLog: rate.Sometimes{First: 1, Interval: opts.LogInterval}}
 	mux := http.NewServeMux()
 	mux.HandleFunc(RouteSelf, func(w http.ResponseWriter, r *http.Request) { h.validate(w, r, RouteSelf, "") })
@@ -182,11 +193,12 @@ func badRequest(reason, format string, args ...any) *httpError {
 
 func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluster string) {
 	start := time.Now()
-	review, herr := h.read(w, r)
+	review, release, herr := h.read(w, r)
 	if herr != nil {
 		h.reject(w, herr, route, cluster, start)
 		return
 	}
+	defer release()
 	req := review.Request
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	if req.Operation == admissionv1.Delete && req.Kind.Group == "" && req.Kind.Kind == "Node" {
@@ -239,39 +251,55 @@ func (h *handler) reject(w http.ResponseWriter, herr *httpError, route, cluster 
 	})
 }
 
-// read checks the transport and decodes the AdmissionReview.
-func (h *handler) read(w http.ResponseWriter, r *http.Request) (*admissionv1.AdmissionReview, *httpError) {
+// read checks the transport and decodes the AdmissionReview; the caller runs
+// the returned func once it has answered.
+func (h *handler) read(w http.ResponseWriter, r *http.Request) (*admissionv1.AdmissionReview, func(), *httpError) {
 	if r.Method != http.MethodPost {
-		return nil, &httpError{http.StatusMethodNotAllowed, RejectMethod, fmt.Sprintf("method %s not allowed: send the AdmissionReview with POST", r.Method)}
+		return nil, nil, &httpError{http.StatusMethodNotAllowed, RejectMethod, fmt.Sprintf("method %s not allowed: send the AdmissionReview with POST", r.Method)}
 	}
 	if h.opts.RequireClientCert && (r.TLS == nil || len(r.TLS.VerifiedChains) == 0) {
-		return nil, &httpError{http.StatusUnauthorized, RejectClientCert, "a client certificate signed by --client-ca-file is required"}
+		return nil, nil, &httpError{http.StatusUnauthorized, RejectClientCert, "a client certificate signed by --client-ca-file is required"}
 	}
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return nil, &httpError{http.StatusUnsupportedMediaType, RejectContentType, fmt.Sprintf("content type %q not supported: want application/json", r.Header.Get("Content-Type"))}
+		return nil, nil, &httpError{http.StatusUnsupportedMediaType, RejectContentType, fmt.Sprintf("content type %q not supported: want application/json", r.Header.Get("Content-Type"))}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return nil, &httpError{http.StatusRequestEntityTooLarge, RejectTooLarge, fmt.Sprintf("body over %d bytes", MaxBodyBytes)}
+			return nil, nil, &httpError{http.StatusRequestEntityTooLarge, RejectTooLarge, fmt.Sprintf("body over %d bytes", MaxBodyBytes)}
 		}
-		return nil, badRequest(RejectRead, "read body: %v", err)
+		return nil, nil, badRequest(RejectRead, "read body: %v", err)
 	}
+	// Held until the answer is written: the caller releases it.
+	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
+	defer cancel()
+	if err := h.bodies.Acquire(ctx, int64(len(body))); err != nil {
+		return nil, nil, &httpError{http.StatusServiceUnavailable, RejectBusy, "too many large reviews at once; retry"}
+	}
+	n := int64(len(body))
+	done := func() { h.bodies.Release(n) }
+	ok := false
+	defer func() {
+		if !ok {
+			done()
+		}
+	}()
 	var review admissionv1.AdmissionReview
 	if err := json.Unmarshal(body, &review); err != nil {
-		return nil, badRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err)
+		return nil, nil, badRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err)
 	}
 	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" {
-		return nil, badRequest(RejectNotReview, "want apiVersion admission.k8s.io/v1, kind AdmissionReview; got %q, %q", review.APIVersion, review.Kind)
+		return nil, nil, badRequest(RejectNotReview, "want apiVersion admission.k8s.io/v1, kind AdmissionReview; got %q, %q", review.APIVersion, review.Kind)
 	}
 	if review.Request == nil {
-		return nil, badRequest(RejectNoRequest, "AdmissionReview has no request")
+		return nil, nil, badRequest(RejectNoRequest, "AdmissionReview has no request")
 	}
 	if review.Request.UID == "" {
-		return nil, badRequest(RejectNoUID, "AdmissionReview request has no uid")
+		return nil, nil, badRequest(RejectNoUID, "AdmissionReview request has no uid")
 	}
-	return &review, nil
+	ok = true
+	return &review, done, nil
 }
 
 // decodeNode reads the Node being deleted, which the API server sends as

@@ -369,3 +369,48 @@ func TestLargestRealNodeFits(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, msg)
 	assert.True(t, out.Response.Allowed)
 }
+
+// Large reviews take a share of a byte budget while they are decoded and
+// decided: ~1 MiB ones go about four at a time, small ones are not held up.
+func TestLargeReviewsQueueForTheirBytes(t *testing.T) {
+	var running, peak atomic.Int64
+	slow := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
+		now := running.Add(1)
+		for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
+		}
+		time.Sleep(100 * time.Millisecond)
+		running.Add(-1)
+		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
+	})
+	s := serve(t, webhook.New(webhook.Options{Decider: slow}), webhook.TLSOptions{}, nil)
+	send := func(bodies [][]byte) {
+		var wg sync.WaitGroup
+		for i, body := range bodies {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				out, err := s.answer("/validate", body)
+				if assert.NoError(t, err, "review %d", i) {
+					assert.True(t, out.Allowed, "review %d", i)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	large := make([][]byte, 8)
+	for i := range large {
+		large[i] = review(admissionv1.Delete, "Node", hostileNode(fmt.Sprintf("large-%d", i)))
+	}
+	send(large)
+	assert.LessOrEqual(t, peak.Load(), int64(4), "at most four ~1 MiB reviews at once")
+	assert.Positive(t, peak.Load())
+
+	peak.Store(0)
+	small := make([][]byte, 12)
+	for i := range small {
+		small[i] = review(admissionv1.Delete, "Node", map[string]any{"apiVersion": "v1", "kind": "Node",
+			"metadata": map[string]any{"name": fmt.Sprintf("small-%d", i)}})
+	}
+	send(small)
+	assert.Greater(t, peak.Load(), int64(4), "small reviews are not held to the large ones' pace")
+}
