@@ -54,8 +54,8 @@ go-test:
 # The concurrent paths (webhook under parallel reviews, informers, guard)
 # again under the race detector.
 race:
-	@echo "== go test -race (webhook, serve, guard, informers, policybundle, reaper)"
-	$(GO) test -race ./enforcer/webhook/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/policybundle/ ./enforcer/reaper/
+	@echo "== go test -race (webhook, serve, guard, informers, freshread, policybundle, reaper)"
+	$(GO) test -race ./enforcer/webhook/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/freshread/ ./enforcer/policybundle/ ./enforcer/reaper/
 
 differential:
 	@echo "== differential: enforcer vs Gatekeeper's engine on randomized inventories"
@@ -91,9 +91,14 @@ demo:
 LOAD_REQUESTS ?= 5000
 LOAD_MACHINES ?= 10000
 LOAD_PARALLELISM ?= 4
+# The live path: reviews of LOAD_FRESH_REQUESTS Node deletes, each re-reading
+# its Machine and DockerMachine from a real API server.
+LOAD_FRESH_REQUESTS ?= 600
 load:
 	@echo "== load: webhook over TLS on loopback"
-	$(GO) test ./tests/load/ -run '^$$' -bench Webhook -benchtime $(LOAD_REQUESTS)x -timeout 10m -args -machines $(LOAD_MACHINES) -parallelism $(LOAD_PARALLELISM)
+	$(GO) test ./tests/load/ -run '^$$' -bench 'Webhook$$' -benchtime $(LOAD_REQUESTS)x -timeout 10m -args -machines $(LOAD_MACHINES) -parallelism $(LOAD_PARALLELISM)
+	@echo "== load: the live path, fresh reads from a real kube-apiserver at the shipped client rate limits"
+	@bin=$$(bash tests/e2e/tools/build.sh) && NODEGUARD_E2E_BIN=$$bin $(GO) test ./tests/load/ -run '^$$' -bench 'WebhookFresh' -benchtime $(LOAD_FRESH_REQUESTS)x -timeout 10m -args -parallelism $(LOAD_PARALLELISM)
 
 bundle:
 	@mkdir -p build

@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -69,6 +71,20 @@ func TestDeploymentIsHardenedAndAvailable(t *testing.T) {
 	require.NoError(t, err, "GOMEMLIMIT")
 	assert.Negative(t, memLimit.Cmp(*c.Resources.Limits.Memory()), "GOMEMLIMIT stays below the container's memory limit")
 	assert.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
+	// Probes and metrics are not on the review port (a NetworkPolicy opens
+	// only that one to the API server), and the args say which ports.
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	assert.Equal(t, map[string]int32{"https": 8443, "metrics": 8080, "probes": 8081}, ports)
+	for _, probe := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
+		assert.Equal(t, "probes", probe.HTTPGet.Port.String())
+		assert.Empty(t, probe.HTTPGet.Scheme, "the probe port serves plain HTTP")
+	}
+	assert.Contains(t, c.Args, "--metrics-bind-address=:8080")
+	assert.Contains(t, c.Args, "--health-probe-bind-address=:8081")
+	assert.Contains(t, c.Args, "--listen-address=:8443")
 	assert.Contains(t, c.Args, "serve")
 	assert.Contains(t, c.Args, "--tls-cert-file=/etc/nodeguard/tls/tls.crt")
 
@@ -76,9 +92,30 @@ func TestDeploymentIsHardenedAndAvailable(t *testing.T) {
 	for _, r := range m.Resources() {
 		types[r.GetKind()] = true
 	}
-	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "PodDisruptionBudget"} {
+	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "PodDisruptionBudget", "NetworkPolicy"} {
 		assert.True(t, types[k], "%s rendered", k)
 	}
+}
+
+// The NetworkPolicy selects nodeguard's Pods and opens the review port and,
+// to labelled namespaces only, the metrics port; nothing else.
+func TestNetworkPolicyOpensOnlyTheReviewPort(t *testing.T) {
+	m := render(t, ".")
+	np := decode[networkingv1.NetworkPolicy](t, m, "NetworkPolicy", "nodeguard")
+	d := decode[appsv1.Deployment](t, m, "Deployment", "nodeguard")
+	assert.Equal(t, d.Spec.Template.Labels, np.Spec.PodSelector.MatchLabels)
+	assert.Equal(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}, np.Spec.PolicyTypes)
+	open := map[string][]networkingv1.NetworkPolicyPeer{}
+	for _, rule := range np.Spec.Ingress {
+		for _, p := range rule.Ports {
+			open[p.Port.String()] = rule.From
+		}
+	}
+	assert.Len(t, open, 2, "review and metrics ports only")
+	assert.Contains(t, open, "https")
+	require.Len(t, open["metrics"], 1)
+	assert.Equal(t, map[string]string{"nodeguard.io/scrape-metrics": "true"}, open["metrics"][0].NamespaceSelector.MatchLabels)
+	assert.Nil(t, open["metrics"][0].IPBlock)
 }
 
 // The server's role reads, never writes, never touches Secrets, and covers

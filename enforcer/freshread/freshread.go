@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 
+	"golang.org/x/sync/singleflight"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +19,10 @@ import (
 type Reader struct {
 	client dynamic.Interface
 	mapper meta.RESTMapper
+	// reads lets concurrent Gets of one object share one GET (a burst of
+	// reviews of Nodes of one pool, or a flood naming one Machine). A read
+	// is shared only while it is in flight: nothing is cached.
+	reads singleflight.Group
 }
 
 // New returns a Reader; the mapper turns kinds into resources.
@@ -25,8 +30,33 @@ func New(client dynamic.Interface, mapper meta.RESTMapper) *Reader {
 	return &Reader{client: client, mapper: mapper}
 }
 
-// Get returns the object, or nil when it does not exist.
+// Get returns the object, or nil when it does not exist. Concurrent callers
+// of the same object may receive the same *Unstructured: do not modify it.
 func (r *Reader) Get(ctx context.Context, gvk schema.GroupVersionKind, namespace, name string) (*unstructured.Unstructured, error) {
+	key := gvk.String() + "|" + namespace + "/" + name
+	ch := r.reads.DoChan(key, func() (any, error) {
+		// The first caller's deadline bounds the shared GET; its
+		// cancellation alone must not fail the callers that joined it.
+		rctx := context.WithoutCancel(ctx)
+		if deadline, ok := ctx.Deadline(); ok {
+			var cancel context.CancelFunc
+			rctx, cancel = context.WithDeadline(rctx, deadline)
+			defer cancel()
+		}
+		return r.get(rctx, gvk, namespace, name)
+	})
+	select {
+	case res := <-ch:
+		if res.Err != nil {
+			return nil, res.Err
+		}
+		return res.Val.(*unstructured.Unstructured), nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("get %s %s/%s: %w", gvk.Kind, namespace, name, ctx.Err())
+	}
+}
+
+func (r *Reader) get(ctx context.Context, gvk schema.GroupVersionKind, namespace, name string) (*unstructured.Unstructured, error) {
 	mapping, err := r.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 	if err != nil {
 		return nil, fmt.Errorf("map %s to a resource: %w", gvk, err)

@@ -3,6 +3,7 @@ package guard_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -286,6 +287,27 @@ func TestClusterScopeAndExemptions(t *testing.T) {
 	assert.True(t, d.Allowed)
 	require.Len(t, d.Warnings, 1)
 	assert.Contains(t, d.Warnings[0], `group "ops" is exempt`)
+}
+
+// The guard passes the rule only a user's exempt groups (a forged review may
+// carry 100,000): the decision and its warning stay the rule's own.
+func TestManyGroupsDecideAsFew(t *testing.T) {
+	g, err := guard.New(context.Background(), cache(t, capdMachine(), capdInfra()),
+		guard.Options{Parameters: map[string]any{"exemptGroups": []any{"ops", "break-glass"}}})
+	require.NoError(t, err)
+	many := make([]string, 0, 10_002)
+	for i := range 10_000 {
+		many = append(many, fmt.Sprintf("team-%d", i))
+	}
+	d, err := g.Decide(context.Background(), guard.Request{Node: capdNode(), UserInfo: authenticationv1.UserInfo{Username: "bob", Groups: many}})
+	require.NoError(t, err)
+	assert.False(t, d.Allowed)
+	d, err = g.Decide(context.Background(), guard.Request{Node: capdNode(),
+		UserInfo: authenticationv1.UserInfo{Username: "bob", Groups: append(many, "ops", "break-glass")}})
+	require.NoError(t, err)
+	assert.True(t, d.Allowed)
+	require.Len(t, d.Warnings, 1)
+	assert.Contains(t, d.Warnings[0], `group "break-glass" is exempt`, "the first exempt group in order, as the rule picks it")
 }
 
 func TestBadRequests(t *testing.T) {

@@ -161,8 +161,8 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 	providerID, _, _ := unstructured.NestedString(node.Object, "spec", "providerID")
 	ann := node.GetAnnotations()
 	annotated := ""
-	if ann["cluster.x-k8s.io/machine"] != "" && ann["cluster.x-k8s.io/cluster-namespace"] != "" {
-		annotated = ann["cluster.x-k8s.io/cluster-namespace"] + "/" + ann["cluster.x-k8s.io/machine"]
+	if ann[AnnotationMachine] != "" && ann[AnnotationClusterNamespace] != "" {
+		annotated = ann[AnnotationClusterNamespace] + "/" + ann[AnnotationMachine]
 	}
 
 	inv.mu.RLock()
@@ -204,7 +204,7 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 	// was down, say): a fresh read can still find it.
 	if annotated != "" && !annotatedFound {
 		refs = append(refs, Ref{GVK: schema.GroupVersionKind{Group: MachineGroup, Kind: "Machine"},
-			Namespace: ann["cluster.x-k8s.io/cluster-namespace"], Name: ann["cluster.x-k8s.io/machine"]})
+			Namespace: ann[AnnotationClusterNamespace], Name: ann[AnnotationMachine]})
 	}
 	// What the picked Machines reference, in every version the inventory holds.
 	refSeen := map[Ref]bool{}

@@ -233,3 +233,31 @@ func TestFromObjectsKeepsMachinesListedAndReferencedKinds(t *testing.T) {
 	assert.ElementsMatch(t, []string{"Machine default/m", "DockerMachine default/x"}, keys(got), "no namespace means default")
 	assert.Equal(t, 1, inv.Count()[dockerMachine])
 }
+
+// The Node reaches the rule as what the rule reads of it, whichever way it
+// came: decoded from a review or stripped from an object.
+func TestNodeKeepsWhatTheRuleReads(t *testing.T) {
+	raw := []byte(`{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1","labels":{"a":"b"},
+		"annotations":{"cluster.x-k8s.io/machine":"m1","cluster.x-k8s.io/cluster-namespace":"ns","other":"x"},
+		"managedFields":[{"manager":"kubelet"}]},
+		"spec":{"providerID":"docker:////n1","taints":[{},{},{}]},"status":{"images":[{"names":["a"]}]}}`)
+	want := map[string]any{"apiVersion": "v1", "kind": "Node",
+		"metadata": map[string]any{"name": "n1", "annotations": map[string]any{
+			inventory.AnnotationMachine: "m1", inventory.AnnotationClusterNamespace: "ns"}},
+		"spec": map[string]any{"providerID": "docker:////n1"}}
+	got, err := inventory.NodeFromJSON(raw)
+	require.NoError(t, err)
+	assert.Equal(t, want, got.Object)
+	full := &unstructured.Unstructured{}
+	require.NoError(t, full.UnmarshalJSON(raw))
+	assert.Equal(t, want, inventory.StripNode(full).Object)
+
+	// Names match as the API server matches them: "providerid" is not
+	// spec.providerID.
+	got, err = inventory.NodeFromJSON([]byte(`{"apiVersion":"v1","kind":"Node","metadata":{"name":"n2"},"spec":{"providerid":"x"}}`))
+	require.NoError(t, err)
+	assert.Equal(t, map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "n2"}}, got.Object)
+
+	_, err = inventory.NodeFromJSON([]byte(`{"spec":"not an object"}`))
+	assert.Error(t, err)
+}

@@ -4,9 +4,11 @@ package serve
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,6 +41,27 @@ type Options struct {
 	Bundle policybundle.Options
 	// Orphans configures the orphan-Node scan and reaper.
 	Orphans ReapOptions
+	// KubeAPIQPS and KubeAPIBurst are the clients' rate limits (0: the
+	// live package's defaults); Run applies them, RunWith's clients are
+	// already built.
+	KubeAPIQPS   float32
+	KubeAPIBurst int
+	// MaxConcurrentDecisions bounds the decisions made at once (0: the
+	// webhook's default).
+	MaxConcurrentDecisions int
+	// MetricsBindAddress serves /metrics over HTTP, HealthProbeBindAddress
+	// /healthz and /readyz; "" or "0" turns either off (the command's flags
+	// default to DefaultMetricsBindAddress and DefaultHealthProbeBindAddress).
+	// Neither is on the review port, so a NetworkPolicy can open only that
+	// one to the API server.
+	MetricsBindAddress     string
+	HealthProbeBindAddress string
+	// SideListening, when set, receives the metrics' ("metrics") and
+	// probes' ("health probes") addresses once their ports are open.
+	SideListening func(name string, addr net.Addr)
+	// TLSMinVersion and TLSCipherSuites: see webhook.TLSOptions.
+	TLSMinVersion   string
+	TLSCipherSuites []string
 }
 
 // Defaults for the flags; the request deadline stays below the 5s
@@ -48,6 +71,9 @@ const (
 	DefaultRequestTimeout = 4 * time.Second
 	DefaultFreshTimeout   = 2 * time.Second
 	DefaultShutdownGrace  = 10 * time.Second
+	// The ports controller-runtime components conventionally use.
+	DefaultMetricsBindAddress     = ":8080"
+	DefaultHealthProbeBindAddress = ":8081"
 )
 
 var clusterGVK = schema.GroupVersionKind{Group: inventory.MachineGroup, Kind: "Cluster"}
@@ -55,7 +81,7 @@ var clusterGVK = schema.GroupVersionKind{Group: inventory.MachineGroup, Kind: "C
 // Run serves until ctx is done. listening, when set, receives the address
 // once the port is open.
 func Run(ctx context.Context, opts Options, log *slog.Logger, listening func(net.Addr)) error {
-	c, err := live.Connect(opts.Kubeconfig, opts.Context)
+	c, err := live.ConnectWith(opts.Kubeconfig, opts.Context, opts.KubeAPIQPS, opts.KubeAPIBurst)
 	if err != nil {
 		return err
 	}
@@ -64,6 +90,9 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, listening func(net
 
 // RunWith is Run with clients already built.
 func RunWith(ctx context.Context, c live.Clients, opts Options, log *slog.Logger, listening func(net.Addr)) error {
+	// Whatever started here (informers, side servers) stops when it returns.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var params map[string]any
 	if opts.Constraint != "" {
 		p, err := manifest.ConstraintParameters(opts.Constraint)
@@ -116,15 +145,28 @@ func RunWith(ctx context.Context, c live.Clients, opts Options, log *slog.Logger
 			obj, err := clusters.Get(ctx, clusterGVK, namespace, name)
 			return obj != nil, err
 		},
-		Timeout:           opts.RequestTimeout,
-		RequireClientCert: opts.ClientCAFile != "",
-		Metrics:           metrics,
-		MetricsHandler:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
-		Log:               log,
+		Timeout:                opts.RequestTimeout,
+		RequireClientCert:      opts.ClientCAFile != "",
+		MaxConcurrentDecisions: opts.MaxConcurrentDecisions,
+		Metrics:                metrics,
+		Log:                    log,
 	})
-	srv, err := webhook.NewServer(handler, webhook.TLSOptions{CertFile: opts.CertFile, KeyFile: opts.KeyFile, ClientCAFile: opts.ClientCAFile}, log)
+	srv, err := webhook.NewServer(handler, webhook.TLSOptions{CertFile: opts.CertFile, KeyFile: opts.KeyFile, ClientCAFile: opts.ClientCAFile,
+		MinVersion: opts.TLSMinVersion, CipherSuites: opts.TLSCipherSuites}, log)
 	if err != nil {
 		return err
+	}
+	side := []sideServer{
+		{"metrics", opts.MetricsBindAddress, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), "/metrics"},
+		{"health probes", opts.HealthProbeBindAddress, webhook.Probes(e.Syncer.Ready), ""},
+	}
+	for _, s := range side {
+		if s.address == "" || s.address == "0" {
+			continue
+		}
+		if err := s.start(ctx, log, opts.SideListening); err != nil {
+			return err
+		}
 	}
 	listen := opts.Listen
 	if listen == "" {
@@ -145,4 +187,42 @@ func RunWith(ctx context.Context, c live.Clients, opts Options, log *slog.Logger
 		grace = DefaultShutdownGrace
 	}
 	return srv.Serve(ctx, l, grace)
+}
+
+// sideServer is a plain-HTTP server beside the review port: metrics or
+// probes, nothing a review could reach.
+type sideServer struct {
+	name, address string
+	handler       http.Handler
+	path          string // only this path when set
+}
+
+// start listens and serves until ctx is done.
+func (s sideServer) start(ctx context.Context, log *slog.Logger, listening func(string, net.Addr)) error {
+	l, err := net.Listen("tcp", s.address)
+	if err != nil {
+		return fmt.Errorf("listen for %s on %s: %w", s.name, s.address, err)
+	}
+	h := s.handler
+	if s.path != "" {
+		mux := http.NewServeMux()
+		mux.Handle("GET "+s.path, s.handler)
+		h = mux
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error(s.name+" server stopped", "error", err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	log.Info("serving "+s.name, "address", l.Addr().String())
+	if listening != nil {
+		listening(s.name, l.Addr())
+	}
+	return nil
 }

@@ -36,10 +36,13 @@ func TestServeJudgesAgainstTheAPIServer(t *testing.T) {
 	log := slog.New(slog.NewJSONHandler(&logs, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan net.Addr, 1)
+	side := make(chan string, 2)
 	done := make(chan error, 1)
 	go func() {
 		done <- serve.RunWith(ctx, live.Clients{Dynamic: client, Mapper: mapper},
-			serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key, Orphans: serve.ReapOptions{Interval: 50 * time.Millisecond}},
+			serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key, Orphans: serve.ReapOptions{Interval: 50 * time.Millisecond},
+				MetricsBindAddress: "127.0.0.1:0", HealthProbeBindAddress: "127.0.0.1:0",
+				SideListening: func(name string, a net.Addr) { side <- name + "=" + a.String() }},
 			log, func(a net.Addr) { addr <- a })
 	}()
 	var base string
@@ -49,9 +52,14 @@ func TestServeJudgesAgainstTheAPIServer(t *testing.T) {
 	case err := <-done:
 		t.Fatal(err)
 	}
+	ports := map[string]string{}
+	for range 2 {
+		name, a, _ := strings.Cut(<-side, "=")
+		ports[name] = "http://" + a
+	}
 	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}}}
 	require.Eventually(t, func() bool {
-		resp, err := c.Get(base + "/readyz")
+		resp, err := http.Get(ports["health probes"] + "/readyz")
 		if err != nil {
 			return false
 		}
@@ -88,6 +96,10 @@ func TestServeJudgesAgainstTheAPIServer(t *testing.T) {
 	assert.True(t, ask("/validate").Allowed)
 
 	resp, err := c.Get(base + "/metrics")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "metrics are not on the review port")
+	resp, err = http.Get(ports["metrics"] + "/metrics")
 	require.NoError(t, err)
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()

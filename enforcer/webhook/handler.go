@@ -8,6 +8,8 @@ package webhook
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,18 +18,43 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/semaphore"
+	"golang.org/x/sync/singleflight"
+	"golang.org/x/time/rate"
 	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
 )
 
-// MaxBodyBytes bounds an AdmissionReview; a Node is far smaller.
+// MaxBodyBytes bounds an AdmissionReview. On DELETE it carries the Node
+// once (oldObject). A real Node is tens of KiB (kubelet reports at most 50
+// images by default); the API server caps its annotations at 256 KiB, and its
+// managed fields list their keys once more, so a legitimate Node stays well
+// under 1 MiB (TestLargestRealNodeFits). Past the limit the answer is 413 and
+// the failurePolicy (Fail) denies, so the limit keeps that headroom; memory
+// per review is bounded by decoding only what the rule reads, not by this.
 const MaxBodyBytes = 1 << 20
+
+// inFlightBodyBytes bounds the review bytes being decoded and decided at
+// once. A real review is a few KiB, so hundreds fit; ~1 MiB forged ones go
+// four at a time: what a review costs while it is decoded (a user's groups
+// become one string each) stays live until its answer, and with the
+// deployment's GOGC=400 the heap grows to five times what is live.
+const inFlightBodyBytes = 4 * MaxBodyBytes
+
+// DefaultMaxConcurrentDecisions bounds the decisions evaluating at once: a
+// decision is ~0.5 ms of CPU plus fresh reads that wait on the API server, so
+// a few per core keep the cores busy while a flood of reviews queues instead
+// of multiplying memory and API requests.
+const DefaultMaxConcurrentDecisions = 16
 
 // Routes, also the values of the metrics' route label.
 const (
@@ -40,6 +67,24 @@ const (
 	ReasonNotJudged  = "not-judged"  // not a Node DELETE: allowed untouched
 	ReasonBadRequest = "bad-request" // answered with an HTTP error
 	ReasonError      = "error"       // no decision could be made: denied
+	ReasonBusy       = "busy"        // no decision slot within the deadline: denied
+)
+
+// Reasons of nodeguard_rejected_requests_total: why a request got an HTTP
+// error instead of an AdmissionReview answer.
+const (
+	RejectMethod       = "method"
+	RejectClientCert   = "client-cert"
+	RejectContentType  = "content-type"
+	RejectTooLarge     = "too-large"
+	RejectRead         = "read"
+	RejectMalformed    = "malformed"
+	RejectNotReview    = "not-admission-review"
+	RejectNoRequest    = "no-request"
+	RejectNoUID        = "no-uid"
+	RejectNoOldObject  = "no-old-object"
+	RejectBadOldObject = "bad-old-object"
+	RejectBusy         = "busy" // large reviews waited past the deadline
 )
 
 // Decider judges one Node delete; *guard.Guard is one.
@@ -61,15 +106,36 @@ type Options struct {
 	// RequireClientCert rejects reviews over a connection without a verified
 	// client certificate (set with --client-ca-file).
 	RequireClientCert bool
-	Metrics           *Metrics
-	MetricsHandler    http.Handler
-	Log               *slog.Logger
+	// MaxConcurrentDecisions bounds the decisions evaluating at once; the
+	// others wait within their deadline (default
+	// DefaultMaxConcurrentDecisions).
+	MaxConcurrentDecisions int
+	Metrics                *Metrics
+	Log                    *slog.Logger
+	// LogInterval is the least time between two log lines about rejected
+	// requests (default 1s); the lines between are counted, not written.
+	LogInterval time.Duration
 }
 
-type handler struct{ opts Options }
+type handler struct {
+	opts Options
+	// slots bounds concurrent decisions; its waiters are served in order.
+	slots *semaphore.Weighted
+	// bodies bounds the bytes of reviews being decoded and decided.
+	bodies *semaphore.Weighted
+	// flights lets concurrent reviews with the same input share one
+	// decision. It holds a decision only while it is being made: a review
+	// arriving after it was answered makes its own.
+	flights singleflight.Group
+	// rejectLog writes at most one line per LogInterval; rejected counts
+	// the rejections since the last line.
+	rejectLog rate.Sometimes
+	rejected  atomic.Int64
+}
 
-// New returns the webhook's routes: /validate, /validate/clusters/NS/NAME,
-// /healthz, /readyz and /metrics.
+// New returns the webhook's review routes: /validate and
+// /validate/clusters/NS/NAME. Probes and metrics are served apart (Probes),
+// on ports a NetworkPolicy can keep from the API server's callers.
 func New(opts Options) http.Handler {
 	if opts.Timeout == 0 {
 		opts.Timeout = 4 * time.Second
@@ -77,50 +143,62 @@ func New(opts Options) http.Handler {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	h := &handler{opts: opts}
+	if opts.MaxConcurrentDecisions <= 0 {
+		opts.MaxConcurrentDecisions = DefaultMaxConcurrentDecisions
+	}
+	if opts.LogInterval <= 0 {
+		opts.LogInterval = time.Second
+	}
+	h := &handler{opts: opts, slots: semaphore.NewWeighted(int64(opts.MaxConcurrentDecisions)),
+		bodies:    semaphore.NewWeighted(inFlightBodyBytes),
+		rejectLog: rate.Sometimes{First: 1, Interval: opts.LogInterval}}
 	mux := http.NewServeMux()
 	mux.HandleFunc(RouteSelf, func(w http.ResponseWriter, r *http.Request) { h.validate(w, r, RouteSelf, "") })
 	mux.HandleFunc(RouteCluster, func(w http.ResponseWriter, r *http.Request) {
 		h.validate(w, r, RouteCluster, r.PathValue("namespace")+"/"+r.PathValue("name"))
 	})
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-	mux.HandleFunc("GET /readyz", h.readyz)
-	if opts.MetricsHandler != nil {
-		mux.Handle("GET /metrics", opts.MetricsHandler)
-	}
 	return mux
 }
 
-func (h *handler) readyz(w http.ResponseWriter, _ *http.Request) {
-	if h.opts.Ready != nil {
-		if err := h.opts.Ready(); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
+// Probes returns /healthz (the process answers) and /readyz (ready reports
+// no error: every needed informer has synced).
+func Probes(ready func() error) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if ready != nil {
+			if err := ready(); err != nil {
+				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
 		}
-	}
-	_, _ = io.WriteString(w, "ok\n")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	return mux
 }
 
 // httpError is a request nodeguard cannot judge: no AdmissionReview answer,
 // so the API server applies the webhook's failurePolicy (Fail: denied).
 type httpError struct {
-	code int
-	msg  string
+	code   int
+	reason string // a Reject* constant
+	msg    string
 }
 
 func (e *httpError) Error() string { return e.msg }
 
-func badRequest(format string, args ...any) *httpError {
-	return &httpError{code: http.StatusBadRequest, msg: fmt.Sprintf(format, args...)}
+func badRequest(reason, format string, args ...any) *httpError {
+	return &httpError{code: http.StatusBadRequest, reason: reason, msg: fmt.Sprintf(format, args...)}
 }
 
 func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluster string) {
 	start := time.Now()
-	review, herr := h.read(w, r)
+	review, release, herr := h.read(w, r)
 	if herr != nil {
 		h.reject(w, herr, route, cluster, start)
 		return
 	}
+	defer release()
 	req := review.Request
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	if req.Operation == admissionv1.Delete && req.Kind.Group == "" && req.Kind.Kind == "Node" {
@@ -129,11 +207,11 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 			h.reject(w, herr, route, cluster, start)
 			return
 		}
-		d := h.decide(r.Context(), node, cluster, req)
+		d := h.decide(r.Context(), node, cluster, req.UserInfo)
 		resp.Allowed, resp.Warnings = d.Allowed, d.Warnings
 		if !d.Allowed {
 			code := int32(http.StatusForbidden)
-			if d.Reason == ReasonError {
+			if d.Reason == ReasonError || d.Reason == ReasonBusy {
 				code = http.StatusInternalServerError
 			}
 			resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: metav1.StatusReasonForbidden,
@@ -163,63 +241,146 @@ func (h *handler) reject(w http.ResponseWriter, herr *httpError, route, cluster 
 	}
 	http.Error(w, "nodeguard: "+herr.msg, herr.code)
 	h.opts.Metrics.observe(route, "error", ReasonBadRequest, time.Since(start))
-	h.opts.Log.Warn("bad admission request", "route", route, "cluster", cluster, "status", herr.code, "error", herr.msg)
+	h.opts.Metrics.rejectedRequest(herr.reason)
+	// Anything that reaches the port can send these: a line per request
+	// would let it flood the logs, so one line per interval says how many.
+	h.rejected.Add(1)
+	h.rejectLog.Do(func() {
+		h.opts.Log.Warn("bad admission request", "route", route, "cluster", cluster, "status", herr.code,
+			"reason", herr.reason, "error", herr.msg, "rejectedSinceLastLine", h.rejected.Swap(0))
+	})
 }
 
-// read checks the transport and decodes the AdmissionReview.
-func (h *handler) read(w http.ResponseWriter, r *http.Request) (*admissionv1.AdmissionReview, *httpError) {
+// read checks the transport and decodes the AdmissionReview; the caller runs
+// the returned func once it has answered.
+func (h *handler) read(w http.ResponseWriter, r *http.Request) (*admissionv1.AdmissionReview, func(), *httpError) {
 	if r.Method != http.MethodPost {
-		return nil, &httpError{http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed: send the AdmissionReview with POST", r.Method)}
+		return nil, nil, &httpError{http.StatusMethodNotAllowed, RejectMethod, fmt.Sprintf("method %s not allowed: send the AdmissionReview with POST", r.Method)}
 	}
 	if h.opts.RequireClientCert && (r.TLS == nil || len(r.TLS.VerifiedChains) == 0) {
-		return nil, &httpError{http.StatusUnauthorized, "a client certificate signed by --client-ca-file is required"}
+		return nil, nil, &httpError{http.StatusUnauthorized, RejectClientCert, "a client certificate signed by --client-ca-file is required"}
 	}
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return nil, &httpError{http.StatusUnsupportedMediaType, fmt.Sprintf("content type %q not supported: want application/json", r.Header.Get("Content-Type"))}
+		return nil, nil, &httpError{http.StatusUnsupportedMediaType, RejectContentType, fmt.Sprintf("content type %q not supported: want application/json", r.Header.Get("Content-Type"))}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return nil, &httpError{http.StatusRequestEntityTooLarge, fmt.Sprintf("body over %d bytes", MaxBodyBytes)}
+			return nil, nil, &httpError{http.StatusRequestEntityTooLarge, RejectTooLarge, fmt.Sprintf("body over %d bytes", MaxBodyBytes)}
 		}
-		return nil, badRequest("read body: %v", err)
+		return nil, nil, badRequest(RejectRead, "read body: %v", err)
 	}
+	// Held until the answer is written: the caller releases it.
+	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
+	defer cancel()
+	if err := h.bodies.Acquire(ctx, int64(len(body))); err != nil {
+		return nil, nil, &httpError{http.StatusServiceUnavailable, RejectBusy, "too many large reviews at once; retry"}
+	}
+	n := int64(len(body))
+	done := func() { h.bodies.Release(n) }
+	ok := false
+	defer func() {
+		if !ok {
+			done()
+		}
+	}()
 	var review admissionv1.AdmissionReview
 	if err := json.Unmarshal(body, &review); err != nil {
-		return nil, badRequest("malformed AdmissionReview JSON: %v", err)
+		return nil, nil, badRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err)
 	}
 	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" {
-		return nil, badRequest("want apiVersion admission.k8s.io/v1, kind AdmissionReview; got %q, %q", review.APIVersion, review.Kind)
+		return nil, nil, badRequest(RejectNotReview, "want apiVersion admission.k8s.io/v1, kind AdmissionReview; got %q, %q", review.APIVersion, review.Kind)
 	}
 	if review.Request == nil {
-		return nil, badRequest("AdmissionReview has no request")
+		return nil, nil, badRequest(RejectNoRequest, "AdmissionReview has no request")
 	}
 	if review.Request.UID == "" {
-		return nil, badRequest("AdmissionReview request has no uid")
+		return nil, nil, badRequest(RejectNoUID, "AdmissionReview request has no uid")
 	}
-	return &review, nil
+	ok = true
+	return &review, done, nil
 }
 
-// decodeNode reads the Node being deleted: the API server sends it as
-// oldObject on DELETE.
+// decodeNode reads the Node being deleted, which the API server sends as
+// oldObject on DELETE, keeping only what the rule reads.
 func decodeNode(req *admissionv1.AdmissionRequest) (*unstructured.Unstructured, *httpError) {
 	if len(req.OldObject.Raw) == 0 {
-		return nil, badRequest("DELETE of Node %q carries no oldObject: nodeguard cannot tell which InfraMachines are linked to it", req.Name)
+		return nil, badRequest(RejectNoOldObject, "DELETE of Node %q carries no oldObject: nodeguard cannot tell which InfraMachines are linked to it", req.Name)
 	}
-	node := &unstructured.Unstructured{}
-	if err := node.UnmarshalJSON(req.OldObject.Raw); err != nil {
-		return nil, badRequest("oldObject of Node %q does not decode: %v", req.Name, err)
+	node, err := inventory.NodeFromJSON(req.OldObject.Raw)
+	if err != nil {
+		return nil, badRequest(RejectBadOldObject, "oldObject of Node %q does not decode: %v", req.Name, err)
 	}
 	if node.GetAPIVersion() != "v1" || node.GetKind() != "Node" || node.GetName() == "" {
-		return nil, badRequest("oldObject is %s %s %q, want a v1 Node with a name", node.GetAPIVersion(), node.GetKind(), node.GetName())
+		return nil, badRequest(RejectBadOldObject, "oldObject is %s %s %q, want a v1 Node with a name", node.GetAPIVersion(), node.GetKind(), node.GetName())
 	}
 	return node, nil
 }
 
-func (h *handler) decide(ctx context.Context, node *unstructured.Unstructured, cluster string, req *admissionv1.AdmissionRequest) decision.Decision {
+// decide answers within the review's deadline. Concurrent reviews with the
+// same input (route, Node as the rule reads it, user and groups) share one
+// decision; at most MaxConcurrentDecisions are made at once, the others
+// queue for a slot until their deadline.
+func (h *handler) decide(ctx context.Context, node *unstructured.Unstructured, cluster string, user authenticationv1.UserInfo) decision.Decision {
 	ctx, cancel := context.WithTimeout(ctx, h.opts.Timeout)
 	defer cancel()
+	key, err := flightKey(node, cluster, user)
+	if err != nil {
+		return guard.Deny(ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", node.GetName(), err))
+	}
+	flight := h.flights.DoChan(key, func() (any, error) {
+		// The first review's deadline bounds the shared decision: the
+		// reviews joining later have later deadlines, so every one of them
+		// is still waiting when it ends. It ends a little before, so the
+		// answer says why rather than racing the deadline. The first
+		// review's own cancellation (its caller gave up) must not fail the
+		// others.
+		deadline, _ := ctx.Deadline()
+		fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline.Add(-h.opts.Timeout/16))
+		defer cancel()
+		if err := h.slots.Acquire(fctx, 1); err != nil {
+			return guard.Deny(ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
+				"(--max-concurrent-decisions) and none finished in time; retry shortly.", node.GetName())), nil
+		}
+		defer h.slots.Release(1)
+		return h.decideNow(fctx, node, cluster, user), nil
+	})
+	select {
+	case res := <-flight:
+		return res.Val.(decision.Decision)
+	case <-ctx.Done():
+		return guard.Deny(ReasonError, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard did not decide in time (%v); retry shortly.", node.GetName(), ctx.Err()))
+	}
+}
+
+// flightKey is everything a decision reads from the review, hashed: the
+// stripped Node holds all the rule reads of it, so reviews of the same Node
+// that differ elsewhere (status, labels, uid) still share. Hashing keeps the
+// key small whatever the review carries (a forged one may list 100,000
+// groups); each field is length-prefixed, so no two inputs write the same
+// bytes.
+func flightKey(node *unstructured.Unstructured, cluster string, user authenticationv1.UserInfo) (string, error) {
+	nodeJSON, err := json.Marshal(node.Object)
+	if err != nil {
+		return "", fmt.Errorf("key the review: %w", err)
+	}
+	h := sha256.New()
+	field := func(s string) {
+		_ = binary.Write(h, binary.BigEndian, uint64(len(s)))
+		_, _ = io.WriteString(h, s)
+	}
+	field(cluster)
+	field(string(nodeJSON))
+	field(user.Username)
+	_ = binary.Write(h, binary.BigEndian, uint64(len(user.Groups)))
+	for _, g := range user.Groups {
+		field(g)
+	}
+	return string(h.Sum(nil)), nil
+}
+
+func (h *handler) decideNow(ctx context.Context, node *unstructured.Unstructured, cluster string, user authenticationv1.UserInfo) decision.Decision {
 	if cluster != "" && h.opts.ClusterExists != nil {
 		ns, name, _ := strings.Cut(cluster, "/")
 		ok, err := h.opts.ClusterExists(ctx, ns, name)
@@ -230,7 +391,7 @@ func (h *handler) decide(ctx context.Context, node *unstructured.Unstructured, c
 			return guard.Deny(ReasonError, fmt.Sprintf("Node %q cannot be deleted: this webhook's URL names Cluster %s, which the management cluster does not have; fix the ValidatingWebhookConfiguration (nodeguard webhook-config --cluster).", node.GetName(), cluster))
 		}
 	}
-	d, err := h.opts.Decider.Decide(ctx, guard.Request{Node: node, Cluster: cluster, UserInfo: req.UserInfo})
+	d, err := h.opts.Decider.Decide(ctx, guard.Request{Node: node, Cluster: cluster, UserInfo: user})
 	if err != nil {
 		return guard.Deny(ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", node.GetName(), err))
 	}

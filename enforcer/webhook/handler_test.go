@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -268,13 +269,13 @@ func TestNoDecisionDenies(t *testing.T) {
 }
 
 func TestProbes(t *testing.T) {
-	g, _, _ := example(t)
 	var mu sync.Mutex
 	readyErr := errors.New("waiting for DockerMachine")
 	ready := func() error { mu.Lock(); defer mu.Unlock(); return readyErr }
-	s := serve(t, webhook.New(webhook.Options{Decider: g, Ready: ready}), webhook.TLSOptions{}, nil)
+	probes := httptest.NewServer(webhook.Probes(ready))
+	defer probes.Close()
 	get := func(path string) (int, string) {
-		resp, err := s.client.Get(s.url + path)
+		resp, err := probes.Client().Get(probes.URL + path)
 		require.NoError(t, err)
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
@@ -290,6 +291,21 @@ func TestProbes(t *testing.T) {
 	mu.Unlock()
 	code, _ = get("/readyz")
 	assert.Equal(t, http.StatusOK, code)
+	code, _ = get("/validate")
+	assert.Equal(t, http.StatusNotFound, code, "the probe port serves no reviews")
+}
+
+// The review port serves reviews only: probes and metrics live on ports a
+// NetworkPolicy can keep from whoever reaches the review port.
+func TestReviewPortServesOnlyReviews(t *testing.T) {
+	g, _, _ := example(t)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		resp, err := s.client.Get(s.url + path)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusNotFound, resp.StatusCode, path)
+	}
 }
 
 func TestMetrics(t *testing.T) {
@@ -297,15 +313,17 @@ func TestMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := webhook.NewMetrics(reg, inv.Count)
 	require.NoError(t, err)
-	h := webhook.New(webhook.Options{Decider: g, Metrics: m, MetricsHandler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
+	h := webhook.New(webhook.Options{Decider: g, Metrics: m})
 	s := serve(t, h, webhook.TLSOptions{}, nil)
+	metrics := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer metrics.Close()
 	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 	s.post(t, "/validate/clusters/default/other", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 	s.post(t, "/validate", "application/json", review(admissionv1.Update, "Node", nodes[linkedNode].Object))
 	s.post(t, "/validate", "text/plain", nil)
 
-	resp, err := s.client.Get(s.url + "/metrics")
+	resp, err := metrics.Client().Get(metrics.URL)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
@@ -319,6 +337,7 @@ func TestMetrics(t *testing.T) {
 		`nodeguard_cached_objects{group="infrastructure.cluster.x-k8s.io",kind="DockerMachine",version="v1beta2"} 1`,
 		`nodeguard_cached_objects{group="cluster.x-k8s.io",kind="Machine",version="v1beta2"} 1`,
 		`nodeguard_fresh_read_errors_total 0`,
+		`nodeguard_rejected_requests_total{reason="content-type"} 1`,
 	} {
 		assert.Contains(t, text, want)
 	}

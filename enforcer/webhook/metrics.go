@@ -15,6 +15,7 @@ type Metrics struct {
 	decisions  *prometheus.CounterVec
 	latency    *prometheus.HistogramVec
 	freshReads prometheus.Counter
+	rejected   *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg. cached, when set, is read at each
@@ -35,8 +36,12 @@ func NewMetrics(reg prometheus.Registerer, cached func() map[schema.GroupVersion
 			Name: "nodeguard_fresh_read_errors_total",
 			Help: "Decisions denied because the API server could not be re-read in time.",
 		}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nodeguard_rejected_requests_total",
+			Help: "Requests answered with an HTTP error instead of a decision (malformed, wrong method or type, too large, no client certificate), by reason.",
+		}, []string{"reason"}),
 	}
-	collectors := []prometheus.Collector{m.decisions, m.latency, m.freshReads}
+	collectors := []prometheus.Collector{m.decisions, m.latency, m.freshReads, m.rejected}
 	if cached != nil {
 		collectors = append(collectors, cachedObjects{count: cached, desc: prometheus.NewDesc("nodeguard_cached_objects",
 			"Objects in the informer caches, by kind.", []string{"group", "version", "kind"}, nil)})
@@ -59,6 +64,14 @@ func (m *Metrics) observe(route, result, reason string, took time.Duration) {
 	if reason == decision.ReasonFreshReadFailed {
 		m.freshReads.Inc()
 	}
+}
+
+// rejectedRequest counts one request answered with an HTTP error.
+func (m *Metrics) rejectedRequest(reason string) {
+	if m == nil {
+		return
+	}
+	m.rejected.WithLabelValues(reason).Inc()
 }
 
 type cachedObjects struct {

@@ -12,19 +12,45 @@ import (
 	"os"
 	"time"
 
+	cliflag "k8s.io/component-base/cli/flag"
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 )
+
+// DefaultTLSMinVersion and DefaultTLSCipherSuites are the defaults of
+// --tls-min-version and --tls-cipher-suites: TLS 1.2 with forward-secret AEAD
+// suites only (no CBC, no RSA key exchange). TLS 1.3 suites are all AEAD and
+// Go does not let them be chosen.
+const DefaultTLSMinVersion = "VersionTLS12"
+
+// DefaultTLSCipherSuites are named as the API server's --tls-cipher-suites
+// names them.
+func DefaultTLSCipherSuites() []string {
+	return []string{
+		"TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+		"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+		"TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+		"TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+		"TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+		"TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+	}
+}
 
 // TLSOptions are the server's certificate files.
 type TLSOptions struct {
 	CertFile, KeyFile string
 	// ClientCAFile, when set, makes the server ask for client certificates
 	// signed by it; the review routes then require one (see
-	// Options.RequireClientCert), the probes do not.
+	// Options.RequireClientCert).
 	ClientCAFile string
 	// WatchInterval is how often the files are re-read besides file events
 	// (default: certwatcher's).
 	WatchInterval time.Duration
+	// MinVersion is the lowest TLS version accepted, as Kubernetes names it
+	// (VersionTLS12, VersionTLS13; default DefaultTLSMinVersion).
+	MinVersion string
+	// CipherSuites are the TLS 1.2 suites accepted, by IANA name (default
+	// DefaultTLSCipherSuites).
+	CipherSuites []string
 }
 
 // Server is the HTTPS server; its certificate is reloaded when the files
@@ -47,7 +73,26 @@ func NewServer(handler http.Handler, opts TLSOptions, log *slog.Logger) (*Server
 	if opts.WatchInterval > 0 {
 		watcher = watcher.WithWatchInterval(opts.WatchInterval)
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: watcher.GetCertificate}
+	minName := opts.MinVersion
+	if minName == "" {
+		minName = DefaultTLSMinVersion
+	}
+	minVersion, err := cliflag.TLSVersion(minName)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-min-version: %w", err)
+	}
+	if minVersion < tls.VersionTLS12 {
+		return nil, fmt.Errorf("--tls-min-version %s: want VersionTLS12 or later", minName)
+	}
+	names := opts.CipherSuites
+	if len(names) == 0 {
+		names = DefaultTLSCipherSuites()
+	}
+	suites, err := cliflag.TLSCipherSuites(names)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cipher-suites: %w", err)
+	}
+	cfg := &tls.Config{MinVersion: minVersion, CipherSuites: suites, GetCertificate: watcher.GetCertificate}
 	if opts.ClientCAFile != "" {
 		pem, err := os.ReadFile(opts.ClientCAFile)
 		if err != nil {
@@ -57,7 +102,8 @@ func NewServer(handler http.Handler, opts TLSOptions, log *slog.Logger) (*Server
 		if !pool.AppendCertsFromPEM(pem) {
 			return nil, fmt.Errorf("client CA %s: no PEM certificates", opts.ClientCAFile)
 		}
-		// Probes come without a certificate; review routes check for one.
+		// A client without a certificate still gets an HTTP answer (401)
+		// that says what is missing, rather than a failed handshake.
 		cfg.ClientCAs, cfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
 	}
 	if log == nil {

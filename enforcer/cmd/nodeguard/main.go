@@ -25,6 +25,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/version"
+	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
@@ -126,7 +127,8 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 		Short: "Run the validating admission webhook for Node deletes",
 		Long: "Serve AdmissionReviews over HTTPS. /validate judges Nodes against the Machines of the cluster of the\n" +
 			"kubeconfig (self-hosted); /validate/clusters/NAMESPACE/NAME judges a workload cluster's Nodes against that\n" +
-			"CAPI Cluster's Machines only (management cluster). /healthz, /readyz and /metrics are served on the same port.",
+			"CAPI Cluster's Machines only (management cluster). /metrics (--metrics-bind-address) and /healthz, /readyz\n" +
+			"(--health-probe-bind-address) are served over HTTP on their own ports, so only the review port need be open to the API server.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.New(slog.NewJSONHandler(stderr, nil))
@@ -153,6 +155,13 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.BoolVar(&opts.Orphans.MatchProviderID, "orphan-match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
 	f.DurationVar(&opts.Orphans.Interval, "orphan-scan-interval", serve.DefaultOrphanScanInterval, "time between orphan scans (nodeguard_orphan_nodes); 0 turns the scan off")
 	f.StringVar(&opts.Orphans.LeaseNamespace, "leader-election-namespace", "", "namespace of the orphan reaper's Lease (default: $POD_NAMESPACE, else nodeguard-system)")
+	f.Float32Var(&opts.KubeAPIQPS, "kube-api-qps", live.DefaultQPS, "queries per second to the API server (informers and fresh reads); sized for bursts of Node deletes")
+	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", live.DefaultBurst, "burst of queries to the API server above --kube-api-qps")
+	f.IntVar(&opts.MaxConcurrentDecisions, "max-concurrent-decisions", webhook.DefaultMaxConcurrentDecisions, "decisions made at once; further reviews wait for a slot within their deadline")
+	f.StringVar(&opts.MetricsBindAddress, "metrics-bind-address", serve.DefaultMetricsBindAddress, "address to serve /metrics on over HTTP; 0 disables")
+	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", serve.DefaultHealthProbeBindAddress, "address to serve /healthz and /readyz on over HTTP; 0 disables")
+	f.StringVar(&opts.TLSMinVersion, "tls-min-version", webhook.DefaultTLSMinVersion, "lowest TLS version accepted: VersionTLS12 or VersionTLS13")
+	f.StringSliceVar(&opts.TLSCipherSuites, "tls-cipher-suites", webhook.DefaultTLSCipherSuites(), "TLS 1.2 cipher suites accepted, comma-separated IANA names (TLS 1.3 suites are always AEAD)")
 	return cmd
 }
 

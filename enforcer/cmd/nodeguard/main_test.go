@@ -162,3 +162,22 @@ func TestOrphansErrors(t *testing.T) {
 		assert.NotEmpty(t, errOut, name)
 	}
 }
+
+// serve's flags for bursts and hostile input keep the names Kubernetes
+// components use, with the defaults the README documents.
+func TestServeFlags(t *testing.T) {
+	code, out, errOut := nodeguard(t, "serve", "--help")
+	require.Equal(t, 0, code, errOut)
+	for _, want := range []string{
+		"--kube-api-qps float32", "(default 100)",
+		"--kube-api-burst int", "(default 200)",
+		"--max-concurrent-decisions int", "(default 16)",
+		`--metrics-bind-address string`, `(default ":8080")`,
+		`--health-probe-bind-address string`, `(default ":8081")`,
+		`--tls-min-version string`, `(default "VersionTLS12")`,
+		"--tls-cipher-suites strings", "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+	} {
+		assert.Contains(t, out, want)
+	}
+	assert.NotContains(t, out, "CBC")
+}

@@ -86,7 +86,7 @@ func run(ctx context.Context, bin string, out io.Writer) error {
 	say("   ready in %s", time.Since(start).Round(100*time.Millisecond))
 	cfg := localcluster.Config(env)
 
-	url, caPEM, stop, err := startNodeguard(ctx, cfg, work)
+	url, probes, caPEM, stop, err := startNodeguard(ctx, cfg, work)
 	if err != nil {
 		return err
 	}
@@ -104,7 +104,7 @@ func run(ctx context.Context, bin string, out io.Writer) error {
 		return err
 	}
 	say("   ValidatingWebhookConfiguration %q sends every Node DELETE to it (failurePolicy: Fail)", vwc.Name)
-	if err := waitReady(ctx, url, caPEM, 30*time.Second); err != nil {
+	if err := waitReady(ctx, probes, caPEM, 30*time.Second); err != nil {
 		return err
 	}
 	say("   nodeguard reports ready: its informers have synced Machines and InfraMachines")
@@ -250,33 +250,36 @@ func startCAPI(ctx context.Context, env *envtest.Environment, bin, kubeconfig, w
 }
 
 // startNodeguard runs `nodeguard serve` in this process with a throwaway
-// certificate and returns its URL, the CA bundle and a stop function.
-func startNodeguard(ctx context.Context, cfg *rest.Config, work string) (string, []byte, func(), error) {
+// certificate and returns its URL, its probes' URL, the CA bundle and a stop
+// function.
+func startNodeguard(ctx context.Context, cfg *rest.Config, work string) (string, string, []byte, func(), error) {
 	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.IPv4(127, 0, 0, 1)}, nil)
 	if err != nil {
-		return "", nil, nil, fmt.Errorf("certificate: %w", err)
+		return "", "", nil, nil, fmt.Errorf("certificate: %w", err)
 	}
 	certFile, keyFile := filepath.Join(work, "tls.crt"), filepath.Join(work, "tls.key")
 	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
-		return "", nil, nil, fmt.Errorf("write certificate: %w", err)
+		return "", "", nil, nil, fmt.Errorf("write certificate: %w", err)
 	}
 	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
-		return "", nil, nil, fmt.Errorf("write key: %w", err)
+		return "", "", nil, nil, fmt.Errorf("write key: %w", err)
 	}
 	clients, err := live.FromConfig(cfg)
 	if err != nil {
-		return "", nil, nil, err
+		return "", "", nil, nil, err
 	}
 	// The decision log would interleave with the narration; keep it out.
-	url, stop, err := localcluster.Serve(ctx, clients, serve.Options{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile},
+	probes := make(chan net.Addr, 1)
+	url, stop, err := localcluster.Serve(ctx, clients, serve.Options{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile,
+		HealthProbeBindAddress: "127.0.0.1:0", SideListening: func(_ string, a net.Addr) { probes <- a }},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
-		return "", nil, nil, err
+		return "", "", nil, nil, err
 	}
-	return url, certPEM, stop, nil
+	return url, "http://" + (<-probes).String(), certPEM, stop, nil
 }
 
-// waitReady polls nodeguard's /readyz until it answers 200.
+// waitReady polls nodeguard's /readyz (on its probe port) until it answers 200.
 func waitReady(ctx context.Context, url string, caPEM []byte, timeout time.Duration) error {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)

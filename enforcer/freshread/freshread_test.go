@@ -1,0 +1,79 @@
+package freshread_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/nodeguard/nodeguard/enforcer/freshread"
+)
+
+var machineGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
+
+// Concurrent reads of one object share one GET while it is in flight; a read
+// after it returns makes a GET of its own (nothing is cached).
+func TestConcurrentReadsOfOneObjectShareOneGet(t *testing.T) {
+	gvr := schema.GroupVersionResource{Group: machineGVK.Group, Version: machineGVK.Version, Resource: "machines"}
+	m := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+		"metadata": map[string]any{"namespace": "default", "name": "m1"}}}
+	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{gvr: "MachineList"}, m)
+	var gets atomic.Int64
+	release := make(chan struct{})
+	client.PrependReactor("get", "machines", func(k8stesting.Action) (bool, runtime.Object, error) {
+		gets.Add(1)
+		<-release
+		return false, nil, nil // on to the tracker
+	})
+	mapper := meta.NewDefaultRESTMapper(nil)
+	mapper.Add(machineGVK, meta.RESTScopeNamespace)
+	r := freshread.New(client, mapper)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	results := make([]*unstructured.Unstructured, 8)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			obj, err := r.Get(ctx, machineGVK, "default", "m1")
+			assert.NoError(t, err)
+			results[i] = obj
+		}()
+	}
+	require.Eventually(t, func() bool { return gets.Load() == 1 }, 5*time.Second, time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // let the others join
+	close(release)
+	wg.Wait()
+	assert.EqualValues(t, 1, gets.Load())
+	for _, obj := range results {
+		require.NotNil(t, obj)
+		assert.Equal(t, "m1", obj.GetName())
+	}
+	_, err := r.Get(ctx, machineGVK, "default", "m1")
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, gets.Load())
+
+	// A caller stops waiting at its deadline, even when the GET hangs.
+	short, cancelShort := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancelShort()
+	block := make(chan struct{})
+	client.PrependReactor("get", "machines", func(k8stesting.Action) (bool, runtime.Object, error) {
+		<-block
+		return false, nil, nil
+	})
+	_, err = r.Get(short, machineGVK, "default", "m1")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	close(block)
+}
