@@ -17,6 +17,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -170,6 +171,11 @@ func TestChartAndKustomizeAgree(t *testing.T) {
 	k.decode(t, "PodDisruptionBudget/nodeguard", &kpdb)
 	assert.Equal(t, kpdb.Spec, hpdb.Spec)
 
+	var hnp, knp networkingv1.NetworkPolicy
+	h.decode(t, "NetworkPolicy/nodeguard", &hnp)
+	k.decode(t, "NetworkPolicy/nodeguard", &knp)
+	assert.Equal(t, knp.Spec, hnp.Spec, "the same NetworkPolicy")
+
 	var hcert, kcert map[string]any
 	h.decode(t, "Certificate/nodeguard", &hcert)
 	k.decode(t, "Certificate/nodeguard", &kcert)
@@ -249,7 +255,7 @@ func TestChartValues(t *testing.T) {
 		"image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
 		"constraint.parameters.exemptGroups[0]=nodeguard:break-glass",
 		"flags.request-timeout=3s",
-		"flags.listen-address=null",
+		"ports.https=9443",
 		"policyBundle.configMapName=my-bundle",
 		"policyBundle.verificationKey=PEM",
 		"policyBundle.scope=prod",
@@ -259,7 +265,8 @@ func TestChartValues(t *testing.T) {
 	c := d.Spec.Template.Spec.Containers[0]
 	assert.Equal(t, "ghcr.io/nodeguard/nodeguard:v0.1.0@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", c.Image)
 	assert.Contains(t, c.Args, "--request-timeout=3s", "a flag is one line of values")
-	assert.NotContains(t, strings.Join(c.Args, " "), "--listen-address", "null leaves a flag out")
+	assert.Contains(t, c.Args, "--listen-address=:9443", "the serve flag follows the port")
+	assert.Equal(t, int32(9443), c.Ports[0].ContainerPort)
 	for _, a := range []string{"--constraint=/etc/nodeguard/constraint/constraint.yaml", "--bundle=/etc/nodeguard/bundle/bundle.tar.gz",
 		"--bundle-verification-key=/etc/nodeguard/bundle-key/key.pem", "--bundle-key-id=default", "--bundle-scope=prod"} {
 		assert.Contains(t, c.Args, a)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,6 +35,7 @@ import (
 // CAPD example (its Node is blocked by its DockerMachine).
 type server struct {
 	base   string
+	side   map[string]string // "metrics" and "health probes": their http base URLs
 	client *http.Client
 	review []byte
 	done   chan error
@@ -49,9 +51,12 @@ func startServe(t *testing.T, bundle policybundle.Options) (*server, error) {
 	s := &server{done: make(chan error, 1), cancel: cancel,
 		client: &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}}}}
 	addr := make(chan net.Addr, 1)
+	side := make(chan string, 2)
 	go func() {
 		s.done <- serve.RunWith(ctx, live.Clients{Dynamic: client, Mapper: mapper},
-			serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key, Bundle: bundle},
+			serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key, Bundle: bundle,
+				MetricsBindAddress: "127.0.0.1:0", HealthProbeBindAddress: "127.0.0.1:0",
+				SideListening: func(name string, a net.Addr) { side <- name + "=" + a.String() }},
 			slog.New(slog.NewJSONHandler(io.Discard, nil)), func(a net.Addr) { addr <- a })
 	}()
 	select {
@@ -61,12 +66,17 @@ func startServe(t *testing.T, bundle policybundle.Options) (*server, error) {
 		cancel()
 		return nil, err
 	}
+	s.side = map[string]string{}
+	for range 2 {
+		name, a, _ := strings.Cut(<-side, "=")
+		s.side[name] = "http://" + a
+	}
 	t.Cleanup(func() {
 		s.cancel()
 		assert.NoError(t, <-s.done)
 	})
 	require.Eventually(t, func() bool {
-		resp, err := s.client.Get(s.base + "/readyz")
+		resp, err := s.client.Get(s.side["health probes"] + "/readyz")
 		if err != nil {
 			return false
 		}
@@ -104,7 +114,7 @@ func (s *server) ask() (*admissionv1.AdmissionResponse, error) {
 
 func (s *server) metrics(t *testing.T) string {
 	t.Helper()
-	resp, err := s.client.Get(s.base + "/metrics")
+	resp, err := s.client.Get(s.side["metrics"] + "/metrics")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)

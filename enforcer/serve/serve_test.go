@@ -108,7 +108,7 @@ func TestServeJudgesAgainstTheAPIServer(t *testing.T) {
 	assert.Contains(t, string(metrics), "go_goroutines")
 	// The orphan scan runs without --reap-orphan-nodes: the Node's Machine exists.
 	assert.Eventually(t, func() bool {
-		resp, err := c.Get(base + "/metrics")
+		resp, err := http.Get(ports["metrics"] + "/metrics")
 		if err != nil {
 			return false
 		}

@@ -11,8 +11,6 @@ package apibench
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"flag"
 	"fmt"
 	"io"
@@ -351,12 +349,9 @@ func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Inte
 	require.NoError(b, localcluster.AdminKubeconfig(env, kubeconfig))
 	ca := testpki.New(b)
 	cert, key := ca.ServerFiles(b, "nodeguard")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(b, err)
-	addr := l.Addr().String()
-	require.NoError(b, l.Close())
+	addr, probes := freeAddr(b), freeAddr(b)
 	args := append([]string{"serve", "--kubeconfig", kubeconfig, "--tls-cert-file", cert, "--tls-private-key-file", key,
-		"--listen-address", addr}, extra...)
+		"--listen-address", addr, "--health-probe-bind-address", probes, "--metrics-bind-address", "0"}, extra...)
 	cmd := exec.Command(bin, args...)
 	// The deployment's settings (enforcer/deploy/deployment.yaml).
 	cmd.Env = append(os.Environ(), "GOGC=400", "GOMEMLIMIT=400MiB")
@@ -373,12 +368,10 @@ func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Inte
 	}
 	caPEM, err := os.ReadFile(ca.CAFile(b))
 	require.NoError(b, err)
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	client := &http.Client{Timeout: time.Second}
 	url := "https://" + addr
 	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
-		resp, err := client.Get(url + "/readyz")
+		resp, err := client.Get("http://" + probes + "/readyz")
 		if err != nil {
 			return false, nil
 		}
@@ -398,6 +391,13 @@ func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Inte
 	require.NoError(b, err)
 	require.NoError(b, webhookconfig.Apply(ctx, kube, vwc))
 	return webhook{stop: stop, ready: ready, rssMiB: rss}
+}
+
+func freeAddr(b *testing.B) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	defer l.Close()
+	return l.Addr().String()
 }
 
 // rssMiB reads a process's resident set size from /proc.
