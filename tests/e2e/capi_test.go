@@ -281,8 +281,11 @@ func TestCAPIGivesUpOnANodeDeleteWhileNodeguardIsDown(t *testing.T) {
 		machineGone.Sub(start).Round(time.Millisecond), d.At.Sub(start).Round(time.Millisecond), n.Name)
 	log, err := os.ReadFile(c.managerLog)
 	require.NoError(t, err)
+	// CAPI logs the last error of its 10 s of attempts: the API server's
+	// "failed calling webhook", or its own client's rate limiter giving up on
+	// the poll's deadline (both seen); either way the delete did not happen.
+	assert.Contains(t, string(log), "Timed out deleting Node")
 	assert.Contains(t, string(log), "Node deletion timeout expired, continuing without Node deletion")
-	assert.Contains(t, string(log), "failed calling webhook", "the API server refused CAPI's Node delete: nodeguard was down")
 }
 
 // Real CAPI, scenario 4: Machines and the CAPI manager on the management
