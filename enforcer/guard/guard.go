@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -272,60 +273,87 @@ func kindList(gvks []schema.GroupVersionKind) []any {
 func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, refs []inventory.Ref) ([]*unstructured.Unstructured, error) {
 	ctx, cancel := context.WithTimeout(ctx, g.opts.FreshTimeout)
 	defer cancel()
-	var out []*unstructured.Unstructured
-	have := map[inventory.Ref]bool{}
-	for _, o := range objs {
-		gvk := o.GroupVersionKind()
-		fresh, err := g.opts.Fresh.Get(ctx, gvk, o.GetNamespace(), o.GetName())
-		if err != nil {
-			return nil, fmt.Errorf("get %s %s/%s: %w", gvk.Kind, o.GetNamespace(), o.GetName(), err)
-		}
-		have[unversioned(inventory.Ref{GVK: gvk, Namespace: o.GetNamespace(), Name: o.GetName()})] = true
-		if fresh != nil {
-			out = append(out, stripped(fresh))
-		}
-	}
 	// Kinds the inventory watches, looked up once rather than per ref.
 	watched := append(g.inv.Kinds(inventory.Machine), g.inv.Kinds(inventory.InfraMachine)...)
 	watched = append(watched, g.inv.Kinds(inventory.InfraMachinePool)...)
-	for len(refs) > 0 {
-		ref := unversioned(refs[0])
-		refs = refs[1:]
-		if have[ref] {
-			continue
+	have := map[inventory.Ref]bool{}
+	// The candidates at the version they were cached at, and the refs at the
+	// version their kind is watched at (a kind not watched is not read: an
+	// InfraMachine of it stays unverified, and the rule denies).
+	var wave []inventory.Ref
+	for _, o := range objs {
+		ref := inventory.Ref{GVK: o.GroupVersionKind(), Namespace: o.GetNamespace(), Name: o.GetName()}
+		if !have[unversioned(ref)] {
+			have[unversioned(ref)] = true
+			wave = append(wave, ref)
 		}
-		have[ref] = true
-		fresh, err := g.readWatched(ctx, watched, ref)
+	}
+	var out []*unstructured.Unstructured
+	// Each wave is read concurrently, so a decision costs one API round trip
+	// per hop (candidates, then the InfraMachines fresh Machines name), not
+	// one per object.
+	for len(wave) > 0 || len(refs) > 0 {
+		for _, ref := range refs {
+			if have[unversioned(ref)] {
+				continue
+			}
+			have[unversioned(ref)] = true
+			if gvk, ok := watchedVersion(watched, ref.GVK); ok {
+				ref.GVK = gvk
+				wave = append(wave, ref)
+			}
+		}
+		refs = nil
+		fresh, err := g.readAll(ctx, wave)
 		if err != nil {
 			return nil, err
 		}
-		if fresh == nil {
-			continue
-		}
-		out = append(out, stripped(fresh))
-		if fresh.GetKind() == "Machine" {
-			if infra, ok := inventory.InfraRef(fresh); ok {
-				refs = append(refs, infra)
+		wave = nil
+		for _, obj := range fresh {
+			if obj == nil {
+				continue
+			}
+			out = append(out, stripped(obj))
+			if obj.GetKind() == "Machine" {
+				if infra, ok := inventory.InfraRef(obj); ok {
+					refs = append(refs, infra)
+				}
 			}
 		}
 	}
 	return out, nil
 }
 
-// readWatched reads ref at the version the inventory watches its kind; a
-// kind it does not watch is not read (an InfraMachine of it stays
-// unverified, and the rule denies).
-func (g *Guard) readWatched(ctx context.Context, watched []schema.GroupVersionKind, ref inventory.Ref) (*unstructured.Unstructured, error) {
-	for _, gvk := range watched {
-		if gvk.Group == ref.GVK.Group && gvk.Kind == ref.GVK.Kind {
-			fresh, err := g.opts.Fresh.Get(ctx, gvk, ref.Namespace, ref.Name)
+// maxParallelReads bounds the concurrent GETs of one decision: a Node has a
+// few candidates, and one with many must not flood the API server.
+const maxParallelReads = 8
+
+// readAll reads refs concurrently; an object that does not exist is nil.
+func (g *Guard) readAll(ctx context.Context, refs []inventory.Ref) ([]*unstructured.Unstructured, error) {
+	out := make([]*unstructured.Unstructured, len(refs))
+	eg, ctx := errgroup.WithContext(ctx)
+	eg.SetLimit(maxParallelReads)
+	for i, ref := range refs {
+		eg.Go(func() error {
+			fresh, err := g.opts.Fresh.Get(ctx, ref.GVK, ref.Namespace, ref.Name)
 			if err != nil {
-				return nil, fmt.Errorf("get %s: %w", ref, err)
+				return fmt.Errorf("get %s %s/%s: %w", ref.GVK.Kind, ref.Namespace, ref.Name, err)
 			}
-			return fresh, nil
+			out[i] = fresh
+			return nil
+		})
+	}
+	return out, eg.Wait()
+}
+
+// watchedVersion is the version the inventory watches kind gvk at.
+func watchedVersion(watched []schema.GroupVersionKind, gvk schema.GroupVersionKind) (schema.GroupVersionKind, bool) {
+	for _, w := range watched {
+		if w.Group == gvk.Group && w.Kind == gvk.Kind {
+			return w, true
 		}
 	}
-	return nil, nil
+	return schema.GroupVersionKind{}, false
 }
 
 // stripped keeps only what the rule reads, as the informers do: the rule

@@ -318,3 +318,30 @@ func TestBadRequests(t *testing.T) {
 	_, err = g.Decide(context.Background(), guard.Request{Node: capdNode(), Cluster: "no-slash"})
 	assert.ErrorContains(t, err, "want NAMESPACE/NAME")
 }
+
+// concurrency wraps a FreshReader, slowing each Get so that reads made at
+// once overlap, and records the most Gets in flight together.
+type concurrency struct {
+	guard.FreshReader
+	now, most atomic.Int32
+}
+
+func (c *concurrency) Get(ctx context.Context, gvk schema.GroupVersionKind, namespace, name string) (*unstructured.Unstructured, error) {
+	n := c.now.Add(1)
+	defer c.now.Add(-1)
+	for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
+	}
+	time.Sleep(50 * time.Millisecond)
+	return c.FreshReader.Get(ctx, gvk, namespace, name)
+}
+
+func TestFreshReadsOfOneDecisionRunConcurrently(t *testing.T) {
+	// Two candidates (the Machine and its DockerMachine) are one wave: a
+	// decision pays one round trip for them, not two.
+	client, mapper := apiServer(capdMachine(), capdInfra())
+	reads := &concurrency{FreshReader: freshread.New(client, mapper)}
+	allowed, msgs := decide(t, cache(t, capdMachine(), capdInfra()), guard.Options{Fresh: reads}, guard.Request{Node: capdNode()})
+	assert.False(t, allowed)
+	assert.Contains(t, msgs[0], "DockerMachine default/m1")
+	assert.Equal(t, int32(2), reads.most.Load(), "both candidates read at once")
+}
