@@ -5,15 +5,21 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -127,4 +133,36 @@ func TestImageIsReproducibleAndRuns(t *testing.T) {
 		require.NoError(t, err)
 		assert.Contains(t, string(desc), "statically linked")
 	}
+}
+
+// -push writes the index to a registry: here go-containerregistry's own
+// registry on loopback, from which the same index digest is read back.
+func TestImagePushesTheIndex(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the push test compiles nodeguard")
+	}
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer reg.Close()
+	root, err := filepath.Abs("../../..")
+	require.NoError(t, err)
+	ref := strings.TrimPrefix(reg.URL, "http://") + "/team/nodeguard:v9.9.9-test"
+	o := options{
+		platforms: []string{"linux/amd64"},
+		version:   "v9.9.9-test",
+		revision:  "0123456789abcdef0123456789abcdef01234567",
+		source:    "https://example.com/nodeguard",
+		created:   time.Unix(1700000000, 0).UTC(),
+		root:      root,
+		out:       t.TempDir(),
+		push:      ref,
+	}
+	digest, err := run(context.Background(), o)
+	require.NoError(t, err)
+	r, err := name.ParseReference(ref)
+	require.NoError(t, err)
+	pulled, err := remote.Index(r)
+	require.NoError(t, err)
+	got, err := pulled.Digest()
+	require.NoError(t, err)
+	assert.Equal(t, digest, got, "the registry holds the index make image printed")
 }
