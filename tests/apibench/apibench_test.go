@@ -28,9 +28,11 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -44,9 +46,11 @@ import (
 )
 
 var (
-	binDir        = flag.String("bin", os.Getenv("NODEGUARD_E2E_BIN"), "directory with kube-apiserver, etcd, kubectl and gatekeeper (tests/e2e/tools/build.sh prints it)")
-	sizesFlag     = flag.String("sizes", "1000", "Machine counts (each with as many DockerMachines)")
-	modesFlag     = flag.String("modes", "none,nodeguard,nodeguard-no-fresh-reads,gatekeeper", "webhooks to measure, in order")
+	binDir    = flag.String("bin", os.Getenv("NODEGUARD_E2E_BIN"), "directory with kube-apiserver, etcd, kubectl and gatekeeper (tests/e2e/tools/build.sh prints it)")
+	sizesFlag = flag.String("sizes", "1000", "Machine counts (each with as many DockerMachines)")
+	modesFlag = flag.String("modes", "none,reads,nodeguard,nodeguard-no-fresh-reads,gatekeeper",
+		"what to measure, in order: a webhook (none, nodeguard, nodeguard-no-fresh-reads, gatekeeper), or reads: the two GETs of a blocked Node's fresh reads, at once, from the client")
+	nodeguardEnv  = flag.String("nodeguard-env", "GOGC=400 GOMEMLIMIT=400MiB", "environment of nodeguard serve (default: the deployment's GC settings)")
 	gatekeeperMax = flag.Int("gatekeeper-max", 10000, "largest fleet Gatekeeper is measured at (its engine is linear in the synced inventory)")
 	nodeguardArgs = flag.String("nodeguard-args", "", "extra flags for nodeguard serve, space separated")
 	// Pausing between deletes idles this VM's CPUs, which slows the bare API
@@ -100,12 +104,19 @@ func BenchmarkNodeDelete(b *testing.B) {
 			for _, verdict := range []string{"blocked", "allowed"} {
 				node := map[string]string{"blocked": blockedNode, "allowed": allowedNode}[verdict]
 				var lat []time.Duration
+				if mode == "reads" && verdict == "allowed" {
+					continue // the allowed Node has no candidates to read
+				}
 				b.Run(fmt.Sprintf("machines=%d/%s/%s", n, mode, verdict), func(b *testing.B) {
-					lat = measure(b, kube, node, verdict == "blocked" && mode != "none")
+					if mode == "reads" {
+						lat = measureReads(b, cfg)
+					} else {
+						lat = measure(b, kube, node, verdict == "blocked" && mode != "none")
+					}
 					p50, p99 := percentile(lat, 50), percentile(lat, 99)
 					b.ReportMetric(ms(p50), "p50-ms")
 					b.ReportMetric(ms(p99), "p99-ms")
-					if base, ok := baseline[verdict]; ok {
+					if base, ok := baseline[verdict]; ok && mode != "reads" {
 						b.ReportMetric(ms(p50-base[0]), "added-p50-ms")
 						b.ReportMetric(ms(p99-base[1]), "added-p99-ms")
 					}
@@ -118,7 +129,7 @@ func BenchmarkNodeDelete(b *testing.B) {
 					ready: srv.ready, rssMiB: srv.rssMiB, haveServer: srv.ready > 0}
 				if mode == "none" {
 					baseline[verdict] = [2]time.Duration{r.p50, r.p99}
-				} else if base, ok := baseline[verdict]; ok {
+				} else if base, ok := baseline[verdict]; ok && mode != "reads" {
 					r.addedP50, r.addedP99, r.haveBaseline = r.p50-base[0], r.p99-base[1], true
 				}
 				results = append(results, r)
@@ -162,6 +173,33 @@ func measure(b *testing.B, kube kubernetes.Interface, node string, wantDenied bo
 			time.Sleep(*interval)
 			b.StartTimer()
 		}
+	}
+	b.StopTimer()
+	return lat
+}
+
+// measureReads times b.N rounds of what nodeguard's fresh reads do for the
+// blocked Node: GET its Machine and its DockerMachine at once (one wave),
+// from a client like nodeguard's, straight from the API server.
+func measureReads(b *testing.B, cfg *rest.Config) []time.Duration {
+	dyn, err := dynamic.NewForConfig(cfg)
+	require.NoError(b, err)
+	r := localcluster.Current()
+	gvrs := []schema.GroupVersionResource{r.GVR("cluster.x-k8s.io", "machines"), r.GVR("infrastructure.cluster.x-k8s.io", "dockermachines")}
+	ctx := context.Background()
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		var eg errgroup.Group
+		for _, gvr := range gvrs {
+			eg.Go(func() error {
+				_, err := dyn.Resource(gvr).Namespace("team-0").Get(ctx, blockedNode, metav1.GetOptions{})
+				return err
+			})
+		}
+		require.NoError(b, eg.Wait())
+		lat = append(lat, time.Since(start))
 	}
 	b.StopTimer()
 	return lat
@@ -317,7 +355,7 @@ func startWebhook(b *testing.B, env *envtest.Environment, kube kubernetes.Interf
 	ctx := context.Background()
 	w := webhook{stop: func() {}}
 	switch mode {
-	case "none":
+	case "none", "reads":
 		return w
 	case "nodeguard", "nodeguard-no-fresh-reads":
 		args := strings.Fields(*nodeguardArgs)
@@ -363,8 +401,7 @@ func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Inte
 	args := append([]string{"serve", "--kubeconfig", kubeconfig, "--tls-cert-file", cert, "--tls-private-key-file", key,
 		"--listen-address", addr, "--health-probe-bind-address", probes, "--metrics-bind-address", "0"}, extra...)
 	cmd := exec.Command(bin, args...)
-	// The deployment's settings (enforcer/deploy/deployment.yaml).
-	cmd.Env = append(os.Environ(), "GOGC=400", "GOMEMLIMIT=400MiB")
+	cmd.Env = append(os.Environ(), strings.Fields(*nodeguardEnv)...)
 	log, err := os.Create(filepath.Join(dir, "nodeguard.log"))
 	require.NoError(b, err)
 	cmd.Stdout, cmd.Stderr = log, log

@@ -8,17 +8,21 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
@@ -34,10 +38,15 @@ import (
 // admission, nothing stored. cert-manager's Certificate and Issuer are left
 // out (no cert-manager CRDs here): the chart is rendered with an existing
 // Secret and a caBundle, plus a Constraint and a policy bundle.
+// The cert-manager release whose CRDs the chart's default rendering (a
+// self-signed Issuer and a Certificate) is validated against.
+const certManagerModule = "github.com/cert-manager/cert-manager@v1.16.1"
+
 func TestChartPassesServerSideDryRun(t *testing.T) {
-	cfg := apiServer(t)
+	cfg, env := apiServerEnv(t)
 	ctx := context.Background()
 	kube, dyn := clientsFor(t, cfg)
+	installCertManagerCRDs(t, env)
 	clients, err := live.FromConfig(cfg)
 	require.NoError(t, err)
 	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeguard-system",
@@ -45,52 +54,87 @@ func TestChartPassesServerSideDryRun(t *testing.T) {
 	require.NoError(t, err)
 
 	key := testbundle.NewKey(t)
-	cmd := exec.Command("go", "tool", "-modfile=tools/helm/go.mod", "helm", "template", "nodeguard", "charts/nodeguard",
-		"--namespace", "nodeguard-system",
-		"--set", "tls.certManager.enabled=false",
-		"--set-file", "tls.caBundle="+testpki.New(t).CAFile(t),
-		"--set", "constraint.parameters.exemptGroups[0]=nodeguard:break-glass",
-		"--set", "policyBundle.configMapName=nodeguard-bundle",
-		"--set-file", "policyBundle.verificationKey="+key.PublicKeyFile)
-	cmd.Dir = "../.."
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	rendered, err := cmd.Output()
-	require.NoError(t, err, stderr.String())
+	for name, tc := range map[string]struct {
+		args  []string
+		kinds []string
+	}{
+		"defaults: cert-manager": {
+			kinds: []string{"Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+				"ValidatingWebhookConfiguration", "NetworkPolicy", "Issuer", "Certificate"},
+		},
+		"own Secret, Constraint, bundle, orphan reaper": {
+			args: []string{"--set", "tls.certManager.enabled=false",
+				"--set-file", "tls.caBundle=" + testpki.New(t).CAFile(t),
+				"--set", "constraint.parameters.exemptGroups[0]=nodeguard:break-glass",
+				"--set", "policyBundle.configMapName=nodeguard-bundle",
+				"--set-file", "policyBundle.verificationKey=" + key.PublicKeyFile,
+				"--set", "orphanReaper.enabled=true", "--set", "orphanReaper.workloadClusters=true"},
+			kinds: []string{"Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+				"ValidatingWebhookConfiguration", "ConfigMap", "NetworkPolicy", "Role", "RoleBinding"},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command("go", append([]string{"tool", "-modfile=tools/helm/go.mod", "helm", "template", "nodeguard", "charts/nodeguard",
+				"--namespace", "nodeguard-system"}, tc.args...)...)
+			cmd.Dir = "../.."
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			rendered, err := cmd.Output()
+			require.NoError(t, err, stderr.String())
 
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)
-	kinds := map[string]int{}
-	for {
-		var u unstructured.Unstructured
-		if err := dec.Decode(&u.Object); err != nil {
-			require.ErrorContains(t, err, "EOF")
-			break
-		}
-		if len(u.Object) == 0 {
-			continue
-		}
-		gvk := u.GroupVersionKind()
-		m, err := clients.Mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		require.NoError(t, err, gvk.String())
-		r := dyn.Resource(m.Resource)
-		var created *unstructured.Unstructured
-		if m.Scope.Name() == "namespace" {
-			created, err = r.Namespace(u.GetNamespace()).Create(ctx, &u, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"})
-		} else {
-			created, err = r.Create(ctx, &u, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"})
-		}
-		require.NoError(t, err, "%s %s", gvk.Kind, u.GetName())
-		assert.NotEmpty(t, created.GetUID(), "the API server ran the create")
-		kinds[gvk.Kind]++
-	}
-	t.Logf("validated by the API server: %v", kinds)
-	for _, k := range []string{"Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-		"ValidatingWebhookConfiguration", "ConfigMap"} {
-		assert.Positive(t, kinds[k], "%s rendered and validated", k)
+			dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)
+			kinds := map[string]int{}
+			for {
+				var u unstructured.Unstructured
+				if err := dec.Decode(&u.Object); err != nil {
+					require.ErrorContains(t, err, "EOF")
+					break
+				}
+				if len(u.Object) == 0 {
+					continue
+				}
+				gvk := u.GroupVersionKind()
+				m, err := clients.Mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+				require.NoError(t, err, gvk.String())
+				r := dyn.Resource(m.Resource)
+				var created *unstructured.Unstructured
+				if m.Scope.Name() == "namespace" {
+					created, err = r.Namespace(u.GetNamespace()).Create(ctx, &u, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"})
+				} else {
+					created, err = r.Create(ctx, &u, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"})
+				}
+				require.NoError(t, err, "%s %s", gvk.Kind, u.GetName())
+				assert.NotEmpty(t, created.GetUID(), "the API server ran the create")
+				kinds[gvk.Kind]++
+			}
+			t.Logf("validated by the API server: %v", kinds)
+			for _, k := range tc.kinds {
+				assert.Positive(t, kinds[k], "%s rendered and validated", k)
+			}
+		})
 	}
 	// Nothing was stored.
 	_, err = kube.AppsV1().Deployments("nodeguard-system").Get(ctx, "nodeguard", metav1.GetOptions{})
 	assert.True(t, err != nil, "dry-run stores nothing")
+}
+
+// installCertManagerCRDs installs cert-manager's Issuer and Certificate
+// CRDs from its pinned module. The files are its Helm chart's templates:
+// the templating sits in comments, except label values, which are dropped.
+func installCertManagerCRDs(t *testing.T, env *envtest.Environment) {
+	t.Helper()
+	dir := moduleDir(t, certManagerModule)
+	var crds []*apiextensionsv1.CustomResourceDefinition
+	for _, f := range []string{"crd-issuers.yaml", "crd-certificates.yaml"} {
+		data, err := os.ReadFile(filepath.Join(dir, "deploy/crds", f))
+		require.NoError(t, err)
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		require.NoError(t, yaml.Unmarshal(data, crd), f)
+		crd.Labels = nil
+		crds = append(crds, crd)
+	}
+	_, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{CRDs: crds})
+	require.NoError(t, err)
 }
 
 // `nodeguard serve --bundle` with nodeguard's own signed bundle decides like
