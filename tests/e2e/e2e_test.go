@@ -9,7 +9,6 @@ import (
 	"context"
 	"flag"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -125,10 +124,21 @@ type running struct {
 // Constraint file, if any) and points the API server's Node deletes at it.
 func nodeguard(t *testing.T, cfg *rest.Config, constraint string) running {
 	t.Helper()
+	return nodeguardWith(t, cfg, serve.Options{Constraint: constraint})
+}
+
+// nodeguardWith runs `nodeguard serve` with opts (on a free loopback port
+// unless opts.Listen says otherwise) over the cluster of cfg, and points the
+// API server's Node deletes at it.
+func nodeguardWith(t *testing.T, cfg *rest.Config, opts serve.Options) running {
+	t.Helper()
 	clients, err := live.FromConfig(cfg)
 	require.NoError(t, err)
 	ca := testpki.New(t)
-	url, stop := serveAt(t, clients, constraint, ca, "127.0.0.1:0")
+	if opts.Listen == "" {
+		opts.Listen = "127.0.0.1:0"
+	}
+	url, stop := serveWith(t, clients, ca, opts)
 	caPEM, err := os.ReadFile(ca.CAFile(t))
 	require.NoError(t, err)
 	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
@@ -336,12 +346,7 @@ func serveOn(t *testing.T, clients live.Clients, constraint string) (string, []b
 // returns its URL and a function that stops it (also run at cleanup).
 func serveAt(t *testing.T, clients live.Clients, constraint string, ca *testpki.CA, listen string) (string, func()) {
 	t.Helper()
-	cert, key := ca.ServerFiles(t, "nodeguard")
-	url, stop, err := localcluster.Serve(context.Background(), clients,
-		serve.Options{Listen: listen, CertFile: cert, KeyFile: key, Constraint: constraint}, slog.New(slog.NewTextHandler(os.Stderr, nil)))
-	require.NoError(t, err)
-	t.Cleanup(stop)
-	return url, stop
+	return serveWith(t, clients, ca, serve.Options{Listen: listen, Constraint: constraint})
 }
 
 // Scenario 7: with failurePolicy Fail, Node deletes are denied while

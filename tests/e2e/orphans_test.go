@@ -39,18 +39,7 @@ func reaping(grace time.Duration) serve.ReapOptions {
 // the reaper's own deletes pass through nodeguard's webhook.
 func nodeguardReaping(t *testing.T, cfg *rest.Config, reap serve.ReapOptions) running {
 	t.Helper()
-	clients, err := live.FromConfig(cfg)
-	require.NoError(t, err)
-	ca := testpki.New(t)
-	url, stop := serveWith(t, clients, ca, serve.Options{Listen: "127.0.0.1:0", Orphans: reap})
-	caPEM, err := os.ReadFile(ca.CAFile(t))
-	require.NoError(t, err)
-	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
-	require.NoError(t, err)
-	kube, err := kubernetes.NewForConfig(cfg)
-	require.NoError(t, err)
-	require.NoError(t, webhookconfig.Apply(context.Background(), kube, vwc))
-	return running{url: url, ca: ca, clients: clients, stop: stop}
+	return nodeguardWith(t, cfg, serve.Options{Orphans: reap})
 }
 
 // serveWith runs `nodeguard serve` with opts (certificate from ca) and
