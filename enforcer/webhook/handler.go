@@ -329,7 +329,12 @@ func (h *handler) decide(ctx context.Context, node *unstructured.Unstructured, c
 	if err != nil {
 		return guard.Deny(ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", node.GetName(), err))
 	}
-	flight := h.flights.DoChan(key, func() (any, error) {
+	// Do, not DoChan: the first review's goroutine (a connection's, its stack
+	// already grown) evaluates the rule; DoChan would start a goroutine per
+	// decision and regrow a stack to OPA's depth each time (19% of the CPU
+	// under load). Waiting needs no select: the shared decision ends before
+	// any waiter's deadline (below).
+	v, _, _ := h.flights.Do(key, func() (any, error) {
 		// The first review's deadline bounds the shared decision: the
 		// reviews joining later have later deadlines, so every one of them
 		// is still waiting when it ends. It ends a little before, so the
@@ -346,12 +351,7 @@ func (h *handler) decide(ctx context.Context, node *unstructured.Unstructured, c
 		defer h.slots.Release(1)
 		return h.decideNow(fctx, node, cluster, user), nil
 	})
-	select {
-	case res := <-flight:
-		return res.Val.(decision.Decision)
-	case <-ctx.Done():
-		return guard.Deny(ReasonError, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard did not decide in time (%v); retry shortly.", node.GetName(), ctx.Err()))
-	}
+	return v.(decision.Decision)
 }
 
 // flightKey is everything a decision reads from the review, hashed: the
