@@ -1,15 +1,12 @@
 package bundle_test
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/pem"
-	"io"
 	"strings"
 	"testing"
 
@@ -19,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeguard/nodeguard/bundle"
+	"github.com/nodeguard/nodeguard/internal/testbundle"
 )
 
 func TestBuildUnsigned(t *testing.T) {
@@ -69,7 +67,7 @@ func TestSignedBundleVerifiesAndTamperingIsRejected(t *testing.T) {
 	}
 	require.NoError(t, verify(signed))
 
-	tampered := rewrite(t, signed, func(name string, body []byte) []byte {
+	tampered := testbundle.Rewrite(t, signed, func(name string, body []byte) []byte {
 		if strings.HasSuffix(name, "nodeguard.rego") {
 			return bytes.Replace(body, []byte(`"allowed": false`), []byte(`"allowed": true`), 1)
 		}
@@ -87,37 +85,6 @@ func TestSignedBundleVerifiesAndTamperingIsRejected(t *testing.T) {
 	var wrongKey bytes.Buffer
 	require.NoError(t, bundle.Build(context.Background(), &wrongKey, bundle.Options{Revision: "r1", SigningKey: otherPEM}))
 	assert.Error(t, verify(wrongKey.Bytes()), "a bundle signed by another key must fail verification")
-}
-
-// rewrite copies a gzipped tarball, passing each file body through edit.
-func rewrite(t *testing.T, tarball []byte, edit func(name string, body []byte) []byte) []byte {
-	t.Helper()
-	gz, err := gzip.NewReader(bytes.NewReader(tarball))
-	require.NoError(t, err)
-	tr := tar.NewReader(gz)
-	var out bytes.Buffer
-	gw := gzip.NewWriter(&out)
-	tw := tar.NewWriter(gw)
-	changed := false
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		require.NoError(t, err)
-		body, err := io.ReadAll(tr)
-		require.NoError(t, err)
-		edited := edit(hdr.Name, body)
-		changed = changed || !bytes.Equal(edited, body)
-		hdr.Size = int64(len(edited))
-		require.NoError(t, tw.WriteHeader(hdr))
-		_, err = tw.Write(edited)
-		require.NoError(t, err)
-	}
-	require.True(t, changed, "the edit must change something")
-	require.NoError(t, tw.Close())
-	require.NoError(t, gw.Close())
-	return out.Bytes()
 }
 
 func capdInput() map[string]any {
