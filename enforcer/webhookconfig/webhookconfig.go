@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 )
 
@@ -172,6 +173,16 @@ func WorkloadKubeconfig(ctx context.Context, mgmt kubernetes.Interface, cluster 
 		return nil, fmt.Errorf("Secret %s/%s-kubeconfig has no key \"value\"", ns, name)
 	}
 	return value, nil
+}
+
+// ClientFromKubeconfig is a client for the cluster of a kubeconfig (a
+// workload cluster's, as Install reads it from CAPI's Secret).
+func ClientFromKubeconfig(kubeconfig []byte) (kubernetes.Interface, error) {
+	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("load the workload kubeconfig: %w", err)
+	}
+	return kubernetes.NewForConfig(rc)
 }
 
 // Install applies cfg into the workload cluster named by cluster, reached

@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -317,13 +316,7 @@ func (c *capiCluster) installWebhook(t *testing.T, url string, caPEM []byte) {
 	mgmtKube, _ := clientsFor(t, localcluster.Config(c.mgmtEnv))
 	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: "default/dev"})
 	require.NoError(t, err)
-	where, err := webhookconfig.Install(context.Background(), mgmtKube, "default/dev", vwc, func(kc []byte) (kubernetes.Interface, error) {
-		rc, err := clientcmd.RESTConfigFromKubeConfig(kc)
-		if err != nil {
-			return nil, err
-		}
-		return kubernetes.NewForConfig(rc)
-	})
+	where, err := webhookconfig.Install(context.Background(), mgmtKube, "default/dev", vwc, webhookconfig.ClientFromKubeconfig)
 	require.NoError(t, err)
 	t.Logf("webhook installed into %s", where)
 }

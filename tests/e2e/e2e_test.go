@@ -28,7 +28,6 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -301,13 +300,7 @@ func TestManagementAndWorkloadClusters(t *testing.T) {
 	install := func(cluster string) {
 		vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: cluster})
 		require.NoError(t, err)
-		where, err := webhookconfig.Install(ctx, mgmtKube, cluster, vwc, func(kc []byte) (kubernetes.Interface, error) {
-			rc, err := clientcmd.RESTConfigFromKubeConfig(kc)
-			if err != nil {
-				return nil, err
-			}
-			return kubernetes.NewForConfig(rc)
-		})
+		where, err := webhookconfig.Install(ctx, mgmtKube, cluster, vwc, webhookconfig.ClientFromKubeconfig)
 		require.NoError(t, err)
 		assert.Equal(t, "workload cluster "+cluster, where)
 	}

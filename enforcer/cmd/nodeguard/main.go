@@ -17,7 +17,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nodeguard/nodeguard/enforcer/check"
 	"github.com/nodeguard/nodeguard/enforcer/live"
@@ -260,14 +259,7 @@ func webhookConfigCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("create client: %w", err)
 			}
-			workload := func(kc []byte) (kubernetes.Interface, error) {
-				rc, err := clientcmd.RESTConfigFromKubeConfig(kc)
-				if err != nil {
-					return nil, err
-				}
-				return kubernetes.NewForConfig(rc)
-			}
-			where, err := webhookconfig.Install(cmd.Context(), mgmt, opts.Cluster, cfg, workload)
+			where, err := webhookconfig.Install(cmd.Context(), mgmt, opts.Cluster, cfg, webhookconfig.ClientFromKubeconfig)
 			if err != nil {
 				return err
 			}
