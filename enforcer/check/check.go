@@ -105,7 +105,7 @@ func offline(ctx context.Context, opts Options, params map[string]any, eval *dec
 	if err != nil {
 		return decision.Decision{}, err
 	}
-	inv, err := inventory.FromObjects(objs, infra, pools)
+	inv, err := inventory.FromObjects(eval.Model(), objs, infra, pools)
 	if err != nil {
 		return decision.Decision{}, err
 	}

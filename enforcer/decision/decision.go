@@ -12,8 +12,10 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
 
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -103,6 +105,7 @@ type Evaluator struct {
 type prepared struct {
 	query    rego.PreparedEvalQuery
 	defaults map[string]any
+	model    *linkmodel.Model
 	policy   Policy
 }
 
@@ -147,8 +150,10 @@ func NewEvaluatorFor(ctx context.Context, compiled *ast.Compiler, data map[strin
 		}
 	}
 	opts := []func(*rego.Rego){rego.Query(policies.EnforcerQuery), rego.Compiler(compiled)}
+	var store storage.Store
 	if data != nil {
-		opts = append(opts, rego.Store(inmem.NewFromObject(data)))
+		store = inmem.NewFromObject(data)
+		opts = append(opts, rego.Store(store))
 	}
 	q, err := rego.New(opts...).PrepareForEval(ctx)
 	if err != nil {
@@ -158,15 +163,30 @@ func NewEvaluatorFor(ctx context.Context, compiled *ast.Compiler, data map[strin
 	if err != nil {
 		return nil, err
 	}
+	model, err := linkmodel.Load(ctx, compiled, store)
+	if err != nil {
+		return nil, err
+	}
 	e := &Evaluator{}
-	e.current.Store(&prepared{query: q, defaults: defaults, policy: policy})
+	e.current.Store(&prepared{query: q, defaults: defaults, model: model, policy: policy})
 	return e, nil
 }
 
 // Replace makes e run other's policy from the next decision on; decisions
-// already running finish on the old one.
-func (e *Evaluator) Replace(other *Evaluator) {
-	e.current.Store(other.current.Load())
+// already running finish on the old one. The inventory was built for e's link
+// model, so a policy declaring another one is refused: it takes a restart.
+func (e *Evaluator) Replace(other *Evaluator) error {
+	next := other.current.Load()
+	if !next.model.Equal(e.current.Load().model) {
+		return fmt.Errorf("the new policy declares another link model (%s): restart nodeguard to cache and index what it reads", linkmodel.Query)
+	}
+	e.current.Store(next)
+	return nil
+}
+
+// Model returns the link model of the policy e runs.
+func (e *Evaluator) Model() *linkmodel.Model {
+	return e.current.Load().model
 }
 
 // Policy says which policy e runs now.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
 // Request is one Node delete to judge.
@@ -160,11 +161,14 @@ func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, err
 		}
 	}
 	return g.eval.Evaluate(ctx, decision.Input{
-		Review:     DeleteReview(inventory.StripNode(req.Node), g.user(req.UserInfo)),
+		Review:     DeleteReview(g.inv.Model().StripNode(req.Node), g.user(req.UserInfo)),
 		Inventory:  inventory.Layout(objs),
 		Parameters: params,
 	})
 }
+
+// Model returns the link model the guard follows (its inventory's).
+func (g *Guard) Model() *linkmodel.Model { return g.inv.Model() }
 
 // Deny is a denial that no Rego evaluation produced (not ready, no fresh read).
 func Deny(reason, msg string) decision.Decision {
@@ -273,19 +277,28 @@ func kindList(gvks []schema.GroupVersionKind) []any {
 func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, refs []inventory.Ref) ([]*unstructured.Unstructured, error) {
 	ctx, cancel := context.WithTimeout(ctx, g.opts.FreshTimeout)
 	defer cancel()
-	// Kinds the inventory watches, looked up once rather than per ref.
-	watched := append(g.inv.Kinds(inventory.Machine), g.inv.Kinds(inventory.InfraMachine)...)
-	watched = append(watched, g.inv.Kinds(inventory.InfraMachinePool)...)
+	// Kinds the inventory watches, with their roles, looked up once rather
+	// than per ref.
+	watched := map[schema.GroupKind]watchedKind{}
+	for _, role := range linkmodel.Roles() {
+		for _, gvk := range g.inv.Kinds(role) {
+			if _, ok := watched[gvk.GroupKind()]; !ok {
+				watched[gvk.GroupKind()] = watchedKind{gvk: gvk, role: role}
+			}
+		}
+	}
 	have := map[inventory.Ref]bool{}
 	// The candidates at the version they were cached at, and the refs at the
 	// version their kind is watched at (a kind not watched is not read: an
 	// InfraMachine of it stays unverified, and the rule denies).
 	var wave []inventory.Ref
+	var roles []inventory.Role
 	for _, o := range objs {
 		ref := inventory.Ref{GVK: o.GroupVersionKind(), Namespace: o.GetNamespace(), Name: o.GetName()}
-		if !have[unversioned(ref)] {
+		w, ok := watched[ref.GVK.GroupKind()]
+		if ok && !have[unversioned(ref)] {
 			have[unversioned(ref)] = true
-			wave = append(wave, ref)
+			wave, roles = append(wave, ref), append(roles, w.role)
 		}
 	}
 	var out []*unstructured.Unstructured
@@ -298,9 +311,9 @@ func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, 
 				continue
 			}
 			have[unversioned(ref)] = true
-			if gvk, ok := watchedVersion(watched, ref.GVK); ok {
-				ref.GVK = gvk
-				wave = append(wave, ref)
+			if w, ok := watched[ref.GVK.GroupKind()]; ok {
+				ref.GVK = w.gvk
+				wave, roles = append(wave, ref), append(roles, w.role)
 			}
 		}
 		refs = nil
@@ -309,19 +322,27 @@ func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, 
 			return nil, err
 		}
 		wave = nil
-		for _, obj := range fresh {
+		for i, obj := range fresh {
 			if obj == nil {
 				continue
 			}
-			out = append(out, stripped(obj))
-			if obj.GetKind() == "Machine" {
-				if infra, ok := inventory.InfraRef(obj); ok {
-					refs = append(refs, infra)
-				}
+			// Kept as the informers keep it: the rule sees one shape whichever
+			// way an object came, and a full object (managed fields and all)
+			// would only make the input larger to convert.
+			rec := g.inv.Record(obj, roles[i])
+			out = append(out, rec.Unstructured())
+			if infra, ok := g.inv.ReferenceOf(rec); ok {
+				refs = append(refs, infra)
 			}
 		}
+		roles = nil
 	}
 	return out, nil
+}
+
+type watchedKind struct {
+	gvk  schema.GroupVersionKind
+	role inventory.Role
 }
 
 // maxParallelReads bounds the concurrent GETs of one decision: a Node has a
@@ -344,23 +365,6 @@ func (g *Guard) readAll(ctx context.Context, refs []inventory.Ref) ([]*unstructu
 		})
 	}
 	return out, eg.Wait()
-}
-
-// watchedVersion is the version the inventory watches kind gvk at.
-func watchedVersion(watched []schema.GroupVersionKind, gvk schema.GroupVersionKind) (schema.GroupVersionKind, bool) {
-	for _, w := range watched {
-		if w.Group == gvk.Group && w.Kind == gvk.Kind {
-			return w, true
-		}
-	}
-	return schema.GroupVersionKind{}, false
-}
-
-// stripped keeps only what the rule reads, as the informers do: the rule
-// sees one shape whichever way an object came, and a full object (managed
-// fields and all) would only make the input larger to convert.
-func stripped(u *unstructured.Unstructured) *unstructured.Unstructured {
-	return inventory.NewRecord(u).Unstructured()
 }
 
 func unversioned(r inventory.Ref) inventory.Ref {

@@ -24,6 +24,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
 var (
@@ -60,18 +61,16 @@ func capdNode() *unstructured.Unstructured {
 // cache builds an inventory holding the given objects.
 func cache(t *testing.T, objs ...*unstructured.Unstructured) *inventory.Inventory {
 	t.Helper()
-	inv := inventory.New()
-	machines, infras := inventory.NewStore(), inventory.NewStore()
+	inv := inventory.New(linkmodel.MustEmbedded())
+	machines, infras := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
 	inv.AddKind(machineGVK, inventory.Machine, machines)
 	inv.AddKind(dockerGVK, inventory.InfraMachine, infras)
 	for _, o := range objs {
-		store := infras
+		store, role := infras, inventory.InfraMachine
 		if o.GetKind() == "Machine" {
-			store = machines
+			store, role = machines, inventory.Machine
 		}
-		r, err := inventory.Strip(o)
-		require.NoError(t, err)
-		require.NoError(t, store.Add(r))
+		require.NoError(t, store.Add(inv.Record(o, role)))
 	}
 	return inv
 }

@@ -87,7 +87,7 @@ func (s *Syncer) Start(ctx context.Context) error {
 	s.mu.Lock()
 	s.ctx = ctx
 	s.mu.Unlock()
-	machine, err := s.preferred(schema.GroupKind{Group: inventory.MachineGroup, Kind: "Machine"})
+	machine, err := s.preferred(s.inv.Model().MachineKind)
 	if err != nil {
 		return fmt.Errorf("find the served version of Cluster API Machines: %w", err)
 	}
@@ -128,10 +128,10 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role) error {
 		return fmt.Errorf("map %s to a resource: %w", gvk, err)
 	}
 	informer := s.factory.ForResource(mapping.Resource).Informer()
-	if err := informer.SetTransform(inventory.Transform(gvk)); err != nil {
+	if err := informer.SetTransform(s.inv.Transform(gvk, role)); err != nil {
 		return fmt.Errorf("set transform on %s informer: %w", gvk, err)
 	}
-	if err := informer.AddIndexers(inventory.Indexers()); err != nil {
+	if err := informer.AddIndexers(s.inv.Indexers(role)); err != nil {
 		return fmt.Errorf("add indexers to %s informer: %w", gvk, err)
 	}
 	if role == inventory.Machine {
@@ -155,7 +155,7 @@ func (s *Syncer) onMachine(obj any) {
 	if !ok {
 		return
 	}
-	ref, ok := r.InfraRef()
+	ref, ok := s.inv.ReferenceOf(r)
 	if !ok {
 		return
 	}

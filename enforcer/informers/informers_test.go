@@ -16,6 +16,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
 var (
@@ -85,7 +86,7 @@ func TestSyncerFindsKindsAndBecomesReady(t *testing.T) {
 		crd("dockermachines.infrastructure.cluster.x-k8s.io", map[string]string{"cluster.x-k8s.io/v1beta2": "v1beta2"}),
 		crd("foomachines.infrastructure.example.com", map[string]string{"cluster.x-k8s.io/v1beta1": "v1alpha1_v1beta1"}),
 	)
-	inv := inventory.New()
+	inv := inventory.New(linkmodel.MustEmbedded())
 	s := informers.New(inv, informers.Options{
 		Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond,
 		InfraKinds: []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "AWSMachine"}}, // not served
@@ -136,7 +137,7 @@ func TestUnresolvableKindDoesNotBlockReadiness(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	client, mapper := setup(t, machine("m1", "infrastructure.unknown.io", "GhostMachine"))
-	s := informers.New(inventory.New(), informers.Options{Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond})
+	s := informers.New(inventory.New(linkmodel.MustEmbedded()), informers.Options{Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond})
 	require.NoError(t, s.Start(ctx))
 	require.Eventually(t, func() bool { return s.Ready() == nil }, 5*time.Second, 10*time.Millisecond)
 	failed := s.Failed()
@@ -147,6 +148,6 @@ func TestUnresolvableKindDoesNotBlockReadiness(t *testing.T) {
 
 func TestStartFailsWithoutMachines(t *testing.T) {
 	client := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())
-	s := informers.New(inventory.New(), informers.Options{Client: client, Mapper: meta.NewDefaultRESTMapper(nil)})
+	s := informers.New(inventory.New(linkmodel.MustEmbedded()), informers.Options{Client: client, Mapper: meta.NewDefaultRESTMapper(nil)})
 	assert.ErrorContains(t, s.Start(context.Background()), "served version of Cluster API Machines")
 }

@@ -8,85 +8,111 @@ package inventory
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
-// Role says what a kind is to the rule.
-type Role int
+// Role says what a kind is to the rule (see linkmodel).
+type Role = linkmodel.Role
 
 // The roles a kind can have.
 const (
-	Machine Role = iota
-	InfraMachine
-	InfraMachinePool
+	Machine          = linkmodel.Machine
+	InfraMachine     = linkmodel.InfraMachine
+	InfraMachinePool = linkmodel.InfraMachinePool
 )
 
-func (r Role) String() string {
-	switch r {
-	case Machine:
-		return "Machine"
-	case InfraMachine:
-		return "InfraMachine"
-	default:
-		return "InfraMachinePool"
-	}
-}
+// indexName is the index of one link: the objects whose fields would match
+// a Node's values for it.
+func indexName(l linkmodel.Link) string { return "nodeguard.link." + l.Type }
 
-// Index names, one per question.
-const (
-	// ByNodeName: Machines whose status.nodeRef.name is the Node's name.
-	ByNodeName = "nodeguard.nodeRefName"
-	// ByProviderID: objects whose spec.providerID, or an entry of whose
-	// spec.providerIDList, is the Node's providerID.
-	ByProviderID = "nodeguard.providerID"
-)
+// keySep joins the values of a link with several fields; no Kubernetes name
+// or providerID holds it.
+const keySep = "\x00"
 
-// Indexers returns the indexers every store of the inventory carries.
-func Indexers() cache.Indexers {
-	return cache.Indexers{ByNodeName: indexNodeName, ByProviderID: indexProviderID}
-}
-
-func indexNodeName(obj any) ([]string, error) {
-	r, err := recordOf(obj)
-	if err != nil {
-		return nil, fmt.Errorf("index %s: %w", ByNodeName, err)
-	}
-	if r.nodeRefName == "" {
-		return nil, nil
-	}
-	return []string{r.nodeRefName}, nil
-}
-
-func indexProviderID(obj any) ([]string, error) {
-	r, err := recordOf(obj)
-	if err != nil {
-		return nil, fmt.Errorf("index %s: %w", ByProviderID, err)
-	}
-	var ids []string
-	if r.providerID != "" {
-		ids = append(ids, r.providerID)
-	}
-	for _, id := range r.providerIDList {
-		if id != "" {
-			ids = append(ids, id)
+// Indexers returns the indexes the stores of a role carry: one per link of
+// that role, except links that name an object by namespace and name (the
+// store's own key finds those).
+func (inv *Inventory) Indexers(role Role) cache.Indexers {
+	out := cache.Indexers{}
+	shape := inv.model.Shape(role)
+	for _, l := range inv.model.LinksOf(role) {
+		if _, _, keyed := l.Keyed(); keyed {
+			continue
+		}
+		name := indexName(l)
+		if l.Match == linkmodel.Contains {
+			slot := shape.ListSlot(l.Fields[0])
+			out[name] = func(obj any) ([]string, error) {
+				r, err := recordOf(obj)
+				if err != nil {
+					return nil, fmt.Errorf("index %s: %w", name, err)
+				}
+				var ids []string
+				for _, id := range r.list(slot) {
+					if id != "" {
+						ids = append(ids, id)
+					}
+				}
+				return ids, nil
+			}
+			continue
+		}
+		slots := make([]int, len(l.Fields))
+		for i, f := range l.Fields {
+			slots[i] = shape.Slot(f)
+		}
+		out[name] = func(obj any) ([]string, error) {
+			r, err := recordOf(obj)
+			if err != nil {
+				return nil, fmt.Errorf("index %s: %w", name, err)
+			}
+			key, ok := r.key(slots)
+			if !ok {
+				return nil, nil
+			}
+			return []string{key}, nil
 		}
 	}
-	return ids, nil
+	return out
 }
 
-// NewStore returns an indexer with the inventory's indexes, for objects that
-// do not come from an informer; add Records (see Strip) to it.
-func NewStore() cache.Indexer {
-	return cache.NewIndexer(cache.MetaNamespaceKeyFunc, Indexers())
+// key joins the record's values in slots; false when one is empty (a link
+// never matches an empty value).
+func (r *Record) key(slots []int) (string, bool) {
+	if len(slots) == 1 {
+		v, _ := r.value(slots[0])
+		return v, v != ""
+	}
+	parts := make([]string, len(slots))
+	for i, slot := range slots {
+		v, _ := r.value(slot)
+		if v == "" {
+			return "", false
+		}
+		parts[i] = v
+	}
+	return strings.Join(parts, keySep), true
+}
+
+// NewStore returns an indexer with the indexes of role, for objects that do
+// not come from an informer; add Records (see Record) to it.
+func (inv *Inventory) NewStore(role Role) cache.Indexer {
+	return cache.NewIndexer(cache.MetaNamespaceKeyFunc, inv.Indexers(role))
 }
 
 // Inventory is the set of stores, one per kind. Kinds can be added while it
 // is in use (a new InfraMachine kind appears); it is safe for concurrent use.
 type Inventory struct {
+	model   *linkmodel.Model
+	refSlot [5]int // the Machine reference's keys in the Machine shape
+
 	mu     sync.RWMutex
 	stores map[schema.GroupVersionKind]kindStore
 	order  []schema.GroupVersionKind // sorted once per AddKind, not per request
@@ -97,13 +123,45 @@ type kindStore struct {
 	indexer cache.Indexer
 }
 
-// New returns an empty inventory.
-func New() *Inventory {
-	return &Inventory{stores: map[schema.GroupVersionKind]kindStore{}}
+// New returns an empty inventory following model.
+func New(model *linkmodel.Model) *Inventory {
+	return &Inventory{
+		model:   model,
+		refSlot: model.ReferenceSlots(model.Shape(Machine)),
+		stores:  map[schema.GroupVersionKind]kindStore{},
+	}
 }
 
-// AddKind registers the store of one kind. A kind registered twice keeps the
-// first store.
+// Model returns the link model the inventory follows.
+func (inv *Inventory) Model() *linkmodel.Model { return inv.model }
+
+// Record keeps what the rule reads of u, an object of role.
+func (inv *Inventory) Record(u *unstructured.Unstructured, role Role) *Record {
+	return NewRecord(u, inv.model.Shape(role))
+}
+
+// Transform is the informer transform for the kind gvk of role: it replaces
+// an Unstructured with its Record, whose apiVersion and kind strings are
+// shared by the kind's objects instead of each keeping its own. Records and
+// tombstones pass through, so it is idempotent as client-go requires.
+func (inv *Inventory) Transform(gvk schema.GroupVersionKind, role Role) cache.TransformFunc {
+	apiVersion := gvk.GroupVersion().String()
+	shape := inv.model.Shape(role)
+	return func(obj any) (any, error) {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			return obj, nil
+		}
+		r := NewRecord(u, shape)
+		if gvk.Kind != "" && r.kind == gvk.Kind && r.apiVersion == apiVersion {
+			r.apiVersion, r.kind = apiVersion, gvk.Kind
+		}
+		return r, nil
+	}
+}
+
+// AddKind registers the store of one kind; the store must carry
+// inv.Indexers(role). A kind registered twice keeps the first store.
 func (inv *Inventory) AddKind(gvk schema.GroupVersionKind, role Role, indexer cache.Indexer) bool {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
@@ -114,6 +172,18 @@ func (inv *Inventory) AddKind(gvk schema.GroupVersionKind, role Role, indexer ca
 	inv.order = append(inv.order, gvk)
 	sort.Slice(inv.order, func(i, j int) bool { return inv.order[i].String() < inv.order[j].String() })
 	return true
+}
+
+// Role returns the role of a registered group and kind (any version).
+func (inv *Inventory) Role(gk schema.GroupKind) (Role, bool) {
+	inv.mu.RLock()
+	defer inv.mu.RUnlock()
+	for _, gvk := range inv.order {
+		if gvk.GroupKind() == gk {
+			return inv.stores[gvk].role, true
+		}
+	}
+	return "", false
 }
 
 // Kinds returns the registered kinds of one role, sorted.
@@ -151,18 +221,30 @@ func (r Ref) String() string {
 	return fmt.Sprintf("%s %s/%s", r.GVK.Kind, r.Namespace, r.Name)
 }
 
-// Candidates picks every object that could be linked to the Node: a small
-// superset, found through the indexes, so its cost does not grow with the
-// number of Machines. Refs lists, for fresh reads, what the picked Machines
-// reference (found or not) and the Machine the Node's annotations name when
-// the cache lacks it.
+// Candidates picks every object that could be linked to the Node by a
+// declared link: a small superset, found through the indexes, so its cost
+// does not grow with the number of objects. Refs lists, for fresh reads, what
+// the picked Machines reference (found or not) and the Machines a link names
+// by key that the cache lacks.
 func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstructured.Unstructured, refs []Ref) {
-	name := node.GetName()
-	providerID, _, _ := unstructured.NestedString(node.Object, "spec", "providerID")
-	ann := node.GetAnnotations()
-	annotated := ""
-	if ann[AnnotationMachine] != "" && ann[AnnotationClusterNamespace] != "" {
-		annotated = ann[AnnotationClusterNamespace] + "/" + ann[AnnotationMachine]
+	type lookup struct {
+		link   linkmodel.Link
+		key    string
+		keyed  bool
+		ns, nm string
+	}
+	var lookups []lookup
+	for _, l := range inv.model.Links {
+		values, ok := linkmodel.NodeValues(node, l)
+		if !ok {
+			continue
+		}
+		lk := lookup{link: l, key: strings.Join(values, keySep)}
+		if nsAt, nameAt, keyed := l.Keyed(); keyed {
+			lk.keyed, lk.ns, lk.nm = true, values[nsAt], values[nameAt]
+			lk.key = lk.ns + "/" + lk.nm
+		}
+		lookups = append(lookups, lk)
 	}
 
 	inv.mu.RLock()
@@ -182,37 +264,38 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 			}
 		}
 	}
-	annotatedFound := false
-	for _, gvk := range inv.order {
-		s := inv.stores[gvk]
-		if s.role == Machine {
-			items, _ := s.indexer.ByIndex(ByNodeName, name)
-			add(gvk, items)
-			if annotated != "" {
-				if item, ok, _ := s.indexer.GetByKey(annotated); ok {
-					add(gvk, []any{item})
-					annotatedFound = true
-				}
+	for _, lk := range lookups {
+		found := false
+		for _, gvk := range inv.order {
+			s := inv.stores[gvk]
+			if s.role != lk.link.Role {
+				continue
 			}
-		}
-		if providerID != "" {
-			items, _ := s.indexer.ByIndex(ByProviderID, providerID)
+			if lk.keyed {
+				if item, ok, _ := s.indexer.GetByKey(lk.key); ok {
+					add(gvk, []any{item})
+					found = true
+				}
+				continue
+			}
+			items, _ := s.indexer.ByIndex(indexName(lk.link), lk.key)
 			add(gvk, items)
 		}
-	}
-	// The Machine the Node names but the cache lacks (created while a watch
-	// was down, say): a fresh read can still find it.
-	if annotated != "" && !annotatedFound {
-		refs = append(refs, Ref{GVK: schema.GroupVersionKind{Group: MachineGroup, Kind: "Machine"},
-			Namespace: ann[AnnotationClusterNamespace], Name: ann[AnnotationMachine]})
+		// A Machine a link names that the cache lacks (created while a watch
+		// was down, say): a fresh read can still find it. Other roles have
+		// many kinds, so only the cache answers for them.
+		if lk.keyed && !found && lk.link.Role == Machine {
+			refs = append(refs, Ref{GVK: schema.GroupVersionKind{Group: inv.model.MachineKind.Group, Kind: inv.model.MachineKind.Kind},
+				Namespace: lk.ns, Name: lk.nm})
+		}
 	}
 	// What the picked Machines reference, in every version the inventory holds.
 	refSeen := map[Ref]bool{}
 	for _, m := range append([]*Record(nil), picked...) {
-		if m.kind != "Machine" {
+		if m.shape != inv.model.Shape(Machine) {
 			continue
 		}
-		ref, ok := m.InfraRef()
+		ref, ok := m.reference(inv.refSlot)
 		if !ok || refSeen[ref] {
 			continue
 		}
@@ -234,12 +317,18 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 	return objs, refs
 }
 
-// InfraRef reads a Machine's spec.infrastructureRef in either shape: v1beta2
-// {apiGroup, kind, name} in the Machine's namespace, or v1beta1 {apiVersion,
-// kind, name, namespace}. The version of the returned GVK is the ref's own
-// (v1beta1) or empty (v1beta2).
-func InfraRef(machine *unstructured.Unstructured) (Ref, bool) {
-	return NewRecord(machine).InfraRef()
+// Reference reads what a Machine references, in either shape of Cluster
+// API's refs (see Record.reference), from a full object.
+func (inv *Inventory) Reference(machine *unstructured.Unstructured) (Ref, bool) {
+	return inv.Record(machine, Machine).reference(inv.refSlot)
+}
+
+// ReferenceOf is Reference for a cached record.
+func (inv *Inventory) ReferenceOf(r *Record) (Ref, bool) {
+	if r.shape != inv.model.Shape(Machine) {
+		return Ref{}, false
+	}
+	return r.reference(inv.refSlot)
 }
 
 // Layout arranges objects as Gatekeeper's inventory:

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
 var (
@@ -59,23 +60,23 @@ func keys(objs []*unstructured.Unstructured) []string {
 }
 
 func TestCandidatesFindEveryLinkAndNothingElse(t *testing.T) {
-	inv := inventory.New()
-	machines, infras, pools := inventory.NewStore(), inventory.NewStore(), inventory.NewStore()
+	inv := newInventory()
+	machines, infras, pools := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine), inv.NewStore(inventory.InfraMachinePool)
 	inv.AddKind(machineV1beta2, inventory.Machine, machines)
 	inv.AddKind(dockerMachine, inventory.InfraMachine, infras)
 	inv.AddKind(dockerPool, inventory.InfraMachinePool, pools)
 	for i := range 1000 {
 		name := fmt.Sprintf("other-%d", i)
-		add(t, machines, machine("default", name, name, "docker:////"+name, name))
-		add(t, infras, obj(dockerMachine, "default", name, map[string]any{"spec": map[string]any{"providerID": "docker:////" + name}}))
+		add(t, inv, machines, inventory.Machine, machine("default", name, name, "docker:////"+name, name))
+		add(t, inv, infras, inventory.InfraMachine, obj(dockerMachine, "default", name, map[string]any{"spec": map[string]any{"providerID": "docker:////" + name}}))
 	}
-	add(t, machines, machine("default", "by-node-ref", "n1", "", "infra-a"))
-	add(t, machines, machine("default", "by-provider-id", "", "docker:////n1", "infra-b"))
-	add(t, machines, machine("team", "by-annotation", "", "", "infra-c"))
-	add(t, infras, obj(dockerMachine, "default", "infra-a", nil))
-	add(t, infras, obj(dockerMachine, "team", "infra-c", nil))
-	add(t, infras, obj(dockerMachine, "default", "orphan", map[string]any{"spec": map[string]any{"providerID": "docker:////n1"}}))
-	add(t, pools, obj(dockerPool, "default", "pool", map[string]any{"spec": map[string]any{"providerIDList": []any{"docker:////x", "docker:////n1"}}}))
+	add(t, inv, machines, inventory.Machine, machine("default", "by-node-ref", "n1", "", "infra-a"))
+	add(t, inv, machines, inventory.Machine, machine("default", "by-provider-id", "", "docker:////n1", "infra-b"))
+	add(t, inv, machines, inventory.Machine, machine("team", "by-annotation", "", "", "infra-c"))
+	add(t, inv, infras, inventory.InfraMachine, obj(dockerMachine, "default", "infra-a", nil))
+	add(t, inv, infras, inventory.InfraMachine, obj(dockerMachine, "team", "infra-c", nil))
+	add(t, inv, infras, inventory.InfraMachine, obj(dockerMachine, "default", "orphan", map[string]any{"spec": map[string]any{"providerID": "docker:////n1"}}))
+	add(t, inv, pools, inventory.InfraMachinePool, obj(dockerPool, "default", "pool", map[string]any{"spec": map[string]any{"providerIDList": []any{"docker:////x", "docker:////n1"}}}))
 
 	objs, refs := inv.Candidates(node("n1", "docker:////n1", map[string]string{
 		"cluster.x-k8s.io/machine": "by-annotation", "cluster.x-k8s.io/cluster-namespace": "team",
@@ -94,8 +95,8 @@ func TestCandidatesFindEveryLinkAndNothingElse(t *testing.T) {
 }
 
 func TestCandidatesNameTheAnnotatedMachineTheCacheLacks(t *testing.T) {
-	inv := inventory.New()
-	machines := inventory.NewStore()
+	inv := newInventory()
+	machines := inv.NewStore(inventory.Machine)
 	inv.AddKind(machineV1beta2, inventory.Machine, machines)
 	annotated := node("n1", "", map[string]string{"cluster.x-k8s.io/machine": "m", "cluster.x-k8s.io/cluster-namespace": "team"})
 
@@ -104,7 +105,7 @@ func TestCandidatesNameTheAnnotatedMachineTheCacheLacks(t *testing.T) {
 	require.Len(t, refs, 1, "the Machine the Node names is a ref, for fresh reads")
 	assert.Equal(t, inventory.Ref{GVK: schema.GroupVersionKind{Group: "cluster.x-k8s.io", Kind: "Machine"}, Namespace: "team", Name: "m"}, refs[0])
 
-	add(t, machines, machine("team", "m", "", "", "infra"))
+	add(t, inv, machines, inventory.Machine, machine("team", "m", "", "", "infra"))
 	objs, refs = inv.Candidates(annotated)
 	assert.Equal(t, []string{"Machine team/m"}, keys(objs))
 	require.Len(t, refs, 1, "once cached, only what the Machine references is a ref")
@@ -112,21 +113,22 @@ func TestCandidatesNameTheAnnotatedMachineTheCacheLacks(t *testing.T) {
 }
 
 func TestCandidatesWithoutProviderIDOrAnnotations(t *testing.T) {
-	inv := inventory.New()
-	machines, infras := inventory.NewStore(), inventory.NewStore()
+	inv := newInventory()
+	machines, infras := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
 	inv.AddKind(machineV1beta2, inventory.Machine, machines)
 	inv.AddKind(dockerMachine, inventory.InfraMachine, infras)
-	add(t, infras, obj(dockerMachine, "default", "empty-id", map[string]any{"spec": map[string]any{"providerID": ""}}))
+	add(t, inv, infras, inventory.InfraMachine, obj(dockerMachine, "default", "empty-id", map[string]any{"spec": map[string]any{"providerID": ""}}))
 	objs, refs := inv.Candidates(node("n1", "", nil))
 	assert.Empty(t, objs, "an empty providerID must not match objects without one")
 	assert.Empty(t, refs)
 }
 
-func TestInfraRefShapes(t *testing.T) {
+func TestReferenceShapes(t *testing.T) {
+	inv := newInventory()
 	m := obj(machineV1beta2, "ns", "m", map[string]any{"spec": map[string]any{"infrastructureRef": map[string]any{
 		"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "AWSMachine", "name": "a",
 	}}})
-	ref, ok := inventory.InfraRef(m)
+	ref, ok := inv.Reference(m)
 	require.True(t, ok)
 	assert.Equal(t, inventory.Ref{GVK: schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Kind: "AWSMachine"}, Namespace: "ns", Name: "a"}, ref)
 
@@ -134,19 +136,19 @@ func TestInfraRefShapes(t *testing.T) {
 		map[string]any{"spec": map[string]any{"infrastructureRef": map[string]any{
 			"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "AWSMachine", "name": "a", "namespace": "other",
 		}}})
-	ref, ok = inventory.InfraRef(old)
+	ref, ok = inv.Reference(old)
 	require.True(t, ok)
 	assert.Equal(t, inventory.Ref{GVK: schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "AWSMachine"}, Namespace: "other", Name: "a"}, ref)
 
-	_, ok = inventory.InfraRef(obj(machineV1beta2, "ns", "m", nil))
+	_, ok = inv.Reference(obj(machineV1beta2, "ns", "m", nil))
 	assert.False(t, ok)
 }
 
-func add(t *testing.T, store cache.Indexer, u *unstructured.Unstructured) {
+func newInventory() *inventory.Inventory { return inventory.New(linkmodel.MustEmbedded()) }
+
+func add(t *testing.T, inv *inventory.Inventory, store cache.Indexer, role inventory.Role, u *unstructured.Unstructured) {
 	t.Helper()
-	r, err := inventory.Strip(u)
-	require.NoError(t, err)
-	require.NoError(t, store.Add(r))
+	require.NoError(t, store.Add(inv.Record(u, role)))
 }
 
 func TestStripKeepsOnlyWhatTheRuleReads(t *testing.T) {
@@ -161,7 +163,9 @@ func TestStripKeepsOnlyWhatTheRuleReads(t *testing.T) {
 	require.NoError(t, unstructured.SetNestedField(m.Object, "Node", "status", "nodeRef", "kind"))
 	require.NoError(t, unstructured.SetNestedField(m.Object, "2026-11-29T10:00:00Z", "metadata", "deletionTimestamp"))
 
-	out, err := inventory.Strip(m)
+	inv := newInventory()
+	transform := inv.Transform(machineV1beta2, inventory.Machine)
+	out, err := transform(m)
 	require.NoError(t, err)
 	r := out.(*inventory.Record)
 	assert.Equal(t, map[string]any{
@@ -178,12 +182,12 @@ func TestStripKeepsOnlyWhatTheRuleReads(t *testing.T) {
 		"status": map[string]any{"nodeRef": map[string]any{"name": "n1"}},
 	}, r.Unstructured().Object)
 
-	again, err := inventory.Strip(r)
+	again, err := transform(r)
 	require.NoError(t, err)
 	assert.Same(t, r, again, "client-go may hand the transform an object it already transformed")
 
 	tombstone := cache.DeletedFinalStateUnknown{Key: "default/m", Obj: r}
-	passed, err := inventory.Strip(tombstone)
+	passed, err := transform(tombstone)
 	require.NoError(t, err)
 	assert.Equal(t, tombstone, passed)
 }
@@ -194,20 +198,11 @@ func TestRecordKeepsPoolListsAndV1beta1Refs(t *testing.T) {
 		map[string]any{"spec": map[string]any{"infrastructureRef": map[string]any{
 			"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "AWSMachine", "name": "a", "namespace": "other",
 		}}})
-	for _, u := range []*unstructured.Unstructured{pool, old} {
-		assert.Equal(t, u.Object, inventory.NewRecord(u).Unstructured().Object)
-	}
-	copied := inventory.NewRecord(old).DeepCopyObject().(*inventory.Record)
+	inv := newInventory()
+	assert.Equal(t, pool.Object, inv.Record(pool, inventory.InfraMachinePool).Unstructured().Object)
+	assert.Equal(t, old.Object, inv.Record(old, inventory.Machine).Unstructured().Object)
+	copied := inv.Record(old, inventory.Machine).DeepCopyObject().(*inventory.Record)
 	assert.Equal(t, old.Object, copied.Unstructured().Object)
-}
-
-func TestStoreReadsUnstrippedObjectsTheSameWay(t *testing.T) {
-	inv := inventory.New()
-	machines := inventory.NewStore()
-	inv.AddKind(machineV1beta2, inventory.Machine, machines)
-	require.NoError(t, machines.Add(machine("default", "m", "n1", "", "m")))
-	objs, _ := inv.Candidates(node("n1", "", nil))
-	assert.Equal(t, []string{"Machine default/m"}, keys(objs))
 }
 
 func TestLayoutIsGatekeepersShape(t *testing.T) {
@@ -224,7 +219,7 @@ func TestFromObjectsKeepsMachinesListedAndReferencedKinds(t *testing.T) {
 		obj(schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "FooMachinePool"}, "default", "p", nil),
 		node("n1", "", nil),
 	}
-	inv, err := inventory.FromObjects(objs, nil, []schema.GroupKind{{Group: "example.com", Kind: "FooMachinePool"}})
+	inv, err := inventory.FromObjects(linkmodel.MustEmbedded(), objs, nil, []schema.GroupKind{{Group: "example.com", Kind: "FooMachinePool"}})
 	require.NoError(t, err)
 	assert.Equal(t, []schema.GroupVersionKind{machineV1beta2}, inv.Kinds(inventory.Machine))
 	assert.Equal(t, []schema.GroupVersionKind{dockerMachine}, inv.Kinds(inventory.InfraMachine))
@@ -232,32 +227,4 @@ func TestFromObjectsKeepsMachinesListedAndReferencedKinds(t *testing.T) {
 	got, _ := inv.Candidates(node("n1", "", nil))
 	assert.ElementsMatch(t, []string{"Machine default/m", "DockerMachine default/x"}, keys(got), "no namespace means default")
 	assert.Equal(t, 1, inv.Count()[dockerMachine])
-}
-
-// The Node reaches the rule as what the rule reads of it, whichever way it
-// came: decoded from a review or stripped from an object.
-func TestNodeKeepsWhatTheRuleReads(t *testing.T) {
-	raw := []byte(`{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1","labels":{"a":"b"},
-		"annotations":{"cluster.x-k8s.io/machine":"m1","cluster.x-k8s.io/cluster-namespace":"ns","other":"x"},
-		"managedFields":[{"manager":"kubelet"}]},
-		"spec":{"providerID":"docker:////n1","taints":[{},{},{}]},"status":{"images":[{"names":["a"]}]}}`)
-	want := map[string]any{"apiVersion": "v1", "kind": "Node",
-		"metadata": map[string]any{"name": "n1", "annotations": map[string]any{
-			inventory.AnnotationMachine: "m1", inventory.AnnotationClusterNamespace: "ns"}},
-		"spec": map[string]any{"providerID": "docker:////n1"}}
-	got, err := inventory.NodeFromJSON(raw)
-	require.NoError(t, err)
-	assert.Equal(t, want, got.Object)
-	full := &unstructured.Unstructured{}
-	require.NoError(t, full.UnmarshalJSON(raw))
-	assert.Equal(t, want, inventory.StripNode(full).Object)
-
-	// Names match as the API server matches them: "providerid" is not
-	// spec.providerID.
-	got, err = inventory.NodeFromJSON([]byte(`{"apiVersion":"v1","kind":"Node","metadata":{"name":"n2"},"spec":{"providerid":"x"}}`))
-	require.NoError(t, err)
-	assert.Equal(t, map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "n2"}}, got.Object)
-
-	_, err = inventory.NodeFromJSON([]byte(`{"spec":"not an object"}`))
-	assert.Error(t, err)
 }

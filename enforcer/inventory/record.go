@@ -2,46 +2,30 @@ package inventory
 
 import (
 	"fmt"
+	"math/bits"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/tools/cache"
+
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
-// Record is what the inventory caches of one object: only the fields the rule
-// reads, as plain strings. An Unstructured keeps each level in its own map
-// (hundreds of bytes each); a Record costs a few hundred bytes in all.
-// Fields the rule treats the same when empty or absent are kept as strings;
-// the infrastructureRef keeps which keys were present, because the rule reads
-// apiGroup only when it is there and drops a ref without kind or name.
+// Record is what the inventory caches of one object: its key and the fields
+// the link model says the rule reads of its role, as plain strings. An
+// Unstructured keeps each level in its own map (hundreds of bytes each); a
+// Record costs a few hundred bytes in all. A field that is absent, or not a
+// string, is not present: the rule only ever compares these fields with
+// strings, so it cannot tell the two apart.
 type Record struct {
-	apiVersion, kind  string
-	namespace, name   string
-	deletionTimestamp string
-	clusterLabel      string // metadata.labels["cluster.x-k8s.io/cluster-name"]
-	clusterName       string // spec.clusterName
-	providerID        string
-	providerIDList    []string
-	nodeRefName       string // status.nodeRef.name
-	infraRef          *recordRef
+	apiVersion, kind string
+	namespace, name  string
+	shape            *linkmodel.Shape
+	present          uint64     // bit i: shape.Scalars[i] is present
+	values           []string   // by shape.Scalars
+	lists            [][]string // by shape.Lists; nil when none is set
 }
-
-type recordRef struct {
-	present                                     refKeys
-	apiGroup, apiVersion, kind, name, namespace string
-}
-
-type refKeys uint8
-
-const (
-	hasAPIGroup refKeys = 1 << iota
-	hasAPIVersion
-	hasKind
-	hasName
-	hasNamespace
-)
 
 var (
 	_ runtime.Object            = (*Record)(nil)
@@ -55,10 +39,12 @@ func (r *Record) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKi
 // DeepCopyObject copies the record; its strings are immutable.
 func (r *Record) DeepCopyObject() runtime.Object {
 	out := *r
-	out.providerIDList = append([]string(nil), r.providerIDList...)
-	if r.infraRef != nil {
-		ref := *r.infraRef
-		out.infraRef = &ref
+	out.values = append([]string(nil), r.values...)
+	if r.lists != nil {
+		out.lists = make([][]string, len(r.lists))
+		for i, l := range r.lists {
+			out.lists[i] = append([]string(nil), l...)
+		}
 	}
 	return &out
 }
@@ -78,71 +64,51 @@ func (r *Record) Name() string { return r.name }
 // Kind returns the object's kind.
 func (r *Record) Kind() string { return r.kind }
 
-// Strip is the informer transform: it replaces an Unstructured with its
-// Record. Records and tombstones pass through, so it is idempotent as
-// client-go requires.
-func Strip(obj any) (any, error) {
-	return Transform(schema.GroupVersionKind{})(obj)
-}
-
-// Transform is Strip for the informer of one kind: objects of that kind share
-// its apiVersion and kind strings instead of keeping their own.
-func Transform(gvk schema.GroupVersionKind) cache.TransformFunc {
-	apiVersion := gvk.GroupVersion().String()
-	return func(obj any) (any, error) {
-		u, ok := obj.(*unstructured.Unstructured)
-		if !ok {
-			return obj, nil
-		}
-		r := NewRecord(u)
-		if gvk.Kind != "" && r.kind == gvk.Kind && r.apiVersion == apiVersion {
-			r.apiVersion, r.kind = apiVersion, gvk.Kind
-		}
-		return r, nil
-	}
-}
-
-// NewRecord keeps what the rule reads of u.
-func NewRecord(u *unstructured.Unstructured) *Record {
-	o := u.Object
-	str := func(fields ...string) string {
-		s, _, _ := unstructured.NestedString(o, fields...)
-		return s
-	}
+// NewRecord keeps what the rule reads of u, an object of the shape's role.
+func NewRecord(u *unstructured.Unstructured, shape *linkmodel.Shape) *Record {
 	r := &Record{
-		apiVersion:        u.GetAPIVersion(),
-		kind:              u.GetKind(),
-		namespace:         u.GetNamespace(),
-		name:              u.GetName(),
-		deletionTimestamp: str("metadata", "deletionTimestamp"),
-		clusterLabel:      str("metadata", "labels", "cluster.x-k8s.io/cluster-name"),
-		clusterName:       str("spec", "clusterName"),
-		providerID:        str("spec", "providerID"),
-		nodeRefName:       str("status", "nodeRef", "name"),
+		apiVersion: u.GetAPIVersion(),
+		kind:       u.GetKind(),
+		namespace:  u.GetNamespace(),
+		name:       u.GetName(),
+		shape:      shape,
+		values:     make([]string, len(shape.Scalars)),
 	}
-	if list, ok, _ := unstructured.NestedStringSlice(o, "spec", "providerIDList"); ok && len(list) > 0 {
-		r.providerIDList = list
-	}
-	if ref, ok, _ := unstructured.NestedMap(o, "spec", "infrastructureRef"); ok {
-		r.infraRef = &recordRef{}
-		for _, f := range []struct {
-			key  string
-			bit  refKeys
-			dest *string
-		}{
-			{"apiGroup", hasAPIGroup, &r.infraRef.apiGroup},
-			{"apiVersion", hasAPIVersion, &r.infraRef.apiVersion},
-			{"kind", hasKind, &r.infraRef.kind},
-			{"name", hasName, &r.infraRef.name},
-			{"namespace", hasNamespace, &r.infraRef.namespace},
-		} {
-			if s, ok := ref[f.key].(string); ok {
-				r.infraRef.present |= f.bit
-				*f.dest = s
+	for i, p := range shape.Scalars {
+		if v, ok, _ := unstructured.NestedFieldNoCopy(u.Object, p...); ok {
+			if s, ok := v.(string); ok {
+				r.values[i] = s
+				r.present |= 1 << i
 			}
 		}
 	}
+	for i, p := range shape.Lists {
+		list, ok, _ := unstructured.NestedStringSlice(u.Object, p...)
+		if !ok || len(list) == 0 {
+			continue
+		}
+		if r.lists == nil {
+			r.lists = make([][]string, len(shape.Lists))
+		}
+		r.lists[i] = list
+	}
 	return r
+}
+
+// value returns the scalar in slot i, and whether it is present.
+func (r *Record) value(i int) (string, bool) {
+	if i < 0 || r.present&(1<<i) == 0 {
+		return "", false
+	}
+	return r.values[i], true
+}
+
+// list returns the list in slot i.
+func (r *Record) list(i int) []string {
+	if i < 0 || r.lists == nil {
+		return nil
+	}
+	return r.lists[i]
 }
 
 // Unstructured rebuilds the object as the rule sees it: Gatekeeper's shape,
@@ -152,82 +118,67 @@ func (r *Record) Unstructured() *unstructured.Unstructured {
 	if r.namespace != "" {
 		meta["namespace"] = r.namespace
 	}
-	if r.deletionTimestamp != "" {
-		meta["deletionTimestamp"] = r.deletionTimestamp
-	}
-	if r.clusterLabel != "" {
-		meta["labels"] = map[string]any{"cluster.x-k8s.io/cluster-name": r.clusterLabel}
-	}
 	out := map[string]any{"apiVersion": r.apiVersion, "kind": r.kind, "metadata": meta}
-	spec := map[string]any{}
-	for k, v := range map[string]string{"providerID": r.providerID, "clusterName": r.clusterName} {
-		if v != "" {
-			spec[k] = v
+	for present := r.present; present != 0; present &= present - 1 {
+		i := bits.TrailingZeros64(present)
+		set(out, r.shape.Scalars[i], r.values[i])
+	}
+	for i, l := range r.lists {
+		if len(l) == 0 {
+			continue
 		}
-	}
-	if len(r.providerIDList) > 0 {
-		list := make([]any, len(r.providerIDList))
-		for i, id := range r.providerIDList {
-			list[i] = id
+		list := make([]any, len(l))
+		for j, id := range l {
+			list[j] = id
 		}
-		spec["providerIDList"] = list
-	}
-	if ref := r.infraRef; ref != nil {
-		m := map[string]any{}
-		for _, f := range []struct {
-			key string
-			bit refKeys
-			val string
-		}{
-			{"apiGroup", hasAPIGroup, ref.apiGroup},
-			{"apiVersion", hasAPIVersion, ref.apiVersion},
-			{"kind", hasKind, ref.kind},
-			{"name", hasName, ref.name},
-			{"namespace", hasNamespace, ref.namespace},
-		} {
-			if ref.present&f.bit != 0 {
-				m[f.key] = f.val
-			}
-		}
-		spec["infrastructureRef"] = m
-	}
-	if len(spec) > 0 {
-		out["spec"] = spec
-	}
-	if r.nodeRefName != "" {
-		out["status"] = map[string]any{"nodeRef": map[string]any{"name": r.nodeRefName}}
+		set(out, r.shape.Lists[i], list)
 	}
 	return &unstructured.Unstructured{Object: out}
 }
 
-// InfraRef is the Machine's spec.infrastructureRef; see InfraRef.
-func (r *Record) InfraRef() (Ref, bool) {
-	ref := r.infraRef
-	if ref == nil || ref.kind == "" || ref.name == "" {
+// set sets a nested field, creating the maps on the way.
+func set(m map[string]any, p linkmodel.Path, v any) {
+	for _, seg := range p[:len(p)-1] {
+		c, ok := m[seg].(map[string]any)
+		if !ok {
+			c = map[string]any{}
+			m[seg] = c
+		}
+		m = c
+	}
+	m[p[len(p)-1]] = v
+}
+
+// reference reads an object reference from the record's reference slots:
+// v1beta2 {apiGroup, kind, name} in the object's namespace, or v1beta1
+// {apiVersion, kind, name, namespace}. The version of the returned GVK is
+// the ref's own (v1beta1) or empty (v1beta2).
+func (r *Record) reference(slots [5]int) (Ref, bool) {
+	apiGroup, hasGroup := r.value(slots[0])
+	apiVersion, _ := r.value(slots[1])
+	kind, _ := r.value(slots[2])
+	name, _ := r.value(slots[3])
+	ns, _ := r.value(slots[4])
+	if kind == "" || name == "" {
 		return Ref{}, false
 	}
-	gvk := schema.GroupVersionKind{Kind: ref.kind}
-	if ref.present&hasAPIGroup != 0 {
-		gvk.Group = ref.apiGroup
-	} else if gv, err := schema.ParseGroupVersion(ref.apiVersion); err == nil {
+	gvk := schema.GroupVersionKind{Kind: kind}
+	if hasGroup {
+		gvk.Group = apiGroup
+	} else if gv, err := schema.ParseGroupVersion(apiVersion); err == nil {
 		gvk.Group, gvk.Version = gv.Group, gv.Version
 	}
-	ns := ref.namespace
 	if ns == "" {
 		ns = r.namespace
 	}
-	return Ref{GVK: gvk, Namespace: ns, Name: ref.name}, true
+	return Ref{GVK: gvk, Namespace: ns, Name: name}, true
 }
 
-// recordOf reads a stored object. Informers store Records; an Unstructured
-// added without Strip is read the same way, at the cost of its memory.
+// recordOf reads a stored object.
 func recordOf(obj any) (*Record, error) {
-	switch o := obj.(type) {
-	case *Record:
-		return o, nil
-	case *unstructured.Unstructured:
-		return NewRecord(o), nil
-	default:
+	r, ok := obj.(*Record)
+	if !ok {
 		return nil, fmt.Errorf("inventory holds %T, want *inventory.Record", obj)
 	}
+	return r, nil
 }

@@ -5,17 +5,17 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-)
 
-// MachineGroup is Cluster API's core group.
-const MachineGroup = "cluster.x-k8s.io"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+)
 
 // FromObjects builds an inventory from objects read from files: they are the
 // whole inventory. It keeps Machines, the kinds named in infraKinds and
 // poolKinds (group and kind), and any kind a Machine references; everything
 // else (Nodes, Clusters, ...) is ignored. Objects without a namespace are
 // taken to be in "default", as kubectl would create them.
-func FromObjects(objs []*unstructured.Unstructured, infraKinds, poolKinds []schema.GroupKind) (*Inventory, error) {
+func FromObjects(model *linkmodel.Model, objs []*unstructured.Unstructured, infraKinds, poolKinds []schema.GroupKind) (*Inventory, error) {
+	inv := New(model)
 	roles := map[schema.GroupKind]Role{}
 	for _, gk := range infraKinds {
 		roles[gk] = InfraMachine
@@ -24,8 +24,8 @@ func FromObjects(objs []*unstructured.Unstructured, infraKinds, poolKinds []sche
 		roles[gk] = InfraMachinePool
 	}
 	for _, o := range objs {
-		if isMachine(o.GroupVersionKind()) {
-			if ref, ok := InfraRef(o); ok {
+		if o.GroupVersionKind().GroupKind() == model.MachineKind {
+			if ref, ok := inv.Reference(o); ok {
 				gk := ref.GVK.GroupKind()
 				if _, known := roles[gk]; !known {
 					roles[gk] = InfraMachine
@@ -33,28 +33,23 @@ func FromObjects(objs []*unstructured.Unstructured, infraKinds, poolKinds []sche
 			}
 		}
 	}
-	inv := New()
 	for _, o := range objs {
 		gvk := o.GroupVersionKind()
 		role, ok := roles[gvk.GroupKind()]
-		if isMachine(gvk) {
+		if gvk.GroupKind() == model.MachineKind {
 			role, ok = Machine, true
 		}
 		if !ok {
 			continue
 		}
-		r := NewRecord(o)
+		r := inv.Record(o, role)
 		if r.namespace == "" {
 			r.namespace = "default"
 		}
-		inv.AddKind(gvk, role, NewStore())
+		inv.AddKind(gvk, role, inv.NewStore(role))
 		if err := inv.store(gvk).Add(r); err != nil {
 			return nil, fmt.Errorf("add %s %s/%s: %w", gvk.Kind, r.namespace, r.name, err)
 		}
 	}
 	return inv, nil
-}
-
-func isMachine(gvk schema.GroupVersionKind) bool {
-	return gvk.Group == MachineGroup && gvk.Kind == "Machine"
 }

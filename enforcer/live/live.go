@@ -121,7 +121,7 @@ func Start(ctx context.Context, c Clients, opts Options) (*Enforcer, error) {
 	if err != nil {
 		return nil, err
 	}
-	inv := inventory.New()
+	inv := inventory.New(eval.Model())
 	syncer := informers.New(inv, informers.Options{Client: c.Dynamic, Mapper: c.Mapper, InfraKinds: infraKinds, PoolKinds: poolKinds})
 	if err := syncer.Start(ctx); err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
 // BenchmarkScan measures one scan pass over n Nodes, each with its Machine
@@ -44,7 +45,7 @@ func BenchmarkScan(b *testing.B) {
 					"spec":     map[string]any{"providerID": pid},
 				}})
 			}
-			inv, err := inventory.FromObjects(objs, []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"}}, nil)
+			inv, err := inventory.FromObjects(linkmodel.MustEmbedded(), objs, []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"}}, nil)
 			require.NoError(b, err)
 			g, err := guard.New(ctx, inv, guard.Options{})
 			require.NoError(b, err)

@@ -134,7 +134,7 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, no
 	if err != nil {
 		return Report{}, err
 	}
-	inv, err := inventory.FromObjects(objs, infra, pools)
+	inv, err := inventory.FromObjects(eval.Model(), objs, infra, pools)
 	if err != nil {
 		return Report{}, err
 	}

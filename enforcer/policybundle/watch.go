@@ -91,7 +91,9 @@ func reload(ctx context.Context, opts Options, running *decision.Evaluator) erro
 		return fmt.Errorf("bundle %s (revision %q): its default parameters differ from the running policy's; "+
 			"the informers were started from those, so restart nodeguard to use it", opts.Path, next.Policy().Revision)
 	}
-	running.Replace(next)
+	if err := running.Replace(next); err != nil {
+		return fmt.Errorf("bundle %s (revision %q): %w", opts.Path, next.Policy().Revision, err)
+	}
 	return nil
 }
 

@@ -153,7 +153,7 @@ type workload struct {
 // targets lists the CAPI Clusters and returns one Target per Cluster whose
 // kubeconfig could be read; the others are skipped with an error.
 func (w *workloads) targets(ctx context.Context) ([]reaper.Target, error) {
-	mapping, err := w.client.Mapper.RESTMapping(clusterGVK.GroupKind())
+	mapping, err := w.client.Mapper.RESTMapping(clusterGVK().GroupKind())
 	if err != nil {
 		return nil, fmt.Errorf("find the Cluster resource: %w", err)
 	}

@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
@@ -76,7 +75,10 @@ const (
 	DefaultHealthProbeBindAddress = ":8081"
 )
 
-var clusterGVK = schema.GroupVersionKind{Group: inventory.MachineGroup, Kind: "Cluster"}
+// clusterGVK is Cluster API's Cluster, which the cluster route names.
+func clusterGVK() schema.GroupVersionKind {
+	return schema.GroupVersionKind{Group: "cluster.x-k8s.io", Kind: "Cluster"}
+}
 
 // Run serves until ctx is done. listening, when set, receives the address
 // once the port is open.
@@ -142,7 +144,7 @@ func RunWith(ctx context.Context, c live.Clients, opts Options, log *slog.Logger
 		Decider: e.Guard,
 		Ready:   e.Syncer.Ready,
 		ClusterExists: func(ctx context.Context, namespace, name string) (bool, error) {
-			obj, err := clusters.Get(ctx, clusterGVK, namespace, name)
+			obj, err := clusters.Get(ctx, clusterGVK(), namespace, name)
 			return obj != nil, err
 		},
 		Timeout:                opts.RequestTimeout,

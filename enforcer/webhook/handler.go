@@ -31,7 +31,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
 // MaxBodyBytes bounds an AdmissionReview. On DELETE it carries the Node
@@ -112,13 +112,18 @@ type Options struct {
 	MaxConcurrentDecisions int
 	Metrics                *Metrics
 	Log                    *slog.Logger
+	// Model is the link model the Decider follows: a Node is reduced to
+	// the fields it declares before anything else reads it. When nil, the
+	// Decider's own (a *guard.Guard has one), else the embedded policy's.
+	Model *linkmodel.Model
 	// LogInterval is the least time between two log lines about rejected
 	// requests (default 1s); the lines between are counted, not written.
 	LogInterval time.Duration
 }
 
 type handler struct {
-	opts Options
+	opts  Options
+	model *linkmodel.Model
 	// slots bounds concurrent decisions; its waiters are served in order.
 	slots *semaphore.Weighted
 	// bodies bounds the bytes of reviews being decoded and decided.
@@ -149,7 +154,7 @@ func New(opts Options) http.Handler {
 	if opts.LogInterval <= 0 {
 		opts.LogInterval = time.Second
 	}
-	h := &handler{opts: opts, slots: semaphore.NewWeighted(int64(opts.MaxConcurrentDecisions)),
+	h := &handler{opts: opts, model: nodeModel(opts), slots: semaphore.NewWeighted(int64(opts.MaxConcurrentDecisions)),
 		bodies:    semaphore.NewWeighted(inFlightBodyBytes),
 		rejectLog: rate.Sometimes{First: 1, Interval: opts.LogInterval}}
 	mux := http.NewServeMux()
@@ -158,6 +163,23 @@ func New(opts Options) http.Handler {
 		h.validate(w, r, RouteCluster, r.PathValue("namespace")+"/"+r.PathValue("name"))
 	})
 	return mux
+}
+
+// nodeModel is the link model the handler reduces Nodes with; see
+// Options.Model.
+func nodeModel(opts Options) *linkmodel.Model {
+	if opts.Model != nil {
+		return opts.Model
+	}
+	if d, ok := opts.Decider.(interface{ Model() *linkmodel.Model }); ok {
+		return d.Model()
+	}
+	// The embedded policy compiles: its own tests and every build prove it.
+	m, err := linkmodel.Embedded(context.Background())
+	if err != nil {
+		panic(fmt.Sprintf("nodeguard: the embedded link model does not load: %v", err))
+	}
+	return m
 }
 
 // Probes returns /healthz (the process answers) and /readyz (ready reports
@@ -202,7 +224,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	req := review.Request
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	if req.Operation == admissionv1.Delete && req.Kind.Group == "" && req.Kind.Kind == "Node" {
-		node, herr := decodeNode(req)
+		node, herr := decodeNode(h.model, req)
 		if herr != nil {
 			h.reject(w, herr, route, cluster, start)
 			return
@@ -304,11 +326,11 @@ func (h *handler) read(w http.ResponseWriter, r *http.Request) (*admissionv1.Adm
 
 // decodeNode reads the Node being deleted, which the API server sends as
 // oldObject on DELETE, keeping only what the rule reads.
-func decodeNode(req *admissionv1.AdmissionRequest) (*unstructured.Unstructured, *httpError) {
+func decodeNode(model *linkmodel.Model, req *admissionv1.AdmissionRequest) (*unstructured.Unstructured, *httpError) {
 	if len(req.OldObject.Raw) == 0 {
 		return nil, badRequest(RejectNoOldObject, "DELETE of Node %q carries no oldObject: nodeguard cannot tell which InfraMachines are linked to it", req.Name)
 	}
-	node, err := inventory.NodeFromJSON(req.OldObject.Raw)
+	node, err := model.NodeFromJSON(req.OldObject.Raw)
 	if err != nil {
 		return nil, badRequest(RejectBadOldObject, "oldObject of Node %q does not decode: %v", req.Name, err)
 	}

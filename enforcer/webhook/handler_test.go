@@ -27,6 +27,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -45,7 +46,7 @@ func example(t testing.TB) (*guard.Guard, *inventory.Inventory, map[string]*unst
 			nodes[o.GetName()] = o
 		}
 	}
-	inv, err := inventory.FromObjects(objs, []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"}}, nil)
+	inv, err := inventory.FromObjects(linkmodel.MustEmbedded(), objs, []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"}}, nil)
 	require.NoError(t, err)
 	g, err := guard.New(context.Background(), inv, guard.Options{Parameters: map[string]any{"exemptGroups": []any{"ops"}}})
 	require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/internal/gatekeeper"
+	"github.com/nodeguard/nodeguard/policies"
 )
 
 const constraintsDir = "../../constraints"
@@ -76,8 +77,12 @@ func TestTemplateMetadata(t *testing.T) {
 	assert.Equal(t, "v1", src["version"])
 	assert.Contains(t, src["rego"], "package k8snodeguard")
 	libs := src["libs"].([]any)
-	require.Len(t, libs, 1)
-	assert.Contains(t, libs[0], "package lib.nodeguard")
+	library, err := policies.Library()
+	require.NoError(t, err)
+	require.Len(t, libs, len(library), "one lib per library file")
+	for _, lib := range libs {
+		assert.Contains(t, lib, "package lib.nodeguard")
+	}
 }
 
 // The generated template runs in Gatekeeper's own engine and judges a DELETE.

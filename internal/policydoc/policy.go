@@ -9,16 +9,10 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/internal/gatekeeper"
 	"github.com/nodeguard/nodeguard/policies"
 )
-
-// Link is one row of the links table (lib package METADATA custom.links).
-type Link struct {
-	Type   string `json:"type"`
-	When   string `json:"when"`
-	Blocks string `json:"blocks"`
-}
 
 type section struct {
 	Title string `json:"title"`
@@ -26,7 +20,7 @@ type section struct {
 }
 
 // libCustom reads the custom fields of the library's package METADATA.
-func libCustom(c *ast.Compiler) (*ast.Annotations, []Link, []section, error) {
+func libCustom(c *ast.Compiler) (*ast.Annotations, []section, error) {
 	as := c.GetAnnotationSet()
 	for _, m := range c.Modules {
 		if m.Package.Path.String() != "data.lib.nodeguard" {
@@ -37,19 +31,33 @@ func libCustom(c *ast.Compiler) (*ast.Annotations, []Link, []section, error) {
 			continue
 		}
 		var custom struct {
-			Links     []Link    `json:"links"`
 			Semantics []section `json:"semantics"`
 		}
 		raw, err := json.Marshal(a.Custom)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("encode lib.nodeguard METADATA custom: %w", err)
+			return nil, nil, fmt.Errorf("encode lib.nodeguard METADATA custom: %w", err)
 		}
 		if err := json.Unmarshal(raw, &custom); err != nil {
-			return nil, nil, nil, fmt.Errorf("decode lib.nodeguard METADATA custom: %w", err)
+			return nil, nil, fmt.Errorf("decode lib.nodeguard METADATA custom: %w", err)
 		}
-		return a, custom.Links, custom.Semantics, nil
+		return a, custom.Semantics, nil
 	}
-	return nil, nil, nil, fmt.Errorf("package lib.nodeguard has no METADATA")
+	return nil, nil, fmt.Errorf("package lib.nodeguard has no METADATA")
+}
+
+func pathList(paths []linkmodel.Path) string {
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		out[i] = "`" + p.String() + "`"
+	}
+	return strings.Join(out, ", ")
+}
+
+func matchWord(m linkmodel.Match) string {
+	if m == linkmodel.Contains {
+		return " (a list containing the Node's)"
+	}
+	return ""
 }
 
 // ruleDoc returns the annotations of the library's public rules, by name.
@@ -70,7 +78,11 @@ func RenderPolicy(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	lib, links, semantics, err := libCustom(c)
+	lib, semantics, err := libCustom(c)
+	if err != nil {
+		return nil, err
+	}
+	model, err := linkmodel.Load(ctx, c, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -92,11 +104,15 @@ func RenderPolicy(ctx context.Context) ([]byte, error) {
 	if d := rules["data.lib.nodeguard.decide"]; d != nil {
 		p("\n**%s.** %s\n", d.Title, oneLine(d.Description))
 	}
-	p("\n## Links\n\nAn InfraMachine (or pool) is linked to the Node when any of these holds; each link only adds blockers.\n\n")
-	p("| link | holds when | blocks |\n|---|---|---|\n")
-	for _, l := range links {
-		p("| `%s` | %s | %s |\n", l.Type, l.When, l.Blocks)
+	p("\n## Links\n\nAn InfraMachine (or pool) is linked to the Node when any of these holds; each link only adds blockers.\n")
+	p("They are declared once, in `links` (`policies/lib/nodeguard/links.rego`): the rule and the enforcer both follow\n")
+	p("that declaration, and this table is generated from it.\n\n")
+	p("| link | Node fields | object | holds when | blocks |\n|---|---|---|---|---|\n")
+	for _, l := range model.Links {
+		p("| `%s` | %s | %s: %s%s | %s | %s |\n", l.Type, pathList(l.Node), l.Role, pathList(l.Fields), matchWord(l.Match), l.When, l.Blocks)
 	}
+	p("\nBesides the links' own fields, the rule reads of a linked object `%s` (being deleted still blocks) and `%s`\n", model.DeletionTimestamp, model.ClusterLabel)
+	p("(the cluster scope), of a Machine also `%s` and what `%s` names. That is all the enforcer keeps of each object.\n", model.ClusterName, model.Reference)
 	p("\n## Parameters\n\nA K8sNodeGuard Constraint's `spec.parameters` (also `nodeguard serve --constraint`).\n\n")
 	p("| name | type | default | effect |\n|---|---|---|---|\n")
 	props := gatekeeper.ParameterSchema()["properties"].(map[string]any)

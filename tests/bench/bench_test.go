@@ -23,6 +23,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/internal/gatekeeper"
 )
 
@@ -96,19 +97,19 @@ func objects(n int) (node *unstructured.Unstructured, objs []*unstructured.Unstr
 
 // enforcerInventory fills informer-shaped stores through the same transform.
 func enforcerInventory(b testing.TB, objs []*unstructured.Unstructured) *inventory.Inventory {
-	inv := inventory.New()
-	machines, infras := inventory.NewStore(), inventory.NewStore()
+	inv := inventory.New(linkmodel.MustEmbedded())
+	machines, infras := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
 	inv.AddKind(machineGVK, inventory.Machine, machines)
 	inv.AddKind(dockerGVK, inventory.InfraMachine, infras)
 	for _, o := range objs {
 		// The informer decodes a fresh object and transforms it; a deep copy
 		// stands for the decoded object, so strings the record shares count.
-		stripped, err := inventory.Transform(o.GroupVersionKind())(o.DeepCopy())
-		require.NoError(b, err)
-		store := infras
+		store, role := infras, inventory.InfraMachine
 		if o.GetKind() == "Machine" {
-			store = machines
+			store, role = machines, inventory.Machine
 		}
+		stripped, err := inv.Transform(o.GroupVersionKind(), role)(o.DeepCopy())
+		require.NoError(b, err)
 		require.NoError(b, store.Add(stripped))
 	}
 	return inv

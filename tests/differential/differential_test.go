@@ -115,7 +115,7 @@ func gatekeeperDecision(t *testing.T, ctx context.Context, engine *gatekeeper.En
 
 func enforcerDecision(t *testing.T, ctx context.Context, eval *decision.Evaluator, params map[string]any, s scenario) outcome {
 	t.Helper()
-	inv, err := inventory.FromObjects(s.Objects, groupKinds(params["infraMachineKinds"]), groupKinds(params["infraMachinePoolKinds"]))
+	inv, err := inventory.FromObjects(eval.Model(), s.Objects, groupKinds(params["infraMachineKinds"]), groupKinds(params["infraMachinePoolKinds"]))
 	require.NoError(t, err)
 	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Evaluator: eval})
 	require.NoError(t, err)

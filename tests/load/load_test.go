@@ -37,6 +37,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
@@ -57,12 +58,16 @@ var (
 // fleet caches n CAPD Machines and DockerMachines and returns one DELETE
 // review per Node, so requests spread over the inventory.
 func fleet(b *testing.B, n int) (*inventory.Inventory, [][]byte) {
-	inv := inventory.New()
-	ms, ds := inventory.NewStore(), inventory.NewStore()
+	inv := inventory.New(linkmodel.MustEmbedded())
+	ms, ds := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
 	inv.AddKind(machineGVK, inventory.Machine, ms)
 	inv.AddKind(dockerGVK, inventory.InfraMachine, ds)
 	add := func(store interface{ Add(any) error }, gvk schema.GroupVersionKind, obj map[string]any) {
-		r, err := inventory.Transform(gvk)(unstructuredOf(obj))
+		role := inventory.InfraMachine
+		if gvk == machineGVK {
+			role = inventory.Machine
+		}
+		r, err := inv.Transform(gvk, role)(unstructuredOf(obj))
 		require.NoError(b, err)
 		require.NoError(b, store.Add(r))
 	}

@@ -5,23 +5,8 @@
 #   Pure functions over (review, inventory, parameters); the inventory has
 #   Gatekeeper's layout: inventory.namespace[ns][groupVersion][Kind][name].
 #   Every runtime (Gatekeeper, the enforcer, the OPA bundle) calls decide/3.
+#   The links it follows are declared in links.rego.
 # custom:
-#   links:
-#     - type: machineNodeRef
-#       when: "a Machine's status.nodeRef.name is the Node's name"
-#       blocks: the InfraMachine the Machine's spec.infrastructureRef names
-#     - type: machineProviderID
-#       when: "a Machine's spec.providerID is the Node's spec.providerID"
-#       blocks: the InfraMachine the Machine's spec.infrastructureRef names
-#     - type: nodeAnnotation
-#       when: "the Node's cluster.x-k8s.io/machine and cluster.x-k8s.io/cluster-namespace annotations name a Machine"
-#       blocks: "that Machine's InfraMachine (annotations only ever add blockers: anyone who may update the Node can edit them)"
-#     - type: infraProviderID
-#       when: "an InfraMachine of a synced kind has the Node's spec.providerID as its own spec.providerID"
-#       blocks: that InfraMachine, even with no Machine (an orphan)
-#     - type: poolProviderIDList
-#       when: "an InfraMachinePool of a synced pool kind lists the Node's spec.providerID in spec.providerIDList"
-#       blocks: that pool, until it stops listing the Node
 #   semantics:
 #     - title: Deleting objects
 #       text: An InfraMachine with a deletionTimestamp still exists, so it still blocks; its host may still run.
@@ -165,8 +150,9 @@ _decide_node(node, inventory, params, user) := _verdict(node.metadata.name, bloc
 	pid := object.get(node, ["spec", "providerID"], "")
 
 	# Links are found once and shared: they are the expensive part.
-	machine_links := _machine_links(node, pid, inventory, params)
-	links := (machine_links | _infra_provider_id_links(pid, inventory, params)) | _pool_links(pid, inventory, params)
+	active := _active_links(node)
+	machine_links := {hit | some [link, values] in active; link.role == "Machine"; some hit in _machine_links(link, values, inventory, params)}
+	links := machine_links | {hit | some [link, values] in active; link.role != "Machine"; some hit in _object_links(link, values, inventory, params)}
 	found := {key: hits | some [key, _] in links; hits := _lookup(inventory, key)}
 	blockers := [_blocker(key, obj, links) | some key, [obj] in found]
 	unverified := _unverified(found, machine_links, params)
@@ -216,75 +202,86 @@ _exempt_by(user, params) := sprintf("user %q", [user.username]) if {
 # METADATA
 # title: Linked Machines
 # description: |
-#   The Machines in scope linked to the Node by status.nodeRef, spec.providerID
-#   or the Node's annotations, as a set of {machine: "namespace/name", types, deleting},
-#   whether or not they reference an InfraMachine. The orphan criteria use it:
-#   a Node with a linked Machine is CAPI's to delete, not nodeguard's.
-linked_machines(node, inventory, parameters) := {{"machine": concat("/", [ns, name]), "types": sort(link_types), "deleting": deleting} |
-	params := object.union(default_parameters, _object_or_empty(parameters))
-	pid := object.get(node, ["spec", "providerID"], "")
-	some ns, gv, name
-	machine := inventory.namespace[ns][gv].Machine[name]
-	link_types := _machine_link_types(node, pid, ns, name, machine)
-	count(link_types) > 0
-	startswith(gv, "cluster.x-k8s.io/")
-	_machine_in_scope(ns, machine, params)
-	deleting := object.get(machine, ["metadata", "deletionTimestamp"], false) != false
+#   The Machines in scope linked to the Node by a Machine link (links.rego),
+#   as a set of {machine: "namespace/name", types, deleting}, whether or not
+#   they reference an InfraMachine. The orphan criteria use it: a Node with a
+#   linked Machine is CAPI's to delete, not nodeguard's.
+linked_machines(node, inventory, parameters) := _linked_machines(
+	node, inventory,
+	object.union(default_parameters, _object_or_empty(parameters)),
+	machine_kind,
+)
+
+_linked_machines(node, inventory, params, kind) := {{"machine": concat("/", [ns, name]), "types": sort(types), "deleting": _deleting(obj)} |
+	hits := {[ns, gv, name, link.type] |
+		some [link, values] in _active_links(node)
+		link.role == "Machine"
+		some ns, gv, name
+		machine := inventory.namespace[ns][gv][kind.kind][name]
+		_matches(link, values, machine)
+		_group(gv) == kind.group
+		_machine_in_scope(ns, machine, params)
+	}
+	some [ns, gv, name, _] in hits
+	obj := inventory.namespace[ns][gv][kind.kind][name]
+	types := {hit[3] | some hit in hits; [hit[0], hit[2]] == [ns, name]}
 }
 
 # --- Links -------------------------------------------------------------------
 
+# The links whose Node fields are all set, with those values: [link, values].
+_active_links(node) := [[link, values] |
+	some link in links
+	values := [value | some path in link.node; value := object.get(node, path, "")]
+	every value in values {
+		is_string(value)
+		value != ""
+	}
+]
+
+_matches(link, values, obj) if {
+	link.match == "equal"
+	every i, path in link.fields {
+		# The path is data (links.rego), so it cannot be written as a reference.
+		# regal ignore:superfluous-object-get
+		object.get(obj, path, null) == values[i]
+	}
+}
+
+_matches(link, values, obj) if {
+	link.match == "contains"
+	list := object.get(obj, link.fields[0], null)
+	is_array(list)
+	values[0] in list
+}
+
 # Each link is [infra key, how]; a key is {group, kind, namespace, name}.
-# Links 1, 2 and 4 go through a Machine to the InfraMachine it references.
-_machine_links(node, pid, inventory, params) := {[key, {"type": link_type, "machine": concat("/", [ns, name])}] |
+# A Machine link goes through the Machine to the InfraMachine it references.
+_machine_links(link, values, inventory, params) := {[key, {"type": link.type, "machine": concat("/", [ns, name])}] |
 	some ns, gv, name
-	machine := inventory.namespace[ns][gv].Machine[name]
+	machine := inventory.namespace[ns][gv][machine_kind.kind][name]
 
 	# Gatekeeper scans every Machine: the selective test goes first.
-	link_types := _machine_link_types(node, pid, ns, name, machine)
-	count(link_types) > 0
-	startswith(gv, "cluster.x-k8s.io/")
+	_matches(link, values, machine)
+	_group(gv) == machine_kind.group
 	_machine_in_scope(ns, machine, params)
 	key := _infra_ref(ns, machine)
-	some link_type in link_types
 }
 
-# Annotations can be edited by anyone who may update the Node, so the
-# nodeAnnotation link only ever adds blockers; it never removes one found by
-# another link.
-_machine_link_types(node, pid, ns, name, machine) := ({"machineNodeRef" |
-	machine.status.nodeRef.name == node.metadata.name
-} | {"machineProviderID" |
-	pid != ""
-	machine.spec.providerID == pid
-}) | {"nodeAnnotation" |
-	node.metadata.annotations["cluster.x-k8s.io/machine"] == name
-	node.metadata.annotations["cluster.x-k8s.io/cluster-namespace"] == ns
-}
-
-# Link 3: an InfraMachine whose own spec.providerID is the Node's.
-_infra_provider_id_links(pid, inventory, params) := {[key, {"type": "infraProviderID"}] |
-	pid != ""
-	some kind in params.infraMachineKinds
+# An InfraMachine or pool link blocks the object itself.
+_object_links(link, values, inventory, params) := {[key, {"type": link.type}] |
+	some kind in _role_kinds(link.role, params)
 	some ns, gv, name
 	obj := inventory.namespace[ns][gv][kind.kind][name]
-	obj.spec.providerID == pid
+	_matches(link, values, obj)
 	_group(gv) == kind.group
 	_infra_in_scope(ns, obj, params)
 	key := {"group": kind.group, "kind": kind.kind, "namespace": ns, "name": name}
 }
 
-# Link 5: an InfraMachinePool listing the Node's providerID.
-_pool_links(pid, inventory, params) := {[key, {"type": "poolProviderIDList"}] |
-	pid != ""
-	some kind in params.infraMachinePoolKinds
-	some ns, gv, name
-	obj := inventory.namespace[ns][gv][kind.kind][name]
-	pid in object.get(obj, ["spec", "providerIDList"], [])
-	_group(gv) == kind.group
-	_infra_in_scope(ns, obj, params)
-	key := {"group": kind.group, "kind": kind.kind, "namespace": ns, "name": name}
-}
+_role_kinds("InfraMachine", params) := params.infraMachineKinds
+
+_role_kinds("InfraMachinePool", params) := params.infraMachinePoolKinds
 
 # v1beta2 refs carry apiGroup and live in the Machine's namespace; v1beta1
 # refs carry apiVersion and may name a namespace.
@@ -294,7 +291,7 @@ _infra_ref(machine_ns, machine) := {
 	"namespace": _ref_namespace(ref, machine_ns),
 	"name": ref.name,
 } if {
-	ref := machine.spec.infrastructureRef
+	ref := object.get(machine, link_model.reference, null)
 }
 
 _ref_group(ref) := ref.apiGroup if {
@@ -318,8 +315,8 @@ _machine_in_scope(ns, machine, params) if {
 	params.clusterNamespace in {"", ns}
 	params.clusterName in {
 		"",
-		object.get(machine, ["spec", "clusterName"], ""),
-		object.get(machine, ["metadata", "labels", "cluster.x-k8s.io/cluster-name"], ""),
+		object.get(machine, link_model.cluster_name, ""),
+		object.get(machine, link_model.cluster_label, ""),
 	}
 }
 
@@ -332,14 +329,14 @@ _infra_in_scope(ns, obj, params) if {
 
 _labelled_for_another_cluster(obj, cluster) if {
 	cluster != ""
-	not object.get(obj, ["metadata", "labels", "cluster.x-k8s.io/cluster-name"], "") in {"", cluster}
+	not object.get(obj, link_model.cluster_label, "") in {"", cluster}
 }
 
 # --- Blockers and unverified kinds ---------------------------------------------
 
 _blocker(key, found, links) := object.union(key, {
 	"version": found.version,
-	"deleting": object.get(found.obj, ["metadata", "deletionTimestamp"], false) != false,
+	"deleting": _deleting(found.obj),
 	"links": _links_of(links, key),
 })
 
@@ -373,6 +370,10 @@ _unverified(found, machine_links, params) := [] if {
 # Sets iterate in sorted order, so the links of a key come out stable.
 _links_of(links, key) := [link | some [k, link] in links; k == key]
 
+_deleting(obj) if {
+	object.get(obj, link_model.deletion_timestamp, false) != false
+} else := false
+
 _synced(key, kinds) if {
 	some kind in kinds
 	kind.group == key.group
@@ -397,7 +398,7 @@ _advice(pid, b) := "its host may still be running: wait until it is gone, then d
 	count(machines) > 0
 } else := sprintf("scale the MachinePool down instead; the delete is allowed once the %s no longer lists providerID %q", [b.kind, pid]) if {
 	some link in b.links
-	link.type == "poolProviderIDList"
+	_link_role[link.type] == "InfraMachinePool"
 } else := sprintf("delete the %s first, then the Node", [b.kind])
 
 _unverified_sentence(node_name, u) := sprintf(
@@ -418,10 +419,6 @@ _links_phrase(links) := concat(" and ", array.concat(
 	[_link_phrase[l.type] | some l in links; not l.machine],
 ))
 
-_link_phrase := {
-	"machineNodeRef": "status.nodeRef",
-	"machineProviderID": "spec.providerID",
-	"nodeAnnotation": "named by the Node's cluster.x-k8s.io/machine annotation",
-	"infraProviderID": "its own spec.providerID",
-	"poolProviderIDList": "its spec.providerIDList",
-}
+_link_phrase[link.type] := link.phrase if some link in links
+
+_link_role[link.type] := link.role if some link in links

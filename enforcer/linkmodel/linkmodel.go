@@ -1,0 +1,354 @@
+// Package linkmodel reads the link model the rule declares
+// (data.lib.nodeguard.link_model, in policies/lib/nodeguard/links.rego) from
+// the policy the enforcer runs, and derives what the enforcer needs from it:
+// which fields to keep of each object and of a Node, which objects could be
+// linked to a Node, and what a Machine references. The enforcer holds no link
+// of its own: a link added to the declaration is followed with no Go change.
+package linkmodel
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/nodeguard/nodeguard/policies"
+)
+
+// Query is the declaration's document.
+const Query = "data.lib.nodeguard.link_model"
+
+// Role is what an object is to the rule.
+type Role string
+
+// The roles the rule knows. A Machine blocks the InfraMachine its reference
+// names; an InfraMachine or InfraMachinePool blocks itself.
+const (
+	Machine          Role = "Machine"
+	InfraMachine     Role = "InfraMachine"
+	InfraMachinePool Role = "InfraMachinePool"
+)
+
+// Roles returns every role the rule knows, in a fixed order.
+func Roles() []Role { return []Role{Machine, InfraMachine, InfraMachinePool} }
+
+// Match says how an object's fields are compared with the Node's.
+type Match string
+
+// The matches the rule knows.
+const (
+	// Equal: each object field equals the Node field in the same position.
+	Equal Match = "equal"
+	// Contains: the one object field is a list holding the Node field.
+	Contains Match = "contains"
+)
+
+// Path is a field path, e.g. [spec providerID].
+type Path []string
+
+func (p Path) String() string { return strings.Join(p, ".") }
+
+// Link is one declared link.
+type Link struct {
+	Type   string `json:"type"`
+	Role   Role   `json:"role"`
+	Node   []Path `json:"node"`
+	Fields []Path `json:"fields"`
+	Match  Match  `json:"match"`
+	When   string `json:"when"`
+	Blocks string `json:"blocks"`
+	Phrase string `json:"phrase"`
+}
+
+// Keyed reports whether the link names an object by namespace and name, and
+// where each sits among the Node's values: then a lookup by key finds it.
+func (l Link) Keyed() (namespace, name int, ok bool) {
+	if l.Match != Equal || len(l.Fields) != 2 {
+		return 0, 0, false
+	}
+	namespace, name = -1, -1
+	for i, f := range l.Fields {
+		switch {
+		case isNamespace(f):
+			namespace = i
+		case isName(f):
+			name = i
+		}
+	}
+	return namespace, name, namespace >= 0 && name >= 0
+}
+
+// Model is the declared link model and what is derived from it. It is
+// immutable once loaded.
+type Model struct {
+	Links             []Link           `json:"links"`
+	MachineKind       schema.GroupKind `json:"-"`
+	Reference         Path             `json:"reference"`
+	DeletionTimestamp Path             `json:"deletion_timestamp"`
+	ClusterLabel      Path             `json:"cluster_label"`
+	ClusterName       Path             `json:"cluster_name"`
+
+	shapes map[Role]*Shape
+	node   nodeDecoder
+}
+
+func isName(p Path) bool      { return slices.Equal(p, Path{"metadata", "name"}) }
+func isNamespace(p Path) bool { return slices.Equal(p, Path{"metadata", "namespace"}) }
+
+// referenceKeys are the keys of an object reference the rule reads (Cluster
+// API's refs: v1beta2 apiGroup, v1beta1 apiVersion and namespace).
+func referenceKeys() []string { return []string{"apiGroup", "apiVersion", "kind", "name", "namespace"} }
+
+// Load evaluates the declaration in a compiled policy (the embedded one, or a
+// bundle's) with its data (nil: none) and checks it.
+func Load(ctx context.Context, compiled *ast.Compiler, store storage.Store) (*Model, error) {
+	opts := []func(*rego.Rego){rego.Query(Query), rego.Compiler(compiled)}
+	if store != nil {
+		opts = append(opts, rego.Store(store))
+	}
+	rs, err := rego.New(opts...).Eval(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("evaluate %s: %w", Query, err)
+	}
+	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
+		return nil, fmt.Errorf("evaluate %s: the policy does not declare it", Query)
+	}
+	raw, err := json.Marshal(rs[0].Expressions[0].Value)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s: %w", Query, err)
+	}
+	return Parse(raw)
+}
+
+// Embedded loads the model of the policy compiled into the binary.
+func Embedded(ctx context.Context) (*Model, error) {
+	compiled, err := policies.Compile()
+	if err != nil {
+		return nil, err
+	}
+	return Load(ctx, compiled, nil)
+}
+
+// Parse reads the declaration's JSON and derives the model from it.
+func Parse(raw []byte) (*Model, error) {
+	var m Model
+	var kind struct {
+		MachineKind struct {
+			Group string `json:"group"`
+			Kind  string `json:"kind"`
+		} `json:"machine_kind"`
+	}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", Query, err)
+	}
+	if err := json.Unmarshal(raw, &kind); err != nil {
+		return nil, fmt.Errorf("decode %s machine_kind: %w", Query, err)
+	}
+	m.MachineKind = schema.GroupKind{Group: kind.MachineKind.Group, Kind: kind.MachineKind.Kind}
+	if err := m.check(); err != nil {
+		return nil, fmt.Errorf("%s: %w", Query, err)
+	}
+	m.shapes = map[Role]*Shape{}
+	for _, role := range Roles() {
+		m.shapes[role] = m.shape(role)
+		if n := len(m.shapes[role].Scalars); n > MaxScalars {
+			return nil, fmt.Errorf("%s: %d string fields of a %s, at most %d", Query, n, role, MaxScalars)
+		}
+	}
+	node, err := newNodeDecoder(m.NodePaths())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", Query, err)
+	}
+	m.node = node
+	return &m, nil
+}
+
+// check refuses a declaration the enforcer cannot follow exactly: it must
+// fail loudly at start-up, never judge with half a model.
+func (m *Model) check() error {
+	if m.MachineKind.Kind == "" {
+		return fmt.Errorf("machine_kind has no kind")
+	}
+	for name, p := range map[string]Path{"reference": m.Reference, "deletion_timestamp": m.DeletionTimestamp, "cluster_label": m.ClusterLabel, "cluster_name": m.ClusterName} {
+		if err := checkPath(p); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	seen := map[string]bool{}
+	for i, l := range m.Links {
+		if l.Type == "" || seen[l.Type] {
+			return fmt.Errorf("links[%d]: type %q is empty or repeated", i, l.Type)
+		}
+		seen[l.Type] = true
+		if !slices.Contains(Roles(), l.Role) {
+			return fmt.Errorf("link %s: role %q is not one of %v", l.Type, l.Role, Roles())
+		}
+		if len(l.Node) == 0 || len(l.Node) != len(l.Fields) {
+			return fmt.Errorf("link %s: %d node fields for %d object fields, want the same number, at least one", l.Type, len(l.Node), len(l.Fields))
+		}
+		switch l.Match {
+		case Equal:
+		case Contains:
+			if len(l.Fields) != 1 {
+				return fmt.Errorf("link %s: match contains takes one field, got %d", l.Type, len(l.Fields))
+			}
+		default:
+			return fmt.Errorf("link %s: match %q is not %q or %q", l.Type, l.Match, Equal, Contains)
+		}
+		for _, p := range append(slices.Clone(l.Node), l.Fields...) {
+			if err := checkPath(p); err != nil {
+				return fmt.Errorf("link %s: %w", l.Type, err)
+			}
+		}
+	}
+	return nil
+}
+
+func checkPath(p Path) error {
+	if len(p) == 0 || slices.Contains(p, "") {
+		return fmt.Errorf("field path %q is empty or has an empty segment", p)
+	}
+	return nil
+}
+
+// Field is one field the enforcer keeps of an object.
+type Field struct {
+	Path Path
+	// List: a list of strings (a Contains link's field); otherwise a string.
+	List bool
+}
+
+// MaxScalars bounds the string fields kept per role: a record notes which
+// are present in one 64-bit word.
+const MaxScalars = 64
+
+// Shape is what the enforcer keeps of objects of one role, besides their
+// apiVersion, kind, namespace and name: the scalar fields in a fixed order,
+// then the list fields.
+type Shape struct {
+	Scalars []Path
+	Lists   []Path
+}
+
+// Slot returns the position of p among the scalars, or -1.
+func (s *Shape) Slot(p Path) int {
+	return slices.IndexFunc(s.Scalars, func(have Path) bool { return slices.Equal(have, p) })
+}
+
+// ListSlot returns the position of p among the lists, or -1.
+func (s *Shape) ListSlot(p Path) int {
+	return slices.IndexFunc(s.Lists, func(have Path) bool { return slices.Equal(have, p) })
+}
+
+// ReferenceSlots returns the scalar positions of the reference's keys
+// (apiGroup, apiVersion, kind, name, namespace), -1 where not kept.
+func (m *Model) ReferenceSlots(s *Shape) [5]int {
+	var out [5]int
+	for i, k := range referenceKeys() {
+		out[i] = s.Slot(append(slices.Clone(m.Reference), k))
+	}
+	return out
+}
+
+// Shape returns the fields kept of objects of role.
+func (m *Model) Shape(role Role) *Shape { return m.shapes[role] }
+
+func (m *Model) shape(role Role) *Shape {
+	s := &Shape{}
+	add := func(list *[]Path, p Path) {
+		if isName(p) || isNamespace(p) {
+			return // every record keeps its key
+		}
+		for _, have := range *list {
+			if slices.Equal(have, p) {
+				return
+			}
+		}
+		*list = append(*list, p)
+	}
+	add(&s.Scalars, m.DeletionTimestamp)
+	add(&s.Scalars, m.ClusterLabel)
+	if role == Machine {
+		add(&s.Scalars, m.ClusterName)
+		for _, k := range referenceKeys() {
+			add(&s.Scalars, append(slices.Clone(m.Reference), k))
+		}
+	}
+	for _, l := range m.Links {
+		if l.Role != role {
+			continue
+		}
+		for _, f := range l.Fields {
+			if l.Match == Contains {
+				add(&s.Lists, f)
+			} else {
+				add(&s.Scalars, f)
+			}
+		}
+	}
+	return s
+}
+
+// Fields lists every field kept of role's objects (for the coverage check
+// and the docs).
+func (m *Model) Fields(role Role) []Field {
+	s := m.shapes[role]
+	out := []Field{{Path: Path{"metadata", "namespace"}}, {Path: Path{"metadata", "name"}}}
+	for _, p := range s.Scalars {
+		out = append(out, Field{Path: p})
+	}
+	for _, p := range s.Lists {
+		out = append(out, Field{Path: p, List: true})
+	}
+	return out
+}
+
+// NodePaths are the fields the rule reads of a Node: its name and every
+// link's Node fields, sorted.
+func (m *Model) NodePaths() []Path {
+	out := []Path{{"metadata", "name"}}
+	for _, l := range m.Links {
+		for _, p := range l.Node {
+			if !slices.ContainsFunc(out, func(have Path) bool { return slices.Equal(have, p) }) {
+				out = append(out, p)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b Path) int { return slices.Compare(a, b) })
+	return out
+}
+
+// LinksOf returns the links whose objects have role.
+func (m *Model) LinksOf(role Role) []Link {
+	var out []Link
+	for _, l := range m.Links {
+		if l.Role == role {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// Equal reports whether two models declare the same links and fields.
+func (m *Model) Equal(other *Model) bool {
+	return reflect.DeepEqual(m.Links, other.Links) && m.MachineKind == other.MachineKind &&
+		slices.Equal(m.Reference, other.Reference) && slices.Equal(m.DeletionTimestamp, other.DeletionTimestamp) &&
+		slices.Equal(m.ClusterLabel, other.ClusterLabel) && slices.Equal(m.ClusterName, other.ClusterName)
+}
+
+// MustEmbedded is Embedded for tests and benchmarks; it panics when the
+// embedded policy does not load, which its own tests rule out.
+func MustEmbedded() *Model {
+	m, err := Embedded(context.Background())
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
