@@ -1,0 +1,172 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/webhook"
+	"github.com/nodeguard/nodeguard/internal/testbundle"
+)
+
+// hostIDLink is a sixth link, as a platform team would add it: a Node label
+// naming the host, equal to an InfraMachine's spec.hostID.
+const hostIDLink = `	{
+		"type": "infraHostID",
+		"role": "InfraMachine",
+		"node": [["metadata", "labels", "example.com/host-id"]],
+		"fields": [["spec", "hostID"]],
+		"match": "equal",
+		"when": "an InfraMachine's spec.hostID is the Node's example.com/host-id label",
+		"blocks": "that InfraMachine",
+		"phrase": "its spec.hostID",
+	},
+]
+`
+
+const hostNode = `apiVersion: v1
+kind: Node
+metadata:
+  name: bare-1
+  labels:
+    example.com/host-id: rack4-slot7
+spec:
+  providerID: docker:////bare-1
+`
+
+// The DockerMachine shares nothing with the Node but the host ID: no Machine,
+// a different providerID.
+const hostMachine = `apiVersion: infrastructure.cluster.x-k8s.io/v1beta2
+kind: DockerMachine
+metadata:
+  name: host-7
+  namespace: default
+spec:
+  providerID: docker:////host-7
+  hostID: rack4-slot7
+`
+
+// A link added to links.rego in a copy of policies/, and nothing else, is
+// followed by the offline check, the guard with fresh reads and the webhook:
+// the enforcer derives its cache, indexes, candidates and Node reduction
+// from the declaration of the policy it runs.
+func TestEnforcerFollowsALinkDeclaredOnlyInPolicies(t *testing.T) {
+	ctx := context.Background()
+	sources := testbundle.Sources(t)
+	links := sources["lib/nodeguard/links.rego"]
+	end := strings.Index(links, "\n]\n")
+	require.Positive(t, end, "links.rego ends its links list with a line holding ]")
+	sources["lib/nodeguard/links.rego"] = links[:end+1] + hostIDLink + links[end+3:]
+
+	key := testbundle.NewKey(t)
+	dir := t.TempDir()
+	bundle := testbundle.WriteFile(t, dir, "host-id.tar.gz", testbundle.Signed(t, sources, "host-id", key.Private))
+	files := t.TempDir()
+	testbundle.WriteFile(t, files, "node.yaml", []byte(hostNode))
+	testbundle.WriteFile(t, files, "machine.yaml", []byte(hostMachine))
+
+	t.Run("nodeguard check -f", func(t *testing.T) {
+		code, out, errOut := nodeguard(t, "check", "--node", "bare-1", "-f", files)
+		assert.Equal(t, 0, code, "the embedded policy has no such link: %s %s", out, errOut)
+		code, out, errOut = nodeguard(t, "check", "--node", "bare-1", "-f", files,
+			"--bundle", bundle, "--bundle-verification-key", key.PublicKeyFile)
+		assert.Equal(t, 2, code, errOut)
+		assert.Contains(t, out, "DockerMachine default/host-7")
+		assert.Contains(t, out, "its spec.hostID")
+	})
+
+	eval, err := policybundle.Load(ctx, policybundle.Options{Path: bundle, VerificationKeyFile: key.PublicKeyFile})
+	require.NoError(t, err)
+	inv := inventory.New(eval.Model())
+	gvk := schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
+	store := inv.NewStore(inventory.InfraMachine)
+	inv.AddKind(gvk, inventory.InfraMachine, store)
+	machine := &unstructured.Unstructured{}
+	require.NoError(t, runtime.DecodeInto(unstructured.UnstructuredJSONScheme, yamlToJSON(t, hostMachine), machine))
+	require.NoError(t, store.Add(inv.Record(machine, inventory.InfraMachine)))
+	fresh := &freshReads{objs: map[string]*unstructured.Unstructured{"default/host-7": machine}}
+	g, err := guard.New(ctx, inv, guard.Options{Evaluator: eval, Fresh: fresh})
+	require.NoError(t, err)
+	node := &unstructured.Unstructured{}
+	require.NoError(t, runtime.DecodeInto(unstructured.UnstructuredJSONScheme, yamlToJSON(t, hostNode), node))
+
+	t.Run("guard with fresh reads", func(t *testing.T) {
+		d, err := g.Decide(ctx, guard.Request{Node: node})
+		require.NoError(t, err)
+		assert.False(t, d.Allowed, "the cached and re-read DockerMachine blocks through the new link")
+		require.Len(t, d.Blockers, 1)
+		assert.Equal(t, "infraHostID", d.Blockers[0].Links[0].Type)
+		assert.Equal(t, []string{"default/host-7"}, fresh.got, "the candidate the new index picked was re-read")
+
+		// The API server says it is gone: the fresh read, not the cache, decides.
+		gone := &freshReads{objs: map[string]*unstructured.Unstructured{}}
+		g2, err := guard.New(ctx, inv, guard.Options{Evaluator: eval, Fresh: gone})
+		require.NoError(t, err)
+		d, err = g2.Decide(ctx, guard.Request{Node: node})
+		require.NoError(t, err)
+		assert.True(t, d.Allowed, d.Messages)
+	})
+
+	t.Run("webhook keeps the new Node field", func(t *testing.T) {
+		review := admissionv1.AdmissionReview{Request: &admissionv1.AdmissionRequest{
+			UID: "u1", Name: "bare-1", Operation: admissionv1.Delete,
+			Kind:      metaGVK("", "v1", "Node"),
+			UserInfo:  authenticationv1.UserInfo{Username: "someone"},
+			OldObject: runtime.RawExtension{Raw: yamlToJSON(t, hostNode)},
+		}}
+		review.APIVersion, review.Kind = "admission.k8s.io/v1", "AdmissionReview"
+		body, err := json.Marshal(review)
+		require.NoError(t, err)
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, webhook.RouteSelf, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		webhook.New(webhook.Options{Decider: g}).ServeHTTP(rec, req)
+		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+		var answer admissionv1.AdmissionReview
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &answer))
+		assert.False(t, answer.Response.Allowed)
+		assert.Contains(t, answer.Response.Result.Message, "its spec.hostID")
+	})
+}
+
+// freshReads is an API server for fresh reads: objs by namespace/name.
+type freshReads struct {
+	objs map[string]*unstructured.Unstructured
+	got  []string
+}
+
+func (f *freshReads) Get(_ context.Context, _ schema.GroupVersionKind, namespace, name string) (*unstructured.Unstructured, error) {
+	f.got = append(f.got, namespace+"/"+name)
+	if o, ok := f.objs[namespace+"/"+name]; ok {
+		return o.DeepCopy(), nil
+	}
+	return nil, nil
+}
+
+func yamlToJSON(t *testing.T, y string) []byte {
+	t.Helper()
+	b, err := sigsyaml.YAMLToJSON([]byte(y))
+	require.NoError(t, err)
+	return b
+}
+
+func metaGVK(group, version, kind string) metav1.GroupVersionKind {
+	return metav1.GroupVersionKind{Group: group, Version: version, Kind: kind}
+}
