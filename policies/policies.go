@@ -6,6 +6,7 @@ package policies
 import (
 	"context"
 	"embed"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -95,18 +96,48 @@ func Compile() (*ast.Compiler, error) {
 // DefaultParameters evaluates data.lib.nodeguard.default_parameters (what a
 // Constraint without parameters means) over compiled policies.
 func DefaultParameters(ctx context.Context, compiled *ast.Compiler) (map[string]any, error) {
-	rs, err := rego.New(rego.Query("data.lib.nodeguard.default_parameters"), rego.Compiler(compiled)).Eval(ctx)
+	return evalObject(ctx, compiled, "data.lib.nodeguard.default_parameters")
+}
+
+// Parameter is one parameter of the rule as policies/lib/nodeguard/parameters.rego
+// declares it.
+type Parameter struct {
+	// Schema is an OpenAPI v3 schema fragment (structural).
+	Schema      map[string]any `json:"schema"`
+	Default     any            `json:"default"`
+	Description string         `json:"description"`
+}
+
+// DeclaredParameters evaluates data.lib.nodeguard.declared_parameters, the
+// one declaration of every parameter, by name.
+func DeclaredParameters(ctx context.Context, compiled *ast.Compiler) (map[string]Parameter, error) {
+	const query = "data.lib.nodeguard.declared_parameters"
+	declared, err := evalObject(ctx, compiled, query)
 	if err != nil {
-		return nil, fmt.Errorf("evaluate default parameters: %w", err)
+		return nil, err
 	}
-	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
-		return nil, fmt.Errorf("evaluate default parameters: want one result, got %d", len(rs))
+	// The value is plain JSON-shaped data; a round trip maps it onto the type.
+	raw, err := json.Marshal(declared)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s: %w", query, err)
 	}
-	params, ok := rs[0].Expressions[0].Value.(map[string]any)
+	var out map[string]Parameter
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", query, err)
+	}
+	return out, nil
+}
+
+func evalObject(ctx context.Context, compiled *ast.Compiler, query string) (map[string]any, error) {
+	rs, err := rego.New(rego.Query(query), rego.Compiler(compiled)).Eval(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("evaluate %s: %w", query, err)
+	}
+	obj, ok := rego.ResultValue[map[string]any](rs)
 	if !ok {
-		return nil, fmt.Errorf("default parameters are %T, not an object", rs[0].Expressions[0].Value)
+		return nil, fmt.Errorf("evaluate %s: want one object, got %v", query, rs)
 	}
-	return params, nil
+	return obj, nil
 }
 
 // TemplateVersion is the K8sNodeGuard template version declared in the

@@ -6,7 +6,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/nodeguard/nodeguard/internal/gatekeeper"
+	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -14,7 +14,7 @@ import (
 func TestTemplateVersionIsTheGeneratedTemplatesVersion(t *testing.T) {
 	got, err := policies.TemplateVersion()
 	require.NoError(t, err)
-	info, err := gatekeeper.LoadInfo()
+	info, err := constraints.LoadInfo()
 	require.NoError(t, err)
 	assert.Equal(t, info.Version, got)
 	assert.Regexp(t, `^\d+\.\d+\.\d+$`, got)

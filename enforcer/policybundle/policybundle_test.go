@@ -161,9 +161,9 @@ func TestWatchSwapsInANewBundleAndKeepsTheOldOnABadOne(t *testing.T) {
 
 	// Different defaults would leave the informers watching the old kinds.
 	defaults := testbundle.Sources(t)
-	defaults["lib/nodeguard/nodeguard.rego"] = string(bytes.Replace([]byte(defaults["lib/nodeguard/nodeguard.rego"]),
+	defaults["lib/nodeguard/parameters.rego"] = string(bytes.Replace([]byte(defaults["lib/nodeguard/parameters.rego"]),
 		[]byte(`"DockerMachine"`), []byte(`"DockerMachineX"`), 1))
-	require.NotEqual(t, testbundle.Sources(t)["lib/nodeguard/nodeguard.rego"], defaults["lib/nodeguard/nodeguard.rego"])
+	require.NotEqual(t, testbundle.Sources(t)["lib/nodeguard/parameters.rego"], defaults["lib/nodeguard/parameters.rego"])
 	replace(t, path, testbundle.Signed(t, defaults, "r4", key.Private))
 	require.Eventually(t, func() bool { return failed.Load() == 2 }, 10*time.Second, 20*time.Millisecond)
 	assert.Contains(t, (*lastErr.Load()).Error(), "default parameters differ")

@@ -1,3 +1,6 @@
+// Package gatekeeper runs Gatekeeper's own policy engine on the generated
+// template, for the tests that compare it with the enforcer. Nothing that
+// ships links it; the manifests themselves come from internal/constraints.
 package gatekeeper
 
 import (

@@ -4,13 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
-	"github.com/nodeguard/nodeguard/internal/gatekeeper"
+	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -72,7 +74,7 @@ func ruleDoc(c *ast.Compiler) map[string]*ast.Annotations {
 }
 
 // RenderPolicy is docs/policy.md: the reference a reviewer reads, all of it
-// from the Rego (annotations, defaults) and the Constraint's schema.
+// from the Rego (annotations and the parameters' declaration).
 func RenderPolicy(ctx context.Context) ([]byte, error) {
 	c, err := policies.Compile()
 	if err != nil {
@@ -86,11 +88,7 @@ func RenderPolicy(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	info, err := gatekeeper.LoadInfo()
-	if err != nil {
-		return nil, err
-	}
-	defaults, err := policies.DefaultParameters(ctx, c)
+	info, err := constraints.LoadInfo()
 	if err != nil {
 		return nil, err
 	}
@@ -113,21 +111,21 @@ func RenderPolicy(ctx context.Context) ([]byte, error) {
 	}
 	p("\nBesides the links' own fields, the rule reads of a linked object `%s` (being deleted still blocks) and `%s`\n", model.DeletionTimestamp, model.ClusterLabel)
 	p("(the cluster scope), of a Machine also `%s` and what `%s` names. That is all the enforcer keeps of each object.\n", model.ClusterName, model.Reference)
-	p("\n## Parameters\n\nA K8sNodeGuard Constraint's `spec.parameters` (also `nodeguard serve --constraint`).\n\n")
+	p("\n## Parameters\n\nA K8sNodeGuard Constraint's `spec.parameters` (also `nodeguard serve --constraint`), declared once in\n")
+	p("`declared_parameters` (`policies/lib/nodeguard/parameters.rego`); the template's schema and this table come from it.\n\n")
 	p("| name | type | default | effect |\n|---|---|---|---|\n")
-	props := gatekeeper.ParameterSchema()["properties"].(map[string]any)
-	names := make([]string, 0, len(props))
-	for n := range props {
+	declared, err := policies.DeclaredParameters(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(declared))
+	for n := range declared {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		prop := props[n].(map[string]any)
-		def, ok := defaults[n]
-		if !ok {
-			return nil, fmt.Errorf("parameter %s has no default in default_parameters", n)
-		}
-		p("| `%s` | %s | %s | %s |\n", n, typeOf(prop), defaultText(def), prop["description"])
+		prm := declared[n]
+		p("| `%s` | %s | %s | %s |\n", n, typeOf(prm.Schema), defaultText(prm.Default), oneLine(prm.Description))
 	}
 	p("\n## Decision semantics\n\n")
 	for _, s := range semantics {
@@ -137,9 +135,9 @@ func RenderPolicy(ctx context.Context) ([]byte, error) {
 		return nil, err
 	}
 	p("\n## Adding a provider kind\n\n")
-	p("The default kinds live in one place: `default_infra_machine_kinds` (or `default_infra_machine_pool_kinds`) in\n")
-	p("`policies/lib/nodeguard/nodeguard.rego`, with the version the sync config should watch. Add the kind there,\n")
-	p("run `make generate` (it rewrites the Constraint, the SyncSet, the sync Config, this page and the decision\n")
+	p("The default kinds live in one place: the `default` of `infraMachineKinds` (or `infraMachinePoolKinds`) in\n")
+	p("`declared_parameters`, `policies/lib/nodeguard/parameters.rego`, with the version the sync config should\n")
+	p("watch. Add the kind there, run `make generate` (it rewrites the Constraint, the SyncSet, the sync Config, this page and the decision\n")
 	p("snapshots), add a test in `policies/lib/nodeguard/nodeguard_test.rego`, and give `nodeguard serve` read access\n")
 	p("to it in `enforcer/deploy/rbac.yaml` (a test checks that). Syncing a new kind is a major version bump.\n")
 	p("Without a code change, a cluster can list it in its Constraint's `infraMachineKinds` and sync it.\n")
@@ -164,8 +162,8 @@ func typeOf(prop map[string]any) string {
 		return fmt.Sprint(prop["type"])
 	}
 	items, _ := prop["items"].(map[string]any)
-	if items["type"] == "object" {
-		return "list of `{group, kind}`"
+	if fields, ok := items["properties"].(map[string]any); ok {
+		return "list of `{" + strings.Join(slices.Sorted(maps.Keys(fields)), ", ") + "}`"
 	}
 	return fmt.Sprintf("list of %v", items["type"])
 }

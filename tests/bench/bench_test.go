@@ -173,7 +173,7 @@ func BenchmarkDecision(b *testing.B) {
 
 // TestDumpDecisionInput writes the input the enforcer hands the rule for the
 // benchmarked decision, so OPA's profiler can count what the rule evaluates:
-// go tool opa eval -d policies/lib/nodeguard/nodeguard.rego -d policies/nodeguard/decision.rego
+// go tool opa eval -d policies/lib/nodeguard -d policies/nodeguard/decision.rego --ignore '*_test.rego'
 // -i FILE --profile --format json data.nodeguard.decision
 func TestDumpDecisionInput(t *testing.T) {
 	if *dumpInput == "" {

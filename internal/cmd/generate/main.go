@@ -17,7 +17,7 @@ import (
 	"path/filepath"
 	"sort"
 
-	"github.com/nodeguard/nodeguard/internal/gatekeeper"
+	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/internal/policydoc"
 )
 
@@ -27,7 +27,7 @@ func main() {
 	version := flag.Bool("version", false, "print the template version and exit")
 	flag.Parse()
 	if *version {
-		info, err := gatekeeper.LoadInfo()
+		info, err := constraints.LoadInfo()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "generate:", err)
 			os.Exit(1)
@@ -42,7 +42,7 @@ func main() {
 }
 
 func run(ctx context.Context, root string, check bool) error {
-	rendered, err := gatekeeper.Render(ctx)
+	rendered, err := constraints.Render(ctx)
 	if err != nil {
 		return err
 	}
@@ -85,11 +85,11 @@ func run(ctx context.Context, root string, check bool) error {
 // reviewDocs renders docs/policy.md, docs/decisions.md and the ledger, and
 // enforces the versioning rules against the committed snapshots.
 func reviewDocs(ctx context.Context, root string, check bool) (map[string][]byte, error) {
-	info, err := gatekeeper.LoadInfo()
+	info, err := constraints.LoadInfo()
 	if err != nil {
 		return nil, err
 	}
-	defaults, err := gatekeeper.LoadDefaults(ctx)
+	defaults, err := constraints.LoadDefaults(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +118,7 @@ func reviewDocs(ctx context.Context, root string, check bool) (map[string][]byte
 		return nil, err
 	}
 	var sync []string
-	for _, g := range gatekeeper.SyncedGVKs(defaults) {
+	for _, g := range constraints.SyncedGVKs(defaults) {
 		sync = append(sync, g.Group+"/"+g.Kind)
 	}
 	sort.Strings(sync) // order in the Rego is not a change

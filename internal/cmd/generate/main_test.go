@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -61,4 +62,15 @@ func TestChangedDecisionWithoutVersionBumpFailsNamingTheScenario(t *testing.T) {
 	after, err := os.ReadFile(snapshot)
 	require.NoError(t, err)
 	assert.Contains(t, string(after), "| denied | blocked | DockerMachine default/x", "a refused generate writes nothing")
+}
+
+// generate writes files; Gatekeeper's engine (internal/gatekeeper, with the
+// frameworks client and gator) is for tests only and stays out of its build.
+func TestGenerateDoesNotLinkTheEngine(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	require.NoError(t, err)
+	for _, pkg := range strings.Fields(string(out)) {
+		assert.NotEqual(t, "github.com/nodeguard/nodeguard/internal/gatekeeper", pkg)
+		assert.NotEqual(t, "github.com/open-policy-agent/frameworks/constraint/pkg/client", pkg)
+	}
 }

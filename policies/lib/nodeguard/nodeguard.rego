@@ -29,54 +29,6 @@
 package lib.nodeguard
 
 # METADATA
-# title: Default synced InfraMachine kinds
-# description: |
-#   Kinds whose objects are synced, so their absence proves the host is gone.
-#   The rule reads group and kind; version is the one the generated sync
-#   config asks Gatekeeper to watch.
-default_infra_machine_kinds := [
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "AWSMachine"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "AzureMachine"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "AzureMachinePoolMachine"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "GCPMachine"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "VSphereMachine"},
-	{"group": "vmware.infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "VSphereMachine"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "OpenStackMachine"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "Metal3Machine"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "IBMVPCMachine"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "IBMPowerVSMachine"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "HCloudMachine"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "HetznerBareMetalMachine"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "NutanixMachine"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1alpha1", "kind": "KubevirtMachine"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "DockerMachine"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "DevMachine"},
-]
-
-# METADATA
-# title: Default synced InfraMachinePool kinds
-# description: Pool kinds whose spec.providerIDList links Nodes to the pool.
-default_infra_machine_pool_kinds := [
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "AWSMachinePool"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "AzureMachinePool"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "GCPMachinePool"},
-	{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "DockerMachinePool"},
-]
-
-# METADATA
-# title: Default parameters
-# description: What a Constraint without parameters means.
-default_parameters := {
-	"infraMachineKinds": default_infra_machine_kinds,
-	"infraMachinePoolKinds": default_infra_machine_pool_kinds,
-	"allowUnverifiedKinds": false,
-	"clusterName": "",
-	"clusterNamespace": "",
-	"exemptUsers": [],
-	"exemptGroups": [],
-}
-
-# METADATA
 # title: Decide
 # description: |
 #   The decision for one admission review: allowed, blockers (linked
@@ -108,19 +60,6 @@ judged(review) if {
 _object_or_empty(x) := x if {
 	is_object(x)
 } else := {}
-
-# The enforcer passes every parameter (its defaults come from
-# default_parameters); only a Constraint leaves some out. Building
-# default_parameters costs as much as finding a link type, so it is built
-# only to fill gaps.
-_complete(parameters) if {
-	is_object(parameters)
-	names := {
-		"infraMachineKinds", "infraMachinePoolKinds", "allowUnverifiedKinds",
-		"clusterName", "clusterNamespace", "exemptUsers", "exemptGroups",
-	}
-	object.keys(parameters) & names == names
-}
 
 _decide_judged(review, inventory, params) := _decide_node(node, inventory, params, object.get(review, "userInfo", {})) if {
 	node := _node(review)

@@ -1,29 +1,30 @@
-package gatekeeper_test
+package constraints_test
 
 import (
 	"context"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodeguard/nodeguard/internal/gatekeeper"
+	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
 const constraintsDir = "../../constraints"
 
 func TestCommittedManifestsAreGenerated(t *testing.T) {
-	files, err := gatekeeper.Render(context.Background())
+	files, err := constraints.Render(context.Background())
 	require.NoError(t, err)
 	require.Len(t, files, 4)
 	for name, want := range files {
@@ -34,7 +35,7 @@ func TestCommittedManifestsAreGenerated(t *testing.T) {
 }
 
 func TestDefaultsComeFromTheRego(t *testing.T) {
-	d, err := gatekeeper.LoadDefaults(context.Background())
+	d, err := constraints.LoadDefaults(context.Background())
 	require.NoError(t, err)
 	kinds := map[string]bool{}
 	for _, k := range d.InfraMachineKinds {
@@ -77,35 +78,12 @@ func TestTemplateMetadata(t *testing.T) {
 	assert.Equal(t, "v1", src["version"])
 	assert.Contains(t, src["rego"], "package k8snodeguard")
 	libs := src["libs"].([]any)
-	library, err := policies.Library()
+	lib, err := policies.Library()
 	require.NoError(t, err)
-	require.Len(t, libs, len(library), "one lib per library file")
-	for _, lib := range libs {
-		assert.Contains(t, lib, "package lib.nodeguard")
+	require.Len(t, libs, len(lib), "one lib per file of policies/lib")
+	for _, l := range libs {
+		assert.Contains(t, l, "package lib.nodeguard")
 	}
-}
-
-// The generated template runs in Gatekeeper's own engine and judges a DELETE.
-func TestTemplateRunsInGatekeepersEngine(t *testing.T) {
-	ctx := context.Background()
-	engine := newEngine(t, "constraint.yaml")
-	node := nodeFrom(t, filepath.Join(constraintsDir, "tests/review-capd.yaml"))
-	user := authenticationv1.UserInfo{Username: "kubernetes-admin", Groups: []string{"system:masters"}}
-
-	violations, err := engine.ReviewDelete(ctx, node, user)
-	require.NoError(t, err)
-	assert.Empty(t, violations, "nothing synced, nothing linked")
-
-	for _, obj := range readAll(t, filepath.Join(constraintsDir, "tests/capd-objects.yaml")) {
-		require.NoError(t, engine.AddObject(ctx, obj))
-	}
-	violations, err = engine.ReviewDelete(ctx, node, user)
-	require.NoError(t, err)
-	require.Len(t, violations, 1)
-	assert.Contains(t, violations[0].Msg, "DockerMachine default/dev-md-0-abcde")
-	blocker := violations[0].Details["blocker"].(map[string]any)
-	assert.Equal(t, "DockerMachine", blocker["kind"])
-	assert.Equal(t, false, blocker["deleting"])
 }
 
 func TestKustomizationInstallsTemplateConstraintAndSync(t *testing.T) {
@@ -169,17 +147,6 @@ func TestHelmValuesExistInTheChart(t *testing.T) {
 	}
 }
 
-func newEngine(t *testing.T, constraint string) *gatekeeper.Engine {
-	t.Helper()
-	tmpl, err := os.ReadFile(filepath.Join(constraintsDir, "template.yaml"))
-	require.NoError(t, err)
-	cons, err := os.ReadFile(filepath.Join(constraintsDir, constraint))
-	require.NoError(t, err)
-	engine, err := gatekeeper.NewEngine(context.Background(), tmpl, cons)
-	require.NoError(t, err)
-	return engine
-}
-
 func moduleDir(t *testing.T, module string) string {
 	t.Helper()
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", module).Output()
@@ -209,11 +176,53 @@ func readAll(t *testing.T, path string) []*unstructured.Unstructured {
 	return out
 }
 
-func nodeFrom(t *testing.T, reviewPath string) *unstructured.Unstructured {
-	t.Helper()
-	review := readYAML(t, reviewPath)
-	old, found, err := unstructured.NestedMap(review.Object, "request", "oldObject")
+// Gatekeeper builds the Constraint CRD from the template's schema and
+// rejects one that is not structural; the API server's own check says so first.
+func TestParameterSchemaIsStructuralAndDescribesEveryDeclaredParameter(t *testing.T) {
+	ctx := context.Background()
+	c, err := policies.Compile()
+	require.NoError(t, err)
+	declared, err := policies.DeclaredParameters(ctx, c)
+	require.NoError(t, err)
+	schema, err := constraints.ParameterSchema(declared)
+	require.NoError(t, err)
+	_, err = constraints.Structural(schema)
+	require.NoError(t, err)
+	require.Len(t, schema.Properties, len(declared))
+	for name, p := range declared {
+		prop, ok := schema.Properties[name]
+		require.True(t, ok, name)
+		assert.Equal(t, p.Description, prop.Description, name)
+		assert.NotEmpty(t, prop.Type, name)
+	}
+}
+
+func TestStructuralRejectsASchemaWithoutTypes(t *testing.T) {
+	schema, err := constraints.ParameterSchema(map[string]policies.Parameter{
+		"untyped": {Schema: map[string]any{"items": map[string]any{"type": "string"}}, Description: "no type"},
+	})
+	require.NoError(t, err)
+	_, err = constraints.Structural(schema)
+	assert.ErrorContains(t, err, "not structural")
+}
+
+// The Constraint spells out every declared parameter's default, pruned to
+// the schema as the API server would store it.
+func TestConstraintSpellsOutEveryDeclaredDefault(t *testing.T) {
+	ctx := context.Background()
+	c, err := policies.Compile()
+	require.NoError(t, err)
+	declared, err := policies.DeclaredParameters(ctx, c)
+	require.NoError(t, err)
+	cons := readYAML(t, filepath.Join(constraintsDir, "constraint.yaml"))
+	params, found, err := unstructured.NestedMap(cons.Object, "spec", "parameters")
 	require.NoError(t, err)
 	require.True(t, found)
-	return &unstructured.Unstructured{Object: old}
+	require.Len(t, params, len(declared))
+	for name := range declared {
+		assert.Contains(t, params, name)
+	}
+	kinds := params["infraMachineKinds"].([]any)
+	require.NotEmpty(t, kinds)
+	assert.Equal(t, []string{"group", "kind"}, slices.Sorted(maps.Keys(kinds[0].(map[string]any))), "version is not a parameter field")
 }

@@ -1,0 +1,124 @@
+package lib.nodeguard
+
+# The rule's parameters (a Constraint's spec.parameters) are declared here and
+# nowhere else: default_parameters (the enforcer's defaults too) derives from
+# declared_parameters, and `make generate` writes the ConstraintTemplate's
+# openAPIV3Schema, the sample Constraint and docs/policy.md's table from it.
+#
+# declared_parameters is one literal, without references to other rules: OPA
+# then hands out the value as written instead of building it on every
+# decision, which keeps _complete (run on every decision) as cheap as the
+# hand-kept name set it replaced. A Go test checks that it stays a literal.
+
+# METADATA
+# title: Declared parameters
+# description: |
+#   Every parameter of the rule, by name: schema (an OpenAPI v3 fragment,
+#   structural as Gatekeeper requires: a type at every level), default (what a
+#   Constraint that leaves it out means; a kind's version is what the generated
+#   sync config watches, the rule reads group and kind) and description.
+declared_parameters := {
+	"infraMachineKinds": {
+		"schema": {
+			"type": "array",
+			"items": {
+				"type": "object",
+				"required": ["group", "kind"],
+				"properties": {"group": {"type": "string"}, "kind": {"type": "string"}},
+			},
+		},
+		"default": [
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "AWSMachine"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "AzureMachine"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "AzureMachinePoolMachine"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "GCPMachine"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "VSphereMachine"},
+			{"group": "vmware.infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "VSphereMachine"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "OpenStackMachine"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "Metal3Machine"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "IBMVPCMachine"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "IBMPowerVSMachine"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "HCloudMachine"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "HetznerBareMetalMachine"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "NutanixMachine"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1alpha1", "kind": "KubevirtMachine"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "DockerMachine"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "DevMachine"},
+		],
+		"description": "InfraMachine kinds whose objects are synced. A Machine referencing a kind not listed cannot prove its InfraMachine is gone, so the delete is denied.",
+	},
+	"infraMachinePoolKinds": {
+		"schema": {
+			"type": "array",
+			"items": {
+				"type": "object",
+				"required": ["group", "kind"],
+				"properties": {"group": {"type": "string"}, "kind": {"type": "string"}},
+			},
+		},
+		"default": [
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "AWSMachinePool"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "AzureMachinePool"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "GCPMachinePool"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "DockerMachinePool"},
+		],
+		"description": "InfraMachinePool kinds whose spec.providerIDList links Nodes; must be synced.",
+	},
+	"allowUnverifiedKinds": {
+		"schema": {"type": "boolean"},
+		"default": false,
+		"description": "Allow the delete when a linked Machine references a kind not in infraMachineKinds (default false: deny).",
+	},
+	"clusterName": {
+		"schema": {"type": "string"},
+		"default": "",
+		"description": "Only Machines and InfraMachines of this CAPI Cluster count (empty: all).",
+	},
+	"clusterNamespace": {
+		"schema": {"type": "string"},
+		"default": "",
+		"description": "Only Machines and InfraMachines in this namespace count (empty: all).",
+	},
+	"exemptUsers": {
+		"schema": {"type": "array", "items": {"type": "string"}},
+		"default": [],
+		"description": "Users allowed to delete any Node; the response warns what was bypassed.",
+	},
+	"exemptGroups": {
+		"schema": {"type": "array", "items": {"type": "string"}},
+		"default": [],
+		"description": "Groups allowed to delete any Node; the response warns what was bypassed.",
+	},
+}
+
+# METADATA
+# title: Default synced InfraMachine kinds
+# description: |
+#   Kinds whose objects are synced, so their absence proves the host is gone
+#   (declared in declared_parameters.infraMachineKinds). The rule reads group
+#   and kind; version is the one the generated sync config asks Gatekeeper to
+#   watch.
+default_infra_machine_kinds := declared_parameters.infraMachineKinds.default
+
+# METADATA
+# title: Default synced InfraMachinePool kinds
+# description: |
+#   Pool kinds whose spec.providerIDList links Nodes to the pool (declared in
+#   declared_parameters.infraMachinePoolKinds).
+default_infra_machine_pool_kinds := declared_parameters.infraMachinePoolKinds.default
+
+# METADATA
+# title: Default parameters
+# description: What a Constraint without parameters means, by parameter name.
+default_parameters[name] := parameter.default if {
+	some name, parameter in declared_parameters
+}
+
+# The enforcer passes every parameter (its defaults come from
+# default_parameters); only a Constraint leaves some out. Building
+# default_parameters costs as much as finding a link type, so it is built
+# only to fill gaps.
+_complete(parameters) if {
+	is_object(parameters)
+	object.subset(object.keys(parameters), object.keys(declared_parameters))
+}
