@@ -57,6 +57,13 @@ func run(ctx context.Context, root string, check bool) error {
 	for name, b := range docs {
 		files[name] = b
 	}
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		return fmt.Errorf("read README.md: %w", err)
+	}
+	if files["README.md"], err = policydoc.SpliceLinks(ctx, readme); err != nil {
+		return err
+	}
 	names := make([]string, 0, len(files))
 	for name := range files {
 		names = append(names, name)
