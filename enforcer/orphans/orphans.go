@@ -18,6 +18,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -174,7 +175,7 @@ func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, 
 	if err != nil {
 		return nil, err
 	}
-	evidence := schemeEvidence(f.opts.Inventory.List(inventory.InfraMachine))
+	evidence := schemeEvidence(f.opts.Inventory.List(inventory.InfraMachine), f.opts.Inventory.Model().ClusterLabel)
 	out := make([]Verdict, 0, len(nodes))
 	for _, node := range nodes {
 		objs, err := f.opts.Guard.Objects(ctx, node, fresh)
@@ -204,7 +205,7 @@ func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, 
 // cluster's synced InfraMachines use, without handing every InfraMachine to
 // every evaluation. The Rego decides what counts as evidence; this only
 // bounds the input.
-func schemeEvidence(infra []*unstructured.Unstructured) []*unstructured.Unstructured {
+func schemeEvidence(infra []*unstructured.Unstructured, clusterLabel linkmodel.Path) []*unstructured.Unstructured {
 	seen := map[[3]string]bool{}
 	var out []*unstructured.Unstructured
 	for _, o := range infra {
@@ -213,7 +214,8 @@ func schemeEvidence(infra []*unstructured.Unstructured) []*unstructured.Unstruct
 		if !ok || scheme == "" {
 			continue
 		}
-		key := [3]string{o.GetNamespace(), o.GetLabels()["cluster.x-k8s.io/cluster-name"], scheme}
+		cluster, _, _ := unstructured.NestedString(o.Object, clusterLabel...)
+		key := [3]string{o.GetNamespace(), cluster, scheme}
 		if !seen[key] {
 			seen[key] = true
 			out = append(out, o)
