@@ -171,20 +171,19 @@ _linked_machines(node, inventory, params, kind) := {{"machine": concat("/", [ns,
 # The links whose Node fields are all set, with those values: [link, values].
 _active_links(node) := [[link, values] |
 	some link in links
-	values := [value | some path in link.node; value := object.get(node, path, "")]
-	every value in values {
+	values := [value |
+		some path in link.node
+		value := object.get(node, path, "")
 		is_string(value)
 		value != ""
-	}
+	]
+	count(values) == count(link.node)
 ]
 
+# The paths are data (links.rego), so they cannot be written as references.
 _matches(link, values, obj) if {
 	link.match == "equal"
-	every i, path in link.fields {
-		# The path is data (links.rego), so it cannot be written as a reference.
-		# regal ignore:superfluous-object-get
-		object.get(obj, path, null) == values[i]
-	}
+	[object.get(obj, path, null) | some path in link.fields] == values
 }
 
 _matches(link, values, obj) if {
@@ -358,6 +357,9 @@ _links_phrase(links) := concat(" and ", array.concat(
 	[_link_phrase[l.type] | some l in links; not l.machine],
 ))
 
-_link_phrase[link.type] := link.phrase if some link in links
+# Complete rules, so each is built once per decision, not once per lookup.
+# regal ignore:prefer-set-or-object-rule
+_link_phrase := {link.type: link.phrase | some link in links}
 
-_link_role[link.type] := link.role if some link in links
+# regal ignore:prefer-set-or-object-rule
+_link_role := {link.type: link.role | some link in links}
