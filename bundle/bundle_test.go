@@ -17,6 +17,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/bundle"
 	"github.com/nodeguard/nodeguard/internal/testbundle"
+	"github.com/nodeguard/nodeguard/policies"
 )
 
 func TestBuildUnsigned(t *testing.T) {
@@ -35,8 +36,14 @@ func TestBuildUnsigned(t *testing.T) {
 		paths = append(paths, m.Path)
 		assert.NotContains(t, m.Path, "_test.rego")
 	}
-	// The rule library and its entry point, and the orphan criteria and theirs.
-	assert.Len(t, paths, 4, "library, orphan criteria and their entry points: %v", paths)
+	// Every non-test Rego file but Gatekeeper's entry point: the library
+	// (rule, links, parameters), the orphan criteria and their entry points.
+	files, err := policies.All()
+	require.NoError(t, err)
+	assert.Len(t, paths, len(files)-1, "library, orphan criteria and their entry points: %v", paths)
+	for _, p := range paths {
+		assert.NotContains(t, p, policies.GatekeeperEntry)
+	}
 
 	// The bundle alone decides: a DELETE of a Node whose DockerMachine exists.
 	r := rego.New(rego.Query("data.nodeguard.decision.allowed"), rego.ParsedBundle("nodeguard", &b), rego.Input(capdInput()))

@@ -90,8 +90,8 @@ _decide_node(node, inventory, params, user) := _verdict(node.metadata.name, bloc
 
 	# Links are found once and shared: they are the expensive part.
 	active := _active_links(node)
-	machine_links := {hit | some [link, values] in active; link.role == "Machine"; some hit in _machine_links(link, values, inventory, params)}
-	links := machine_links | {hit | some [link, values] in active; link.role != "Machine"; some hit in _object_links(link, values, inventory, params)}
+	machine_links := _machine_links([a | some a in active; a[0].role == "Machine"], inventory, params)
+	links := machine_links | _object_links([a | some a in active; a[0].role != "Machine"], inventory, params)
 	found := {key: hits | some [key, _] in links; hits := _lookup(inventory, key)}
 	blockers := [_blocker(key, obj, links) | some key, [obj] in found]
 	unverified := _unverified(found, machine_links, params)
@@ -151,19 +151,14 @@ linked_machines(node, inventory, parameters) := _linked_machines(
 	machine_kind,
 )
 
-_linked_machines(node, inventory, params, kind) := {{"machine": concat("/", [ns, name]), "types": sort(types), "deleting": _deleting(obj)} |
-	hits := {[ns, gv, name, link.type] |
-		some [link, values] in _active_links(node)
-		link.role == "Machine"
-		some ns, gv, name
-		machine := inventory.namespace[ns][gv][kind.kind][name]
-		_matches(link, values, machine)
-		_group(gv) == kind.group
-		_machine_in_scope(ns, machine, params)
-	}
-	some [ns, gv, name, _] in hits
-	obj := inventory.namespace[ns][gv][kind.kind][name]
-	types := {hit[3] | some hit in hits; [hit[0], hit[2]] == [ns, name]}
+_linked_machines(node, inventory, params, kind) := {{"machine": concat("/", [ns, name]), "types": sort(types), "deleting": _deleting(machine)} |
+	active := [a | some a in _active_links(node); a[0].role == "Machine"]
+	some ns, gv, name
+	machine := inventory.namespace[ns][gv][kind.kind][name]
+	types := {link.type | some [link, values] in active; _matches(link, values, machine)}
+	count(types) > 0
+	_group(gv) == kind.group
+	_machine_in_scope(ns, machine, params)
 }
 
 # --- Links -------------------------------------------------------------------
@@ -180,6 +175,18 @@ _active_links(node) := [[link, values] |
 	count(values) == count(link.node)
 ]
 
+# The types of the active links that match obj. Written out rather than
+# through _matches: it runs for every Machine Gatekeeper scans.
+_matching(active, obj) := {link.type |
+	some [link, values] in active
+	link.match == "equal"
+	[object.get(obj, path, null) | some path in link.fields] == values
+} | {link.type |
+	some [link, values] in active
+	link.match == "contains"
+	values[0] in object.get(obj, link.fields[0], [])
+}
+
 # The paths are data (links.rego), so they cannot be written as references.
 _matches(link, values, obj) if {
 	link.match == "equal"
@@ -195,19 +202,23 @@ _matches(link, values, obj) if {
 
 # Each link is [infra key, how]; a key is {group, kind, namespace, name}.
 # A Machine link goes through the Machine to the InfraMachine it references.
-_machine_links(link, values, inventory, params) := {[key, {"type": link.type, "machine": concat("/", [ns, name])}] |
+# active holds the Machine links whose Node fields are set.
+_machine_links(active, inventory, params) := {[key, {"type": link_type, "machine": concat("/", [ns, name])}] |
 	some ns, gv, name
 	machine := inventory.namespace[ns][gv][machine_kind.kind][name]
 
 	# Gatekeeper scans every Machine: the selective test goes first.
-	_matches(link, values, machine)
+	link_types := _matching(active, machine)
+	count(link_types) > 0
 	_group(gv) == machine_kind.group
 	_machine_in_scope(ns, machine, params)
 	key := _infra_ref(ns, machine)
+	some link_type in link_types
 }
 
 # An InfraMachine or pool link blocks the object itself.
-_object_links(link, values, inventory, params) := {[key, {"type": link.type}] |
+_object_links(active, inventory, params) := {[key, {"type": link.type}] |
+	some [link, values] in active
 	some kind in _role_kinds(link.role, params)
 	some ns, gv, name
 	obj := inventory.namespace[ns][gv][kind.kind][name]
