@@ -115,8 +115,8 @@ func TestReasons(t *testing.T) {
 	update := guard.Request{Operation: "UPDATE", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Node"}, Node: capdNode()}
 	noNode := guard.Request{Name: "n1"}
 	for want, got := range map[string]decision.Decision{
-		decision.ReasonNotJudged:   decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, update),
-		decision.ReasonUnjudgeable: decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, noNode),
+		decision.ReasonNotJudged:       decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, update),
+		decision.ReasonUnjudgeable:     decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, noNode),
 		decision.ReasonBlocked:         decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, node),
 		decision.ReasonNoLink:          decideFull(t, cache(t, capdMachine()), guard.Options{}, node),
 		decision.ReasonUnverified:      decideFull(t, cache(t, capdMachine()), guard.Options{SyncedKinds: none}, node),
