@@ -13,6 +13,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/policies"
 )
@@ -264,4 +265,38 @@ func (in Input) value() (ast.Value, error) {
 		input.Insert(ast.StringTerm("parameters"), ast.NewTerm(in.Parameters.value))
 	}
 	return input, nil
+}
+
+// Kinds returns the InfraMachine and pool kinds of a Constraint's
+// parameters, with the rule's defaults for those not given: the kinds to
+// sync or load, for the live enforcer and the offline check alike.
+func (e *Evaluator) Kinds(params map[string]any) (infra, pools []schema.GroupKind, err error) {
+	effective := e.DefaultParameters()
+	maps.Copy(effective, params)
+	if infra, err = groupKinds(effective, "infraMachineKinds"); err != nil {
+		return nil, nil, err
+	}
+	if pools, err = groupKinds(effective, "infraMachinePoolKinds"); err != nil {
+		return nil, nil, err
+	}
+	return infra, pools, nil
+}
+
+// groupKinds reads a list of {group, kind} parameters.
+func groupKinds(params map[string]any, key string) ([]schema.GroupKind, error) {
+	list, ok := params[key].([]any)
+	if !ok {
+		return nil, fmt.Errorf("parameter %s: want a list of {group, kind}, got %T", key, params[key])
+	}
+	out := make([]schema.GroupKind, 0, len(list))
+	for i, item := range list {
+		m, _ := item.(map[string]any)
+		group, _ := m["group"].(string)
+		kind, _ := m["kind"].(string)
+		if kind == "" {
+			return nil, fmt.Errorf("parameter %s[%d]: want {group, kind}, got %v", key, i, item)
+		}
+		out = append(out, schema.GroupKind{Group: group, Kind: kind})
+	}
+	return out, nil
 }
