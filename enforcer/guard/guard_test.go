@@ -24,19 +24,16 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
 var (
-	machineGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
-	dockerGVK  = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
+	machineGVK = testcluster.MachineGVK
+	dockerGVK  = testcluster.DockerMachineGVK
 )
 
 func newObj(gvk schema.GroupVersionKind, name string, fields map[string]any) *unstructured.Unstructured {
-	u := &unstructured.Unstructured{Object: fields}
-	u.SetGroupVersionKind(gvk)
-	u.SetNamespace("default")
-	u.SetName(name)
-	return u
+	return testcluster.Object(gvk, "default", name, fields)
 }
 
 func capdMachine() *unstructured.Unstructured {
@@ -78,14 +75,7 @@ func cache(t *testing.T, objs ...*unstructured.Unstructured) *inventory.Inventor
 
 // apiServer is a fake dynamic client with a mapper that knows both kinds.
 func apiServer(objs ...runtime.Object) (*dynamicfake.FakeDynamicClient, meta.RESTMapper) {
-	mapper := meta.NewDefaultRESTMapper(nil)
-	mapper.Add(machineGVK, meta.RESTScopeNamespace)
-	mapper.Add(dockerGVK, meta.RESTScopeNamespace)
-	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		machineGVK.GroupVersion().WithResource("machines"):      "MachineList",
-		dockerGVK.GroupVersion().WithResource("dockermachines"): "DockerMachineList",
-	}, objs...)
-	return client, mapper
+	return testcluster.Serve([]testcluster.Kind{{GVK: machineGVK, Resource: "machines"}, {GVK: dockerGVK, Resource: "dockermachines"}}, objs...)
 }
 
 func decide(t *testing.T, inv *inventory.Inventory, opts guard.Options, req guard.Request) (bool, []string) {
