@@ -14,7 +14,6 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 )
@@ -101,7 +100,7 @@ func offline(ctx context.Context, opts Options, params map[string]any, eval *dec
 	if node == nil {
 		return decision.Decision{}, fmt.Errorf("node %q not found in %v", opts.Node, opts.Files)
 	}
-	infra, pools, err := live.Kinds(eval, params)
+	infra, pools, err := eval.Kinds(params)
 	if err != nil {
 		return decision.Decision{}, err
 	}

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 )
 
@@ -21,14 +22,14 @@ var nodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 // InfraMachines through the same informers and indexes as the webhook, with
 // fresh reads of the candidates.
 func judgeLive(ctx context.Context, opts Options, params map[string]any, eval *decision.Evaluator) (decision.Decision, error) {
-	c, err := live.Connect(opts.Kubeconfig, opts.Context)
+	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
 		return decision.Decision{}, err
 	}
 	return judgeWith(ctx, c, opts, params, eval)
 }
 
-func judgeWith(ctx context.Context, c live.Clients, opts Options, params map[string]any, eval *decision.Evaluator) (decision.Decision, error) {
+func judgeWith(ctx context.Context, c kubeclient.Clients, opts Options, params map[string]any, eval *decision.Evaluator) (decision.Decision, error) {
 	node, err := c.Dynamic.Resource(nodeGVR).Get(ctx, opts.Node, metav1.GetOptions{})
 	if err != nil {
 		return decision.Decision{}, fmt.Errorf("get node %q: %w", opts.Node, err)

@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -18,7 +18,7 @@ func TestLiveCheckAgainstAnAPIServer(t *testing.T) {
 	client, mapper := testcluster.CAPD(t, "../../examples/capd-v1beta2")
 	opts := Options{Node: "dev-md-0-x7k2p-abcde", Output: "text"}
 
-	c := live.Clients{Dynamic: client, Mapper: mapper}
+	c := kubeclient.Clients{Dynamic: client, Mapper: mapper}
 	d, err := judgeWith(ctx, c, opts, nil, nil)
 	require.NoError(t, err)
 	assert.False(t, d.Allowed)

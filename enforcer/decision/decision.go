@@ -14,6 +14,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/policies"
@@ -73,16 +74,32 @@ type Unverified struct {
 	Links     []Link `json:"links"`
 }
 
-// Reasons say in one word why a decision went the way it did (metrics, logs).
+// Reasons say in one word why a request was answered as it was: the
+// reason label of nodeguard_decisions_total and of the decision log line.
+// The first five name the rule's answers; the others denials made outside
+// Rego (Deny) and requests answered with an HTTP error.
 const (
-	ReasonNoLink          = "no-link"           // allowed: nothing linked still exists
-	ReasonExempt          = "exempt"            // allowed for an exempt user or group; see Warnings
-	ReasonBlocked         = "blocked"           // denied: a linked InfraMachine or pool still exists
-	ReasonUnverified      = "unverified"        // denied: a linked kind is not synced
-	ReasonUnjudgeable     = "unjudgeable"       // denied: the review carries no Node
+	ReasonNoLink      = "no-link"     // allowed: nothing linked still exists
+	ReasonExempt      = "exempt"      // allowed for an exempt user or group; see Warnings
+	ReasonNotJudged   = "not-judged"  // allowed: the rule judges only DELETE of a core Node
+	ReasonBlocked     = "blocked"     // denied: a linked InfraMachine or pool still exists
+	ReasonUnverified  = "unverified"  // denied: a linked kind is not synced
+	ReasonUnjudgeable = "unjudgeable" // denied: the review carries no Node
+
 	ReasonNotReady        = "not-ready"         // denied: caches not synced yet
 	ReasonFreshReadFailed = "fresh-read-failed" // denied: the API server did not answer in time
+	ReasonError           = "error"             // denied: no decision could be made
+	ReasonBusy            = "busy"              // denied: no decision slot within the deadline
+	ReasonBadRequest      = "bad-request"       // no decision: answered with an HTTP error
 )
+
+// Deny is a denial that no Rego evaluation produced (not ready, no fresh
+// read, no decision in time), shaped like the rule's so every caller prints
+// and counts it the same way.
+func Deny(reason, msg string) Decision {
+	return Decision{Allowed: false, Reason: reason, Blockers: []Blocker{}, Unverified: []Unverified{},
+		Messages: []string{msg}, Warnings: []string{}}
+}
 
 // Decision is the rule's answer.
 type Decision struct {
@@ -209,24 +226,32 @@ func (e *Evaluator) Evaluate(ctx context.Context, in Input) (Decision, error) {
 	if err != nil {
 		return Decision{}, fmt.Errorf("evaluate %s: %w", policies.EnforcerQuery, err)
 	}
-	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
-		return Decision{}, fmt.Errorf("evaluate %s: want one result, got %d", policies.EnforcerQuery, len(rs))
+	value, ok := rego.ResultValue[map[string]any](rs)
+	if !ok {
+		return Decision{}, fmt.Errorf("evaluate %s: want one object, got %d results", policies.EnforcerQuery, len(rs))
 	}
 	// The result is plain JSON-shaped data; a round trip maps it onto the types.
-	raw, err := json.Marshal(rs[0].Expressions[0].Value)
+	raw, err := json.Marshal(value)
 	if err != nil {
 		return Decision{}, fmt.Errorf("encode decision: %w", err)
 	}
-	var d Decision
+	// judged is the entry point's word that the rule does not judge this
+	// request (not a Node DELETE); it names the reason and is not printed.
+	var d struct {
+		Decision
+		Judged *bool `json:"judged"`
+	}
 	if err := json.Unmarshal(raw, &d); err != nil {
 		return Decision{}, fmt.Errorf("decode decision: %w", err)
 	}
-	d.Reason = reason(d)
-	return d, nil
+	d.Reason = reason(d.Decision, d.Judged == nil || *d.Judged)
+	return d.Decision, nil
 }
 
-func reason(d Decision) string {
+func reason(d Decision, judged bool) string {
 	switch {
+	case !judged:
+		return ReasonNotJudged
 	case d.Allowed && len(d.Warnings) > 0:
 		return ReasonExempt
 	case d.Allowed:
@@ -260,4 +285,38 @@ func (in Input) value() (ast.Value, error) {
 		input.Insert(ast.StringTerm("parameters"), ast.NewTerm(in.Parameters.value))
 	}
 	return input, nil
+}
+
+// Kinds returns the InfraMachine and pool kinds of a Constraint's
+// parameters, with the rule's defaults for those not given: the kinds to
+// sync or load, for the live enforcer and the offline check alike.
+func (e *Evaluator) Kinds(params map[string]any) (infra, pools []schema.GroupKind, err error) {
+	effective := e.DefaultParameters()
+	maps.Copy(effective, params)
+	if infra, err = groupKinds(effective, "infraMachineKinds"); err != nil {
+		return nil, nil, err
+	}
+	if pools, err = groupKinds(effective, "infraMachinePoolKinds"); err != nil {
+		return nil, nil, err
+	}
+	return infra, pools, nil
+}
+
+// groupKinds reads a list of {group, kind} parameters.
+func groupKinds(params map[string]any, key string) ([]schema.GroupKind, error) {
+	list, ok := params[key].([]any)
+	if !ok {
+		return nil, fmt.Errorf("parameter %s: want a list of {group, kind}, got %T", key, params[key])
+	}
+	out := make([]schema.GroupKind, 0, len(list))
+	for i, item := range list {
+		m, _ := item.(map[string]any)
+		group, _ := m["group"].(string)
+		kind, _ := m["kind"].(string)
+		if kind == "" {
+			return nil, fmt.Errorf("parameter %s[%d]: want {group, kind}, got %v", key, i, item)
+		}
+		out = append(out, schema.GroupKind{Group: group, Kind: kind})
+	}
+	return out, nil
 }

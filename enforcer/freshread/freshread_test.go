@@ -9,25 +9,21 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	dynamicfake "k8s.io/client-go/dynamic/fake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
-var machineGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
+var machineGVK = testcluster.MachineGVK
 
 // Concurrent reads of one object share one GET while it is in flight; a read
 // after it returns makes a GET of its own (nothing is cached).
 func TestConcurrentReadsOfOneObjectShareOneGet(t *testing.T) {
-	gvr := schema.GroupVersionResource{Group: machineGVK.Group, Version: machineGVK.Version, Resource: "machines"}
-	m := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-		"metadata": map[string]any{"namespace": "default", "name": "m1"}}}
-	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{gvr: "MachineList"}, m)
+	client, mapper := testcluster.Serve([]testcluster.Kind{{GVK: machineGVK, Resource: "machines"}},
+		testcluster.Object(machineGVK, "default", "m1", nil))
 	var gets atomic.Int64
 	release := make(chan struct{})
 	client.PrependReactor("get", "machines", func(k8stesting.Action) (bool, runtime.Object, error) {
@@ -35,8 +31,6 @@ func TestConcurrentReadsOfOneObjectShareOneGet(t *testing.T) {
 		<-release
 		return false, nil, nil // on to the tracker
 	})
-	mapper := meta.NewDefaultRESTMapper(nil)
-	mapper.Add(machineGVK, meta.RESTScopeNamespace)
 	r := freshread.New(client, mapper)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -5,24 +5,35 @@ package guard
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
+	"maps"
 	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
-// Request is one Node delete to judge.
+// Request is one admission request to judge, as the rule reads it. Its zero
+// Operation and Kind stand for a DELETE of a core v1 Node, what the library's
+// and `nodeguard check`'s callers ask; the webhook passes the
+// AdmissionRequest's own, and the rule decides what it judges.
 type Request struct {
+	Operation string
+	Kind      metav1.GroupVersionKind
+	// Name is the request's object name; empty means Node's.
+	Name string
+	// Node is the object being deleted (an AdmissionRequest's oldObject);
+	// nil when the request carries none, which the rule denies for a Node
+	// delete: it cannot tell what is linked to a Node it does not see.
 	Node *unstructured.Unstructured
 	// Cluster, "namespace/name", limits the Machines and InfraMachines that
 	// count to one CAPI Cluster; empty means all.
@@ -89,9 +100,7 @@ func New(ctx context.Context, inv *inventory.Inventory, opts Options) (*Guard, e
 		}
 	}
 	params := eval.DefaultParameters()
-	for k, v := range opts.Parameters {
-		params[k] = v
-	}
+	maps.Copy(params, opts.Parameters)
 	if opts.FreshTimeout == 0 {
 		opts.FreshTimeout = 2 * time.Second
 	}
@@ -127,41 +136,42 @@ func (g *Guard) user(u authenticationv1.UserInfo) authenticationv1.UserInfo {
 // Parameters returns the effective parameters (defaults merged with the
 // Constraint's), before synced kinds and cluster scope are applied.
 func (g *Guard) Parameters() map[string]any {
-	out := make(map[string]any, len(g.params))
-	for k, v := range g.params {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(g.params)
 }
 
-// Decide judges the delete of req.Node. An error means no decision could be
-// made (bad request, rule failure); callers must then deny.
+// Decide judges req with the rule: the candidates linked to req.Node (none
+// without a Node), re-read when the Guard has fresh reads. An error means no
+// decision could be made (bad cluster, rule failure); callers must then deny.
 func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, error) {
-	if req.Node == nil || req.Node.GetName() == "" {
-		return decision.Decision{}, errors.New("decide: the request has no Node")
-	}
 	if g.opts.Ready != nil {
 		if err := g.opts.Ready(); err != nil {
-			return Deny(decision.ReasonNotReady, fmt.Sprintf("Node %q cannot be deleted yet: nodeguard is not ready (%v), "+
+			return decision.Deny(decision.ReasonNotReady, fmt.Sprintf("Node %q cannot be deleted yet: nodeguard is not ready (%v), "+
 				"so it cannot tell whether an InfraMachine is linked to it; retry once nodeguard reports ready.",
-				req.Node.GetName(), err)), nil
+				req.name(), err)), nil
 		}
 	}
 	params, err := g.parameters(req.Cluster)
 	if err != nil {
 		return decision.Decision{}, err
 	}
-	objs, refs := g.inv.Candidates(req.Node)
-	if g.opts.Fresh != nil {
-		objs, err = g.refresh(ctx, objs, refs)
-		if err != nil {
-			return Deny(decision.ReasonFreshReadFailed, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not re-read the "+
-				"objects linked to it from the API server (%v), so it cannot prove their hosts are gone; retry shortly.",
-				req.Node.GetName(), err)), nil
+	var objs []*unstructured.Unstructured
+	seen := req
+	seen.UserInfo = g.user(req.UserInfo)
+	if req.Node != nil {
+		seen.Node = g.inv.Model().StripNode(req.Node)
+		var refs []inventory.Ref
+		objs, refs = g.inv.Candidates(req.Node)
+		if g.opts.Fresh != nil {
+			objs, err = g.refresh(ctx, objs, refs)
+			if err != nil {
+				return decision.Deny(decision.ReasonFreshReadFailed, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not re-read the "+
+					"objects linked to it from the API server (%v), so it cannot prove their hosts are gone; retry shortly.",
+					req.name(), err)), nil
+			}
 		}
 	}
 	return g.eval.Evaluate(ctx, decision.Input{
-		Review:     DeleteReview(g.inv.Model().StripNode(req.Node), g.user(req.UserInfo)),
+		Review:     seen.Review(),
 		Inventory:  inventory.Layout(objs),
 		Parameters: params,
 	})
@@ -170,22 +180,12 @@ func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, err
 // Model returns the link model the guard follows (its inventory's).
 func (g *Guard) Model() *linkmodel.Model { return g.inv.Model() }
 
-// Deny is a denial that no Rego evaluation produced (not ready, no fresh read).
-func Deny(reason, msg string) decision.Decision {
-	return decision.Decision{Allowed: false, Reason: reason, Blockers: []decision.Blocker{}, Unverified: []decision.Unverified{},
-		Messages: []string{msg}, Warnings: []string{}}
-}
-
 // parameters are the effective parameters for a cluster route, converted
 // once per route and set of synced kinds.
 func (g *Guard) parameters(cluster string) (decision.Parameters, error) {
-	var ns, name string
-	if cluster != "" {
-		var ok bool
-		ns, name, ok = strings.Cut(cluster, "/")
-		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-			return decision.Parameters{}, fmt.Errorf("cluster %q: want NAMESPACE/NAME", cluster)
-		}
+	ns, name, err := splitCluster(cluster)
+	if err != nil {
+		return decision.Parameters{}, err
 	}
 	var machines, pools []schema.GroupVersionKind
 	if g.opts.SyncedKinds != nil {
@@ -215,19 +215,28 @@ func (g *Guard) parameters(cluster string) (decision.Parameters, error) {
 // route ("namespace/name", or "" for all): defaults, the Constraint's, the
 // synced kinds and the cluster scope. The orphan criteria take the same.
 func (g *Guard) ScopedParameters(cluster string) (map[string]any, error) {
-	var ns, name string
-	if cluster != "" {
-		var ok bool
-		ns, name, ok = strings.Cut(cluster, "/")
-		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-			return nil, fmt.Errorf("cluster %q: want NAMESPACE/NAME", cluster)
-		}
+	ns, name, err := splitCluster(cluster)
+	if err != nil {
+		return nil, err
 	}
 	var machines, pools []schema.GroupVersionKind
 	if g.opts.SyncedKinds != nil {
 		machines, pools = g.opts.SyncedKinds()
 	}
 	return g.scoped(ns, name, machines, pools), nil
+}
+
+// splitCluster parses a cluster route, "NAMESPACE/NAME" or "" for all; a
+// Cluster always has both parts.
+func splitCluster(cluster string) (ns, name string, err error) {
+	if cluster == "" {
+		return "", "", nil
+	}
+	ns, name, err = cache.SplitMetaNamespaceKey(cluster)
+	if err != nil || ns == "" || name == "" {
+		return "", "", fmt.Errorf("cluster %q: want NAMESPACE/NAME", cluster)
+	}
+	return ns, name, nil
 }
 
 func (g *Guard) scoped(ns, name string, machines, pools []schema.GroupVersionKind) map[string]any {
@@ -372,18 +381,34 @@ func unversioned(r inventory.Ref) inventory.Ref {
 	return r
 }
 
-// DeleteReview is the AdmissionRequest-shaped review of a Node delete, as the
-// rule reads it.
-func DeleteReview(node *unstructured.Unstructured, user authenticationv1.UserInfo) map[string]any {
-	groups := make([]any, 0, len(user.Groups))
-	for _, g := range user.Groups {
+// Review is the AdmissionRequest-shaped review the rule reads of r: its
+// operation, kind and name, the Node as oldObject (none when Node is nil),
+// and the user.
+func (r Request) Review() map[string]any {
+	groups := make([]any, 0, len(r.UserInfo.Groups))
+	for _, g := range r.UserInfo.Groups {
 		groups = append(groups, g)
 	}
-	return map[string]any{
-		"operation": "DELETE",
-		"kind":      map[string]any{"group": "", "version": "v1", "kind": "Node"},
-		"name":      node.GetName(),
-		"oldObject": node.Object,
-		"userInfo":  map[string]any{"username": user.Username, "groups": groups},
+	op, kind := r.Operation, r.Kind
+	if op == "" && kind == (metav1.GroupVersionKind{}) {
+		op, kind = "DELETE", metav1.GroupVersionKind{Version: "v1", Kind: "Node"}
 	}
+	review := map[string]any{
+		"operation": op,
+		"kind":      map[string]any{"group": kind.Group, "version": kind.Version, "kind": kind.Kind},
+		"name":      r.name(),
+		"userInfo":  map[string]any{"username": r.UserInfo.Username, "groups": groups},
+	}
+	if r.Node != nil {
+		review["oldObject"] = r.Node.Object
+	}
+	return review
+}
+
+// name is the name of the object the request is about.
+func (r Request) name() string {
+	if r.Name == "" && r.Node != nil {
+		return r.Node.GetName()
+	}
+	return r.Name
 }

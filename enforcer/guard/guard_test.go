@@ -25,19 +25,16 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
 var (
-	machineGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
-	dockerGVK  = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
+	machineGVK = testcluster.MachineGVK
+	dockerGVK  = testcluster.DockerMachineGVK
 )
 
 func newObj(gvk schema.GroupVersionKind, name string, fields map[string]any) *unstructured.Unstructured {
-	u := &unstructured.Unstructured{Object: fields}
-	u.SetGroupVersionKind(gvk)
-	u.SetNamespace("default")
-	u.SetName(name)
-	return u
+	return testcluster.Object(gvk, "default", name, fields)
 }
 
 func capdMachine() *unstructured.Unstructured {
@@ -77,14 +74,7 @@ func cache(t *testing.T, objs ...*unstructured.Unstructured) *inventory.Inventor
 
 // apiServer is a fake dynamic client with a mapper that knows both kinds.
 func apiServer(objs ...runtime.Object) (*dynamicfake.FakeDynamicClient, meta.RESTMapper) {
-	mapper := meta.NewDefaultRESTMapper(nil)
-	mapper.Add(machineGVK, meta.RESTScopeNamespace)
-	mapper.Add(dockerGVK, meta.RESTScopeNamespace)
-	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		machineGVK.GroupVersion().WithResource("machines"):      "MachineList",
-		dockerGVK.GroupVersion().WithResource("dockermachines"): "DockerMachineList",
-	}, objs...)
-	return client, mapper
+	return testcluster.Serve([]testcluster.Kind{{GVK: machineGVK, Resource: "machines"}, {GVK: dockerGVK, Resource: "dockermachines"}}, objs...)
 }
 
 func decide(t *testing.T, inv *inventory.Inventory, opts guard.Options, req guard.Request) (bool, []string) {
@@ -111,7 +101,11 @@ func TestReasons(t *testing.T) {
 		return true, nil, errors.New("timeout")
 	})
 	exempt := guard.Request{Node: capdNode(), UserInfo: authenticationv1.UserInfo{Username: "ops"}}
+	update := guard.Request{Operation: "UPDATE", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Node"}, Node: capdNode()}
+	noNode := guard.Request{Name: "n1"}
 	for want, got := range map[string]decision.Decision{
+		decision.ReasonNotJudged:       decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, update),
+		decision.ReasonUnjudgeable:     decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, noNode),
 		decision.ReasonBlocked:         decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, node),
 		decision.ReasonNoLink:          decideFull(t, cache(t, capdMachine()), guard.Options{}, node),
 		decision.ReasonUnverified:      decideFull(t, cache(t, capdMachine()), guard.Options{SyncedKinds: none}, node),
@@ -312,10 +306,29 @@ func TestManyGroupsDecideAsFew(t *testing.T) {
 func TestBadRequests(t *testing.T) {
 	g, err := guard.New(context.Background(), cache(t), guard.Options{})
 	require.NoError(t, err)
-	_, err = g.Decide(context.Background(), guard.Request{})
-	assert.ErrorContains(t, err, "no Node")
-	_, err = g.Decide(context.Background(), guard.Request{Node: capdNode(), Cluster: "no-slash"})
-	assert.ErrorContains(t, err, "want NAMESPACE/NAME")
+	for _, cluster := range []string{"no-slash", "/name", "ns/", "a/b/c"} {
+		_, err = g.Decide(context.Background(), guard.Request{Node: capdNode(), Cluster: cluster})
+		assert.ErrorContains(t, err, "want NAMESPACE/NAME", cluster)
+	}
+}
+
+// A request without a Node is the rule's to decide: it denies a Node delete
+// it cannot see, exempt user or not, and allows what it does not judge.
+func TestRequestsWithoutANodeAreTheRulesToDecide(t *testing.T) {
+	g, err := guard.New(context.Background(), cache(t, capdMachine(), capdInfra()),
+		guard.Options{Parameters: map[string]any{"exemptUsers": []any{"ops"}}})
+	require.NoError(t, err)
+	for _, user := range []string{"bob", "ops"} {
+		d, err := g.Decide(context.Background(), guard.Request{Name: "n1", UserInfo: authenticationv1.UserInfo{Username: user}})
+		require.NoError(t, err)
+		assert.False(t, d.Allowed, user)
+		require.Len(t, d.Messages, 1)
+		assert.Contains(t, d.Messages[0], `Node "n1" cannot be judged: the DELETE request carries no oldObject`)
+	}
+	d, err := g.Decide(context.Background(), guard.Request{Operation: "DELETE", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}, Name: "p"})
+	require.NoError(t, err)
+	assert.True(t, d.Allowed)
+	assert.Equal(t, decision.ReasonNotJudged, d.Reason)
 }
 
 // concurrency wraps a FreshReader, slowing each Get so that reads made at

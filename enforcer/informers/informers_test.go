@@ -17,6 +17,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
 var (
@@ -28,16 +29,7 @@ var (
 	crdGVK     = schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}
 )
 
-func object(gvk schema.GroupVersionKind, ns, name string, fields map[string]any) *unstructured.Unstructured {
-	u := &unstructured.Unstructured{Object: fields}
-	if u.Object == nil {
-		u.Object = map[string]any{}
-	}
-	u.SetGroupVersionKind(gvk)
-	u.SetNamespace(ns)
-	u.SetName(name)
-	return u
-}
+var object = testcluster.Object
 
 func machine(name, infraGroup, infraKind string) *unstructured.Unstructured {
 	return object(machineGVK, "default", name, map[string]any{
@@ -56,25 +48,14 @@ func setup(t *testing.T, objs ...runtime.Object) (*dynamicfake.FakeDynamicClient
 	t.Helper()
 	// Listed in preference order: FooMachine's preferred version is v1alpha1,
 	// so only the contract label leads to v1beta1.
-	gvks := []schema.GroupVersionKind{machineGVK, dockerGVK, poolGVK, fooOld, fooGVK, crdGVK}
-	var gvs []schema.GroupVersion
-	for _, gvk := range gvks {
-		gvs = append(gvs, gvk.GroupVersion())
-	}
-	mapper := meta.NewDefaultRESTMapper(gvs)
-	for _, gvk := range gvks[:5] {
-		mapper.Add(gvk, meta.RESTScopeNamespace)
-	}
-	mapper.Add(crdGVK, meta.RESTScopeRoot)
-	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		machineGVK.GroupVersion().WithResource("machines"):              "MachineList",
-		dockerGVK.GroupVersion().WithResource("dockermachines"):         "DockerMachineList",
-		poolGVK.GroupVersion().WithResource("dockermachinepools"):       "DockerMachinePoolList",
-		fooOld.GroupVersion().WithResource("foomachines"):               "FooMachineList",
-		fooGVK.GroupVersion().WithResource("foomachines"):               "FooMachineList",
-		crdGVK.GroupVersion().WithResource("customresourcedefinitions"): "CustomResourceDefinitionList",
+	return testcluster.Serve([]testcluster.Kind{
+		{GVK: machineGVK, Resource: "machines"},
+		{GVK: dockerGVK, Resource: "dockermachines"},
+		{GVK: poolGVK, Resource: "dockermachinepools"},
+		{GVK: fooOld, Resource: "foomachines"},
+		{GVK: fooGVK, Resource: "foomachines"},
+		{GVK: crdGVK, Resource: "customresourcedefinitions", Cluster: true},
 	}, objs...)
-	return client, mapper
 }
 
 func TestSyncerFindsKindsAndBecomesReady(t *testing.T) {

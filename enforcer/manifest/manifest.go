@@ -3,8 +3,11 @@
 package manifest
 
 import (
+	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -14,7 +17,7 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"sigs.k8s.io/yaml"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 )
 
 // Load reads every object from the given files and directories (directories
@@ -70,62 +73,85 @@ func expand(path string) ([]string, error) {
 
 var yamlLine = regexp.MustCompile(`line (\d+)`)
 
-// LoadFile reads the objects of one file.
+// LoadFile reads the objects of one file: its YAML documents as kubectl
+// splits them (apimachinery's YAMLReader; JSON is YAML), each error naming
+// the file and the line.
 func LoadFile(path string) ([]*unstructured.Unstructured, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
+	// The reader returns a document's lines ended by "\n", the last one too:
+	// with the file's lines ended the same way, each document is found in it
+	// to number its lines.
+	b = bytes.ReplaceAll(b, []byte("\r\n"), []byte("\n"))
+	if len(b) > 0 && b[len(b)-1] != '\n' {
+		b = append(b, '\n')
+	}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
 	var objs []*unstructured.Unstructured
-	for _, doc := range split(b) {
-		if len(bytes.TrimSpace(stripComments(doc.body))) == 0 {
-			continue
+	for offset := 0; ; {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return objs, nil
 		}
-		got, err := decode(doc.body)
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, badSeparator(b, offset), err)
+		}
+		start := offset + index(b[offset:], doc)
+		offset = start + len(doc)
+		line := 1 + bytes.Count(b[:start], []byte("\n"))
+		got, err := decode(doc)
 		if err != nil {
 			// YAML errors count lines from the document's start: make them
 			// count from the file's.
 			msg := err.Error()
-			line := doc.line + leadingBlankLines(doc.body)
+			errLine := line + leadingBlankLines(doc)
 			if m := yamlLine.FindStringSubmatch(msg); m != nil {
 				n, _ := strconv.Atoi(m[1])
-				line = doc.line + n - 1
-				msg = yamlLine.ReplaceAllString(msg, "line "+strconv.Itoa(line))
+				errLine = line + n - 1
+				msg = yamlLine.ReplaceAllString(msg, "line "+strconv.Itoa(errLine))
 			}
-			return nil, fmt.Errorf("%s:%d: %s", path, line, msg)
+			return nil, fmt.Errorf("%s:%d: %s", path, errLine, msg)
 		}
 		objs = append(objs, got...)
 	}
-	return objs, nil
 }
 
-type document struct {
-	line int // 1-based line of the document's first line in the file
-	body []byte
-}
-
-// split cuts a file at "---" separator lines, remembering where each
-// document starts.
-func split(b []byte) []document {
-	var docs []document
-	cur := document{line: 1}
-	lines := bytes.SplitAfter(b, []byte("\n"))
-	for i, l := range lines {
-		t := bytes.TrimRight(l, " \t\r\n")
-		if bytes.Equal(t, []byte("---")) || bytes.HasPrefix(t, []byte("--- ")) {
-			docs = append(docs, cur)
-			cur = document{line: i + 2}
-			continue
-		}
-		cur.body = append(cur.body, l...)
+// index is where doc, a run of whole lines, starts in b: at a line start,
+// after at most some separator lines.
+func index(b, doc []byte) int {
+	if bytes.HasPrefix(b, doc) {
+		return 0
 	}
-	return append(docs, cur)
+	if i := bytes.Index(b, append([]byte("\n"), doc...)); i >= 0 {
+		return i + 1
+	}
+	return 0
+}
+
+// badSeparator is the line of the first separator after offset that the
+// reader refuses ("---" followed by more than a comment).
+func badSeparator(b []byte, offset int) int {
+	line := 1 + bytes.Count(b[:offset], []byte("\n"))
+	for _, l := range bytes.SplitAfter(b[offset:], []byte("\n")) {
+		if rest, ok := bytes.CutPrefix(l, []byte("---")); ok {
+			if t := bytes.TrimSpace(rest); len(t) > 0 && t[0] != '#' {
+				return line
+			}
+		}
+		line++
+	}
+	return line
 }
 
 func decode(doc []byte) ([]*unstructured.Unstructured, error) {
-	j, err := yaml.YAMLToJSON(doc)
+	j, err := utilyaml.ToJSON(doc)
 	if err != nil {
 		return nil, err
+	}
+	if bytes.Equal(j, []byte("null")) {
+		return nil, nil // only comments
 	}
 	u := &unstructured.Unstructured{}
 	if err := u.UnmarshalJSON(j); err != nil {
@@ -158,28 +184,17 @@ func validate(u *unstructured.Unstructured) error {
 	return nil
 }
 
+// leadingBlankLines counts the blank and comment lines a document starts
+// with, so an error about the whole object names its first line.
 func leadingBlankLines(doc []byte) int {
 	n := 0
 	for _, l := range bytes.Split(doc, []byte("\n")) {
-		t := bytes.TrimSpace(l)
-		if len(t) > 0 && t[0] != '#' && !bytes.Equal(t, []byte("---")) {
+		if t := bytes.TrimSpace(l); len(t) > 0 && t[0] != '#' {
 			break
 		}
 		n++
 	}
 	return n
-}
-
-func stripComments(doc []byte) []byte {
-	var out [][]byte
-	for _, l := range bytes.Split(doc, []byte("\n")) {
-		t := bytes.TrimSpace(l)
-		if len(t) == 0 || t[0] == '#' || bytes.Equal(t, []byte("---")) {
-			continue
-		}
-		out = append(out, l)
-	}
-	return bytes.Join(out, []byte("\n"))
 }
 
 // ConstraintKind is the kind of nodeguard's Constraint.

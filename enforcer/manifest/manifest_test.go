@@ -54,6 +54,23 @@ func TestLoadErrorsNameFileAndLine(t *testing.T) {
 	_, err = manifest.Load(noName)
 	assert.ErrorContains(t, err, "noname.yaml:1: Node has no metadata.name")
 
+	// Lines count from the file's start across separators (with comments),
+	// comment-only documents and CRLF line ends.
+	third := write(t, dir, "third.yaml", "apiVersion: v1\r\nkind: Node\r\nmetadata: {name: a}\r\n--- # second\r\n# only a comment\r\n---\r\n---\r\n"+
+		"apiVersion: v1\r\nkind: Node\r\nmetadata:\r\n  name: [unclosed\r\n")
+	_, err = manifest.Load(third)
+	require.Error(t, err)
+	assert.Regexp(t, `third\.yaml:11: .*line 11`, err.Error())
+
+	separator := write(t, dir, "separator.yaml", "apiVersion: v1\nkind: Node\nmetadata: {name: a}\n---\n--- not a comment\napiVersion: v1\n")
+	_, err = manifest.Load(separator)
+	assert.ErrorContains(t, err, "separator.yaml:5: invalid Yaml document separator: not a comment")
+
+	json := write(t, dir, "bad.json", "{\n  \"apiVersion\": \"v1\",\n  \"kind\": \"Node\",\n  \"metadata\": {\"name\": \"x\"\n}\n")
+	_, err = manifest.Load(json)
+	require.Error(t, err)
+	assert.Regexp(t, `bad\.json:\d+: `, err.Error())
+
 	_, err = manifest.Load(filepath.Join(dir, "missing.yaml"))
 	assert.ErrorContains(t, err, "missing.yaml")
 

@@ -17,6 +17,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 )
@@ -130,7 +131,7 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, no
 	if err != nil {
 		return Report{}, err
 	}
-	infra, pools, err := live.Kinds(eval, params)
+	infra, pools, err := eval.Kinds(params)
 	if err != nil {
 		return Report{}, err
 	}
@@ -154,14 +155,14 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, no
 }
 
 func runLive(ctx context.Context, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {
-	c, err := live.Connect(opts.Kubeconfig, opts.Context)
+	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
 		return Report{}, err
 	}
 	return runLiveWith(ctx, c, opts, params, now)
 }
 
-func runLiveWith(ctx context.Context, c live.Clients, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {
+func runLiveWith(ctx context.Context, c kubeclient.Clients, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
 	e, err := live.Start(ctx, c, live.Options{Parameters: params})

@@ -9,14 +9,14 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
 func TestLiveListAndDelete(t *testing.T) {
 	ctx := context.Background()
 	client, mapper := testcluster.CAPD(t, "../reaper/testdata")
-	c := live.Clients{Dynamic: client, Mapper: mapper}
+	c := kubeclient.Clients{Dynamic: client, Mapper: mapper}
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
 	r, err := runLiveWith(ctx, c, CommandOptions{Output: "json"}, nil, now)

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
@@ -72,7 +73,7 @@ func newFixture(t *testing.T, opts Options) *fixture {
 		f.mu.Unlock()
 		return false, nil, nil // the tracker deletes it
 	})
-	e, err := live.Start(ctx, live.Clients{Dynamic: client, Mapper: mapper}, live.Options{})
+	e, err := live.Start(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper}, live.Options{})
 	require.NoError(t, err)
 	require.NoError(t, live.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
 	finder, err := orphans.NewFinder(ctx, orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Grace: 5 * time.Minute})

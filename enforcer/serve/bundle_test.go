@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
 
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
@@ -53,7 +53,7 @@ func startServe(t *testing.T, bundle policybundle.Options) (*server, error) {
 	addr := make(chan net.Addr, 1)
 	side := make(chan string, 2)
 	go func() {
-		s.done <- serve.RunWith(ctx, live.Clients{Dynamic: client, Mapper: mapper},
+		s.done <- serve.RunWith(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper},
 			serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key, Bundle: bundle,
 				MetricsBindAddress: "127.0.0.1:0", HealthProbeBindAddress: "127.0.0.1:0",
 				SideListening: func(name string, a net.Addr) { side <- name + "=" + a.String() }},

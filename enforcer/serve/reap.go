@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/events"
 
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
@@ -64,7 +65,7 @@ func LeaseNamespace() string {
 
 // startReaper runs the orphan scan (and, opted in, the reaper) in the
 // background until ctx is done.
-func startReaper(ctx context.Context, c live.Clients, e *live.Enforcer, reg prometheus.Registerer, opts ReapOptions, log *slog.Logger) error {
+func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, reg prometheus.Registerer, opts ReapOptions, log *slog.Logger) error {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
 			return fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
@@ -138,7 +139,7 @@ func recorder(ctx context.Context, client kubernetes.Interface) events.EventReco
 // from its kubeconfig Secret; a changed Secret gets new clients.
 type workloads struct {
 	mgmt   kubernetes.Interface
-	client live.Clients
+	client kubeclient.Clients
 	events bool
 
 	mu      sync.Mutex

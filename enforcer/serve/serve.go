@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
@@ -41,7 +42,7 @@ type Options struct {
 	// Orphans configures the orphan-Node scan and reaper.
 	Orphans ReapOptions
 	// KubeAPIQPS and KubeAPIBurst are the clients' rate limits (0: the
-	// live package's defaults); Run applies them, RunWith's clients are
+	// kubeclient package's defaults); Run applies them, RunWith's clients are
 	// already built.
 	KubeAPIQPS   float32
 	KubeAPIBurst int
@@ -83,7 +84,7 @@ func clusterGVK() schema.GroupVersionKind {
 // Run serves until ctx is done. listening, when set, receives the address
 // once the port is open.
 func Run(ctx context.Context, opts Options, log *slog.Logger, listening func(net.Addr)) error {
-	c, err := live.ConnectWith(opts.Kubeconfig, opts.Context, opts.KubeAPIQPS, opts.KubeAPIBurst)
+	c, err := kubeclient.ConnectWith(opts.Kubeconfig, opts.Context, opts.KubeAPIQPS, opts.KubeAPIBurst)
 	if err != nil {
 		return err
 	}
@@ -91,7 +92,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, listening func(net
 }
 
 // RunWith is Run with clients already built.
-func RunWith(ctx context.Context, c live.Clients, opts Options, log *slog.Logger, listening func(net.Addr)) error {
+func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.Logger, listening func(net.Addr)) error {
 	// Whatever started here (informers, side servers) stops when it returns.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
@@ -39,7 +39,7 @@ func TestServeJudgesAgainstTheAPIServer(t *testing.T) {
 	side := make(chan string, 2)
 	done := make(chan error, 1)
 	go func() {
-		done <- serve.RunWith(ctx, live.Clients{Dynamic: client, Mapper: mapper},
+		done <- serve.RunWith(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper},
 			serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key, Orphans: serve.ReapOptions{Interval: 50 * time.Millisecond},
 				MetricsBindAddress: "127.0.0.1:0", HealthProbeBindAddress: "127.0.0.1:0",
 				SideListening: func(name string, a net.Addr) { side <- name + "=" + a.String() }},
@@ -137,16 +137,16 @@ func TestServeRefusesToReapWithoutAConfig(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel() // stops the informers
 	client, mapper := testcluster.CAPD(t, "../../examples/capd-v1beta2")
-	err := serve.RunWith(ctx, live.Clients{Dynamic: client, Mapper: mapper},
+	err := serve.RunWith(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper},
 		serve.Options{Listen: "127.0.0.1:0", Orphans: serve.ReapOptions{Enabled: true, Interval: time.Second}}, slog.New(slog.DiscardHandler), nil)
 	assert.ErrorContains(t, err, "reaping orphan Nodes needs a kubeconfig")
-	err = serve.RunWith(ctx, live.Clients{Dynamic: client, Mapper: mapper},
+	err = serve.RunWith(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper},
 		serve.Options{Listen: "127.0.0.1:0", Orphans: serve.ReapOptions{Enabled: true}}, slog.New(slog.DiscardHandler), nil)
 	assert.ErrorContains(t, err, "--reap-orphan-nodes needs a positive --orphan-scan-interval")
 }
 
 func TestServeRefusesToStartWithoutCertificates(t *testing.T) {
 	client, mapper := testcluster.CAPD(t, "../../examples/capd-v1beta2")
-	err := serve.RunWith(context.Background(), live.Clients{Dynamic: client, Mapper: mapper}, serve.Options{Listen: "127.0.0.1:0"}, slog.New(slog.DiscardHandler), nil)
+	err := serve.RunWith(context.Background(), kubeclient.Clients{Dynamic: client, Mapper: mapper}, serve.Options{Listen: "127.0.0.1:0"}, slog.New(slog.DiscardHandler), nil)
 	assert.ErrorContains(t, err, "--tls-cert-file")
 }

@@ -14,7 +14,8 @@ import (
 
 // FuzzValidate feeds arbitrary bodies to /validate: the handler must never
 // panic, must answer 200 only with a response for the request's uid, and must
-// never allow the delete of the linked Node to a user who is not exempt.
+// never allow the delete of the linked Node to a user who is not exempt, nor
+// a Node delete without oldObject to anyone (the rule's own denial).
 // The seeds run with every `go test`; `go test -fuzz FuzzValidate` explores.
 func FuzzValidate(f *testing.F) {
 	g, _, nodes := example(f)
@@ -25,6 +26,7 @@ func FuzzValidate(f *testing.F) {
 	f.Add(review(admissionv1.Update, "Node", node))
 	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","operation":"DELETE","kind":{"kind":"Node"},"oldObject":null}}`))
 	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","operation":"DELETE","kind":{"kind":"Node"},"oldObject":{"apiVersion":"v1","kind":"Node","metadata":{"name":7}}}}`))
+	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","operation":"DELETE","kind":{"kind":"Node"},"userInfo":{"groups":["ops"]}}}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		rec := httptest.NewRecorder()
@@ -52,9 +54,13 @@ func FuzzValidate(f *testing.F) {
 		for _, g := range in.Request.UserInfo.Groups {
 			exempt = exempt || g == "ops"
 		}
-		if in.Request.Operation == admissionv1.Delete && in.Request.Kind.Group == "" && in.Request.Kind.Kind == "Node" &&
-			old.Metadata.Name == linkedNode && !exempt && out.Response.Allowed {
+		nodeDelete := in.Request.Operation == admissionv1.Delete && in.Request.Kind.Group == "" && in.Request.Kind.Kind == "Node"
+		if nodeDelete && old.Metadata.Name == linkedNode && !exempt && out.Response.Allowed {
 			t.Fatalf("allowed the delete of the linked Node: %q", body)
+		}
+		// The rule cannot judge a Node it does not see: denied, exempt or not.
+		if nodeDelete && len(in.Request.OldObject.Raw) == 0 && out.Response.Allowed {
+			t.Fatalf("allowed a Node delete without oldObject: %q", body)
 		}
 	})
 }

@@ -25,9 +25,9 @@ import (
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 	admissionv1 "k8s.io/api/admission/v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
@@ -62,14 +62,6 @@ const (
 	RouteCluster = "/validate/clusters/{namespace}/{name}"
 )
 
-// Reasons of answers that are not the rule's decisions.
-const (
-	ReasonNotJudged  = "not-judged"  // not a Node DELETE: allowed untouched
-	ReasonBadRequest = "bad-request" // answered with an HTTP error
-	ReasonError      = "error"       // no decision could be made: denied
-	ReasonBusy       = "busy"        // no decision slot within the deadline: denied
-)
-
 // Reasons of nodeguard_rejected_requests_total: why a request got an HTTP
 // error instead of an AdmissionReview answer.
 const (
@@ -82,12 +74,11 @@ const (
 	RejectNotReview    = "not-admission-review"
 	RejectNoRequest    = "no-request"
 	RejectNoUID        = "no-uid"
-	RejectNoOldObject  = "no-old-object"
 	RejectBadOldObject = "bad-old-object"
 	RejectBusy         = "busy" // large reviews waited past the deadline
 )
 
-// Decider judges one Node delete; *guard.Guard is one.
+// Decider judges one admission request with the rule; *guard.Guard is one.
 type Decider interface {
 	Decide(ctx context.Context, req guard.Request) (decision.Decision, error)
 }
@@ -221,31 +212,25 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 		return
 	}
 	defer release()
-	req := review.Request
-	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
-	if req.Operation == admissionv1.Delete && req.Kind.Group == "" && req.Kind.Kind == "Node" {
-		node, herr := decodeNode(h.model, req)
-		if herr != nil {
-			h.reject(w, herr, route, cluster, start)
-			return
-		}
-		d := h.decide(r.Context(), node, cluster, req.UserInfo)
-		resp.Allowed, resp.Warnings = d.Allowed, d.Warnings
-		if !d.Allowed {
-			code := int32(http.StatusForbidden)
-			if d.Reason == ReasonError || d.Reason == ReasonBusy {
-				code = http.StatusInternalServerError
-			}
-			resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: metav1.StatusReasonForbidden,
-				Message: strings.Join(d.Messages, " ")}
-		}
-		elapsed := time.Since(start)
-		h.opts.Metrics.observe(route, result(d.Allowed), d.Reason, elapsed)
-		h.opts.Log.Info("decision", "node", node.GetName(), "cluster", cluster, "user", req.UserInfo.Username,
-			"allowed", d.Allowed, "reason", d.Reason, "blockers", blockerNames(d), "duration", elapsed)
-	} else {
-		h.opts.Metrics.observe(route, "allowed", ReasonNotJudged, time.Since(start))
+	req, herr := request(h.model, review.Request, cluster)
+	if herr != nil {
+		h.reject(w, herr, route, cluster, start)
+		return
 	}
+	d := h.decide(r.Context(), req)
+	resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: d.Allowed, Warnings: d.Warnings}
+	if !d.Allowed {
+		code := int32(http.StatusForbidden)
+		if d.Reason == decision.ReasonError || d.Reason == decision.ReasonBusy {
+			code = http.StatusInternalServerError
+		}
+		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: metav1.StatusReasonForbidden,
+			Message: strings.Join(d.Messages, " ")}
+	}
+	elapsed := time.Since(start)
+	h.opts.Metrics.observe(route, result(d.Allowed), d.Reason, elapsed)
+	h.opts.Log.Info("decision", "node", req.Name, "cluster", cluster, "user", req.UserInfo.Username,
+		"allowed", d.Allowed, "reason", d.Reason, "blockers", blockerNames(d), "duration", elapsed)
 	review.Response, review.Request = resp, nil
 	body, err := json.Marshal(review)
 	if err != nil {
@@ -262,7 +247,7 @@ func (h *handler) reject(w http.ResponseWriter, herr *httpError, route, cluster 
 		w.Header().Set("Allow", http.MethodPost)
 	}
 	http.Error(w, "nodeguard: "+herr.msg, herr.code)
-	h.opts.Metrics.observe(route, "error", ReasonBadRequest, time.Since(start))
+	h.opts.Metrics.observe(route, "error", decision.ReasonBadRequest, time.Since(start))
 	h.opts.Metrics.rejectedRequest(herr.reason)
 	// Anything that reaches the port can send these: a line per request
 	// would let it flood the logs, so one line per interval says how many.
@@ -324,32 +309,45 @@ func (h *handler) read(w http.ResponseWriter, r *http.Request) (*admissionv1.Adm
 	return &review, done, nil
 }
 
-// decodeNode reads the Node being deleted, which the API server sends as
-// oldObject on DELETE, keeping only what the rule reads.
-func decodeNode(model *linkmodel.Model, req *admissionv1.AdmissionRequest) (*unstructured.Unstructured, *httpError) {
+// request converts the AdmissionRequest, once, into what the rule reads;
+// the rule, not this, decides which requests it judges. The object being
+// deleted (oldObject: the API server sends the Node there on DELETE) is
+// decoded into only what the rule reads; without one, Node stays nil and
+// the rule denies a Node delete it cannot judge.
+func request(model *linkmodel.Model, req *admissionv1.AdmissionRequest, cluster string) (guard.Request, *httpError) {
+	out := guard.Request{Operation: string(req.Operation), Kind: req.Kind, Name: req.Name, Cluster: cluster, UserInfo: req.UserInfo}
 	if len(req.OldObject.Raw) == 0 {
-		return nil, badRequest(RejectNoOldObject, "DELETE of Node %q carries no oldObject: nodeguard cannot tell which InfraMachines are linked to it", req.Name)
+		return out, nil
 	}
-	node, err := model.NodeFromJSON(req.OldObject.Raw)
+	obj, err := model.NodeFromJSON(req.OldObject.Raw)
 	if err != nil {
-		return nil, badRequest(RejectBadOldObject, "oldObject of Node %q does not decode: %v", req.Name, err)
+		return guard.Request{}, badRequest(RejectBadOldObject, "oldObject of %s %q does not decode: %v", req.Kind.Kind, req.Name, err)
 	}
-	if node.GetAPIVersion() != "v1" || node.GetKind() != "Node" || node.GetName() == "" {
-		return nil, badRequest(RejectBadOldObject, "oldObject is %s %s %q, want a v1 Node with a name", node.GetAPIVersion(), node.GetKind(), node.GetName())
+	// The API server sends oldObject as a named object of the request's
+	// kind and version; a review where they differ was forged, and the rule
+	// would read one kind of object as another.
+	apiVersion := schema.GroupVersion{Group: req.Kind.Group, Version: req.Kind.Version}.String()
+	if obj.GetAPIVersion() != apiVersion || obj.GetKind() != req.Kind.Kind || obj.GetName() == "" {
+		return guard.Request{}, badRequest(RejectBadOldObject, "oldObject is %s %s %q, want a named %s %s (the request's kind)",
+			obj.GetAPIVersion(), obj.GetKind(), obj.GetName(), apiVersion, req.Kind.Kind)
 	}
-	return node, nil
+	out.Node = obj
+	if out.Name == "" {
+		out.Name = obj.GetName()
+	}
+	return out, nil
 }
 
 // decide answers within the review's deadline. Concurrent reviews with the
-// same input (route, Node as the rule reads it, user and groups) share one
-// decision; at most MaxConcurrentDecisions are made at once, the others
-// queue for a slot until their deadline.
-func (h *handler) decide(ctx context.Context, node *unstructured.Unstructured, cluster string, user authenticationv1.UserInfo) decision.Decision {
+// same input (route, request and Node as the rule reads them, user and
+// groups) share one decision; at most MaxConcurrentDecisions are made at
+// once, the others queue for a slot until their deadline.
+func (h *handler) decide(ctx context.Context, req guard.Request) decision.Decision {
 	ctx, cancel := context.WithTimeout(ctx, h.opts.Timeout)
 	defer cancel()
-	key, err := flightKey(node, cluster, user)
+	key, err := flightKey(req)
 	if err != nil {
-		return guard.Deny(ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", node.GetName(), err))
+		return decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
 	}
 	// Do, not DoChan: the first review's goroutine (a connection's, its stack
 	// already grown) evaluates the rule; DoChan would start a goroutine per
@@ -367,55 +365,70 @@ func (h *handler) decide(ctx context.Context, node *unstructured.Unstructured, c
 		fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline.Add(-h.opts.Timeout/16))
 		defer cancel()
 		if err := h.slots.Acquire(fctx, 1); err != nil {
-			return guard.Deny(ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
-				"(--max-concurrent-decisions) and none finished in time; retry shortly.", node.GetName())), nil
+			return decision.Deny(decision.ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
+				"(--max-concurrent-decisions) and none finished in time; retry shortly.", req.Name)), nil
 		}
 		defer h.slots.Release(1)
-		return h.decideNow(fctx, node, cluster, user), nil
+		return h.decideNow(fctx, req), nil
 	})
 	return v.(decision.Decision)
 }
 
 // flightKey is everything a decision reads from the review, hashed: the
-// stripped Node holds all the rule reads of it, so reviews of the same Node
+// reduced Node holds all the rule reads of it, so reviews of the same Node
 // that differ elsewhere (status, labels, uid) still share. Hashing keeps the
 // key small whatever the review carries (a forged one may list 100,000
 // groups); each field is length-prefixed, so no two inputs write the same
 // bytes.
-func flightKey(node *unstructured.Unstructured, cluster string, user authenticationv1.UserInfo) (string, error) {
-	nodeJSON, err := json.Marshal(node.Object)
-	if err != nil {
-		return "", fmt.Errorf("key the review: %w", err)
+func flightKey(req guard.Request) (string, error) {
+	var nodeJSON []byte
+	if req.Node != nil {
+		var err error
+		if nodeJSON, err = json.Marshal(req.Node.Object); err != nil {
+			return "", fmt.Errorf("key the review: %w", err)
+		}
 	}
 	h := sha256.New()
 	field := func(s string) {
 		_ = binary.Write(h, binary.BigEndian, uint64(len(s)))
 		_, _ = io.WriteString(h, s)
 	}
-	field(cluster)
+	field(req.Cluster)
+	field(req.Operation)
+	field(req.Kind.Group)
+	field(req.Kind.Version)
+	field(req.Kind.Kind)
+	field(req.Name)
+	// null (no Node) is no Node's JSON, so it cannot collide with one.
+	if nodeJSON == nil {
+		nodeJSON = []byte("null")
+	}
 	field(string(nodeJSON))
-	field(user.Username)
-	_ = binary.Write(h, binary.BigEndian, uint64(len(user.Groups)))
-	for _, g := range user.Groups {
+	field(req.UserInfo.Username)
+	_ = binary.Write(h, binary.BigEndian, uint64(len(req.UserInfo.Groups)))
+	for _, g := range req.UserInfo.Groups {
 		field(g)
 	}
 	return string(h.Sum(nil)), nil
 }
 
-func (h *handler) decideNow(ctx context.Context, node *unstructured.Unstructured, cluster string, user authenticationv1.UserInfo) decision.Decision {
-	if cluster != "" && h.opts.ClusterExists != nil {
-		ns, name, _ := strings.Cut(cluster, "/")
+func (h *handler) decideNow(ctx context.Context, req guard.Request) decision.Decision {
+	if req.Cluster != "" && h.opts.ClusterExists != nil {
+		ns, name, err := cache.SplitMetaNamespaceKey(req.Cluster)
+		if err != nil {
+			return decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
+		}
 		ok, err := h.opts.ClusterExists(ctx, ns, name)
 		if err != nil {
-			return guard.Deny(ReasonError, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not read Cluster %s (%v); retry shortly.", node.GetName(), cluster, err))
+			return decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not read Cluster %s (%v); retry shortly.", req.Name, req.Cluster, err))
 		}
 		if !ok {
-			return guard.Deny(ReasonError, fmt.Sprintf("Node %q cannot be deleted: this webhook's URL names Cluster %s, which the management cluster does not have; fix the ValidatingWebhookConfiguration (nodeguard webhook-config --cluster).", node.GetName(), cluster))
+			return decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: this webhook's URL names Cluster %s, which the management cluster does not have; fix the ValidatingWebhookConfiguration (nodeguard webhook-config --cluster).", req.Name, req.Cluster))
 		}
 	}
-	d, err := h.opts.Decider.Decide(ctx, guard.Request{Node: node, Cluster: cluster, UserInfo: user})
+	d, err := h.opts.Decider.Decide(ctx, req)
 	if err != nil {
-		return guard.Deny(ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", node.GetName(), err))
+		return decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
 	}
 	return d
 }

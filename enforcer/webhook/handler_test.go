@@ -156,8 +156,19 @@ func TestDecisions(t *testing.T) {
 		review(admissionv1.Delete, "Pod", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "p"}}),
 	} {
 		_, _, out = s.post(t, "/validate", "application/json", body)
-		assert.True(t, out.Response.Allowed, "not a Node DELETE: untouched")
+		assert.True(t, out.Response.Allowed, "not a Node DELETE: the rule allows it")
 		assert.Empty(t, out.Response.Warnings)
+	}
+
+	// A Node DELETE without oldObject reaches the rule, which denies it: it
+	// cannot tell what is linked to a Node it does not see.
+	for _, groups := range [][]string{nil, {"ops"}} {
+		withoutOld := bytes.Replace(review(admissionv1.Delete, "Node", nodes[linkedNode].Object, groups...), []byte(`"oldObject"`), []byte(`"object"`), 1)
+		code, body, out := s.post(t, "/validate", "application/json", withoutOld)
+		require.Equal(t, http.StatusOK, code, body)
+		assert.False(t, out.Response.Allowed, "groups %v", groups)
+		assert.EqualValues(t, http.StatusForbidden, out.Response.Result.Code)
+		assert.Contains(t, out.Response.Result.Message, `Node "x" cannot be judged: the DELETE request carries no oldObject`)
 	}
 }
 
@@ -196,8 +207,8 @@ func TestBadInput(t *testing.T) {
 	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
 	node := nodes[linkedNode].Object
 	noRequest := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`)
-	withoutOld := bytes.Replace(review(admissionv1.Delete, "Node", node), []byte(`"oldObject"`), []byte(`"object"`), 1)
 	notANode := review(admissionv1.Delete, "Node", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "p"}})
+	nameless := review(admissionv1.Delete, "Node", map[string]any{"apiVersion": "v1", "kind": "Node", "spec": map[string]any{"providerID": "p"}})
 	undecodable := review(admissionv1.Delete, "Node", "just a string")
 	v1beta1 := bytes.Replace(review(admissionv1.Delete, "Node", node), []byte(`admission.k8s.io/v1"`), []byte(`admission.k8s.io/v1beta1"`), 1)
 	noUID := bytes.Replace(review(admissionv1.Delete, "Node", node), []byte(`"uid":"7f0b2f6c-1111-2222-3333-444455556666"`), []byte(`"uid":""`), 1)
@@ -214,8 +225,8 @@ func TestBadInput(t *testing.T) {
 		{"no request", "application/json", noRequest, http.StatusBadRequest, "has no request"},
 		{"no uid", "application/json", noUID, http.StatusBadRequest, "no uid"},
 		{"v1beta1", "application/json", v1beta1, http.StatusBadRequest, "want apiVersion admission.k8s.io/v1"},
-		{"no oldObject", "application/json", withoutOld, http.StatusBadRequest, "carries no oldObject"},
-		{"oldObject not a Node", "application/json", notANode, http.StatusBadRequest, "want a v1 Node"},
+		{"oldObject not a Node", "application/json", notANode, http.StatusBadRequest, "want a named v1 Node (the request's kind)"},
+		{"oldObject without a name", "application/json", nameless, http.StatusBadRequest, "want a named v1 Node"},
 		{"oldObject does not decode", "application/json", undecodable, http.StatusBadRequest, "does not decode"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -322,6 +333,7 @@ func TestMetrics(t *testing.T) {
 	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 	s.post(t, "/validate/clusters/default/other", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 	s.post(t, "/validate", "application/json", review(admissionv1.Update, "Node", nodes[linkedNode].Object))
+	s.post(t, "/validate", "application/json", bytes.Replace(review(admissionv1.Delete, "Node", nodes[linkedNode].Object), []byte(`"oldObject"`), []byte(`"object"`), 1))
 	s.post(t, "/validate", "text/plain", nil)
 
 	resp, err := metrics.Client().Get(metrics.URL)
@@ -333,8 +345,9 @@ func TestMetrics(t *testing.T) {
 		`nodeguard_decisions_total{reason="blocked",result="denied",route="/validate"} 2`,
 		`nodeguard_decisions_total{reason="no-link",result="allowed",route="/validate/clusters/{namespace}/{name}"} 1`,
 		`nodeguard_decisions_total{reason="not-judged",result="allowed",route="/validate"} 1`,
+		`nodeguard_decisions_total{reason="unjudgeable",result="denied",route="/validate"} 1`,
 		`nodeguard_decisions_total{reason="bad-request",result="error",route="/validate"} 1`,
-		`nodeguard_decision_duration_seconds_count{route="/validate"} 4`,
+		`nodeguard_decision_duration_seconds_count{route="/validate"} 5`,
 		`nodeguard_cached_objects{group="infrastructure.cluster.x-k8s.io",kind="DockerMachine",version="v1beta2"} 1`,
 		`nodeguard_cached_objects{group="cluster.x-k8s.io",kind="Machine",version="v1beta2"} 1`,
 		`nodeguard_fresh_read_errors_total 0`,
@@ -350,7 +363,7 @@ func TestFreshReadErrorsAreCounted(t *testing.T) {
 	m, err := webhook.NewMetrics(reg, nil)
 	require.NoError(t, err)
 	failing := deciderFunc(func(_ context.Context, req guard.Request) (decision.Decision, error) {
-		return guard.Deny(decision.ReasonFreshReadFailed, "could not re-read"), nil
+		return decision.Deny(decision.ReasonFreshReadFailed, "could not re-read"), nil
 	})
 	s := serve(t, webhook.New(webhook.Options{Decider: failing, Metrics: m}), webhook.TLSOptions{}, nil)
 	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))

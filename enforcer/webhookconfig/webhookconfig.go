@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 )
@@ -49,9 +50,9 @@ func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguratio
 	}
 	path := "/validate"
 	if opts.Cluster != "" {
-		ns, name, ok := strings.Cut(opts.Cluster, "/")
-		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-			return nil, fmt.Errorf("--cluster %q: want NAMESPACE/NAME", opts.Cluster)
+		ns, name, err := splitKey("--cluster", opts.Cluster)
+		if err != nil {
+			return nil, err
 		}
 		path += "/clusters/" + ns + "/" + name
 	}
@@ -68,9 +69,9 @@ func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguratio
 		s := u.String()
 		client.URL = &s
 	case opts.Service != "":
-		ns, name, ok := strings.Cut(opts.Service, "/")
-		if !ok || ns == "" || name == "" {
-			return nil, fmt.Errorf("--service %q: want NAMESPACE/NAME", opts.Service)
+		ns, name, err := splitKey("--service", opts.Service)
+		if err != nil {
+			return nil, err
 		}
 		client.Service = &admissionregistrationv1.ServiceReference{Namespace: ns, Name: name, Path: &path}
 	default:
@@ -160,9 +161,9 @@ func Apply(ctx context.Context, client kubernetes.Interface, cfg *admissionregis
 // WorkloadKubeconfig reads the kubeconfig CAPI keeps for a workload cluster:
 // Secret <name>-kubeconfig, key "value", in the Cluster's namespace.
 func WorkloadKubeconfig(ctx context.Context, mgmt kubernetes.Interface, cluster string) ([]byte, error) {
-	ns, name, ok := strings.Cut(cluster, "/")
-	if !ok || ns == "" || name == "" {
-		return nil, fmt.Errorf("--cluster %q: want NAMESPACE/NAME", cluster)
+	ns, name, err := splitKey("--cluster", cluster)
+	if err != nil {
+		return nil, err
 	}
 	secret, err := mgmt.CoreV1().Secrets(ns).Get(ctx, name+"-kubeconfig", metav1.GetOptions{})
 	if err != nil {
@@ -202,4 +203,14 @@ func Install(ctx context.Context, mgmt kubernetes.Interface, cluster string, cfg
 		return "", fmt.Errorf("connect to workload cluster %s: %w", cluster, err)
 	}
 	return "workload cluster " + cluster, Apply(ctx, client, cfg)
+}
+
+// splitKey parses a flag's NAMESPACE/NAME; a Cluster and a Service both
+// need the two parts.
+func splitKey(flag, key string) (ns, name string, err error) {
+	ns, name, err = cache.SplitMetaNamespaceKey(key)
+	if err != nil || ns == "" || name == "" {
+		return "", "", fmt.Errorf("%s %q: want NAMESPACE/NAME", flag, key)
+	}
+	return ns, name, nil
 }

@@ -2,6 +2,7 @@ package webhookconfig_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 
@@ -65,6 +66,12 @@ func TestBuildRejectsBadOptions(t *testing.T) {
 	} {
 		_, err := webhookconfig.Build(opts)
 		assert.ErrorContains(t, err, want)
+	}
+	for _, key := range []string{"prod-1", "/prod-1", "fleet/", "fleet/prod/1"} {
+		_, err := webhookconfig.Build(webhookconfig.Options{URL: "https://x", CABundle: ca, Cluster: key})
+		assert.ErrorContains(t, err, fmt.Sprintf("--cluster %q: want NAMESPACE/NAME", key))
+		_, err = webhookconfig.Build(webhookconfig.Options{Service: key, CABundle: ca})
+		assert.ErrorContains(t, err, fmt.Sprintf("--service %q: want NAMESPACE/NAME", key))
 	}
 }
 

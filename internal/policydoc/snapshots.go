@@ -145,8 +145,7 @@ func Decide(ctx context.Context, scenarios []Scenario) ([]Snapshot, error) {
 		if d.Allowed {
 			snap.Decision = "allowed"
 		}
-		kind, _ := s.Review["kind"].(map[string]any)
-		if s.Review["operation"] != "DELETE" || kind["kind"] != "Node" {
+		if d.Reason == decision.ReasonNotJudged {
 			snap.Decision, snap.Reason = "not judged", "-"
 		}
 		for _, b := range d.Blockers {

@@ -1,9 +1,11 @@
-// Package testcluster serves manifests through client-go's fake dynamic
-// client, with a REST mapper for the kinds nodeguard reads: an API server for
-// unit tests of the live paths (informers, fresh reads, the webhook).
+// Package testcluster is the API server of unit tests of the live paths
+// (informers, fresh reads, the guard, the webhook): objects built in a line,
+// served with a REST mapper through client-go's fake dynamic client, alone or
+// with the manifests of an example.
 package testcluster
 
 import (
+	"maps"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -16,13 +18,62 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 )
 
-// kinds the fake serves, with their resources.
-var kinds = map[schema.GroupVersionKind]string{
-	{Version: "v1", Kind: "Node"}:                                                         "nodes",
-	{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}:                      "machines",
-	{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Cluster"}:                      "clusters",
-	{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}: "dockermachines",
-	{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}:      "customresourcedefinitions",
+// The CAPI kinds most tests serve.
+var (
+	MachineGVK       = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
+	DockerMachineGVK = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
+)
+
+// Object is an object of gvk in namespace ("" for a cluster-scoped one)
+// with the given top-level fields (spec, status, ...).
+func Object(gvk schema.GroupVersionKind, namespace, name string, fields map[string]any) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{}}
+	maps.Copy(u.Object, fields)
+	u.SetGroupVersionKind(gvk)
+	u.SetNamespace(namespace)
+	u.SetName(name)
+	return u
+}
+
+// Kind is one kind the fake serves.
+type Kind struct {
+	GVK      schema.GroupVersionKind
+	Resource string // plural, lower case
+	Cluster  bool   // cluster-scoped
+}
+
+// Serve serves objs for kinds through client-go's fake dynamic client, with
+// a mapper that prefers the versions listed first.
+func Serve(kinds []Kind, objs ...runtime.Object) (*dynamicfake.FakeDynamicClient, meta.RESTMapper) {
+	var gvs []schema.GroupVersion
+	listKinds := map[schema.GroupVersionResource]string{}
+	for _, k := range kinds {
+		gvs = append(gvs, k.GVK.GroupVersion())
+		listKinds[k.GVK.GroupVersion().WithResource(k.Resource)] = k.GVK.Kind + "List"
+	}
+	mapper := meta.NewDefaultRESTMapper(gvs)
+	for _, k := range kinds {
+		scope := meta.RESTScopeNamespace
+		if k.Cluster {
+			scope = meta.RESTScopeRoot
+		}
+		mapper.Add(k.GVK, scope)
+	}
+	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), listKinds, objs...), mapper
+}
+
+var (
+	clusterGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Cluster"}
+	crdGVK     = schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}
+)
+
+// capd are the kinds CAPD serves.
+var capd = []Kind{
+	{GVK: schema.GroupVersionKind{Version: "v1", Kind: "Node"}, Resource: "nodes", Cluster: true},
+	{GVK: MachineGVK, Resource: "machines"},
+	{GVK: clusterGVK, Resource: "clusters"},
+	{GVK: DockerMachineGVK, Resource: "dockermachines"},
+	{GVK: crdGVK, Resource: "customresourcedefinitions", Cluster: true},
 }
 
 // CAPD serves the manifests under dir (the CAPD example), the Clusters named
@@ -31,36 +82,14 @@ func CAPD(t testing.TB, dir string, clusters ...[2]string) (*dynamicfake.FakeDyn
 	t.Helper()
 	objs, err := manifest.Load(dir)
 	require.NoError(t, err)
-	crd := &unstructured.Unstructured{}
-	crd.SetAPIVersion("apiextensions.k8s.io/v1")
-	crd.SetKind("CustomResourceDefinition")
-	crd.SetName("dockermachines.infrastructure.cluster.x-k8s.io")
+	crd := Object(crdGVK, "", "dockermachines.infrastructure.cluster.x-k8s.io", nil)
 	crd.SetLabels(map[string]string{"cluster.x-k8s.io/v1beta2": "v1beta1_v1beta2"})
 	served := []runtime.Object{crd}
 	for _, o := range objs {
 		served = append(served, o)
 	}
 	for _, c := range clusters {
-		u := &unstructured.Unstructured{}
-		u.SetAPIVersion("cluster.x-k8s.io/v1beta2")
-		u.SetKind("Cluster")
-		u.SetNamespace(c[0])
-		u.SetName(c[1])
-		served = append(served, u)
+		served = append(served, Object(clusterGVK, c[0], c[1], nil))
 	}
-	var gvs []schema.GroupVersion
-	listKinds := map[schema.GroupVersionResource]string{}
-	for gvk, resource := range kinds {
-		gvs = append(gvs, gvk.GroupVersion())
-		listKinds[gvk.GroupVersion().WithResource(resource)] = gvk.Kind + "List"
-	}
-	mapper := meta.NewDefaultRESTMapper(gvs)
-	for gvk := range kinds {
-		scope := meta.RESTScopeNamespace
-		if gvk.Kind == "Node" || gvk.Kind == "CustomResourceDefinition" {
-			scope = meta.RESTScopeRoot
-		}
-		mapper.Add(gvk, scope)
-	}
-	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), listKinds, served...), mapper
+	return Serve(capd, served...)
 }

@@ -34,3 +34,18 @@ test_decision_warns_for_exempt_group if {
 	d.allowed == true
 	count(d.warnings) == 1
 }
+
+test_decision_says_when_the_rule_does_not_judge if {
+	update := object.union(fixtures.delete_review(fixtures.capa_node), {"operation": "UPDATE"})
+	d := nodeguard.decision with input as {"review": update}
+	d.allowed == true
+	d.judged == false
+}
+
+test_decision_judges_a_node_delete_without_old_object if {
+	review := object.remove(fixtures.delete_review(fixtures.capa_node), {"oldObject", "object"})
+	d := nodeguard.decision with input as {"review": review}
+	d.allowed == false
+	not "judged" in object.keys(d)
+	contains(d.messages[0], "carries no oldObject")
+}

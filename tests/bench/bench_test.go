@@ -185,7 +185,7 @@ func TestDumpDecisionInput(t *testing.T) {
 	require.NoError(t, err)
 	candidates, _ := inv.Candidates(node)
 	raw, err := json.MarshalIndent(map[string]any{
-		"review":     guard.DeleteReview(node, user),
+		"review":     guard.Request{Node: node, UserInfo: user}.Review(),
 		"inventory":  inventory.Layout(candidates),
 		"parameters": g.Parameters(),
 	}, "", "  ")

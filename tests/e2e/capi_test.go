@@ -22,7 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
@@ -294,7 +294,7 @@ func TestCAPIManagementAndWorkloadClusters(t *testing.T) {
 	_, mgmtEnv := apiServerEnv(t)
 	_, workloadEnv := apiServerEnv(t)
 	c := startCAPI(t, mgmtEnv, workloadEnv)
-	clients, err := live.FromConfig(localcluster.Config(mgmtEnv))
+	clients, err := kubeclient.FromConfig(localcluster.Config(mgmtEnv))
 	require.NoError(t, err)
 	url, caPEM := serveOn(t, clients, "")
 	c.installWebhook(t, url, caPEM)
@@ -388,7 +388,7 @@ func TestCAPIOrphanIsReapedInAWorkloadCluster(t *testing.T) {
 	_, mgmtEnv := apiServerEnv(t)
 	_, workloadEnv := apiServerEnv(t)
 	c := startCAPI(t, mgmtEnv, workloadEnv)
-	clients, err := live.FromConfig(localcluster.Config(mgmtEnv))
+	clients, err := kubeclient.FromConfig(localcluster.Config(mgmtEnv))
 	require.NoError(t, err)
 	ca := testpki.New(t)
 	url, stop := serveWith(t, clients, ca, serve.Options{Listen: "127.0.0.1:0"})

@@ -31,7 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
@@ -115,7 +115,7 @@ func keepLog(t *testing.T, name string, out, errOut *io.Writer) string {
 type running struct {
 	url     string
 	ca      *testpki.CA
-	clients live.Clients
+	clients kubeclient.Clients
 	stop    func()
 }
 
@@ -131,7 +131,7 @@ func nodeguard(t *testing.T, cfg *rest.Config, constraint string) running {
 // API server's Node deletes at it.
 func nodeguardWith(t *testing.T, cfg *rest.Config, opts serve.Options) running {
 	t.Helper()
-	clients, err := live.FromConfig(cfg)
+	clients, err := kubeclient.FromConfig(cfg)
 	require.NoError(t, err)
 	ca := testpki.New(t)
 	if opts.Listen == "" {
@@ -266,7 +266,7 @@ func TestKubectl(t *testing.T) {
 func TestManagementAndWorkloadClusters(t *testing.T) {
 	mgmt := apiServer(t)
 	workload, workloadEnv := apiServerEnv(t)
-	clients, err := live.FromConfig(mgmt)
+	clients, err := kubeclient.FromConfig(mgmt)
 	require.NoError(t, err)
 	url, caPEM := serveOn(t, clients, "")
 	dyn, err := dynamic.NewForConfig(mgmt)
@@ -334,7 +334,7 @@ func TestManagementAndWorkloadClusters(t *testing.T) {
 }
 
 // serveOn runs `nodeguard serve` over clients and returns its URL and CA.
-func serveOn(t *testing.T, clients live.Clients, constraint string) (string, []byte) {
+func serveOn(t *testing.T, clients kubeclient.Clients, constraint string) (string, []byte) {
 	t.Helper()
 	ca := testpki.New(t)
 	url, _ := serveAt(t, clients, constraint, ca, "127.0.0.1:0")
@@ -345,7 +345,7 @@ func serveOn(t *testing.T, clients live.Clients, constraint string) (string, []b
 
 // serveAt runs `nodeguard serve` on listen with a certificate from ca, and
 // returns its URL and a function that stops it (also run at cleanup).
-func serveAt(t *testing.T, clients live.Clients, constraint string, ca *testpki.CA, listen string) (string, func()) {
+func serveAt(t *testing.T, clients kubeclient.Clients, constraint string, ca *testpki.CA, listen string) (string, func()) {
 	t.Helper()
 	return serveWith(t, clients, ca, serve.Options{Listen: listen, Constraint: constraint})
 }

@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
@@ -44,7 +44,7 @@ func nodeguardReaping(t *testing.T, cfg *rest.Config, reap serve.ReapOptions) ru
 
 // serveWith runs `nodeguard serve` with opts (certificate from ca) and
 // returns its URL and a function that stops it (also run at cleanup).
-func serveWith(t *testing.T, clients live.Clients, ca *testpki.CA, opts serve.Options) (string, func()) {
+func serveWith(t *testing.T, clients kubeclient.Clients, ca *testpki.CA, opts serve.Options) (string, func()) {
 	t.Helper()
 	opts.CertFile, opts.KeyFile = ca.ServerFiles(t, "nodeguard")
 	url, stop, err := localcluster.Serve(context.Background(), clients, opts, slog.New(slog.NewJSONHandler(os.Stderr, nil)))
@@ -136,7 +136,7 @@ func TestOrphanNodesAreReaped(t *testing.T) {
 // all that stands between the Node and its delete.
 func TestOrphanNodeWithItsInfraMachineIsKept(t *testing.T) {
 	cfg := apiServer(t)
-	clients, err := live.FromConfig(cfg)
+	clients, err := kubeclient.FromConfig(cfg)
 	require.NoError(t, err)
 	serveWith(t, clients, testpki.New(t), serve.Options{Listen: "127.0.0.1:0", Orphans: reaping(time.Second)})
 	kube, dyn := clientsFor(t, cfg)
@@ -164,7 +164,7 @@ func TestOrphanNodesAreReapedInAWorkloadCluster(t *testing.T) {
 	reap := reaping(2 * time.Second)
 	reap.WorkloadClusters = true
 	// The management cluster's own Nodes are not judged here: no webhook there.
-	clients, err := live.FromConfig(mgmt)
+	clients, err := kubeclient.FromConfig(mgmt)
 	require.NoError(t, err)
 	ca := testpki.New(t)
 	url, _ := serveWith(t, clients, ca, serve.Options{Listen: "127.0.0.1:0", Orphans: reap})

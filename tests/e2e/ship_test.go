@@ -24,7 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -47,7 +47,7 @@ func TestChartPassesServerSideDryRun(t *testing.T) {
 	ctx := context.Background()
 	kube, dyn := clientsFor(t, cfg)
 	installCertManagerCRDs(t, env)
-	clients, err := live.FromConfig(cfg)
+	clients, err := kubeclient.FromConfig(cfg)
 	require.NoError(t, err)
 	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeguard-system",
 		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}}}, metav1.CreateOptions{})
@@ -178,7 +178,7 @@ func TestServeWithASignedBundle(t *testing.T) {
 // server's Node deletes at it.
 func bundleServe(t *testing.T, cfg *rest.Config, kube kubernetes.Interface, bundle policybundle.Options) {
 	t.Helper()
-	clients, err := live.FromConfig(cfg)
+	clients, err := kubeclient.FromConfig(cfg)
 	require.NoError(t, err)
 	ca := testpki.New(t)
 	cert, keyFile := ca.ServerFiles(t, "nodeguard")

@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeguard/nodeguard/enforcer/check"
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
@@ -154,8 +154,8 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.BoolVar(&opts.Orphans.MatchProviderID, "orphan-match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
 	f.DurationVar(&opts.Orphans.Interval, "orphan-scan-interval", serve.DefaultOrphanScanInterval, "time between orphan scans (nodeguard_orphan_nodes); 0 turns the scan off")
 	f.StringVar(&opts.Orphans.LeaseNamespace, "leader-election-namespace", "", "namespace of the orphan reaper's Lease (default: $POD_NAMESPACE, else nodeguard-system)")
-	f.Float32Var(&opts.KubeAPIQPS, "kube-api-qps", live.DefaultQPS, "queries per second to the API server (informers and fresh reads); sized for bursts of Node deletes")
-	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", live.DefaultBurst, "burst of queries to the API server above --kube-api-qps")
+	f.Float32Var(&opts.KubeAPIQPS, "kube-api-qps", kubeclient.DefaultQPS, "queries per second to the API server (informers and fresh reads); sized for bursts of Node deletes")
+	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", kubeclient.DefaultBurst, "burst of queries to the API server above --kube-api-qps")
 	f.IntVar(&opts.MaxConcurrentDecisions, "max-concurrent-decisions", webhook.DefaultMaxConcurrentDecisions, "decisions made at once; further reviews wait for a slot within their deadline")
 	f.StringVar(&opts.MetricsBindAddress, "metrics-bind-address", serve.DefaultMetricsBindAddress, "address to serve /metrics on over HTTP; 0 disables")
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", serve.DefaultHealthProbeBindAddress, "address to serve /healthz and /readyz on over HTTP; 0 disables")
@@ -251,7 +251,7 @@ func webhookConfigCommand() *cobra.Command {
 				_, err = cmd.OutOrStdout().Write(out)
 				return err
 			}
-			c, err := live.Connect(kubeconfig, kcContext)
+			c, err := kubeclient.Connect(kubeconfig, kcContext)
 			if err != nil {
 				return err
 			}

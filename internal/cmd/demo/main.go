@@ -33,7 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
@@ -264,7 +264,7 @@ func startNodeguard(ctx context.Context, cfg *rest.Config, work string) (string,
 	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
 		return "", "", nil, nil, fmt.Errorf("write key: %w", err)
 	}
-	clients, err := live.FromConfig(cfg)
+	clients, err := kubeclient.FromConfig(cfg)
 	if err != nil {
 		return "", "", nil, nil, err
 	}
@@ -284,25 +284,24 @@ func waitReady(ctx context.Context, url string, caPEM []byte, timeout time.Durat
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
-	deadline := time.Now().Add(timeout)
 	last := "no answer"
-	for time.Now().Before(deadline) {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/readyz", nil)
 		if err != nil {
-			return fmt.Errorf("readyz: %w", err)
+			return false, fmt.Errorf("readyz: %w", err)
 		}
 		resp, err := client.Do(req)
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = strings.TrimSpace(string(b))
-		} else {
+		if err != nil {
 			last = err.Error()
+			return false, nil
 		}
-		time.Sleep(200 * time.Millisecond)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		last = strings.TrimSpace(string(b))
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		return fmt.Errorf("nodeguard was not ready after %s: %s (%w)", timeout, last, err)
 	}
-	return fmt.Errorf("nodeguard was not ready after %s: %s", timeout, last)
+	return nil
 }
