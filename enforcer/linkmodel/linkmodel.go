@@ -336,9 +336,18 @@ func (m *Model) LinksOf(role Role) []Link {
 	return out
 }
 
-// Equal reports whether two models declare the same links and fields.
+// Equal reports whether two models need the same cache: the same links
+// (type, role, fields, match) and object fields. Words for people (when,
+// blocks, phrase) may differ.
 func (m *Model) Equal(other *Model) bool {
-	return reflect.DeepEqual(m.Links, other.Links) && m.MachineKind == other.MachineKind &&
+	structure := func(links []Link) []Link {
+		out := make([]Link, len(links))
+		for i, l := range links {
+			out[i] = Link{Type: l.Type, Role: l.Role, Node: l.Node, Fields: l.Fields, Match: l.Match}
+		}
+		return out
+	}
+	return reflect.DeepEqual(structure(m.Links), structure(other.Links)) && m.MachineKind == other.MachineKind &&
 		slices.Equal(m.Reference, other.Reference) && slices.Equal(m.DeletionTimestamp, other.DeletionTimestamp) &&
 		slices.Equal(m.ClusterLabel, other.ClusterLabel) && slices.Equal(m.ClusterName, other.ClusterName)
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -169,9 +170,27 @@ func TestWatchSwapsInANewBundleAndKeepsTheOldOnABadOne(t *testing.T) {
 	assert.Contains(t, (*lastErr.Load()).Error(), "default parameters differ")
 	assert.Equal(t, "r2", running.Policy().Revision)
 
+	// Another link model would need other cached fields and indexes: refused.
+	// Only its words changed: swapped in.
+	words := testbundle.Sources(t)
+	words["lib/nodeguard/links.rego"] = strings.Replace(words["lib/nodeguard/links.rego"],
+		`"phrase": "its own spec.providerID",`, `"phrase": "its own spec.providerID (same field)",`, 1)
+	require.NotEqual(t, testbundle.Sources(t)["lib/nodeguard/links.rego"], words["lib/nodeguard/links.rego"])
+	replace(t, path, testbundle.Signed(t, words, "r4b", key.Private))
+	require.Eventually(t, func() bool { return ok.Load() == 2 }, 10*time.Second, 20*time.Millisecond)
+	assert.Equal(t, "r4b", running.Policy().Revision)
+	model := testbundle.Sources(t)
+	model["lib/nodeguard/links.rego"] = strings.Replace(model["lib/nodeguard/links.rego"],
+		`"fields": [["spec", "providerIDList"]],`, `"fields": [["status", "providerIDList"]],`, 1)
+	require.NotEqual(t, testbundle.Sources(t)["lib/nodeguard/links.rego"], model["lib/nodeguard/links.rego"])
+	replace(t, path, testbundle.Signed(t, model, "r4c", key.Private))
+	require.Eventually(t, func() bool { return failed.Load() == 3 }, 10*time.Second, 20*time.Millisecond)
+	assert.Contains(t, (*lastErr.Load()).Error(), "another link model")
+	assert.Equal(t, "r4b", running.Policy().Revision)
+
 	// The embedded rule again, signed: back to denying.
 	replace(t, path, testbundle.Nodeguard(t, "r5", key.Private))
-	require.Eventually(t, func() bool { return ok.Load() == 2 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return ok.Load() == 3 }, 10*time.Second, 20*time.Millisecond)
 	d, err = running.Evaluate(ctx, blockedReview())
 	require.NoError(t, err)
 	assert.False(t, d.Allowed)

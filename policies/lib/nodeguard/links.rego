@@ -2,7 +2,7 @@
 # declarations, and so does the enforcer: what it caches of each object,
 # its indexes, the candidates it picks for a Node and the references its
 # fresh reads follow are all derived from link_model (enforcer/linkmodel).
-# A new link is one entry in links, plus its tests.
+# A new link is one entry in the group of its role, plus its tests.
 package lib.nodeguard
 
 # METADATA
@@ -15,7 +15,15 @@ package lib.nodeguard
 #   blocks the InfraMachine its reference names), an InfraMachine or an
 #   InfraMachinePool of a synced kind (it blocks itself). when, blocks and
 #   phrase are what people read: docs/policy.md and the denial messages.
-links := [
+#   They are grouped by role (machine_links, infra_machine_links,
+#   infra_machine_pool_links): the rule reads each group where it looks for
+#   objects of that role, without filtering the whole list on every decision.
+links := array.flatten([machine_links, infra_machine_links, infra_machine_pool_links])
+
+# METADATA
+# title: Machine links
+# description: The links whose objects are Machines (role Machine).
+machine_links := [
 	{
 		"type": "machineNodeRef",
 		"role": "Machine",
@@ -51,6 +59,12 @@ links := [
 		"blocks": "that Machine's InfraMachine (annotations only ever add blockers: anyone who may update the Node can edit them)",
 		"phrase": "named by the Node's cluster.x-k8s.io/machine annotation",
 	},
+]
+
+# METADATA
+# title: InfraMachine links
+# description: The links whose objects are InfraMachines of a synced kind (role InfraMachine).
+infra_machine_links := [
 	{
 		"type": "infraProviderID",
 		"role": "InfraMachine",
@@ -61,6 +75,12 @@ links := [
 		"blocks": "that InfraMachine, even with no Machine (an orphan)",
 		"phrase": "its own spec.providerID",
 	},
+]
+
+# METADATA
+# title: InfraMachinePool links
+# description: The links whose objects are InfraMachinePools of a synced pool kind (role InfraMachinePool).
+infra_machine_pool_links := [
 	{
 		"type": "poolProviderIDList",
 		"role": "InfraMachinePool",
@@ -76,16 +96,21 @@ links := [
 # METADATA
 # title: Link model
 # description: |
-#   Everything the rule reads of Nodes and of the objects linked to them:
-#   links; machine_kind, the Machines' group and kind; reference, the Machine
-#   field naming its InfraMachine (an object reference: apiGroup or
-#   apiVersion, kind, name, optional namespace); and the fields read of every
-#   linked object besides the links' own: deletion_timestamp, cluster_label
-#   and cluster_name (the cluster scope). The enforcer reads this document,
-#   from the policy it runs, and keeps exactly these fields.
-link_model := {
-	"links": links,
-	"machine_kind": machine_kind,
+#   Everything the rule reads of Nodes and of the objects linked to them: links,
+#   machine_kind (the Machines' group and kind) and object_fields. The enforcer
+#   reads this document, from the policy it runs, and keeps exactly these
+#   fields.
+link_model := object.union(object_fields, {"links": links, "machine_kind": machine_kind})
+
+# METADATA
+# title: Object fields
+# description: |
+#   The fields the rule reads of linked objects besides the links' own:
+#   reference, the Machine field naming its InfraMachine (an object reference:
+#   apiGroup or apiVersion, kind, name, optional namespace); deletion_timestamp
+#   (being deleted still blocks); cluster_label and cluster_name (the cluster
+#   scope; cluster_name of Machines only).
+object_fields := {
 	"reference": ["spec", "infrastructureRef"],
 	"deletion_timestamp": ["metadata", "deletionTimestamp"],
 	"cluster_label": ["metadata", "labels", "cluster.x-k8s.io/cluster-name"],

@@ -89,12 +89,13 @@ _decide_node(node, inventory, params, user) := _verdict(node.metadata.name, bloc
 	pid := object.get(node, ["spec", "providerID"], "")
 
 	# Links are found once and shared: they are the expensive part.
-	active := _active_links(node)
-	machine_links := _machine_links([a | some a in active; a[0].role == "Machine"], inventory, params)
-	links := machine_links | _object_links([a | some a in active; a[0].role != "Machine"], inventory, params)
+	via_machines := _links_through_machines(_active_links(node, machine_links), inventory, params)
+	to_infra := _links_to_objects(_active_links(node, infra_machine_links), params.infraMachineKinds, inventory, params)
+	to_pools := _links_to_objects(_active_links(node, infra_machine_pool_links), params.infraMachinePoolKinds, inventory, params)
+	links := (via_machines | to_infra) | to_pools
 	found := {key: hits | some [key, _] in links; hits := _lookup(inventory, key)}
 	blockers := [_blocker(key, obj, links) | some key, [obj] in found]
-	unverified := _unverified(found, machine_links, params)
+	unverified := _unverified(found, via_machines, params)
 	reasons := array.concat(
 		[_blocker_sentence(node.metadata.name, pid, b) | some b in blockers],
 		[_unverified_sentence(node.metadata.name, u) | some u in unverified],
@@ -152,7 +153,7 @@ linked_machines(node, inventory, parameters) := _linked_machines(
 )
 
 _linked_machines(node, inventory, params, kind) := {{"machine": concat("/", [ns, name]), "types": sort(types), "deleting": _deleting(machine)} |
-	active := [a | some a in _active_links(node); a[0].role == "Machine"]
+	active := _active_links(node, machine_links)
 	some ns, gv, name
 	machine := inventory.namespace[ns][gv][kind.kind][name]
 	types := {link.type | some [link, values] in active; _matches(link, values, machine)}
@@ -164,15 +165,11 @@ _linked_machines(node, inventory, params, kind) := {{"machine": concat("/", [ns,
 # --- Links -------------------------------------------------------------------
 
 # The links whose Node fields are all set, with those values: [link, values].
-_active_links(node) := [[link, values] |
-	some link in links
-	values := [value |
-		some path in link.node
-		value := object.get(node, path, "")
-		is_string(value)
-		value != ""
-	]
-	count(values) == count(link.node)
+# declared is one role's group of links (links.rego).
+_active_links(node, declared) := [[link, values] |
+	some link in declared
+	values := [object.get(node, path, "") | some path in link.node]
+	not "" in values
 ]
 
 # The types of the active links that match obj. Written out rather than
@@ -203,7 +200,7 @@ _matches(link, values, obj) if {
 # Each link is [infra key, how]; a key is {group, kind, namespace, name}.
 # A Machine link goes through the Machine to the InfraMachine it references.
 # active holds the Machine links whose Node fields are set.
-_machine_links(active, inventory, params) := {[key, {"type": link_type, "machine": concat("/", [ns, name])}] |
+_links_through_machines(active, inventory, params) := {[key, {"type": link_type, "machine": concat("/", [ns, name])}] |
 	some ns, gv, name
 	machine := inventory.namespace[ns][gv][machine_kind.kind][name]
 
@@ -216,10 +213,11 @@ _machine_links(active, inventory, params) := {[key, {"type": link_type, "machine
 	some link_type in link_types
 }
 
-# An InfraMachine or pool link blocks the object itself.
-_object_links(active, inventory, params) := {[key, {"type": link.type}] |
+# An InfraMachine or pool link blocks the object itself; kinds are the
+# role's synced kinds.
+_links_to_objects(active, kinds, inventory, params) := {[key, {"type": link.type}] |
 	some [link, values] in active
-	some kind in _role_kinds(link.role, params)
+	some kind in kinds
 	some ns, gv, name
 	obj := inventory.namespace[ns][gv][kind.kind][name]
 	_matches(link, values, obj)
@@ -227,10 +225,6 @@ _object_links(active, inventory, params) := {[key, {"type": link.type}] |
 	_infra_in_scope(ns, obj, params)
 	key := {"group": kind.group, "kind": kind.kind, "namespace": ns, "name": name}
 }
-
-_role_kinds("InfraMachine", params) := params.infraMachineKinds
-
-_role_kinds("InfraMachinePool", params) := params.infraMachinePoolKinds
 
 # v1beta2 refs carry apiGroup and live in the Machine's namespace; v1beta1
 # refs carry apiVersion and may name a namespace.
@@ -240,7 +234,7 @@ _infra_ref(machine_ns, machine) := {
 	"namespace": _ref_namespace(ref, machine_ns),
 	"name": ref.name,
 } if {
-	ref := object.get(machine, link_model.reference, null)
+	ref := object.get(machine, object_fields.reference, null)
 }
 
 _ref_group(ref) := ref.apiGroup if {
@@ -264,8 +258,8 @@ _machine_in_scope(ns, machine, params) if {
 	params.clusterNamespace in {"", ns}
 	params.clusterName in {
 		"",
-		object.get(machine, link_model.cluster_name, ""),
-		object.get(machine, link_model.cluster_label, ""),
+		object.get(machine, object_fields.cluster_name, ""),
+		object.get(machine, object_fields.cluster_label, ""),
 	}
 }
 
@@ -278,7 +272,7 @@ _infra_in_scope(ns, obj, params) if {
 
 _labelled_for_another_cluster(obj, cluster) if {
 	cluster != ""
-	not object.get(obj, link_model.cluster_label, "") in {"", cluster}
+	not object.get(obj, object_fields.cluster_label, "") in {"", cluster}
 }
 
 # --- Blockers and unverified kinds ---------------------------------------------
@@ -308,10 +302,10 @@ _version(gv) := split(gv, "/")[1] if {
 
 # A Machine-linked InfraMachine that is absent proves nothing when its kind is
 # not synced: deny unless the parameters opt out.
-_unverified(found, machine_links, params) := [] if {
+_unverified(found, via_machines, params) := [] if {
 	params.allowUnverifiedKinds == true
-} else := [object.union(key, {"links": _links_of(machine_links, key)}) |
-	some key in {key | some [key, _] in machine_links}
+} else := [object.union(key, {"links": _links_of(via_machines, key)}) |
+	some key in {key | some [key, _] in via_machines}
 	found[key] == []
 	not _synced(key, params.infraMachineKinds)
 ]
@@ -320,7 +314,7 @@ _unverified(found, machine_links, params) := [] if {
 _links_of(links, key) := [link | some [k, link] in links; k == key]
 
 _deleting(obj) if {
-	object.get(obj, link_model.deletion_timestamp, false) != false
+	object.get(obj, object_fields.deletion_timestamp, false) != false
 } else := false
 
 _synced(key, kinds) if {
@@ -347,7 +341,8 @@ _advice(pid, b) := "its host may still be running: wait until it is gone, then d
 	count(machines) > 0
 } else := sprintf("scale the MachinePool down instead; the delete is allowed once the %s no longer lists providerID %q", [b.kind, pid]) if {
 	some link in b.links
-	_link_role[link.type] == "InfraMachinePool"
+	some pool_link in infra_machine_pool_links
+	link.type == pool_link.type
 } else := sprintf("delete the %s first, then the Node", [b.kind])
 
 _unverified_sentence(node_name, u) := sprintf(
@@ -370,7 +365,7 @@ _links_phrase(links) := concat(" and ", array.concat(
 
 # Complete rules, so each is built once per decision, not once per lookup.
 # regal ignore:prefer-set-or-object-rule
-_link_phrase := {link.type: link.phrase | some link in links}
-
-# regal ignore:prefer-set-or-object-rule
-_link_role := {link.type: link.role | some link in links}
+_link_phrase := {link.type: link.phrase |
+	some group in [machine_links, infra_machine_links, infra_machine_pool_links]
+	some link in group
+}

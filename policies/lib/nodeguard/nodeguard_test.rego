@@ -442,3 +442,32 @@ test_user_in_two_exempt_groups if {
 	d.allowed
 	contains(d.warnings[0], `group "alpha" is exempt`)
 }
+
+# The rule reads each role's group where it looks for objects of that role;
+# the enforcer reads each link's role: they must agree.
+test_links_are_grouped_by_role if {
+	_grouped_by_role(nodeguard.machine_links, "Machine")
+	_grouped_by_role(nodeguard.infra_machine_links, "InfraMachine")
+	_grouped_by_role(nodeguard.infra_machine_pool_links, "InfraMachinePool")
+	count(nodeguard.links) == (count(nodeguard.machine_links) + count(nodeguard.infra_machine_links)) + count(nodeguard.infra_machine_pool_links)
+}
+
+test_links_in_the_wrong_group_are_caught if {
+	not _grouped_by_role([{"role": "InfraMachine"}], "Machine")
+	_grouped_by_role([{"role": "Machine"}], "Machine")
+}
+
+_grouped_by_role(group, role) if {
+	every link in group {
+		link.role == role
+	}
+}
+
+# What the enforcer reads (enforcer/linkmodel): every link, the Machine kind
+# and the object fields the rule reads besides the links'.
+test_link_model_holds_what_the_enforcer_reads if {
+	nodeguard.link_model.links == nodeguard.links
+	nodeguard.link_model.machine_kind == {"group": "cluster.x-k8s.io", "kind": "Machine"}
+	nodeguard.link_model.reference == ["spec", "infrastructureRef"]
+	object.keys(nodeguard.link_model) == {"links", "machine_kind", "reference", "deletion_timestamp", "cluster_label", "cluster_name"}
+}
