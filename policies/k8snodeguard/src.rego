@@ -8,7 +8,7 @@
 # custom:
 #   template: k8snodeguard
 #   kind: K8sNodeGuard
-#   version: 0.1.2
+#   version: 0.1.3
 package k8snodeguard
 
 import data.lib.nodeguard
