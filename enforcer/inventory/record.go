@@ -121,7 +121,7 @@ func (r *Record) Unstructured() *unstructured.Unstructured {
 	out := map[string]any{"apiVersion": r.apiVersion, "kind": r.kind, "metadata": meta}
 	for present := r.present; present != 0; present &= present - 1 {
 		i := bits.TrailingZeros64(present)
-		set(out, r.shape.Scalars[i], r.values[i])
+		linkmodel.SetPath(out, r.shape.Scalars[i], r.values[i])
 	}
 	for i, l := range r.lists {
 		if len(l) == 0 {
@@ -131,22 +131,9 @@ func (r *Record) Unstructured() *unstructured.Unstructured {
 		for j, id := range l {
 			list[j] = id
 		}
-		set(out, r.shape.Lists[i], list)
+		linkmodel.SetPath(out, r.shape.Lists[i], list)
 	}
 	return &unstructured.Unstructured{Object: out}
-}
-
-// set sets a nested field, creating the maps on the way.
-func set(m map[string]any, p linkmodel.Path, v any) {
-	for _, seg := range p[:len(p)-1] {
-		c, ok := m[seg].(map[string]any)
-		if !ok {
-			c = map[string]any{}
-			m[seg] = c
-		}
-		m = c
-	}
-	m[p[len(p)-1]] = v
 }
 
 // reference reads an object reference from the record's reference slots:

@@ -135,14 +135,15 @@ func (m *Model) StripNode(u *unstructured.Unstructured) *unstructured.Unstructur
 	out := map[string]any{}
 	for _, p := range append([]Path{{"apiVersion"}, {"kind"}}, m.NodePaths()...) {
 		if s, ok, _ := unstructured.NestedString(u.Object, p...); ok {
-			setPath(out, p, s)
+			SetPath(out, p, s)
 		}
 	}
 	return &unstructured.Unstructured{Object: out}
 }
 
-// setPath sets a nested field, creating the maps on the way.
-func setPath(m map[string]any, p Path, v any) {
+// SetPath sets a nested field of an Unstructured-shaped map, creating the
+// maps on the way.
+func SetPath(m map[string]any, p Path, v any) {
 	for _, seg := range p[:len(p)-1] {
 		c, ok := m[seg].(map[string]any)
 		if !ok {
