@@ -296,8 +296,8 @@ func (m *Model) shape(role Role) *Shape {
 	return s
 }
 
-// Fields lists every field kept of role's objects (for the coverage check
-// and the docs).
+// Fields lists every field kept of role's objects, for people and tests
+// reading what the enforcer caches.
 func (m *Model) Fields(role Role) []Field {
 	s := m.shapes[role]
 	out := []Field{{Path: Path{"metadata", "namespace"}}, {Path: Path{"metadata", "name"}}}
