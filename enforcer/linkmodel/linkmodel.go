@@ -97,6 +97,9 @@ type Model struct {
 
 	shapes map[Role]*Shape
 	node   nodeDecoder
+	// stripped are apiVersion, kind and NodePaths: what StripNode keeps,
+	// derived once rather than on every decision.
+	stripped []Path
 }
 
 func isName(p Path) bool      { return slices.Equal(p, Path{"metadata", "name"}) }
@@ -162,6 +165,7 @@ func Parse(raw []byte) (*Model, error) {
 			return nil, fmt.Errorf("%s: %d string fields of a %s, at most %d", Query, n, role, MaxScalars)
 		}
 	}
+	m.stripped = append([]Path{{"apiVersion"}, {"kind"}}, m.NodePaths()...)
 	node, err := newNodeDecoder(m.NodePaths())
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", Query, err)

@@ -133,7 +133,7 @@ func (t *pathTree) collect(v reflect.Value, out map[string]any) {
 // labels or managed fields hold.
 func (m *Model) StripNode(u *unstructured.Unstructured) *unstructured.Unstructured {
 	out := map[string]any{}
-	for _, p := range append([]Path{{"apiVersion"}, {"kind"}}, m.NodePaths()...) {
+	for _, p := range m.stripped {
 		if s, ok, _ := unstructured.NestedString(u.Object, p...); ok {
 			SetPath(out, p, s)
 		}
