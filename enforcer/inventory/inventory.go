@@ -174,18 +174,6 @@ func (inv *Inventory) AddKind(gvk schema.GroupVersionKind, role Role, indexer ca
 	return true
 }
 
-// Role returns the role of a registered group and kind (any version).
-func (inv *Inventory) Role(gk schema.GroupKind) (Role, bool) {
-	inv.mu.RLock()
-	defer inv.mu.RUnlock()
-	for _, gvk := range inv.order {
-		if gvk.GroupKind() == gk {
-			return inv.stores[gvk].role, true
-		}
-	}
-	return "", false
-}
-
 // Kinds returns the registered kinds of one role, sorted.
 func (inv *Inventory) Kinds(role Role) []schema.GroupVersionKind {
 	inv.mu.RLock()
