@@ -177,6 +177,15 @@ func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, err
 	})
 }
 
+// Ready returns an error while the inventory is not synced (nil when the
+// Guard has no readiness to wait for).
+func (g *Guard) Ready() error {
+	if g.opts.Ready == nil {
+		return nil
+	}
+	return g.opts.Ready()
+}
+
 // Model returns the link model the guard follows (its inventory's).
 func (g *Guard) Model() *linkmodel.Model { return g.inv.Model() }
 

@@ -9,21 +9,16 @@ package webhook
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"mime"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
-	"golang.org/x/sync/semaphore"
-	"golang.org/x/sync/singleflight"
-	"golang.org/x/time/rate"
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -31,30 +26,16 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
-// MaxBodyBytes bounds an AdmissionReview. On DELETE it carries the Node
-// once (oldObject). A real Node is tens of KiB (kubelet reports at most 50
-// images by default); the API server caps its annotations at 256 KiB, and its
-// managed fields list their keys once more, so a legitimate Node stays well
-// under 1 MiB (TestLargestRealNodeFits). Past the limit the answer is 413 and
-// the failurePolicy (Fail) denies, so the limit keeps that headroom; memory
-// per review is bounded by decoding only what the rule reads, not by this.
-const MaxBodyBytes = 1 << 20
+// MaxBodyBytes bounds an AdmissionReview (intake.MaxBodyBytes).
+const MaxBodyBytes = intake.MaxBodyBytes
 
-// inFlightBodyBytes bounds the review bytes being decoded and decided at
-// once. A real review is a few KiB, so hundreds fit; ~1 MiB forged ones go
-// four at a time: what a review costs while it is decoded (a user's groups
-// become one string each) stays live until its answer, and with the
-// deployment's GOGC=400 the heap grows to five times what is live.
-const inFlightBodyBytes = 4 * MaxBodyBytes
-
-// DefaultMaxConcurrentDecisions bounds the decisions evaluating at once: a
-// decision is ~0.5 ms of CPU plus fresh reads that wait on the API server, so
-// a few per core keep the cores busy while a flood of reviews queues instead
-// of multiplying memory and API requests.
-const DefaultMaxConcurrentDecisions = 16
+// DefaultMaxConcurrentDecisions bounds the decisions evaluating at once
+// (intake.DefaultMaxConcurrent).
+const DefaultMaxConcurrentDecisions = intake.DefaultMaxConcurrent
 
 // Routes, also the values of the metrics' route label.
 const (
@@ -62,20 +43,14 @@ const (
 	RouteCluster = "/validate/clusters/{namespace}/{name}"
 )
 
-// Reasons of nodeguard_rejected_requests_total: why a request got an HTTP
-// error instead of an AdmissionReview answer.
+// Reasons of nodeguard_rejected_requests_total that are the review routes'
+// own; intake's Reject* constants name the others.
 const (
-	RejectMethod       = "method"
-	RejectClientCert   = "client-cert"
-	RejectContentType  = "content-type"
-	RejectTooLarge     = "too-large"
-	RejectRead         = "read"
 	RejectMalformed    = "malformed"
 	RejectNotReview    = "not-admission-review"
 	RejectNoRequest    = "no-request"
 	RejectNoUID        = "no-uid"
 	RejectBadOldObject = "bad-old-object"
-	RejectBusy         = "busy" // large reviews waited past the deadline
 )
 
 // Decider judges one admission request with the rule; *guard.Guard is one.
@@ -86,17 +61,19 @@ type Decider interface {
 // Options configure the handler.
 type Options struct {
 	Decider Decider
-	// Ready reports whether every needed informer has synced (/readyz).
-	Ready func() error
 	// ClusterExists, when set, is asked on the cluster route: a Cluster the
 	// management cluster does not know is a wrong URL, and is denied.
 	ClusterExists func(ctx context.Context, namespace, name string) (bool, error)
+	// ClientCAs, when set, is the CA whose client certificates the review
+	// routes require (--client-ca-file).
+	ClientCAs *x509.CertPool
+	// Intake bounds the work of the review routes, shared with the other
+	// routes of the port; when nil, one is built from Timeout,
+	// MaxConcurrentDecisions, Metrics, Log and LogInterval.
+	Intake *intake.Intake
 	// Timeout is each review's deadline; keep it below the webhook's
 	// timeoutSeconds (default 4s).
 	Timeout time.Duration
-	// RequireClientCert rejects reviews over a connection without a verified
-	// client certificate (set with --client-ca-file).
-	RequireClientCert bool
 	// MaxConcurrentDecisions bounds the decisions evaluating at once; the
 	// others wait within their deadline (default
 	// DefaultMaxConcurrentDecisions).
@@ -113,41 +90,24 @@ type Options struct {
 }
 
 type handler struct {
-	opts  Options
-	model *linkmodel.Model
-	// slots bounds concurrent decisions; its waiters are served in order.
-	slots *semaphore.Weighted
-	// bodies bounds the bytes of reviews being decoded and decided.
-	bodies *semaphore.Weighted
-	// flights lets concurrent reviews with the same input share one
-	// decision. It holds a decision only while it is being made: a review
-	// arriving after it was answered makes its own.
-	flights singleflight.Group
-	// rejectLog writes at most one line per LogInterval; rejected counts
-	// the rejections since the last line.
-	rejectLog rate.Sometimes
-	rejected  atomic.Int64
+	opts   Options
+	model  *linkmodel.Model
+	intake *intake.Intake
 }
 
 // New returns the webhook's review routes: /validate and
 // /validate/clusters/NS/NAME. Probes and metrics are served apart (Probes),
 // on ports a NetworkPolicy can keep from the API server's callers.
 func New(opts Options) http.Handler {
-	if opts.Timeout == 0 {
-		opts.Timeout = 4 * time.Second
-	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	if opts.MaxConcurrentDecisions <= 0 {
-		opts.MaxConcurrentDecisions = DefaultMaxConcurrentDecisions
+	in := opts.Intake
+	if in == nil {
+		in = intake.New(intake.Options{Timeout: opts.Timeout, MaxConcurrent: opts.MaxConcurrentDecisions,
+			Metrics: opts.Metrics.intake(), Log: opts.Log, LogInterval: opts.LogInterval})
 	}
-	if opts.LogInterval <= 0 {
-		opts.LogInterval = time.Second
-	}
-	h := &handler{opts: opts, model: nodeModel(opts), slots: semaphore.NewWeighted(int64(opts.MaxConcurrentDecisions)),
-		bodies:    semaphore.NewWeighted(inFlightBodyBytes),
-		rejectLog: rate.Sometimes{First: 1, Interval: opts.LogInterval}}
+	h := &handler{opts: opts, model: nodeModel(opts), intake: in}
 	mux := http.NewServeMux()
 	mux.HandleFunc(RouteSelf, func(w http.ResponseWriter, r *http.Request) { h.validate(w, r, RouteSelf, "") })
 	mux.HandleFunc(RouteCluster, func(w http.ResponseWriter, r *http.Request) {
@@ -190,20 +150,6 @@ func Probes(ready func() error) http.Handler {
 	return mux
 }
 
-// httpError is a request nodeguard cannot judge: no AdmissionReview answer,
-// so the API server applies the webhook's failurePolicy (Fail: denied).
-type httpError struct {
-	code   int
-	reason string // a Reject* constant
-	msg    string
-}
-
-func (e *httpError) Error() string { return e.msg }
-
-func badRequest(reason, format string, args ...any) *httpError {
-	return &httpError{code: http.StatusBadRequest, reason: reason, msg: fmt.Sprintf(format, args...)}
-}
-
 func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluster string) {
 	start := time.Now()
 	review, release, herr := h.read(w, r)
@@ -241,72 +187,41 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	_, _ = w.Write(body)
 }
 
-// reject answers a request that cannot be judged with its HTTP error.
-func (h *handler) reject(w http.ResponseWriter, herr *httpError, route, cluster string, start time.Time) {
-	if herr.code == http.StatusMethodNotAllowed {
-		w.Header().Set("Allow", http.MethodPost)
-	}
-	http.Error(w, "nodeguard: "+herr.msg, herr.code)
+// reject answers a request that cannot be judged with its HTTP error: the
+// API server then applies the webhook's failurePolicy (Fail: denied).
+func (h *handler) reject(w http.ResponseWriter, herr *intake.Error, route, cluster string, start time.Time) {
+	h.intake.Reject(w, herr, "admission request", route, cluster)
 	h.opts.Metrics.observe(route, "error", decision.ReasonBadRequest, time.Since(start))
-	h.opts.Metrics.rejectedRequest(herr.reason)
-	// Anything that reaches the port can send these: a line per request
-	// would let it flood the logs, so one line per interval says how many.
-	h.rejected.Add(1)
-	h.rejectLog.Do(func() {
-		h.opts.Log.Warn("bad admission request", "route", route, "cluster", cluster, "status", herr.code,
-			"reason", herr.reason, "error", herr.msg, "rejectedSinceLastLine", h.rejected.Swap(0))
-	})
 }
 
 // read checks the transport and decodes the AdmissionReview; the caller runs
 // the returned func once it has answered.
-func (h *handler) read(w http.ResponseWriter, r *http.Request) (*admissionv1.AdmissionReview, func(), *httpError) {
-	if r.Method != http.MethodPost {
-		return nil, nil, &httpError{http.StatusMethodNotAllowed, RejectMethod, fmt.Sprintf("method %s not allowed: send the AdmissionReview with POST", r.Method)}
+func (h *handler) read(w http.ResponseWriter, r *http.Request) (*admissionv1.AdmissionReview, func(), *intake.Error) {
+	body, release, herr := h.intake.Read(w, r, h.opts.ClientCAs)
+	if herr != nil {
+		return nil, nil, herr
 	}
-	if h.opts.RequireClientCert && (r.TLS == nil || len(r.TLS.VerifiedChains) == 0) {
-		return nil, nil, &httpError{http.StatusUnauthorized, RejectClientCert, "a client certificate signed by --client-ca-file is required"}
-	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return nil, nil, &httpError{http.StatusUnsupportedMediaType, RejectContentType, fmt.Sprintf("content type %q not supported: want application/json", r.Header.Get("Content-Type"))}
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, nil, &httpError{http.StatusRequestEntityTooLarge, RejectTooLarge, fmt.Sprintf("body over %d bytes", MaxBodyBytes)}
-		}
-		return nil, nil, badRequest(RejectRead, "read body: %v", err)
-	}
-	// Held until the answer is written: the caller releases it.
-	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
-	defer cancel()
-	if err := h.bodies.Acquire(ctx, int64(len(body))); err != nil {
-		return nil, nil, &httpError{http.StatusServiceUnavailable, RejectBusy, "too many large reviews at once; retry"}
-	}
-	n := int64(len(body))
-	done := func() { h.bodies.Release(n) }
 	ok := false
 	defer func() {
 		if !ok {
-			done()
+			release()
 		}
 	}()
 	var review admissionv1.AdmissionReview
 	if err := json.Unmarshal(body, &review); err != nil {
-		return nil, nil, badRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err)
+		return nil, nil, intake.BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err)
 	}
 	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" {
-		return nil, nil, badRequest(RejectNotReview, "want apiVersion admission.k8s.io/v1, kind AdmissionReview; got %q, %q", review.APIVersion, review.Kind)
+		return nil, nil, intake.BadRequest(RejectNotReview, "want apiVersion admission.k8s.io/v1, kind AdmissionReview; got %q, %q", review.APIVersion, review.Kind)
 	}
 	if review.Request == nil {
-		return nil, nil, badRequest(RejectNoRequest, "AdmissionReview has no request")
+		return nil, nil, intake.BadRequest(RejectNoRequest, "AdmissionReview has no request")
 	}
 	if review.Request.UID == "" {
-		return nil, nil, badRequest(RejectNoUID, "AdmissionReview request has no uid")
+		return nil, nil, intake.BadRequest(RejectNoUID, "AdmissionReview request has no uid")
 	}
 	ok = true
-	return &review, done, nil
+	return &review, release, nil
 }
 
 // request converts the AdmissionRequest, once, into what the rule reads;
@@ -314,21 +229,21 @@ func (h *handler) read(w http.ResponseWriter, r *http.Request) (*admissionv1.Adm
 // deleted (oldObject: the API server sends the Node there on DELETE) is
 // decoded into only what the rule reads; without one, Node stays nil and
 // the rule denies a Node delete it cannot judge.
-func request(model *linkmodel.Model, req *admissionv1.AdmissionRequest, cluster string) (guard.Request, *httpError) {
+func request(model *linkmodel.Model, req *admissionv1.AdmissionRequest, cluster string) (guard.Request, *intake.Error) {
 	out := guard.Request{Operation: string(req.Operation), Kind: req.Kind, Name: req.Name, Cluster: cluster, UserInfo: req.UserInfo}
 	if len(req.OldObject.Raw) == 0 {
 		return out, nil
 	}
 	obj, err := model.NodeFromJSON(req.OldObject.Raw)
 	if err != nil {
-		return guard.Request{}, badRequest(RejectBadOldObject, "oldObject of %s %q does not decode: %v", req.Kind.Kind, req.Name, err)
+		return guard.Request{}, intake.BadRequest(RejectBadOldObject, "oldObject of %s %q does not decode: %v", req.Kind.Kind, req.Name, err)
 	}
 	// The API server sends oldObject as a named object of the request's
 	// kind and version; a review where they differ was forged, and the rule
 	// would read one kind of object as another.
 	apiVersion := schema.GroupVersion{Group: req.Kind.Group, Version: req.Kind.Version}.String()
 	if obj.GetAPIVersion() != apiVersion || obj.GetKind() != req.Kind.Kind || obj.GetName() == "" {
-		return guard.Request{}, badRequest(RejectBadOldObject, "oldObject is %s %s %q, want a named %s %s (the request's kind)",
+		return guard.Request{}, intake.BadRequest(RejectBadOldObject, "oldObject is %s %s %q, want a named %s %s (the request's kind)",
 			obj.GetAPIVersion(), obj.GetKind(), obj.GetName(), apiVersion, req.Kind.Kind)
 	}
 	out.Node = obj
@@ -343,35 +258,15 @@ func request(model *linkmodel.Model, req *admissionv1.AdmissionRequest, cluster 
 // groups) share one decision; at most MaxConcurrentDecisions are made at
 // once, the others queue for a slot until their deadline.
 func (h *handler) decide(ctx context.Context, req guard.Request) decision.Decision {
-	ctx, cancel := context.WithTimeout(ctx, h.opts.Timeout)
-	defer cancel()
 	key, err := flightKey(req)
 	if err != nil {
 		return decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
 	}
-	// Do, not DoChan: the first review's goroutine (a connection's, its stack
-	// already grown) evaluates the rule; DoChan would start a goroutine per
-	// decision and regrow a stack to OPA's depth each time (19% of the CPU
-	// under load). Waiting needs no select: the shared decision ends before
-	// any waiter's deadline (below).
-	v, _, _ := h.flights.Do(key, func() (any, error) {
-		// The first review's deadline bounds the shared decision: the
-		// reviews joining later have later deadlines, so every one of them
-		// is still waiting when it ends. It ends a little before, so the
-		// answer says why rather than racing the deadline. The first
-		// review's own cancellation (its caller gave up) must not fail the
-		// others.
-		deadline, _ := ctx.Deadline()
-		fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline.Add(-h.opts.Timeout/16))
-		defer cancel()
-		if err := h.slots.Acquire(fctx, 1); err != nil {
-			return decision.Deny(decision.ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
-				"(--max-concurrent-decisions) and none finished in time; retry shortly.", req.Name)), nil
-		}
-		defer h.slots.Release(1)
-		return h.decideNow(fctx, req), nil
-	})
-	return v.(decision.Decision)
+	busy := func() decision.Decision {
+		return decision.Deny(decision.ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
+			"(--max-concurrent-decisions) and none finished in time; retry shortly.", req.Name))
+	}
+	return intake.Do(ctx, h.intake, key, busy, func(ctx context.Context) decision.Decision { return h.decideNow(ctx, req) })
 }
 
 // flightKey is everything a decision reads from the review, hashed: the
