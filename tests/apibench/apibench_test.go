@@ -48,8 +48,10 @@ import (
 var (
 	binDir    = flag.String("bin", os.Getenv("NODEGUARD_E2E_BIN"), "directory with kube-apiserver, etcd, kubectl and gatekeeper (tests/e2e/tools/build.sh prints it)")
 	sizesFlag = flag.String("sizes", "1000", "Machine counts (each with as many DockerMachines)")
-	modesFlag = flag.String("modes", "none,reads,nodeguard,nodeguard-no-fresh-reads,gatekeeper",
-		"what to measure, in order: a webhook (none, nodeguard, nodeguard-no-fresh-reads, gatekeeper), or reads: the two GETs of a blocked Node's fresh reads, at once, from the client")
+	modesFlag = flag.String("modes", "none,reads,nodeguard,nodeguard-no-fresh-reads,gatekeeper,gatekeeper-provider",
+		"what to measure, in order: a webhook (none, nodeguard, nodeguard-no-fresh-reads, gatekeeper: the sync-based template, "+
+			"gatekeeper-provider: Gatekeeper with the K8sNodeGuardExternal template asking nodeguard), or reads: the two GETs of a "+
+			"blocked Node's fresh reads, at once, from the client")
 	nodeguardEnv  = flag.String("nodeguard-env", "GOGC=400 GOMEMLIMIT=400MiB", "environment of nodeguard serve (default: the deployment's GC settings)")
 	gatekeeperMax = flag.Int("gatekeeper-max", 10000, "largest fleet Gatekeeper is measured at (its engine is linear in the synced inventory)")
 	nodeguardArgs = flag.String("nodeguard-args", "", "extra flags for nodeguard serve, space separated")
@@ -362,19 +364,31 @@ func startWebhook(b *testing.B, env *envtest.Environment, kube kubernetes.Interf
 		if mode == "nodeguard-no-fresh-reads" {
 			args = append(args, "--no-fresh-reads")
 		}
-		w = startNodeguard(b, env, kube, nodeguardBin, args)
-	case "gatekeeper":
+		w = startNodeguard(b, env, kube, nodeguardBin, args, true)
+	case "gatekeeper", "gatekeeper-provider":
 		start := time.Now()
 		log, err := os.Create(filepath.Join(b.TempDir(), "gatekeeper.log"))
 		require.NoError(b, err)
-		stop, _, err := localcluster.StartGatekeeper(ctx, env, *binDir, "../..", b.TempDir(), log)
+		constraints := "constraints"
+		if mode == "gatekeeper-provider" {
+			constraints = "constraints/external-data"
+		}
+		gk, err := localcluster.StartGatekeeper(ctx, env, *binDir, "../..", constraints, b.TempDir(), log)
 		require.NoError(b, err)
 		w.stop = func() {
-			stop()
+			gk.Stop()
 			_ = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, "gatekeeper-validating-webhook-configuration", metav1.DeleteOptions{})
 			_ = log.Close()
 		}
-		b.Logf("Gatekeeper started and constraints applied in %s", time.Since(start).Round(time.Millisecond))
+		b.Logf("Gatekeeper started and %s applied in %s", constraints, time.Since(start).Round(time.Millisecond))
+		if mode == "gatekeeper-provider" {
+			// nodeguard as Gatekeeper's provider only: no webhook of its own;
+			// it writes the Provider Gatekeeper calls.
+			ng := startNodeguard(b, env, kube, nodeguardBin, append(strings.Fields(*nodeguardArgs), "--externaldata-client-ca-file", gk.CAFile), false)
+			stopGatekeeper := w.stop
+			w = ng
+			w.stop = func() { ng.stop(); stopGatekeeper() }
+		}
 	default:
 		b.Fatalf("unknown mode %q", mode)
 	}
@@ -389,8 +403,9 @@ func startWebhook(b *testing.B, env *envtest.Environment, kube kubernetes.Interf
 }
 
 // startNodeguard runs `nodeguard serve` as its own process, measures the
-// time from start to /readyz OK and its RSS then, and registers its webhook.
-func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Interface, bin string, extra []string) webhook {
+// time from start to /readyz OK and its RSS then, and registers its webhook,
+// or, without one, keeps Gatekeeper's Provider pointing at it.
+func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Interface, bin string, extra []string, register bool) webhook {
 	ctx := context.Background()
 	dir := b.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
@@ -400,6 +415,9 @@ func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Inte
 	addr, probes := freeAddr(b), freeAddr(b)
 	args := append([]string{"serve", "--kubeconfig", kubeconfig, "--tls-cert-file", cert, "--tls-private-key-file", key,
 		"--listen-address", addr, "--health-probe-bind-address", probes, "--metrics-bind-address", "0"}, extra...)
+	if !register {
+		args = append(args, "--gatekeeper-provider-url", "https://"+addr, "--gatekeeper-provider-ca-file", ca.CAFile(b))
+	}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), strings.Fields(*nodeguardEnv)...)
 	log, err := os.Create(filepath.Join(dir, "nodeguard.log"))
@@ -434,9 +452,11 @@ func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Inte
 	}
 	rss := rssMiB(b, cmd.Process.Pid)
 	b.Logf("nodeguard serve %v: ready %s after start, RSS %.0f MiB", extra, ready.Round(time.Millisecond), rss)
-	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
-	require.NoError(b, err)
-	require.NoError(b, webhookconfig.Apply(ctx, kube, vwc))
+	if register {
+		vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
+		require.NoError(b, err)
+		require.NoError(b, webhookconfig.Apply(ctx, kube, vwc))
+	}
 	return webhook{stop: stop, ready: ready, rssMiB: rss}
 }
 

@@ -23,21 +23,23 @@ import (
 var constraintGVR = schema.GroupVersionResource{Group: "constraints.gatekeeper.sh", Version: "v1beta1", Resource: "k8snodeguard"} // Gatekeeper names the plural after the kind, lowercased
 
 // gatekeeper runs Gatekeeper's manager against the API server of env with
-// its webhook patched by constraints/webhook, and applies constraints/
+// its webhook patched by constraints/webhook, and applies the kustomization
+// constraints (constraints or constraints/external-data) as a user would
 // (localcluster.StartGatekeeper). Its log is printed if the test fails.
-func gatekeeper(t *testing.T, env *envtest.Environment, kube kubernetes.Interface) {
+func gatekeeper(t *testing.T, env *envtest.Environment, kube kubernetes.Interface, constraints string) *localcluster.Gatekeeper {
 	t.Helper()
 	var log io.Writer
 	keepLog(t, "gatekeeper", &log, &log) // registered first, so it runs after the stop below
 	start := time.Now()
-	stop, out, err := localcluster.StartGatekeeper(context.Background(), env, *binDir, "../..", t.TempDir(), log)
+	gk, err := localcluster.StartGatekeeper(context.Background(), env, *binDir, "../..", constraints, t.TempDir(), log)
 	require.NoError(t, err)
-	t.Cleanup(stop)
+	t.Cleanup(gk.Stop)
 	vwc, err := kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(context.Background(),
 		"gatekeeper-validating-webhook-configuration", metav1.GetOptions{})
 	require.NoError(t, err)
 	require.Contains(t, vwc.Webhooks[0].Rules[0].Operations, admissionregistrationv1.Delete, "constraints/webhook enables DELETE")
-	t.Logf("Gatekeeper started; constraints applied %s later:\n%s", time.Since(start).Round(time.Millisecond), out)
+	t.Logf("Gatekeeper started; kubectl apply -k %s %s later:\n%s", constraints, time.Since(start).Round(time.Millisecond), gk.Applied)
+	return gk
 }
 
 // Scenario 8: scenarios 1, 2 and 4 through real Gatekeeper with the
@@ -46,7 +48,7 @@ func TestGatekeeper(t *testing.T) {
 	cfg, env := apiServerEnv(t)
 	kube, dyn := clientsFor(t, cfg)
 	ctx := context.Background()
-	gatekeeper(t, env, kube)
+	gatekeeper(t, env, kube, "constraints")
 
 	capdMachine(t, dyn, "dev-md-0-abcde", true)
 	capdMachine(t, dyn, "linked-b", false)
