@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
@@ -46,9 +49,13 @@ type provider struct {
 // nodeguardProvider runs `nodeguard serve` over cfg's cluster as Gatekeeper's
 // external data provider only. With keep, it keeps Gatekeeper's Provider in
 // its own cluster pointing at itself (--gatekeeper-provider-url), as the
-// chart's external-data install does.
+// chart's external-data install does, and runs with no more rights than the
+// kustomize deployment with its external-data component grants.
 func nodeguardProvider(t *testing.T, cfg *rest.Config, gatekeeperCA string, keep bool) *provider {
 	t.Helper()
+	if keep {
+		cfg = asDeployed(t, cfg, "external-data")
+	}
 	clients, err := kubeclient.FromConfig(cfg)
 	require.NoError(t, err)
 	// The Provider's URL must be known before nodeguard listens.
@@ -191,6 +198,44 @@ func TestCAPIWithGatekeeperAskingNodeguard(t *testing.T) {
 		assert.Contains(col, err.Error(), "DockerMachine default/"+name)
 	}, 60*time.Second, 250*time.Millisecond, "the workload cluster's Gatekeeper must deny on the management cluster's facts")
 	c.deletesInOrder(t, name, `admission webhook "validation.gatekeeper.sh" denied the request: [node-deletion-guard]`, 10*time.Second)
+}
+
+// asDeployed applies the RBAC of enforcer/deploy with the named components
+// (nothing runs its Deployment here) and returns cfg acting as the
+// ServiceAccount it binds.
+func asDeployed(t *testing.T, cfg *rest.Config, components ...string) *rest.Config {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	abs, err := filepath.Abs("../../enforcer/deploy")
+	require.NoError(t, err)
+	rel, err := filepath.Rel(dir, abs) // kustomize takes relative paths only
+	require.NoError(t, err)
+	var list []string
+	for _, c := range components {
+		list = append(list, filepath.Join(rel, "components", c))
+	}
+	k := "resources: [" + rel + "]\ncomponents: [" + strings.Join(list, ", ") + "]\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o600))
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	require.NoError(t, err)
+	clients, err := kubeclient.FromConfig(cfg)
+	require.NoError(t, err)
+	for _, r := range m.Resources() {
+		if kind := r.GetKind(); kind != "Namespace" && kind != "ServiceAccount" && !strings.HasPrefix(r.GetApiVersion(), "rbac.") {
+			continue
+		}
+		obj, err := r.Map()
+		require.NoError(t, err)
+		u := &unstructured.Unstructured{Object: obj}
+		mapping, err := clients.Mapper.RESTMapping(u.GroupVersionKind().GroupKind(), u.GroupVersionKind().Version)
+		require.NoError(t, err)
+		_, err = clients.Dynamic.Resource(mapping.Resource).Namespace(u.GetNamespace()).Create(ctx, u, metav1.CreateOptions{})
+		require.NoError(t, err, "%s %s", u.GetKind(), u.GetName())
+	}
+	sa := rest.CopyConfig(cfg)
+	sa.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:nodeguard-system:nodeguard"}
+	return sa
 }
 
 // installProvider writes the Provider for cluster into its workload cluster
