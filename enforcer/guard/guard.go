@@ -116,6 +116,13 @@ func New(ctx context.Context, inv *inventory.Inventory, opts Options) (*Guard, e
 	return g, nil
 }
 
+// KeepGroup says whether the rule reads group of a requesting user: only
+// groups in exemptGroups matter to it (all, when that is not a list). The
+// webhook keeps no other group of a review.
+func (g *Guard) KeepGroup(group string) bool {
+	return g.exemptGroups == nil || g.exemptGroups[group]
+}
+
 // user keeps what the rule reads of the requesting user: the username, and
 // of the groups only those in exemptGroups, the one thing the rule asks of
 // them. A forged review with ~100,000 groups would otherwise cost ~17 MB of

@@ -10,7 +10,6 @@ package intake
 import (
 	"context"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,12 +34,31 @@ import (
 // reads, not by this.
 const MaxBodyBytes = 1 << 20
 
-// inFlightBodyBytes bounds the request bytes being decoded and answered at
-// once. A real review is a few KiB, so hundreds fit; ~1 MiB forged ones go
-// four at a time: what a review costs while it is decoded (a user's groups
-// become one string each) stays live until its answer, and with the
-// deployment's GOGC=400 the heap grows to five times what is live.
-const inFlightBodyBytes = 4 * MaxBodyBytes
+// SmallBytes is the size up to which a request takes the small lane of the
+// byte budget: every real Node DELETE review (a Node with kubelet's 50
+// images, its labels, conditions and managed fields is ~20 KiB:
+// webhook's TestRealNodeReviewsTakeTheSmallLane) and every Gatekeeper
+// external data request (one key of a few hundred bytes) fits, with room.
+const SmallBytes = 64 << 10
+
+// The byte budget: the request bytes being decoded and answered at once,
+// taken before the first byte is read, so memory is bounded by it whatever
+// the number of connections. Requests up to SmallBytes have a lane of their
+// own (small reviews never wait behind large ones: ~100 real reviews of
+// 20 KiB fit, 32 of the largest small); larger ones (a Node with the API
+// server's 256 KiB of annotations is ~300 KiB; forged ones reach the 1 MiB
+// limit) share theirs, ~1 MiB ones four at a time, and are shed first:
+// when time runs out they are the ones still waiting. A small request also
+// borrows from the large lane when it is free, never waiting there.
+const (
+	smallLaneBytes = 2 << 20
+	largeLaneBytes = 4 * MaxBodyBytes
+)
+
+// UnknownLengthBytes is what a request without Content-Length may send: the
+// budget is taken before reading, so the length must be known or small. The
+// API server and Gatekeeper always send it.
+const UnknownLengthBytes = 16 << 10
 
 // DefaultMaxConcurrent bounds the decisions (or provider answers) made at
 // once: one is ~0.5 ms of CPU plus fresh reads that wait on the API server,
@@ -55,6 +73,7 @@ const (
 	RejectClientCert  = "client-cert"
 	RejectContentType = "content-type"
 	RejectTooLarge    = "too-large"
+	RejectNoLength    = "no-length"
 	RejectRead        = "read"
 	RejectBusy        = "busy" // large requests waited past the deadline
 )
@@ -78,8 +97,8 @@ type Intake struct {
 	opts Options
 	// slots bounds concurrent work; its waiters are served in order.
 	slots *semaphore.Weighted
-	// bodies bounds the bytes of requests being decoded and answered.
-	bodies *semaphore.Weighted
+	// small and large are the byte budget's lanes.
+	small, large *semaphore.Weighted
 	// flights lets concurrent requests with the same input share one piece
 	// of work. It holds a result only while it is being made: a request
 	// arriving after it was answered makes its own.
@@ -105,7 +124,7 @@ func New(opts Options) *Intake {
 		opts.LogInterval = time.Second
 	}
 	return &Intake{opts: opts, slots: semaphore.NewWeighted(int64(opts.MaxConcurrent)),
-		bodies:    semaphore.NewWeighted(inFlightBodyBytes),
+		small: semaphore.NewWeighted(smallLaneBytes), large: semaphore.NewWeighted(largeLaneBytes),
 		rejectLog: rate.Sometimes{First: 1, Interval: opts.LogInterval}}
 }
 
@@ -128,9 +147,10 @@ func BadRequest(reason, format string, args ...any) *Error {
 	return &Error{Code: http.StatusBadRequest, Reason: reason, Msg: fmt.Sprintf(format, args...)}
 }
 
-// Read checks the transport and reads the body under the byte budget; the
-// caller runs the returned func once it has answered. clients, when set, is
-// the CA the route's clients must present a certificate of.
+// Read checks the transport, takes the byte budget for the body's declared
+// length, and only then reads it; the caller runs the returned func once it
+// has answered. clients, when set, is the CA the route's clients must
+// present a certificate of.
 func (in *Intake) Read(w http.ResponseWriter, r *http.Request, clients *x509.CertPool) ([]byte, func(), *Error) {
 	if r.Method != http.MethodPost {
 		return nil, nil, &Error{http.StatusMethodNotAllowed, RejectMethod, fmt.Sprintf("method %s not allowed: send the request with POST", r.Method)}
@@ -141,22 +161,52 @@ func (in *Intake) Read(w http.ResponseWriter, r *http.Request, clients *x509.Cer
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
 		return nil, nil, &Error{http.StatusUnsupportedMediaType, RejectContentType, fmt.Sprintf("content type %q not supported: want application/json", r.Header.Get("Content-Type"))}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, nil, &Error{http.StatusRequestEntityTooLarge, RejectTooLarge, fmt.Sprintf("body over %d bytes", MaxBodyBytes)}
-		}
-		return nil, nil, BadRequest(RejectRead, "read body: %v", err)
+	n, known := r.ContentLength, r.ContentLength >= 0
+	switch {
+	case n > MaxBodyBytes:
+		return nil, nil, &Error{http.StatusRequestEntityTooLarge, RejectTooLarge, fmt.Sprintf("body over %d bytes", MaxBodyBytes)}
+	case !known:
+		n = UnknownLengthBytes
 	}
-	// Held until the answer is written: the caller releases it.
 	ctx, cancel := context.WithTimeout(r.Context(), in.opts.Timeout)
 	defer cancel()
-	if err := in.bodies.Acquire(ctx, int64(len(body))); err != nil {
+	release, ok := in.acquire(ctx, n)
+	if !ok {
 		return nil, nil, &Error{http.StatusServiceUnavailable, RejectBusy, "too many large requests at once; retry"}
 	}
-	n := int64(len(body))
-	return body, func() { in.bodies.Release(n) }, nil
+	// One byte more than the budget tells a body longer than it said.
+	body, err := io.ReadAll(io.LimitReader(r.Body, n+1))
+	switch {
+	case err != nil:
+		release()
+		return nil, nil, BadRequest(RejectRead, "read body: %v", err)
+	case int64(len(body)) > n && !known:
+		release()
+		return nil, nil, &Error{http.StatusLengthRequired, RejectNoLength, fmt.Sprintf("a body over %d bytes needs a Content-Length", UnknownLengthBytes)}
+	case known && int64(len(body)) != n:
+		release()
+		return nil, nil, BadRequest(RejectRead, "read body: %d bytes, Content-Length said %d", len(body), n)
+	}
+	return body, release, nil
+}
+
+// acquire takes n bytes of the budget: from the small lane (or, without
+// waiting, the large one) for a small request, from the large lane for a
+// large one; false when ctx ends first.
+func (in *Intake) acquire(ctx context.Context, n int64) (func(), bool) {
+	if n <= SmallBytes {
+		if in.large.TryAcquire(n) {
+			return func() { in.large.Release(n) }, true
+		}
+		if err := in.small.Acquire(ctx, n); err != nil {
+			return nil, false
+		}
+		return func() { in.small.Release(n) }, true
+	}
+	if err := in.large.Acquire(ctx, n); err != nil {
+		return nil, false
+	}
+	return func() { in.large.Release(n) }, true
 }
 
 // Verified reports whether the request's client presented a certificate

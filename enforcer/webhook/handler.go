@@ -10,8 +10,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/x509"
-	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -93,6 +93,8 @@ type handler struct {
 	opts   Options
 	model  *linkmodel.Model
 	intake *intake.Intake
+	// keepGroup says which of a user's groups the Decider reads; nil: all.
+	keepGroup func(string) bool
 }
 
 // New returns the webhook's review routes: /validate and
@@ -108,6 +110,9 @@ func New(opts Options) http.Handler {
 			Metrics: opts.Metrics.intake(), Log: opts.Log, LogInterval: opts.LogInterval})
 	}
 	h := &handler{opts: opts, model: nodeModel(opts), intake: in}
+	if k, ok := opts.Decider.(interface{ KeepGroup(string) bool }); ok {
+		h.keepGroup = k.KeepGroup
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc(RouteSelf, func(w http.ResponseWriter, r *http.Request) { h.validate(w, r, RouteSelf, "") })
 	mux.HandleFunc(RouteCluster, func(w http.ResponseWriter, r *http.Request) {
@@ -158,12 +163,12 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 		return
 	}
 	defer release()
-	req, herr := request(h.model, review.Request, cluster)
+	req, herr := request(&review.Request.admissionRequest, cluster)
 	if herr != nil {
 		h.reject(w, herr, route, cluster, start)
 		return
 	}
-	d := h.decide(r.Context(), req)
+	d := h.decide(r.Context(), req, review.Request.UserInfo.Groups.digest())
 	resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: d.Allowed, Warnings: d.Warnings}
 	if !d.Allowed {
 		code := int32(http.StatusForbidden)
@@ -177,8 +182,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	h.opts.Metrics.observe(route, result(d.Allowed), d.Reason, elapsed)
 	h.opts.Log.Info("decision", "node", req.Name, "cluster", cluster, "user", req.UserInfo.Username,
 		"allowed", d.Allowed, "reason", d.Reason, "blockers", blockerNames(d), "duration", elapsed)
-	review.Response, review.Request = resp, nil
-	body, err := json.Marshal(review)
+	body, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: review.APIVersion, Kind: review.Kind}, Response: resp})
 	if err != nil {
 		http.Error(w, "nodeguard: encode response: "+err.Error(), http.StatusInternalServerError)
 		return
@@ -196,48 +200,54 @@ func (h *handler) reject(w http.ResponseWriter, herr *intake.Error, route, clust
 
 // read checks the transport and decodes the AdmissionReview; the caller runs
 // the returned func once it has answered.
-func (h *handler) read(w http.ResponseWriter, r *http.Request) (*admissionv1.AdmissionReview, func(), *intake.Error) {
+func (h *handler) read(w http.ResponseWriter, r *http.Request) (*admissionReview, func(), *intake.Error) {
 	body, release, herr := h.intake.Read(w, r, h.opts.ClientCAs)
 	if herr != nil {
 		return nil, nil, herr
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			release()
-		}
-	}()
-	var review admissionv1.AdmissionReview
-	if err := json.Unmarshal(body, &review); err != nil {
-		return nil, nil, intake.BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err)
+	review, herr := h.decode(body)
+	if herr != nil {
+		release()
+		return nil, nil, herr
 	}
-	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" {
-		return nil, nil, intake.BadRequest(RejectNotReview, "want apiVersion admission.k8s.io/v1, kind AdmissionReview; got %q, %q", review.APIVersion, review.Kind)
-	}
-	if review.Request == nil {
-		return nil, nil, intake.BadRequest(RejectNoRequest, "AdmissionReview has no request")
-	}
-	if review.Request.UID == "" {
-		return nil, nil, intake.BadRequest(RejectNoUID, "AdmissionReview request has no uid")
-	}
-	ok = true
-	return &review, release, nil
+	return review, release, nil
 }
 
-// request converts the AdmissionRequest, once, into what the rule reads;
-// the rule, not this, decides which requests it judges. The object being
-// deleted (oldObject: the API server sends the Node there on DELETE) is
-// decoded into only what the rule reads; without one, Node stays nil and
-// the rule denies a Node delete it cannot judge.
-func request(model *linkmodel.Model, req *admissionv1.AdmissionRequest, cluster string) (guard.Request, *intake.Error) {
-	out := guard.Request{Operation: string(req.Operation), Kind: req.Kind, Name: req.Name, Cluster: cluster, UserInfo: req.UserInfo}
-	if len(req.OldObject.Raw) == 0 {
+func (h *handler) decode(body []byte) (*admissionReview, *intake.Error) {
+	review, err := decodeReview(body, h.model, h.keepGroup)
+	if err != nil {
+		var oldObject *oldObjectError
+		if errors.As(err, &oldObject) {
+			return nil, intake.BadRequest(RejectBadOldObject, "oldObject does not decode: %v", err)
+		}
+		return nil, intake.BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err)
+	}
+	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" {
+		return nil, intake.BadRequest(RejectNotReview, "want apiVersion admission.k8s.io/v1, kind AdmissionReview; got %q, %q", review.APIVersion, review.Kind)
+	}
+	if !review.Request.present {
+		return nil, intake.BadRequest(RejectNoRequest, "AdmissionReview has no request")
+	}
+	if review.Request.UID == "" {
+		return nil, intake.BadRequest(RejectNoUID, "AdmissionReview request has no uid")
+	}
+	return review, nil
+}
+
+// request converts the AdmissionRequest, decoded into what the rule reads,
+// into the Decider's request; the rule, not this, decides which requests it
+// judges. Without an oldObject (the API server sends the Node there on
+// DELETE), Node stays nil and the rule denies a Node delete it cannot judge.
+func request(req *admissionRequest, cluster string) (guard.Request, *intake.Error) {
+	out := guard.Request{Operation: req.Operation, Kind: req.Kind, Name: req.Name, Cluster: cluster}
+	out.UserInfo.Username = req.UserInfo.Username
+	if req.UserInfo.Groups != nil {
+		out.UserInfo.Groups = req.UserInfo.Groups.kept
+	}
+	if req.OldObject == nil || req.OldObject.obj == nil {
 		return out, nil
 	}
-	obj, err := model.NodeFromJSON(req.OldObject.Raw)
-	if err != nil {
-		return guard.Request{}, intake.BadRequest(RejectBadOldObject, "oldObject of %s %q does not decode: %v", req.Kind.Kind, req.Name, err)
-	}
+	obj := req.OldObject.obj
 	// The API server sends oldObject as a named object of the request's
 	// kind and version; a review where they differ was forged, and the rule
 	// would read one kind of object as another.
@@ -257,8 +267,8 @@ func request(model *linkmodel.Model, req *admissionv1.AdmissionRequest, cluster 
 // same input (route, request and Node as the rule reads them, user and
 // groups) share one decision; at most MaxConcurrentDecisions are made at
 // once, the others queue for a slot until their deadline.
-func (h *handler) decide(ctx context.Context, req guard.Request) decision.Decision {
-	key, err := flightKey(req)
+func (h *handler) decide(ctx context.Context, req guard.Request, groups []byte) decision.Decision {
+	key, err := flightKey(req, groups)
 	if err != nil {
 		return decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
 	}
@@ -271,11 +281,12 @@ func (h *handler) decide(ctx context.Context, req guard.Request) decision.Decisi
 
 // flightKey is everything a decision reads from the review, hashed: the
 // reduced Node holds all the rule reads of it, so reviews of the same Node
-// that differ elsewhere (status, labels, uid) still share. Hashing keeps the
-// key small whatever the review carries (a forged one may list 100,000
-// groups); each field is length-prefixed, so no two inputs write the same
-// bytes.
-func flightKey(req guard.Request) (string, error) {
+// that differ elsewhere (status, labels, uid) still share; groups is the
+// digest of all the user's groups (decodeReview), so users differing only in
+// groups the rule does not read do not. Hashing keeps the key small whatever
+// the review carries; each field is length-prefixed, so no two inputs write
+// the same bytes.
+func flightKey(req guard.Request, groups []byte) (string, error) {
 	var nodeJSON []byte
 	if req.Node != nil {
 		var err error
@@ -284,26 +295,19 @@ func flightKey(req guard.Request) (string, error) {
 		}
 	}
 	h := sha256.New()
-	field := func(s string) {
-		_ = binary.Write(h, binary.BigEndian, uint64(len(s)))
-		_, _ = io.WriteString(h, s)
-	}
-	field(req.Cluster)
-	field(req.Operation)
-	field(req.Kind.Group)
-	field(req.Kind.Version)
-	field(req.Kind.Kind)
-	field(req.Name)
+	field(h, req.Cluster)
+	field(h, req.Operation)
+	field(h, req.Kind.Group)
+	field(h, req.Kind.Version)
+	field(h, req.Kind.Kind)
+	field(h, req.Name)
 	// null (no Node) is no Node's JSON, so it cannot collide with one.
 	if nodeJSON == nil {
 		nodeJSON = []byte("null")
 	}
-	field(string(nodeJSON))
-	field(req.UserInfo.Username)
-	_ = binary.Write(h, binary.BigEndian, uint64(len(req.UserInfo.Groups)))
-	for _, g := range req.UserInfo.Groups {
-		field(g)
-	}
+	field(h, string(nodeJSON))
+	field(h, req.UserInfo.Username)
+	field(h, string(groups))
 	return string(h.Sum(nil)), nil
 }
 

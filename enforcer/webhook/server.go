@@ -53,6 +53,9 @@ type TLSOptions struct {
 	CipherSuites []string
 }
 
+// MaxStreamsPerConnection bounds an HTTP/2 connection's concurrent requests.
+const MaxStreamsPerConnection = 64
+
 // LoadCAs reads PEM CA certificates from files into one pool.
 func LoadCAs(files ...string) (*x509.CertPool, error) {
 	pool := x509.NewCertPool()
@@ -129,6 +132,15 @@ func NewServer(handler http.Handler, opts TLSOptions, log *slog.Logger) (*Server
 			WriteTimeout:      10 * time.Second,
 			IdleTimeout:       90 * time.Second,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+			// HTTP/2 buffers a stream's DATA before the handler reads it, up
+			// to the flow-control windows: small windows, and a bounded
+			// number of streams, keep a connection's share of memory small
+			// while its requests wait for the byte budget.
+			HTTP2: &http.HTTP2Config{
+				MaxConcurrentStreams:          MaxStreamsPerConnection,
+				MaxReceiveBufferPerConnection: 256 << 10,
+				MaxReceiveBufferPerStream:     64 << 10,
+			},
 		},
 		watcher: watcher,
 		log:     log,
@@ -146,7 +158,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener, grace time.Duration)
 		}
 	}()
 	done := make(chan error, 1)
-	go func() { done <- s.http.ServeTLS(l, "", "") }()
+	go func() { done <- s.http.ServeTLS(newLimitListener(l, MaxConnections, MaxConnectionsPerClient), "", "") }()
 	select {
 	case err := <-done:
 		return fmt.Errorf("serve: %w", err)

@@ -21,6 +21,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -66,7 +67,9 @@ func StartGatekeeper(ctx context.Context, env *envtest.Environment, binDir, repo
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "gatekeeper-system"}}, metav1.CreateOptions{}); err != nil {
+	// A Gatekeeper started before on this API server left it.
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "gatekeeper-system"}},
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("create namespace gatekeeper-system: %w", err)
 	}
 	// tls.crt and tls.key, the names Gatekeeper reads, for server and client

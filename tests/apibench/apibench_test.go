@@ -378,6 +378,8 @@ func startWebhook(b *testing.B, env *envtest.Environment, kube kubernetes.Interf
 		w.stop = func() {
 			gk.Stop()
 			_ = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, "gatekeeper-validating-webhook-configuration", metav1.DeleteOptions{})
+			// The next Gatekeeper must not load this one's template too.
+			require.NoError(b, removeGatekeeperPolicy(ctx, env))
 			_ = log.Close()
 		}
 		b.Logf("Gatekeeper started and %s applied in %s", constraints, time.Since(start).Round(time.Millisecond))
@@ -400,6 +402,31 @@ func startWebhook(b *testing.B, env *envtest.Environment, kube kubernetes.Interf
 	require.NoError(b, err, "%s never denied the blocked Node", mode)
 	b.Logf("%s denies the blocked Node %s after its webhook was registered", mode, time.Since(start).Round(time.Millisecond))
 	return w
+}
+
+// removeGatekeeperPolicy deletes what `kubectl apply -k` of either
+// constraints kustomization created, and the Constraint CRDs Gatekeeper made
+// of the templates (no garbage collector runs here).
+func removeGatekeeperPolicy(ctx context.Context, env *envtest.Environment) error {
+	dyn, err := dynamic.NewForConfig(env.Config)
+	if err != nil {
+		return err
+	}
+	for _, r := range []struct {
+		gvr  schema.GroupVersionResource
+		name string
+	}{
+		{schema.GroupVersionResource{Group: "templates.gatekeeper.sh", Version: "v1", Resource: "constrainttemplates"}, "k8snodeguard"},
+		{schema.GroupVersionResource{Group: "templates.gatekeeper.sh", Version: "v1", Resource: "constrainttemplates"}, "k8snodeguardexternal"},
+		{schema.GroupVersionResource{Group: "syncset.gatekeeper.sh", Version: "v1alpha1", Resource: "syncsets"}, "nodeguard"},
+		{schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}, "k8snodeguard.constraints.gatekeeper.sh"},
+		{schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}, "k8snodeguardexternal.constraints.gatekeeper.sh"},
+	} {
+		if err := dyn.Resource(r.gvr).Delete(ctx, r.name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete %s %s: %w", r.gvr.Resource, r.name, err)
+		}
+	}
+	return nil
 }
 
 // startNodeguard runs `nodeguard serve` as its own process, measures the
