@@ -54,6 +54,7 @@ const (
 	ErrorBadKey          = "bad-key"
 	ErrorUnknownCluster  = "unknown-cluster"
 	ErrorNotReady        = "not-ready"
+	ErrorCacheRecovering = "cache-recovering"
 	ErrorFreshReadFailed = "fresh-read-failed"
 	ErrorBusy            = "busy"
 )
@@ -69,6 +70,9 @@ type Facts interface {
 	ScopedParameters(cluster string) (map[string]any, error)
 	// Ready returns an error while the inventory is not synced.
 	Ready() error
+	// Recovering returns an error while a cache may miss objects after its
+	// watch broke: an answer could then lack a linked object.
+	Recovering() error
 	Model() *linkmodel.Model
 }
 
@@ -278,6 +282,10 @@ func (h *handler) facts(ctx context.Context, cluster string, node *unstructured.
 		if err := h.opts.Facts.Ready(); err != nil {
 			return result{err: &keyError{ErrorNotReady, fmt.Sprintf("nodeguard is not ready (%v), so it cannot tell what is linked to Node %q; "+
 				"retry once it reports ready", err, node.GetName())}}
+		}
+		if err := h.opts.Facts.Recovering(); err != nil {
+			return result{err: &keyError{ErrorCacheRecovering, fmt.Sprintf("%v, so nodeguard cannot tell everything linked to Node %q; "+
+				"this passes within seconds of the API server answering again", err, node.GetName())}}
 		}
 		params, err := h.opts.Facts.ScopedParameters(cluster)
 		if err != nil {

@@ -252,7 +252,8 @@ func TestMalformedRequestsAreRejected(t *testing.T) {
 // facts wraps a Guard to fail as a live one can.
 type facts struct {
 	*guard.Guard
-	notReady error
+	notReady   error
+	recovering error
 	reads    atomic.Int64
 	objects  func(context.Context) error
 	// parsed counts the keys read: the provider asks for the model to
@@ -261,6 +262,8 @@ type facts struct {
 }
 
 func (f *facts) Ready() error { return f.notReady }
+
+func (f *facts) Recovering() error { return f.recovering }
 
 func (f *facts) Model() *linkmodel.Model {
 	f.parsed.Add(1)
@@ -285,6 +288,11 @@ func TestWhatCannotBeReadIsAnErrorNeverAnEmptyAnswer(t *testing.T) {
 	_, _, out := s.post(t, "gatekeeper", "/externaldata", request(k))
 	assert.Contains(t, out.Response.Items[0].Error, "nodeguard is not ready (waiting for DockerMachine informer)")
 	assert.Nil(t, out.Response.Items[0].Value)
+
+	s = serve(t, &facts{Guard: g, recovering: errors.New("the cache of DockerMachine is catching up")}, nil)
+	_, _, out = s.post(t, "gatekeeper", "/externaldata", request(k))
+	assert.Contains(t, out.Response.Items[0].Error, "the cache of DockerMachine is catching up, so nodeguard cannot tell everything linked")
+	assert.Nil(t, out.Response.Items[0].Value, "an answer could lack what was made while the watch was down")
 
 	s = serve(t, &facts{Guard: g, objects: func(context.Context) error { return errors.New("get Machine: connection refused") }}, nil)
 	_, _, out = s.post(t, "gatekeeper", "/externaldata", request(k))

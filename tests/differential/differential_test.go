@@ -476,6 +476,8 @@ func (f *scenarioFacts) ScopedParameters(cluster string) (map[string]any, error)
 
 func (f *scenarioFacts) Ready() error { return f.current.Load().Ready() }
 
+func (f *scenarioFacts) Recovering() error { return f.current.Load().Recovering() }
+
 func (f *scenarioFacts) Model() *linkmodel.Model { return f.current.Load().Model() }
 
 type providerServer struct {
