@@ -254,8 +254,8 @@ type facts struct {
 	*guard.Guard
 	notReady   error
 	recovering error
-	reads    atomic.Int64
-	objects  func(context.Context) error
+	reads      atomic.Int64
+	objects    func(context.Context) error
 	// parsed counts the keys read: the provider asks for the model to
 	// decode each, just before it looks for their facts.
 	parsed atomic.Int64

@@ -33,7 +33,7 @@ func TestBuildProviderIsOneGatekeeperAccepts(t *testing.T) {
 	ca := caBundle(t)
 	for want, opts := range map[string]webhookconfig.Options{
 		"https://nodeguard.example.com:8443/externaldata/clusters/fleet/prod-1": {URL: "https://nodeguard.example.com:8443/", CABundle: ca, Cluster: "fleet/prod-1"},
-		"https://nodeguard.nodeguard-system.svc/externaldata":                  {Service: "nodeguard-system/nodeguard", CABundle: ca},
+		"https://nodeguard.nodeguard-system.svc/externaldata":                   {Service: "nodeguard-system/nodeguard", CABundle: ca},
 	} {
 		p, err := webhookconfig.BuildProvider(name, opts)
 		require.NoError(t, err)

@@ -57,8 +57,8 @@ func Review(shape, name string, i int) []byte {
 	}
 	b, _ := json.Marshal(map[string]any{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
 		"request": map[string]any{"uid": fmt.Sprintf("hostile-%s-%d", shape, i), "operation": "DELETE", "name": name,
-			"kind":     map[string]any{"group": "", "version": "v1", "kind": "Node"},
-			"resource": map[string]any{"group": "", "version": "v1", "resource": "nodes"},
+			"kind":      map[string]any{"group": "", "version": "v1", "kind": "Node"},
+			"resource":  map[string]any{"group": "", "version": "v1", "resource": "nodes"},
 			"oldObject": raw, "userInfo": user}})
 	return b
 }
