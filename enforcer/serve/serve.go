@@ -110,7 +110,7 @@ func clusterGVK() schema.GroupVersionKind {
 // Run serves until ctx is done. listening, when set, receives the address
 // once the port is open.
 func Run(ctx context.Context, opts Options, log *slog.Logger, listening func(net.Addr)) error {
-	c, err := kubeclient.ConnectWith(opts.Kubeconfig, opts.Context, opts.KubeAPIQPS, opts.KubeAPIBurst)
+	c, err := kubeclient.ConnectWith(opts.Kubeconfig, opts.Context, opts.KubeAPIQPS, opts.KubeAPIBurst, kubeclient.LogWarnings(log))
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 
 	"github.com/nodeguard/nodeguard/enforcer/check"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -133,6 +134,9 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.New(slog.NewJSONHandler(stderr, nil))
+			// client-go logs through klog (a broken watch, a failed list):
+			// into the same JSON log.
+			klog.SetSlogLogger(log)
 			return serve.Run(cmd.Context(), opts, log, nil)
 		},
 	}
