@@ -255,15 +255,12 @@ func webhookConfigCommand() *cobra.Command {
 				}
 				opts.CABundle = b
 			}
-			if gatekeeperProvider {
-				return providerConfig(cmd, opts, apply, kubeconfig, kcContext)
-			}
-			cfg, err := webhookconfig.Build(opts)
+			m, err := configManifest(cmd.Context(), opts, gatekeeperProvider)
 			if err != nil {
 				return err
 			}
 			if !apply {
-				out, err := webhookconfig.YAML(cfg)
+				out, err := m.render()
 				if err != nil {
 					return err
 				}
@@ -278,11 +275,11 @@ func webhookConfigCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("create client: %w", err)
 			}
-			where, err := webhookconfig.Install(cmd.Context(), mgmt, opts.Cluster, cfg, webhookconfig.ClientFromKubeconfig)
+			where, err := m.install(cmd.Context(), mgmt, c)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "ValidatingWebhookConfiguration %s applied to %s\n", cfg.Name, where)
+			fmt.Fprintf(cmd.OutOrStdout(), "%s applied to %s\n", m.what, where)
 			return nil
 		},
 	}
@@ -298,36 +295,35 @@ func webhookConfigCommand() *cobra.Command {
 	return cmd
 }
 
-// providerConfig prints or installs Gatekeeper's Provider for nodeguard.
-func providerConfig(cmd *cobra.Command, opts webhookconfig.Options, apply bool, kubeconfig, kcContext string) error {
-	name, err := webhookconfig.ProviderName(cmd.Context())
-	if err != nil {
-		return err
-	}
-	p, err := webhookconfig.BuildProvider(name, opts)
-	if err != nil {
-		return err
-	}
-	if !apply {
-		out, err := webhookconfig.ProviderYAML(p)
+// manifest is what webhook-config prints or installs: the
+// ValidatingWebhookConfiguration, or Gatekeeper's Provider.
+type manifest struct {
+	what    string
+	render  func() ([]byte, error)
+	install func(ctx context.Context, mgmt kubernetes.Interface, c kubeclient.Clients) (string, error)
+}
+
+func configManifest(ctx context.Context, opts webhookconfig.Options, gatekeeperProvider bool) (manifest, error) {
+	if gatekeeperProvider {
+		name, err := webhookconfig.ProviderName(ctx)
 		if err != nil {
-			return err
+			return manifest{}, err
 		}
-		_, err = cmd.OutOrStdout().Write(out)
-		return err
+		p, err := webhookconfig.BuildProvider(name, opts)
+		if err != nil {
+			return manifest{}, err
+		}
+		return manifest{what: "Provider " + name, render: func() ([]byte, error) { return webhookconfig.ProviderYAML(p) },
+			install: func(ctx context.Context, mgmt kubernetes.Interface, c kubeclient.Clients) (string, error) {
+				return webhookconfig.InstallProvider(ctx, mgmt, opts.Cluster, p, c.Dynamic)
+			}}, nil
 	}
-	c, err := kubeclient.Connect(kubeconfig, kcContext)
+	cfg, err := webhookconfig.Build(opts)
 	if err != nil {
-		return err
+		return manifest{}, err
 	}
-	mgmt, err := kubernetes.NewForConfig(c.Config)
-	if err != nil {
-		return fmt.Errorf("create client: %w", err)
-	}
-	where, err := webhookconfig.InstallProvider(cmd.Context(), mgmt, opts.Cluster, p, c.Dynamic)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(cmd.OutOrStdout(), "Provider %s applied to %s\n", name, where)
-	return nil
+	return manifest{what: "ValidatingWebhookConfiguration " + cfg.Name, render: func() ([]byte, error) { return webhookconfig.YAML(cfg) },
+		install: func(ctx context.Context, mgmt kubernetes.Interface, _ kubeclient.Clients) (string, error) {
+			return webhookconfig.Install(ctx, mgmt, opts.Cluster, cfg, webhookconfig.ClientFromKubeconfig)
+		}}, nil
 }
