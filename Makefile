@@ -149,8 +149,11 @@ IMAGE_REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGE_FLAGS = -o build/image -version $(IMAGE_VERSION) -revision $(IMAGE_REVISION) -source-date-epoch $(SOURCE_DATE_EPOCH)
 .PHONY: image image-push image-pin chart
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
 image:
-	@$(GO) run ./internal/cmd/image $(IMAGE_FLAGS)
+	@echo "== the image test for $(IMAGE_PLATFORMS) (make test builds linux/amd64 only)"
+	$(GO) test -count=1 ./internal/cmd/image/ -run TestImageIsReproducibleAndRuns -args -image-platforms $(IMAGE_PLATFORMS)
+	@$(GO) run ./internal/cmd/image $(IMAGE_FLAGS) -platforms $(IMAGE_PLATFORMS)
 
 # Pushes the same index to $(REGISTRY)/nodeguard:$(IMAGE_VERSION) (docker's
 # credential config is used for the login).
