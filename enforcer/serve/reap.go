@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
@@ -65,7 +64,7 @@ func LeaseNamespace() string {
 
 // startReaper runs the orphan scan (and, opted in, the reaper) in the
 // background until ctx is done.
-func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, reg prometheus.Registerer, opts ReapOptions, log *slog.Logger) error {
+func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics *reaper.Metrics, opts ReapOptions, log *slog.Logger) error {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
 			return fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
@@ -73,10 +72,6 @@ func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, re
 		return nil
 	}
 	finder, err := orphans.NewFinder(ctx, orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
-	if err != nil {
-		return err
-	}
-	metrics, err := reaper.NewMetrics(reg)
 	if err != nil {
 		return err
 	}

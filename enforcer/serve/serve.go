@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -21,7 +20,6 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
-	"github.com/nodeguard/nodeguard/enforcer/version"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 )
 
@@ -62,6 +60,13 @@ type Options struct {
 	// TLSMinVersion and TLSCipherSuites: see webhook.TLSOptions.
 	TLSMinVersion   string
 	TLSCipherSuites []string
+	// NoDenialEvents turns off the NodeDeleteDenied Events recorded on the
+	// Node of each denied delete (--denial-events=false).
+	NoDenialEvents bool
+	// DenialEventsWorkloadClusters records a workload route's Events in that
+	// workload cluster, through its <name>-kubeconfig Secret; without it
+	// they go on the Machine (or Cluster) in the cluster nodeguard runs in.
+	DenialEventsWorkloadClusters bool
 }
 
 // Defaults for the flags; the request deadline stays below the 5s
@@ -115,8 +120,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	policyMetrics, err := version.Register(reg, eval.Policy)
+	metrics, err := Register(reg, Sources{Policy: eval.Policy, Cached: e.Inventory.Count, Ready: e.Syncer.Ready})
 	if err != nil {
 		return err
 	}
@@ -124,7 +128,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 		go func() {
 			err := policybundle.Watch(ctx, opts.Bundle, eval, log, func(err error) {
 				if err != nil {
-					policyMetrics.ReloadErrors.Inc()
+					metrics.Policy.ReloadErrors.Inc()
 				}
 			})
 			if err != nil {
@@ -133,11 +137,11 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 			}
 		}()
 	}
-	metrics, err := webhook.NewMetrics(reg, e.Inventory.Count)
-	if err != nil {
+	if err := startReaper(ctx, c, e, metrics.Reaper, opts.Orphans, log); err != nil {
 		return err
 	}
-	if err := startReaper(ctx, c, e, reg, opts.Orphans, log); err != nil {
+	denied, err := startDenialEvents(ctx, c, opts, metrics.DenialEvents, log)
+	if err != nil {
 		return err
 	}
 	clusters := freshread.New(c.Dynamic, c.Mapper)
@@ -151,8 +155,9 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 		Timeout:                opts.RequestTimeout,
 		RequireClientCert:      opts.ClientCAFile != "",
 		MaxConcurrentDecisions: opts.MaxConcurrentDecisions,
-		Metrics:                metrics,
+		Metrics:                metrics.Webhook,
 		Log:                    log,
+		Denied:                 denied,
 	})
 	srv, err := webhook.NewServer(handler, webhook.TLSOptions{CertFile: opts.CertFile, KeyFile: opts.KeyFile, ClientCAFile: opts.ClientCAFile,
 		MinVersion: opts.TLSMinVersion, CipherSuites: opts.TLSCipherSuites}, log)

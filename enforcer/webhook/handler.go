@@ -27,9 +27,12 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
+	kjson "sigs.k8s.io/json"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
@@ -110,6 +113,10 @@ type Options struct {
 	// LogInterval is the least time between two log lines about rejected
 	// requests (default 1s); the lines between are counted, not written.
 	LogInterval time.Duration
+	// Denied, when set, is told of each denied Node delete that is not a
+	// dry run, after its answer is written. It must not block: a
+	// denialevents.Recorder's Record only queues.
+	Denied func(denialevents.Denial)
 }
 
 type handler struct {
@@ -231,6 +238,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	h.opts.Metrics.observe(route, result(d.Allowed), d.Reason, elapsed)
 	h.opts.Log.Info("decision", "node", req.Name, "cluster", cluster, "user", req.UserInfo.Username,
 		"allowed", d.Allowed, "reason", d.Reason, "blockers", blockerNames(d), "duration", elapsed)
+	dryRun, oldObject := review.Request.DryRun != nil && *review.Request.DryRun, review.Request.OldObject.Raw
 	review.Response, review.Request = resp, nil
 	body, err := json.Marshal(review)
 	if err != nil {
@@ -239,6 +247,32 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)
+	// A dry run must have no side effects (the webhook says NoneOnDryRun).
+	if !d.Allowed && !dryRun && h.opts.Denied != nil && isNodeDelete(req) {
+		h.opts.Denied(denialevents.Denial{Cluster: cluster, Node: req.Name, NodeUID: uidOf(oldObject), User: req.UserInfo.Username,
+			Reason: d.Reason, Messages: d.Messages, Blockers: d.Blockers, Unverified: d.Unverified})
+	}
+}
+
+// isNodeDelete says whether a request deletes a core Node: the only kind a
+// denial Event is recorded on, whatever else the webhook is sent.
+func isNodeDelete(req guard.Request) bool {
+	return req.Operation == string(admissionv1.Delete) && req.Kind.Group == "" && req.Kind.Kind == "Node"
+}
+
+// uidOf reads the UID of the object being deleted, which `kubectl describe
+// node` finds Events by; the reduced Node the rule reads does not keep it.
+// Only denials pay for it.
+func uidOf(raw []byte) types.UID {
+	var obj struct {
+		Metadata struct {
+			UID types.UID `json:"uid"`
+		} `json:"metadata"`
+	}
+	if len(raw) == 0 || kjson.UnmarshalCaseSensitivePreserveInts(raw, &obj) != nil {
+		return ""
+	}
+	return obj.Metadata.UID
 }
 
 // reject answers a request that cannot be judged with its HTTP error.

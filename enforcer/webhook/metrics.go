@@ -41,6 +41,10 @@ func NewMetrics(reg prometheus.Registerer, cached func() map[schema.GroupVersion
 			Help: "Requests answered with an HTTP error instead of a decision (malformed, wrong method or type, too large, no client certificate), by reason.",
 		}, []string{"reason"}),
 	}
+	// Both routes' histograms exist from the start, at zero.
+	for _, route := range []string{RouteSelf, RouteCluster} {
+		m.latency.WithLabelValues(route)
+	}
 	collectors := []prometheus.Collector{m.decisions, m.latency, m.freshReads, m.rejected}
 	if cached != nil {
 		collectors = append(collectors, cachedObjects{count: cached, desc: prometheus.NewDesc("nodeguard_cached_objects",
