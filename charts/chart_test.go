@@ -292,3 +292,37 @@ func TestChartValues(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, string(out), "policyBundle.verificationKey is required")
 }
+
+// denialEvents in the chart: on by default (Events RBAC in the server's
+// role, as in enforcer/deploy); off, neither the rule nor the Events; with
+// workloadClusters, what the denial-events-workload component adds.
+func TestChartDenialEvents(t *testing.T) {
+	events := rbacv1.PolicyRule{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}}
+	var role rbacv1.ClusterRole
+	chart(t).decode(t, "ClusterRole/nodeguard", &role)
+	assert.Contains(t, role.Rules, events)
+
+	h := chart(t, "denialEvents.enabled=false")
+	role = rbacv1.ClusterRole{}
+	h.decode(t, "ClusterRole/nodeguard", &role)
+	assert.NotContains(t, role.Rules, events)
+	var d appsv1.Deployment
+	h.decode(t, "Deployment/nodeguard", &d)
+	assert.Contains(t, d.Spec.Template.Spec.Containers[0].Args, "--denial-events=false")
+
+	h, k := chart(t, "denialEvents.workloadClusters=true"), kustomizeAll(t, "denial-events-workload")
+	var hd, kd appsv1.Deployment
+	h.decode(t, "Deployment/nodeguard", &hd)
+	k.decode(t, "Deployment/nodeguard", &kd)
+	assert.ElementsMatch(t, kd.Spec.Template.Spec.Containers[0].Args, hd.Spec.Template.Spec.Containers[0].Args)
+	assert.Contains(t, hd.Spec.Template.Spec.Containers[0].Args, "--denial-events-workload-clusters")
+	var hr, kr rbacv1.ClusterRole
+	h.decode(t, "ClusterRole/nodeguard-denial-events-workload", &hr)
+	k.decode(t, "ClusterRole/nodeguard-denial-events-workload", &kr)
+	assert.Equal(t, kr.Rules, hr.Rules)
+	var hb, kb rbacv1.ClusterRoleBinding
+	h.decode(t, "ClusterRoleBinding/nodeguard-denial-events-workload", &hb)
+	k.decode(t, "ClusterRoleBinding/nodeguard-denial-events-workload", &kb)
+	assert.Equal(t, kb.Subjects, hb.Subjects)
+	assert.Equal(t, kb.RoleRef, hb.RoleRef)
+}

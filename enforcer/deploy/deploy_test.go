@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -118,12 +119,18 @@ func TestNetworkPolicyOpensOnlyTheReviewPort(t *testing.T) {
 	assert.Nil(t, open["metrics"][0].IPBlock)
 }
 
-// The server's role reads, never writes, never touches Secrets, and covers
-// every default InfraMachine and pool kind of the rule.
+// The server's role reads, writes only Events (NodeDeleteDenied), never
+// touches Secrets, and covers every default InfraMachine and pool kind of the
+// rule.
 func TestServerRoleIsLeastPrivilege(t *testing.T) {
 	role := decode[rbacv1.ClusterRole](t, render(t, "."), "ClusterRole", "nodeguard")
 	granted := map[string]bool{}
+	events := rbacv1.PolicyRule{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}}
+	assert.Contains(t, role.Rules, events, "denial Events")
 	for _, rule := range role.Rules {
+		if reflect.DeepEqual(rule, events) {
+			continue
+		}
 		assert.ElementsMatch(t, []string{"get", "list", "watch"}, rule.Verbs)
 		for _, g := range rule.APIGroups {
 			for _, r := range rule.Resources {
@@ -203,3 +210,4 @@ func TestOrphanReaperComponents(t *testing.T) {
 	assert.Equal(t, []string{"nodes"}, base.Rules[0].Resources)
 	assert.ElementsMatch(t, []string{"get", "list", "watch"}, base.Rules[0].Verbs)
 }
+
