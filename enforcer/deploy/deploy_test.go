@@ -4,6 +4,7 @@ package deploy_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -211,3 +212,43 @@ func TestOrphanReaperComponents(t *testing.T) {
 	assert.ElementsMatch(t, []string{"get", "list", "watch"}, base.Rules[0].Verbs)
 }
 
+// The monitoring components render a ServiceMonitor for a metrics Service on
+// the Pods' metrics port, the PrometheusRule and the dashboard ConfigMap, all
+// in nodeguard's namespace; denial-events-workload adds its flag and the
+// Secret read it needs.
+func TestMonitoringAndDenialEventsComponents(t *testing.T) {
+	dir := t.TempDir()
+	abs, err := filepath.Abs(".")
+	require.NoError(t, err)
+	rel, err := filepath.Rel(dir, abs)
+	require.NoError(t, err)
+	kustomization := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel + "]\n" +
+		"components: [" + rel + "/components/servicemonitor, " + rel + "/components/prometheusrule, " + rel + "/components/grafana-dashboard, " +
+		rel + "/components/denial-events-workload]\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600))
+	m := render(t, dir)
+	svc := decode[corev1.Service](t, m, "Service", "nodeguard-metrics")
+	d := decode[appsv1.Deployment](t, m, "Deployment", "nodeguard")
+	c := d.Spec.Template.Spec.Containers[0]
+	assert.Equal(t, "metrics", svc.Spec.Ports[0].TargetPort.String())
+	assert.Contains(t, c.Args, fmt.Sprintf("--metrics-bind-address=:%d", svc.Spec.Ports[0].Port))
+	assert.Equal(t, d.Spec.Selector.MatchLabels, svc.Spec.Selector)
+	assert.Contains(t, c.Args, "--denial-events-workload-clusters")
+	workload := decode[rbacv1.ClusterRole](t, m, "ClusterRole", "nodeguard-denial-events-workload")
+	assert.Equal(t, []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}}}, workload.Rules)
+	for _, r := range m.Resources() {
+		switch r.GetKind() {
+		case "ServiceMonitor", "PrometheusRule", "ConfigMap", "Service":
+			assert.Equal(t, "nodeguard-system", r.GetNamespace(), "%s %s", r.GetKind(), r.GetName())
+		}
+	}
+	sm := decode[map[string]any](t, m, "ServiceMonitor", "nodeguard")
+	spec := (*sm)["spec"].(map[string]any)
+	assert.Equal(t, map[string]any{"app.kubernetes.io/name": "nodeguard", "app.kubernetes.io/component": "metrics"},
+		spec["selector"].(map[string]any)["matchLabels"])
+	assert.Equal(t, "metrics", spec["endpoints"].([]any)[0].(map[string]any)["port"])
+	cm := decode[corev1.ConfigMap](t, m, "ConfigMap", "nodeguard-dashboard")
+	assert.Equal(t, "1", cm.Labels["grafana_dashboard"])
+	assert.Contains(t, cm.Data["nodeguard.json"], `"uid": "nodeguard"`)
+	decode[map[string]any](t, m, "PrometheusRule", "nodeguard")
+}
