@@ -7,6 +7,7 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -29,7 +30,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
-	kjson "sigs.k8s.io/json"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
@@ -262,17 +262,47 @@ func isNodeDelete(req guard.Request) bool {
 
 // uidOf reads the UID of the object being deleted, which `kubectl describe
 // node` finds Events by; the reduced Node the rule reads does not keep it.
-// Only denials pay for it.
+// Only denials pay for it, and little: the API server writes apiVersion,
+// kind, then metadata with name and uid first, and the scan stops at uid.
 func uidOf(raw []byte) types.UID {
-	var obj struct {
-		Metadata struct {
-			UID types.UID `json:"uid"`
-		} `json:"metadata"`
-	}
-	if len(raw) == 0 || kjson.UnmarshalCaseSensitivePreserveInts(raw, &obj) != nil {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	skip := func() error { var v json.RawMessage; return dec.Decode(&v) }
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return ""
 	}
-	return obj.Metadata.UID
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		if key != "metadata" {
+			if skip() != nil {
+				return ""
+			}
+			continue
+		}
+		if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+			return ""
+		}
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return ""
+			}
+			if k == "uid" {
+				var uid string
+				if dec.Decode(&uid) != nil {
+					return ""
+				}
+				return types.UID(uid)
+			}
+			if skip() != nil {
+				return ""
+			}
+		}
+		return ""
+	}
+	return ""
 }
 
 // reject answers a request that cannot be judged with its HTTP error.

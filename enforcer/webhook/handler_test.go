@@ -23,6 +23,8 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	eventsfake "k8s.io/client-go/kubernetes/typed/events/v1/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
@@ -496,4 +498,36 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Len(t, got, 1, "only the first denial was reported")
+}
+
+// What recording a denial adds to a denied review: the handler alone (no
+// TLS), the example's linked Node, with and without a recorder behind the
+// Denied hook.
+// go test ./enforcer/webhook/ -run '^$' -bench DeniedReview -benchtime 2000x
+func BenchmarkDeniedReview(b *testing.B) {
+	g, _, nodes := example(b)
+	node := nodes[linkedNode].DeepCopy()
+	node.SetUID("0b8d0b0e-5a5e-4c1a-9d5e-7a5b7c1d2e3f")
+	body := review(admissionv1.Delete, "Node", node.Object)
+	// A client that answers every write with nothing: only the handler's
+	// side is measured.
+	rec, err := denialevents.New(denialevents.Options{Events: &eventsfake.FakeEventsV1{Fake: &clienttesting.Fake{}}})
+	require.NoError(b, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go rec.Run(ctx)
+	for name, denied := range map[string]func(denialevents.Denial){"events-off": nil, "events-on": rec.Record} {
+		h := webhook.New(webhook.Options{Decider: g, Denied: denied})
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				w := httptest.NewRecorder()
+				r := httptest.NewRequest(http.MethodPost, "/validate", bytes.NewReader(body))
+				r.Header.Set("Content-Type", "application/json")
+				h.ServeHTTP(w, r)
+				if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), `"allowed":false`) {
+					b.Fatalf("want a denial, got %d %s", w.Code, w.Body.String())
+				}
+			}
+		})
+	}
 }
