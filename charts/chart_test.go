@@ -153,15 +153,7 @@ func TestChartAndKustomizeAgree(t *testing.T) {
 	assert.Equal(t, kc.SecurityContext, hc.SecurityContext)
 	assert.Equal(t, kc.VolumeMounts, hc.VolumeMounts)
 
-	var hr, kr rbacv1.ClusterRole
-	h.decode(t, "ClusterRole/nodeguard", &hr)
-	k.decode(t, "ClusterRole/nodeguard", &kr)
-	assert.Equal(t, kr.Rules, hr.Rules, "the same RBAC")
-	var hb, kb rbacv1.ClusterRoleBinding
-	h.decode(t, "ClusterRoleBinding/nodeguard", &hb)
-	k.decode(t, "ClusterRoleBinding/nodeguard", &kb)
-	assert.Equal(t, kb.RoleRef, hb.RoleRef)
-	assert.Equal(t, kb.Subjects, hb.Subjects)
+	sameClusterRole(t, h, k, "nodeguard")
 
 	var hs, ks corev1.Service
 	h.decode(t, "Service/nodeguard", &hs)
@@ -407,13 +399,20 @@ func TestChartDenialEvents(t *testing.T) {
 	k.decode(t, "Deployment/nodeguard", &kd)
 	assert.ElementsMatch(t, kd.Spec.Template.Spec.Containers[0].Args, hd.Spec.Template.Spec.Containers[0].Args)
 	assert.Contains(t, hd.Spec.Template.Spec.Containers[0].Args, "--denial-events-workload-clusters")
+	sameClusterRole(t, h, k, "nodeguard-denial-events-workload")
+}
+
+// sameClusterRole checks that the chart (h) and kustomize (k) grant the same
+// through the ClusterRole name and its binding.
+func sameClusterRole(t *testing.T, h, k objects, name string) {
+	t.Helper()
 	var hr, kr rbacv1.ClusterRole
-	h.decode(t, "ClusterRole/nodeguard-denial-events-workload", &hr)
-	k.decode(t, "ClusterRole/nodeguard-denial-events-workload", &kr)
-	assert.Equal(t, kr.Rules, hr.Rules)
+	h.decode(t, "ClusterRole/"+name, &hr)
+	k.decode(t, "ClusterRole/"+name, &kr)
+	assert.Equal(t, kr.Rules, hr.Rules, "the same RBAC")
 	var hb, kb rbacv1.ClusterRoleBinding
-	h.decode(t, "ClusterRoleBinding/nodeguard-denial-events-workload", &hb)
-	k.decode(t, "ClusterRoleBinding/nodeguard-denial-events-workload", &kb)
-	assert.Equal(t, kb.Subjects, hb.Subjects)
+	h.decode(t, "ClusterRoleBinding/"+name, &hb)
+	k.decode(t, "ClusterRoleBinding/"+name, &kb)
 	assert.Equal(t, kb.RoleRef, hb.RoleRef)
+	assert.Equal(t, kb.Subjects, hb.Subjects)
 }

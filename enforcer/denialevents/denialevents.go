@@ -105,28 +105,17 @@ func DefaultLimits() Limits {
 
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits()
-	if l.Queue <= 0 {
-		l.Queue = d.Queue
+	return Limits{Queue: orDefault(l.Queue, d.Queue), PerObject: orDefault(l.PerObject, d.PerObject),
+		Series: orDefault(l.Series, d.Series), WritesPerSecond: orDefault(l.WritesPerSecond, d.WritesPerSecond),
+		WriteBurst: orDefault(l.WriteBurst, d.WriteBurst), PatchInterval: orDefault(l.PatchInterval, d.PatchInterval),
+		Window: orDefault(l.Window, d.Window)}
+}
+
+func orDefault[T int | float64 | time.Duration](v, d T) T {
+	if v <= 0 {
+		return d
 	}
-	if l.PerObject <= 0 {
-		l.PerObject = d.PerObject
-	}
-	if l.Series <= 0 {
-		l.Series = d.Series
-	}
-	if l.WritesPerSecond <= 0 {
-		l.WritesPerSecond = d.WritesPerSecond
-	}
-	if l.WriteBurst <= 0 {
-		l.WriteBurst = d.WriteBurst
-	}
-	if l.PatchInterval <= 0 {
-		l.PatchInterval = d.PatchInterval
-	}
-	if l.Window <= 0 {
-		l.Window = d.Window
-	}
-	return l
+	return v
 }
 
 // Options configure a Recorder.

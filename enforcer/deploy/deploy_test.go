@@ -33,6 +33,24 @@ func render(t *testing.T, dir string) resmap.ResMap {
 	return m
 }
 
+// renderWith renders the deployment with the components named.
+func renderWith(t *testing.T, components ...string) resmap.ResMap {
+	t.Helper()
+	dir := t.TempDir()
+	abs, err := filepath.Abs(".")
+	require.NoError(t, err)
+	rel, err := filepath.Rel(dir, abs)
+	require.NoError(t, err)
+	list := make([]string, len(components))
+	for i, c := range components {
+		list[i] = rel + "/components/" + c
+	}
+	kustomization := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel + "]\n" +
+		"components: [" + strings.Join(list, ", ") + "]\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600))
+	return render(t, dir)
+}
+
 func decode[T any](t *testing.T, m resmap.ResMap, kind, name string) *T {
 	t.Helper()
 	for _, r := range m.Resources() {
@@ -156,15 +174,7 @@ func TestServerRoleIsLeastPrivilege(t *testing.T) {
 }
 
 func TestOptionalComponents(t *testing.T) {
-	dir := t.TempDir()
-	abs, err := filepath.Abs(".")
-	require.NoError(t, err)
-	rel, err := filepath.Rel(dir, abs)
-	require.NoError(t, err)
-	kustomization := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel + "]\n" +
-		"components: [" + rel + "/components/cert-manager, " + rel + "/components/installer, " + rel + "/components/constraint]\n"
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600))
-	m := render(t, dir)
+	m := renderWith(t, "cert-manager", "installer", "constraint")
 	cert := decode[map[string]any](t, m, "Certificate", "nodeguard")
 	spec := (*cert)["spec"].(map[string]any)
 	assert.Equal(t, "nodeguard-tls", spec["secretName"])
@@ -178,15 +188,7 @@ func TestOptionalComponents(t *testing.T) {
 }
 
 func TestOrphanReaperComponents(t *testing.T) {
-	dir := t.TempDir()
-	abs, err := filepath.Abs(".")
-	require.NoError(t, err)
-	rel, err := filepath.Rel(dir, abs)
-	require.NoError(t, err)
-	kustomization := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel + "]\n" +
-		"components: [" + rel + "/components/orphan-reaper, " + rel + "/components/orphan-reaper-workload]\n"
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600))
-	m := render(t, dir)
+	m := renderWith(t, "orphan-reaper", "orphan-reaper-workload")
 	d := decode[appsv1.Deployment](t, m, "Deployment", "nodeguard")
 	c := d.Spec.Template.Spec.Containers[0]
 	assert.Contains(t, c.Args, "--reap-orphan-nodes")
@@ -217,16 +219,7 @@ func TestOrphanReaperComponents(t *testing.T) {
 // in nodeguard's namespace; denial-events-workload adds its flag and the
 // Secret read it needs.
 func TestMonitoringAndDenialEventsComponents(t *testing.T) {
-	dir := t.TempDir()
-	abs, err := filepath.Abs(".")
-	require.NoError(t, err)
-	rel, err := filepath.Rel(dir, abs)
-	require.NoError(t, err)
-	kustomization := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel + "]\n" +
-		"components: [" + rel + "/components/servicemonitor, " + rel + "/components/prometheusrule, " + rel + "/components/grafana-dashboard, " +
-		rel + "/components/denial-events-workload]\n"
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600))
-	m := render(t, dir)
+	m := renderWith(t, "servicemonitor", "prometheusrule", "grafana-dashboard", "denial-events-workload")
 	svc := decode[corev1.Service](t, m, "Service", "nodeguard-metrics")
 	d := decode[appsv1.Deployment](t, m, "Deployment", "nodeguard")
 	c := d.Spec.Template.Spec.Containers[0]

@@ -2,11 +2,9 @@ package serve
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -16,11 +14,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	eventsv1client "k8s.io/client-go/kubernetes/typed/events/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // Client rate limits of the denial Events' own clients: apart from the
@@ -60,7 +56,13 @@ func startDenialEvents(ctx context.Context, c kubeclient.Clients, opts Options, 
 	instance, _ := os.Hostname() // the Pod's name in a Deployment
 	ropts := denialevents.Options{Events: kube.EventsV1(), Resolve: resolver(dyn, c.Mapper), Metrics: m, Log: log, Instance: instance}
 	if opts.DenialEventsWorkloadClusters {
-		ropts.Workload = (&workloadEvents{mgmt: kube, clients: map[string]workloadEventsClient{}}).client
+		ropts.Workload = newKubeconfigCache(kube, func(cfg *rest.Config) (eventsv1client.EventsV1Interface, error) {
+			k, err := kubernetes.NewForConfig(eventsConfig(cfg))
+			if err != nil {
+				return nil, err
+			}
+			return k.EventsV1(), nil
+		}).get
 	}
 	rec, err := denialevents.New(ropts)
 	if err != nil {
@@ -89,44 +91,4 @@ func resolver(dyn dynamic.Interface, mapper meta.RESTMapper) denialevents.Resolv
 		}
 		return ref
 	}
-}
-
-// workloadEvents builds, and keeps, an events client per workload cluster
-// from its <name>-kubeconfig Secret, as the orphan reaper reaches workload
-// clusters; a changed Secret gets a new client. Kept apart so it can move to
-// wherever workload clusters' clients come to live.
-type workloadEvents struct {
-	mgmt kubernetes.Interface
-
-	mu      sync.Mutex
-	clients map[string]workloadEventsClient
-}
-
-type workloadEventsClient struct {
-	digest [32]byte
-	client eventsv1client.EventsV1Interface
-}
-
-// client returns the events client of cluster ("namespace/name").
-func (w *workloadEvents) client(ctx context.Context, cluster string) (eventsv1client.EventsV1Interface, error) {
-	kc, err := webhookconfig.WorkloadKubeconfig(ctx, w.mgmt, cluster)
-	if err != nil {
-		return nil, err
-	}
-	digest := sha256.Sum256(kc)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if have, ok := w.clients[cluster]; ok && have.digest == digest {
-		return have.client, nil
-	}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig of Cluster %s: %w", cluster, err)
-	}
-	kube, err := kubernetes.NewForConfig(eventsConfig(cfg))
-	if err != nil {
-		return nil, fmt.Errorf("events client for Cluster %s: %w", cluster, err)
-	}
-	w.clients[cluster] = workloadEventsClient{digest: digest, client: kube.EventsV1()}
-	return kube.EventsV1(), nil
 }

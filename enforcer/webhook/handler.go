@@ -266,43 +266,33 @@ func isNodeDelete(req guard.Request) bool {
 // kind, then metadata with name and uid first, and the scan stops at uid.
 func uidOf(raw []byte) types.UID {
 	dec := json.NewDecoder(bytes.NewReader(raw))
-	skip := func() error { var v json.RawMessage; return dec.Decode(&v) }
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+	var uid string
+	if !field(dec, "metadata") || !field(dec, "uid") || dec.Decode(&uid) != nil {
 		return ""
+	}
+	return types.UID(uid)
+}
+
+// field enters the JSON object dec is at and reads up to the value of key,
+// skipping the others; false when the object has no such key.
+func field(dec *json.Decoder, key string) bool {
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return false
 	}
 	for dec.More() {
-		key, err := dec.Token()
+		k, err := dec.Token()
 		if err != nil {
-			return ""
+			return false
 		}
-		if key != "metadata" {
-			if skip() != nil {
-				return ""
-			}
-			continue
+		if k == key {
+			return true
 		}
-		if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-			return ""
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return false
 		}
-		for dec.More() {
-			k, err := dec.Token()
-			if err != nil {
-				return ""
-			}
-			if k == "uid" {
-				var uid string
-				if dec.Decode(&uid) != nil {
-					return ""
-				}
-				return types.UID(uid)
-			}
-			if skip() != nil {
-				return ""
-			}
-		}
-		return ""
 	}
-	return ""
+	return false
 }
 
 // reject answers a request that cannot be judged with its HTTP error.

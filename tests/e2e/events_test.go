@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
@@ -135,18 +134,9 @@ func TestDenialEventsOfAWorkloadCluster(t *testing.T) {
 	workloadKube, err := kubernetes.NewForConfig(workload)
 	require.NoError(t, err)
 	ctx := context.Background()
-	apply(t, dyn, schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "clusters"}, map[string]any{
-		"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": map[string]any{"namespace": "default", "name": "dev"},
-		"spec": map[string]any{"paused": true}})
-	workloadAdmin(t, ctx, workloadEnv, mgmtKube, "default", "dev")
+	devCluster(t, dyn, workloadEnv, mgmtKube)
 	for _, name := range []string{"md-0-a", "md-0-b"} {
-		capdMachine(t, dyn, name, false)
-		node, err := mgmtKube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		require.NoError(t, err)
-		require.NoError(t, mgmtKube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}))
-		node.ResourceVersion, node.UID = "", ""
-		_, err = workloadKube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-		require.NoError(t, err)
+		workloadMachine(t, dyn, mgmtKube, workloadKube, name)
 	}
 	caPEM, err := os.ReadFile(ca.CAFile(t))
 	require.NoError(t, err)
