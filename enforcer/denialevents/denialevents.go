@@ -293,9 +293,10 @@ func (r *Recorder) flush(ctx context.Context) {
 		idle := now.Sub(s.last)
 		done := s.created && s.written == s.count
 		if (done && idle >= r.limits.Window) || idle >= 2*r.limits.Window {
-			// Past twice the window it was never written: give up.
-			if !done {
-				r.opts.Metrics.drop(DropWriteFailed)
+			// Past twice the window its writes kept failing: give up. Never
+			// created, its denials are dropped; created, only its last count.
+			if !s.created {
+				r.opts.Metrics.dropN(DropWriteFailed, s.count)
 			}
 			delete(r.series, k)
 			if r.perObject[k.objectKey]--; r.perObject[k.objectKey] <= 0 {
@@ -303,10 +304,9 @@ func (r *Recorder) flush(ctx context.Context) {
 			}
 			continue
 		}
-		if !s.created || (s.count > s.written && now.Sub(s.lastWrite) >= r.limits.PatchInterval) {
-			if !s.lastWrite.IsZero() && now.Sub(s.lastWrite) < r.limits.PatchInterval {
-				continue // a failed create waits too
-			}
+		// One write per patch interval, a failed create's retry included.
+		waited := s.lastWrite.IsZero() || now.Sub(s.lastWrite) >= r.limits.PatchInterval
+		if waited && (!s.created || s.count > s.written) {
 			due = append(due, write{s: s, count: s.count, last: s.last})
 		}
 	}

@@ -16,10 +16,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	eventsv1client "k8s.io/client-go/kubernetes/typed/events/v1"
+	clienttesting "k8s.io/client-go/testing"
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
@@ -201,6 +203,32 @@ func TestWindowAndRecreate(t *testing.T) {
 	f.r.observe(blocked("md-0-a", "alice"))
 	f.r.flush(f.ctx)
 	assert.Len(t, events(t, f.kube.EventsV1(), "default"), 2, "the window ended: a new Event")
+}
+
+// An API server that refuses every write: the Event is retried once per
+// patch interval, and given up (its denials counted) after twice the window.
+func TestWritesThatKeepFailing(t *testing.T) {
+	f := newFixture(t, Options{})
+	f.kube.PrependReactor("create", "events", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("etcdserver: request timed out")
+	})
+	for range 3 {
+		f.r.observe(blocked("md-0-a", "alice"))
+	}
+	f.r.flush(f.ctx)
+	f.r.flush(f.ctx)
+	assert.Equal(t, 1.0, f.writes(OpCreate, "error"), "no retry before the patch interval")
+	f.clock.Step(f.r.Limits().PatchInterval)
+	f.r.flush(f.ctx)
+	assert.Equal(t, 2.0, f.writes(OpCreate, "error"))
+	assert.Zero(t, f.dropped(DropWriteFailed))
+	f.clock.Step(2 * f.r.Limits().Window)
+	f.r.flush(f.ctx)
+	assert.Equal(t, 3.0, f.dropped(DropWriteFailed), "the three denials it held")
+	f.r.mu.Lock()
+	defer f.r.mu.Unlock()
+	assert.Empty(t, f.r.series)
+	assert.Empty(t, f.r.perObject)
 }
 
 // A workload route's denial goes on the Node in that workload cluster; when

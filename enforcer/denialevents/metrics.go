@@ -58,11 +58,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // drop counts one denial not recorded; a nil Metrics counts nothing.
-func (m *Metrics) drop(reason string) {
+func (m *Metrics) drop(reason string) { m.dropN(reason, 1) }
+
+func (m *Metrics) dropN(reason string, n int32) {
 	if m == nil {
 		return
 	}
-	m.dropped.WithLabelValues(reason).Inc()
+	m.dropped.WithLabelValues(reason).Add(float64(n))
 }
 
 func (m *Metrics) wrote(op string, err error) {
