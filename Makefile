@@ -20,20 +20,31 @@ test:
 	@for phase in $(PHASES); do start=$$(date +%s); $(MAKE) --no-print-directory $$phase || exit 1; \
 	echo "== $$phase took $$(( $$(date +%s) - start )) s"; done
 
-lint:
+# OPA's capabilities plus Gatekeeper's external_data builtin (declared in
+# policies/gatekeeper.capabilities.json), which the K8sNodeGuardExternal entry
+# point calls: opa check and opa test need it declared.
+OPA_CAPABILITIES := build/opa-capabilities.json
+.PHONY: $(OPA_CAPABILITIES)
+$(OPA_CAPABILITIES):
+	@mkdir -p build
+	@$(OPA) capabilities --current > build/opa-capabilities.base.json
+	@$(OPA) eval -f raw -i build/opa-capabilities.base.json -d policies/gatekeeper.capabilities.json \
+		'json.marshal(object.union(input, {"builtins": array.concat(input.builtins, data.builtins)}))' > $@
+
+lint: $(OPA_CAPABILITIES)
 	@echo "== lint: opa fmt, opa check --strict, regal, gofmt, go vet"
 	@out="$$($(OPA) fmt -l policies)"; if [ -n "$$out" ]; then echo "opa fmt would change: $$out" >&2; $(OPA) fmt -d policies; exit 1; fi
-	$(OPA) check --strict policies
+	$(OPA) check --strict --capabilities $(OPA_CAPABILITIES) policies
 	$(REGAL) lint policies
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; if [ -n "$$out" ]; then echo "gofmt would change: $$out" >&2; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./tests/e2e/ ./internal/cmd/demo/
 	$(GO) -C tools/promtool vet ./promqlnames
 
-policy-test:
+policy-test: $(OPA_CAPABILITIES)
 	@echo "== opa test (with coverage)"
-	$(OPA) test policies
-	$(OPA) test --coverage policies | $(GO) run ./internal/cmd/coverage -min $(COVERAGE_MIN)
+	$(OPA) test --capabilities $(OPA_CAPABILITIES) policies
+	$(OPA) test --coverage --capabilities $(OPA_CAPABILITIES) policies | $(GO) run ./internal/cmd/coverage -min $(COVERAGE_MIN)
 
 generate:
 	$(GO) run ./internal/cmd/generate
@@ -65,11 +76,11 @@ go-test:
 # The concurrent paths (webhook under parallel reviews, informers, guard)
 # again under the race detector.
 race:
-	@echo "== go test -race (webhook, serve, guard, informers, freshread, policybundle, reaper, denialevents)"
-	$(GO) test -race ./enforcer/webhook/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/freshread/ ./enforcer/policybundle/ ./enforcer/reaper/ ./enforcer/denialevents/
+	@echo "== go test -race (webhook, provider, serve, guard, informers, freshread, policybundle, reaper, webhookconfig, denialevents)"
+	$(GO) test -race ./enforcer/webhook/ ./enforcer/provider/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/freshread/ ./enforcer/policybundle/ ./enforcer/reaper/ ./enforcer/webhookconfig/ ./enforcer/denialevents/
 
 differential:
-	@echo "== differential: enforcer vs Gatekeeper's engine on randomized inventories"
+	@echo "== differential: enforcer vs Gatekeeper's engine (synced data, and nodeguard as its external data provider) on randomized inventories"
 	$(GO) test -count=1 -v ./tests/differential/ -args -scenarios $(SCENARIOS)
 
 # A bounded fuzz run of the webhook's request decoding. Minimizing each new
@@ -149,8 +160,11 @@ IMAGE_REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGE_FLAGS = -o build/image -version $(IMAGE_VERSION) -revision $(IMAGE_REVISION) -source-date-epoch $(SOURCE_DATE_EPOCH)
 .PHONY: image image-push image-pin chart
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
 image:
-	@$(GO) run ./internal/cmd/image $(IMAGE_FLAGS)
+	@echo "== the image test for $(IMAGE_PLATFORMS) (make test builds linux/amd64 only)"
+	$(GO) test -count=1 ./internal/cmd/image/ -run TestImageIsReproducibleAndRuns -args -image-platforms $(IMAGE_PLATFORMS)
+	@$(GO) run ./internal/cmd/image $(IMAGE_FLAGS) -platforms $(IMAGE_PLATFORMS)
 
 # Pushes the same index to $(REGISTRY)/nodeguard:$(IMAGE_VERSION) (docker's
 # credential config is used for the login).

@@ -217,6 +217,39 @@ func TestChartOrphanReaperIsTheKustomizeComponents(t *testing.T) {
 	assert.False(t, ok, "off by default")
 }
 
+// externalData in the chart deploys what the external-data component adds
+// to the kustomize deployment: the flags, the Gatekeeper CA's volume and the
+// RBAC to keep the Provider.
+func TestChartExternalDataIsTheKustomizeComponent(t *testing.T) {
+	h, k := chart(t, "externalData.enabled=true", "webhook.enabled=false"), kustomizeAll(t, "external-data")
+	var hd, kd appsv1.Deployment
+	h.decode(t, "Deployment/nodeguard", &hd)
+	k.decode(t, "Deployment/nodeguard", &kd)
+	hp, kp := hd.Spec.Template.Spec, kd.Spec.Template.Spec
+	assert.ElementsMatch(t, kp.Containers[0].Args, hp.Containers[0].Args, "the same serve flags")
+	assert.Contains(t, hp.Containers[0].Args, "--externaldata-client-ca-file=/etc/nodeguard/gatekeeper-ca/ca.crt")
+	assert.ElementsMatch(t, kp.Containers[0].VolumeMounts, hp.Containers[0].VolumeMounts)
+	assert.ElementsMatch(t, kp.Volumes, hp.Volumes)
+	var hr, kr rbacv1.ClusterRole
+	h.decode(t, "ClusterRole/nodeguard-gatekeeper-provider", &hr)
+	k.decode(t, "ClusterRole/nodeguard-gatekeeper-provider", &kr)
+	assert.Equal(t, kr.Rules, hr.Rules)
+	var hb, kb rbacv1.ClusterRoleBinding
+	h.decode(t, "ClusterRoleBinding/nodeguard-gatekeeper-provider", &hb)
+	k.decode(t, "ClusterRoleBinding/nodeguard-gatekeeper-provider", &kb)
+	assert.Equal(t, kb.Subjects, hb.Subjects)
+	assert.NotContains(t, h, "ValidatingWebhookConfiguration/nodeguard", "Gatekeeper is the admission point")
+	assert.NotContains(t, h, "ConfigMap/nodeguard-gatekeeper-ca", "created by the operator unless the value holds the CA")
+
+	h = chart(t, "externalData.enabled=true", "externalData.gatekeeperCA=PEM")
+	var cm corev1.ConfigMap
+	h.decode(t, "ConfigMap/nodeguard-gatekeeper-ca", &cm)
+	assert.Equal(t, "PEM", cm.Data["ca.crt"])
+	h.decode(t, "Deployment/nodeguard", &hd)
+	assert.NotEmpty(t, hd.Spec.Template.Annotations["checksum/config"], "a new Gatekeeper CA rolls the Pods")
+	assert.NotContains(t, chart(t), "ClusterRole/nodeguard-gatekeeper-provider", "off by default")
+}
+
 // The chart's webhook is the configuration `nodeguard webhook-config
 // --service` builds.
 func TestChartWebhookIsWhatWebhookConfigBuilds(t *testing.T) {

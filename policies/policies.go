@@ -4,6 +4,7 @@
 package policies
 
 import (
+	"bytes"
 	"context"
 	"embed"
 	"encoding/json"
@@ -16,8 +17,25 @@ import (
 	"github.com/open-policy-agent/opa/v1/rego"
 )
 
-//go:embed lib k8snodeguard nodeguard
+//go:embed lib k8snodeguard k8snodeguardexternal nodeguard
 var sources embed.FS
+
+// gatekeeperCapabilities declares the builtins only Gatekeeper implements
+// (external_data, which K8sNodeGuardExternal calls), for opa (`make lint`,
+// `make policy-test`) and Go tests that compile every entry point.
+//
+//go:embed gatekeeper.capabilities.json
+var gatekeeperCapabilities []byte
+
+// GatekeeperBuiltins are the builtins only Gatekeeper implements, as
+// gatekeeper.capabilities.json declares them.
+func GatekeeperBuiltins() ([]*ast.Builtin, error) {
+	c, err := ast.LoadCapabilitiesJSON(bytes.NewReader(gatekeeperCapabilities))
+	if err != nil {
+		return nil, fmt.Errorf("read policies/gatekeeper.capabilities.json: %w", err)
+	}
+	return c.Builtins, nil
+}
 
 // File is one Rego source file.
 type File struct {
@@ -27,8 +45,13 @@ type File struct {
 
 // Paths of the entry points; the library is everything under lib/.
 const (
+	// GatekeeperEntry reads Gatekeeper's synced data.inventory.
 	GatekeeperEntry = "k8snodeguard/src.rego"
-	EnforcerEntry   = "nodeguard/decision.rego"
+	// GatekeeperExternalEntry asks nodeguard serve for the facts through
+	// Gatekeeper's external_data builtin, which only Gatekeeper implements:
+	// it is not part of All or Compile.
+	GatekeeperExternalEntry = "k8snodeguardexternal/src.rego"
+	EnforcerEntry           = "nodeguard/decision.rego"
 	// EnforcerQuery is the one query the enforcer prepares.
 	EnforcerQuery = "data.nodeguard.decision"
 )
@@ -38,9 +61,10 @@ func Library() ([]File, error) {
 	return collect("lib")
 }
 
-// All returns every non-test Rego file, sorted by path.
+// All returns every non-test Rego file that OPA itself can run (the library,
+// the enforcer's and the sync-based Gatekeeper entry points), sorted by path.
 func All() ([]File, error) {
-	return collect(".")
+	return collect("lib", "k8snodeguard", "nodeguard")
 }
 
 // Read returns one embedded file.
@@ -52,7 +76,20 @@ func Read(path string) (File, error) {
 	return File{Path: path, Source: string(b)}, nil
 }
 
-func collect(root string) ([]File, error) {
+func collect(roots ...string) ([]File, error) {
+	var files []File
+	for _, root := range roots {
+		more, err := walk(root)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, more...)
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
+	return files, nil
+}
+
+func walk(root string) ([]File, error) {
 	var files []File
 	err := fs.WalkDir(sources, root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -71,7 +108,6 @@ func collect(root string) ([]File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("walk embedded policies under %s: %w", root, err)
 	}
-	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
 	return files, nil
 }
 
@@ -126,6 +162,46 @@ func DeclaredParameters(ctx context.Context, compiled *ast.Compiler) (map[string
 		return nil, fmt.Errorf("decode %s: %w", query, err)
 	}
 	return out, nil
+}
+
+// ProvidedParameters evaluates data.lib.nodeguard.provided_parameters: the
+// parameters nodeguard's answer sets for the K8sNodeGuardExternal template,
+// sorted.
+func ProvidedParameters(ctx context.Context, compiled *ast.Compiler) ([]string, error) {
+	const query = "data.lib.nodeguard.provided_parameters"
+	rs, err := rego.New(rego.Query(query), rego.Compiler(compiled)).Eval(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("evaluate %s: %w", query, err)
+	}
+	names, ok := rego.ResultValue[[]any](rs)
+	if !ok {
+		return nil, fmt.Errorf("evaluate %s: want one set, got %v", query, rs)
+	}
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		s, ok := n.(string)
+		if !ok {
+			return nil, fmt.Errorf("evaluate %s: %v is not a parameter name", query, n)
+		}
+		out = append(out, s)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// ProviderName evaluates data.lib.nodeguard.provider_name: the Gatekeeper
+// Provider the K8sNodeGuardExternal template asks.
+func ProviderName(ctx context.Context, compiled *ast.Compiler) (string, error) {
+	const query = "data.lib.nodeguard.provider_name"
+	rs, err := rego.New(rego.Query(query), rego.Compiler(compiled)).Eval(ctx)
+	if err != nil {
+		return "", fmt.Errorf("evaluate %s: %w", query, err)
+	}
+	name, ok := rego.ResultValue[string](rs)
+	if !ok || name == "" {
+		return "", fmt.Errorf("evaluate %s: want a name, got %v", query, rs)
+	}
+	return name, nil
 }
 
 func evalObject(ctx context.Context, compiled *ast.Compiler, query string) (map[string]any, error) {

@@ -87,6 +87,7 @@ const (
 	ReasonUnjudgeable = "unjudgeable" // denied: the review carries no Node
 
 	ReasonNotReady        = "not-ready"         // denied: caches not synced yet
+	ReasonCacheRecovering = "cache-recovering"  // denied: nothing linked found, but a cache is catching up after a broken watch
 	ReasonFreshReadFailed = "fresh-read-failed" // denied: the API server did not answer in time
 	ReasonError           = "error"             // denied: no decision could be made
 	ReasonBusy            = "busy"              // denied: no decision slot within the deadline

@@ -58,6 +58,11 @@ type Options struct {
 	// Ready, when set, returns an error while the inventory is not synced;
 	// every decision is then a denial.
 	Ready func() error
+	// Recovering, when set, returns an error while a cache of the inventory
+	// may miss objects (its watch broke and it has not caught up): it cannot
+	// prove an absence then, so a decision that found nothing linked is a
+	// denial, and Objects fails.
+	Recovering func() error
 	// Fresh, when set, re-reads every candidate before deciding.
 	Fresh FreshReader
 	// FreshTimeout bounds all fresh reads of one decision (default 2s).
@@ -116,6 +121,13 @@ func New(ctx context.Context, inv *inventory.Inventory, opts Options) (*Guard, e
 	return g, nil
 }
 
+// KeepGroup says whether the rule reads group of a requesting user: only
+// groups in exemptGroups matter to it (all, when that is not a list). The
+// webhook keeps no other group of a review.
+func (g *Guard) KeepGroup(group string) bool {
+	return g.exemptGroups == nil || g.exemptGroups[group]
+}
+
 // user keeps what the rule reads of the requesting user: the username, and
 // of the groups only those in exemptGroups, the one thing the rule asks of
 // them. A forged review with ~100,000 groups would otherwise cost ~17 MB of
@@ -170,11 +182,39 @@ func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, err
 			}
 		}
 	}
-	return g.eval.Evaluate(ctx, decision.Input{
+	d, err := g.eval.Evaluate(ctx, decision.Input{
 		Review:     seen.Review(),
 		Inventory:  inventory.Layout(objs),
 		Parameters: params,
 	})
+	if err != nil || d.Reason != decision.ReasonNoLink {
+		return d, err
+	}
+	// Nothing linked was found, which a cache catching up cannot prove.
+	if rerr := g.Recovering(); rerr != nil {
+		return decision.Deny(decision.ReasonCacheRecovering, fmt.Sprintf("Node %q cannot be deleted right now: %v, so nodeguard cannot "+
+			"prove nothing links to the Node; this passes within seconds of the API server answering again, retry.", req.name(), rerr)), nil
+	}
+	return d, nil
+}
+
+// Ready returns an error while the inventory is not synced (nil when the
+// Guard has no readiness to wait for).
+func (g *Guard) Ready() error {
+	if g.opts.Ready == nil {
+		return nil
+	}
+	return g.opts.Ready()
+}
+
+// Recovering returns an error while a cache of the inventory may miss
+// objects after its watch broke (nil when none is, or the Guard has no such
+// caches).
+func (g *Guard) Recovering() error {
+	if g.opts.Recovering == nil {
+		return nil
+	}
+	return g.opts.Recovering()
 }
 
 // Model returns the link model the guard follows (its inventory's).
@@ -253,12 +293,14 @@ func (g *Guard) scoped(ns, name string, machines, pools []schema.GroupVersionKin
 // Objects returns what the rule would read for node: the candidates the
 // indexes pick, re-read from the API server when fresh is set and the Guard
 // has fresh reads (a periodic scan can do without; an action should not).
-// It fails while the inventory is not synced: an empty cache proves nothing.
+// It fails while the inventory is not synced or a cache is recovering: a
+// cache that may miss objects proves nothing by what it lacks.
 func (g *Guard) Objects(ctx context.Context, node *unstructured.Unstructured, fresh bool) ([]*unstructured.Unstructured, error) {
-	if g.opts.Ready != nil {
-		if err := g.opts.Ready(); err != nil {
-			return nil, fmt.Errorf("inventory not ready: %w", err)
-		}
+	if err := g.Ready(); err != nil {
+		return nil, fmt.Errorf("inventory not ready: %w", err)
+	}
+	if err := g.Recovering(); err != nil {
+		return nil, err
 	}
 	objs, refs := g.inv.Candidates(node)
 	if !fresh || g.opts.Fresh == nil {

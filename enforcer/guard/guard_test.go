@@ -189,6 +189,32 @@ func TestNotReadyDenies(t *testing.T) {
 	assert.Contains(t, msgs[0], "nodeguard is not ready (DockerMachine informer not synced)")
 }
 
+// While a cache is catching up after a broken watch, nothing linked proves
+// nothing: such a decision is a denial of its own; one that found a blocker
+// names it, and an exemption still holds.
+func TestARecoveringCacheCannotProveAnAbsence(t *testing.T) {
+	recovering := guard.Options{Recovering: func() error { return errors.New("the cache of DockerMachine is catching up") },
+		Parameters: map[string]any{"exemptUsers": []any{"oncall"}}}
+	g, err := guard.New(context.Background(), cache(t, capdMachine()), recovering)
+	require.NoError(t, err)
+	d, err := g.Decide(context.Background(), guard.Request{Node: capdNode()})
+	require.NoError(t, err)
+	assert.False(t, d.Allowed)
+	assert.Equal(t, decision.ReasonCacheRecovering, d.Reason)
+	assert.Contains(t, d.Messages[0], "the cache of DockerMachine is catching up, so nodeguard cannot prove nothing links to the Node")
+
+	g, err = guard.New(context.Background(), cache(t, capdMachine(), capdInfra()), recovering)
+	require.NoError(t, err)
+	d, err = g.Decide(context.Background(), guard.Request{Node: capdNode()})
+	require.NoError(t, err)
+	assert.Equal(t, decision.ReasonBlocked, d.Reason, "what the cache shows still blocks")
+	d, err = g.Decide(context.Background(), guard.Request{Node: capdNode(), UserInfo: authenticationv1.UserInfo{Username: "oncall"}})
+	require.NoError(t, err)
+	assert.True(t, d.Allowed, "an exemption holds")
+	_, err = g.Objects(context.Background(), capdNode(), false)
+	assert.ErrorContains(t, err, "catching up", "no answer of what is linked while it may lack some")
+}
+
 func TestSyncedKindsReplaceTheParameters(t *testing.T) {
 	none := func() ([]schema.GroupVersionKind, []schema.GroupVersionKind) { return nil, nil }
 	allowed, msgs := decide(t, cache(t, capdMachine()), guard.Options{SyncedKinds: none}, guard.Request{Node: capdNode()})

@@ -17,9 +17,12 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
@@ -47,9 +50,8 @@ type Options struct {
 
 // Syncer starts informers and reports readiness.
 type Syncer struct {
-	opts    Options
-	inv     *inventory.Inventory
-	factory dynamicinformer.DynamicSharedInformerFactory
+	opts Options
+	inv  *inventory.Inventory
 
 	mu         sync.Mutex
 	informers  map[schema.GroupKind]tracked
@@ -63,6 +65,9 @@ type tracked struct {
 	gvk      schema.GroupVersionKind
 	role     inventory.Role
 	informer cache.SharedIndexInformer
+	health   *health
+	lw       *watchedLW
+	list     func(context.Context, metav1.ListOptions) (runtime.Object, error)
 }
 
 // New returns a Syncer that fills inv.
@@ -73,7 +78,6 @@ func New(inv *inventory.Inventory, opts Options) *Syncer {
 	return &Syncer{
 		opts:       opts,
 		inv:        inv,
-		factory:    dynamicinformer.NewDynamicSharedInformerFactory(opts.Client, 0),
 		informers:  map[schema.GroupKind]tracked{},
 		referenced: map[schema.GroupKind]bool{},
 		failed:     map[schema.GroupKind]error{},
@@ -127,12 +131,19 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role) error {
 	if err != nil {
 		return fmt.Errorf("map %s to a resource: %w", gvk, err)
 	}
-	informer := s.factory.ForResource(mapping.Resource).Informer()
+	resource := s.opts.Client.Resource(mapping.Resource)
+	t := tracked{gvk: gvk, role: role, health: &health{}, list: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		return resource.List(ctx, opts)
+	}}
+	lw := &watchedLW{inner: &cache.ListWatch{ListWithContextFunc: t.list,
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return resource.Watch(ctx, opts)
+		}}, h: t.health}
+	informer := cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{Indexers: s.inv.Indexers(role)})
+	t.informer, t.lw = informer, lw
+	lw.verify = func() { s.verify(t) }
 	if err := informer.SetTransform(s.inv.Transform(gvk, role)); err != nil {
 		return fmt.Errorf("set transform on %s informer: %w", gvk, err)
-	}
-	if err := informer.AddIndexers(s.inv.Indexers(role)); err != nil {
-		return fmt.Errorf("add indexers to %s informer: %w", gvk, err)
 	}
 	if role == inventory.Machine {
 		if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -142,11 +153,61 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role) error {
 			return fmt.Errorf("watch %s references: %w", gvk, err)
 		}
 	}
-	s.informers[gvk.GroupKind()] = tracked{gvk: gvk, role: role, informer: informer}
+	s.informers[gvk.GroupKind()] = t
 	delete(s.failed, gvk.GroupKind())
 	s.inv.AddKind(gvk, role, informer.GetIndexer())
-	s.factory.Start(s.ctx.Done())
+	go informer.RunWithContext(s.ctx)
 	return nil
+}
+
+// verify checks t's cache against a fresh LIST once its watch is back after
+// a failure (health.go), until the cache holds what was listed, or ctx ends.
+// A cache found behind (a resumed watch that missed events) is made to
+// relist before the next check.
+func (s *Syncer) verify(t tracked) {
+	failures, ok := t.health.startVerify()
+	if !ok {
+		return
+	}
+	go func() {
+		backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Steps: 6, Cap: 10 * time.Second}
+		for {
+			err := verifyCache(s.ctx, t.list, t.informer.GetIndexer(), func(u *unstructured.Unstructured) *inventory.Record {
+				return s.inv.Record(u, t.role)
+			})
+			if t.health.verified(err == nil, failures) || s.ctx.Err() != nil {
+				return
+			}
+			t.lw.forceRelist()
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-time.After(backoff.Step()):
+			}
+			if failures, ok = t.health.startVerify(); !ok {
+				return
+			}
+		}
+	}()
+}
+
+// Recovering returns an error naming the kinds whose caches may miss
+// objects since their watch broke (nil when none): their caches can show
+// what exists, but not prove an absence.
+func (s *Syncer) Recovering() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var broken []string
+	for _, t := range s.informers {
+		if err := t.health.err(); err != nil {
+			broken = append(broken, fmt.Sprintf("%s %v", t.gvk.Kind, err))
+		}
+	}
+	if len(broken) == 0 {
+		return nil
+	}
+	sort.Strings(broken)
+	return fmt.Errorf("the cache of %s is catching up after its watch of the API server broke", strings.Join(broken, "; "))
 }
 
 // onMachine notes the kind a Machine references and queues it if new.

@@ -2,6 +2,11 @@ package informers_test
 
 import (
 	"context"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,7 +17,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
@@ -131,4 +138,73 @@ func TestStartFailsWithoutMachines(t *testing.T) {
 	client := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())
 	s := informers.New(inventory.New(linkmodel.MustEmbedded()), informers.Options{Client: client, Mapper: meta.NewDefaultRESTMapper(nil)})
 	assert.ErrorContains(t, s.Start(context.Background()), "served version of Cluster API Machines")
+}
+
+// A cache whose watch broke (the API server away) may miss objects made
+// meanwhile: it is not trusted to prove an absence until a LIST made after
+// the watch is back is found in it. The fake API server does not replay
+// what a resumed watch missed, so the check finds the cache behind, makes
+// the informer relist, and then trusts it again.
+func TestACacheWhoseWatchBrokeIsNotTrustedUntilItCaughtUp(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client, mapper := setup(t,
+		machine("m1", "infrastructure.cluster.x-k8s.io", "DockerMachine"),
+		object(dockerGVK, "default", "m1", map[string]any{"spec": map[string]any{"providerID": "docker:////m1"}}),
+		crd("dockermachines.infrastructure.cluster.x-k8s.io", map[string]string{"cluster.x-k8s.io/v1beta2": "v1beta2"}),
+	)
+	dockers := dockerGVK.GroupVersion().WithResource("dockermachines")
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}
+	var down atomic.Bool
+	var mu sync.Mutex
+	var current watch.Interface
+	client.PrependWatchReactor("dockermachines", func(a clienttesting.Action) (bool, watch.Interface, error) {
+		if down.Load() {
+			return true, nil, refused
+		}
+		w, err := client.Tracker().Watch(dockers, a.GetNamespace())
+		mu.Lock()
+		current = w
+		mu.Unlock()
+		return true, w, err
+	})
+	client.PrependReactor("list", "dockermachines", func(clienttesting.Action) (bool, runtime.Object, error) {
+		if down.Load() {
+			return true, nil, refused
+		}
+		return false, nil, nil
+	})
+	inv := inventory.New(linkmodel.MustEmbedded())
+	s := informers.New(inv, informers.Options{Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond})
+	require.NoError(t, s.Start(ctx))
+	require.Eventually(t, func() bool { return s.Ready() == nil }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, s.Recovering())
+	linkedTo := func(pid string) int {
+		objs, _ := inv.Candidates(object(schema.GroupVersionKind{Version: "v1", Kind: "Node"}, "", "n", map[string]any{"spec": map[string]any{"providerID": pid}}))
+		return len(objs)
+	}
+	require.Equal(t, 1, linkedTo("docker:////m1"))
+
+	// The watch ends, not too soon (a watch ending in its first second with
+	// no event makes the reflector relist, as an error does), and the API
+	// server is away: the reflector will resume watching, not relist.
+	time.Sleep(1100 * time.Millisecond)
+	down.Store(true)
+	mu.Lock()
+	current.Stop()
+	mu.Unlock()
+	require.Eventually(t, func() bool { return s.Recovering() != nil }, 10*time.Second, 10*time.Millisecond)
+	assert.ErrorContains(t, s.Recovering(), "DockerMachine")
+	assert.NoError(t, s.Ready(), "ready: the cache still shows what exists")
+
+	// Made meanwhile (the tracker stands for etcd): the cache lacks it.
+	require.NoError(t, client.Tracker().Create(dockers,
+		object(dockerGVK, "default", "m2", map[string]any{"spec": map[string]any{"providerID": "docker:////m2"}}), "default"))
+	time.Sleep(200 * time.Millisecond)
+	assert.Zero(t, linkedTo("docker:////m2"))
+	assert.Error(t, s.Recovering(), "not trusted while it cannot have caught up")
+
+	down.Store(false)
+	require.Eventually(t, func() bool { return s.Recovering() == nil }, 30*time.Second, 20*time.Millisecond, "trusted again once caught up")
+	assert.Equal(t, 1, linkedTo("docker:////m2"), "trusted only once it holds what was made meanwhile")
 }

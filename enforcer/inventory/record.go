@@ -3,6 +3,7 @@ package inventory
 import (
 	"fmt"
 	"math/bits"
+	"slices"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -93,6 +94,26 @@ func NewRecord(u *unstructured.Unstructured, shape *linkmodel.Shape) *Record {
 		r.lists[i] = list
 	}
 	return r
+}
+
+// Same reports whether r and o hold the same object as the rule reads it:
+// the same key and kept fields.
+func (r *Record) Same(o *Record) bool {
+	if r.namespace != o.namespace || r.name != o.name || r.kind != o.kind || r.apiVersion != o.apiVersion ||
+		r.shape != o.shape || r.present != o.present || len(r.lists) != len(o.lists) {
+		return false
+	}
+	for i := range r.values {
+		if r.values[i] != o.values[i] {
+			return false
+		}
+	}
+	for i := range r.lists {
+		if !slices.Equal(r.lists[i], o.lists[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // value returns the scalar in slot i, and whether it is present.

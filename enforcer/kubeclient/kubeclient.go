@@ -39,11 +39,13 @@ const (
 // search, then in-cluster) and context (empty: the current one), with the
 // default rate limits.
 func Connect(kubeconfig, kubeContext string) (Clients, error) {
-	return ConnectWith(kubeconfig, kubeContext, DefaultQPS, DefaultBurst)
+	return ConnectWith(kubeconfig, kubeContext, DefaultQPS, DefaultBurst, nil)
 }
 
-// ConnectWith is Connect with the client rate limits given (0: the default).
-func ConnectWith(kubeconfig, kubeContext string, qps float32, burst int) (Clients, error) {
+// ConnectWith is Connect with the client rate limits given (0: the default)
+// and a handler of the API server's warnings (nil: client-go's, which prints
+// them to stderr).
+func ConnectWith(kubeconfig, kubeContext string, qps float32, burst int, warnings rest.WarningHandlerWithContext) (Clients, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
 	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
@@ -51,6 +53,9 @@ func ConnectWith(kubeconfig, kubeContext string, qps float32, burst int) (Client
 		return Clients{}, fmt.Errorf("load kubeconfig: %w", err)
 	}
 	cfg.QPS, cfg.Burst = qps, burst
+	if warnings != nil {
+		cfg.WarningHandlerWithContext = warnings
+	}
 	return FromConfig(cfg)
 }
 

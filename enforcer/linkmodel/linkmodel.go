@@ -88,7 +88,10 @@ func (l Link) Keyed() (namespace, name int, ok bool) {
 // Model is the declared link model and what is derived from it. It is
 // immutable once loaded.
 type Model struct {
-	Links             []Link           `json:"links"`
+	Links []Link `json:"links"`
+	// NodeFields are the fields the rule reads of a Node: its name and
+	// every link's Node fields.
+	NodeFields        []Path           `json:"node_fields"`
 	MachineKind       schema.GroupKind `json:"-"`
 	Reference         Path             `json:"reference"`
 	DeletionTimestamp Path             `json:"deletion_timestamp"`
@@ -211,8 +214,25 @@ func (m *Model) check() error {
 				return fmt.Errorf("link %s: %w", l.Type, err)
 			}
 		}
+		for _, p := range l.Node {
+			if !m.readsNode(p) {
+				return fmt.Errorf("link %s: node field %s is not in node_fields", l.Type, p)
+			}
+		}
+	}
+	if !m.readsNode(Path{"metadata", "name"}) {
+		return fmt.Errorf("node_fields lacks metadata.name")
+	}
+	for _, p := range m.NodeFields {
+		if err := checkPath(p); err != nil {
+			return fmt.Errorf("node_fields: %w", err)
+		}
 	}
 	return nil
+}
+
+func (m *Model) readsNode(p Path) bool {
+	return slices.ContainsFunc(m.NodeFields, func(have Path) bool { return slices.Equal(have, p) })
 }
 
 func checkPath(p Path) error {
@@ -314,19 +334,10 @@ func (m *Model) Fields(role Role) []Field {
 	return out
 }
 
-// NodePaths are the fields the rule reads of a Node: its name and every
-// link's Node fields, sorted.
+// NodePaths are the fields the rule reads of a Node, as it declares them
+// (node_fields: its name and every link's Node fields, sorted).
 func (m *Model) NodePaths() []Path {
-	out := []Path{{"metadata", "name"}}
-	for _, l := range m.Links {
-		for _, p := range l.Node {
-			if !slices.ContainsFunc(out, func(have Path) bool { return slices.Equal(have, p) }) {
-				out = append(out, p)
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b Path) int { return slices.Compare(a, b) })
-	return out
+	return slices.Clone(m.NodeFields)
 }
 
 // LinksOf returns the links whose objects have role.

@@ -64,6 +64,16 @@ func TestParseRefusesWhatTheEnforcerCannotFollow(t *testing.T) {
 			"cluster_label": []any{"metadata", "labels", "c"}, "cluster_name": []any{"spec", "clusterName"},
 			"links": []any{map[string]any{"type": "a", "role": "InfraMachine", "node": []any{[]any{"spec", "providerID"}},
 				"fields": []any{[]any{"spec", "providerID"}}, "match": "equal"}},
+			"node_fields": []any{[]any{"metadata", "name"}, []any{"spec", "providerID"}},
+		}
+	}
+	// nodeFields sets the link's Node fields, declared in node_fields too.
+	nodeFields := func(m map[string]any, paths ...[]any) {
+		link := m["links"].([]any)[0].(map[string]any)
+		link["node"] = []any{}
+		for _, p := range paths {
+			link["node"] = append(link["node"].([]any), p)
+			m["node_fields"] = append(m["node_fields"].([]any), p)
 		}
 	}
 	parse := func(edit func(m map[string]any)) error {
@@ -89,10 +99,13 @@ func TestParseRefusesWhatTheEnforcerCannotFollow(t *testing.T) {
 		"no machine kind":    func(m map[string]any) { delete(m, "machine_kind") },
 		"no reference":       func(m map[string]any) { delete(m, "reference") },
 		"node field in string": func(m map[string]any) {
-			link(m)["node"] = []any{[]any{"spec", "providerID"}, []any{"spec", "providerID", "x"}}
+			nodeFields(m, []any{"spec", "providerID"}, []any{"spec", "providerID", "x"})
 			link(m)["fields"] = []any{[]any{"a"}, []any{"b"}}
 		},
-		"undecodable key": func(m map[string]any) { link(m)["node"] = []any{[]any{"metadata", "labels", "a,b"}} },
+		"undecodable key":           func(m map[string]any) { nodeFields(m, []any{"metadata", "labels", "a,b"}) },
+		"node field not declared":   func(m map[string]any) { link(m)["node"] = []any{[]any{"metadata", "labels", "a"}} },
+		"node_fields without name":  func(m map[string]any) { m["node_fields"] = []any{[]any{"spec", "providerID"}} },
+		"empty node_fields segment": func(m map[string]any) { m["node_fields"] = append(m["node_fields"].([]any), []any{"spec", ""}) },
 	} {
 		assert.Error(t, parse(edit), name)
 	}

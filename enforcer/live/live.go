@@ -66,6 +66,7 @@ func Start(ctx context.Context, c kubeclient.Clients, opts Options) (*Enforcer, 
 		Evaluator:    eval,
 		SyncedKinds:  syncer.SyncedKinds,
 		Ready:        syncer.Ready,
+		Recovering:   syncer.Recovering,
 		FreshTimeout: opts.FreshTimeout,
 	}
 	if !opts.NoFreshReads {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/version"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
@@ -27,6 +28,8 @@ type Metrics struct {
 	Policy       *version.Metrics
 	Reaper       *reaper.Metrics
 	DenialEvents *denialevents.Metrics
+	// Provider counts Gatekeeper's external data requests.
+	Provider *provider.Metrics
 }
 
 // Register registers on reg every series nodeguard serve exports, whether or
@@ -62,6 +65,9 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 		return nil, err
 	}
 	if m.DenialEvents, err = denialevents.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	if m.Provider, err = provider.NewMetrics(reg); err != nil {
 		return nil, err
 	}
 	return &m, nil

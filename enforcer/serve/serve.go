@@ -4,23 +4,29 @@ package serve
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
+	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // Options are the flags of `nodeguard serve`.
@@ -67,6 +73,24 @@ type Options struct {
 	// workload cluster, through its <name>-kubeconfig Secret; without it
 	// they go on the Machine (or Cluster) in the cluster nodeguard runs in.
 	DenialEventsWorkloadClusters bool
+	// ExternalDataClientCAFile, when set, serves Gatekeeper's external data
+	// routes (/externaldata, /externaldata/clusters/NS/NAME) to clients with
+	// a certificate of this CA: Gatekeeper's.
+	ExternalDataClientCAFile string
+	// GatekeeperProvider, when its URL or Service is set, keeps Gatekeeper's
+	// Provider in this cluster pointing at this nodeguard.
+	GatekeeperProvider ProviderOptions
+}
+
+// ProviderOptions say where Gatekeeper reaches nodeguard, for the Provider
+// nodeguard keeps.
+type ProviderOptions struct {
+	URL, Service string
+	// CAFile is the CA of nodeguard's serving certificate (default: ca.crt
+	// beside the certificate, as cert-manager writes it).
+	CAFile string
+	// Interval between two applies (default 30s).
+	Interval time.Duration
 }
 
 // Defaults for the flags; the request deadline stays below the 5s
@@ -79,6 +103,9 @@ const (
 	// The ports controller-runtime components conventionally use.
 	DefaultMetricsBindAddress     = ":8080"
 	DefaultHealthProbeBindAddress = ":8081"
+	// DefaultProviderInterval is how often the kept Provider is applied
+	// again: how long a renewed CA takes to reach Gatekeeper at most.
+	DefaultProviderInterval = 30 * time.Second
 )
 
 // clusterGVK is Cluster API's Cluster, which the cluster route names.
@@ -89,7 +116,7 @@ func clusterGVK() schema.GroupVersionKind {
 // Run serves until ctx is done. listening, when set, receives the address
 // once the port is open.
 func Run(ctx context.Context, opts Options, log *slog.Logger, listening func(net.Addr)) error {
-	c, err := kubeclient.ConnectWith(opts.Kubeconfig, opts.Context, opts.KubeAPIQPS, opts.KubeAPIBurst)
+	c, err := kubeclient.ConnectWith(opts.Kubeconfig, opts.Context, opts.KubeAPIQPS, opts.KubeAPIBurst, kubeclient.LogWarnings(log))
 	if err != nil {
 		return err
 	}
@@ -144,24 +171,16 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if err != nil {
 		return err
 	}
-	clusters := freshread.New(c.Dynamic, c.Mapper)
-	handler := webhook.New(webhook.Options{
-		Decider: e.Guard,
-		Ready:   e.Syncer.Ready,
-		ClusterExists: func(ctx context.Context, namespace, name string) (bool, error) {
-			obj, err := clusters.Get(ctx, clusterGVK(), namespace, name)
-			return obj != nil, err
-		},
-		Timeout:                opts.RequestTimeout,
-		RequireClientCert:      opts.ClientCAFile != "",
-		MaxConcurrentDecisions: opts.MaxConcurrentDecisions,
-		Metrics:                metrics.Webhook,
-		Log:                    log,
-		Denied:                 denied,
-	})
-	srv, err := webhook.NewServer(handler, webhook.TLSOptions{CertFile: opts.CertFile, KeyFile: opts.KeyFile, ClientCAFile: opts.ClientCAFile,
+	handler, clientCAs, err := routes(ctx, c, e, metrics, denied, opts, log)
+	if err != nil {
+		return err
+	}
+	srv, err := webhook.NewServer(handler, webhook.TLSOptions{CertFile: opts.CertFile, KeyFile: opts.KeyFile, ClientCAFiles: clientCAs,
 		MinVersion: opts.TLSMinVersion, CipherSuites: opts.TLSCipherSuites}, log)
 	if err != nil {
+		return err
+	}
+	if err := keepProvider(ctx, c, opts, log); err != nil {
 		return err
 	}
 	side := []sideServer{
@@ -195,6 +214,80 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 		grace = DefaultShutdownGrace
 	}
 	return srv.Serve(ctx, l, grace)
+}
+
+// routes are the review port's: the webhook's review routes and, with a
+// client CA for Gatekeeper, the external data provider's, sharing one
+// intake. It returns the CA files whose client certificates the TLS server
+// asks for.
+func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics *Metrics, denied func(denialevents.Denial),
+	opts Options, log *slog.Logger) (http.Handler, []string, error) {
+	in := intake.New(intake.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Webhook.Intake, Log: log})
+	clusters := freshread.New(c.Dynamic, c.Mapper)
+	clusterExists := func(ctx context.Context, namespace, name string) (bool, error) {
+		obj, err := clusters.Get(ctx, clusterGVK(), namespace, name)
+		return obj != nil, err
+	}
+	var caFiles []string
+	var reviewCAs *x509.CertPool
+	if opts.ClientCAFile != "" {
+		var err error
+		if reviewCAs, err = webhook.LoadCAs(opts.ClientCAFile); err != nil {
+			return nil, nil, err
+		}
+		caFiles = append(caFiles, opts.ClientCAFile)
+	}
+	// Each package's handler routes its own paths; this one only sends each
+	// prefix there.
+	mux := http.NewServeMux()
+	reviews := webhook.New(webhook.Options{Decider: e.Guard, ClusterExists: clusterExists, ClientCAs: reviewCAs,
+		Intake: in, Metrics: metrics.Webhook, Log: log, Denied: denied})
+	mux.Handle(webhook.RouteSelf, reviews)
+	mux.Handle(webhook.RouteSelf+"/", reviews)
+	if opts.ExternalDataClientCAFile == "" {
+		return mux, caFiles, nil
+	}
+	gatekeeperCAs, err := webhook.LoadCAs(opts.ExternalDataClientCAFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	// Answered a little before Gatekeeper gives up on the request.
+	facts, err := provider.New(provider.Options{Facts: e.Guard, ClientCAs: gatekeeperCAs, ClusterExists: clusterExists, Intake: in,
+		Timeout: webhookconfig.ProviderTimeoutSeconds*time.Second - 200*time.Millisecond, Metrics: metrics.Provider, Log: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	mux.Handle(provider.RouteSelf, facts)
+	mux.Handle(provider.RouteSelf+"/", facts)
+	log.Info("serving Gatekeeper's external data", "routes", []string{provider.RouteSelf, provider.RouteCluster})
+	return mux, append(caFiles, opts.ExternalDataClientCAFile), nil
+}
+
+// keepProvider keeps Gatekeeper's Provider pointing at this nodeguard, when
+// asked to, in the background until ctx is done.
+func keepProvider(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.Logger) error {
+	p := opts.GatekeeperProvider
+	if p.URL == "" && p.Service == "" {
+		return nil
+	}
+	if opts.ExternalDataClientCAFile == "" {
+		return fmt.Errorf("--gatekeeper-provider-url and --gatekeeper-provider-service need --externaldata-client-ca-file: " +
+			"the Provider's route answers only Gatekeeper")
+	}
+	name, err := webhookconfig.ProviderName(ctx)
+	if err != nil {
+		return err
+	}
+	caFile := p.CAFile
+	if caFile == "" {
+		caFile = filepath.Join(filepath.Dir(opts.CertFile), "ca.crt")
+	}
+	interval := p.Interval
+	if interval == 0 {
+		interval = DefaultProviderInterval
+	}
+	go webhookconfig.KeepProvider(ctx, c.Dynamic, name, webhookconfig.Options{URL: p.URL, Service: p.Service}, caFile, interval, log)
+	return nil
 }
 
 // sideServer is a plain-HTTP server beside the review port: metrics or

@@ -10,21 +10,16 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"mime"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
-	"golang.org/x/sync/semaphore"
-	"golang.org/x/sync/singleflight"
-	"golang.org/x/time/rate"
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -34,30 +29,16 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
-// MaxBodyBytes bounds an AdmissionReview. On DELETE it carries the Node
-// once (oldObject). A real Node is tens of KiB (kubelet reports at most 50
-// images by default); the API server caps its annotations at 256 KiB, and its
-// managed fields list their keys once more, so a legitimate Node stays well
-// under 1 MiB (TestLargestRealNodeFits). Past the limit the answer is 413 and
-// the failurePolicy (Fail) denies, so the limit keeps that headroom; memory
-// per review is bounded by decoding only what the rule reads, not by this.
-const MaxBodyBytes = 1 << 20
+// MaxBodyBytes bounds an AdmissionReview (intake.MaxBodyBytes).
+const MaxBodyBytes = intake.MaxBodyBytes
 
-// inFlightBodyBytes bounds the review bytes being decoded and decided at
-// once. A real review is a few KiB, so hundreds fit; ~1 MiB forged ones go
-// four at a time: what a review costs while it is decoded (a user's groups
-// become one string each) stays live until its answer, and with the
-// deployment's GOGC=400 the heap grows to five times what is live.
-const inFlightBodyBytes = 4 * MaxBodyBytes
-
-// DefaultMaxConcurrentDecisions bounds the decisions evaluating at once: a
-// decision is ~0.5 ms of CPU plus fresh reads that wait on the API server, so
-// a few per core keep the cores busy while a flood of reviews queues instead
-// of multiplying memory and API requests.
-const DefaultMaxConcurrentDecisions = 16
+// DefaultMaxConcurrentDecisions bounds the decisions evaluating at once
+// (intake.DefaultMaxConcurrent).
+const DefaultMaxConcurrentDecisions = intake.DefaultMaxConcurrent
 
 // Routes, also the values of the metrics' route label.
 const (
@@ -65,20 +46,14 @@ const (
 	RouteCluster = "/validate/clusters/{namespace}/{name}"
 )
 
-// Reasons of nodeguard_rejected_requests_total: why a request got an HTTP
-// error instead of an AdmissionReview answer.
+// Reasons of nodeguard_rejected_requests_total that are the review routes'
+// own; intake's Reject* constants name the others.
 const (
-	RejectMethod       = "method"
-	RejectClientCert   = "client-cert"
-	RejectContentType  = "content-type"
-	RejectTooLarge     = "too-large"
-	RejectRead         = "read"
 	RejectMalformed    = "malformed"
 	RejectNotReview    = "not-admission-review"
 	RejectNoRequest    = "no-request"
 	RejectNoUID        = "no-uid"
 	RejectBadOldObject = "bad-old-object"
-	RejectBusy         = "busy" // large reviews waited past the deadline
 )
 
 // Decider judges one admission request with the rule; *guard.Guard is one.
@@ -89,17 +64,19 @@ type Decider interface {
 // Options configure the handler.
 type Options struct {
 	Decider Decider
-	// Ready reports whether every needed informer has synced (/readyz).
-	Ready func() error
 	// ClusterExists, when set, is asked on the cluster route: a Cluster the
 	// management cluster does not know is a wrong URL, and is denied.
 	ClusterExists func(ctx context.Context, namespace, name string) (bool, error)
+	// ClientCAs, when set, is the CA whose client certificates the review
+	// routes require (--client-ca-file).
+	ClientCAs *x509.CertPool
+	// Intake bounds the work of the review routes, shared with the other
+	// routes of the port; when nil, one is built from Timeout,
+	// MaxConcurrentDecisions, Metrics, Log and LogInterval.
+	Intake *intake.Intake
 	// Timeout is each review's deadline; keep it below the webhook's
 	// timeoutSeconds (default 4s).
 	Timeout time.Duration
-	// RequireClientCert rejects reviews over a connection without a verified
-	// client certificate (set with --client-ca-file).
-	RequireClientCert bool
 	// MaxConcurrentDecisions bounds the decisions evaluating at once; the
 	// others wait within their deadline (default
 	// DefaultMaxConcurrentDecisions).
@@ -120,41 +97,29 @@ type Options struct {
 }
 
 type handler struct {
-	opts  Options
-	model *linkmodel.Model
-	// slots bounds concurrent decisions; its waiters are served in order.
-	slots *semaphore.Weighted
-	// bodies bounds the bytes of reviews being decoded and decided.
-	bodies *semaphore.Weighted
-	// flights lets concurrent reviews with the same input share one
-	// decision. It holds a decision only while it is being made: a review
-	// arriving after it was answered makes its own.
-	flights singleflight.Group
-	// rejectLog writes at most one line per LogInterval; rejected counts
-	// the rejections since the last line.
-	rejectLog rate.Sometimes
-	rejected  atomic.Int64
+	opts   Options
+	model  *linkmodel.Model
+	intake *intake.Intake
+	// keepGroup says which of a user's groups the Decider reads; nil: all.
+	keepGroup func(string) bool
 }
 
 // New returns the webhook's review routes: /validate and
 // /validate/clusters/NS/NAME. Probes and metrics are served apart (Probes),
 // on ports a NetworkPolicy can keep from the API server's callers.
 func New(opts Options) http.Handler {
-	if opts.Timeout == 0 {
-		opts.Timeout = 4 * time.Second
-	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	if opts.MaxConcurrentDecisions <= 0 {
-		opts.MaxConcurrentDecisions = DefaultMaxConcurrentDecisions
+	in := opts.Intake
+	if in == nil {
+		in = intake.New(intake.Options{Timeout: opts.Timeout, MaxConcurrent: opts.MaxConcurrentDecisions,
+			Metrics: opts.Metrics.intake(), Log: opts.Log, LogInterval: opts.LogInterval})
 	}
-	if opts.LogInterval <= 0 {
-		opts.LogInterval = time.Second
+	h := &handler{opts: opts, model: nodeModel(opts), intake: in}
+	if k, ok := opts.Decider.(interface{ KeepGroup(string) bool }); ok {
+		h.keepGroup = k.KeepGroup
 	}
-	h := &handler{opts: opts, model: nodeModel(opts), slots: semaphore.NewWeighted(int64(opts.MaxConcurrentDecisions)),
-		bodies:    semaphore.NewWeighted(inFlightBodyBytes),
-		rejectLog: rate.Sometimes{First: 1, Interval: opts.LogInterval}}
 	mux := http.NewServeMux()
 	mux.HandleFunc(RouteSelf, func(w http.ResponseWriter, r *http.Request) { h.validate(w, r, RouteSelf, "") })
 	mux.HandleFunc(RouteCluster, func(w http.ResponseWriter, r *http.Request) {
@@ -197,20 +162,6 @@ func Probes(ready func() error) http.Handler {
 	return mux
 }
 
-// httpError is a request nodeguard cannot judge: no AdmissionReview answer,
-// so the API server applies the webhook's failurePolicy (Fail: denied).
-type httpError struct {
-	code   int
-	reason string // a Reject* constant
-	msg    string
-}
-
-func (e *httpError) Error() string { return e.msg }
-
-func badRequest(reason, format string, args ...any) *httpError {
-	return &httpError{code: http.StatusBadRequest, reason: reason, msg: fmt.Sprintf(format, args...)}
-}
-
 func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluster string) {
 	start := time.Now()
 	review, release, herr := h.read(w, r)
@@ -219,12 +170,12 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 		return
 	}
 	defer release()
-	req, herr := request(h.model, review.Request, cluster)
+	req, herr := request(&review.Request.admissionRequest, cluster)
 	if herr != nil {
 		h.reject(w, herr, route, cluster, start)
 		return
 	}
-	d := h.decide(r.Context(), req)
+	d := h.decide(r.Context(), req, review.Request.UserInfo.Groups.digest())
 	resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: d.Allowed, Warnings: d.Warnings}
 	if !d.Allowed {
 		code := int32(http.StatusForbidden)
@@ -238,9 +189,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	h.opts.Metrics.observe(route, result(d.Allowed), d.Reason, elapsed)
 	h.opts.Log.Info("decision", "node", req.Name, "cluster", cluster, "user", req.UserInfo.Username,
 		"allowed", d.Allowed, "reason", d.Reason, "blockers", blockerNames(d), "duration", elapsed)
-	dryRun, oldObject := review.Request.DryRun != nil && *review.Request.DryRun, review.Request.OldObject.Raw
-	review.Response, review.Request = resp, nil
-	body, err := json.Marshal(review)
+	body, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: review.APIVersion, Kind: review.Kind}, Response: resp})
 	if err != nil {
 		http.Error(w, "nodeguard: encode response: "+err.Error(), http.StatusInternalServerError)
 		return
@@ -248,8 +197,9 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)
 	// A dry run must have no side effects (the webhook says NoneOnDryRun).
+	dryRun := review.Request.DryRun != nil && *review.Request.DryRun
 	if !d.Allowed && !dryRun && h.opts.Denied != nil && isNodeDelete(req) {
-		h.opts.Denied(denialevents.Denial{Cluster: cluster, Node: req.Name, NodeUID: uidOf(oldObject), User: req.UserInfo.Username,
+		h.opts.Denied(denialevents.Denial{Cluster: cluster, Node: req.Name, NodeUID: uidOf(review.Request.OldObject.bytes()), User: req.UserInfo.Username,
 			Reason: d.Reason, Messages: d.Messages, Blockers: d.Blockers, Unverified: d.Unverified})
 	}
 }
@@ -267,15 +217,15 @@ func isNodeDelete(req guard.Request) bool {
 func uidOf(raw []byte) types.UID {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	var uid string
-	if !field(dec, "metadata") || !field(dec, "uid") || dec.Decode(&uid) != nil {
+	if !jsonField(dec, "metadata") || !jsonField(dec, "uid") || dec.Decode(&uid) != nil {
 		return ""
 	}
 	return types.UID(uid)
 }
 
-// field enters the JSON object dec is at and reads up to the value of key,
-// skipping the others; false when the object has no such key.
-func field(dec *json.Decoder, key string) bool {
+// jsonField enters the JSON object dec is at and reads up to the value of
+// key, skipping the others; false when the object has no such key.
+func jsonField(dec *json.Decoder, key string) bool {
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return false
 	}
@@ -295,94 +245,69 @@ func field(dec *json.Decoder, key string) bool {
 	return false
 }
 
-// reject answers a request that cannot be judged with its HTTP error.
-func (h *handler) reject(w http.ResponseWriter, herr *httpError, route, cluster string, start time.Time) {
-	if herr.code == http.StatusMethodNotAllowed {
-		w.Header().Set("Allow", http.MethodPost)
-	}
-	http.Error(w, "nodeguard: "+herr.msg, herr.code)
+// reject answers a request that cannot be judged with its HTTP error: the
+// API server then applies the webhook's failurePolicy (Fail: denied).
+func (h *handler) reject(w http.ResponseWriter, herr *intake.Error, route, cluster string, start time.Time) {
+	h.intake.Reject(w, herr, "admission request", route, cluster)
 	h.opts.Metrics.observe(route, "error", decision.ReasonBadRequest, time.Since(start))
-	h.opts.Metrics.rejectedRequest(herr.reason)
-	// Anything that reaches the port can send these: a line per request
-	// would let it flood the logs, so one line per interval says how many.
-	h.rejected.Add(1)
-	h.rejectLog.Do(func() {
-		h.opts.Log.Warn("bad admission request", "route", route, "cluster", cluster, "status", herr.code,
-			"reason", herr.reason, "error", herr.msg, "rejectedSinceLastLine", h.rejected.Swap(0))
-	})
 }
 
 // read checks the transport and decodes the AdmissionReview; the caller runs
 // the returned func once it has answered.
-func (h *handler) read(w http.ResponseWriter, r *http.Request) (*admissionv1.AdmissionReview, func(), *httpError) {
-	if r.Method != http.MethodPost {
-		return nil, nil, &httpError{http.StatusMethodNotAllowed, RejectMethod, fmt.Sprintf("method %s not allowed: send the AdmissionReview with POST", r.Method)}
+func (h *handler) read(w http.ResponseWriter, r *http.Request) (*admissionReview, func(), *intake.Error) {
+	body, release, herr := h.intake.Read(w, r, h.opts.ClientCAs)
+	if herr != nil {
+		return nil, nil, herr
 	}
-	if h.opts.RequireClientCert && (r.TLS == nil || len(r.TLS.VerifiedChains) == 0) {
-		return nil, nil, &httpError{http.StatusUnauthorized, RejectClientCert, "a client certificate signed by --client-ca-file is required"}
+	review, herr := h.decode(body)
+	if herr != nil {
+		release()
+		return nil, nil, herr
 	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return nil, nil, &httpError{http.StatusUnsupportedMediaType, RejectContentType, fmt.Sprintf("content type %q not supported: want application/json", r.Header.Get("Content-Type"))}
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, nil, &httpError{http.StatusRequestEntityTooLarge, RejectTooLarge, fmt.Sprintf("body over %d bytes", MaxBodyBytes)}
-		}
-		return nil, nil, badRequest(RejectRead, "read body: %v", err)
-	}
-	// Held until the answer is written: the caller releases it.
-	ctx, cancel := context.WithTimeout(r.Context(), h.opts.Timeout)
-	defer cancel()
-	if err := h.bodies.Acquire(ctx, int64(len(body))); err != nil {
-		return nil, nil, &httpError{http.StatusServiceUnavailable, RejectBusy, "too many large reviews at once; retry"}
-	}
-	n := int64(len(body))
-	done := func() { h.bodies.Release(n) }
-	ok := false
-	defer func() {
-		if !ok {
-			done()
-		}
-	}()
-	var review admissionv1.AdmissionReview
-	if err := json.Unmarshal(body, &review); err != nil {
-		return nil, nil, badRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err)
-	}
-	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" {
-		return nil, nil, badRequest(RejectNotReview, "want apiVersion admission.k8s.io/v1, kind AdmissionReview; got %q, %q", review.APIVersion, review.Kind)
-	}
-	if review.Request == nil {
-		return nil, nil, badRequest(RejectNoRequest, "AdmissionReview has no request")
-	}
-	if review.Request.UID == "" {
-		return nil, nil, badRequest(RejectNoUID, "AdmissionReview request has no uid")
-	}
-	ok = true
-	return &review, done, nil
+	return review, release, nil
 }
 
-// request converts the AdmissionRequest, once, into what the rule reads;
-// the rule, not this, decides which requests it judges. The object being
-// deleted (oldObject: the API server sends the Node there on DELETE) is
-// decoded into only what the rule reads; without one, Node stays nil and
-// the rule denies a Node delete it cannot judge.
-func request(model *linkmodel.Model, req *admissionv1.AdmissionRequest, cluster string) (guard.Request, *httpError) {
-	out := guard.Request{Operation: string(req.Operation), Kind: req.Kind, Name: req.Name, Cluster: cluster, UserInfo: req.UserInfo}
-	if len(req.OldObject.Raw) == 0 {
+func (h *handler) decode(body []byte) (*admissionReview, *intake.Error) {
+	review, err := decodeReview(body, h.model, h.keepGroup)
+	if err != nil {
+		var oldObject *oldObjectError
+		if errors.As(err, &oldObject) {
+			return nil, intake.BadRequest(RejectBadOldObject, "oldObject does not decode: %v", err)
+		}
+		return nil, intake.BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err)
+	}
+	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" {
+		return nil, intake.BadRequest(RejectNotReview, "want apiVersion admission.k8s.io/v1, kind AdmissionReview; got %q, %q", review.APIVersion, review.Kind)
+	}
+	if !review.Request.present {
+		return nil, intake.BadRequest(RejectNoRequest, "AdmissionReview has no request")
+	}
+	if review.Request.UID == "" {
+		return nil, intake.BadRequest(RejectNoUID, "AdmissionReview request has no uid")
+	}
+	return review, nil
+}
+
+// request converts the AdmissionRequest, decoded into what the rule reads,
+// into the Decider's request; the rule, not this, decides which requests it
+// judges. Without an oldObject (the API server sends the Node there on
+// DELETE), Node stays nil and the rule denies a Node delete it cannot judge.
+func request(req *admissionRequest, cluster string) (guard.Request, *intake.Error) {
+	out := guard.Request{Operation: req.Operation, Kind: req.Kind, Name: req.Name, Cluster: cluster}
+	out.UserInfo.Username = req.UserInfo.Username
+	if req.UserInfo.Groups != nil {
+		out.UserInfo.Groups = req.UserInfo.Groups.kept
+	}
+	if req.OldObject == nil || req.OldObject.obj == nil {
 		return out, nil
 	}
-	obj, err := model.NodeFromJSON(req.OldObject.Raw)
-	if err != nil {
-		return guard.Request{}, badRequest(RejectBadOldObject, "oldObject of %s %q does not decode: %v", req.Kind.Kind, req.Name, err)
-	}
+	obj := req.OldObject.obj
 	// The API server sends oldObject as a named object of the request's
 	// kind and version; a review where they differ was forged, and the rule
 	// would read one kind of object as another.
 	apiVersion := schema.GroupVersion{Group: req.Kind.Group, Version: req.Kind.Version}.String()
 	if obj.GetAPIVersion() != apiVersion || obj.GetKind() != req.Kind.Kind || obj.GetName() == "" {
-		return guard.Request{}, badRequest(RejectBadOldObject, "oldObject is %s %s %q, want a named %s %s (the request's kind)",
+		return guard.Request{}, intake.BadRequest(RejectBadOldObject, "oldObject is %s %s %q, want a named %s %s (the request's kind)",
 			obj.GetAPIVersion(), obj.GetKind(), obj.GetName(), apiVersion, req.Kind.Kind)
 	}
 	out.Node = obj
@@ -396,45 +321,26 @@ func request(model *linkmodel.Model, req *admissionv1.AdmissionRequest, cluster 
 // same input (route, request and Node as the rule reads them, user and
 // groups) share one decision; at most MaxConcurrentDecisions are made at
 // once, the others queue for a slot until their deadline.
-func (h *handler) decide(ctx context.Context, req guard.Request) decision.Decision {
-	ctx, cancel := context.WithTimeout(ctx, h.opts.Timeout)
-	defer cancel()
-	key, err := flightKey(req)
+func (h *handler) decide(ctx context.Context, req guard.Request, groups []byte) decision.Decision {
+	key, err := flightKey(req, groups)
 	if err != nil {
 		return decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
 	}
-	// Do, not DoChan: the first review's goroutine (a connection's, its stack
-	// already grown) evaluates the rule; DoChan would start a goroutine per
-	// decision and regrow a stack to OPA's depth each time (19% of the CPU
-	// under load). Waiting needs no select: the shared decision ends before
-	// any waiter's deadline (below).
-	v, _, _ := h.flights.Do(key, func() (any, error) {
-		// The first review's deadline bounds the shared decision: the
-		// reviews joining later have later deadlines, so every one of them
-		// is still waiting when it ends. It ends a little before, so the
-		// answer says why rather than racing the deadline. The first
-		// review's own cancellation (its caller gave up) must not fail the
-		// others.
-		deadline, _ := ctx.Deadline()
-		fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline.Add(-h.opts.Timeout/16))
-		defer cancel()
-		if err := h.slots.Acquire(fctx, 1); err != nil {
-			return decision.Deny(decision.ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
-				"(--max-concurrent-decisions) and none finished in time; retry shortly.", req.Name)), nil
-		}
-		defer h.slots.Release(1)
-		return h.decideNow(fctx, req), nil
-	})
-	return v.(decision.Decision)
+	busy := func() decision.Decision {
+		return decision.Deny(decision.ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
+			"(--max-concurrent-decisions) and none finished in time; retry shortly.", req.Name))
+	}
+	return intake.Do(ctx, h.intake, key, busy, func(ctx context.Context) decision.Decision { return h.decideNow(ctx, req) })
 }
 
 // flightKey is everything a decision reads from the review, hashed: the
 // reduced Node holds all the rule reads of it, so reviews of the same Node
-// that differ elsewhere (status, labels, uid) still share. Hashing keeps the
-// key small whatever the review carries (a forged one may list 100,000
-// groups); each field is length-prefixed, so no two inputs write the same
-// bytes.
-func flightKey(req guard.Request) (string, error) {
+// that differ elsewhere (status, labels, uid) still share; groups is the
+// digest of all the user's groups (decodeReview), so users differing only in
+// groups the rule does not read do not. Hashing keeps the key small whatever
+// the review carries; each field is length-prefixed, so no two inputs write
+// the same bytes.
+func flightKey(req guard.Request, groups []byte) (string, error) {
 	var nodeJSON []byte
 	if req.Node != nil {
 		var err error
@@ -443,26 +349,19 @@ func flightKey(req guard.Request) (string, error) {
 		}
 	}
 	h := sha256.New()
-	field := func(s string) {
-		_ = binary.Write(h, binary.BigEndian, uint64(len(s)))
-		_, _ = io.WriteString(h, s)
-	}
-	field(req.Cluster)
-	field(req.Operation)
-	field(req.Kind.Group)
-	field(req.Kind.Version)
-	field(req.Kind.Kind)
-	field(req.Name)
+	field(h, req.Cluster)
+	field(h, req.Operation)
+	field(h, req.Kind.Group)
+	field(h, req.Kind.Version)
+	field(h, req.Kind.Kind)
+	field(h, req.Name)
 	// null (no Node) is no Node's JSON, so it cannot collide with one.
 	if nodeJSON == nil {
 		nodeJSON = []byte("null")
 	}
-	field(string(nodeJSON))
-	field(req.UserInfo.Username)
-	_ = binary.Write(h, binary.BigEndian, uint64(len(req.UserInfo.Groups)))
-	for _, g := range req.UserInfo.Groups {
-		field(g)
-	}
+	field(h, string(nodeJSON))
+	field(h, req.UserInfo.Username)
+	field(h, string(groups))
 	return string(h.Sum(nil)), nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/intake"
 )
 
 // Metrics are the webhook's Prometheus metrics, all prefixed nodeguard_.
@@ -15,13 +16,20 @@ type Metrics struct {
 	decisions  *prometheus.CounterVec
 	latency    *prometheus.HistogramVec
 	freshReads prometheus.Counter
-	rejected   *prometheus.CounterVec
+	// Intake counts the requests of the port that got an HTTP error; share
+	// it with the Intake the routes share.
+	Intake *intake.Metrics
 }
 
-// NewMetrics registers the metrics on reg. cached, when set, is read at each
-// scrape for the number of cached objects per kind.
+// NewMetrics registers the metrics on reg, with the Intake's. cached, when
+// set, is read at each scrape for the number of cached objects per kind.
 func NewMetrics(reg prometheus.Registerer, cached func() map[schema.GroupVersionKind]int) (*Metrics, error) {
+	in, err := intake.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
 	m := &Metrics{
+		Intake: in,
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeguard_decisions_total",
 			Help: "Admission reviews answered, by result (allowed, denied, error), reason and route.",
@@ -36,16 +44,12 @@ func NewMetrics(reg prometheus.Registerer, cached func() map[schema.GroupVersion
 			Name: "nodeguard_fresh_read_errors_total",
 			Help: "Decisions denied because the API server could not be re-read in time.",
 		}),
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nodeguard_rejected_requests_total",
-			Help: "Requests answered with an HTTP error instead of a decision (malformed, wrong method or type, too large, no client certificate), by reason.",
-		}, []string{"reason"}),
 	}
 	// Both routes' histograms exist from the start, at zero.
 	for _, route := range []string{RouteSelf, RouteCluster} {
 		m.latency.WithLabelValues(route)
 	}
-	collectors := []prometheus.Collector{m.decisions, m.latency, m.freshReads, m.rejected}
+	collectors := []prometheus.Collector{m.decisions, m.latency, m.freshReads}
 	if cached != nil {
 		collectors = append(collectors, cachedObjects{count: cached, desc: prometheus.NewDesc("nodeguard_cached_objects",
 			"Objects in the informer caches, by kind.", []string{"group", "version", "kind"}, nil)})
@@ -70,12 +74,12 @@ func (m *Metrics) observe(route, result, reason string, took time.Duration) {
 	}
 }
 
-// rejectedRequest counts one request answered with an HTTP error.
-func (m *Metrics) rejectedRequest(reason string) {
+// intake is the Intake's share of m; nil counts nothing.
+func (m *Metrics) intake() *intake.Metrics {
 	if m == nil {
-		return
+		return nil
 	}
-	m.rejected.WithLabelValues(reason).Inc()
+	return m.Intake
 }
 
 type cachedObjects struct {

@@ -38,10 +38,10 @@ func DefaultTLSCipherSuites() []string {
 // TLSOptions are the server's certificate files.
 type TLSOptions struct {
 	CertFile, KeyFile string
-	// ClientCAFile, when set, makes the server ask for client certificates
-	// signed by it; the review routes then require one (see
-	// Options.RequireClientCert).
-	ClientCAFile string
+	// ClientCAFiles, when set, make the server ask for client certificates
+	// signed by one of them; each route checks its own CA (see
+	// Options.ClientCAs and intake.Verified).
+	ClientCAFiles []string
 	// WatchInterval is how often the files are re-read besides file events
 	// (default: certwatcher's).
 	WatchInterval time.Duration
@@ -51,6 +51,24 @@ type TLSOptions struct {
 	// CipherSuites are the TLS 1.2 suites accepted, by IANA name (default
 	// DefaultTLSCipherSuites).
 	CipherSuites []string
+}
+
+// MaxStreamsPerConnection bounds an HTTP/2 connection's concurrent requests.
+const MaxStreamsPerConnection = 64
+
+// LoadCAs reads PEM CA certificates from files into one pool.
+func LoadCAs(files ...string) (*x509.CertPool, error) {
+	pool := x509.NewCertPool()
+	for _, f := range files {
+		pem, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("read client CA: %w", err)
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("client CA %s: no PEM certificates", f)
+		}
+	}
+	return pool, nil
 }
 
 // Server is the HTTPS server; its certificate is reloaded when the files
@@ -93,14 +111,10 @@ func NewServer(handler http.Handler, opts TLSOptions, log *slog.Logger) (*Server
 		return nil, fmt.Errorf("--tls-cipher-suites: %w", err)
 	}
 	cfg := &tls.Config{MinVersion: minVersion, CipherSuites: suites, GetCertificate: watcher.GetCertificate}
-	if opts.ClientCAFile != "" {
-		pem, err := os.ReadFile(opts.ClientCAFile)
+	if len(opts.ClientCAFiles) > 0 {
+		pool, err := LoadCAs(opts.ClientCAFiles...)
 		if err != nil {
-			return nil, fmt.Errorf("read client CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("client CA %s: no PEM certificates", opts.ClientCAFile)
+			return nil, err
 		}
 		// A client without a certificate still gets an HTTP answer (401)
 		// that says what is missing, rather than a failed handshake.
@@ -118,6 +132,15 @@ func NewServer(handler http.Handler, opts TLSOptions, log *slog.Logger) (*Server
 			WriteTimeout:      10 * time.Second,
 			IdleTimeout:       90 * time.Second,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+			// HTTP/2 buffers a stream's DATA before the handler reads it, up
+			// to the flow-control windows: small windows, and a bounded
+			// number of streams, keep a connection's share of memory small
+			// while its requests wait for the byte budget.
+			HTTP2: &http.HTTP2Config{
+				MaxConcurrentStreams:          MaxStreamsPerConnection,
+				MaxReceiveBufferPerConnection: 256 << 10,
+				MaxReceiveBufferPerStream:     64 << 10,
+			},
 		},
 		watcher: watcher,
 		log:     log,
@@ -135,7 +158,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener, grace time.Duration)
 		}
 	}()
 	done := make(chan error, 1)
-	go func() { done <- s.http.ServeTLS(l, "", "") }()
+	go func() { done <- s.http.ServeTLS(newLimitListener(l, MaxConnections, MaxConnectionsPerClient), "", "") }()
 	select {
 	case err := <-done:
 		return fmt.Errorf("serve: %w", err)

@@ -45,8 +45,8 @@ func TestClientCertificateRequiredForReviews(t *testing.T) {
 	g, _, nodes := example(t)
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
-	h := webhook.New(webhook.Options{Decider: g, RequireClientCert: true})
-	opts := webhook.TLSOptions{CertFile: certFile, KeyFile: keyFile, ClientCAFile: p.CAFile(t)}
+	h := webhook.New(webhook.Options{Decider: g, ClientCAs: p.Pool()})
+	opts := webhook.TLSOptions{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 
 	anonymous := serveWith(t, p, h, opts, nil)

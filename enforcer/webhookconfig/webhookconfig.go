@@ -192,18 +192,30 @@ func ClientFromKubeconfig(kubeconfig []byte) (kubernetes.Interface, error) {
 // cluster, into mgmt's own cluster (self-hosted). It returns where it went.
 func Install(ctx context.Context, mgmt kubernetes.Interface, cluster string, cfg *admissionregistrationv1.ValidatingWebhookConfiguration,
 	workload func(kubeconfig []byte) (kubernetes.Interface, error)) (string, error) {
-	if cluster == "" {
-		return "the cluster of the kubeconfig", Apply(ctx, mgmt, cfg)
-	}
-	kubeconfig, err := WorkloadKubeconfig(ctx, mgmt, cluster)
+	client, where, err := target(ctx, mgmt, cluster, mgmt, workload)
 	if err != nil {
 		return "", err
 	}
+	return where, Apply(ctx, client, cfg)
+}
+
+// target is the client of the cluster a configuration goes to: the workload
+// cluster named by cluster, through its kubeconfig Secret in mgmt, or self.
+func target[C any](ctx context.Context, mgmt kubernetes.Interface, cluster string, self C,
+	workload func(kubeconfig []byte) (C, error)) (C, string, error) {
+	if cluster == "" {
+		return self, "the cluster of the kubeconfig", nil
+	}
+	var none C
+	kubeconfig, err := WorkloadKubeconfig(ctx, mgmt, cluster)
+	if err != nil {
+		return none, "", err
+	}
 	client, err := workload(kubeconfig)
 	if err != nil {
-		return "", fmt.Errorf("connect to workload cluster %s: %w", cluster, err)
+		return none, "", fmt.Errorf("connect to workload cluster %s: %w", cluster, err)
 	}
-	return "workload cluster " + cluster, Apply(ctx, client, cfg)
+	return client, "workload cluster " + cluster, nil
 }
 
 // splitKey parses a flag's NAMESPACE/NAME; a Cluster and a Service both

@@ -9,6 +9,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"path"
 
 	templatesv1 "github.com/open-policy-agent/frameworks/constraint/pkg/apis/templates/v1"
 	regoschema "github.com/open-policy-agent/frameworks/constraint/pkg/client/drivers/rego/schema"
@@ -86,9 +88,38 @@ func defaults(ctx context.Context, compiled *ast.Compiler) (Defaults, error) {
 	return d, nil
 }
 
-// LoadInfo reads the package METADATA of the Gatekeeper entry point.
+// Template is one Gatekeeper entry point and where its generated files go.
+type Template struct {
+	// Entry is the entry point's path under policies/.
+	Entry string
+	// Dir is where its manifests go under constraints/ ("" for constraints/).
+	Dir string
+	// Ledger is its version ledger, from the repository root.
+	Ledger string
+	// Synced says it reads data.inventory: it needs the sync config, and the
+	// Constraint sets every declared parameter. Otherwise nodeguard's answer
+	// sets the provided parameters (provider.rego), which the Constraint lacks.
+	Synced bool
+}
+
+// Templates are the Gatekeeper entry points: K8sNodeGuard, on Gatekeeper's
+// synced data, and K8sNodeGuardExternal, on nodeguard's answers as external
+// data provider.
+func Templates() []Template {
+	return []Template{
+		{Entry: policies.GatekeeperEntry, Ledger: "versions.yaml", Synced: true},
+		{Entry: policies.GatekeeperExternalEntry, Dir: "external-data", Ledger: "constraints/external-data/versions.yaml"},
+	}
+}
+
+// LoadInfo reads the package METADATA of the K8sNodeGuard entry point.
 func LoadInfo() (Info, error) {
-	f, err := policies.Read(policies.GatekeeperEntry)
+	return LoadInfoOf(policies.GatekeeperEntry)
+}
+
+// LoadInfoOf reads the package METADATA of a Gatekeeper entry point.
+func LoadInfoOf(entry string) (Info, error) {
+	f, err := policies.Read(entry)
 	if err != nil {
 		return Info{}, err
 	}
@@ -112,7 +143,7 @@ func LoadInfo() (Info, error) {
 	return Info{}, fmt.Errorf("%s: no package METADATA", f.Path)
 }
 
-// Render returns every generated file of constraints/, by file name.
+// Render returns every generated file of constraints/, by path under it.
 func Render(ctx context.Context) (map[string][]byte, error) {
 	compiled, err := policies.Compile()
 	if err != nil {
@@ -126,23 +157,40 @@ func Render(ctx context.Context) (map[string][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	info, err := LoadInfo()
+	provided, err := policies.ProvidedParameters(ctx, compiled)
 	if err != nil {
 		return nil, err
 	}
-	tmpl, err := template(info, d, declared)
-	if err != nil {
-		return nil, err
-	}
-	cons, err := constraint(info, declared)
-	if err != nil {
-		return nil, err
-	}
-	typed := map[string]any{"template.yaml": tmpl, "syncset.yaml": syncSet(d), "config.yaml": config(d)}
-	out := map[string]map[string]any{"constraint.yaml": cons}
-	for name, doc := range typed {
-		if out[name], err = unstructured(doc); err != nil {
-			return nil, fmt.Errorf("encode %s: %w", name, err)
+	out := map[string]map[string]any{}
+	for _, t := range Templates() {
+		info, err := LoadInfoOf(t.Entry)
+		if err != nil {
+			return nil, err
+		}
+		params := declared
+		if !t.Synced {
+			params = maps.Clone(declared)
+			for _, name := range provided {
+				delete(params, name)
+			}
+		}
+		tmpl, err := template(t, info, d, params)
+		if err != nil {
+			return nil, err
+		}
+		if out[path.Join(t.Dir, "template.yaml")], err = unstructured(tmpl); err != nil {
+			return nil, fmt.Errorf("encode %s's template: %w", info.Kind, err)
+		}
+		if out[path.Join(t.Dir, "constraint.yaml")], err = constraint(info, params); err != nil {
+			return nil, err
+		}
+		if !t.Synced {
+			continue
+		}
+		for name, doc := range map[string]any{"syncset.yaml": syncSet(d), "config.yaml": config(d)} {
+			if out[path.Join(t.Dir, name)], err = unstructured(doc); err != nil {
+				return nil, fmt.Errorf("encode %s: %w", name, err)
+			}
 		}
 	}
 	files := make(map[string][]byte, len(out))
@@ -195,8 +243,8 @@ func syncRequirements(d Defaults) (string, error) {
 	return buf.String(), nil
 }
 
-func template(info Info, d Defaults, declared map[string]policies.Parameter) (*templatesv1.ConstraintTemplate, error) {
-	entry, err := policies.Read(policies.GatekeeperEntry)
+func template(t Template, info Info, d Defaults, declared map[string]policies.Parameter) (*templatesv1.ConstraintTemplate, error) {
+	entry, err := policies.Read(t.Entry)
 	if err != nil {
 		return nil, err
 	}
@@ -208,9 +256,15 @@ func template(info Info, d Defaults, declared map[string]policies.Parameter) (*t
 	for _, f := range lib {
 		libs = append(libs, f.Source)
 	}
-	sync, err := syncRequirements(d)
-	if err != nil {
-		return nil, err
+	annotations := map[string]string{
+		"metadata.gatekeeper.sh/title":   info.Title,
+		"metadata.gatekeeper.sh/version": info.Version,
+		"description":                    info.Description,
+	}
+	if t.Synced {
+		if annotations["metadata.gatekeeper.sh/requires-sync-data"], err = syncRequirements(d); err != nil {
+			return nil, err
+		}
 	}
 	schema, err := ParameterSchema(declared)
 	if err != nil {
@@ -218,16 +272,8 @@ func template(info Info, d Defaults, declared map[string]policies.Parameter) (*t
 	}
 	source := regoschema.Source{Version: "v1", Rego: entry.Source, Libs: libs}
 	return &templatesv1.ConstraintTemplate{
-		TypeMeta: metav1.TypeMeta{APIVersion: templatesv1.SchemeGroupVersion.String(), Kind: "ConstraintTemplate"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name: info.Name,
-			Annotations: map[string]string{
-				"metadata.gatekeeper.sh/title":              info.Title,
-				"metadata.gatekeeper.sh/version":            info.Version,
-				"metadata.gatekeeper.sh/requires-sync-data": sync,
-				"description": info.Description,
-			},
-		},
+		TypeMeta:   metav1.TypeMeta{APIVersion: templatesv1.SchemeGroupVersion.String(), Kind: "ConstraintTemplate"},
+		ObjectMeta: metav1.ObjectMeta{Name: info.Name, Annotations: annotations},
 		Spec: templatesv1.ConstraintTemplateSpec{
 			CRD: templatesv1.CRD{Spec: templatesv1.CRDSpec{
 				Names:      templatesv1.Names{Kind: info.Kind},

@@ -26,7 +26,8 @@ const constraintsDir = "../../constraints"
 func TestCommittedManifestsAreGenerated(t *testing.T) {
 	files, err := constraints.Render(context.Background())
 	require.NoError(t, err)
-	require.Len(t, files, 4)
+	require.ElementsMatch(t, []string{"template.yaml", "constraint.yaml", "syncset.yaml", "config.yaml",
+		"external-data/template.yaml", "external-data/constraint.yaml"}, slices.Collect(maps.Keys(files)))
 	for name, want := range files {
 		have, err := os.ReadFile(filepath.Join(constraintsDir, name))
 		require.NoError(t, err)
@@ -94,6 +95,50 @@ func TestKustomizationInstallsTemplateConstraintAndSync(t *testing.T) {
 		got = append(got, r.GetKind()+"/"+r.GetName())
 	}
 	assert.ElementsMatch(t, []string{"ConstraintTemplate/k8snodeguard", "SyncSet/nodeguard", "K8sNodeGuard/node-deletion-guard"}, got)
+}
+
+// The external data template needs no sync config, asks the Provider the
+// Rego names, and leaves the parameters nodeguard's answer sets out of the
+// Constraint (the rule takes them from the answer).
+func TestExternalDataTemplateAsksTheProviderAndSyncsNothing(t *testing.T) {
+	dir := filepath.Join(constraintsDir, "external-data")
+	resmap, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	require.NoError(t, err)
+	var got []string
+	for _, r := range resmap.Resources() {
+		got = append(got, r.GetKind()+"/"+r.GetName())
+	}
+	assert.ElementsMatch(t, []string{"ConstraintTemplate/k8snodeguardexternal", "K8sNodeGuardExternal/node-deletion-guard"}, got)
+
+	tmpl := readYAML(t, filepath.Join(dir, "template.yaml"))
+	assert.NotContains(t, tmpl.GetAnnotations(), "metadata.gatekeeper.sh/requires-sync-data")
+	assert.Regexp(t, `^\d+\.\d+\.\d+$`, tmpl.GetAnnotations()["metadata.gatekeeper.sh/version"])
+	targets, _, _ := unstructured.NestedSlice(tmpl.Object, "spec", "targets")
+	src := targets[0].(map[string]any)["code"].([]any)[0].(map[string]any)["source"].(map[string]any)
+	assert.Contains(t, src["rego"], "package k8snodeguardexternal")
+	assert.Contains(t, src["rego"], "external_data(")
+	assert.Equal(t, "v1", src["version"])
+
+	ctx := context.Background()
+	c, err := policies.Compile()
+	require.NoError(t, err)
+	provided, err := policies.ProvidedParameters(ctx, c)
+	require.NoError(t, err)
+	require.NotEmpty(t, provided)
+	props, _, _ := unstructured.NestedMap(tmpl.Object, "spec", "crd", "spec", "validation", "openAPIV3Schema", "properties")
+	cons := readYAML(t, filepath.Join(dir, "constraint.yaml"))
+	params, _, _ := unstructured.NestedMap(cons.Object, "spec", "parameters")
+	declared, err := policies.DeclaredParameters(ctx, c)
+	require.NoError(t, err)
+	for name := range declared {
+		if slices.Contains(provided, name) {
+			assert.NotContains(t, props, name, "nodeguard's answer sets %s", name)
+			assert.NotContains(t, params, name)
+		} else {
+			assert.Contains(t, props, name)
+			assert.Contains(t, params, name)
+		}
+	}
 }
 
 // The webhook component, applied to Gatekeeper's own install manifest, adds

@@ -8,8 +8,11 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/google/uuid"
+	"github.com/open-policy-agent/frameworks/constraint/pkg/apis/externaldata/unversioned"
 	"github.com/open-policy-agent/frameworks/constraint/pkg/client"
 	"github.com/open-policy-agent/frameworks/constraint/pkg/client/drivers/rego"
+	"github.com/open-policy-agent/frameworks/constraint/pkg/externaldata"
 	"github.com/open-policy-agent/gatekeeper/v3/apis"
 	"github.com/open-policy-agent/gatekeeper/v3/pkg/gator/reader"
 	"github.com/open-policy-agent/gatekeeper/v3/pkg/target"
@@ -19,6 +22,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 	"sigs.k8s.io/yaml"
 )
 
@@ -29,9 +34,37 @@ type Engine struct {
 	client *client.Client
 }
 
+// Option configures an Engine.
+type Option func(*[]rego.Arg) error
+
+// ExternalData lets the template call Gatekeeper's external_data builtin on
+// provider, as Gatekeeper's manager does: presenting the client certificate
+// in certFile and keyFile, with no response cache (every review asks).
+func ExternalData(provider *unversioned.Provider, certFile, keyFile string) Option {
+	return func(args *[]rego.Arg) error {
+		providers := externaldata.NewCache()
+		if err := providers.Upsert(provider); err != nil {
+			return fmt.Errorf("add Provider %s: %w", provider.Name, err)
+		}
+		watcher, err := certwatcher.New(certFile, keyFile)
+		if err != nil {
+			return fmt.Errorf("load the client certificate: %w", err)
+		}
+		*args = append(*args, rego.AddExternalDataProviderCache(providers), rego.EnableExternalDataClientAuth(),
+			rego.AddExternalDataClientCertWatcher(watcher))
+		return nil
+	}
+}
+
 // NewEngine loads a ConstraintTemplate and a Constraint, both as YAML.
-func NewEngine(ctx context.Context, templateYAML, constraintYAML []byte) (*Engine, error) {
-	driver, err := rego.New(rego.Externs("inventory"))
+func NewEngine(ctx context.Context, templateYAML, constraintYAML []byte, opts ...Option) (*Engine, error) {
+	args := []rego.Arg{rego.Externs("inventory")}
+	for _, o := range opts {
+		if err := o(&args); err != nil {
+			return nil, err
+		}
+	}
+	driver, err := rego.New(args...)
 	if err != nil {
 		return nil, fmt.Errorf("create rego driver: %w", err)
 	}
@@ -92,6 +125,8 @@ func (e *Engine) ReviewDelete(ctx context.Context, node *unstructured.Unstructur
 		return nil, fmt.Errorf("encode node: %w", err)
 	}
 	req := &admissionv1.AdmissionRequest{
+		// Every review has its own uid, as the API server gives it.
+		UID:       types.UID(uuid.NewString()),
 		Kind:      metaGVK("", "v1", "Node"),
 		Name:      node.GetName(),
 		Operation: admissionv1.Delete,

@@ -2,8 +2,16 @@ package localcluster
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"io"
+	"math/big"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,9 +21,11 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	certutil "k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -26,49 +36,65 @@ import (
 // (tests/e2e/tools/gatekeeper/go.mod).
 const GatekeeperModule = "github.com/open-policy-agent/gatekeeper/v3@v3.23.1"
 
+// Gatekeeper is a running Gatekeeper manager.
+type Gatekeeper struct {
+	// Stop ends it.
+	Stop func()
+	// Applied is kubectl's last output of applying the constraints.
+	Applied string
+	// CAFile holds the CA of Gatekeeper's certificate, which Gatekeeper also
+	// presents as its client certificate when it calls an external data
+	// provider.
+	CAFile string
+}
+
 // StartGatekeeper runs Gatekeeper's manager out of cluster against env's
 // API server, as FIELD-NOTES.md describes, with Gatekeeper's own validating
 // webhook configuration patched by repo's constraints/webhook component
-// (DELETE, fail closed) and pointed at it, then applies repo's constraints/
-// with kubectl as a user would, again until the Constraint's kind exists.
-// Its output goes to log; stop ends it. It returns kubectl's last output.
-func StartGatekeeper(ctx context.Context, env *envtest.Environment, binDir, repo, workDir string, log io.Writer) (stop func(), applied string, err error) {
+// (DELETE, fail closed) and pointed at it, then applies the kustomization
+// repo/constraints (constraints/ or constraints/external-data/) with kubectl
+// as a user would, again until the Constraint's kind exists. Its output goes
+// to log.
+func StartGatekeeper(ctx context.Context, env *envtest.Environment, binDir, repo, constraints, workDir string, log io.Writer) (*Gatekeeper, error) {
 	gk, err := ModuleDir(GatekeeperModule)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	if _, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: []string{filepath.Join(gk, "charts/gatekeeper/crds")}}); err != nil {
-		return nil, "", fmt.Errorf("install Gatekeeper's CRDs: %w", err)
+		return nil, fmt.Errorf("install Gatekeeper's CRDs: %w", err)
 	}
 	kube, err := kubernetes.NewForConfig(Config(env))
 	if err != nil {
-		return nil, "", fmt.Errorf("client: %w", err)
+		return nil, fmt.Errorf("client: %w", err)
 	}
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "gatekeeper-system"}}, metav1.CreateOptions{}); err != nil {
-		return nil, "", fmt.Errorf("create namespace gatekeeper-system: %w", err)
+	// A Gatekeeper started before on this API server left it.
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "gatekeeper-system"}},
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create namespace gatekeeper-system: %w", err)
 	}
-	// tls.crt and tls.key, the names Gatekeeper reads; the certificate PEM
-	// carries its CA, so it is also the webhook's CA bundle.
+	// tls.crt and tls.key, the names Gatekeeper reads, for server and client
+	// authentication as Gatekeeper's own rotator issues them when external
+	// data is on; ca.crt is the webhook's CA bundle and a provider's client CA.
 	certDir := filepath.Join(workDir, "gatekeeper-certs")
-	certPEM, err := servingCert(certDir)
+	caPEM, err := clientAndServerCert(certDir)
 	if err != nil {
-		return nil, "", fmt.Errorf("Gatekeeper: %w", err)
+		return nil, fmt.Errorf("Gatekeeper: %w", err)
 	}
 	kubeconfig := filepath.Join(workDir, "gatekeeper.kubeconfig")
 	if err := AdminKubeconfig(env, kubeconfig); err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	port, err := freePort()
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	healthPort, err := freePort()
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	apiCache := filepath.Join(workDir, "gatekeeper-api-cache")
 	if err := os.MkdirAll(apiCache, 0o700); err != nil {
-		return nil, "", fmt.Errorf("Gatekeeper API cache dir: %w", err)
+		return nil, fmt.Errorf("Gatekeeper API cache dir: %w", err)
 	}
 	cmd := exec.Command(filepath.Join(binDir, "gatekeeper"),
 		"--kubeconfig", kubeconfig,
@@ -80,35 +106,36 @@ func StartGatekeeper(ctx context.Context, env *envtest.Environment, binDir, repo
 		"--audit-interval=2", "--api-cache-dir", apiCache, "--shutdown-delay=0", "--log-level=INFO")
 	cmd.Env = append(os.Environ(), "POD_NAMESPACE=gatekeeper-system")
 	cmd.Stdout, cmd.Stderr = log, log
-	if stop, err = start(cmd); err != nil {
-		return nil, "", fmt.Errorf("start Gatekeeper: %w", err)
+	stop, err := start(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("start Gatekeeper: %w", err)
 	}
 
 	vwc, err := gatekeeperWebhookConfig(gk, filepath.Join(repo, "constraints/webhook/kustomization.yaml"))
 	if err != nil {
 		stop()
-		return nil, "", err
+		return nil, err
 	}
 	for i := range vwc.Webhooks {
 		url := fmt.Sprintf("https://127.0.0.1:%d%s", port, *vwc.Webhooks[i].ClientConfig.Service.Path)
-		vwc.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: certPEM}
+		vwc.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM}
 	}
 	if _, err := kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, vwc, metav1.CreateOptions{}); err != nil {
 		stop()
-		return nil, "", fmt.Errorf("create Gatekeeper's webhook configuration: %w", err)
+		return nil, fmt.Errorf("create Gatekeeper's webhook configuration: %w", err)
 	}
 	var out []byte
 	err = wait.PollUntilContextTimeout(ctx, time.Second, 90*time.Second, true, func(ctx context.Context) (bool, error) {
 		var kerr error
 		out, kerr = exec.CommandContext(ctx, filepath.Join(binDir, "kubectl"), "--kubeconfig", kubeconfig,
-			"apply", "-k", filepath.Join(repo, "constraints")).CombinedOutput()
+			"apply", "-k", filepath.Join(repo, constraints)).CombinedOutput()
 		return kerr == nil, nil
 	})
 	if err != nil {
 		stop()
-		return nil, "", fmt.Errorf("kubectl apply -k constraints/: %w: %s", err, out)
+		return nil, fmt.Errorf("kubectl apply -k %s: %w: %s", constraints, err, out)
 	}
-	return stop, string(out), nil
+	return &Gatekeeper{Stop: stop, Applied: string(out), CAFile: filepath.Join(certDir, "ca.crt")}, nil
 }
 
 // gatekeeperWebhookConfig is the ValidatingWebhookConfiguration of
@@ -158,4 +185,51 @@ func gatekeeperWebhookConfig(gk, componentFile string) (*admissionregistrationv1
 		return nil, fmt.Errorf("decode the patched webhook configuration: %w", err)
 	}
 	return out, nil
+}
+
+// clientAndServerCert writes a CA (ca.crt) and a certificate for 127.0.0.1
+// signed by it (tls.crt, tls.key) usable for server and client
+// authentication, into dir, and returns the CA's PEM.
+func clientAndServerCert(dir string) ([]byte, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("cert dir: %w", err)
+	}
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("CA key: %w", err)
+	}
+	ca, err := certutil.NewSelfSignedCACert(certutil.Config{CommonName: "gatekeeper-ca"}, caKey)
+	if err != nil {
+		return nil, fmt.Errorf("CA certificate: %w", err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("key: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "gatekeeper-webhook-service.gatekeeper-system.svc"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, fmt.Errorf("certificate: %w", err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("key: %w", err)
+	}
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})
+	for name, data := range map[string][]byte{
+		"tls.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		"tls.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		"ca.crt":  caPEM,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			return nil, fmt.Errorf("write %s: %w", name, err)
+		}
+	}
+	return caPEM, nil
 }

@@ -20,6 +20,8 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/intake"
+	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/monitoring"
@@ -308,9 +310,10 @@ func TestQueriesReadExportedMetrics(t *testing.T) {
 		"nodeguard_decisions_total": {decision.ReasonNoLink, decision.ReasonExempt, decision.ReasonNotJudged, decision.ReasonBlocked,
 			decision.ReasonUnverified, decision.ReasonUnjudgeable, decision.ReasonNotReady, decision.ReasonFreshReadFailed,
 			decision.ReasonError, decision.ReasonBusy, decision.ReasonBadRequest},
-		"nodeguard_rejected_requests_total": {webhook.RejectMethod, webhook.RejectClientCert, webhook.RejectContentType, webhook.RejectTooLarge,
-			webhook.RejectRead, webhook.RejectMalformed, webhook.RejectNotReview, webhook.RejectNoRequest, webhook.RejectNoUID,
-			webhook.RejectBadOldObject, webhook.RejectBusy},
+		"nodeguard_rejected_requests_total": {intake.RejectMethod, intake.RejectClientCert, intake.RejectContentType, intake.RejectTooLarge,
+			intake.RejectNoLength, intake.RejectRead, intake.RejectBusy, webhook.RejectMalformed, webhook.RejectNotReview,
+			webhook.RejectNoRequest, webhook.RejectNoUID, webhook.RejectBadOldObject, provider.RejectMalformed, provider.RejectNotRequest,
+			provider.RejectKeys},
 		"nodeguard_denial_events_dropped_total": {denialevents.DropQueueFull, denialevents.DropPerObject, denialevents.DropSeries, denialevents.DropWriteFailed},
 	}
 	used := map[string]bool{}

@@ -30,13 +30,13 @@ func ParseLedger(raw []byte) (Ledger, error) {
 	return l, nil
 }
 
-// Render writes the ledger back.
-func (l Ledger) Render() ([]byte, error) {
+// Render writes the ledger back; kind names the template it is for.
+func (l Ledger) Render(kind string) ([]byte, error) {
 	out, err := yaml.Marshal(l)
 	if err != nil {
-		return nil, fmt.Errorf("render versions.yaml: %w", err)
+		return nil, fmt.Errorf("render the %s ledger: %w", kind, err)
 	}
-	return append([]byte("# One entry per K8sNodeGuard template version: the digest of its decision snapshots\n"+
+	return append([]byte("# One entry per "+kind+" template version: the digest of its decision snapshots\n"+
 		"# (docs/decisions.md) and the kinds it needs synced. Written by `make generate`, which\n"+
 		"# refuses to change an existing entry: a changed decision needs a new version.\n"), out...), nil
 }
@@ -46,9 +46,10 @@ func (l Ledger) Render() ([]byte, error) {
 // a new version must be higher; changed decisions need at least a minor bump;
 // a kind added to the sync data needs a major bump. changed names the
 // scenarios whose decisions differ from the committed snapshots.
-func (l Ledger) Record(cur Entry, changed []string) (Ledger, error) {
+// entry is the template's entry point under policies/, for the messages.
+func (l Ledger) Record(entry string, cur Entry, changed []string) (Ledger, error) {
 	if !semver.IsValid("v" + cur.Version) {
-		return nil, fmt.Errorf("template version %q is not semver (policies/k8snodeguard/src.rego METADATA custom.version)", cur.Version)
+		return nil, fmt.Errorf("template version %q is not semver (policies/%s METADATA custom.version)", cur.Version, entry)
 	}
 	for _, e := range l {
 		if e.Version != cur.Version {
@@ -56,8 +57,8 @@ func (l Ledger) Record(cur Entry, changed []string) (Ledger, error) {
 		}
 		if e.Decisions != cur.Decisions {
 			return nil, fmt.Errorf("decisions changed for %s, but version %s already decided otherwise "+
-				"(versions.yaml): raise custom.version in policies/k8snodeguard/src.rego (a changed decision "+
-				"is at least a minor bump), add it to CHANGELOG.md, then run `make generate`", list(changed), cur.Version)
+				"(its ledger): raise custom.version in policies/%s (a changed decision "+
+				"is at least a minor bump), add it to CHANGELOG.md, then run `make generate`", list(changed), cur.Version, entry)
 		}
 		if !slices.Equal(e.Sync, cur.Sync) {
 			return nil, fmt.Errorf("the synced kinds changed, but version %s already synced %v: raise custom.version "+
@@ -91,12 +92,14 @@ func list(names []string) string {
 	return strings.Join(names, ", ")
 }
 
-// CheckChangelog fails unless CHANGELOG.md has a heading for version.
-func CheckChangelog(changelog []byte, version string) error {
+// CheckChangelog fails unless CHANGELOG.md has a heading for the template
+// kind's version: `## KIND VERSION` (or `## KIND [VERSION] - date`).
+func CheckChangelog(changelog []byte, kind, version string) error {
 	for _, line := range strings.Split(string(changelog), "\n") {
-		if strings.HasPrefix(line, "## ") && (strings.Contains(line, "["+version+"]") || strings.Fields(line)[1] == version) {
+		f := strings.Fields(line)
+		if len(f) >= 3 && f[0] == "##" && f[1] == kind && (f[2] == version || f[2] == "["+version+"]") {
 			return nil
 		}
 	}
-	return errors.New("CHANGELOG.md has no `## " + version + "` section for the template's version")
+	return errors.New("CHANGELOG.md has no `## " + kind + " " + version + "` section for the template's version")
 }

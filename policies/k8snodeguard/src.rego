@@ -8,7 +8,7 @@
 # custom:
 #   template: k8snodeguard
 #   kind: K8sNodeGuard
-#   version: 0.1.3
+#   version: 0.1.4
 package k8snodeguard
 
 import data.lib.nodeguard
@@ -17,16 +17,6 @@ import data.lib.nodeguard
 # title: Violation
 # description: One violation per reason the delete is denied, each naming a blocker or an unverified kind.
 # entrypoint: true
-violation contains {"msg": msg, "details": details} if {
-	decision := nodeguard.decide(input.review, data.inventory, object.get(input, "parameters", {}))
-	not decision.allowed
-	some i, msg in decision.messages
-	details := _details(decision, i)
+violation contains v if {
+	some v in nodeguard.violations(nodeguard.decide(input.review, data.inventory, object.get(input, "parameters", {})))
 }
-
-# Messages list blockers first, then unverified kinds, in the same order.
-_details(decision, i) := {"blocker": decision.blockers[i]} if {
-	i < count(decision.blockers)
-} else := {"unverified": decision.unverified[i - count(decision.blockers)]} if {
-	i - count(decision.blockers) < count(decision.unverified)
-} else := {}

@@ -48,8 +48,10 @@ import (
 var (
 	binDir    = flag.String("bin", os.Getenv("NODEGUARD_E2E_BIN"), "directory with kube-apiserver, etcd, kubectl and gatekeeper (tests/e2e/tools/build.sh prints it)")
 	sizesFlag = flag.String("sizes", "1000", "Machine counts (each with as many DockerMachines)")
-	modesFlag = flag.String("modes", "none,reads,nodeguard,nodeguard-no-fresh-reads,gatekeeper",
-		"what to measure, in order: a webhook (none, nodeguard, nodeguard-no-fresh-reads, gatekeeper), or reads: the two GETs of a blocked Node's fresh reads, at once, from the client")
+	modesFlag = flag.String("modes", "none,reads,nodeguard,nodeguard-no-fresh-reads,gatekeeper,gatekeeper-provider",
+		"what to measure, in order: a webhook (none, nodeguard, nodeguard-no-fresh-reads, gatekeeper: the sync-based template, "+
+			"gatekeeper-provider: Gatekeeper with the K8sNodeGuardExternal template asking nodeguard), or reads: the two GETs of a "+
+			"blocked Node's fresh reads, at once, from the client")
 	nodeguardEnv  = flag.String("nodeguard-env", "GOGC=400 GOMEMLIMIT=400MiB", "environment of nodeguard serve (default: the deployment's GC settings)")
 	gatekeeperMax = flag.Int("gatekeeper-max", 10000, "largest fleet Gatekeeper is measured at (its engine is linear in the synced inventory)")
 	nodeguardArgs = flag.String("nodeguard-args", "", "extra flags for nodeguard serve, space separated")
@@ -79,6 +81,10 @@ type result struct {
 	ready                    time.Duration
 	rssMiB                   float64
 	haveBaseline, haveServer bool
+	// timeouts are the deletes the webhook did not answer within its
+	// timeout (the API server then failed them closed): counted, at the
+	// time they took, for the sync-based Gatekeeper past ~10,000 Machines.
+	timeouts int
 }
 
 func BenchmarkNodeDelete(b *testing.B) {
@@ -104,6 +110,7 @@ func BenchmarkNodeDelete(b *testing.B) {
 			for _, verdict := range []string{"blocked", "allowed"} {
 				node := map[string]string{"blocked": blockedNode, "allowed": allowedNode}[verdict]
 				var lat []time.Duration
+				var timeouts int
 				if mode == "reads" && verdict == "allowed" {
 					continue // the allowed Node has no candidates to read
 				}
@@ -111,11 +118,12 @@ func BenchmarkNodeDelete(b *testing.B) {
 					if mode == "reads" {
 						lat = measureReads(b, cfg)
 					} else {
-						lat = measure(b, kube, node, verdict == "blocked" && mode != "none")
+						lat, timeouts = measure(b, kube, node, verdict == "blocked" && mode != "none", mode == "gatekeeper")
 					}
 					p50, p99 := percentile(lat, 50), percentile(lat, 99)
 					b.ReportMetric(ms(p50), "p50-ms")
 					b.ReportMetric(ms(p99), "p99-ms")
+					b.ReportMetric(float64(timeouts), "timeouts")
 					if base, ok := baseline[verdict]; ok && mode != "reads" {
 						b.ReportMetric(ms(p50-base[0]), "added-p50-ms")
 						b.ReportMetric(ms(p99-base[1]), "added-p99-ms")
@@ -126,7 +134,7 @@ func BenchmarkNodeDelete(b *testing.B) {
 					}
 				})
 				r := result{size: n, mode: mode, verdict: verdict, p50: percentile(lat, 50), p99: percentile(lat, 99),
-					ready: srv.ready, rssMiB: srv.rssMiB, haveServer: srv.ready > 0}
+					ready: srv.ready, rssMiB: srv.rssMiB, haveServer: srv.ready > 0, timeouts: timeouts}
 				if mode == "none" {
 					baseline[verdict] = [2]time.Duration{r.p50, r.p99}
 				} else if base, ok := baseline[verdict]; ok && mode != "reads" {
@@ -156,16 +164,22 @@ func sizes(b *testing.B) []int {
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // measure times b.N dry-run deletes of node, one after another, and checks
-// each answer: a blocked Node must be denied, an allowed one admitted.
-func measure(b *testing.B, kube kubernetes.Interface, node string, wantDenied bool) []time.Duration {
+// each answer: a blocked Node must be denied, an allowed one admitted. With
+// timeoutsCount, a webhook timeout (failed closed by the API server) is
+// counted, not a failure.
+func measure(b *testing.B, kube kubernetes.Interface, node string, wantDenied, timeoutsCount bool) ([]time.Duration, int) {
 	ctx := context.Background()
 	lat := make([]time.Duration, 0, b.N)
+	timeouts := 0
 	b.ResetTimer()
 	for range b.N {
 		start := time.Now()
 		err := kube.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
 		lat = append(lat, time.Since(start))
-		if wantDenied && !apierrors.IsForbidden(err) || !wantDenied && err != nil {
+		switch {
+		case timeoutsCount && err != nil && strings.Contains(err.Error(), "failed calling webhook") && strings.Contains(err.Error(), "deadline exceeded"):
+			timeouts++
+		case wantDenied && !apierrors.IsForbidden(err) || !wantDenied && err != nil:
 			b.Fatalf("dry-run delete of Node %s: want denied=%v, got %v", node, wantDenied, err)
 		}
 		if *interval > 0 {
@@ -175,7 +189,7 @@ func measure(b *testing.B, kube kubernetes.Interface, node string, wantDenied bo
 		}
 	}
 	b.StopTimer()
-	return lat
+	return lat, timeouts
 }
 
 // measureReads times b.N rounds of what nodeguard's fresh reads do for the
@@ -216,8 +230,8 @@ func percentile(lat []time.Duration, p int) time.Duration {
 
 func table(results []result) string {
 	var sb strings.Builder
-	sb.WriteString("| Machines | webhook | Node | p50 | p99 | added p50 | added p99 | ready after start | RSS |\n")
-	sb.WriteString("|---:|---|---|---:|---:|---:|---:|---:|---:|\n")
+	sb.WriteString("| Machines | webhook | Node | p50 | p99 | added p50 | added p99 | ready after start | RSS | timeouts |\n")
+	sb.WriteString("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range results {
 		added := "-"
 		if r.haveBaseline {
@@ -229,7 +243,7 @@ func table(results []result) string {
 		if r.haveServer {
 			server = fmt.Sprintf("%.1f s | %.0f MiB", r.ready.Seconds(), r.rssMiB)
 		}
-		fmt.Fprintf(&sb, "| %d | %s | %s | %.2f ms | %.2f ms | %s | %s |\n", r.size, r.mode, r.verdict, ms(r.p50), ms(r.p99), added, server)
+		fmt.Fprintf(&sb, "| %d | %s | %s | %.2f ms | %.2f ms | %s | %s | %d |\n", r.size, r.mode, r.verdict, ms(r.p50), ms(r.p99), added, server, r.timeouts)
 	}
 	return sb.String()
 }
@@ -362,19 +376,33 @@ func startWebhook(b *testing.B, env *envtest.Environment, kube kubernetes.Interf
 		if mode == "nodeguard-no-fresh-reads" {
 			args = append(args, "--no-fresh-reads")
 		}
-		w = startNodeguard(b, env, kube, nodeguardBin, args)
-	case "gatekeeper":
+		w = startNodeguard(b, env, kube, nodeguardBin, args, true)
+	case "gatekeeper", "gatekeeper-provider":
 		start := time.Now()
 		log, err := os.Create(filepath.Join(b.TempDir(), "gatekeeper.log"))
 		require.NoError(b, err)
-		stop, _, err := localcluster.StartGatekeeper(ctx, env, *binDir, "../..", b.TempDir(), log)
+		constraints := "constraints"
+		if mode == "gatekeeper-provider" {
+			constraints = "constraints/external-data"
+		}
+		gk, err := localcluster.StartGatekeeper(ctx, env, *binDir, "../..", constraints, b.TempDir(), log)
 		require.NoError(b, err)
 		w.stop = func() {
-			stop()
+			gk.Stop()
 			_ = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, "gatekeeper-validating-webhook-configuration", metav1.DeleteOptions{})
+			// The next Gatekeeper must not load this one's template too.
+			require.NoError(b, removeGatekeeperPolicy(ctx, env))
 			_ = log.Close()
 		}
-		b.Logf("Gatekeeper started and constraints applied in %s", time.Since(start).Round(time.Millisecond))
+		b.Logf("Gatekeeper started and %s applied in %s", constraints, time.Since(start).Round(time.Millisecond))
+		if mode == "gatekeeper-provider" {
+			// nodeguard as Gatekeeper's provider only: no webhook of its own;
+			// it writes the Provider Gatekeeper calls.
+			ng := startNodeguard(b, env, kube, nodeguardBin, append(strings.Fields(*nodeguardArgs), "--externaldata-client-ca-file", gk.CAFile), false)
+			stopGatekeeper := w.stop
+			w = ng
+			w.stop = func() { ng.stop(); stopGatekeeper() }
+		}
 	default:
 		b.Fatalf("unknown mode %q", mode)
 	}
@@ -388,9 +416,35 @@ func startWebhook(b *testing.B, env *envtest.Environment, kube kubernetes.Interf
 	return w
 }
 
+// removeGatekeeperPolicy deletes what `kubectl apply -k` of either
+// constraints kustomization created, and the Constraint CRDs Gatekeeper made
+// of the templates (no garbage collector runs here).
+func removeGatekeeperPolicy(ctx context.Context, env *envtest.Environment) error {
+	dyn, err := dynamic.NewForConfig(env.Config)
+	if err != nil {
+		return err
+	}
+	for _, r := range []struct {
+		gvr  schema.GroupVersionResource
+		name string
+	}{
+		{schema.GroupVersionResource{Group: "templates.gatekeeper.sh", Version: "v1", Resource: "constrainttemplates"}, "k8snodeguard"},
+		{schema.GroupVersionResource{Group: "templates.gatekeeper.sh", Version: "v1", Resource: "constrainttemplates"}, "k8snodeguardexternal"},
+		{schema.GroupVersionResource{Group: "syncset.gatekeeper.sh", Version: "v1alpha1", Resource: "syncsets"}, "nodeguard"},
+		{schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}, "k8snodeguard.constraints.gatekeeper.sh"},
+		{schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}, "k8snodeguardexternal.constraints.gatekeeper.sh"},
+	} {
+		if err := dyn.Resource(r.gvr).Delete(ctx, r.name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete %s %s: %w", r.gvr.Resource, r.name, err)
+		}
+	}
+	return nil
+}
+
 // startNodeguard runs `nodeguard serve` as its own process, measures the
-// time from start to /readyz OK and its RSS then, and registers its webhook.
-func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Interface, bin string, extra []string) webhook {
+// time from start to /readyz OK and its RSS then, and registers its webhook,
+// or, without one, keeps Gatekeeper's Provider pointing at it.
+func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Interface, bin string, extra []string, register bool) webhook {
 	ctx := context.Background()
 	dir := b.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
@@ -400,6 +454,9 @@ func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Inte
 	addr, probes := freeAddr(b), freeAddr(b)
 	args := append([]string{"serve", "--kubeconfig", kubeconfig, "--tls-cert-file", cert, "--tls-private-key-file", key,
 		"--listen-address", addr, "--health-probe-bind-address", probes, "--metrics-bind-address", "0"}, extra...)
+	if !register {
+		args = append(args, "--gatekeeper-provider-url", "https://"+addr, "--gatekeeper-provider-ca-file", ca.CAFile(b))
+	}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), strings.Fields(*nodeguardEnv)...)
 	log, err := os.Create(filepath.Join(dir, "nodeguard.log"))
@@ -434,9 +491,11 @@ func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Inte
 	}
 	rss := rssMiB(b, cmd.Process.Pid)
 	b.Logf("nodeguard serve %v: ready %s after start, RSS %.0f MiB", extra, ready.Round(time.Millisecond), rss)
-	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
-	require.NoError(b, err)
-	require.NoError(b, webhookconfig.Apply(ctx, kube, vwc))
+	if register {
+		vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
+		require.NoError(b, err)
+		require.NoError(b, webhookconfig.Apply(ctx, kube, vwc))
+	}
 	return webhook{stop: stop, ready: ready, rssMiB: rss}
 }
 

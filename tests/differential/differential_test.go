@@ -5,24 +5,40 @@ package differential
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"net"
 	"os"
+	"path/filepath"
+	"slices"
 	"sort"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/open-policy-agent/frameworks/constraint/pkg/apis/externaldata/unversioned"
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/provider"
+	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/gatekeeper"
+	"github.com/nodeguard/nodeguard/internal/testpki"
+	"github.com/nodeguard/nodeguard/policies"
 )
 
 var (
@@ -101,16 +117,7 @@ func gatekeeperDecision(t *testing.T, ctx context.Context, engine *gatekeeper.En
 	}()
 	violations, err := engine.ReviewDelete(ctx, s.Node, s.User)
 	require.NoError(t, err)
-	var blockers, unverified []any
-	for _, v := range violations {
-		if b, ok := v.Details["blocker"]; ok {
-			blockers = append(blockers, b)
-		}
-		if u, ok := v.Details["unverified"]; ok {
-			unverified = append(unverified, u)
-		}
-	}
-	return outcome{allowed: len(violations) == 0, blockers: canonical(t, blockers), unverified: canonical(t, unverified)}
+	return outcomeOf(t, violations)
 }
 
 func enforcerDecision(t *testing.T, ctx context.Context, eval *decision.Evaluator, params map[string]any, s scenario) outcome {
@@ -336,5 +343,171 @@ func dedupe(objs []*unstructured.Unstructured) []*unstructured.Unstructured {
 		idx[k] = len(out)
 		out = append(out, o)
 	}
+	return out
+}
+
+// --- Gatekeeper with nodeguard as external data provider ----------------------
+
+// TestProviderAgreesWithTheEnforcer runs the K8sNodeGuardExternal template in
+// Gatekeeper's engine, with external data enabled, against nodeguard's real
+// provider routes over mTLS, answering from the scenario's objects: it must
+// decide as the enforcer does, objects being deleted included (which
+// Gatekeeper's sync would drop).
+func TestProviderAgreesWithTheEnforcer(t *testing.T) {
+	ctx := context.Background()
+	tmpl, err := os.ReadFile("../../constraints/external-data/template.yaml")
+	require.NoError(t, err)
+	base, err := os.ReadFile("../../constraints/external-data/constraint.yaml")
+	require.NoError(t, err)
+	enforcerBase, err := os.ReadFile("../../constraints/constraint.yaml")
+	require.NoError(t, err)
+	eval, err := decision.NewEvaluator(ctx)
+	require.NoError(t, err)
+	compiled, err := policies.Compile()
+	require.NoError(t, err)
+	provided, err := policies.ProvidedParameters(ctx, compiled)
+	require.NoError(t, err)
+	facts := &scenarioFacts{}
+	srv := startProvider(t, facts)
+
+	total := map[string]int{}
+	for _, v := range variants {
+		_, params := patchConstraint(t, enforcerBase, v.patch)
+		// What nodeguard is configured with, and what Gatekeeper's Constraint
+		// holds: nodeguard's answer sets the provided parameters. A cluster
+		// scope comes from the Provider's route, as for a workload cluster.
+		ngParams, gkPatch, route := maps.Clone(params), map[string]any{}, "/externaldata"
+		for k, val := range v.patch {
+			if !slices.Contains(provided, k) {
+				gkPatch[k] = val
+			}
+		}
+		if ns, name := params["clusterNamespace"], params["clusterName"]; name != "" {
+			route = fmt.Sprintf("/externaldata/clusters/%s/%s", ns, name)
+			delete(ngParams, "clusterNamespace")
+			delete(ngParams, "clusterName")
+		}
+		constraint, _ := patchConstraint(t, base, gkPatch)
+		engine, err := gatekeeper.NewEngine(ctx, tmpl, constraint, gatekeeper.ExternalData(&unversioned.Provider{
+			ObjectMeta: metav1.ObjectMeta{Name: "nodeguard"},
+			Spec:       unversioned.ProviderSpec{URL: srv.url + route, Timeout: 5, CABundle: base64.StdEncoding.EncodeToString(srv.caPEM)},
+		}, srv.clientCert, srv.clientKey))
+		require.NoError(t, err)
+		rng := rand.New(rand.NewPCG(*seed, uint64(len(v.name))))
+		for i := range *scenarios {
+			s := generate(rng)
+			facts.set(providerGuard(t, ctx, eval, ngParams, s))
+			violations, err := engine.ReviewDelete(ctx, s.Node, s.User)
+			require.NoError(t, err)
+			gk := outcomeOf(t, violations)
+			ng := enforcerDecision(t, ctx, eval, params, s)
+			if gk.allowed != ng.allowed || gk.blockers != ng.blockers || gk.unverified != ng.unverified {
+				dump, _ := json.MarshalIndent(s, "", "  ")
+				t.Fatalf("variant %s, scenario %d (seed %d) disagrees:\ngatekeeper+provider: %+v\nenforcer:   %+v\nviolations: %+v\nscenario: %s",
+					v.name, i, *seed, gk, ng, violations, dump)
+			}
+			total[v.name]++
+			if deleting(s) && !gk.allowed {
+				total["denied with an object being deleted"]++
+			}
+			if gk.allowed {
+				total["allowed"]++
+			} else {
+				total["denied"]++
+			}
+		}
+	}
+	fmt.Printf("differential: Gatekeeper with the provider agrees with the enforcer on %d scenarios x %d variants (%d allowed, %d denied, %d of them with an object being deleted), seed %d\n",
+		*scenarios, len(variants), total["allowed"], total["denied"], total["denied with an object being deleted"], *seed)
+	require.Greater(t, total["allowed"], *scenarios/10)
+	require.Greater(t, total["denied"], *scenarios/10)
+	require.Positive(t, total["denied with an object being deleted"], "the teardown window must be exercised")
+}
+
+func outcomeOf(t *testing.T, violations []gatekeeper.Violation) outcome {
+	t.Helper()
+	var blockers, unverified []any
+	for _, v := range violations {
+		require.NotContains(t, v.Details, "provider", "nodeguard failed to answer: %s", v.Msg)
+		if b, ok := v.Details["blocker"]; ok {
+			blockers = append(blockers, b)
+		}
+		if u, ok := v.Details["unverified"]; ok {
+			unverified = append(unverified, u)
+		}
+	}
+	return outcome{allowed: len(violations) == 0, blockers: canonical(t, blockers), unverified: canonical(t, unverified)}
+}
+
+func deleting(s scenario) bool {
+	for _, o := range s.Objects {
+		if o.GetDeletionTimestamp() != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// providerGuard is the Guard nodeguard serve would have over the scenario's
+// objects with params as its --constraint.
+func providerGuard(t *testing.T, ctx context.Context, eval *decision.Evaluator, params map[string]any, s scenario) *guard.Guard {
+	t.Helper()
+	inv, err := inventory.FromObjects(eval.Model(), s.Objects, groupKinds(params["infraMachineKinds"]), groupKinds(params["infraMachinePoolKinds"]))
+	require.NoError(t, err)
+	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Evaluator: eval})
+	require.NoError(t, err)
+	return g
+}
+
+// scenarioFacts answers from the current scenario's Guard.
+type scenarioFacts struct {
+	current atomic.Pointer[guard.Guard]
+}
+
+func (f *scenarioFacts) set(g *guard.Guard) { f.current.Store(g) }
+
+func (f *scenarioFacts) Objects(ctx context.Context, node *unstructured.Unstructured, fresh bool) ([]*unstructured.Unstructured, error) {
+	return f.current.Load().Objects(ctx, node, fresh)
+}
+
+func (f *scenarioFacts) ScopedParameters(cluster string) (map[string]any, error) {
+	return f.current.Load().ScopedParameters(cluster)
+}
+
+func (f *scenarioFacts) Ready() error { return f.current.Load().Ready() }
+
+func (f *scenarioFacts) Recovering() error { return f.current.Load().Recovering() }
+
+func (f *scenarioFacts) Model() *linkmodel.Model { return f.current.Load().Model() }
+
+type providerServer struct {
+	url                   string
+	caPEM                 []byte
+	clientCert, clientKey string
+}
+
+// startProvider serves nodeguard's provider routes over TLS, for clients
+// with a certificate of their own CA, as nodeguard serve does for Gatekeeper.
+func startProvider(t *testing.T, facts provider.Facts) providerServer {
+	t.Helper()
+	serving, gatekeeperCA := testpki.New(t), testpki.New(t)
+	h, err := provider.New(provider.Options{Facts: facts, ClientCAs: gatekeeperCA.Pool(), Intake: intake.New(intake.Options{Timeout: 5 * time.Second})})
+	require.NoError(t, err)
+	certFile, keyFile := serving.ServerFiles(t, "provider")
+	srv, err := webhook.NewServer(h, webhook.TLSOptions{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{gatekeeperCA.CAFile(t)}}, nil)
+	require.NoError(t, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	sctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(sctx, l, time.Second) }()
+	t.Cleanup(func() { cancel(); <-done })
+	dir := t.TempDir()
+	certPEM, keyPEM := gatekeeperCA.Issue(t, 3, x509.ExtKeyUsageClientAuth)
+	out := providerServer{url: "https://" + l.Addr().String(), clientCert: filepath.Join(dir, "tls.crt"), clientKey: filepath.Join(dir, "tls.key")}
+	require.NoError(t, os.WriteFile(out.clientCert, certPEM, 0o600))
+	require.NoError(t, os.WriteFile(out.clientKey, keyPEM, 0o600))
+	out.caPEM, err = os.ReadFile(serving.CAFile(t))
+	require.NoError(t, err)
 	return out
 }

@@ -29,6 +29,12 @@ import (
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
+// capiWindow bounds how long after its DockerMachine is gone CAPI's Node
+// delete may take: CAPI reacts to the DockerMachine's deletion event at once;
+// this allows for a loaded CI machine, not for a retry cycle of tens of
+// seconds.
+const capiWindow = 20 * time.Second
+
 var (
 	machines       = current.GVR("cluster.x-k8s.io", "machines")
 	machineSets    = current.GVR("cluster.x-k8s.io", "machinesets")
@@ -124,11 +130,15 @@ func (c *capiCluster) getNode(name string) func(context.Context) error {
 	}
 }
 
+// nodeguardDenial is how the API server reports nodeguard serve's denial.
+const nodeguardDenial = `admission webhook "node-delete.nodeguard.io" denied the request`
+
 // deletesInOrder is scenario 1 on c: `kubectl delete machine`; while CAPI
 // waits for the DockerMachine (held by CAPD), a third party's `kubectl delete
-// node` is denied; once CAPD lets it go, CAPI deletes the Node through
-// nodeguard and the Machine disappears, leaving nothing behind.
-func (c *capiCluster) deletesInOrder(t *testing.T, name string) {
+// node` is denied (the API server's message starts with denial); once CAPD
+// lets it go, CAPI deletes the Node through the webhook, within window, and
+// the Machine disappears, leaving nothing behind.
+func (c *capiCluster) deletesInOrder(t *testing.T, name, denial string, window time.Duration) {
 	t.Helper()
 	ctx := context.Background()
 	c.capd.Hold(name)
@@ -148,7 +158,7 @@ func (c *capiCluster) deletesInOrder(t *testing.T, name string) {
 
 	out, err = kubectl(t, c.workloadEnv, "delete", "node", name)
 	require.Error(t, err, "a third party deletes the Node while the DockerMachine is being deleted: %s", out)
-	assert.Contains(t, out, `admission webhook "node-delete.nodeguard.io" denied the request`)
+	assert.Contains(t, out, denial)
 	assert.Contains(t, out, "DockerMachine default/"+name)
 	assert.Contains(t, out, "is being deleted but still exists")
 	t.Logf("third-party kubectl delete node %s:\n%s", name, out)
@@ -163,9 +173,7 @@ func (c *capiCluster) deletesInOrder(t *testing.T, name string) {
 	delay := nodeGone.Sub(d.At)
 	t.Logf("CAPI deleted Node %s %s after its DockerMachine was gone (finalizer removed; seen gone %s later)",
 		name, delay.Round(time.Millisecond), dmGone.Sub(d.At).Round(time.Millisecond))
-	// CAPI reacts to the DockerMachine's deletion event at once; allow for a
-	// loaded CI machine, not for a retry cycle of tens of seconds.
-	assert.Less(t, delay, 20*time.Second, "CAPI's Node delete must be allowed on its first attempts")
+	assert.Less(t, delay, window, "CAPI's Node delete must be allowed on its first attempts")
 }
 
 // Real CAPI, scenario 1: the machine controller's own order, with a
@@ -175,7 +183,7 @@ func TestCAPIDeletesAMachineInOrder(t *testing.T) {
 	nodeguard(t, cfg, "")
 	c := startCAPI(t, env, env)
 	c.machine(t, "dev-md-0-abcde", localcluster.MachineOptions{})
-	c.deletesInOrder(t, "dev-md-0-abcde")
+	c.deletesInOrder(t, "dev-md-0-abcde", nodeguardDenial, capiWindow)
 	assert.NoError(t, c.getNode("dev-cp-0")(context.Background()), "the control-plane Node stays")
 }
 
@@ -305,7 +313,7 @@ func TestCAPIManagementAndWorkloadClusters(t *testing.T) {
 		require.Error(col, err)
 		assert.Contains(col, err.Error(), "DockerMachine default/dev-md-0-abcde")
 	}, 30*time.Second, 200*time.Millisecond, "the workload cluster's webhook must judge against the management cluster")
-	c.deletesInOrder(t, "dev-md-0-abcde")
+	c.deletesInOrder(t, "dev-md-0-abcde", nodeguardDenial, capiWindow)
 }
 
 // installWebhook installs the webhook for Cluster default/dev into its
@@ -413,7 +421,7 @@ func TestCAPIOrphanIsReapedInAWorkloadCluster(t *testing.T) {
 func TestCAPIWithGatekeeper(t *testing.T) {
 	cfg, env := apiServerEnv(t)
 	kube, _ := clientsFor(t, cfg)
-	gatekeeper(t, env, kube)
+	gatekeeper(t, env, kube, "constraints")
 	c := startCAPI(t, env, env)
 	ctx := context.Background()
 	name := "dev-md-0-abcde"

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -23,21 +24,41 @@ import (
 var constraintGVR = schema.GroupVersionResource{Group: "constraints.gatekeeper.sh", Version: "v1beta1", Resource: "k8snodeguard"} // Gatekeeper names the plural after the kind, lowercased
 
 // gatekeeper runs Gatekeeper's manager against the API server of env with
-// its webhook patched by constraints/webhook, and applies constraints/
+// its webhook patched by constraints/webhook, and applies the kustomization
+// constraints (constraints or constraints/external-data) as a user would
 // (localcluster.StartGatekeeper). Its log is printed if the test fails.
-func gatekeeper(t *testing.T, env *envtest.Environment, kube kubernetes.Interface) {
+func gatekeeper(t *testing.T, env *envtest.Environment, kube kubernetes.Interface, constraints string) *localcluster.Gatekeeper {
 	t.Helper()
 	var log io.Writer
 	keepLog(t, "gatekeeper", &log, &log) // registered first, so it runs after the stop below
 	start := time.Now()
-	stop, out, err := localcluster.StartGatekeeper(context.Background(), env, *binDir, "../..", t.TempDir(), log)
+	gk, err := localcluster.StartGatekeeper(context.Background(), env, *binDir, "../..", constraints, t.TempDir(), log)
 	require.NoError(t, err)
-	t.Cleanup(stop)
+	t.Cleanup(gk.Stop)
 	vwc, err := kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(context.Background(),
 		"gatekeeper-validating-webhook-configuration", metav1.GetOptions{})
 	require.NoError(t, err)
 	require.Contains(t, vwc.Webhooks[0].Rules[0].Operations, admissionregistrationv1.Delete, "constraints/webhook enables DELETE")
-	t.Logf("Gatekeeper started; constraints applied %s later:\n%s", time.Since(start).Round(time.Millisecond), out)
+	t.Logf("Gatekeeper started; kubectl apply -k %s %s later:\n%s", constraints, time.Since(start).Round(time.Millisecond), gk.Applied)
+	return gk
+}
+
+// auditFindsNothing waits for Gatekeeper's audit to report, in the status of
+// the Constraint node-deletion-guard of gvr, no violation: only a DELETE is
+// one, so existing Nodes, linked or not, are not.
+func auditFindsNothing(t *testing.T, dyn dynamic.Interface, gvr schema.GroupVersionResource) {
+	t.Helper()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		con, err := dyn.Resource(gvr).Get(context.Background(), "node-deletion-guard", metav1.GetOptions{})
+		require.NoError(c, err)
+		ts, _, _ := unstructured.NestedString(con.Object, "status", "auditTimestamp")
+		require.NotEmpty(c, ts, "no audit yet: status %v", con.Object["status"])
+		total, found, err := unstructured.NestedInt64(con.Object, "status", "totalViolations")
+		require.NoError(c, err)
+		require.True(c, found, "status %v", con.Object["status"])
+		assert.Zero(c, total, "audit must report no violation for existing Nodes: status %v", con.Object["status"])
+	}, 60*time.Second, time.Second, "Gatekeeper's audit")
+	t.Logf("Gatekeeper's audit of %s: 0 violations with linked Nodes present", gvr.Resource)
 }
 
 // Scenario 8: scenarios 1, 2 and 4 through real Gatekeeper with the
@@ -46,7 +67,7 @@ func TestGatekeeper(t *testing.T) {
 	cfg, env := apiServerEnv(t)
 	kube, dyn := clientsFor(t, cfg)
 	ctx := context.Background()
-	gatekeeper(t, env, kube)
+	gatekeeper(t, env, kube, "constraints")
 
 	capdMachine(t, dyn, "dev-md-0-abcde", true)
 	capdMachine(t, dyn, "linked-b", false)
@@ -90,17 +111,7 @@ func TestGatekeeper(t *testing.T) {
 	t.Logf("kubectl delete node linked-b:\n%s", out)
 
 	// Audit: the existing linked Node is no violation (only a DELETE is).
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		con, err := dyn.Resource(constraintGVR).Get(ctx, "node-deletion-guard", metav1.GetOptions{})
-		require.NoError(c, err)
-		ts, _, _ := unstructured.NestedString(con.Object, "status", "auditTimestamp")
-		require.NotEmpty(c, ts, "no audit yet: status %v", con.Object["status"])
-		total, found, err := unstructured.NestedInt64(con.Object, "status", "totalViolations")
-		require.NoError(c, err)
-		require.True(c, found, "status %v", con.Object["status"])
-		assert.Zero(c, total, "audit must report no violation for existing Nodes: status %v", con.Object["status"])
-	}, 60*time.Second, time.Second, "Gatekeeper's audit")
-	t.Log("Gatekeeper's audit: 0 violations with linked Nodes present")
+	auditFindsNothing(t, dyn, constraintGVR)
 
 	// Scenario 4: swap in the break-glass Constraint; the exempt group
 	// deletes (Gatekeeper allows silently: a deny constraint has no warnings),

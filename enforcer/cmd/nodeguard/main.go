@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 
 	"github.com/nodeguard/nodeguard/enforcer/check"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -127,11 +128,16 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 		Short: "Run the validating admission webhook for Node deletes",
 		Long: "Serve AdmissionReviews over HTTPS. /validate judges Nodes against the Machines of the cluster of the\n" +
 			"kubeconfig (self-hosted); /validate/clusters/NAMESPACE/NAME judges a workload cluster's Nodes against that\n" +
-			"CAPI Cluster's Machines only (management cluster). /metrics (--metrics-bind-address) and /healthz, /readyz\n" +
-			"(--health-probe-bind-address) are served over HTTP on their own ports, so only the review port need be open to the API server.",
+			"CAPI Cluster's Machines only (management cluster). With --externaldata-client-ca-file, the same port also serves\n" +
+			"Gatekeeper's external data (/externaldata, /externaldata/clusters/NAMESPACE/NAME) for the K8sNodeGuardExternal\n" +
+			"template. /metrics (--metrics-bind-address) and /healthz, /readyz (--health-probe-bind-address) are served over\n" +
+			"HTTP on their own ports, so only the review port need be open to the API server and Gatekeeper.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.New(slog.NewJSONHandler(stderr, nil))
+			// client-go logs through klog (a broken watch, a failed list):
+			// into the same JSON log.
+			klog.SetSlogLogger(log)
 			opts.NoDenialEvents = !denialEvents
 			return serve.Run(cmd.Context(), opts, log, nil)
 		},
@@ -141,6 +147,13 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.StringVar(&opts.CertFile, "tls-cert-file", "", "serving certificate (PEM); reloaded when the file changes")
 	f.StringVar(&opts.KeyFile, "tls-private-key-file", "", "serving private key (PEM); reloaded when the file changes")
 	f.StringVar(&opts.ClientCAFile, "client-ca-file", "", "if set, reviews must come with a client certificate signed by this CA")
+	f.StringVar(&opts.ExternalDataClientCAFile, "externaldata-client-ca-file", "",
+		"serve Gatekeeper's external data routes to clients with a certificate signed by this CA (Gatekeeper's: ca.crt of its webhook certificate Secret)")
+	f.StringVar(&opts.GatekeeperProvider.Service, "gatekeeper-provider-service", "",
+		"keep Gatekeeper's Provider in this cluster pointing at this Service NAMESPACE/NAME (port 443) with nodeguard's CA")
+	f.StringVar(&opts.GatekeeperProvider.URL, "gatekeeper-provider-url", "", "like --gatekeeper-provider-service, at a base https URL")
+	f.StringVar(&opts.GatekeeperProvider.CAFile, "gatekeeper-provider-ca-file", "",
+		"CA of nodeguard's serving certificate for the Provider's caBundle, read again every 30s (default: ca.crt beside --tls-cert-file)")
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster whose Machines count (default: in-cluster)")
 	f.StringVar(&opts.Context, "context", "", "kubeconfig context")
 	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the rule's defaults)")
@@ -225,13 +238,16 @@ func webhookConfigCommand() *cobra.Command {
 		opts                  webhookconfig.Options
 		caFile                string
 		apply                 bool
+		gatekeeperProvider    bool
 		kubeconfig, kcContext string
 	)
 	cmd := &cobra.Command{
-		Use:   "webhook-config --url URL --ca-bundle-file FILE [--cluster NAMESPACE/NAME] [--apply]",
-		Short: "Print (or install) the ValidatingWebhookConfiguration that sends Node deletes to nodeguard serve",
+		Use:   "webhook-config --url URL --ca-bundle-file FILE [--cluster NAMESPACE/NAME] [--gatekeeper-provider] [--apply]",
+		Short: "Print (or install) the ValidatingWebhookConfiguration (or Gatekeeper Provider) that sends Node deletes to nodeguard serve",
 		Long: "Prints a ValidatingWebhookConfiguration: nodes, DELETE only, failurePolicy Fail, timeoutSeconds 5.\n" +
-			"With --cluster, the webhook judges that CAPI Cluster's Nodes (route /validate/clusters/NAMESPACE/NAME).\n" +
+			"With --gatekeeper-provider, prints instead Gatekeeper's external data Provider that the K8sNodeGuardExternal\n" +
+			"template asks (route /externaldata, timeout 2 s).\n" +
+			"With --cluster, they judge that CAPI Cluster's Nodes (routes /validate|externaldata/clusters/NAMESPACE/NAME).\n" +
 			"With --apply and --cluster, installs it into that workload cluster through the management cluster's\n" +
 			"<name>-kubeconfig Secret; with --apply alone, into the cluster of the kubeconfig.",
 		Args: cobra.NoArgs,
@@ -243,12 +259,12 @@ func webhookConfigCommand() *cobra.Command {
 				}
 				opts.CABundle = b
 			}
-			cfg, err := webhookconfig.Build(opts)
+			m, err := configManifest(cmd.Context(), opts, gatekeeperProvider)
 			if err != nil {
 				return err
 			}
 			if !apply {
-				out, err := webhookconfig.YAML(cfg)
+				out, err := m.render()
 				if err != nil {
 					return err
 				}
@@ -263,11 +279,11 @@ func webhookConfigCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("create client: %w", err)
 			}
-			where, err := webhookconfig.Install(cmd.Context(), mgmt, opts.Cluster, cfg, webhookconfig.ClientFromKubeconfig)
+			where, err := m.install(cmd.Context(), mgmt, c)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "ValidatingWebhookConfiguration %s applied to %s\n", cfg.Name, where)
+			fmt.Fprintf(cmd.OutOrStdout(), "%s applied to %s\n", m.what, where)
 			return nil
 		},
 	}
@@ -277,7 +293,41 @@ func webhookConfigCommand() *cobra.Command {
 	f.StringVar(&caFile, "ca-bundle-file", "", "PEM CA that signed nodeguard's serving certificate (required)")
 	f.StringVar(&opts.Cluster, "cluster", "", "CAPI Cluster NAMESPACE/NAME whose Nodes this webhook judges (management-cluster topology)")
 	f.BoolVar(&apply, "apply", false, "install instead of print")
+	f.BoolVar(&gatekeeperProvider, "gatekeeper-provider", false, "Gatekeeper's external data Provider instead of a ValidatingWebhookConfiguration")
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the management (or self-hosted) cluster, for --apply")
 	f.StringVar(&kcContext, "context", "", "kubeconfig context, for --apply")
 	return cmd
+}
+
+// manifest is what webhook-config prints or installs: the
+// ValidatingWebhookConfiguration, or Gatekeeper's Provider.
+type manifest struct {
+	what    string
+	render  func() ([]byte, error)
+	install func(ctx context.Context, mgmt kubernetes.Interface, c kubeclient.Clients) (string, error)
+}
+
+func configManifest(ctx context.Context, opts webhookconfig.Options, gatekeeperProvider bool) (manifest, error) {
+	if gatekeeperProvider {
+		name, err := webhookconfig.ProviderName(ctx)
+		if err != nil {
+			return manifest{}, err
+		}
+		p, err := webhookconfig.BuildProvider(name, opts)
+		if err != nil {
+			return manifest{}, err
+		}
+		return manifest{what: "Provider " + name, render: func() ([]byte, error) { return webhookconfig.ProviderYAML(p) },
+			install: func(ctx context.Context, mgmt kubernetes.Interface, c kubeclient.Clients) (string, error) {
+				return webhookconfig.InstallProvider(ctx, mgmt, opts.Cluster, p, c.Dynamic)
+			}}, nil
+	}
+	cfg, err := webhookconfig.Build(opts)
+	if err != nil {
+		return manifest{}, err
+	}
+	return manifest{what: "ValidatingWebhookConfiguration " + cfg.Name, render: func() ([]byte, error) { return webhookconfig.YAML(cfg) },
+		install: func(ctx context.Context, mgmt kubernetes.Interface, _ kubeclient.Clients) (string, error) {
+			return webhookconfig.Install(ctx, mgmt, opts.Cluster, cfg, webhookconfig.ClientFromKubeconfig)
+		}}, nil
 }

@@ -100,6 +100,14 @@ func TestWebhookConfigPrintsTheConfiguration(t *testing.T) {
 	code, _, errOut = nodeguard(t, "webhook-config", "--url", "https://nodeguard.example.com")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errOut, "--ca-bundle-file is required")
+
+	// Gatekeeper's Provider instead, for the K8sNodeGuardExternal template.
+	code, out, errOut = nodeguard(t, "webhook-config", "--gatekeeper-provider", "--url", "https://nodeguard.example.com", "--ca-bundle-file", ca,
+		"--cluster", "fleet/prod-1")
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "kind: Provider")
+	assert.Contains(t, out, "name: nodeguard")
+	assert.Contains(t, out, "url: https://nodeguard.example.com/externaldata/clusters/fleet/prod-1")
 }
 
 func TestOrphansOfflineText(t *testing.T) {

@@ -22,6 +22,7 @@ import (
 	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/internal/monitoring"
 	"github.com/nodeguard/nodeguard/internal/policydoc"
+	"github.com/nodeguard/nodeguard/policies"
 )
 
 func main() {
@@ -104,13 +105,9 @@ func run(ctx context.Context, root string, check bool) error {
 	return nil
 }
 
-// reviewDocs renders docs/policy.md, docs/decisions.md and the ledger, and
-// enforces the versioning rules against the committed snapshots.
+// reviewDocs renders docs/policy.md, docs/decisions.md and each template's
+// ledger, and enforces the versioning rules against the committed snapshots.
 func reviewDocs(ctx context.Context, root string, check bool) (map[string][]byte, error) {
-	info, err := constraints.LoadInfo()
-	if err != nil {
-		return nil, err
-	}
 	defaults, err := constraints.LoadDefaults(ctx)
 	if err != nil {
 		return nil, err
@@ -131,43 +128,54 @@ func reviewDocs(ctx context.Context, root string, check bool) (map[string][]byte
 	if err != nil {
 		return nil, err
 	}
-	rawLedger, err := readOptional(filepath.Join(root, "versions.yaml")) // absent: no versions yet
-	if err != nil {
-		return nil, err
-	}
-	ledger, err := policydoc.ParseLedger(rawLedger)
-	if err != nil {
-		return nil, err
-	}
-	var sync []string
-	for _, g := range constraints.SyncedGVKs(defaults) {
-		sync = append(sync, g.Group+"/"+g.Kind)
-	}
-	sort.Strings(sync) // order in the Rego is not a change
-	cur := policydoc.Entry{Version: info.Version, Decisions: policydoc.Digest(snaps), Sync: sync}
-	updated, err := ledger.Record(cur, policydoc.Changed(committed, snaps))
-	if err != nil {
-		return nil, err
-	}
-	if check && len(updated) != len(ledger) {
-		return nil, fmt.Errorf("version %s has no entry in versions.yaml: run `make generate` and commit the result", info.Version)
-	}
 	changelog, err := os.ReadFile(filepath.Join(root, "CHANGELOG.md"))
 	if err != nil {
 		return nil, fmt.Errorf("read CHANGELOG.md: %w", err)
 	}
-	if err := policydoc.CheckChangelog(changelog, info.Version); err != nil {
-		return nil, err
+	var synced []string
+	for _, g := range constraints.SyncedGVKs(defaults) {
+		synced = append(synced, g.Group+"/"+g.Kind)
 	}
-	ledgerYAML, err := updated.Render()
-	if err != nil {
-		return nil, err
+	sort.Strings(synced) // order in the Rego is not a change
+	out := map[string][]byte{filepath.Join("docs", "policy.md"): policy}
+	// Both templates decide with the library on the same facts (the
+	// external one on nodeguard's answer), so one set of snapshots serves
+	// both ledgers; each has its own versions.
+	for _, t := range constraints.Templates() {
+		info, err := constraints.LoadInfoOf(t.Entry)
+		if err != nil {
+			return nil, err
+		}
+		if t.Entry == policies.GatekeeperEntry {
+			out[filepath.Join("docs", "decisions.md")] = policydoc.RenderDecisions(info.Version, snaps)
+		}
+		rawLedger, err := readOptional(filepath.Join(root, t.Ledger)) // absent: no versions yet
+		if err != nil {
+			return nil, err
+		}
+		ledger, err := policydoc.ParseLedger(rawLedger)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", t.Ledger, err)
+		}
+		cur := policydoc.Entry{Version: info.Version, Decisions: policydoc.Digest(snaps), Sync: []string{}}
+		if t.Synced {
+			cur.Sync = synced
+		}
+		updated, err := ledger.Record(t.Entry, cur, policydoc.Changed(committed, snaps))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", info.Kind, err)
+		}
+		if check && len(updated) != len(ledger) {
+			return nil, fmt.Errorf("%s version %s has no entry in %s: run `make generate` and commit the result", info.Kind, info.Version, t.Ledger)
+		}
+		if err := policydoc.CheckChangelog(changelog, info.Kind, info.Version); err != nil {
+			return nil, err
+		}
+		if out[t.Ledger], err = updated.Render(info.Kind); err != nil {
+			return nil, err
+		}
 	}
-	return map[string][]byte{
-		filepath.Join("docs", "policy.md"):    policy,
-		filepath.Join("docs", "decisions.md"): policydoc.RenderDecisions(info.Version, snaps),
-		"versions.yaml":                       ledgerYAML,
-	}, nil
+	return out, nil
 }
 
 // readOptional reads a file that may not exist yet; any other error stops

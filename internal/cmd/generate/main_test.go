@@ -50,7 +50,7 @@ func TestChangedDecisionWithoutVersionBumpFailsNamingTheScenario(t *testing.T) {
 	require.NoError(t, err)
 	current := &entries[len(entries)-1] // oldest first: the last entry is the current version
 	current.Decisions = strings.Replace(current.Decisions, "sha256:", "sha256:0", 1)
-	raw, err = entries.Render()
+	raw, err = entries.Render("K8sNodeGuard")
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(ledger, raw, 0o600))
 

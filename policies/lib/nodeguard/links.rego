@@ -97,10 +97,21 @@ infra_machine_pool_links := [
 # title: Link model
 # description: |
 #   Everything the rule reads of Nodes and of the objects linked to them: links,
-#   machine_kind (the Machines' group and kind) and object_fields. The enforcer
+#   machine_kind (the Machines' group and kind), node_fields and object_fields. The enforcer
 #   reads this document, from the policy it runs, and keeps exactly these
 #   fields.
-link_model := object.union(object_fields, {"links": links, "machine_kind": machine_kind})
+link_model := object.union(object_fields, {"links": links, "machine_kind": machine_kind, "node_fields": node_fields})
+
+# METADATA
+# title: Node fields
+# description: |
+#   Every field the rule reads of a Node: its name and each link's Node
+#   fields, sorted. The enforcer decodes a Node into exactly these, and the
+#   key Gatekeeper sends nodeguard's external data provider carries exactly
+#   these (provider.rego).
+node_fields := sort({path |
+	some path in array.concat([["metadata", "name"]], [p | some link in links; some p in link.node])
+})
 
 # METADATA
 # title: Object fields

@@ -469,5 +469,20 @@ test_link_model_holds_what_the_enforcer_reads if {
 	nodeguard.link_model.links == nodeguard.links
 	nodeguard.link_model.machine_kind == {"group": "cluster.x-k8s.io", "kind": "Machine"}
 	nodeguard.link_model.reference == ["spec", "infrastructureRef"]
-	object.keys(nodeguard.link_model) == {"links", "machine_kind", "reference", "deletion_timestamp", "cluster_label", "cluster_name"}
+	object.keys(nodeguard.link_model) == {"links", "machine_kind", "node_fields", "reference", "deletion_timestamp", "cluster_label", "cluster_name"}
+}
+
+# The Node fields are the name and every link's, each once, sorted.
+test_node_fields_are_the_name_and_the_links_node_fields if {
+	nodeguard.node_fields == [
+		["metadata", "annotations", "cluster.x-k8s.io/cluster-namespace"],
+		["metadata", "annotations", "cluster.x-k8s.io/machine"],
+		["metadata", "name"],
+		["spec", "providerID"],
+	]
+	every link in nodeguard.links {
+		every path in link.node {
+			path in nodeguard.node_fields
+		}
+	}
 }

@@ -1,0 +1,165 @@
+package webhook
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"hash"
+	"io"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+)
+
+// admissionReview is an AdmissionReview v1 as nodeguard reads it: only what
+// the rule reads (operation, kind, name, the user's name and groups, the Node
+// in oldObject) and what the answer needs (uid). Every other field (the
+// user's extra, the request's object, options, resource) is skipped by the
+// decoder without being built, so a review costs about its own bytes,
+// whatever it carries.
+type admissionReview struct {
+	APIVersion string       `json:"apiVersion"`
+	Kind       string       `json:"kind"`
+	Request    requestField `json:"request"`
+}
+
+// requestField is the request, decoded in place (its Node and groups
+// decoders set up beforehand), noting whether the review had one.
+type requestField struct {
+	present bool
+	admissionRequest
+}
+
+func (r *requestField) UnmarshalJSON(b []byte) error {
+	if bytes.Equal(b, []byte("null")) {
+		return nil
+	}
+	r.present = true
+	type plain admissionRequest // its own methods: no recursion
+	return json.Unmarshal(b, (*plain)(&r.admissionRequest))
+}
+
+type admissionRequest struct {
+	UID       types.UID               `json:"uid"`
+	Kind      metav1.GroupVersionKind `json:"kind"`
+	Name      string                  `json:"name"`
+	Operation string                  `json:"operation"`
+	UserInfo  struct {
+		Username string  `json:"username"`
+		Groups   *groups `json:"groups"`
+	} `json:"userInfo"`
+	OldObject *node `json:"oldObject"`
+	// DryRun: a denial Event is a side effect, never recorded on a dry run.
+	DryRun *bool `json:"dryRun"`
+}
+
+// groups decodes a user's groups one at a time: each goes into a hash
+// (reviews of different users must not share a decision) and only those
+// keep says the rule reads are kept. A forged user in 100,000 groups then
+// costs a pass over its bytes, not 100,000 strings.
+type groups struct {
+	keep func(string) bool
+	sum  hash.Hash
+	n    uint64
+	kept []string
+}
+
+func newGroups(keep func(string) bool) *groups {
+	return &groups{keep: keep, sum: sha256.New()}
+}
+
+func (g *groups) UnmarshalJSON(b []byte) error {
+	if bytes.Equal(b, []byte("null")) {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if t, err := dec.Token(); err != nil || t != json.Delim('[') {
+		return fmt.Errorf("userInfo.groups: want a list of strings")
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return fmt.Errorf("userInfo.groups: %w", err)
+		}
+		s, ok := t.(string)
+		if !ok {
+			return fmt.Errorf("userInfo.groups: want a list of strings, got %v", t)
+		}
+		g.n++
+		field(g.sum, s)
+		if g.keep == nil || g.keep(s) {
+			g.kept = append(g.kept, s)
+		}
+	}
+	return nil
+}
+
+// digest is what identifies the groups: their count and hash.
+func (g *groups) digest() []byte {
+	if g == nil {
+		return nil
+	}
+	out := binary.BigEndian.AppendUint64(nil, g.n)
+	return g.sum.Sum(out)
+}
+
+// node decodes oldObject into only the fields the link model declares
+// (linkmodel.NodeFromJSON): a hostile Node costs a scan of its bytes.
+type node struct {
+	model *linkmodel.Model
+	obj   *unstructured.Unstructured
+	// raw is oldObject's bytes, a part of the review's body (held until the
+	// answer is written): a denial reads the Node's UID from it.
+	raw []byte
+}
+
+func (n *node) UnmarshalJSON(b []byte) error {
+	if bytes.Equal(b, []byte("null")) {
+		return nil
+	}
+	obj, err := n.model.NodeFromJSON(b)
+	if err != nil {
+		return &oldObjectError{err}
+	}
+	n.obj, n.raw = obj, b
+	return nil
+}
+
+// bytes is oldObject as the review carried it; nil without one.
+func (n *node) bytes() []byte {
+	if n == nil {
+		return nil
+	}
+	return n.raw
+}
+
+// oldObjectError is an oldObject that is JSON but not a Node the rule can
+// read (a declared field that is not a string).
+type oldObjectError struct{ err error }
+
+func (e *oldObjectError) Error() string { return e.err.Error() }
+func (e *oldObjectError) Unwrap() error { return e.err }
+
+// decodeReview decodes an AdmissionReview body into what the rule reads.
+// A null oldObject or groups leaves that field nil.
+func decodeReview(body []byte, model *linkmodel.Model, keep func(string) bool) (*admissionReview, error) {
+	var review admissionReview
+	review.Request.OldObject = &node{model: model}
+	review.Request.UserInfo.Groups = newGroups(keep)
+	if err := json.Unmarshal(body, &review); err != nil {
+		return nil, err
+	}
+	return &review, nil
+}
+
+// field writes s, length-prefixed, so no two sequences of fields write the
+// same bytes.
+func field(w io.Writer, s string) {
+	_ = binary.Write(w, binary.BigEndian, uint64(len(s)))
+	_, _ = io.WriteString(w, s)
+}

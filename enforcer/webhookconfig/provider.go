@@ -1,0 +1,160 @@
+package webhookconfig
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+
+	"github.com/nodeguard/nodeguard/policies"
+)
+
+// ProviderTimeoutSeconds is how long Gatekeeper waits for nodeguard's answer
+// (the Provider's timeout): below Gatekeeper's own webhook timeout (3 s by
+// default), so a slow answer is Gatekeeper's denial naming nodeguard, not a
+// timeout of the whole review. nodeguard answers within it.
+const ProviderTimeoutSeconds = 2
+
+// ProviderGVR is Gatekeeper's external data Provider.
+var ProviderGVR = schema.GroupVersionResource{Group: "externaldata.gatekeeper.sh", Version: "v1beta1", Resource: "providers"}
+
+// fieldManager owns the Provider's fields nodeguard writes.
+const fieldManager = "nodeguard"
+
+// BuildProvider returns the Gatekeeper Provider named name that sends the
+// K8sNodeGuardExternal template's keys to nodeguard serve: its external data
+// route (with Cluster, /externaldata/clusters/NS/NAME) at URL or in Service,
+// trusting the CABundle nodeguard's certificate is signed by.
+func BuildProvider(name string, opts Options) (*unstructured.Unstructured, error) {
+	if err := checkCABundle(opts.CABundle); err != nil {
+		return nil, err
+	}
+	path := "/externaldata"
+	if opts.Cluster != "" {
+		ns, cl, err := splitKey("--cluster", opts.Cluster)
+		if err != nil {
+			return nil, err
+		}
+		path += "/clusters/" + ns + "/" + cl
+	}
+	var u *url.URL
+	switch {
+	case opts.URL != "" && opts.Service != "":
+		return nil, errors.New("give --url or --service, not both")
+	case opts.URL != "":
+		var err error
+		u, err = url.Parse(opts.URL)
+		if err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			return nil, fmt.Errorf("--url %q: want https://HOST[:PORT][/PREFIX]", opts.URL)
+		}
+	case opts.Service != "":
+		// Gatekeeper calls a URL: the Service's in-cluster name, port 443.
+		ns, svc, err := splitKey("--service", opts.Service)
+		if err != nil {
+			return nil, err
+		}
+		u = &url.URL{Scheme: "https", Host: svc + "." + ns + ".svc"}
+	default:
+		return nil, errors.New("--url (or --service) is required: where Gatekeeper reaches nodeguard serve")
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/") + path
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": ProviderGVR.GroupVersion().String(),
+		"kind":       "Provider",
+		"metadata":   map[string]any{"name": name, "labels": map[string]any{"app.kubernetes.io/name": "nodeguard"}},
+		"spec": map[string]any{
+			"url":      u.String(),
+			"timeout":  int64(ProviderTimeoutSeconds),
+			"caBundle": base64.StdEncoding.EncodeToString(opts.CABundle),
+		},
+	}}, nil
+}
+
+// ProviderName is the Provider the K8sNodeGuardExternal template asks, as
+// the embedded policy (which the template is generated from) declares it.
+func ProviderName(ctx context.Context) (string, error) {
+	compiled, err := policies.Compile()
+	if err != nil {
+		return "", err
+	}
+	return policies.ProviderName(ctx, compiled)
+}
+
+// ProviderYAML renders a Provider for kubectl apply.
+func ProviderYAML(p *unstructured.Unstructured) ([]byte, error) {
+	out, err := yaml.Marshal(p.Object)
+	if err != nil {
+		return nil, fmt.Errorf("render Provider: %w", err)
+	}
+	return out, nil
+}
+
+// ApplyProvider creates or updates the Provider in the cluster of client
+// (server-side apply: nodeguard owns url, timeout and caBundle).
+func ApplyProvider(ctx context.Context, client dynamic.Interface, p *unstructured.Unstructured) error {
+	if _, err := client.Resource(ProviderGVR).Apply(ctx, p.GetName(), p, metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
+		return fmt.Errorf("apply Provider %s: %w", p.GetName(), err)
+	}
+	return nil
+}
+
+// InstallProvider applies p into the workload cluster named by cluster
+// (through its kubeconfig Secret in mgmt), or into self's cluster.
+func InstallProvider(ctx context.Context, mgmt kubernetes.Interface, cluster string, p *unstructured.Unstructured, self dynamic.Interface) (string, error) {
+	client, where, err := target(ctx, mgmt, cluster, self, dynamicFromKubeconfig)
+	if err != nil {
+		return "", err
+	}
+	return where, ApplyProvider(ctx, client, p)
+}
+
+func dynamicFromKubeconfig(kubeconfig []byte) (dynamic.Interface, error) {
+	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("load the workload kubeconfig: %w", err)
+	}
+	return dynamic.NewForConfig(rc)
+}
+
+// KeepProvider keeps Provider name in client's cluster pointing at nodeguard
+// (opts.URL or opts.Service) with the CA in caFile, until ctx is done: it
+// applies it now and every interval, reading the file again, so a renewed
+// certificate whose CA changed (cert-manager's self-signed issuer renews
+// both) reaches Gatekeeper without a restart. Failures are logged and
+// retried; Gatekeeper denies meanwhile, naming the provider.
+func KeepProvider(ctx context.Context, client dynamic.Interface, name string, opts Options, caFile string, interval time.Duration, log *slog.Logger) {
+	var last string
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		ca, err := os.ReadFile(caFile)
+		if err == nil {
+			opts.CABundle = ca
+			var p *unstructured.Unstructured
+			if p, err = BuildProvider(name, opts); err == nil {
+				err = ApplyProvider(ctx, client, p)
+			}
+		}
+		switch {
+		case err != nil:
+			log.Error("keep Gatekeeper's Provider", "provider", name, "error", err)
+		case last != string(ca):
+			log.Info("Gatekeeper's Provider points at nodeguard", "provider", name, "caFile", caFile)
+		}
+		if err == nil {
+			last = string(ca)
+		}
+	}, interval)
+}
