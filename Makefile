@@ -11,9 +11,9 @@ COVERAGE_MIN ?= 95
 # Randomized scenarios per constraint variant in the differential test.
 SCENARIOS ?= 2000
 
-.PHONY: test lint policy-test generate generate-check gatekeeper-test go-test race fuzz differential load e2e demo bundle bench bench-apiserver
+.PHONY: test lint policy-test generate generate-check gatekeeper-test rules go-test race fuzz differential load e2e demo bundle bench bench-apiserver
 
-PHASES := lint policy-test generate-check gatekeeper-test go-test race fuzz differential load e2e
+PHASES := lint policy-test generate-check gatekeeper-test rules go-test race fuzz differential load e2e
 PHASES += chart
 # Each phase in turn, with its time, so a slow CI run says where it went.
 test:
@@ -39,6 +39,7 @@ lint: $(OPA_CAPABILITIES)
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; if [ -n "$$out" ]; then echo "gofmt would change: $$out" >&2; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./tests/e2e/ ./internal/cmd/demo/
+	$(GO) -C tools/promtool vet ./promqlnames
 
 policy-test: $(OPA_CAPABILITIES)
 	@echo "== opa test (with coverage)"
@@ -58,15 +59,25 @@ gatekeeper-test:
 	$(GATOR) sync test --force-omit-gvk-manifest -n constraints/template.yaml -n constraints/syncset.yaml
 	$(GATOR) sync test --force-omit-gvk-manifest -n constraints/template.yaml -n constraints/config.yaml
 
+# The alerts (internal/monitoring): promtool's rule unit tests, and every
+# alert and dashboard query parsed and checked against the metrics nodeguard
+# exports. promtool has its own tools module; its first build takes minutes,
+# so it is built here, outside a test's timeout.
+PROMTOOL := $(GO) tool -modfile=tools/promtool/go.mod promtool
+rules:
+	@echo "== alerts: promtool check and test rules; queries read exported metrics; a runbook per alert"
+	$(PROMTOOL) --version > /dev/null
+	$(GO) test -count=1 ./internal/monitoring/
+
 go-test:
 	@echo "== go test (kustomize render, bundle build+sign+verify, Gatekeeper engine, enforcer, CLI)"
-	$(GO) test $$($(GO) list ./... | grep -v /tests/differential)
+	$(GO) test $$($(GO) list ./... | grep -v -e /tests/differential -e /internal/monitoring)
 
 # The concurrent paths (webhook under parallel reviews, informers, guard)
 # again under the race detector.
 race:
-	@echo "== go test -race (webhook, provider, serve, guard, informers, freshread, policybundle, reaper, webhookconfig)"
-	$(GO) test -race ./enforcer/webhook/ ./enforcer/provider/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/freshread/ ./enforcer/policybundle/ ./enforcer/reaper/ ./enforcer/webhookconfig/
+	@echo "== go test -race (webhook, provider, serve, guard, informers, freshread, policybundle, reaper, webhookconfig, denialevents)"
+	$(GO) test -race ./enforcer/webhook/ ./enforcer/provider/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/freshread/ ./enforcer/policybundle/ ./enforcer/reaper/ ./enforcer/webhookconfig/ ./enforcer/denialevents/
 
 differential:
 	@echo "== differential: enforcer vs Gatekeeper's engine (synced data, and nodeguard as its external data provider) on randomized inventories"

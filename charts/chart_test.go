@@ -20,6 +20,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -152,15 +153,7 @@ func TestChartAndKustomizeAgree(t *testing.T) {
 	assert.Equal(t, kc.SecurityContext, hc.SecurityContext)
 	assert.Equal(t, kc.VolumeMounts, hc.VolumeMounts)
 
-	var hr, kr rbacv1.ClusterRole
-	h.decode(t, "ClusterRole/nodeguard", &hr)
-	k.decode(t, "ClusterRole/nodeguard", &kr)
-	assert.Equal(t, kr.Rules, hr.Rules, "the same RBAC")
-	var hb, kb rbacv1.ClusterRoleBinding
-	h.decode(t, "ClusterRoleBinding/nodeguard", &hb)
-	k.decode(t, "ClusterRoleBinding/nodeguard", &kb)
-	assert.Equal(t, kb.RoleRef, hb.RoleRef)
-	assert.Equal(t, kb.Subjects, hb.Subjects)
+	sameClusterRole(t, h, k, "nodeguard")
 
 	var hs, ks corev1.Service
 	h.decode(t, "Service/nodeguard", &hs)
@@ -324,4 +317,135 @@ func TestChartValues(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	require.Error(t, err)
 	assert.Contains(t, string(out), "policyBundle.verificationKey is required")
+}
+
+// The chart's monitoring values render what the kustomize components
+// servicemonitor, prometheusrule and grafana-dashboard add: the same metrics
+// Service and ServiceMonitor, the same rules (both generated from
+// internal/monitoring) and the same dashboard.
+func TestChartMonitoringIsTheKustomizeComponents(t *testing.T) {
+	on := []string{"monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true", "monitoring.dashboard.enabled=true"}
+	h, k := chart(t, on...), kustomizeAll(t, "servicemonitor", "prometheusrule", "grafana-dashboard")
+	for _, name := range []string{"Service/nodeguard-metrics", "ServiceMonitor/nodeguard", "PrometheusRule/nodeguard"} {
+		var hs, ks map[string]any
+		h.decode(t, name, &hs)
+		k.decode(t, name, &ks)
+		assert.Equal(t, ks["spec"], hs["spec"], name)
+		assert.Equal(t, ks["metadata"].(map[string]any)["namespace"], hs["metadata"].(map[string]any)["namespace"], name)
+	}
+	var hm, km corev1.ConfigMap
+	h.decode(t, "ConfigMap/nodeguard-dashboard", &hm)
+	k.decode(t, "ConfigMap/nodeguard-dashboard", &km)
+	assert.Equal(t, km.Data, hm.Data, "one dashboard")
+	assert.Equal(t, "1", hm.Labels["grafana_dashboard"], "the label Grafana's sidecar looks for")
+	assert.Equal(t, "1", km.Labels["grafana_dashboard"])
+	assert.JSONEq(t, hm.Data["nodeguard.json"], km.Data["nodeguard.json"])
+
+	// The ServiceMonitor selects the metrics Service only, whose port is the
+	// Pods' metrics port; the Service also lists replicas not ready.
+	var svc corev1.Service
+	h.decode(t, "Service/nodeguard-metrics", &svc)
+	assert.True(t, svc.Spec.PublishNotReadyAddresses)
+	var sm struct {
+		APIVersion string         `json:"apiVersion"`
+		Kind       string         `json:"kind"`
+		Metadata   map[string]any `json:"metadata"`
+		Spec       struct {
+			Selector  struct{ MatchLabels map[string]string } `json:"selector"`
+			Endpoints []map[string]any                        `json:"endpoints"`
+		} `json:"spec"`
+	}
+	h.decode(t, "ServiceMonitor/nodeguard", &sm)
+	assert.Subset(t, svc.Labels, sm.Spec.Selector.MatchLabels)
+	var web corev1.Service
+	h.decode(t, "Service/nodeguard", &web)
+	for k, v := range sm.Spec.Selector.MatchLabels {
+		if web.Labels[k] != v {
+			return // the webhook's Service is not selected
+		}
+	}
+	t.Errorf("the ServiceMonitor selects the webhook's Service too")
+}
+
+// Off by default; thresholds and labels are values.
+func TestChartMonitoringValues(t *testing.T) {
+	for name := range chart(t) {
+		assert.NotContains(t, []string{"Service/nodeguard-metrics", "ServiceMonitor/nodeguard", "PrometheusRule/nodeguard", "ConfigMap/nodeguard-dashboard"}, name, "off by default")
+	}
+	h := chart(t, "monitoring.prometheusRule.enabled=true", "monitoring.prometheusRule.thresholds.orphanNodesFor=2h",
+		"monitoring.prometheusRule.labels.release=kube-prometheus-stack", "monitoring.prometheusRule.selector=job=\"ng\"",
+		"monitoring.dashboard.enabled=true", "monitoring.dashboard.namespace=monitoring")
+	var pr struct {
+		APIVersion string            `json:"apiVersion"`
+		Kind       string            `json:"kind"`
+		Metadata   metav1.ObjectMeta `json:"metadata"`
+		Spec       struct {
+			Groups []struct {
+				Name  string `json:"name"`
+				Rules []struct {
+					Alert       string            `json:"alert"`
+					Expr        string            `json:"expr"`
+					For         string            `json:"for"`
+					Labels      map[string]string `json:"labels"`
+					Annotations map[string]string `json:"annotations"`
+				} `json:"rules"`
+			} `json:"groups"`
+		} `json:"spec"`
+	}
+	h.decode(t, "PrometheusRule/nodeguard", &pr)
+	assert.Equal(t, "kube-prometheus-stack", pr.Metadata.Labels["release"])
+	var found bool
+	for _, r := range pr.Spec.Groups[0].Rules {
+		assert.Contains(t, r.Expr, `{job="ng"`, r.Alert)
+		if r.Alert == "NodeguardOrphanNodes" {
+			found = true
+			assert.Equal(t, "2h", r.For)
+			assert.Contains(t, r.Annotations["summary"], "{{ $labels.cluster }}", "Prometheus' templates reach Prometheus")
+		}
+	}
+	assert.True(t, found)
+	var cm corev1.ConfigMap
+	h.decode(t, "ConfigMap/nodeguard-dashboard", &cm)
+	assert.Equal(t, "monitoring", cm.Namespace)
+}
+
+// denialEvents in the chart: on by default (Events RBAC in the server's
+// role, as in enforcer/deploy); off, neither the rule nor the Events; with
+// workloadClusters, what the denial-events-workload component adds.
+func TestChartDenialEvents(t *testing.T) {
+	events := rbacv1.PolicyRule{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}}
+	var role rbacv1.ClusterRole
+	chart(t).decode(t, "ClusterRole/nodeguard", &role)
+	assert.Contains(t, role.Rules, events)
+
+	h := chart(t, "denialEvents.enabled=false")
+	role = rbacv1.ClusterRole{}
+	h.decode(t, "ClusterRole/nodeguard", &role)
+	assert.NotContains(t, role.Rules, events)
+	var d appsv1.Deployment
+	h.decode(t, "Deployment/nodeguard", &d)
+	assert.Contains(t, d.Spec.Template.Spec.Containers[0].Args, "--denial-events=false")
+
+	h, k := chart(t, "denialEvents.workloadClusters=true"), kustomizeAll(t, "denial-events-workload")
+	var hd, kd appsv1.Deployment
+	h.decode(t, "Deployment/nodeguard", &hd)
+	k.decode(t, "Deployment/nodeguard", &kd)
+	assert.ElementsMatch(t, kd.Spec.Template.Spec.Containers[0].Args, hd.Spec.Template.Spec.Containers[0].Args)
+	assert.Contains(t, hd.Spec.Template.Spec.Containers[0].Args, "--denial-events-workload-clusters")
+	sameClusterRole(t, h, k, "nodeguard-denial-events-workload")
+}
+
+// sameClusterRole checks that the chart (h) and kustomize (k) grant the same
+// through the ClusterRole name and its binding.
+func sameClusterRole(t *testing.T, h, k objects, name string) {
+	t.Helper()
+	var hr, kr rbacv1.ClusterRole
+	h.decode(t, "ClusterRole/"+name, &hr)
+	k.decode(t, "ClusterRole/"+name, &kr)
+	assert.Equal(t, kr.Rules, hr.Rules, "the same RBAC")
+	var hb, kb rbacv1.ClusterRoleBinding
+	h.decode(t, "ClusterRoleBinding/"+name, &hb)
+	k.decode(t, "ClusterRoleBinding/"+name, &kb)
+	assert.Equal(t, kb.RoleRef, hb.RoleRef)
+	assert.Equal(t, kb.Subjects, hb.Subjects)
 }

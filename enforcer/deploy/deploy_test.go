@@ -4,8 +4,10 @@ package deploy_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -29,6 +31,24 @@ func render(t *testing.T, dir string) resmap.ResMap {
 	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
 	require.NoError(t, err)
 	return m
+}
+
+// renderWith renders the deployment with the components named.
+func renderWith(t *testing.T, components ...string) resmap.ResMap {
+	t.Helper()
+	dir := t.TempDir()
+	abs, err := filepath.Abs(".")
+	require.NoError(t, err)
+	rel, err := filepath.Rel(dir, abs)
+	require.NoError(t, err)
+	list := make([]string, len(components))
+	for i, c := range components {
+		list[i] = rel + "/components/" + c
+	}
+	kustomization := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel + "]\n" +
+		"components: [" + strings.Join(list, ", ") + "]\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600))
+	return render(t, dir)
 }
 
 func decode[T any](t *testing.T, m resmap.ResMap, kind, name string) *T {
@@ -118,12 +138,18 @@ func TestNetworkPolicyOpensOnlyTheReviewPort(t *testing.T) {
 	assert.Nil(t, open["metrics"][0].IPBlock)
 }
 
-// The server's role reads, never writes, never touches Secrets, and covers
-// every default InfraMachine and pool kind of the rule.
+// The server's role reads, writes only Events (NodeDeleteDenied), never
+// touches Secrets, and covers every default InfraMachine and pool kind of the
+// rule.
 func TestServerRoleIsLeastPrivilege(t *testing.T) {
 	role := decode[rbacv1.ClusterRole](t, render(t, "."), "ClusterRole", "nodeguard")
 	granted := map[string]bool{}
+	events := rbacv1.PolicyRule{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}}
+	assert.Contains(t, role.Rules, events, "denial Events")
 	for _, rule := range role.Rules {
+		if reflect.DeepEqual(rule, events) {
+			continue
+		}
 		assert.ElementsMatch(t, []string{"get", "list", "watch"}, rule.Verbs)
 		for _, g := range rule.APIGroups {
 			for _, r := range rule.Resources {
@@ -148,15 +174,7 @@ func TestServerRoleIsLeastPrivilege(t *testing.T) {
 }
 
 func TestOptionalComponents(t *testing.T) {
-	dir := t.TempDir()
-	abs, err := filepath.Abs(".")
-	require.NoError(t, err)
-	rel, err := filepath.Rel(dir, abs)
-	require.NoError(t, err)
-	kustomization := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel + "]\n" +
-		"components: [" + rel + "/components/cert-manager, " + rel + "/components/installer, " + rel + "/components/constraint]\n"
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600))
-	m := render(t, dir)
+	m := renderWith(t, "cert-manager", "installer", "constraint")
 	cert := decode[map[string]any](t, m, "Certificate", "nodeguard")
 	spec := (*cert)["spec"].(map[string]any)
 	assert.Equal(t, "nodeguard-tls", spec["secretName"])
@@ -170,15 +188,7 @@ func TestOptionalComponents(t *testing.T) {
 }
 
 func TestOrphanReaperComponents(t *testing.T) {
-	dir := t.TempDir()
-	abs, err := filepath.Abs(".")
-	require.NoError(t, err)
-	rel, err := filepath.Rel(dir, abs)
-	require.NoError(t, err)
-	kustomization := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [" + rel + "]\n" +
-		"components: [" + rel + "/components/orphan-reaper, " + rel + "/components/orphan-reaper-workload]\n"
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600))
-	m := render(t, dir)
+	m := renderWith(t, "orphan-reaper", "orphan-reaper-workload")
 	d := decode[appsv1.Deployment](t, m, "Deployment", "nodeguard")
 	c := d.Spec.Template.Spec.Containers[0]
 	assert.Contains(t, c.Args, "--reap-orphan-nodes")
@@ -202,4 +212,36 @@ func TestOrphanReaperComponents(t *testing.T) {
 	base := decode[rbacv1.ClusterRole](t, render(t, "."), "ClusterRole", "nodeguard")
 	assert.Equal(t, []string{"nodes"}, base.Rules[0].Resources)
 	assert.ElementsMatch(t, []string{"get", "list", "watch"}, base.Rules[0].Verbs)
+}
+
+// The monitoring components render a ServiceMonitor for a metrics Service on
+// the Pods' metrics port, the PrometheusRule and the dashboard ConfigMap, all
+// in nodeguard's namespace; denial-events-workload adds its flag and the
+// Secret read it needs.
+func TestMonitoringAndDenialEventsComponents(t *testing.T) {
+	m := renderWith(t, "servicemonitor", "prometheusrule", "grafana-dashboard", "denial-events-workload")
+	svc := decode[corev1.Service](t, m, "Service", "nodeguard-metrics")
+	d := decode[appsv1.Deployment](t, m, "Deployment", "nodeguard")
+	c := d.Spec.Template.Spec.Containers[0]
+	assert.Equal(t, "metrics", svc.Spec.Ports[0].TargetPort.String())
+	assert.Contains(t, c.Args, fmt.Sprintf("--metrics-bind-address=:%d", svc.Spec.Ports[0].Port))
+	assert.Equal(t, d.Spec.Selector.MatchLabels, svc.Spec.Selector)
+	assert.Contains(t, c.Args, "--denial-events-workload-clusters")
+	workload := decode[rbacv1.ClusterRole](t, m, "ClusterRole", "nodeguard-denial-events-workload")
+	assert.Equal(t, []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}}}, workload.Rules)
+	for _, r := range m.Resources() {
+		switch r.GetKind() {
+		case "ServiceMonitor", "PrometheusRule", "ConfigMap", "Service":
+			assert.Equal(t, "nodeguard-system", r.GetNamespace(), "%s %s", r.GetKind(), r.GetName())
+		}
+	}
+	sm := decode[map[string]any](t, m, "ServiceMonitor", "nodeguard")
+	spec := (*sm)["spec"].(map[string]any)
+	assert.Equal(t, map[string]any{"app.kubernetes.io/name": "nodeguard", "app.kubernetes.io/component": "metrics"},
+		spec["selector"].(map[string]any)["matchLabels"])
+	assert.Equal(t, "metrics", spec["endpoints"].([]any)[0].(map[string]any)["port"])
+	cm := decode[corev1.ConfigMap](t, m, "ConfigMap", "nodeguard-dashboard")
+	assert.Equal(t, "1", cm.Labels["grafana_dashboard"])
+	assert.Contains(t, cm.Data["nodeguard.json"], `"uid": "nodeguard"`)
+	decode[map[string]any](t, m, "PrometheusRule", "nodeguard")
 }

@@ -158,6 +158,9 @@ func (r *Reaper) Pass(ctx context.Context, t Target) (Result, error) {
 	r.mu.Unlock()
 	if r.opts.Metrics != nil {
 		r.opts.Metrics.orphans.WithLabelValues(t.Cluster).Set(float64(len(res.Orphans)))
+		// The counter exists at zero from the first pass, so increase()
+		// sees a cluster's first deletion (NodeguardOrphanNodesDeleted).
+		r.opts.Metrics.deleted.WithLabelValues(t.Cluster)
 	}
 	if !r.opts.Delete {
 		return res, nil

@@ -2,28 +2,24 @@ package serve
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
 
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // ReapOptions are the orphan-Node flags of `nodeguard serve`.
@@ -65,7 +61,7 @@ func LeaseNamespace() string {
 
 // startReaper runs the orphan scan (and, opted in, the reaper) in the
 // background until ctx is done.
-func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, reg prometheus.Registerer, opts ReapOptions, log *slog.Logger) error {
+func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics *reaper.Metrics, opts ReapOptions, log *slog.Logger) error {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
 			return fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
@@ -73,10 +69,6 @@ func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, re
 		return nil
 	}
 	finder, err := orphans.NewFinder(ctx, orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
-	if err != nil {
-		return err
-	}
-	metrics, err := reaper.NewMetrics(reg)
 	if err != nil {
 		return err
 	}
@@ -108,7 +100,9 @@ func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, re
 	}
 	targets := func(context.Context) ([]reaper.Target, error) { return []reaper.Target{self}, nil }
 	if opts.WorkloadClusters {
-		w := &workloads{mgmt: mgmt, client: c, clients: map[string]workload{}, events: opts.Enabled}
+		w := &workloads{client: c, cache: newKubeconfigCache(mgmt, func(cfg *rest.Config) (reaper.Target, error) {
+			return workloadTarget(ctx, cfg, opts.Enabled)
+		})}
 		targets = func(ctx context.Context) ([]reaper.Target, error) {
 			ts, err := w.targets(ctx)
 			return append([]reaper.Target{self}, ts...), err
@@ -135,20 +129,10 @@ func recorder(ctx context.Context, client kubernetes.Interface) events.EventReco
 	return b.NewRecorder(scheme.Scheme, "nodeguard")
 }
 
-// workloads builds, and keeps, clients for each CAPI Cluster's API server
-// from its kubeconfig Secret; a changed Secret gets new clients.
+// workloads lists the CAPI Clusters and keeps reaper Targets for them.
 type workloads struct {
-	mgmt   kubernetes.Interface
 	client kubeclient.Clients
-	events bool
-
-	mu      sync.Mutex
-	clients map[string]workload
-}
-
-type workload struct {
-	digest [32]byte
-	target reaper.Target
+	cache  *kubeconfigCache[reaper.Target]
 }
 
 // targets lists the CAPI Clusters and returns one Target per Cluster whose
@@ -180,34 +164,26 @@ func (w *workloads) targets(ctx context.Context) ([]reaper.Target, error) {
 }
 
 func (w *workloads) target(ctx context.Context, cluster string) (reaper.Target, error) {
-	kc, err := webhookconfig.WorkloadKubeconfig(ctx, w.mgmt, cluster)
+	t, err := w.cache.get(ctx, cluster)
+	t.Cluster = cluster
+	return t, err
+}
+
+// workloadTarget builds the clients of one workload cluster's Target; with
+// events, a recorder that lives as long as ctx (a rotated kubeconfig leaves
+// the old broadcaster idle, which is cheap).
+func workloadTarget(ctx context.Context, cfg *rest.Config, events bool) (reaper.Target, error) {
+	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return reaper.Target{}, err
 	}
-	digest := sha256.Sum256(kc)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if have, ok := w.clients[cluster]; ok && have.digest == digest {
-		return have.target, nil
-	}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
-	if err != nil {
-		return reaper.Target{}, fmt.Errorf("kubeconfig of Cluster %s: %w", cluster, err)
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return reaper.Target{}, fmt.Errorf("client for Cluster %s: %w", cluster, err)
-	}
-	t := reaper.Target{Cluster: cluster, Nodes: dyn}
-	if w.events {
+	t := reaper.Target{Nodes: dyn}
+	if events {
 		typed, err := kubernetes.NewForConfig(cfg)
 		if err != nil {
-			return reaper.Target{}, fmt.Errorf("client for Cluster %s: %w", cluster, err)
+			return reaper.Target{}, err
 		}
-		// Lives as long as serve; a rotated kubeconfig leaves the old
-		// broadcaster idle, which is cheap.
 		t.Recorder = recorder(ctx, typed)
 	}
-	w.clients[cluster] = workload{digest: digest, target: t}
 	return t, nil
 }

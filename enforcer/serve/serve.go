@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -25,7 +25,6 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
-	"github.com/nodeguard/nodeguard/enforcer/version"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -67,6 +66,13 @@ type Options struct {
 	// TLSMinVersion and TLSCipherSuites: see webhook.TLSOptions.
 	TLSMinVersion   string
 	TLSCipherSuites []string
+	// NoDenialEvents turns off the NodeDeleteDenied Events recorded on the
+	// Node of each denied delete (--denial-events=false).
+	NoDenialEvents bool
+	// DenialEventsWorkloadClusters records a workload route's Events in that
+	// workload cluster, through its <name>-kubeconfig Secret; without it
+	// they go on the Machine (or Cluster) in the cluster nodeguard runs in.
+	DenialEventsWorkloadClusters bool
 	// ExternalDataClientCAFile, when set, serves Gatekeeper's external data
 	// routes (/externaldata, /externaldata/clusters/NS/NAME) to clients with
 	// a certificate of this CA: Gatekeeper's.
@@ -141,8 +147,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	policyMetrics, err := version.Register(reg, eval.Policy)
+	metrics, err := Register(reg, Sources{Policy: eval.Policy, Cached: e.Inventory.Count, Ready: e.Syncer.Ready})
 	if err != nil {
 		return err
 	}
@@ -150,7 +155,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 		go func() {
 			err := policybundle.Watch(ctx, opts.Bundle, eval, log, func(err error) {
 				if err != nil {
-					policyMetrics.ReloadErrors.Inc()
+					metrics.Policy.ReloadErrors.Inc()
 				}
 			})
 			if err != nil {
@@ -159,14 +164,14 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 			}
 		}()
 	}
-	metrics, err := webhook.NewMetrics(reg, e.Inventory.Count)
+	if err := startReaper(ctx, c, e, metrics.Reaper, opts.Orphans, log); err != nil {
+		return err
+	}
+	denied, err := startDenialEvents(ctx, c, opts, metrics.DenialEvents, log)
 	if err != nil {
 		return err
 	}
-	if err := startReaper(ctx, c, e, reg, opts.Orphans, log); err != nil {
-		return err
-	}
-	handler, clientCAs, err := routes(ctx, c, e, reg, metrics, opts, log)
+	handler, clientCAs, err := routes(ctx, c, e, metrics, denied, opts, log)
 	if err != nil {
 		return err
 	}
@@ -215,9 +220,9 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 // client CA for Gatekeeper, the external data provider's, sharing one
 // intake. It returns the CA files whose client certificates the TLS server
 // asks for.
-func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, reg prometheus.Registerer, metrics *webhook.Metrics,
+func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics *Metrics, denied func(denialevents.Denial),
 	opts Options, log *slog.Logger) (http.Handler, []string, error) {
-	in := intake.New(intake.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
+	in := intake.New(intake.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Webhook.Intake, Log: log})
 	clusters := freshread.New(c.Dynamic, c.Mapper)
 	clusterExists := func(ctx context.Context, namespace, name string) (bool, error) {
 		obj, err := clusters.Get(ctx, clusterGVK(), namespace, name)
@@ -236,7 +241,7 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, reg pro
 	// prefix there.
 	mux := http.NewServeMux()
 	reviews := webhook.New(webhook.Options{Decider: e.Guard, ClusterExists: clusterExists, ClientCAs: reviewCAs,
-		Intake: in, Metrics: metrics, Log: log})
+		Intake: in, Metrics: metrics.Webhook, Log: log, Denied: denied})
 	mux.Handle(webhook.RouteSelf, reviews)
 	mux.Handle(webhook.RouteSelf+"/", reviews)
 	if opts.ExternalDataClientCAFile == "" {
@@ -246,13 +251,9 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, reg pro
 	if err != nil {
 		return nil, nil, err
 	}
-	pm, err := provider.NewMetrics(reg)
-	if err != nil {
-		return nil, nil, err
-	}
 	// Answered a little before Gatekeeper gives up on the request.
 	facts, err := provider.New(provider.Options{Facts: e.Guard, ClientCAs: gatekeeperCAs, ClusterExists: clusterExists, Intake: in,
-		Timeout: webhookconfig.ProviderTimeoutSeconds*time.Second - 200*time.Millisecond, Metrics: pm, Log: log})
+		Timeout: webhookconfig.ProviderTimeoutSeconds*time.Second - 200*time.Millisecond, Metrics: metrics.Provider, Log: log})
 	if err != nil {
 		return nil, nil, err
 	}

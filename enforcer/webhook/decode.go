@@ -54,6 +54,8 @@ type admissionRequest struct {
 		Groups   *groups `json:"groups"`
 	} `json:"userInfo"`
 	OldObject *node `json:"oldObject"`
+	// DryRun: a denial Event is a side effect, never recorded on a dry run.
+	DryRun *bool `json:"dryRun"`
 }
 
 // groups decodes a user's groups one at a time: each goes into a hash
@@ -111,6 +113,9 @@ func (g *groups) digest() []byte {
 type node struct {
 	model *linkmodel.Model
 	obj   *unstructured.Unstructured
+	// raw is oldObject's bytes, a part of the review's body (held until the
+	// answer is written): a denial reads the Node's UID from it.
+	raw []byte
 }
 
 func (n *node) UnmarshalJSON(b []byte) error {
@@ -121,8 +126,16 @@ func (n *node) UnmarshalJSON(b []byte) error {
 	if err != nil {
 		return &oldObjectError{err}
 	}
-	n.obj = obj
+	n.obj, n.raw = obj, b
 	return nil
+}
+
+// bytes is oldObject as the review carried it; nil without one.
+func (n *node) bytes() []byte {
+	if n == nil {
+		return nil
+	}
+	return n.raw
 }
 
 // oldObjectError is an oldObject that is JSON but not a Node the rule can

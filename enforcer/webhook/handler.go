@@ -7,6 +7,7 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/x509"
@@ -22,9 +23,11 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
@@ -87,6 +90,10 @@ type Options struct {
 	// LogInterval is the least time between two log lines about rejected
 	// requests (default 1s); the lines between are counted, not written.
 	LogInterval time.Duration
+	// Denied, when set, is told of each denied Node delete that is not a
+	// dry run, after its answer is written. It must not block: a
+	// denialevents.Recorder's Record only queues.
+	Denied func(denialevents.Denial)
 }
 
 type handler struct {
@@ -189,6 +196,53 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)
+	// A dry run must have no side effects (the webhook says NoneOnDryRun).
+	dryRun := review.Request.DryRun != nil && *review.Request.DryRun
+	if !d.Allowed && !dryRun && h.opts.Denied != nil && isNodeDelete(req) {
+		h.opts.Denied(denialevents.Denial{Cluster: cluster, Node: req.Name, NodeUID: uidOf(review.Request.OldObject.bytes()), User: req.UserInfo.Username,
+			Reason: d.Reason, Messages: d.Messages, Blockers: d.Blockers, Unverified: d.Unverified})
+	}
+}
+
+// isNodeDelete says whether a request deletes a core Node: the only kind a
+// denial Event is recorded on, whatever else the webhook is sent.
+func isNodeDelete(req guard.Request) bool {
+	return req.Operation == string(admissionv1.Delete) && req.Kind.Group == "" && req.Kind.Kind == "Node"
+}
+
+// uidOf reads the UID of the object being deleted, which `kubectl describe
+// node` finds Events by; the reduced Node the rule reads does not keep it.
+// Only denials pay for it, and little: the API server writes apiVersion,
+// kind, then metadata with name and uid first, and the scan stops at uid.
+func uidOf(raw []byte) types.UID {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	var uid string
+	if !jsonField(dec, "metadata") || !jsonField(dec, "uid") || dec.Decode(&uid) != nil {
+		return ""
+	}
+	return types.UID(uid)
+}
+
+// jsonField enters the JSON object dec is at and reads up to the value of
+// key, skipping the others; false when the object has no such key.
+func jsonField(dec *json.Decoder, key string) bool {
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return false
+	}
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		if k == key {
+			return true
+		}
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return false
+		}
+	}
+	return false
 }
 
 // reject answers a request that cannot be judged with its HTTP error: the

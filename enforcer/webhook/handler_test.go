@@ -23,8 +23,11 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	eventsfake "k8s.io/client-go/kubernetes/typed/events/v1/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
@@ -435,4 +438,96 @@ func TestGracefulShutdownFinishesInFlightReviews(t *testing.T) {
 	out := <-result
 	require.NotNil(t, out)
 	assert.True(t, out.Response.Allowed)
+}
+
+// Each denied Node delete is reported once its answer is written, with what
+// an Event on the Node says: the Node's UID, the user, the reason, the
+// message and the blockers; not an allowed one, a dry run or another kind.
+func TestDeniedNodeDeletesAreReported(t *testing.T) {
+	g, _, nodes := example(t)
+	var mu sync.Mutex
+	var got []denialevents.Denial
+	h := webhook.New(webhook.Options{Decider: g, ClusterExists: func(context.Context, string, string) (bool, error) { return true, nil },
+		Denied: func(d denialevents.Denial) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, d)
+		}})
+	s := serve(t, h, webhook.TLSOptions{}, nil)
+	node := nodes[linkedNode].DeepCopy()
+	node.SetUID("0b8d0b0e-5a5e-4c1a-9d5e-7a5b7c1d2e3f")
+
+	_, _, out := s.post(t, "/validate/clusters/default/dev", "application/json", review(admissionv1.Delete, "Node", node.Object))
+	require.False(t, out.Response.Allowed)
+	mu.Lock()
+	require.Len(t, got, 1)
+	d := got[0]
+	mu.Unlock()
+	assert.Equal(t, "default/dev", d.Cluster)
+	assert.Equal(t, "x", d.Node, "the request's name")
+	assert.EqualValues(t, "0b8d0b0e-5a5e-4c1a-9d5e-7a5b7c1d2e3f", d.NodeUID)
+	assert.Equal(t, "alice", d.User)
+	assert.Equal(t, decision.ReasonBlocked, d.Reason)
+	assert.Equal(t, out.Response.Result.Message, strings.Join(d.Messages, " "))
+	require.Len(t, d.Blockers, 1)
+	assert.Equal(t, "DockerMachine", d.Blockers[0].Kind)
+
+	dryRun := bytes.Replace(review(admissionv1.Delete, "Node", node.Object), []byte(`"operation"`), []byte(`"dryRun":true,"operation"`), 1)
+	unlinked := map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "bare-metal-1"}}
+	for name, body := range map[string][]byte{
+		"dry run": dryRun,
+		"allowed": review(admissionv1.Delete, "Node", unlinked),
+		"exempt":  review(admissionv1.Delete, "Node", node.Object, "ops"),
+	} {
+		_, _, out := s.post(t, "/validate", "application/json", body)
+		require.NotNil(t, out.Response, name)
+		assert.Equal(t, name != "dry run", out.Response.Allowed, name)
+	}
+	// A denial of another kind (here: a Pod on a route naming no Cluster
+	// the management cluster has) is not a Node's.
+	h = webhook.New(webhook.Options{Decider: g, ClusterExists: func(context.Context, string, string) (bool, error) { return false, nil },
+		Denied: func(d denialevents.Denial) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, d)
+		}})
+	s = serve(t, h, webhook.TLSOptions{}, nil)
+	_, _, out = s.post(t, "/validate/clusters/default/typo", "application/json",
+		review(admissionv1.Delete, "Pod", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "p"}}))
+	assert.False(t, out.Response.Allowed)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Len(t, got, 1, "only the first denial was reported")
+}
+
+// What recording a denial adds to a denied review: the handler alone (no
+// TLS), the example's linked Node, with and without a recorder behind the
+// Denied hook.
+// go test ./enforcer/webhook/ -run '^$' -bench DeniedReview -benchtime 2000x
+func BenchmarkDeniedReview(b *testing.B) {
+	g, _, nodes := example(b)
+	node := nodes[linkedNode].DeepCopy()
+	node.SetUID("0b8d0b0e-5a5e-4c1a-9d5e-7a5b7c1d2e3f")
+	body := review(admissionv1.Delete, "Node", node.Object)
+	// A client that answers every write with nothing: only the handler's
+	// side is measured.
+	rec, err := denialevents.New(denialevents.Options{Events: &eventsfake.FakeEventsV1{Fake: &clienttesting.Fake{}}})
+	require.NoError(b, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go rec.Run(ctx)
+	for name, denied := range map[string]func(denialevents.Denial){"events-off": nil, "events-on": rec.Record} {
+		h := webhook.New(webhook.Options{Decider: g, Denied: denied})
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				w := httptest.NewRecorder()
+				r := httptest.NewRequest(http.MethodPost, "/validate", bytes.NewReader(body))
+				r.Header.Set("Content-Type", "application/json")
+				h.ServeHTTP(w, r)
+				if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), `"allowed":false`) {
+					b.Fatalf("want a denial, got %d %s", w.Code, w.Body.String())
+				}
+			}
+		})
+	}
 }

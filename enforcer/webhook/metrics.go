@@ -45,6 +45,10 @@ func NewMetrics(reg prometheus.Registerer, cached func() map[schema.GroupVersion
 			Help: "Decisions denied because the API server could not be re-read in time.",
 		}),
 	}
+	// Both routes' histograms exist from the start, at zero.
+	for _, route := range []string{RouteSelf, RouteCluster} {
+		m.latency.WithLabelValues(route)
+	}
 	collectors := []prometheus.Collector{m.decisions, m.latency, m.freshReads}
 	if cached != nil {
 		collectors = append(collectors, cachedObjects{count: cached, desc: prometheus.NewDesc("nodeguard_cached_objects",

@@ -78,7 +78,8 @@ func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguratio
 		return nil, errors.New("--url (or --service) is required: where the API server reaches nodeguard serve")
 	}
 	fail := admissionregistrationv1.Fail
-	none := admissionregistrationv1.SideEffectClassNone
+	// A denied delete records an Event (a side effect), never on a dry run.
+	noneOnDryRun := admissionregistrationv1.SideEffectClassNoneOnDryRun
 	equivalent := admissionregistrationv1.Equivalent
 	clusterScope := admissionregistrationv1.ClusterScope
 	timeout := int32(TimeoutSeconds)
@@ -95,7 +96,7 @@ func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguratio
 			}},
 			FailurePolicy:           &fail,
 			MatchPolicy:             &equivalent,
-			SideEffects:             &none,
+			SideEffects:             &noneOnDryRun,
 			TimeoutSeconds:          &timeout,
 			AdmissionReviewVersions: []string{"v1"},
 		}},

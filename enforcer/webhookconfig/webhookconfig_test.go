@@ -39,7 +39,7 @@ func TestBuildSendsOnlyNodeDeletesAndFailsClosed(t *testing.T) {
 	assert.Equal(t, []string{"nodes"}, w.Rules[0].Resources)
 	assert.Equal(t, admissionregistrationv1.Fail, *w.FailurePolicy)
 	assert.LessOrEqual(t, *w.TimeoutSeconds, int32(5))
-	assert.Equal(t, admissionregistrationv1.SideEffectClassNone, *w.SideEffects)
+	assert.Equal(t, admissionregistrationv1.SideEffectClassNoneOnDryRun, *w.SideEffects, "Events on denials, none on a dry run")
 	assert.Equal(t, []string{"v1"}, w.AdmissionReviewVersions)
 	assert.Equal(t, admissionregistrationv1.Equivalent, *w.MatchPolicy)
 

@@ -175,10 +175,7 @@ func TestOrphanNodesAreReapedInAWorkloadCluster(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 
-	apply(t, dyn, schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "clusters"}, map[string]any{
-		"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": map[string]any{"namespace": "default", "name": "dev"},
-		"spec": map[string]any{"paused": true}})
-	workloadAdmin(t, ctx, workloadEnv, mgmtKube, "default", "dev")
+	devCluster(t, dyn, workloadEnv, mgmtKube)
 	// The workload cluster's Node deletes go to nodeguard's route for Cluster default/dev.
 	caPEM, err := os.ReadFile(ca.CAFile(t))
 	require.NoError(t, err)
@@ -187,13 +184,7 @@ func TestOrphanNodesAreReapedInAWorkloadCluster(t *testing.T) {
 	require.NoError(t, webhookconfig.Apply(ctx, workloadKube, vwc))
 
 	for _, name := range []string{"control-plane-0", "left-behind", "still-ready"} {
-		capdMachine(t, dyn, name, false)
-		// CAPD's Node lives in the workload cluster, not the management one.
-		require.NoError(t, mgmtKube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}))
-		_, err := workloadKube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
-			Annotations: map[string]string{"cluster.x-k8s.io/cluster-name": "dev", "cluster.x-k8s.io/cluster-namespace": "default", "cluster.x-k8s.io/machine": name}},
-			Spec: corev1.NodeSpec{ProviderID: "docker:////" + name}}, metav1.CreateOptions{})
-		require.NoError(t, err)
+		workloadMachine(t, dyn, mgmtKube, workloadKube, name)
 	}
 	setReady(t, workloadKube, "control-plane-0", corev1.ConditionTrue)
 	setReady(t, workloadKube, "left-behind", corev1.ConditionUnknown)
@@ -209,6 +200,29 @@ func TestOrphanNodesAreReapedInAWorkloadCluster(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		assert.Len(c, orphanEvents(t, workloadKube, "left-behind"), 1)
 	}, 10*time.Second, 100*time.Millisecond, "the Event is recorded in the workload cluster")
+}
+
+// devCluster creates Cluster default/dev (paused: no controller acts on it)
+// and, as CAPI does, its kubeconfig Secret for the API server of env.
+func devCluster(t *testing.T, dyn dynamic.Interface, env *envtest.Environment, mgmt kubernetes.Interface) {
+	t.Helper()
+	apply(t, dyn, schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "clusters"}, map[string]any{
+		"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": map[string]any{"namespace": "default", "name": "dev"},
+		"spec": map[string]any{"paused": true}})
+	workloadAdmin(t, context.Background(), env, mgmt, "default", "dev")
+}
+
+// workloadMachine creates what CAPD makes for one Machine of Cluster
+// default/dev, its Node in the workload cluster, not the management one.
+func workloadMachine(t *testing.T, dyn dynamic.Interface, mgmt, workload kubernetes.Interface, name string) {
+	t.Helper()
+	ctx := context.Background()
+	capdMachine(t, dyn, name, false)
+	require.NoError(t, mgmt.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}))
+	_, err := workload.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
+		Annotations: map[string]string{"cluster.x-k8s.io/cluster-name": "dev", "cluster.x-k8s.io/cluster-namespace": "default", "cluster.x-k8s.io/machine": name}},
+		Spec: corev1.NodeSpec{ProviderID: "docker:////" + name}}, metav1.CreateOptions{})
+	require.NoError(t, err)
 }
 
 // workloadAdmin stores a kubeconfig for an admin of the workload cluster as

@@ -35,18 +35,27 @@ import (
 
 // The Helm chart, rendered by the pinned helm, is validated object by object
 // by the real API server (server-side dry-run): schema, defaulting and
-// admission, nothing stored. cert-manager's Certificate and Issuer are left
-// out (no cert-manager CRDs here): the chart is rendered with an existing
-// Secret and a caBundle, plus a Constraint and a policy bundle.
+// admission, nothing stored: its defaults (cert-manager's Issuer and
+// Certificate), an existing Secret with a Constraint, a policy bundle and the
+// orphan reaper, and the monitoring values (ServiceMonitor, PrometheusRule,
+// dashboard ConfigMap) against the Prometheus Operator's CRDs.
 // The cert-manager release whose CRDs the chart's default rendering (a
 // self-signed Issuer and a Certificate) is validated against.
 const certManagerModule = "github.com/cert-manager/cert-manager@v1.16.1"
+
+// The Prometheus Operator release whose CRDs (its example/prometheus-operator-crd)
+// the chart's ServiceMonitor and PrometheusRule are validated against.
+const prometheusOperatorModule = "github.com/prometheus-operator/prometheus-operator@v0.90.1"
 
 func TestChartPassesServerSideDryRun(t *testing.T) {
 	cfg, env := apiServerEnv(t)
 	ctx := context.Background()
 	kube, dyn := clientsFor(t, cfg)
-	installCertManagerCRDs(t, env)
+	// cert-manager's CRD files are its Helm chart's templates: the templating
+	// sits in comments, except label values, which installCRDs drops.
+	installCRDs(t, env, certManagerModule, "deploy/crds/crd-issuers.yaml", "deploy/crds/crd-certificates.yaml")
+	installCRDs(t, env, prometheusOperatorModule, "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
+		"example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml")
 	clients, err := kubeclient.FromConfig(cfg)
 	require.NoError(t, err)
 	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeguard-system",
@@ -72,6 +81,11 @@ func TestChartPassesServerSideDryRun(t *testing.T) {
 				"--set", "externalData.enabled=true", "--set-file", "externalData.gatekeeperCA=" + testpki.New(t).CAFile(t)},
 			kinds: []string{"Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
 				"ValidatingWebhookConfiguration", "ConfigMap", "NetworkPolicy", "Role", "RoleBinding"},
+		},
+		"monitoring, denial Events in workload clusters": {
+			args: []string{"--set", "monitoring.serviceMonitor.enabled=true", "--set", "monitoring.prometheusRule.enabled=true",
+				"--set", "monitoring.dashboard.enabled=true", "--set", "denialEvents.workloadClusters=true"},
+			kinds: []string{"ServiceMonitor", "PrometheusRule", "ConfigMap", "Service", "ClusterRole", "Deployment"},
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -119,15 +133,15 @@ func TestChartPassesServerSideDryRun(t *testing.T) {
 	assert.True(t, err != nil, "dry-run stores nothing")
 }
 
-// installCertManagerCRDs installs cert-manager's Issuer and Certificate
-// CRDs from its pinned module. The files are its Helm chart's templates:
-// the templating sits in comments, except label values, which are dropped.
-func installCertManagerCRDs(t *testing.T, env *envtest.Environment) {
+// installCRDs installs the CRDs in files (paths in module, a pinned Go
+// module). Labels are dropped: cert-manager's templated files leave template
+// expressions in their values.
+func installCRDs(t *testing.T, env *envtest.Environment, module string, files ...string) {
 	t.Helper()
-	dir := moduleDir(t, certManagerModule)
+	dir := moduleDir(t, module)
 	var crds []*apiextensionsv1.CustomResourceDefinition
-	for _, f := range []string{"crd-issuers.yaml", "crd-certificates.yaml"} {
-		data, err := os.ReadFile(filepath.Join(dir, "deploy/crds", f))
+	for _, f := range files {
+		data, err := os.ReadFile(filepath.Join(dir, f))
 		require.NoError(t, err)
 		crd := &apiextensionsv1.CustomResourceDefinition{}
 		require.NoError(t, yaml.Unmarshal(data, crd), f)

@@ -122,6 +122,7 @@ func orphansCommand(code *int) *cobra.Command {
 
 func serveCommand(stderr io.Writer) *cobra.Command {
 	var opts serve.Options
+	var denialEvents bool
 	cmd := &cobra.Command{
 		Use:   "serve --tls-cert-file FILE --tls-private-key-file FILE",
 		Short: "Run the validating admission webhook for Node deletes",
@@ -137,6 +138,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 			// client-go logs through klog (a broken watch, a failed list):
 			// into the same JSON log.
 			klog.SetSlogLogger(log)
+			opts.NoDenialEvents = !denialEvents
 			return serve.Run(cmd.Context(), opts, log, nil)
 		},
 	}
@@ -172,6 +174,8 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.IntVar(&opts.MaxConcurrentDecisions, "max-concurrent-decisions", webhook.DefaultMaxConcurrentDecisions, "decisions made at once; further reviews wait for a slot within their deadline")
 	f.StringVar(&opts.MetricsBindAddress, "metrics-bind-address", serve.DefaultMetricsBindAddress, "address to serve /metrics on over HTTP; 0 disables")
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", serve.DefaultHealthProbeBindAddress, "address to serve /healthz and /readyz on over HTTP; 0 disables")
+	f.BoolVar(&denialEvents, "denial-events", true, "record a Warning Event NodeDeleteDenied on the Node of each denied delete (aggregated and rate-limited; docs/operate.md)")
+	f.BoolVar(&opts.DenialEventsWorkloadClusters, "denial-events-workload-clusters", false, "record the Events of /validate/clusters/NS/NAME in that workload cluster, through its <name>-kubeconfig Secret (needs Secret get); otherwise on the Machine in this cluster")
 	f.StringVar(&opts.TLSMinVersion, "tls-min-version", webhook.DefaultTLSMinVersion, "lowest TLS version accepted: VersionTLS12 or VersionTLS13")
 	f.StringSliceVar(&opts.TLSCipherSuites, "tls-cipher-suites", webhook.DefaultTLSCipherSuites(), "TLS 1.2 cipher suites accepted, comma-separated IANA names (TLS 1.3 suites are always AEAD)")
 	return cmd

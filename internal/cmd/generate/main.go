@@ -1,6 +1,7 @@
 // Command generate writes, from the Rego in policies/: the Gatekeeper
 // manifests in constraints/, docs/policy.md, the decision snapshots in
-// docs/decisions.md and the version ledger versions.yaml. It
+// docs/decisions.md and the version ledger versions.yaml; and, from
+// internal/monitoring, the alerts and dashboard of both install paths. It
 // refuses when decisions changed but the template version did not. With
 // -check it writes nothing and fails when a committed file differs from what
 // it would write, which is how CI catches hand edits and missing bumps.
@@ -13,11 +14,13 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
 
 	"github.com/nodeguard/nodeguard/internal/constraints"
+	"github.com/nodeguard/nodeguard/internal/monitoring"
 	"github.com/nodeguard/nodeguard/internal/policydoc"
 	"github.com/nodeguard/nodeguard/policies"
 )
@@ -65,6 +68,15 @@ func run(ctx context.Context, root string, check bool) error {
 	if files["README.md"], err = policydoc.SpliceLinks(ctx, readme); err != nil {
 		return err
 	}
+	operate, err := os.ReadFile(filepath.Join(root, monitoring.OperateDocPath))
+	if err != nil {
+		return fmt.Errorf("read %s: %w", monitoring.OperateDocPath, err)
+	}
+	mon, err := monitoring.Render(operate)
+	if err != nil {
+		return err
+	}
+	maps.Copy(files, mon)
 	names := make([]string, 0, len(files))
 	for name := range files {
 		names = append(names, name)
@@ -80,12 +92,15 @@ func run(ctx context.Context, root string, check bool) error {
 			}
 			continue
 		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return fmt.Errorf("create the directory of %s: %w", path, err)
+		}
 		if err := os.WriteFile(path, files[name], 0o644); err != nil {
 			return fmt.Errorf("write %s: %w", path, err)
 		}
 	}
 	if len(stale) > 0 {
-		return fmt.Errorf("%v out of date with policies/ (or hand-edited); run `make generate` and commit the result", stale)
+		return fmt.Errorf("%v out of date with policies/ or internal/monitoring (or hand-edited); run `make generate` and commit the result", stale)
 	}
 	return nil
 }

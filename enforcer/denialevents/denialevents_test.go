@@ -1,0 +1,333 @@
+package denialevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	eventsv1client "k8s.io/client-go/kubernetes/typed/events/v1"
+	clienttesting "k8s.io/client-go/testing"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/nodeguard/nodeguard/enforcer/decision"
+)
+
+var start = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+
+// blocked is a denial of Node node by user, as the rule words it.
+func blocked(node, user string) Denial {
+	return Denial{Node: node, NodeUID: "uid-node", User: user, Reason: decision.ReasonBlocked,
+		Messages: []string{fmt.Sprintf("Node %q cannot be deleted: DockerMachine default/%s (infrastructure.cluster.x-k8s.io) still exists.", node, node)},
+		Blockers: []decision.Blocker{{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine", Namespace: "default", Name: node,
+			Links: []decision.Link{{Type: "machineNodeRef", Machine: "default/" + node}}}}}
+}
+
+type fixture struct {
+	r       *Recorder
+	clock   *testingclock.FakeClock
+	kube    *fake.Clientset
+	metrics *Metrics
+	ctx     context.Context
+}
+
+func newFixture(t *testing.T, opts Options) *fixture {
+	t.Helper()
+	f := &fixture{clock: testingclock.NewFakeClock(start), kube: fake.NewClientset(), ctx: context.Background()}
+	var err error
+	f.metrics, err = NewMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	if opts.Events == nil {
+		opts.Events = f.kube.EventsV1()
+	}
+	opts.Clock, opts.Metrics, opts.Instance = f.clock, f.metrics, "nodeguard-0"
+	f.r, err = New(opts)
+	require.NoError(t, err)
+	return f
+}
+
+// events lists the Events the fake API server holds in namespace ns.
+func events(t *testing.T, c eventsv1client.EventsV1Interface, ns string) []eventsv1.Event {
+	t.Helper()
+	list, err := c.Events(ns).List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	return list.Items
+}
+
+func (f *fixture) dropped(reason string) float64 {
+	return testutil.ToFloat64(f.metrics.dropped.WithLabelValues(reason))
+}
+
+func (f *fixture) writes(op, result string) float64 {
+	return testutil.ToFloat64(f.metrics.writes.WithLabelValues(op, result))
+}
+
+// A burst of 30 identical denials is one Event: created at once, its series
+// count written within one patch interval, the API written twice.
+func TestBurstIsOneEventWithItsCount(t *testing.T) {
+	f := newFixture(t, Options{})
+	for range 30 {
+		f.r.observe(blocked("md-0-a", "alice"))
+	}
+	f.r.flush(f.ctx)
+	got := events(t, f.kube.EventsV1(), "default")
+	require.Len(t, got, 1)
+	ev := got[0]
+	assert.Equal(t, Reason, ev.Reason)
+	assert.Equal(t, corev1.EventTypeWarning, ev.Type)
+	assert.Equal(t, Action, ev.Action)
+	assert.Equal(t, Controller, ev.ReportingController)
+	assert.Equal(t, "nodeguard-0", ev.ReportingInstance)
+	assert.Equal(t, corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: "md-0-a", UID: "uid-node"}, ev.Regarding)
+	require.NotNil(t, ev.Related)
+	assert.Equal(t, corev1.ObjectReference{APIVersion: "infrastructure.cluster.x-k8s.io/v1beta2", Kind: "DockerMachine", Namespace: "default", Name: "md-0-a"}, *ev.Related)
+	assert.Equal(t, `Delete by "alice" denied (blocked): Node "md-0-a" cannot be deleted: DockerMachine default/md-0-a (infrastructure.cluster.x-k8s.io) still exists.`, ev.Note)
+	require.NotNil(t, ev.Series, "the 30 were aggregated before the first write")
+	assert.EqualValues(t, 30, ev.Series.Count)
+
+	// More of the same: counted, written once per interval.
+	for range 5 {
+		f.r.observe(blocked("md-0-a", "alice"))
+	}
+	f.r.flush(f.ctx)
+	assert.EqualValues(t, 30, events(t, f.kube.EventsV1(), "default")[0].Series.Count, "not before the patch interval")
+	f.clock.Step(f.r.Limits().PatchInterval)
+	f.r.flush(f.ctx)
+	got = events(t, f.kube.EventsV1(), "default")
+	require.Len(t, got, 1)
+	assert.EqualValues(t, 35, got[0].Series.Count)
+	assert.Equal(t, 1.0, f.writes(OpCreate, "ok"))
+	assert.Equal(t, 1.0, f.writes(OpPatch, "ok"))
+	f.clock.Step(f.r.Limits().PatchInterval)
+	f.r.flush(f.ctx)
+	assert.Equal(t, 1.0, f.writes(OpPatch, "ok"), "nothing new, nothing written")
+}
+
+// Another user (another note) is another Event; a Node gets at most
+// PerObject live Events; Series bounds them all; the rest is counted.
+func TestBoundsPerNodeAndOverall(t *testing.T) {
+	f := newFixture(t, Options{Limits: Limits{PerObject: 3, Series: 5}})
+	for i := range 5 {
+		f.r.observe(blocked("md-0-a", fmt.Sprintf("user-%d", i)))
+	}
+	assert.Equal(t, 2.0, f.dropped(DropPerObject))
+	for _, n := range []string{"md-0-b", "md-0-c", "md-0-d"} {
+		f.r.observe(blocked(n, "alice"))
+	}
+	assert.Equal(t, 1.0, f.dropped(DropSeries), "3 + 2 live, the sixth is dropped")
+	f.r.flush(f.ctx)
+	got := events(t, f.kube.EventsV1(), "default")
+	assert.Len(t, got, 5)
+	users := map[string]bool{}
+	for _, ev := range got {
+		if ev.Regarding.Name == "md-0-a" {
+			users[strings.Split(ev.Note, `"`)[1]] = true
+		}
+	}
+	assert.Equal(t, map[string]bool{"user-0": true, "user-1": true, "user-2": true}, users)
+}
+
+// Every write takes a token from one bucket: a flood of Nodes is written as
+// the bucket refills, oldest first.
+func TestWritesShareOneBucket(t *testing.T) {
+	f := newFixture(t, Options{Limits: Limits{WritesPerSecond: 1, WriteBurst: 2}})
+	for i := range 5 {
+		f.r.observe(blocked(fmt.Sprintf("md-0-%d", i), "alice"))
+		f.clock.Step(time.Millisecond)
+	}
+	f.r.flush(f.ctx)
+	got := events(t, f.kube.EventsV1(), "default")
+	require.Len(t, got, 2)
+	assert.ElementsMatch(t, []string{"md-0-0", "md-0-1"}, []string{got[0].Regarding.Name, got[1].Regarding.Name}, "oldest first")
+	f.clock.Step(time.Second)
+	f.r.flush(f.ctx)
+	assert.Len(t, events(t, f.kube.EventsV1(), "default"), 3, "one more token a second")
+	f.clock.Step(2 * time.Second)
+	f.r.flush(f.ctx)
+	assert.Len(t, events(t, f.kube.EventsV1(), "default"), 5)
+}
+
+// Record never blocks: past the queue's size denials are dropped, counted.
+func TestFullQueueDrops(t *testing.T) {
+	f := newFixture(t, Options{Limits: Limits{Queue: 4}})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 7 {
+			f.r.Record(blocked("md-0-a", "alice"))
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Record blocked with nothing draining the queue")
+	}
+	assert.Equal(t, 3.0, f.dropped(DropQueueFull))
+}
+
+// An Event untouched for a window ends; the next denial starts another. One
+// whose API copy was removed (the API server's event TTL) is created again.
+func TestWindowAndRecreate(t *testing.T) {
+	f := newFixture(t, Options{})
+	f.r.observe(blocked("md-0-a", "alice"))
+	f.r.flush(f.ctx)
+	first := events(t, f.kube.EventsV1(), "default")
+	require.Len(t, first, 1)
+
+	require.NoError(t, f.kube.EventsV1().Events("default").Delete(f.ctx, first[0].Name, metav1.DeleteOptions{}))
+	f.clock.Step(time.Minute)
+	f.r.observe(blocked("md-0-a", "alice"))
+	f.r.flush(f.ctx)
+	again := events(t, f.kube.EventsV1(), "default")
+	require.Len(t, again, 1, "the patch found no Event: created again")
+	assert.EqualValues(t, 2, again[0].Series.Count)
+	assert.Equal(t, 2.0, f.writes(OpCreate, "ok"), "counted as a create")
+	assert.Zero(t, f.writes(OpPatch, "ok")+f.writes(OpPatch, "error"))
+
+	f.clock.Step(f.r.Limits().Window)
+	f.r.flush(f.ctx)
+	f.r.observe(blocked("md-0-a", "alice"))
+	f.r.flush(f.ctx)
+	assert.Len(t, events(t, f.kube.EventsV1(), "default"), 2, "the window ended: a new Event")
+}
+
+// An API server that refuses every write: the Event is retried once per
+// patch interval, and given up (its denials counted) after twice the window.
+func TestWritesThatKeepFailing(t *testing.T) {
+	f := newFixture(t, Options{})
+	f.kube.PrependReactor("create", "events", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("etcdserver: request timed out")
+	})
+	for range 3 {
+		f.r.observe(blocked("md-0-a", "alice"))
+	}
+	f.r.flush(f.ctx)
+	f.r.flush(f.ctx)
+	assert.Equal(t, 1.0, f.writes(OpCreate, "error"), "no retry before the patch interval")
+	f.clock.Step(f.r.Limits().PatchInterval)
+	f.r.flush(f.ctx)
+	assert.Equal(t, 2.0, f.writes(OpCreate, "error"))
+	assert.Zero(t, f.dropped(DropWriteFailed))
+	f.clock.Step(2 * f.r.Limits().Window)
+	f.r.flush(f.ctx)
+	assert.Equal(t, 3.0, f.dropped(DropWriteFailed), "the three denials it held")
+	f.r.mu.Lock()
+	defer f.r.mu.Unlock()
+	assert.Empty(t, f.r.series)
+	assert.Empty(t, f.r.perObject)
+}
+
+// A workload route's denial goes on the Node in that workload cluster; when
+// nodeguard cannot reach it, on the Machine the denial names in the
+// management cluster, else on the Cluster.
+func TestWorkloadClusterOrManagementFallback(t *testing.T) {
+	workload := fake.NewClientset()
+	reachable := map[string]bool{"fleet/prod-1": true}
+	resolved := 0
+	f := newFixture(t, Options{
+		Workload: func(_ context.Context, cluster string) (eventsv1client.EventsV1Interface, error) {
+			if reachable[cluster] {
+				return workload.EventsV1(), nil
+			}
+			return nil, errors.New(`secret "prod-2-kubeconfig" not found`)
+		},
+		Resolve: func(_ context.Context, gk schema.GroupKind, ns, name string) corev1.ObjectReference {
+			resolved++
+			return corev1.ObjectReference{APIVersion: gk.Group + "/v1beta2", Kind: gk.Kind, Namespace: ns, Name: name, UID: types.UID("uid-" + name)}
+		},
+	})
+	d := blocked("md-0-a", "kubernetes-admin")
+	d.Cluster = "fleet/prod-1"
+	f.r.observe(d)
+	d.Cluster = "fleet/prod-2"
+	f.r.observe(d)
+	notReady := Denial{Cluster: "fleet/prod-3", Node: "md-0-b", User: "kubernetes-admin", Reason: decision.ReasonNotReady, Messages: []string{"not ready"}}
+	f.r.observe(notReady)
+	f.r.flush(f.ctx)
+
+	inWorkload := events(t, workload.EventsV1(), "default")
+	require.Len(t, inWorkload, 1)
+	assert.Equal(t, "Node", inWorkload[0].Regarding.Kind)
+	assert.Nil(t, inWorkload[0].Related, "the blocker is not in the workload cluster")
+
+	onMachine := events(t, f.kube.EventsV1(), "default")
+	require.Len(t, onMachine, 1)
+	assert.Equal(t, corev1.ObjectReference{APIVersion: "cluster.x-k8s.io/v1beta2", Kind: "Machine", Namespace: "default", Name: "md-0-a", UID: "uid-md-0-a"}, onMachine[0].Regarding)
+	assert.True(t, strings.HasPrefix(onMachine[0].Note, `Node "md-0-a" of workload cluster fleet/prod-2: Delete by "kubernetes-admin" denied (blocked)`), onMachine[0].Note)
+	require.NotNil(t, onMachine[0].Related)
+	assert.Equal(t, "DockerMachine", onMachine[0].Related.Kind)
+
+	onCluster := events(t, f.kube.EventsV1(), "fleet")
+	require.Len(t, onCluster, 1)
+	assert.Equal(t, "Cluster", onCluster[0].Regarding.Kind)
+	assert.Equal(t, "prod-3", onCluster[0].Regarding.Name)
+	assert.Equal(t, 2, resolved)
+}
+
+// The API server refuses a note over 1 KiB: a long message is cut, on a
+// character boundary.
+func TestNoteFitsTheAPI(t *testing.T) {
+	d := blocked("md-0-a", "alice")
+	d.Messages = []string{strings.Repeat("é", 2000)}
+	n := Note(d)
+	assert.LessOrEqual(t, len(n), NoteMax)
+	assert.True(t, utf8.ValidString(n))
+	assert.True(t, strings.HasSuffix(n, "..."))
+	assert.Equal(t, Note(blocked("md-0-a", "alice")), truncate(Note(blocked("md-0-a", "alice"))), "a short note is kept whole")
+}
+
+// Run aggregates and writes in the background: a recorded denial becomes an
+// Event without any call but Record.
+func TestRunWritesInTheBackground(t *testing.T) {
+	kube := fake.NewClientset()
+	r, err := New(Options{Events: kube.EventsV1()})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Run(ctx)
+	r.Record(blocked("md-0-a", "alice"))
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		list, err := kube.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
+		require.NoError(c, err)
+		assert.Len(c, list.Items, 1)
+	}, 5*time.Second, 10*time.Millisecond)
+}
+
+// What the webhook's goroutine pays per denial: one non-blocking send, taken
+// (measured with its receive) or, the queue full, dropped and counted.
+// go test ./enforcer/denialevents/ -run '^$' -bench Record
+func BenchmarkRecord(b *testing.B) {
+	m, err := NewMetrics(prometheus.NewRegistry())
+	require.NoError(b, err)
+	r, err := New(Options{Events: fake.NewClientset().EventsV1(), Metrics: m})
+	require.NoError(b, err)
+	d := blocked("md-0-a", "alice")
+	b.Run("taken", func(b *testing.B) {
+		for b.Loop() {
+			r.Record(d)
+			<-r.queue
+		}
+	})
+	b.Run("queue-full", func(b *testing.B) {
+		for range r.Limits().Queue {
+			r.Record(d)
+		}
+		for b.Loop() {
+			r.Record(d)
+		}
+	})
+}

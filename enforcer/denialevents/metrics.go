@@ -1,0 +1,79 @@
+package denialevents
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Why a denial was not recorded as (part of) an Event: the reason label of
+// nodeguard_denial_events_dropped_total.
+const (
+	DropQueueFull   = "queue-full"       // Limits.Queue denials were already waiting
+	DropPerObject   = "per-object-limit" // the Node already had Limits.PerObject live Events
+	DropSeries      = "series-limit"     // Limits.Series Events were live
+	DropWriteFailed = "write-failed"     // its Event could not be created within twice the window
+)
+
+// Writes, the operation label of nodeguard_denial_event_writes_total.
+const (
+	OpCreate = "create"
+	OpPatch  = "patch"
+)
+
+// Metrics are the recorder's Prometheus series.
+type Metrics struct {
+	dropped *prometheus.CounterVec
+	writes  *prometheus.CounterVec
+}
+
+// NewMetrics registers nodeguard_denial_events_dropped_total{reason} and
+// nodeguard_denial_event_writes_total{operation,result}, every label value at
+// zero, so rates and alerts see the first increment.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nodeguard_denial_events_dropped_total",
+			Help: "Denied Node deletes not recorded as (part of) a NodeDeleteDenied Event, by reason (queue-full, per-object-limit, series-limit, write-failed).",
+		}, []string{"reason"}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nodeguard_denial_event_writes_total",
+			Help: "NodeDeleteDenied Event writes to an API server, by operation (create, patch of the series count) and result (ok, error).",
+		}, []string{"operation", "result"}),
+	}
+	for _, r := range []string{DropQueueFull, DropPerObject, DropSeries, DropWriteFailed} {
+		m.dropped.WithLabelValues(r)
+	}
+	for _, op := range []string{OpCreate, OpPatch} {
+		for _, res := range []string{"ok", "error"} {
+			m.writes.WithLabelValues(op, res)
+		}
+	}
+	for _, c := range []prometheus.Collector{m.dropped, m.writes} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register denial event metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// drop counts one denial not recorded; a nil Metrics counts nothing.
+func (m *Metrics) drop(reason string) { m.dropN(reason, 1) }
+
+func (m *Metrics) dropN(reason string, n int32) {
+	if m == nil {
+		return
+	}
+	m.dropped.WithLabelValues(reason).Add(float64(n))
+}
+
+func (m *Metrics) wrote(op string, err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.writes.WithLabelValues(op, result).Inc()
+}

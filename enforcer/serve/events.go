@@ -1,0 +1,94 @@
+package serve
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	eventsv1client "k8s.io/client-go/kubernetes/typed/events/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+)
+
+// Client rate limits of the denial Events' own clients: apart from the
+// informers' and fresh reads' (--kube-api-qps), so writing Events never
+// takes a request a decision needs. The recorder's write bucket
+// (denialevents.DefaultLimits: 5/s, burst 25) binds first.
+const (
+	eventsQPS   = 10
+	eventsBurst = 50
+)
+
+func eventsConfig(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = eventsQPS, eventsBurst
+	return cfg
+}
+
+// startDenialEvents starts the recorder of NodeDeleteDenied Events and
+// returns what the webhook calls on each denial (nil: none recorded).
+func startDenialEvents(ctx context.Context, c kubeclient.Clients, opts Options, m *denialevents.Metrics, log *slog.Logger) (func(denialevents.Denial), error) {
+	if opts.NoDenialEvents {
+		return nil, nil
+	}
+	if c.Config == nil {
+		log.Warn("denial events off: no kubeconfig or in-cluster config to write them with")
+		return nil, nil
+	}
+	cfg := eventsConfig(c.Config)
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create the events client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create the events client: %w", err)
+	}
+	instance, _ := os.Hostname() // the Pod's name in a Deployment
+	ropts := denialevents.Options{Events: kube.EventsV1(), Resolve: resolver(dyn, c.Mapper), Metrics: m, Log: log, Instance: instance}
+	if opts.DenialEventsWorkloadClusters {
+		ropts.Workload = newKubeconfigCache(kube, func(cfg *rest.Config) (eventsv1client.EventsV1Interface, error) {
+			k, err := kubernetes.NewForConfig(eventsConfig(cfg))
+			if err != nil {
+				return nil, err
+			}
+			return k.EventsV1(), nil
+		}).get
+	}
+	rec, err := denialevents.New(ropts)
+	if err != nil {
+		return nil, err
+	}
+	go rec.Run(ctx)
+	l := rec.Limits()
+	log.Info("denial events", "workloadClusters", opts.DenialEventsWorkloadClusters, "queue", l.Queue, "perObject", l.PerObject,
+		"series", l.Series, "writesPerSecond", l.WritesPerSecond, "writeBurst", l.WriteBurst,
+		"patchInterval", l.PatchInterval.String(), "window", l.Window.String())
+	return rec.Record, nil
+}
+
+// resolver references a Machine or Cluster of the management cluster at its
+// served version, with its UID when it can be read.
+func resolver(dyn dynamic.Interface, mapper meta.RESTMapper) denialevents.Resolve {
+	return func(ctx context.Context, gk schema.GroupKind, namespace, name string) corev1.ObjectReference {
+		ref := corev1.ObjectReference{APIVersion: gk.Group, Kind: gk.Kind, Namespace: namespace, Name: name}
+		m, err := mapper.RESTMapping(gk)
+		if err != nil {
+			return ref
+		}
+		ref.APIVersion = m.GroupVersionKind.GroupVersion().String()
+		if obj, err := dyn.Resource(m.Resource).Namespace(namespace).Get(ctx, name, metav1.GetOptions{}); err == nil {
+			ref.UID = obj.GetUID()
+		}
+		return ref
+	}
+}

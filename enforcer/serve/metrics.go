@@ -1,0 +1,74 @@
+package serve
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/provider"
+	"github.com/nodeguard/nodeguard/enforcer/reaper"
+	"github.com/nodeguard/nodeguard/enforcer/version"
+	"github.com/nodeguard/nodeguard/enforcer/webhook"
+)
+
+// Sources are what nodeguard serve's gauges read at each scrape.
+type Sources struct {
+	Policy func() decision.Policy
+	Cached func() map[schema.GroupVersionKind]int
+	Ready  func() error
+}
+
+// Metrics are the series of every part of nodeguard serve.
+type Metrics struct {
+	Webhook      *webhook.Metrics
+	Policy       *version.Metrics
+	Reaper       *reaper.Metrics
+	DenialEvents *denialevents.Metrics
+	// Provider counts Gatekeeper's external data requests.
+	Provider *provider.Metrics
+}
+
+// Register registers on reg every series nodeguard serve exports, whether or
+// not the part that feeds it runs: the alerts and dashboard
+// (internal/monitoring) are checked against the names registered here.
+func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
+	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "nodeguard_ready",
+		Help: "1 when this replica is ready (every informer synced, /readyz answers ok), else 0; a replica not ready denies the reviews it gets.",
+	}, func() float64 {
+		if src.Ready() != nil {
+			return 0
+		}
+		return 1
+	})
+	if err := reg.Register(ready); err != nil {
+		return nil, fmt.Errorf("register nodeguard_ready: %w", err)
+	}
+	for _, c := range []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register the runtime metrics: %w", err)
+		}
+	}
+	var m Metrics
+	var err error
+	if m.Policy, err = version.Register(reg, src.Policy); err != nil {
+		return nil, err
+	}
+	if m.Webhook, err = webhook.NewMetrics(reg, src.Cached); err != nil {
+		return nil, err
+	}
+	if m.Reaper, err = reaper.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	if m.DenialEvents, err = denialevents.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	if m.Provider, err = provider.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
