@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/watchlist"
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 )
@@ -138,7 +139,7 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role) error {
 	lw := &watchedLW{inner: &cache.ListWatch{ListWithContextFunc: t.list,
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			return resource.Watch(ctx, opts)
-		}}, h: t.health}
+		}}, h: t.health, noWatchList: watchlist.DoesClientNotSupportWatchListSemantics(s.opts.Client)}
 	informer := cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{Indexers: s.inv.Indexers(role)})
 	t.informer, t.lw = informer, lw
 	lw.verify = func() { s.verify(t) }
