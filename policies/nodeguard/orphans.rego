@@ -20,3 +20,21 @@ orphan := orphans.verdict(
 	object.get(input, "grace", orphans.default_grace),
 	object.get(input, "matchProviderID", false) == true,
 )
+
+# METADATA
+# title: Orphan screen
+# description: |
+#   The criteria that read only input.node (with input.parameters, input.now,
+#   input.grace and input.matchProviderID, as for orphan): kept, the reasons
+#   that keep the Node whatever the inventory holds (orphans.node_kept), and
+#   recheckAt, when they may change with the clock alone (orphans.recheck_at).
+#   The enforcer evaluates orphan only for Nodes with nothing kept here.
+# entrypoint: true
+orphan_screen := {
+	"kept": orphans.node_kept(input.node, params, input.now, grace, match),
+	"recheckAt": orphans.recheck_at(input.node, params, input.now, grace, match),
+} if {
+	params := object.get(input, "parameters", {})
+	grace := object.get(input, "grace", orphans.default_grace)
+	match := object.get(input, "matchProviderID", false) == true
+}
