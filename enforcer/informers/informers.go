@@ -57,6 +57,45 @@ type Syncer struct {
 	failed     map[schema.GroupKind]error
 	ctx        context.Context
 	pending    chan schema.GroupKind
+	subs       []func(Change)
+}
+
+// Change is one event of a cached object: Old is nil for an add, New for a
+// delete (whose Old is the last state seen, for a delete the watch missed).
+type Change struct {
+	Role     inventory.Role
+	Old, New *inventory.Record
+}
+
+// Subscribe calls f with every change of every watched kind, of informers
+// started before and after; the objects an informer already holds arrive
+// first, as adds. f runs on the informers' goroutines and must not block.
+func (s *Syncer) Subscribe(f func(Change)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.subs = append(s.subs, f)
+	for gk, t := range s.informers {
+		if _, err := t.informer.AddEventHandler(handler(t.role, f)); err != nil {
+			return fmt.Errorf("watch %s changes: %w", gk, err)
+		}
+	}
+	return nil
+}
+
+// handler sends one role's events to f.
+func handler(role inventory.Role, f func(Change)) cache.ResourceEventHandler {
+	record := func(obj any) *inventory.Record {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		r, _ := obj.(*inventory.Record)
+		return r
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { f(Change{Role: role, New: record(obj)}) },
+		UpdateFunc: func(old, obj any) { f(Change{Role: role, Old: record(old), New: record(obj)}) },
+		DeleteFunc: func(obj any) { f(Change{Role: role, Old: record(obj)}) },
+	}
 }
 
 type tracked struct {
@@ -133,6 +172,11 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role) error {
 	}
 	if err := informer.AddIndexers(s.inv.Indexers(role)); err != nil {
 		return fmt.Errorf("add indexers to %s informer: %w", gvk, err)
+	}
+	for _, f := range s.subs {
+		if _, err := informer.AddEventHandler(handler(role, f)); err != nil {
+			return fmt.Errorf("watch %s changes: %w", gvk, err)
+		}
 	}
 	if role == inventory.Machine {
 		if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{

@@ -366,3 +366,23 @@ func (inv *Inventory) List(role Role) []*unstructured.Unstructured {
 	}
 	return out
 }
+
+// Records returns every cached record of one role. Like List, it walks the
+// whole cache.
+func (inv *Inventory) Records(role Role) []*Record {
+	inv.mu.RLock()
+	defer inv.mu.RUnlock()
+	var out []*Record
+	for _, gvk := range inv.order {
+		s := inv.stores[gvk]
+		if s.role != role {
+			continue
+		}
+		for _, item := range s.indexer.List() {
+			if r, err := recordOf(item); err == nil {
+				out = append(out, r)
+			}
+		}
+	}
+	return out
+}

@@ -2,7 +2,6 @@ package serve
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"os"
@@ -11,19 +10,18 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/events"
 
+	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // ReapOptions are the orphan-Node flags of `nodeguard serve`.
@@ -41,16 +39,20 @@ type ReapOptions struct {
 	WorkloadClusters bool
 	// MatchProviderID turns on the criteria's opt-in wider match.
 	MatchProviderID bool
-	// Interval between passes (--orphan-scan-interval); 0 turns the scan
-	// (and the gauge) off.
+	// Interval is the period of the full pass over the Node caches
+	// (--orphan-scan-interval), the safety net under judging what changed;
+	// 0 turns the scan (and the gauge) off.
 	Interval time.Duration
 	// LeaseNamespace holds the leader-election Lease.
 	LeaseNamespace string
+	// KubeconfigRecheck is how often workload kubeconfig Secrets are read
+	// again (0: clusters.DefaultRecheck).
+	KubeconfigRecheck time.Duration
 }
 
 // Defaults of the orphan flags.
 const (
-	DefaultOrphanScanInterval = time.Minute
+	DefaultOrphanScanInterval = 10 * time.Minute
 	DefaultLeaseNamespace     = "nodeguard-system"
 )
 
@@ -64,33 +66,54 @@ func LeaseNamespace() string {
 }
 
 // startReaper runs the orphan scan (and, opted in, the reaper) in the
-// background until ctx is done.
-func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, reg prometheus.Registerer, opts ReapOptions, log *slog.Logger) error {
+// background until ctx is done: a reduced Node cache per cluster, judged as
+// it and the inventory change. It returns the scanner (nil when the scan is
+// off), so a reloaded policy can have every Node judged again.
+func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, reg prometheus.Registerer, opts ReapOptions, log *slog.Logger) (*orphanscan.Scanner, error) {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
-			return fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
+			return nil, fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
 		}
-		return nil
+		return nil, nil
 	}
-	finder, err := orphans.NewFinder(ctx, orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
+	model := e.Inventory.Model()
+	fields, err := e.Evaluator.Orphans()
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("orphan scan: %w", err)
 	}
-	metrics, err := reaper.NewMetrics(reg)
+	shape, err := nodecache.NewShape(model, fields)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	ropts := reaper.Options{Finder: finder, Delete: opts.Enabled, DryRun: opts.DryRun, Log: log, Metrics: metrics}
-	self := reaper.Target{Nodes: c.Dynamic}
+	evidence := orphans.NewEvidence(model)
+	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence,
+		Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
+	if err != nil {
+		return nil, err
+	}
+	reapMetrics, err := reaper.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	scanMetrics, err := orphanscan.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	clusterMetrics, err := clusters.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	ropts := reaper.Options{Finder: finder, Delete: opts.Enabled, DryRun: opts.DryRun, Log: log, Metrics: reapMetrics}
 	var mgmt kubernetes.Interface
 	if opts.Enabled || opts.WorkloadClusters {
 		if c.Config == nil {
-			return fmt.Errorf("reaping orphan Nodes needs a kubeconfig or in-cluster config")
+			return nil, fmt.Errorf("reaping orphan Nodes needs a kubeconfig or in-cluster config")
 		}
 		if mgmt, err = kubernetes.NewForConfig(c.Config); err != nil {
-			return fmt.Errorf("create client: %w", err)
+			return nil, fmt.Errorf("create client: %w", err)
 		}
 	}
+	self := reaper.Target{Nodes: c.Dynamic}
 	if opts.Enabled {
 		host, _ := os.Hostname()
 		ns := opts.LeaseNamespace
@@ -98,116 +121,130 @@ func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, re
 			ns = LeaseNamespace()
 		}
 		if ropts.IsLeader, err = reaper.Elect(ctx, reaper.LeaseOptions{Client: mgmt, Namespace: ns, Identity: host + "_" + uuid.NewString(), Log: log}); err != nil {
-			return err
+			return nil, err
 		}
 		self.Recorder = recorder(ctx, mgmt)
 	}
 	r, err := reaper.New(ropts)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	targets := func(context.Context) ([]reaper.Target, error) { return []reaper.Target{self}, nil }
-	if opts.WorkloadClusters {
-		w := &workloads{mgmt: mgmt, client: c, clients: map[string]workload{}, events: opts.Enabled}
-		targets = func(ctx context.Context) ([]reaper.Target, error) {
-			ts, err := w.targets(ctx)
-			return append([]reaper.Target{self}, ts...), err
+	scanner, err := orphanscan.New(orphanscan.Options{Finder: finder, Evidence: evidence, Reaper: r, Model: model,
+		Ready: e.Syncer.Ready, SyncedKinds: e.Syncer.SyncedKinds, Interval: opts.Interval, Log: log, Metrics: scanMetrics})
+	if err != nil {
+		return nil, err
+	}
+	if err := reg.Register(scanner); err != nil {
+		return nil, fmt.Errorf("register orphan scan metrics: %w", err)
+	}
+	if err := e.Syncer.Subscribe(scanner.ObjectChanged); err != nil {
+		return nil, err
+	}
+	watchErrors := &watchErrors{metrics: clusterMetrics, log: log, last: map[string]time.Time{}}
+	// The cluster nodeguard runs in, through the protobuf client when there
+	// is a config (tests without one watch through the dynamic client).
+	var selfKube kubernetes.Interface
+	if c.Config != nil {
+		if selfKube, err = kubeclient.Protobuf(c.Config); err != nil {
+			return nil, err
 		}
+	}
+	if err := watchNodes(ctx, scanner, shape, "", selfKube, c.Dynamic, self, watchErrors, false); err != nil {
+		return nil, err
+	}
+	if opts.WorkloadClusters {
+		set, err := clusters.New(clusters.Options{Management: c, Secrets: mgmt, Recheck: opts.KubeconfigRecheck,
+			QPS: c.Config.QPS, Burst: c.Config.Burst, Log: log, Metrics: clusterMetrics, Stopped: scanner.RemoveCluster,
+			Start: func(ctx context.Context, cl *clusters.Cluster) {
+				t := reaper.Target{Nodes: cl.Dynamic}
+				if opts.Enabled {
+					typed, err := kubernetes.NewForConfig(cl.Config)
+					if err != nil {
+						log.Error("workload cluster: no Event client; deleting without Events", "cluster", cl.Key, "error", err.Error())
+					} else {
+						t.Recorder = recorder(ctx, typed)
+					}
+				}
+				if err := watchNodes(ctx, scanner, shape, cl.Key, cl.Kube, cl.Dynamic, t, watchErrors, true); err != nil {
+					log.Error("workload cluster: cannot watch its Nodes", "cluster", cl.Key, "error", err.Error())
+				}
+			}})
+		if err != nil {
+			return nil, err
+		}
+		go func() {
+			if err := set.Run(ctx); err != nil {
+				log.Error("workload clusters: not watched; their Nodes are not scanned", "error", err.Error())
+			}
+		}()
 	}
 	log.Info("orphan node scan", "reap", opts.Enabled, "dryRun", opts.DryRun, "grace", finder.Grace().String(),
-		"interval", opts.Interval.String(), "workloadClusters", opts.WorkloadClusters, "matchProviderID", opts.MatchProviderID)
-	go func() {
-		// A pass over an unsynced inventory would fail (Guard.Objects refuses).
-		if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
-			return e.Syncer.Ready() == nil, nil
-		}); err != nil {
-			return
-		}
-		r.Run(ctx, opts.Interval, targets)
-	}()
+		"fullScanInterval", opts.Interval.String(), "workloadClusters", opts.WorkloadClusters, "matchProviderID", opts.MatchProviderID)
+	go scanner.Run(ctx)
+	return scanner, nil
+}
+
+// watchNodes caches a cluster's Nodes for the scanner until ctx is done; with
+// wait, it returns only then (a workload session), else at once.
+func watchNodes(ctx context.Context, scanner *orphanscan.Scanner, shape *nodecache.Shape, cluster string,
+	kube kubernetes.Interface, dyn dynamic.Interface, t reaper.Target, errs *watchErrors, wait bool) error {
+	w, err := nodecache.NewWatch(nodecache.WatchOptions{Shape: shape, Kube: kube, Dynamic: dyn,
+		OnChange: func(node string) { scanner.NodeChanged(cluster, node) },
+		OnError:  func(err error) { errs.report(ctx, cluster, err) },
+	})
+	if err != nil {
+		return err
+	}
+	scanner.AddCluster(cluster, w, t)
+	if wait {
+		w.Run(ctx)
+		return nil
+	}
+	go w.Run(ctx)
 	return nil
 }
 
-// recorder records Events through the events.k8s.io API of one cluster.
+// watchErrors counts every failed list or watch of a cluster's Nodes and
+// logs at most one line per cluster per watchErrorLogEvery: an unreachable
+// workload cluster costs client-go's bounded retries, a metric and a log
+// line, nothing more.
+type watchErrors struct {
+	metrics *clusters.Metrics
+	log     *slog.Logger
+
+	mu   sync.Mutex
+	last map[string]time.Time
+	n    map[string]int
+}
+
+const watchErrorLogEvery = 5 * time.Minute
+
+func (w *watchErrors) report(ctx context.Context, cluster string, err error) {
+	if ctx.Err() != nil {
+		return // stopping: the watch ends by design
+	}
+	w.metrics.Failed(cluster, "watch")
+	w.mu.Lock()
+	if w.n == nil {
+		w.n = map[string]int{}
+	}
+	w.n[cluster]++
+	if time.Since(w.last[cluster]) < watchErrorLogEvery {
+		w.mu.Unlock()
+		return
+	}
+	n := w.n[cluster]
+	w.last[cluster], w.n[cluster] = time.Now(), 0
+	w.mu.Unlock()
+	w.log.Error("orphan scan: cannot list or watch the Nodes of a cluster; retrying with backoff, its Nodes are not judged meanwhile",
+		"cluster", cluster, "error", err.Error(), "failuresSinceLastLine", n)
+}
+
+// recorder records Events through the events.k8s.io API of one cluster
+// until ctx is done.
 func recorder(ctx context.Context, client kubernetes.Interface) events.EventRecorder {
 	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
 	_ = b.StartRecordingToSinkWithContext(ctx) // errors only when started twice
+	context.AfterFunc(ctx, b.Shutdown)
 	return b.NewRecorder(scheme.Scheme, "nodeguard")
-}
-
-// workloads builds, and keeps, clients for each CAPI Cluster's API server
-// from its kubeconfig Secret; a changed Secret gets new clients.
-type workloads struct {
-	mgmt   kubernetes.Interface
-	client kubeclient.Clients
-	events bool
-
-	mu      sync.Mutex
-	clients map[string]workload
-}
-
-type workload struct {
-	digest [32]byte
-	target reaper.Target
-}
-
-// targets lists the CAPI Clusters and returns one Target per Cluster whose
-// kubeconfig could be read; the others are skipped with an error.
-func (w *workloads) targets(ctx context.Context) ([]reaper.Target, error) {
-	mapping, err := w.client.Mapper.RESTMapping(clusterGVK().GroupKind())
-	if err != nil {
-		return nil, fmt.Errorf("find the Cluster resource: %w", err)
-	}
-	list, err := w.client.Dynamic.Resource(mapping.Resource).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("list Clusters: %w", err)
-	}
-	var out []reaper.Target
-	var errs []error
-	for _, cl := range list.Items {
-		name := cl.GetNamespace() + "/" + cl.GetName()
-		t, err := w.target(ctx, name)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		out = append(out, t)
-	}
-	if len(errs) > 0 {
-		return out, fmt.Errorf("workload clusters: %v", errs)
-	}
-	return out, nil
-}
-
-func (w *workloads) target(ctx context.Context, cluster string) (reaper.Target, error) {
-	kc, err := webhookconfig.WorkloadKubeconfig(ctx, w.mgmt, cluster)
-	if err != nil {
-		return reaper.Target{}, err
-	}
-	digest := sha256.Sum256(kc)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if have, ok := w.clients[cluster]; ok && have.digest == digest {
-		return have.target, nil
-	}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
-	if err != nil {
-		return reaper.Target{}, fmt.Errorf("kubeconfig of Cluster %s: %w", cluster, err)
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return reaper.Target{}, fmt.Errorf("client for Cluster %s: %w", cluster, err)
-	}
-	t := reaper.Target{Cluster: cluster, Nodes: dyn}
-	if w.events {
-		typed, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			return reaper.Target{}, fmt.Errorf("client for Cluster %s: %w", cluster, err)
-		}
-		// Lives as long as serve; a rotated kubeconfig leaves the old
-		// broadcaster idle, which is cheap.
-		t.Recorder = recorder(ctx, typed)
-	}
-	w.clients[cluster] = workload{digest: digest, target: t}
-	return t, nil
 }

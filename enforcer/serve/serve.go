@@ -120,11 +120,21 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if err != nil {
 		return err
 	}
+	metrics, err := webhook.NewMetrics(reg, e.Inventory.Count)
+	if err != nil {
+		return err
+	}
+	scanner, err := startReaper(ctx, c, e, reg, opts.Orphans, log)
+	if err != nil {
+		return err
+	}
 	if opts.Bundle.Path != "" {
 		go func() {
 			err := policybundle.Watch(ctx, opts.Bundle, eval, log, func(err error) {
 				if err != nil {
 					policyMetrics.ReloadErrors.Inc()
+				} else if scanner != nil {
+					scanner.JudgeAll() // the orphan criteria may have changed with it
 				}
 			})
 			if err != nil {
@@ -132,13 +142,6 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 				log.Error("bundle watch stopped: updates of the bundle file will not be loaded", "error", err)
 			}
 		}()
-	}
-	metrics, err := webhook.NewMetrics(reg, e.Inventory.Count)
-	if err != nil {
-		return err
-	}
-	if err := startReaper(ctx, c, e, reg, opts.Orphans, log); err != nil {
-		return err
 	}
 	clusters := freshread.New(c.Dynamic, c.Mapper)
 	handler := webhook.New(webhook.Options{
