@@ -54,11 +54,12 @@ go-test:
 # The concurrent paths (webhook under parallel reviews, informers, guard)
 # again under the race detector.
 race:
-	@echo "== go test -race (webhook, serve, guard, informers, freshread, policybundle, reaper)"
-	$(GO) test -race ./enforcer/webhook/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/freshread/ ./enforcer/policybundle/ ./enforcer/reaper/
+	@echo "== go test -race (webhook, serve, guard, informers, freshread, policybundle, reaper, orphanscan, nodecache, clusters)"
+	$(GO) test -race ./enforcer/webhook/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/freshread/ ./enforcer/policybundle/ ./enforcer/reaper/ \
+		./enforcer/orphanscan/ ./enforcer/nodecache/ ./enforcer/clusters/
 
 differential:
-	@echo "== differential: enforcer vs Gatekeeper's engine on randomized inventories"
+	@echo "== differential: enforcer vs Gatekeeper's engine on randomized inventories; the narrowed orphan judge vs full passes"
 	$(GO) test -count=1 -v ./tests/differential/ -args -scenarios $(SCENARIOS)
 
 # A bounded fuzz run of the webhook's request decoding. Minimizing each new

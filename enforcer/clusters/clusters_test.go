@@ -118,6 +118,24 @@ func (s *sessions) server(key string) string {
 	return s.running[key]
 }
 
+// lockedBuffer is a log written by the Set while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 func run(t *testing.T, set *clusters.Set) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -135,9 +153,9 @@ func TestSessionsFollowClustersAndTheirSecrets(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	metrics, err := clusters.NewMetrics(reg)
 	require.NoError(t, err)
-	var logs bytes.Buffer
+	logs := &lockedBuffer{}
 	set, err := clusters.New(clusters.Options{Management: m.clients, Secrets: m.secrets, Recheck: 100 * time.Millisecond,
-		Start: s.start, Metrics: metrics, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
+		Start: s.start, Metrics: metrics, Log: slog.New(slog.NewJSONHandler(logs, nil))})
 	require.NoError(t, err)
 	run(t, set)
 

@@ -341,6 +341,10 @@ func child(m map[string]any, key string) map[string]any {
 	return c
 }
 
+// Store returns the store of one kind, nil when it has none: for callers
+// that fill an inventory themselves (tests that play informers).
+func (inv *Inventory) Store(gvk schema.GroupVersionKind) cache.Indexer { return inv.store(gvk) }
+
 func (inv *Inventory) store(gvk schema.GroupVersionKind) cache.Indexer {
 	inv.mu.RLock()
 	defer inv.mu.RUnlock()
