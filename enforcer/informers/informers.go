@@ -367,3 +367,45 @@ func (s *Syncer) Failed() map[schema.GroupKind]error {
 func sortGVKs(g []schema.GroupVersionKind) {
 	sort.Slice(g, func(i, j int) bool { return g[i].String() < g[j].String() })
 }
+
+// Relay passes changes on to a function connected later, keeping, in order,
+// those that come before: it lets a Syncer's changes be subscribed to before
+// its informers start (a handler added to a running informer first gets
+// every object it holds at once, in a buffer client-go never shrinks) by a
+// caller built after they started.
+type Relay struct {
+	mu      sync.Mutex
+	pending []Change
+	to      func(Change)
+}
+
+// Send passes c on, or keeps it until Connect.
+func (r *Relay) Send(c Change) {
+	r.mu.Lock()
+	if to := r.to; to != nil {
+		r.mu.Unlock()
+		to(c)
+		return
+	}
+	r.pending = append(r.pending, c)
+	r.mu.Unlock()
+}
+
+// Connect passes the changes kept so far to f, in order, then every later
+// one as it comes.
+func (r *Relay) Connect(f func(Change)) {
+	for {
+		r.mu.Lock()
+		batch := r.pending
+		r.pending = nil
+		if len(batch) == 0 {
+			r.to = f
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		for _, c := range batch {
+			f(c)
+		}
+	}
+}

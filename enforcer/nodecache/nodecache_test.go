@@ -152,6 +152,14 @@ func TestOnlyAChangeTheCriteriaReadIsAChange(t *testing.T) {
 	n.Status.Conditions[2].Status = corev1.ConditionUnknown
 	add(n)
 	assert.Len(t, changed, 2, "Ready changed")
+	// The index follows the record of each update, and only it.
+	var infraProviderID linkmodel.Link
+	for _, l := range linkmodel.MustEmbedded().Links {
+		if l.Type == "infraProviderID" {
+			infraProviderID = l
+		}
+	}
+	assert.Equal(t, []string{n.Name}, nodes.Linked(infraProviderID, [][]string{{n.Spec.ProviderID}}))
 	require.NoError(t, nodes.Delete(n.Name))
 	assert.Len(t, changed, 3)
 	assert.Zero(t, nodes.Len())
@@ -249,4 +257,30 @@ func TestWatchFollowsTheAPIServer(t *testing.T) {
 	_, ok := w.Get(n0.Name)
 	assert.False(t, ok)
 	assert.Equal(t, 1, w.Len())
+}
+
+// UUIDs and RFC 3339 UTC times are kept in binary; whatever is kept comes
+// back as the very string it was, canonical or not.
+func TestKeptStringsComeBackExactly(t *testing.T) {
+	s := shape(t)
+	for _, v := range []string{
+		"6a1f3c2e-8d4b-4c1a-9e2f-0b1c2d3e4f50", "6A1F3C2E-8D4B-4C1A-9E2F-0B1C2D3E4F50", "{6a1f3c2e-8d4b-4c1a-9e2f-0b1c2d3e4f50}",
+		"2026-11-30T11:00:00Z", "1969-07-20T20:17:40Z", "2026-11-30T11:00:00+01:00", "2026-11-30T11:00:00.5Z", "2026-11-30 11:00:00Z",
+		"", "x", strings.Repeat("y", 36), strings.Repeat("z", 20),
+	} {
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"metadata": map[string]any{"name": "n", "uid": v, "creationTimestamp": v,
+				"annotations": map[string]any{"cluster.x-k8s.io/machine": v}},
+			"status": map[string]any{"conditions": []any{map[string]any{"type": "Ready", "status": v, "lastTransitionTime": v}}},
+		}}
+		r, err := s.Record(u)
+		require.NoError(t, err)
+		o := s.Object(r)
+		for _, p := range [][]string{{"metadata", "uid"}, {"metadata", "creationTimestamp"}, {"metadata", "annotations", "cluster.x-k8s.io/machine"}} {
+			got, _, _ := unstructured.NestedString(o, p...)
+			assert.Equal(t, v, got, "%v of %q", p, v)
+		}
+		conditions, _, _ := unstructured.NestedSlice(o, "status", "conditions")
+		assert.Equal(t, []any{map[string]any{"type": "Ready", "status": v, "lastTransitionTime": v}}, conditions)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"k8s.io/client-go/tools/cache"
 
@@ -15,17 +16,19 @@ import (
 // Nodes is one cluster's Node cache: the reduced Nodes by name, and for each
 // link a map from the link's Node values to the Nodes holding them, so an
 // object's values find the Nodes it could link. The maps hold hashes, not
-// the values: a collision only names an extra Node to judge, never misses one.
+// the values, and point at the Node records (8 bytes): a collision only
+// names an extra Node to judge, never misses one.
 // It is fed by an informer's events (Watch) or directly (tests).
 type Nodes struct {
 	shape    *Shape
 	store    cache.Store
 	onChange func(name string)
 	seed     maphash.Seed
+	count    atomic.Int64 // Nodes added and not deleted: Len without a walk
 
 	mu    sync.Mutex
-	index []map[uint64]string   // per shape.tuples: hash -> the Node
-	more  []map[uint64][]string // hashes held by more than one Node
+	index []map[uint64]*Node   // per shape.tuples: hash -> the Node
+	more  []map[uint64][]*Node // hashes held by more than one Node
 }
 
 // NewNodes returns an empty cache over store (nil: its own) that calls
@@ -37,8 +40,8 @@ func NewNodes(shape *Shape, store cache.Store, onChange func(name string)) *Node
 	}
 	n := &Nodes{shape: shape, store: store, onChange: onChange, seed: maphash.MakeSeed()}
 	for range shape.tuples {
-		n.index = append(n.index, map[uint64]string{})
-		n.more = append(n.more, map[uint64][]string{})
+		n.index = append(n.index, map[uint64]*Node{})
+		n.more = append(n.more, map[uint64][]*Node{})
 	}
 	return n
 }
@@ -63,8 +66,9 @@ func (c *Nodes) Names() []string {
 	return keys
 }
 
-// Len is the number of cached Nodes.
-func (c *Nodes) Len() int { return len(c.store.ListKeys()) }
+// Len is the number of cached Nodes (for the metrics: it follows the
+// events, a moment behind the store).
+func (c *Nodes) Len() int { return int(c.count.Load()) }
 
 // Add stores n (a test's or a relist's way in; informers call added).
 func (c *Nodes) Add(n *Node) error {
@@ -94,15 +98,16 @@ func (c *Nodes) Delete(name string) error {
 }
 
 func (c *Nodes) added(n *Node) {
+	c.count.Add(1)
 	c.reindex(nil, n)
 	c.changed(n.Name())
 }
 
 func (c *Nodes) updated(old, n *Node) {
+	c.reindex(old, n)
 	if old.SameForJudging(n, c.shape) {
 		return
 	}
-	c.reindex(old, n)
 	c.changed(n.Name())
 	if old.Name() != n.Name() {
 		c.changed(old.Name())
@@ -110,6 +115,7 @@ func (c *Nodes) updated(old, n *Node) {
 }
 
 func (c *Nodes) deleted(n *Node) {
+	c.count.Add(-1)
 	c.reindex(n, nil)
 	c.changed(n.Name())
 }
@@ -128,29 +134,27 @@ func (c *Nodes) reindex(old, n *Node) {
 	for t := range c.shape.tuples {
 		if old != nil {
 			if h, ok := c.nodeHash(t, old); ok {
-				c.remove(t, h, old.Name())
+				c.remove(t, h, old)
 			}
 		}
 		if n != nil {
 			if h, ok := c.nodeHash(t, n); ok {
-				c.insert(t, h, n.Name())
+				c.insert(t, h, n)
 			}
 		}
 	}
 }
 
-func (c *Nodes) insert(t int, h uint64, name string) {
-	have, ok := c.index[t][h]
-	switch {
-	case !ok:
-		c.index[t][h] = name
-	case have != name && !slices.Contains(c.more[t][h], name):
-		c.more[t][h] = append(c.more[t][h], name)
+func (c *Nodes) insert(t int, h uint64, n *Node) {
+	if _, ok := c.index[t][h]; !ok {
+		c.index[t][h] = n
+		return
 	}
+	c.more[t][h] = append(c.more[t][h], n)
 }
 
-func (c *Nodes) remove(t int, h uint64, name string) {
-	if c.index[t][h] == name {
+func (c *Nodes) remove(t int, h uint64, n *Node) {
+	if c.index[t][h] == n {
 		if rest := c.more[t][h]; len(rest) > 0 {
 			c.index[t][h] = rest[0]
 			c.setMore(t, h, rest[1:])
@@ -159,17 +163,17 @@ func (c *Nodes) remove(t int, h uint64, name string) {
 		}
 		return
 	}
-	if i := slices.Index(c.more[t][h], name); i >= 0 {
+	if i := slices.Index(c.more[t][h], n); i >= 0 {
 		c.setMore(t, h, slices.Delete(slices.Clone(c.more[t][h]), i, i+1))
 	}
 }
 
-func (c *Nodes) setMore(t int, h uint64, names []string) {
-	if len(names) == 0 {
+func (c *Nodes) setMore(t int, h uint64, nodes []*Node) {
+	if len(nodes) == 0 {
 		delete(c.more[t], h)
 		return
 	}
-	c.more[t][h] = names
+	c.more[t][h] = nodes
 }
 
 // nodeHash hashes a Node's values for tuple t; false when one is missing or
@@ -223,9 +227,11 @@ func (c *Nodes) Linked(l linkmodel.Link, values [][]string) []string {
 			h.WriteByte(0)
 		}
 		sum := h.Sum64()
-		if name, ok := c.index[t][sum]; ok {
-			out = append(out, name)
-			out = append(out, c.more[t][sum]...)
+		if n, ok := c.index[t][sum]; ok {
+			out = append(out, n.Name())
+			for _, m := range c.more[t][sum] {
+				out = append(out, m.Name())
+			}
 		}
 	}
 	return out

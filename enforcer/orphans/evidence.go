@@ -35,10 +35,11 @@ type evidenceKey struct {
 	apiVersion, kind, namespace, cluster, scheme string
 }
 
-// evidenceGroup is every InfraMachine of one key, and the one shown.
+// evidenceGroup is every InfraMachine of one key (their records: 8 bytes
+// each, the inventory holds them anyway), and the one shown.
 type evidenceGroup struct {
-	shown   string
-	members map[string]*inventory.Record // by namespace/name
+	shown   *inventory.Record
+	members map[*inventory.Record]struct{}
 }
 
 // NewEvidence starts empty; Update fills it.
@@ -73,7 +74,7 @@ func (e *Evidence) Update(old, r *inventory.Record) bool {
 	defer e.mu.Unlock()
 	var removed, added *evidenceKey
 	if old != nil {
-		if k, ok := e.key(old); ok && e.remove(k, old.Namespace()+"/"+old.Name()) {
+		if k, ok := e.key(old); ok && e.remove(k, old) {
 			removed = &k
 		}
 	}
@@ -89,18 +90,27 @@ func (e *Evidence) Update(old, r *inventory.Record) bool {
 }
 
 // remove drops a member; true when its key is gone with it.
-func (e *Evidence) remove(k evidenceKey, name string) bool {
+func (e *Evidence) remove(k evidenceKey, r *inventory.Record) bool {
 	g := e.byKey[k]
 	if g == nil {
 		return false
 	}
-	delete(g.members, name)
+	if _, ok := g.members[r]; !ok {
+		// Not the record added (a caller that rebuilt it): the same object.
+		for m := range g.members {
+			if m.Namespace() == r.Namespace() && m.Name() == r.Name() {
+				r = m
+				break
+			}
+		}
+	}
+	delete(g.members, r)
 	if len(g.members) == 0 {
 		delete(e.byKey, k)
 		e.objects = nil
 		return true
 	}
-	if g.shown == name {
+	if g.shown == r {
 		for other := range g.members {
 			g.shown = other
 			break
@@ -110,19 +120,15 @@ func (e *Evidence) remove(k evidenceKey, name string) bool {
 	return false
 }
 
-// add adds or replaces a member; true when its key is new.
+// add adds a member; true when its key is new.
 func (e *Evidence) add(k evidenceKey, r *inventory.Record) bool {
-	name := r.Namespace() + "/" + r.Name()
 	g := e.byKey[k]
 	if g == nil {
-		e.byKey[k] = &evidenceGroup{shown: name, members: map[string]*inventory.Record{name: r}}
+		e.byKey[k] = &evidenceGroup{shown: r, members: map[*inventory.Record]struct{}{r: {}}}
 		e.objects = nil
 		return true
 	}
-	g.members[name] = r
-	if g.shown == name {
-		e.objects = nil
-	}
+	g.members[r] = struct{}{}
 	return false
 }
 
@@ -140,8 +146,7 @@ func (e *Evidence) Objects() []*unstructured.Unstructured {
 	sort.Slice(keys, func(i, j int) bool { return keyString(keys[i]) < keyString(keys[j]) })
 	out := make([]*unstructured.Unstructured, 0, len(keys))
 	for _, k := range keys {
-		g := e.byKey[k]
-		out = append(out, g.members[g.shown].Unstructured())
+		out = append(out, e.byKey[k].shown.Unstructured())
 	}
 	e.objects = out
 	return out

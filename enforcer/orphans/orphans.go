@@ -40,11 +40,11 @@ type Verdict struct {
 	ResourceVersion string    `json:"-"`
 }
 
-// Screen is the answer of the criteria that read only the Node: what keeps
-// it whatever the inventory holds, and when that may change by the clock
-// alone (zero: not until the Node changes).
+// Screen is the answer of the criteria that read only the Node: whether it
+// passes them (else it is no orphan, whatever the inventory holds), and when
+// that may change with the clock alone (zero: not until the Node changes).
 type Screen struct {
-	Kept      []string
+	Passes    bool
 	RecheckAt time.Time
 }
 
@@ -162,12 +162,12 @@ func (e *Evaluator) screen(ctx context.Context, in ast.Value) (Screen, error) {
 	if err != nil {
 		return Screen{}, err
 	}
-	kept, ok := stringList(m["kept"])
+	passes, ok := m["passes"].(bool)
 	at, ok2 := m["recheckAt"].(string)
 	if !ok || !ok2 {
-		return Screen{}, fmt.Errorf("evaluate %s: want {kept, recheckAt}, got %v", decision.ScreenQuery, m)
+		return Screen{}, fmt.Errorf("evaluate %s: want {passes, recheckAt}, got %v", decision.ScreenQuery, m)
 	}
-	s := Screen{Kept: kept}
+	s := Screen{Passes: passes}
 	if at != "" {
 		t, err := time.Parse(time.RFC3339Nano, at)
 		if err != nil {
@@ -252,18 +252,31 @@ func (f *Finder) Scan(ctx context.Context, nodes []*unstructured.Unstructured, c
 	return f.judge(ctx, nodes, cluster, now, false)
 }
 
-// Screen evaluates the criteria that read only the Node: a Node they keep
-// is no orphan, whatever Scan would find.
-func (f *Finder) Screen(ctx context.Context, node *unstructured.Unstructured, cluster string, now time.Time) (Screen, error) {
+// Route is one cluster route's parameters, converted: for judging many
+// Nodes of one route without converting them per Node.
+type Route struct {
+	cluster string
+	params  decision.Parameters
+}
+
+// Route returns the parameters of a cluster route ("namespace/name", or ""
+// for all), as they are now (they change with the synced kinds).
+func (f *Finder) Route(cluster string) (Route, error) {
 	params, err := f.opts.Guard.RouteParameters(cluster)
 	if err != nil {
-		return Screen{}, err
+		return Route{}, err
 	}
+	return Route{cluster: cluster, params: params}, nil
+}
+
+// Screen evaluates the criteria that read only the Node: a Node that does
+// not pass them is no orphan, whatever Scan would find.
+func (f *Finder) Screen(ctx context.Context, r Route, node *unstructured.Unstructured, now time.Time) (Screen, error) {
 	nv, err := ast.InterfaceToValue(node.Object)
 	if err != nil {
 		return Screen{}, fmt.Errorf("convert Node %q: %w", node.GetName(), err)
 	}
-	return f.eval.screen(ctx, input(nv, nil, params.Value(), now, f.opts.Grace, f.opts.MatchProviderID))
+	return f.eval.screen(ctx, input(nv, nil, r.params.Value(), now, f.opts.Grace, f.opts.MatchProviderID))
 }
 
 func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, now time.Time, fresh bool) ([]Verdict, error) {

@@ -179,17 +179,23 @@ func TestScreenSaysWhatTheNodeAloneDecides(t *testing.T) {
 	for _, n := range nodes {
 		byName[n.GetName()] = n
 	}
-	s, err := f.Screen(ctx, byName["dev-md-0-ready"], "", now)
+	r, err := f.Route("")
 	require.NoError(t, err)
-	assert.Equal(t, orphans.Screen{Kept: []string{"its Ready condition is True"}}, s)
+	s, err := f.Screen(ctx, r, byName["dev-md-0-ready"], now)
+	require.NoError(t, err)
+	assert.Equal(t, orphans.Screen{}, s, "Ready: kept, until it changes")
 	// Not Ready since 11:58: the grace alone keeps it, until 12:03.
-	s, err = f.Screen(ctx, byName["dev-md-0-recent"], "", now)
+	s, err = f.Screen(ctx, r, byName["dev-md-0-recent"], now)
 	require.NoError(t, err)
-	assert.Len(t, s.Kept, 1)
-	assert.Equal(t, time.Date(2026, 11, 30, 12, 3, 0, 0, time.UTC), s.RecheckAt)
-	// Passed by the screen; its Machine keeps it, which only the full criteria see.
-	s, err = f.Screen(ctx, byName["dev-md-0-deleting"], "", now)
+	assert.Equal(t, orphans.Screen{RecheckAt: time.Date(2026, 11, 30, 12, 3, 0, 0, time.UTC)}, s)
+	// Passes; its Machine keeps it, which only the full criteria see.
+	s, err = f.Screen(ctx, r, byName["dev-md-0-deleting"], now)
 	require.NoError(t, err)
-	assert.Empty(t, s.Kept)
-	assert.True(t, s.RecheckAt.IsZero())
+	assert.Equal(t, orphans.Screen{Passes: true}, s)
+	// Judged for another Cluster, it is not that Cluster's.
+	other, err := f.Route("default/other")
+	require.NoError(t, err)
+	s, err = f.Screen(ctx, other, byName["dev-md-0-deleting"], now)
+	require.NoError(t, err)
+	assert.False(t, s.Passes)
 }

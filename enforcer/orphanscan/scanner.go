@@ -89,6 +89,8 @@ type Scanner struct {
 	// logError's state.
 	lastLog    time.Time
 	suppressed int
+	// routes are RunDue's converted parameters; only RunDue uses them.
+	routes map[string]orphans.Route
 }
 
 type cluster struct {
@@ -198,7 +200,8 @@ type Result struct {
 }
 
 // RunDue judges every Node due at now, and every Node of every cluster when
-// a full pass is due (or of a cluster whose cache just synced).
+// a full pass is due (or of a cluster whose cache just synced). Run calls
+// it; it must not run twice at once.
 func (s *Scanner) RunDue(ctx context.Context, now time.Time) Result {
 	var res Result
 	if err := s.opts.Ready(); err != nil {
@@ -245,6 +248,7 @@ func (s *Scanner) RunDue(ctx context.Context, now time.Time) Result {
 	}
 	s.mu.Unlock()
 	res.Full = full
+	s.routes = map[string]orphans.Route{}
 	names := make([]string, 0, len(plan))
 	for name := range plan {
 		names = append(names, name)
@@ -277,16 +281,20 @@ func (s *Scanner) judge(ctx context.Context, c *cluster, name string, now time.T
 		return
 	}
 	res.Judged++
-	shape := c.nodes.Shape()
-	u := shape.Unstructured(node)
-	screen, err := s.opts.Finder.Screen(ctx, u, c.name, now)
+	route, err := s.route(c.name)
+	if err != nil {
+		s.failed(c, name, now, err, res)
+		return
+	}
+	u := c.nodes.Shape().Unstructured(node)
+	screen, err := s.opts.Finder.Screen(ctx, route, u, now)
 	s.opts.Metrics.judged(stageScreen)
 	if err != nil {
 		s.failed(c, name, now, err, res)
 		return
 	}
-	v := orphans.Verdict{Node: name, Kept: screen.Kept, UID: node.UID(), ResourceVersion: node.ResourceVersion()}
-	if len(screen.Kept) > 0 {
+	v := orphans.Verdict{Node: name, UID: node.UID(), ResourceVersion: node.ResourceVersion()}
+	if !screen.Passes {
 		if !screen.RecheckAt.IsZero() {
 			s.after(c.name, name, now, screen.RecheckAt)
 		}
@@ -313,6 +321,19 @@ func (s *Scanner) judge(ctx context.Context, c *cluster, name string, now time.T
 	if !next.IsZero() {
 		s.after(c.name, name, now, next)
 	}
+}
+
+// route is a cluster route's parameters, converted once per RunDue (they
+// change only with the synced kinds, which RunDue watches).
+func (s *Scanner) route(cluster string) (orphans.Route, error) {
+	if r, ok := s.routes[cluster]; ok {
+		return r, nil
+	}
+	r, err := s.opts.Finder.Route(cluster)
+	if err == nil {
+		s.routes[cluster] = r
+	}
+	return r, err
 }
 
 // after asks for a Node to be judged at t, and never again at or before now

@@ -2,6 +2,7 @@ package orphanscan
 
 import (
 	"container/heap"
+	"maps"
 	"time"
 )
 
@@ -12,6 +13,7 @@ type key struct{ cluster, node string }
 // for it. Not safe for concurrent use; the Scanner locks around it.
 type schedule struct {
 	at    map[key]time.Time
+	peak  int     // the most entries at has held since it was made
 	queue entries // may hold stale entries, skipped when popped
 }
 
@@ -28,6 +30,7 @@ func (s *schedule) add(k key, t time.Time) {
 		return
 	}
 	s.at[k] = t
+	s.peak = max(s.peak, len(s.at))
 	heap.Push(&s.queue, entry{key: k, at: t})
 }
 
@@ -49,11 +52,27 @@ func (s *schedule) due(now time.Time) []key {
 	for {
 		t, ok := s.next()
 		if !ok || t.After(now) {
-			return out
+			break
 		}
 		e := heap.Pop(&s.queue).(entry)
 		delete(s.at, e.key)
 		out = append(out, e.key)
+	}
+	s.shrink()
+	return out
+}
+
+// shrink lets go of the room a burst left (every Node of a cluster due at
+// once when its cache syncs): Go's maps and slices keep their size, and that
+// would cost every watched Node about 170 bytes for good.
+func (s *schedule) shrink() {
+	if cap(s.queue) > 64 && cap(s.queue) > 4*len(s.queue) {
+		s.queue = append(entries(nil), s.queue...)
+	}
+	if len(s.at) < s.peak/4 {
+		at := make(map[key]time.Time, len(s.at))
+		maps.Copy(at, s.at)
+		s.at, s.peak = at, len(s.at)
 	}
 }
 

@@ -239,7 +239,7 @@ const everyNodeAnOrphan = `package nodeguard
 orphan := {"node": input.node.metadata.name, "orphan": true, "managed": true, "cluster": "", "machine": "",
 	"notReadySince": "", "reason": "customized", "kept": []}
 
-orphan_screen := {"kept": [], "recheckAt": ""}
+orphan_screen := {"passes": true, "recheckAt": ""}
 `
 
 // The orphan scan runs the bundle's criteria, and a reloaded bundle's at

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/events"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
@@ -66,15 +67,60 @@ func LeaseNamespace() string {
 }
 
 // startReaper runs the orphan scan (and, opted in, the reaper) in the
-// background until ctx is done: a reduced Node cache per cluster, judged as
-// it and the inventory change. It returns the scanner (nil when the scan is
-// off), so a reloaded policy can have every Node judged again.
-func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, reg prometheus.Registerer, opts ReapOptions, log *slog.Logger) (*orphanscan.Scanner, error) {
+// background until ctx is done, with clients of c's config; it returns the
+// scanner (nil when the scan is off), so a reloaded policy can have every
+// Node judged again.
+func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, changes *informers.Relay, reg prometheus.Registerer,
+	opts ReapOptions, log *slog.Logger) (*orphanscan.Scanner, error) {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
 			return nil, fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
 		}
 		return nil, nil
+	}
+	scan := OrphanScan{Management: c, Enforcer: e, Changes: changes, Registry: reg, Options: opts, Log: log}
+	if c.Config != nil {
+		var err error
+		if scan.Kube, err = kubernetes.NewForConfig(c.Config); err != nil {
+			return nil, fmt.Errorf("create client: %w", err)
+		}
+		// The cluster's own Nodes, through the protobuf client (tests
+		// without a config watch through the dynamic client).
+		if scan.Nodes, err = kubeclient.Protobuf(c.Config); err != nil {
+			return nil, err
+		}
+		scan.QPS, scan.Burst = c.Config.QPS, c.Config.Burst
+	}
+	return scan.Start(ctx)
+}
+
+// OrphanScan is the orphan scan of `nodeguard serve` and what it runs on.
+type OrphanScan struct {
+	// Management is the cluster nodeguard runs in; Kube its typed client
+	// (Leases, Events, kubeconfig Secrets), required to reap or to scan
+	// workload clusters; Nodes, when set, watches its Nodes (else
+	// Management.Dynamic does).
+	Management kubeclient.Clients
+	Kube       kubernetes.Interface
+	Nodes      kubernetes.Interface
+	Enforcer   *live.Enforcer
+	// Changes, when set, relays the inventory's changes from before the
+	// scan started (live.Options.OnChange); else the scan subscribes now.
+	Changes  *informers.Relay
+	Registry prometheus.Registerer
+	Options  ReapOptions
+	// QPS and Burst limit the workload clusters' clients (0: kubeclient's).
+	QPS   float32
+	Burst int
+	Log   *slog.Logger
+}
+
+// Start runs the scan until ctx is done: a reduced Node cache per cluster,
+// judged as it and the inventory change, and the reaper when enabled.
+func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
+	e, opts, log, c := o.Enforcer, o.Options, o.Log, o.Management
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
 	model := e.Inventory.Model()
 	fields, err := e.Evaluator.Orphans()
@@ -91,27 +137,22 @@ func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, re
 	if err != nil {
 		return nil, err
 	}
-	reapMetrics, err := reaper.NewMetrics(reg)
+	reapMetrics, err := reaper.NewMetrics(o.Registry)
 	if err != nil {
 		return nil, err
 	}
-	scanMetrics, err := orphanscan.NewMetrics(reg)
+	scanMetrics, err := orphanscan.NewMetrics(o.Registry)
 	if err != nil {
 		return nil, err
 	}
-	clusterMetrics, err := clusters.NewMetrics(reg)
+	clusterMetrics, err := clusters.NewMetrics(o.Registry)
 	if err != nil {
 		return nil, err
 	}
 	ropts := reaper.Options{Finder: finder, Delete: opts.Enabled, DryRun: opts.DryRun, Log: log, Metrics: reapMetrics}
-	var mgmt kubernetes.Interface
-	if opts.Enabled || opts.WorkloadClusters {
-		if c.Config == nil {
-			return nil, fmt.Errorf("reaping orphan Nodes needs a kubeconfig or in-cluster config")
-		}
-		if mgmt, err = kubernetes.NewForConfig(c.Config); err != nil {
-			return nil, fmt.Errorf("create client: %w", err)
-		}
+	mgmt := o.Kube
+	if (opts.Enabled || opts.WorkloadClusters) && mgmt == nil {
+		return nil, fmt.Errorf("reaping orphan Nodes needs a kubeconfig or in-cluster config")
 	}
 	self := reaper.Target{Nodes: c.Dynamic}
 	if opts.Enabled {
@@ -134,27 +175,21 @@ func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, re
 	if err != nil {
 		return nil, err
 	}
-	if err := reg.Register(scanner); err != nil {
+	if err := o.Registry.Register(scanner); err != nil {
 		return nil, fmt.Errorf("register orphan scan metrics: %w", err)
 	}
-	if err := e.Syncer.Subscribe(scanner.ObjectChanged); err != nil {
+	if o.Changes != nil {
+		o.Changes.Connect(scanner.ObjectChanged)
+	} else if err := e.Syncer.Subscribe(scanner.ObjectChanged); err != nil {
 		return nil, err
 	}
 	watchErrors := &watchErrors{metrics: clusterMetrics, log: log, last: map[string]time.Time{}}
-	// The cluster nodeguard runs in, through the protobuf client when there
-	// is a config (tests without one watch through the dynamic client).
-	var selfKube kubernetes.Interface
-	if c.Config != nil {
-		if selfKube, err = kubeclient.Protobuf(c.Config); err != nil {
-			return nil, err
-		}
-	}
-	if err := watchNodes(ctx, scanner, shape, "", selfKube, c.Dynamic, self, watchErrors, false); err != nil {
+	if err := watchNodes(ctx, scanner, shape, "", o.Nodes, c.Dynamic, self, watchErrors, false); err != nil {
 		return nil, err
 	}
 	if opts.WorkloadClusters {
 		set, err := clusters.New(clusters.Options{Management: c, Secrets: mgmt, Recheck: opts.KubeconfigRecheck,
-			QPS: c.Config.QPS, Burst: c.Config.Burst, Log: log, Metrics: clusterMetrics, Stopped: scanner.RemoveCluster,
+			QPS: o.QPS, Burst: o.Burst, Log: log, Metrics: clusterMetrics, Stopped: scanner.RemoveCluster,
 			Start: func(ctx context.Context, cl *clusters.Cluster) {
 				t := reaper.Target{Nodes: cl.Dynamic}
 				if opts.Enabled {

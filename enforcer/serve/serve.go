@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
+	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
@@ -110,7 +111,14 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if err != nil {
 		return err
 	}
-	e, err := live.Start(ctx, c, live.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Evaluator: eval})
+	lopts := live.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Evaluator: eval}
+	// The orphan scan hears of every inventory change from the first.
+	var changes *informers.Relay
+	if opts.Orphans.Interval > 0 {
+		changes = &informers.Relay{}
+		lopts.OnChange = changes.Send
+	}
+	e, err := live.Start(ctx, c, lopts)
 	if err != nil {
 		return err
 	}
@@ -124,7 +132,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if err != nil {
 		return err
 	}
-	scanner, err := startReaper(ctx, c, e, reg, opts.Orphans, log)
+	scanner, err := startReaper(ctx, c, e, changes, reg, opts.Orphans, log)
 	if err != nil {
 		return err
 	}

@@ -25,13 +25,13 @@ orphan := orphans.verdict(
 # title: Orphan screen
 # description: |
 #   The criteria that read only input.node (with input.parameters, input.now,
-#   input.grace and input.matchProviderID, as for orphan): kept, the reasons
-#   that keep the Node whatever the inventory holds (orphans.node_kept), and
-#   recheckAt, when they may change with the clock alone (orphans.recheck_at).
-#   The enforcer evaluates orphan only for Nodes with nothing kept here.
+#   input.grace and input.matchProviderID, as for orphan): passes, whether
+#   none of them keeps the Node (orphans.node_passes), and recheckAt, when
+#   that may change with the clock alone (orphans.recheck_at). The enforcer
+#   evaluates orphan only for Nodes that pass.
 # entrypoint: true
 orphan_screen := {
-	"kept": orphans.node_kept(input.node, params, input.now, grace, match),
+	"passes": orphans.node_passes(input.node, params, input.now, grace, match),
 	"recheckAt": orphans.recheck_at(input.node, params, input.now, grace, match),
 } if {
 	params := object.get(input, "parameters", {})

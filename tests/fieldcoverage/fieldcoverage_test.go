@@ -40,8 +40,8 @@ func wrapped() []struct{ file, head, wrapper string } {
 			"package lib.nodeguard\n\nlinked_machines(node, inventory, parameters) := _unprojected_linked_machines(fieldcoverage_node(node), fieldcoverage_inventory(inventory, parameters), parameters)\n"},
 		{"nodeguard/orphans/orphans.rego", "verdict(node, inventory, parameters, now, grace, match_provider_id) :=",
 			"package nodeguard.orphans\n\nverdict(node, inventory, parameters, now, grace, match_provider_id) := _unprojected_verdict(fieldcoverage_orphan_node(node), fieldcoverage_inventory(inventory, parameters), parameters, now, grace, match_provider_id)\n"},
-		{"nodeguard/orphans/orphans.rego", "node_kept(node, parameters, now, grace, match_provider_id) :=",
-			"package nodeguard.orphans\n\nnode_kept(node, parameters, now, grace, match_provider_id) := _unprojected_node_kept(fieldcoverage_orphan_node(node), parameters, now, grace, match_provider_id)\n"},
+		{"nodeguard/orphans/orphans.rego", "node_passes(node, parameters, now, grace, match_provider_id) if",
+			"package nodeguard.orphans\n\nnode_passes(node, parameters, now, grace, match_provider_id) if _unprojected_node_passes(fieldcoverage_orphan_node(node), parameters, now, grace, match_provider_id)\n"},
 		{"nodeguard/orphans/orphans.rego", "recheck_at(node, parameters, now, grace, match_provider_id) :=",
 			"package nodeguard.orphans\n\nrecheck_at(node, parameters, now, grace, match_provider_id) := _unprojected_recheck_at(fieldcoverage_orphan_node(node), parameters, now, grace, match_provider_id)\n"},
 	}

@@ -172,7 +172,7 @@ _evidence_for_cluster(ns, obj, parameters) if {
 # description: |
 #   Every criterion that keeps the Node, one sentence each; empty when it is an
 #   orphan. Linked Machines and the rule's blockers come from lib.nodeguard.
-#   The criteria that read only the Node are node_kept's; each appears here too.
+#   node_passes tries the criteria that read only the Node, the same helpers.
 kept_because(node, inventory, parameters, now, grace, match_provider_id) := array.flatten([
 	_unmanaged(node, match_provider_id),
 	_scheme_unmatched(node, inventory, parameters, match_provider_id),
@@ -186,30 +186,39 @@ kept_because(node, inventory, parameters, now, grace, match_provider_id) := arra
 ])
 
 # METADATA
-# title: Kept by the Node alone
+# scope: document
+# title: Passes the Node-only criteria
 # description: |
-#   The criteria of kept_because that read only the Node, the parameters and
-#   the clock, never the inventory: a Node they keep is no orphan whatever the
-#   inventory holds, so the enforcer judges the rest only for Nodes they pass.
-node_kept(node, parameters, now, grace, match_provider_id) := array.flatten([
-	_unmanaged(node, match_provider_id),
-	_other_cluster(node, parameters),
-	_ready_reason(node),
-	_no_provider_id(node),
-	_grace_reason(not_ready_since(node), now, grace),
-])
+#   No criterion of kept_because that reads only the Node, the parameters and
+#   the clock keeps the Node; they are tried cheapest first, so a Ready Node
+#   is told at once. A Node that does not pass is no orphan whatever the
+#   inventory holds: the enforcer judges the other criteria only for Nodes
+#   that pass.
+default node_passes(_, _, _, _, _) := false
+
+node_passes(node, parameters, now, grace, match_provider_id) if {
+	_passes_but_grace(node, parameters, match_provider_id)
+	count(_grace_reason(not_ready_since(node), now, grace)) == 0
+}
 
 # METADATA
 # title: Recheck at
 # description: |
-#   When node_kept may change with the clock alone: the end of the grace
+#   When node_passes may change with the clock alone: the end of the grace
 #   period (RFC 3339), when the grace is all that keeps the Node; "" when
 #   nothing changes until the Node does.
 recheck_at(node, parameters, now, grace, match_provider_id) := time.format(time.parse_rfc3339_ns(since) + time.parse_duration_ns(grace)) if {
+	_passes_but_grace(node, parameters, match_provider_id)
 	since := not_ready_since(node)
 	count(_grace_reason(since, now, grace)) > 0
-	count(node_kept(node, parameters, now, grace, match_provider_id)) == 1
 } else := ""
+
+_passes_but_grace(node, parameters, match_provider_id) if {
+	count(_ready_reason(node)) == 0
+	count(_unmanaged(node, match_provider_id)) == 0
+	count(_no_provider_id(node)) == 0
+	count(_other_cluster(node, parameters)) == 0
+}
 
 # METADATA
 # title: Node fields

@@ -323,31 +323,29 @@ screened := {
 	},
 }
 
-test_node_kept_names_each_node_only_criterion if {
+test_node_passes_fails_each_node_only_criterion if {
 	every c in screened {
-		orphans.node_kept(c.node, c.params, now, "5m", false) == [c.kept]
+		not orphans.node_passes(c.node, c.params, now, "5m", false)
 	}
 }
 
-# Whatever the inventory, node_kept's reasons are kept_because's too: a Node
-# the screen keeps is never an orphan.
-test_node_kept_is_part_of_kept_because if {
+# Whatever the inventory, what keeps a Node from passing keeps it from being
+# an orphan: the same reason is in kept_because.
+test_a_node_that_does_not_pass_is_kept if {
 	inventories := [{}, evidence, fixtures.inventory([sibling, fixtures.capd_machine]), fixtures.inventory([sibling, fixtures.capd_infra])]
-	every _, c in screened {
+	every c in screened {
 		every inv in inventories {
-			kept := orphans.kept_because(c.node, inv, c.params, now, "5m", false)
-			every reason in orphans.node_kept(c.node, c.params, now, "5m", false) {
-				reason in kept
-			}
+			c.kept in orphans.kept_because(c.node, inv, c.params, now, "5m", false)
 		}
 	}
 }
 
-test_node_kept_passes_what_only_the_inventory_decides if {
-	orphans.node_kept(left_behind, {}, now, "5m", false) == []
-	orphans.node_kept(bare, {}, now, "5m", true) == []
+test_node_passes_what_only_the_inventory_decides if {
+	orphans.node_passes(left_behind, {}, now, "5m", false)
+	orphans.node_passes(bare, {}, now, "5m", true)
+	orphans.node_passes(left_behind, {"clusterName": "dev", "clusterNamespace": "default"}, now, "5m", false)
 
-	# Kept, but by the inventory: its Machine exists.
+	# Passes, but kept by the inventory: its Machine exists.
 	not verdict(left_behind, [fixtures.capd_machine]).orphan
 }
 
@@ -370,10 +368,9 @@ test_recheck_at_is_empty_when_more_than_the_clock_keeps_it if {
 test_entry_point_screen if {
 	recent := not_ready(fixtures.capd_node, "2026-11-30T11:58:00Z")
 	s := data.nodeguard.orphan_screen with input as {"node": recent, "now": now}
-	s.recheckAt == "2026-11-30T12:03:00Z"
-	count(s.kept) == 1
+	s == {"passes": false, "recheckAt": "2026-11-30T12:03:00Z"}
 	t := data.nodeguard.orphan_screen with input as {"node": bare, "now": now, "grace": "1m", "matchProviderID": true, "parameters": {"clusterName": "dev"}}
-	t == {"kept": [], "recheckAt": ""}
+	t == {"passes": true, "recheckAt": ""}
 }
 
 test_node_fields_are_paths if {
