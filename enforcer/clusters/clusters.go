@@ -368,10 +368,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "1 while nodeguard runs against a CAPI workload cluster with a working kubeconfig.",
 		}, []string{"cluster"}),
 	}
-	for _, c := range []prometheus.Collector{m.errors, m.sessions} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register workload cluster metrics: %w", err)
-		}
+	if err := errors.Join(reg.Register(m.errors), reg.Register(m.sessions)); err != nil {
+		return nil, fmt.Errorf("register workload cluster metrics: %w", err)
 	}
 	return m, nil
 }

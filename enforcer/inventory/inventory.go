@@ -354,19 +354,10 @@ func (inv *Inventory) store(gvk schema.GroupVersionKind) cache.Indexer {
 // List returns every cached object of one role, as the rule sees it. It
 // costs a walk of the whole cache: for periodic scans, not for decisions.
 func (inv *Inventory) List(role Role) []*unstructured.Unstructured {
-	inv.mu.RLock()
-	defer inv.mu.RUnlock()
-	var out []*unstructured.Unstructured
-	for _, gvk := range inv.order {
-		s := inv.stores[gvk]
-		if s.role != role {
-			continue
-		}
-		for _, item := range s.indexer.List() {
-			if r, err := recordOf(item); err == nil {
-				out = append(out, r.Unstructured())
-			}
-		}
+	records := inv.Records(role)
+	out := make([]*unstructured.Unstructured, len(records))
+	for i, r := range records {
+		out[i] = r.Unstructured()
 	}
 	return out
 }

@@ -109,17 +109,28 @@ func everyNodeAnOrphan(t *testing.T) *decision.Evaluator {
 	t.Helper()
 	files, err := policies.All()
 	require.NoError(t, err)
+	modules := sources(files)
+	src := modules["nodeguard/orphans/orphans.rego"]
+	require.Contains(t, src, `"orphan": count(kept) == 0,`)
+	modules["nodeguard/orphans/orphans.rego"] = strings.Replace(src, `"orphan": count(kept) == 0,`, `"orphan": true,`, 1)
+	return bundleOf(t, modules)
+}
+
+func sources(files []policies.File) map[string]string {
 	modules := map[string]string{}
 	for _, f := range files {
 		modules[f.Path] = f.Source
 	}
-	src := modules["nodeguard/orphans/orphans.rego"]
-	require.Contains(t, src, `"orphan": count(kept) == 0,`)
-	modules["nodeguard/orphans/orphans.rego"] = strings.Replace(src, `"orphan": count(kept) == 0,`, `"orphan": true,`, 1)
+	return modules
+}
+
+// bundleOf compiles Rego sources as a bundle's policy is.
+func bundleOf(t *testing.T, modules map[string]string) *decision.Evaluator {
+	t.Helper()
 	compiled, err := ast.CompileModulesWithOpt(modules, ast.CompileOpts{ParserOptions: ast.ParserOptions{RegoVersion: ast.RegoV1}})
 	require.NoError(t, err)
 	eval, err := decision.NewEvaluatorFor(context.Background(), compiled, nil, decision.Policy{Source: decision.SourceBundle, Revision: "test"})
-	require.NoError(t, err)
+	require.NoError(t, err, "the webhook runs on it")
 	return eval
 }
 
@@ -151,17 +162,9 @@ func TestFinderJudgesWithTheGuardsPolicy(t *testing.T) {
 func TestAPolicyWithoutOrphanCriteriaIsRefused(t *testing.T) {
 	files, err := policies.Library()
 	require.NoError(t, err)
-	modules := map[string]string{}
-	for _, f := range files {
-		modules[f.Path] = f.Source
-	}
 	entry, err := policies.Read(policies.EnforcerEntry)
 	require.NoError(t, err)
-	modules[entry.Path] = entry.Source
-	compiled, err := ast.CompileModulesWithOpt(modules, ast.CompileOpts{ParserOptions: ast.ParserOptions{RegoVersion: ast.RegoV1}})
-	require.NoError(t, err)
-	eval, err := decision.NewEvaluatorFor(context.Background(), compiled, nil, decision.Policy{Source: decision.SourceBundle})
-	require.NoError(t, err, "the webhook runs without them")
+	eval := bundleOf(t, sources(append(files, entry)))
 	_, err = orphans.EvaluatorFor(eval)
 	assert.ErrorContains(t, err, "has no orphan criteria")
 	embedded, err := decision.NewEvaluator(context.Background())

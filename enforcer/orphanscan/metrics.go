@@ -1,6 +1,7 @@
 package orphanscan
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,10 +34,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Judgments of a Node against the orphan criteria that failed (tried again later).",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.judgments, m.errors} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register orphan scan metrics: %w", err)
-		}
+	if err := errors.Join(reg.Register(m.judgments), reg.Register(m.errors)); err != nil {
+		return nil, fmt.Errorf("register orphan scan metrics: %w", err)
 	}
 	return m, nil
 }

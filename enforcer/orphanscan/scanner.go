@@ -15,7 +15,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sort"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -249,12 +250,7 @@ func (s *Scanner) RunDue(ctx context.Context, now time.Time) Result {
 	s.mu.Unlock()
 	res.Full = full
 	s.routes = map[string]orphans.Route{}
-	names := make([]string, 0, len(plan))
-	for name := range plan {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(plan)) {
 		w := plan[name]
 		nodes := w.keys
 		if w.all {

@@ -85,7 +85,7 @@ func node(cluster string, i int, notReady bool) *corev1.Node {
 	ready := corev1.ConditionTrue
 	since := created
 	if notReady {
-		ready, since = corev1.ConditionUnknown, metav1.NewTime(time.Now().Add(-time.Hour).Truncate(time.Second))
+		ready, since = corev1.ConditionUnknown, metav1.NewTime(created.Add(23*time.Hour)) // an hour before the run
 	}
 	for _, c := range []corev1.NodeConditionType{corev1.NodeMemoryPressure, corev1.NodeDiskPressure, corev1.NodePIDPressure} {
 		n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: c, Status: corev1.ConditionFalse,
