@@ -142,9 +142,9 @@ func (s *Set) Keys() []string {
 // Run watches Clusters and runs their sessions until ctx is done; it returns
 // once every session has stopped.
 func (s *Set) Run(ctx context.Context) error {
-	mapping, err := s.opts.Management.Mapper.RESTMapping(ClusterKind)
+	mapping, err := s.clusterResource(ctx)
 	if err != nil {
-		return fmt.Errorf("clusters: find the Cluster resource: %w", err)
+		return err
 	}
 	factory := dynamicinformer.NewDynamicSharedInformerFactory(s.opts.Management.Dynamic, 0)
 	informer := factory.ForResource(mapping.Resource).Informer()
@@ -172,6 +172,33 @@ func (s *Set) Run(ctx context.Context) error {
 	}
 	s.stopAll()
 	return nil
+}
+
+// clusterRetry is how often Run looks for the Cluster resource while the API
+// server does not serve it (Cluster API installed after nodeguard).
+const clusterRetry = 30 * time.Second
+
+// clusterResource finds the Cluster resource, waiting for it to be served.
+func (s *Set) clusterResource(ctx context.Context) (*meta.RESTMapping, error) {
+	logged := false
+	for {
+		mapping, err := s.opts.Management.Mapper.RESTMapping(ClusterKind)
+		if err == nil {
+			return mapping, nil
+		}
+		if r, ok := s.opts.Management.Mapper.(meta.ResettableRESTMapper); ok && meta.IsNoMatchError(err) {
+			r.Reset()
+		}
+		if !logged {
+			s.opts.Log.Error("workload clusters: the Cluster resource is not served; looking again every 30s", "error", err.Error())
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("clusters: find the Cluster resource: %w", err)
+		case <-time.After(clusterRetry):
+		}
+	}
 }
 
 // keyOnly reduces a Cluster to its namespace and name.

@@ -8,6 +8,7 @@ import (
 	"net"
 	"runtime"
 	"runtime/pprof"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -283,4 +284,19 @@ func TestAnUnreachableClusterLeaksNothing(t *testing.T) {
 		n, _ := count(fmt.Sprintf("fleet/gone-%d", i))
 		assert.LessOrEqual(t, n, 5, "client-go backs off between attempts")
 	}
+}
+
+// Without Cluster API's Cluster resource, the Set waits for it (logged
+// once) instead of giving up: Cluster API may be installed later.
+func TestWaitsForTheClusterResource(t *testing.T) {
+	dyn, mapper := testcluster.Serve(nil)
+	logs := &lockedBuffer{}
+	set, err := clusters.New(clusters.Options{Management: kubeclient.Clients{Dynamic: dyn, Mapper: mapper}, Secrets: fake.NewClientset(),
+		Start: func(context.Context, *clusters.Cluster) {}, Log: slog.New(slog.NewJSONHandler(logs, nil))})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err = set.Run(ctx)
+	assert.ErrorContains(t, err, "find the Cluster resource")
+	assert.Equal(t, 1, strings.Count(logs.String(), "the Cluster resource is not served"))
 }

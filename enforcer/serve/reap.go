@@ -208,7 +208,7 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 			return nil, err
 		}
 		go func() {
-			if err := set.Run(ctx); err != nil {
+			if err := set.Run(ctx); err != nil && ctx.Err() == nil {
 				log.Error("workload clusters: not watched; their Nodes are not scanned", "error", err.Error())
 			}
 		}()
