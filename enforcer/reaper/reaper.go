@@ -233,6 +233,9 @@ func (r *Reaper) gauge(cluster string) {
 		return
 	}
 	r.opts.Metrics.orphans.WithLabelValues(cluster).Set(float64(len(r.Orphans(cluster))))
+	// The counter exists at zero from the first report, so increase() sees
+	// a cluster's first deletion.
+	r.opts.Metrics.deleted.WithLabelValues(cluster)
 }
 
 // act re-reads the Node and everything the criteria read, and deletes it
