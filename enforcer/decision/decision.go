@@ -35,6 +35,9 @@ type Parameters struct {
 	value ast.Value
 }
 
+// Value is the converted parameters, nil for none.
+func (p Parameters) Value() ast.Value { return p.value }
+
 // NewParameters converts a Constraint's spec.parameters; nil means none.
 func NewParameters(params map[string]any) (Parameters, error) {
 	if params == nil {
@@ -125,7 +128,20 @@ type prepared struct {
 	defaults map[string]any
 	model    *linkmodel.Model
 	policy   Policy
+	// The orphan entry points, prepared on the same compiled policy so the
+	// reaper always runs the policy the webhook runs; nil when the policy
+	// has none (see Orphans).
+	orphan, screen *rego.PreparedEvalQuery
+	nodeFields     *linkmodel.NodeFields
 }
+
+// The orphan entry points (policies/nodeguard/orphans.rego).
+const (
+	// OrphanQuery is a Node's verdict.
+	OrphanQuery = "data.nodeguard.orphan"
+	// ScreenQuery is the criteria that read only the Node.
+	ScreenQuery = "data.nodeguard.orphan_screen"
+)
 
 // Policy says which policy an Evaluator runs.
 type Policy struct {
@@ -185,21 +201,100 @@ func NewEvaluatorFor(ctx context.Context, compiled *ast.Compiler, data map[strin
 	if err != nil {
 		return nil, err
 	}
+	p := &prepared{query: q, defaults: defaults, model: model, policy: policy}
+	if err := p.prepareOrphans(ctx, compiled, store); err != nil {
+		return nil, err
+	}
 	e := &Evaluator{}
-	e.current.Store(&prepared{query: q, defaults: defaults, model: model, policy: policy})
+	e.current.Store(p)
 	return e, nil
+}
+
+// prepareOrphans prepares the orphan entry points when the policy has all
+// of them (and their Node fields); a policy with none judges no orphans.
+func (p *prepared) prepareOrphans(ctx context.Context, compiled *ast.Compiler, store storage.Store) error {
+	var missing []string
+	for _, ref := range []string{OrphanQuery, ScreenQuery, linkmodel.NodeFieldsQuery} {
+		if len(compiled.GetRulesForVirtualDocument(ast.MustParseRef(ref))) == 0 {
+			missing = append(missing, ref)
+		}
+	}
+	if len(missing) == 3 {
+		return nil
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("the policy has orphan criteria but no %v", missing)
+	}
+	fields, err := linkmodel.LoadNodeFields(ctx, compiled, store)
+	if err != nil {
+		return err
+	}
+	p.nodeFields = fields
+	for _, q := range []struct {
+		ref string
+		out **rego.PreparedEvalQuery
+	}{{OrphanQuery, &p.orphan}, {ScreenQuery, &p.screen}} {
+		opts := []func(*rego.Rego){rego.Query(q.ref), rego.Compiler(compiled)}
+		if store != nil {
+			opts = append(opts, rego.Store(store))
+		}
+		prepared, err := rego.New(opts...).PrepareForEval(ctx)
+		if err != nil {
+			return fmt.Errorf("prepare %s: %w", q.ref, err)
+		}
+		*q.out = &prepared
+	}
+	return nil
 }
 
 // Replace makes e run other's policy from the next decision on; decisions
 // already running finish on the old one. The inventory was built for e's link
 // model, so a policy declaring another one is refused: it takes a restart.
 func (e *Evaluator) Replace(other *Evaluator) error {
-	next := other.current.Load()
-	if !next.model.Equal(e.current.Load().model) {
+	next, cur := other.current.Load(), e.current.Load()
+	if !next.model.Equal(cur.model) {
 		return fmt.Errorf("the new policy declares another link model (%s): restart nodeguard to cache and index what it reads", linkmodel.Query)
+	}
+	// The Node caches of the orphan scan were built for these fields, and the
+	// scan runs on these entry points.
+	if (cur.orphan != nil) != (next.orphan != nil) || !next.nodeFields.Equal(cur.nodeFields) {
+		return fmt.Errorf("the new policy declares other orphan criteria entry points or Node fields (%s): restart nodeguard to use it", linkmodel.NodeFieldsQuery)
 	}
 	e.current.Store(next)
 	return nil
+}
+
+// Orphans returns the Node fields the orphan criteria of the policy e runs
+// read, or an error when that policy has no orphan criteria.
+func (e *Evaluator) Orphans() (*linkmodel.NodeFields, error) {
+	p := e.current.Load()
+	if p.orphan == nil {
+		return nil, fmt.Errorf("the policy (%s) has no orphan criteria (%s, %s): use a bundle built from this release's policies/", p.policy.Source, OrphanQuery, ScreenQuery)
+	}
+	return p.nodeFields, nil
+}
+
+// EvalOrphan evaluates the orphan verdict (screen false) or the Node-only
+// screen (screen true) on input and returns the result's value (JSON-shaped
+// Go data), on the policy e runs now.
+func (e *Evaluator) EvalOrphan(ctx context.Context, screen bool, input ast.Value) (map[string]any, error) {
+	p := e.current.Load()
+	q, ref := p.orphan, OrphanQuery
+	if screen {
+		q, ref = p.screen, ScreenQuery
+	}
+	if q == nil {
+		return nil, fmt.Errorf("evaluate %s: the policy has no orphan criteria", ref)
+	}
+	rs, err := q.Eval(ctx, rego.EvalParsedInput(input))
+	if err != nil {
+		return nil, fmt.Errorf("evaluate %s: %w", ref, err)
+	}
+	value, ok := rego.ResultValue[map[string]any](rs)
+	if !ok {
+		return nil, fmt.Errorf("evaluate %s: want one object, got %d results", ref, len(rs))
+	}
+	return value, nil
 }
 
 // Model returns the link model of the policy e runs.

@@ -251,9 +251,15 @@ func (g *Guard) parameters(cluster string) (decision.Parameters, error) {
 	return converted, nil
 }
 
-// ScopedParameters are the effective parameters the rule reads for a cluster
+// RouteParameters are the converted parameters the rule reads for a cluster
 // route ("namespace/name", or "" for all): defaults, the Constraint's, the
 // synced kinds and the cluster scope. The orphan criteria take the same.
+func (g *Guard) RouteParameters(cluster string) (decision.Parameters, error) {
+	return g.parameters(cluster)
+}
+
+// ScopedParameters are RouteParameters as plain JSON values, for a
+// consumer outside this process (Gatekeeper, through the provider).
 func (g *Guard) ScopedParameters(cluster string) (map[string]any, error) {
 	ns, name, err := splitCluster(cluster)
 	if err != nil {
@@ -265,6 +271,10 @@ func (g *Guard) ScopedParameters(cluster string) (map[string]any, error) {
 	}
 	return g.scoped(ns, name, machines, pools), nil
 }
+
+// Evaluator is the policy the guard decides with; the orphan criteria run on
+// it too, so both always follow one policy (a bundle and its reloads included).
+func (g *Guard) Evaluator() *decision.Evaluator { return g.eval }
 
 // splitCluster parses a cluster route, "NAMESPACE/NAME" or "" for all; a
 // Cluster always has both parts.

@@ -60,6 +60,45 @@ type Syncer struct {
 	failed     map[schema.GroupKind]error
 	ctx        context.Context
 	pending    chan schema.GroupKind
+	subs       []func(Change)
+}
+
+// Change is one event of a cached object: Old is nil for an add, New for a
+// delete (whose Old is the last state seen, for a delete the watch missed).
+type Change struct {
+	Role     inventory.Role
+	Old, New *inventory.Record
+}
+
+// Subscribe calls f with every change of every watched kind, of informers
+// started before and after; the objects an informer already holds arrive
+// first, as adds. f runs on the informers' goroutines and must not block.
+func (s *Syncer) Subscribe(f func(Change)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.subs = append(s.subs, f)
+	for gk, t := range s.informers {
+		if _, err := t.informer.AddEventHandler(handler(t.role, f)); err != nil {
+			return fmt.Errorf("watch %s changes: %w", gk, err)
+		}
+	}
+	return nil
+}
+
+// handler sends one role's events to f.
+func handler(role inventory.Role, f func(Change)) cache.ResourceEventHandler {
+	record := func(obj any) *inventory.Record {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		r, _ := obj.(*inventory.Record)
+		return r
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { f(Change{Role: role, New: record(obj)}) },
+		UpdateFunc: func(old, obj any) { f(Change{Role: role, Old: record(old), New: record(obj)}) },
+		DeleteFunc: func(obj any) { f(Change{Role: role, Old: record(obj)}) },
+	}
 }
 
 type tracked struct {
@@ -145,6 +184,11 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role) error {
 	lw.verify = func() { s.verify(t) }
 	if err := informer.SetTransform(s.inv.Transform(gvk, role)); err != nil {
 		return fmt.Errorf("set transform on %s informer: %w", gvk, err)
+	}
+	for _, f := range s.subs {
+		if _, err := informer.AddEventHandler(handler(role, f)); err != nil {
+			return fmt.Errorf("watch %s changes: %w", gvk, err)
+		}
 	}
 	if role == inventory.Machine {
 		if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -384,4 +428,46 @@ func (s *Syncer) Failed() map[schema.GroupKind]error {
 
 func sortGVKs(g []schema.GroupVersionKind) {
 	sort.Slice(g, func(i, j int) bool { return g[i].String() < g[j].String() })
+}
+
+// Relay passes changes on to a function connected later, keeping, in order,
+// those that come before: it lets a Syncer's changes be subscribed to before
+// its informers start (a handler added to a running informer first gets
+// every object it holds at once, in a buffer client-go never shrinks) by a
+// caller built after they started.
+type Relay struct {
+	mu      sync.Mutex
+	pending []Change
+	to      func(Change)
+}
+
+// Send passes c on, or keeps it until Connect.
+func (r *Relay) Send(c Change) {
+	r.mu.Lock()
+	if to := r.to; to != nil {
+		r.mu.Unlock()
+		to(c)
+		return
+	}
+	r.pending = append(r.pending, c)
+	r.mu.Unlock()
+}
+
+// Connect passes the changes kept so far to f, in order, then every later
+// one as it comes.
+func (r *Relay) Connect(f func(Change)) {
+	for {
+		r.mu.Lock()
+		batch := r.pending
+		r.pending = nil
+		if len(batch) == 0 {
+			r.to = f
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		for _, c := range batch {
+			f(c)
+		}
+	}
 }

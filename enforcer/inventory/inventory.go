@@ -341,6 +341,10 @@ func child(m map[string]any, key string) map[string]any {
 	return c
 }
 
+// Store returns the store of one kind, nil when it has none: for callers
+// that fill an inventory themselves (tests that play informers).
+func (inv *Inventory) Store(gvk schema.GroupVersionKind) cache.Indexer { return inv.store(gvk) }
+
 func (inv *Inventory) store(gvk schema.GroupVersionKind) cache.Indexer {
 	inv.mu.RLock()
 	defer inv.mu.RUnlock()
@@ -350,9 +354,20 @@ func (inv *Inventory) store(gvk schema.GroupVersionKind) cache.Indexer {
 // List returns every cached object of one role, as the rule sees it. It
 // costs a walk of the whole cache: for periodic scans, not for decisions.
 func (inv *Inventory) List(role Role) []*unstructured.Unstructured {
+	records := inv.Records(role)
+	out := make([]*unstructured.Unstructured, len(records))
+	for i, r := range records {
+		out[i] = r.Unstructured()
+	}
+	return out
+}
+
+// Records returns every cached record of one role. Like List, it walks the
+// whole cache.
+func (inv *Inventory) Records(role Role) []*Record {
 	inv.mu.RLock()
 	defer inv.mu.RUnlock()
-	var out []*unstructured.Unstructured
+	var out []*Record
 	for _, gvk := range inv.order {
 		s := inv.stores[gvk]
 		if s.role != role {
@@ -360,7 +375,7 @@ func (inv *Inventory) List(role Role) []*unstructured.Unstructured {
 		}
 		for _, item := range s.indexer.List() {
 			if r, err := recordOf(item); err == nil {
-				out = append(out, r.Unstructured())
+				out = append(out, r)
 			}
 		}
 	}

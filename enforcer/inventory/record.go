@@ -190,3 +190,43 @@ func recordOf(obj any) (*Record, error) {
 	}
 	return r, nil
 }
+
+// LinkValues returns what the record holds for link l's fields: one tuple,
+// in the order of l.Fields, for an "equal" link; one per list entry for a
+// "contains" link; none when a field is missing or empty, since a link never
+// holds then. The record must be of l's role.
+func (r *Record) LinkValues(l linkmodel.Link) [][]string {
+	if l.Match == linkmodel.Contains {
+		var out [][]string
+		for _, v := range r.list(r.shape.ListSlot(l.Fields[0])) {
+			if v != "" {
+				out = append(out, []string{v})
+			}
+		}
+		return out
+	}
+	tuple := make([]string, len(l.Fields))
+	for i, f := range l.Fields {
+		var v string
+		switch {
+		case slices.Equal(f, linkmodel.Path{"metadata", "namespace"}):
+			v = r.namespace
+		case slices.Equal(f, linkmodel.Path{"metadata", "name"}):
+			v = r.name
+		default:
+			v, _ = r.value(r.shape.Slot(f))
+		}
+		if v == "" {
+			return nil
+		}
+		tuple[i] = v
+	}
+	return [][]string{tuple}
+}
+
+// Value returns the record's string at p, a field its role keeps, and
+// whether it is present.
+func (r *Record) Value(p linkmodel.Path) (string, bool) { return r.value(r.shape.Slot(p)) }
+
+// APIVersion returns the object's apiVersion.
+func (r *Record) APIVersion() string { return r.apiVersion }

@@ -7,9 +7,11 @@ import (
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
@@ -78,4 +80,18 @@ func FromConfig(cfg *rest.Config) (Clients, error) {
 		return Clients{}, fmt.Errorf("create discovery client: %w", err)
 	}
 	return Clients{Config: cfg, Dynamic: client, Mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disco))}, nil
+}
+
+// Protobuf is a typed client of cfg that asks for protobuf, which the API
+// server serves for built-in kinds: a Node decodes several times faster, and
+// with less garbage, than as JSON (the orphan scan watches every Node).
+func Protobuf(cfg *rest.Config) (kubernetes.Interface, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.ContentType = runtime.ContentTypeProtobuf
+	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create protobuf client: %w", err)
+	}
+	return kube, nil
 }

@@ -31,6 +31,9 @@ type Options struct {
 	// Evaluator, when set, runs instead of the embedded rule (e.g. a
 	// verified bundle's policy).
 	Evaluator *decision.Evaluator
+	// OnChange, when set, gets every change of the inventory from the
+	// informers' first objects on (the orphan scan's informers.Relay).
+	OnChange func(informers.Change)
 }
 
 // Enforcer is a Guard over informer caches of one cluster.
@@ -58,6 +61,11 @@ func Start(ctx context.Context, c kubeclient.Clients, opts Options) (*Enforcer, 
 	}
 	inv := inventory.New(eval.Model())
 	syncer := informers.New(inv, informers.Options{Client: c.Dynamic, Mapper: c.Mapper, InfraKinds: infraKinds, PoolKinds: poolKinds})
+	if opts.OnChange != nil {
+		if err := syncer.Subscribe(opts.OnChange); err != nil {
+			return nil, err
+		}
+	}
 	if err := syncer.Start(ctx); err != nil {
 		return nil, err
 	}

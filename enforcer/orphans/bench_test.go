@@ -49,7 +49,7 @@ func BenchmarkScan(b *testing.B) {
 			require.NoError(b, err)
 			g, err := guard.New(ctx, inv, guard.Options{})
 			require.NoError(b, err)
-			f, err := NewFinder(ctx, Options{Guard: g, Inventory: inv})
+			f, err := NewFinder(Options{Guard: g, Inventory: inv})
 			require.NoError(b, err)
 			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 			b.ResetTimer()

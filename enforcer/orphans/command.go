@@ -143,7 +143,7 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, no
 	if err != nil {
 		return Report{}, err
 	}
-	f, err := NewFinder(ctx, Options{Guard: g, Inventory: inv, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
+	f, err := NewFinder(Options{Guard: g, Inventory: inv, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
 	if err != nil {
 		return Report{}, err
 	}
@@ -172,7 +172,7 @@ func runLiveWith(ctx context.Context, c kubeclient.Clients, opts CommandOptions,
 	if err := live.WaitReady(ctx, e.Syncer.Ready, liveSyncTimeout); err != nil {
 		return Report{}, err
 	}
-	f, err := NewFinder(ctx, Options{Guard: e.Guard, Inventory: e.Inventory, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
+	f, err := NewFinder(Options{Guard: e.Guard, Inventory: e.Inventory, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
 	if err != nil {
 		return Report{}, err
 	}

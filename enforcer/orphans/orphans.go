@@ -1,29 +1,24 @@
 // Package orphans finds orphan Nodes: Nodes Cluster API left behind once
 // their InfraMachine was gone. The criteria are Rego (policies/nodeguard/
-// orphans, entry point data.nodeguard.orphan); this package picks what the
-// criteria read for each Node, through the same Guard (indexes, fresh reads,
-// parameters) that judges Node deletes, and evaluates them.
+// orphans, entry points data.nodeguard.orphan and data.nodeguard.
+// orphan_screen), prepared on the very policy the Guard decides with; this
+// package picks what the criteria read for each Node, through that Guard
+// (indexes, fresh reads, parameters), and evaluates them.
 package orphans
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
-	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/ast"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
-	"github.com/nodeguard/nodeguard/policies"
 )
-
-// Query is the orphan entry point the Evaluator prepares.
-const Query = "data.nodeguard.orphan"
 
 // DefaultGrace is how long a Node must have been not Ready (the Rego's
 // default_grace; a test keeps them equal).
@@ -45,22 +40,35 @@ type Verdict struct {
 	ResourceVersion string    `json:"-"`
 }
 
-// Evaluator holds the prepared orphan query; safe for concurrent use.
-type Evaluator struct {
-	query rego.PreparedEvalQuery
+// Screen is the answer of the criteria that read only the Node: whether it
+// passes them (else it is no orphan, whatever the inventory holds), and when
+// that may change with the clock alone (zero: not until the Node changes).
+type Screen struct {
+	Passes    bool
+	RecheckAt time.Time
 }
 
-// NewEvaluator compiles the embedded policies and prepares the query once.
+// Evaluator evaluates the orphan criteria of a decision.Evaluator's policy;
+// safe for concurrent use, and it follows the policy's Replace.
+type Evaluator struct {
+	policy *decision.Evaluator
+}
+
+// NewEvaluator compiles the embedded policies.
 func NewEvaluator(ctx context.Context) (*Evaluator, error) {
-	compiled, err := policies.Compile()
+	d, err := decision.NewEvaluator(ctx)
 	if err != nil {
 		return nil, err
 	}
-	q, err := rego.New(rego.Query(Query), rego.Compiler(compiled)).PrepareForEval(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("prepare %s: %w", Query, err)
+	return EvaluatorFor(d)
+}
+
+// EvaluatorFor evaluates the orphan criteria of policy, which must have them.
+func EvaluatorFor(policy *decision.Evaluator) (*Evaluator, error) {
+	if _, err := policy.Orphans(); err != nil {
+		return nil, err
 	}
-	return &Evaluator{query: q}, nil
+	return &Evaluator{policy: policy}, nil
 }
 
 // Input is what the criteria read for one Node.
@@ -75,53 +83,131 @@ type Input struct {
 
 // Evaluate runs the criteria on one input.
 func (e *Evaluator) Evaluate(ctx context.Context, in Input) (Verdict, error) {
-	// null is not an object to the Rego: absent means empty.
-	if in.Inventory == nil {
-		in.Inventory = map[string]any{}
-	}
-	if in.Parameters == nil {
-		in.Parameters = map[string]any{}
-	}
-	input := map[string]any{
-		"node":            in.Node,
-		"inventory":       in.Inventory,
-		"parameters":      in.Parameters,
-		"now":             in.Now.UTC().Format(time.RFC3339),
-		"grace":           in.Grace.String(),
-		"matchProviderID": in.MatchProviderID,
-	}
-	rs, err := e.query.Eval(ctx, rego.EvalInput(input))
+	v, err := in.value()
 	if err != nil {
-		return Verdict{}, fmt.Errorf("evaluate %s: %w", Query, err)
+		return Verdict{}, err
 	}
-	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
-		return Verdict{}, fmt.Errorf("evaluate %s: want one result, got %d", Query, len(rs))
-	}
-	raw, err := json.Marshal(rs[0].Expressions[0].Value)
+	return e.verdict(ctx, v)
+}
+
+// Screen runs the criteria that read only the Node (in.Inventory unused).
+func (e *Evaluator) Screen(ctx context.Context, in Input) (Screen, error) {
+	in.Inventory = nil
+	v, err := in.value()
 	if err != nil {
-		return Verdict{}, fmt.Errorf("encode verdict: %w", err)
+		return Screen{}, err
+	}
+	return e.screen(ctx, v)
+}
+
+func (in Input) value() (ast.Value, error) {
+	var values [3]ast.Value
+	for i, x := range []map[string]any{in.Node, in.Inventory, in.Parameters} {
+		if x == nil {
+			continue
+		}
+		v, err := ast.InterfaceToValue(x)
+		if err != nil {
+			return nil, fmt.Errorf("convert orphan input: %w", err)
+		}
+		values[i] = v
+	}
+	return input(values[0], values[1], values[2], in.Now, in.Grace, in.MatchProviderID), nil
+}
+
+// input assembles the entry points' input; a nil inventory or parameters is
+// left out, which the Rego reads as empty.
+func input(node, inv, params ast.Value, now time.Time, grace time.Duration, matchProviderID bool) ast.Value {
+	obj := ast.NewObject(
+		ast.Item(ast.StringTerm("node"), ast.NewTerm(node)),
+		// Nanoseconds, so a grace that ends within a second is judged then.
+		ast.Item(ast.StringTerm("now"), ast.StringTerm(now.UTC().Format(time.RFC3339Nano))),
+		ast.Item(ast.StringTerm("grace"), ast.StringTerm(grace.String())),
+		ast.Item(ast.StringTerm("matchProviderID"), ast.BooleanTerm(matchProviderID)),
+	)
+	if inv != nil {
+		obj.Insert(ast.StringTerm("inventory"), ast.NewTerm(inv))
+	}
+	if params != nil {
+		obj.Insert(ast.StringTerm("parameters"), ast.NewTerm(params))
+	}
+	return obj
+}
+
+func (e *Evaluator) verdict(ctx context.Context, in ast.Value) (Verdict, error) {
+	m, err := e.policy.EvalOrphan(ctx, false, in)
+	if err != nil {
+		return Verdict{}, err
 	}
 	var v Verdict
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return Verdict{}, fmt.Errorf("decode verdict: %w", err)
+	var ok [8]bool
+	v.Node, ok[0] = m["node"].(string)
+	v.Orphan, ok[1] = m["orphan"].(bool)
+	v.Managed, ok[2] = m["managed"].(bool)
+	v.Cluster, ok[3] = m["cluster"].(string)
+	v.Machine, ok[4] = m["machine"].(string)
+	v.NotReadySince, ok[5] = m["notReadySince"].(string)
+	v.Reason, ok[6] = m["reason"].(string)
+	v.Kept, ok[7] = stringList(m["kept"])
+	for i, good := range ok {
+		if !good {
+			return Verdict{}, fmt.Errorf("evaluate %s: field %d of the verdict %v is missing or mistyped", decision.OrphanQuery, i, m)
+		}
 	}
 	return v, nil
+}
+
+func (e *Evaluator) screen(ctx context.Context, in ast.Value) (Screen, error) {
+	m, err := e.policy.EvalOrphan(ctx, true, in)
+	if err != nil {
+		return Screen{}, err
+	}
+	passes, ok := m["passes"].(bool)
+	at, ok2 := m["recheckAt"].(string)
+	if !ok || !ok2 {
+		return Screen{}, fmt.Errorf("evaluate %s: want {passes, recheckAt}, got %v", decision.ScreenQuery, m)
+	}
+	s := Screen{Passes: passes}
+	if at != "" {
+		t, err := time.Parse(time.RFC3339Nano, at)
+		if err != nil {
+			return Screen{}, fmt.Errorf("evaluate %s: recheckAt %q: %w", decision.ScreenQuery, at, err)
+		}
+		s.RecheckAt = t
+	}
+	return s, nil
+}
+
+func stringList(x any) ([]string, bool) {
+	list, ok := x.([]any)
+	if !ok {
+		return nil, false
+	}
+	out := make([]string, len(list))
+	for i, item := range list {
+		if out[i], ok = item.(string); !ok {
+			return nil, false
+		}
+	}
+	return out, true
 }
 
 // Options configure a Finder.
 type Options struct {
 	// Guard supplies the objects the rule reads for a Node (indexes, fresh
-	// reads) and the effective parameters; required.
+	// reads), the effective parameters, and the policy; required.
 	Guard *guard.Guard
 	// Inventory is the Guard's inventory, scanned for evidence of which
 	// providerID schemes the synced InfraMachines use; required.
 	Inventory *inventory.Inventory
+	// Evidence, when set, is that evidence kept up to date by the caller
+	// (Evidence.Update on every InfraMachine change) instead of a walk of
+	// the inventory per call.
+	Evidence *Evidence
 	// Grace: how long a Node must have been not Ready (default DefaultGrace).
 	Grace time.Duration
 	// MatchProviderID turns on the opt-in wider match (#7237, metal3 #890).
 	MatchProviderID bool
-	// Evaluator, when set, is shared instead of compiling the policies again.
-	Evaluator *Evaluator
 }
 
 // Finder judges Nodes against the orphan criteria.
@@ -130,8 +216,8 @@ type Finder struct {
 	opts Options
 }
 
-// NewFinder prepares the criteria once.
-func NewFinder(ctx context.Context, opts Options) (*Finder, error) {
+// NewFinder judges with the Guard's policy.
+func NewFinder(opts Options) (*Finder, error) {
 	if opts.Guard == nil {
 		return nil, fmt.Errorf("orphans: a Guard is required")
 	}
@@ -141,12 +227,9 @@ func NewFinder(ctx context.Context, opts Options) (*Finder, error) {
 	if opts.Grace == 0 {
 		opts.Grace = DefaultGrace
 	}
-	eval := opts.Evaluator
-	if eval == nil {
-		var err error
-		if eval, err = NewEvaluator(ctx); err != nil {
-			return nil, err
-		}
+	eval, err := EvaluatorFor(opts.Guard.Evaluator())
+	if err != nil {
+		return nil, err
 	}
 	return &Finder{eval: eval, opts: opts}, nil
 }
@@ -163,19 +246,50 @@ func (f *Finder) Judge(ctx context.Context, nodes []*unstructured.Unstructured, 
 	return f.judge(ctx, nodes, cluster, now, true)
 }
 
-// Scan is Judge from the informer caches alone: for periodic scans of every
-// Node, which would otherwise cost a few reads per Node per pass. Act only on
-// what Judge confirms.
+// Scan is Judge from the informer caches alone: for Nodes judged without
+// acting on them. Act only on what Judge confirms.
 func (f *Finder) Scan(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, now time.Time) ([]Verdict, error) {
 	return f.judge(ctx, nodes, cluster, now, false)
 }
 
+// Route is one cluster route's parameters, converted: for judging many
+// Nodes of one route without converting them per Node.
+type Route struct {
+	cluster string
+	params  decision.Parameters
+}
+
+// Route returns the parameters of a cluster route ("namespace/name", or ""
+// for all), as they are now (they change with the synced kinds).
+func (f *Finder) Route(cluster string) (Route, error) {
+	params, err := f.opts.Guard.RouteParameters(cluster)
+	if err != nil {
+		return Route{}, err
+	}
+	return Route{cluster: cluster, params: params}, nil
+}
+
+// Screen evaluates the criteria that read only the Node: a Node that does
+// not pass them is no orphan, whatever Scan would find.
+func (f *Finder) Screen(ctx context.Context, r Route, node *unstructured.Unstructured, now time.Time) (Screen, error) {
+	nv, err := ast.InterfaceToValue(node.Object)
+	if err != nil {
+		return Screen{}, fmt.Errorf("convert Node %q: %w", node.GetName(), err)
+	}
+	return f.eval.screen(ctx, input(nv, nil, r.params.Value(), now, f.opts.Grace, f.opts.MatchProviderID))
+}
+
 func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, now time.Time, fresh bool) ([]Verdict, error) {
-	params, err := f.opts.Guard.ScopedParameters(cluster)
+	params, err := f.opts.Guard.RouteParameters(cluster)
 	if err != nil {
 		return nil, err
 	}
-	evidence := schemeEvidence(f.opts.Inventory.List(inventory.InfraMachine), f.opts.Inventory.Model().ClusterLabel)
+	var evidence []*unstructured.Unstructured
+	if f.opts.Evidence != nil {
+		evidence = f.opts.Evidence.Objects()
+	} else {
+		evidence = EvidenceOf(f.opts.Inventory).Objects()
+	}
 	out := make([]Verdict, 0, len(nodes))
 	for _, node := range nodes {
 		objs, err := f.opts.Guard.Objects(ctx, node, fresh)
@@ -183,14 +297,15 @@ func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, 
 			return nil, err
 		}
 		objs = append(objs, evidence...)
-		v, err := f.eval.Evaluate(ctx, Input{
-			Node:            node.Object,
-			Inventory:       inventory.Layout(objs),
-			Parameters:      params,
-			Now:             now,
-			Grace:           f.opts.Grace,
-			MatchProviderID: f.opts.MatchProviderID,
-		})
+		nv, err := ast.InterfaceToValue(node.Object)
+		if err != nil {
+			return nil, fmt.Errorf("convert Node %q: %w", node.GetName(), err)
+		}
+		iv, err := ast.InterfaceToValue(inventory.Layout(objs))
+		if err != nil {
+			return nil, fmt.Errorf("convert the inventory of Node %q: %w", node.GetName(), err)
+		}
+		v, err := f.eval.verdict(ctx, input(nv, iv, params.Value(), now, f.opts.Grace, f.opts.MatchProviderID))
 		if err != nil {
 			return nil, fmt.Errorf("judge Node %q: %w", node.GetName(), err)
 		}
@@ -198,28 +313,4 @@ func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, 
 		out = append(out, v)
 	}
 	return out, nil
-}
-
-// schemeEvidence keeps one InfraMachine per (namespace, cluster label,
-// providerID scheme): enough for the criteria to see which schemes a
-// cluster's synced InfraMachines use, without handing every InfraMachine to
-// every evaluation. The Rego decides what counts as evidence; this only
-// bounds the input.
-func schemeEvidence(infra []*unstructured.Unstructured, clusterLabel linkmodel.Path) []*unstructured.Unstructured {
-	seen := map[[3]string]bool{}
-	var out []*unstructured.Unstructured
-	for _, o := range infra {
-		pid, _, _ := unstructured.NestedString(o.Object, "spec", "providerID")
-		scheme, _, ok := strings.Cut(pid, "://")
-		if !ok || scheme == "" {
-			continue
-		}
-		cluster, _, _ := unstructured.NestedString(o.Object, clusterLabel...)
-		key := [3]string{o.GetNamespace(), cluster, scheme}
-		if !seen[key] {
-			seen[key] = true
-			out = append(out, o)
-		}
-	}
-	return out
 }

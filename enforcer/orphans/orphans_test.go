@@ -2,13 +2,20 @@ package orphans_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/policies"
 )
@@ -60,4 +67,138 @@ func TestEvaluatorPassesEveryInput(t *testing.T) {
 	v, err = e.Evaluate(ctx, orphans.Input{Node: node, Inventory: inv, Now: now.Add(-time.Hour), Grace: time.Second})
 	require.NoError(t, err)
 	assert.False(t, v.Orphan)
+}
+
+// finderOver is a Finder over testdata/ whose Guard decides with eval.
+func finderOver(t *testing.T, eval *decision.Evaluator) (*orphans.Finder, []*unstructured.Unstructured) {
+	t.Helper()
+	ctx := context.Background()
+	objs, err := manifest.Load("testdata")
+	require.NoError(t, err)
+	var nodes []*unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == "Node" {
+			nodes = append(nodes, o)
+		}
+	}
+	infra, pools, err := eval.Kinds(nil)
+	require.NoError(t, err)
+	inv, err := inventory.FromObjects(eval.Model(), objs, infra, pools)
+	require.NoError(t, err)
+	g, err := guard.New(ctx, inv, guard.Options{Evaluator: eval})
+	require.NoError(t, err)
+	f, err := orphans.NewFinder(orphans.Options{Guard: g, Inventory: inv})
+	require.NoError(t, err)
+	return f, nodes
+}
+
+func orphanNames(vs []orphans.Verdict) []string {
+	var out []string
+	for _, v := range vs {
+		if v.Orphan {
+			out = append(out, v.Node)
+		}
+	}
+	return out
+}
+
+// everyNodeAnOrphan compiles a copy of the policies whose verdict calls
+// every Node an orphan: a policy no one would ship, but one the Finder must
+// follow, as it follows a bundle.
+func everyNodeAnOrphan(t *testing.T) *decision.Evaluator {
+	t.Helper()
+	files, err := policies.All()
+	require.NoError(t, err)
+	modules := sources(files)
+	src := modules["nodeguard/orphans/orphans.rego"]
+	require.Contains(t, src, `"orphan": count(kept) == 0,`)
+	modules["nodeguard/orphans/orphans.rego"] = strings.Replace(src, `"orphan": count(kept) == 0,`, `"orphan": true,`, 1)
+	return bundleOf(t, modules)
+}
+
+func sources(files []policies.File) map[string]string {
+	modules := map[string]string{}
+	for _, f := range files {
+		modules[f.Path] = f.Source
+	}
+	return modules
+}
+
+// bundleOf compiles Rego sources as a bundle's policy is.
+func bundleOf(t *testing.T, modules map[string]string) *decision.Evaluator {
+	t.Helper()
+	compiled, err := ast.CompileModulesWithOpt(modules, ast.CompileOpts{ParserOptions: ast.ParserOptions{RegoVersion: ast.RegoV1}})
+	require.NoError(t, err)
+	eval, err := decision.NewEvaluatorFor(context.Background(), compiled, nil, decision.Policy{Source: decision.SourceBundle, Revision: "test"})
+	require.NoError(t, err, "the webhook runs on it")
+	return eval
+}
+
+// The orphan criteria run on the Guard's policy: a bundle's, and after a
+// hot reload the new one's, never a copy of the embedded rule.
+func TestFinderJudgesWithTheGuardsPolicy(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	embedded, err := decision.NewEvaluator(ctx)
+	require.NoError(t, err)
+	f, nodes := finderOver(t, embedded)
+	vs, err := f.Scan(ctx, nodes, "", now)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"dev-md-0-left"}, orphanNames(vs))
+
+	bundle, _ := finderOver(t, everyNodeAnOrphan(t))
+	vs, err = bundle.Scan(ctx, nodes, "", now)
+	require.NoError(t, err)
+	assert.Len(t, orphanNames(vs), len(nodes), "the bundle's criteria, not the embedded ones")
+
+	require.NoError(t, embedded.Replace(everyNodeAnOrphan(t)))
+	vs, err = f.Scan(ctx, nodes, "", now)
+	require.NoError(t, err)
+	assert.Len(t, orphanNames(vs), len(nodes), "a reloaded policy is followed at once")
+}
+
+// A policy without the orphan entry points (a bundle of an older release)
+// cannot run the scan: said at start, not per Node.
+func TestAPolicyWithoutOrphanCriteriaIsRefused(t *testing.T) {
+	files, err := policies.Library()
+	require.NoError(t, err)
+	entry, err := policies.Read(policies.EnforcerEntry)
+	require.NoError(t, err)
+	eval := bundleOf(t, sources(append(files, entry)))
+	_, err = orphans.EvaluatorFor(eval)
+	assert.ErrorContains(t, err, "has no orphan criteria")
+	embedded, err := decision.NewEvaluator(context.Background())
+	require.NoError(t, err)
+	assert.ErrorContains(t, embedded.Replace(eval), "orphan criteria", "a reload may not drop what the scan runs on")
+}
+
+func TestScreenSaysWhatTheNodeAloneDecides(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	embedded, err := decision.NewEvaluator(ctx)
+	require.NoError(t, err)
+	f, nodes := finderOver(t, embedded)
+	byName := map[string]*unstructured.Unstructured{}
+	for _, n := range nodes {
+		byName[n.GetName()] = n
+	}
+	r, err := f.Route("")
+	require.NoError(t, err)
+	s, err := f.Screen(ctx, r, byName["dev-md-0-ready"], now)
+	require.NoError(t, err)
+	assert.Equal(t, orphans.Screen{}, s, "Ready: kept, until it changes")
+	// Not Ready since 11:58: the grace alone keeps it, until 12:03.
+	s, err = f.Screen(ctx, r, byName["dev-md-0-recent"], now)
+	require.NoError(t, err)
+	assert.Equal(t, orphans.Screen{RecheckAt: time.Date(2026, 11, 30, 12, 3, 0, 0, time.UTC)}, s)
+	// Passes; its Machine keeps it, which only the full criteria see.
+	s, err = f.Screen(ctx, r, byName["dev-md-0-deleting"], now)
+	require.NoError(t, err)
+	assert.Equal(t, orphans.Screen{Passes: true}, s)
+	// Judged for another Cluster, it is not that Cluster's.
+	other, err := f.Route("default/other")
+	require.NoError(t, err)
+	s, err = f.Screen(ctx, other, byName["dev-md-0-deleting"], now)
+	require.NoError(t, err)
+	assert.False(t, s.Passes)
 }

@@ -1,5 +1,6 @@
 // Package reaper deletes orphan Nodes, safely: a Node is deleted only after
-// two observations at least a grace apart found it an orphan, a fresh read of
+// two observations at least a grace apart found it an orphan (the caller
+// judges it again when Observe says), a fresh read of
 // the Node and fresh reads of everything the criteria read found it one
 // still, by the one replica holding the lease, and with UID and
 // resourceVersion preconditions so a Node re-registered under the same name
@@ -10,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"time"
 
@@ -49,7 +51,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		orphans: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "nodeguard_orphan_nodes",
-			Help: "Orphan Nodes found by the last pass (CAPI Nodes whose Machine and InfraMachine are gone), by cluster.",
+			Help: "Orphan Nodes known now (CAPI Nodes whose Machine and InfraMachine are gone), by cluster.",
 		}, []string{"cluster"}),
 		deleted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeguard_orphan_nodes_deleted_total",
@@ -83,17 +85,22 @@ type Options struct {
 	Metrics *Metrics
 }
 
-// Reaper remembers, per Node UID, when it first saw it an orphan.
+// Reaper remembers, per Node, when it first saw it an orphan.
 type Reaper struct {
 	opts Options
 
 	mu   sync.Mutex
-	seen map[seenKey]time.Time
+	seen map[nodeKey]sighting
 }
 
-type seenKey struct {
-	cluster, node string
-	uid           types.UID
+type nodeKey struct{ cluster, node string }
+
+// sighting is a Node seen an orphan: which one (its UID), since when, and
+// how many attempts to act on it failed in a row.
+type sighting struct {
+	uid      types.UID
+	first    time.Time
+	failures int
 }
 
 // New returns a Reaper.
@@ -107,122 +114,170 @@ func New(opts Options) (*Reaper, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Reaper{opts: opts, seen: map[seenKey]time.Time{}}, nil
+	return &Reaper{opts: opts, seen: map[nodeKey]sighting{}}, nil
 }
 
-// Result says what one pass did.
-type Result struct {
-	Orphans []string // Nodes found orphan in this pass
-	Deleted []string // Nodes deleted (never in dry-run)
-	Would   []string // Nodes a dry-run would have deleted
-}
+// Outcome says what Observe made of a verdict.
+type Outcome int
 
-// Pass lists the Nodes of t, judges them, and acts on the orphans seen
-// a grace ago already. An error leaves the observations as they were.
-func (r *Reaper) Pass(ctx context.Context, t Target) (Result, error) {
-	nodes, err := orphans.ListNodes(ctx, t.Nodes)
-	if err != nil {
-		return Result{}, err
+// The outcomes of Observe.
+const (
+	Kept        Outcome = iota // not an orphan (any earlier sighting forgotten)
+	FirstSeen                  // an orphan, seen for the first time
+	Waiting                    // an orphan, first seen less than a grace ago
+	Observed                   // an orphan for a grace, not deleted: reaping off, or not the leader
+	Deleted                    // deleted
+	WouldDelete                // a dry run's delete
+	NotDeleted                 // a fresh read or the API server said no; observation starts over
+	Failed                     // acting failed; tried again later
+)
+
+// retryLimit caps the wait between attempts to act on one Node after errors.
+const retryLimit = 5 * time.Minute
+
+// Observe records v, the caches' verdict at now on one Node of t, and acts
+// on an orphan first seen at least a grace ago: re-reads it fresh and
+// deletes it if it still is one. It returns what it did, and when the Node
+// should be judged again for the reaper's sake (zero: not until something
+// changes). An error comes with Failed.
+func (r *Reaper) Observe(ctx context.Context, t Target, v orphans.Verdict, now time.Time) (Outcome, time.Time, error) {
+	k := nodeKey{cluster: t.Cluster, node: v.Node}
+	if !v.Orphan {
+		r.Forget(t.Cluster, v.Node)
+		return Kept, time.Time{}, nil
 	}
-	now := r.opts.Clock.Now()
-	verdicts, err := r.opts.Finder.Scan(ctx, nodes, t.Cluster, now)
-	if err != nil {
-		return Result{}, err
-	}
-	var res Result
-	current := map[seenKey]bool{}
-	var due []orphans.Verdict
+	grace := r.opts.Finder.Grace()
 	r.mu.Lock()
-	for _, v := range verdicts {
-		if !v.Orphan {
-			continue
-		}
-		res.Orphans = append(res.Orphans, v.Node)
-		k := seenKey{cluster: t.Cluster, node: v.Node, uid: v.UID}
-		current[k] = true
-		first, ok := r.seen[k]
-		if !ok {
-			r.seen[k] = now
-			continue
-		}
-		if now.Sub(first) >= r.opts.Finder.Grace() {
-			due = append(due, v)
-		}
+	s, ok := r.seen[k]
+	if !ok || s.uid != v.UID {
+		// First seen, or a Node re-registered under the name: start over.
+		r.seen[k] = sighting{uid: v.UID, first: now}
+		r.mu.Unlock()
+		r.gauge(t.Cluster)
+		return FirstSeen, now.Add(grace), nil
 	}
-	// A Node no longer an orphan starts over if it becomes one again.
+	r.mu.Unlock()
+	if now.Sub(s.first) < grace {
+		return Waiting, s.first.Add(grace), nil
+	}
+	// Checked per Node: a lease lost mid-way stops the deletes.
+	if !r.opts.Delete || !r.Leading() {
+		return Observed, time.Time{}, nil
+	}
+	outcome, err := r.act(ctx, t, v)
+	if err != nil {
+		r.mu.Lock()
+		s, ok := r.seen[k]
+		if ok {
+			s.failures++
+			r.seen[k] = s
+		}
+		r.mu.Unlock()
+		return Failed, now.Add(min(retryLimit, time.Second<<min(s.failures, 16))), err
+	}
+	return outcome, time.Time{}, nil
+}
+
+// Leading reports whether this replica may delete now.
+func (r *Reaper) Leading() bool { return r.opts.IsLeader != nil && r.opts.IsLeader() }
+
+// Forget drops what the reaper knows of a Node: it is gone, or not an
+// orphan; if it becomes one again, observation starts over.
+func (r *Reaper) Forget(cluster, node string) {
+	r.mu.Lock()
+	_, had := r.seen[nodeKey{cluster: cluster, node: node}]
+	delete(r.seen, nodeKey{cluster: cluster, node: node})
+	r.mu.Unlock()
+	if had {
+		r.gauge(cluster)
+	}
+}
+
+// ForgetCluster drops every Node of a cluster no longer judged, and its
+// gauge.
+func (r *Reaper) ForgetCluster(cluster string) {
+	r.mu.Lock()
 	for k := range r.seen {
-		if k.cluster == t.Cluster && !current[k] {
+		if k.cluster == cluster {
 			delete(r.seen, k)
 		}
 	}
 	r.mu.Unlock()
 	if r.opts.Metrics != nil {
-		r.opts.Metrics.orphans.WithLabelValues(t.Cluster).Set(float64(len(res.Orphans)))
-		// The counter exists at zero from the first pass, so increase()
-		// sees a cluster's first deletion (NodeguardOrphanNodesDeleted).
-		r.opts.Metrics.deleted.WithLabelValues(t.Cluster)
+		r.opts.Metrics.orphans.DeleteLabelValues(cluster)
 	}
-	if !r.opts.Delete {
-		return res, nil
-	}
-	for _, v := range due {
-		// Checked per Node: a lease lost mid-pass stops the pass.
-		if r.opts.IsLeader == nil || !r.opts.IsLeader() {
-			return res, nil
-		}
-		deleted, err := r.act(ctx, t, v)
-		if err != nil {
-			return res, err
-		}
-		if deleted && r.opts.DryRun {
-			res.Would = append(res.Would, v.Node)
-		} else if deleted {
-			res.Deleted = append(res.Deleted, v.Node)
+}
+
+// Orphans returns the Nodes of cluster currently seen as orphans, sorted.
+func (r *Reaper) Orphans(cluster string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for k := range r.seen {
+		if k.cluster == cluster {
+			out = append(out, k.node)
 		}
 	}
-	return res, nil
+	sort.Strings(out)
+	return out
+}
+
+// Report sets nodeguard_orphan_nodes of a cluster to the orphans known now;
+// the caller reports each cluster it has judged, so the gauge says 0 rather
+// than nothing for a cluster without orphans.
+func (r *Reaper) Report(cluster string) { r.gauge(cluster) }
+
+// gauge sets nodeguard_orphan_nodes for one cluster.
+func (r *Reaper) gauge(cluster string) {
+	if r.opts.Metrics == nil {
+		return
+	}
+	r.opts.Metrics.orphans.WithLabelValues(cluster).Set(float64(len(r.Orphans(cluster))))
+	// The counter exists at zero from the first report, so increase() sees
+	// a cluster's first deletion.
+	r.opts.Metrics.deleted.WithLabelValues(cluster)
 }
 
 // act re-reads the Node and everything the criteria read, and deletes it
 // only if it is the same Node (UID) and still an orphan.
-func (r *Reaper) act(ctx context.Context, t Target, seen orphans.Verdict) (bool, error) {
+func (r *Reaper) act(ctx context.Context, t Target, seen orphans.Verdict) (Outcome, error) {
 	log := r.opts.Log.With("node", seen.Node, "uid", string(seen.UID), "cluster", t.Cluster)
 	fresh, err := t.Nodes.Resource(orphans.NodeGVR).Get(ctx, seen.Node, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		r.forget(t.Cluster, seen)
-		return false, nil
+		r.Forget(t.Cluster, seen.Node)
+		return NotDeleted, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("re-read Node %q: %w", seen.Node, err)
+		return Failed, fmt.Errorf("re-read Node %q: %w", seen.Node, err)
 	}
 	if fresh.GetUID() != seen.UID {
 		log.Info("orphan node re-registered under the same name; not deleting", "freshUID", string(fresh.GetUID()))
-		r.forget(t.Cluster, seen)
-		return false, nil
+		r.Forget(t.Cluster, seen.Node)
+		return NotDeleted, nil
 	}
 	verdicts, err := r.opts.Finder.Judge(ctx, []*unstructured.Unstructured{fresh}, t.Cluster, r.opts.Clock.Now())
 	if err != nil {
-		return false, err
+		return Failed, err
 	}
 	v := verdicts[0]
 	if !v.Orphan {
 		log.Info("node no longer an orphan on a fresh read; not deleting", "kept", v.Kept)
-		r.forget(t.Cluster, seen)
-		return false, nil
+		r.Forget(t.Cluster, seen.Node)
+		return NotDeleted, nil
 	}
 	attrs := []any{"machine", v.Machine, "notReadySince", v.NotReadySince, "reason", v.Reason, "resourceVersion", v.ResourceVersion}
 	if r.opts.DryRun {
 		log.Info("dry run: would delete orphan node", attrs...)
-		return true, nil
+		return WouldDelete, nil
 	}
 	if err := orphans.DeleteNode(ctx, t.Nodes, v); err != nil {
 		// A precondition failure (re-registered, changed) or a denial by
 		// admission: observe again from scratch.
-		r.forget(t.Cluster, seen)
+		r.Forget(t.Cluster, seen.Node)
 		log.Warn("orphan node not deleted", append(attrs, "error", err.Error())...)
-		return false, nil
+		return NotDeleted, nil
 	}
-	r.forget(t.Cluster, seen)
+	r.Forget(t.Cluster, seen.Node)
 	log.Info("deleted orphan node", attrs...)
 	if r.opts.Metrics != nil {
 		r.opts.Metrics.deleted.WithLabelValues(t.Cluster).Inc()
@@ -231,35 +286,5 @@ func (r *Reaper) act(ctx context.Context, t Target, seen orphans.Verdict) (bool,
 		t.Recorder.Eventf(fresh, nil, "Normal", "OrphanNodeDeleted", "Delete",
 			"nodeguard deleted orphan Node %s: %s", v.Node, v.Reason)
 	}
-	return true, nil
-}
-
-func (r *Reaper) forget(cluster string, v orphans.Verdict) {
-	r.mu.Lock()
-	delete(r.seen, seenKey{cluster: cluster, node: v.Node, uid: v.UID})
-	r.mu.Unlock()
-}
-
-// Run makes a pass over every target each interval until ctx is done;
-// targets is called per round (workload clusters come and go). Errors are
-// logged, and the next round tries again.
-func (r *Reaper) Run(ctx context.Context, interval time.Duration, targets func(context.Context) ([]Target, error)) {
-	ticker := time.NewTicker(interval)
-	defer ticker.Stop()
-	for {
-		ts, err := targets(ctx)
-		if err != nil {
-			r.opts.Log.Error("orphan reaper: list clusters", "error", err.Error())
-		}
-		for _, t := range ts {
-			if _, err := r.Pass(ctx, t); err != nil && ctx.Err() == nil {
-				r.opts.Log.Error("orphan reaper: pass failed", "cluster", t.Cluster, "error", err.Error())
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
-	}
+	return Deleted, nil
 }

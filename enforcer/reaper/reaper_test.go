@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -37,6 +38,7 @@ var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 // with fresh reads over it, and a Reaper on a fake clock.
 type fixture struct {
 	client   *dynamicfake.FakeDynamicClient
+	finder   *orphans.Finder
 	clock    *clocktesting.FakeClock
 	reaper   *Reaper
 	recorder *events.FakeRecorder
@@ -76,8 +78,9 @@ func newFixture(t *testing.T, opts Options) *fixture {
 	e, err := live.Start(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper}, live.Options{})
 	require.NoError(t, err)
 	require.NoError(t, live.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
-	finder, err := orphans.NewFinder(ctx, orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Grace: 5 * time.Minute})
+	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Grace: 5 * time.Minute})
 	require.NoError(t, err)
+	f.finder = finder
 	f.metrics, err = NewMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
 	opts.Finder, opts.Clock, opts.Metrics = finder, f.clock, f.metrics
@@ -91,10 +94,43 @@ func (f *fixture) target() Target {
 	return Target{Nodes: f.client, Recorder: f.recorder}
 }
 
+// Result says what one pass did.
+type Result struct {
+	Orphans []string // Nodes found orphan in this pass
+	Deleted []string // Nodes deleted (never in dry-run)
+	Would   []string // Nodes a dry-run would have deleted
+}
+
+// pass judges every Node from the caches and tells the reaper each verdict,
+// as a full pass of orphanscan.Scanner does (whose tests cover when Nodes
+// are judged; these cover what the reaper makes of the verdicts).
 func (f *fixture) pass(t *testing.T) Result {
 	t.Helper()
-	res, err := f.reaper.Pass(context.Background(), f.target())
+	ctx := context.Background()
+	now := f.clock.Now()
+	list, err := f.client.Resource(orphans.NodeGVR).List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
+	nodes := make([]*unstructured.Unstructured, len(list.Items))
+	for i := range list.Items {
+		nodes[i] = &list.Items[i]
+	}
+	verdicts, err := f.finder.Scan(ctx, nodes, "", now)
+	require.NoError(t, err)
+	var res Result
+	for _, v := range verdicts {
+		if v.Orphan {
+			res.Orphans = append(res.Orphans, v.Node)
+		}
+		outcome, _, err := f.reaper.Observe(ctx, f.target(), v, now)
+		require.NoError(t, err)
+		switch outcome {
+		case Deleted:
+			res.Deleted = append(res.Deleted, v.Node)
+		case WouldDelete:
+			res.Would = append(res.Would, v.Node)
+		}
+	}
+	sort.Strings(res.Orphans)
 	return res
 }
 
@@ -307,4 +343,57 @@ func TestNeverDeletesWhenAMachineAppearsBeforeTheDelete(t *testing.T) {
 	assert.NotContains(t, res.Deleted, "dev-md-0-left")
 	assert.NotContains(t, f.deleted(), "dev-md-0-left")
 	assert.Contains(t, f.logs.String(), "no longer an orphan on a fresh read")
+}
+
+// Observe says when the Node must be judged again: at the end of the grace
+// for a second observation, and after a failed attempt at a time that backs
+// off, at most retryLimit away.
+func TestObserveSaysWhenToLookAgain(t *testing.T) {
+	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	ctx := context.Background()
+	v := orphans.Verdict{Node: "dev-md-0-left", Orphan: true, UID: "00000000-0000-4000-8000-000000000001"}
+	outcome, next, err := f.reaper.Observe(ctx, f.target(), v, t0)
+	require.NoError(t, err)
+	assert.Equal(t, FirstSeen, outcome)
+	assert.Equal(t, t0.Add(5*time.Minute), next)
+	outcome, next, err = f.reaper.Observe(ctx, f.target(), v, t0.Add(time.Minute))
+	require.NoError(t, err)
+	assert.Equal(t, Waiting, outcome)
+	assert.Equal(t, t0.Add(5*time.Minute), next)
+
+	f.client.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewServiceUnavailable("etcd is slow")
+	})
+	var waits []time.Duration
+	now := t0.Add(5 * time.Minute)
+	for range 12 {
+		outcome, next, err = f.reaper.Observe(ctx, f.target(), v, now)
+		assert.Equal(t, Failed, outcome)
+		assert.ErrorContains(t, err, "etcd is slow")
+		waits = append(waits, next.Sub(now))
+	}
+	assert.Equal(t, []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second}, waits[:4])
+	assert.Equal(t, retryLimit, waits[11])
+	assert.Equal(t, []string{"dev-md-0-left"}, f.reaper.Orphans(""), "still an orphan, still counted")
+
+	// Another Node under the name: observation starts over.
+	outcome, _, err = f.reaper.Observe(ctx, f.target(), orphans.Verdict{Node: "dev-md-0-left", Orphan: true, UID: "other"}, now)
+	require.NoError(t, err)
+	assert.Equal(t, FirstSeen, outcome)
+
+	f.reaper.ForgetCluster("")
+	assert.Empty(t, f.reaper.Orphans(""))
+	assert.Zero(t, testutil.CollectAndCount(f.metrics.orphans), "no series left for a cluster gone")
+}
+
+func TestNotTheLeaderOnlyObserves(t *testing.T) {
+	f := newFixture(t, Options{Delete: true, IsLeader: func() bool { return false }})
+	v := orphans.Verdict{Node: "dev-md-0-left", Orphan: true, UID: "00000000-0000-4000-8000-000000000001"}
+	_, _, err := f.reaper.Observe(context.Background(), f.target(), v, t0)
+	require.NoError(t, err)
+	outcome, next, err := f.reaper.Observe(context.Background(), f.target(), v, t0.Add(time.Hour))
+	require.NoError(t, err)
+	assert.Equal(t, Observed, outcome)
+	assert.True(t, next.IsZero(), "judged again when leadership comes (orphanscan), not polled")
+	assert.False(t, f.reaper.Leading())
 }

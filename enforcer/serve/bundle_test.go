@@ -44,6 +44,12 @@ type server struct {
 
 func startServe(t *testing.T, bundle policybundle.Options) (*server, error) {
 	t.Helper()
+	return startServeWith(t, serve.Options{Bundle: bundle})
+}
+
+// startServeWith is startServe with more of serve's options.
+func startServeWith(t *testing.T, opts serve.Options) (*server, error) {
+	t.Helper()
 	client, mapper := testcluster.CAPD(t, "../../examples/capd-v1beta2", [2]string{"default", "dev"})
 	ca := testpki.New(t)
 	cert, key := ca.ServerFiles(t, "serving")
@@ -54,7 +60,7 @@ func startServe(t *testing.T, bundle policybundle.Options) (*server, error) {
 	side := make(chan string, 2)
 	go func() {
 		s.done <- serve.RunWith(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper},
-			serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key, Bundle: bundle,
+			serve.Options{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key, Bundle: opts.Bundle, Orphans: opts.Orphans,
 				MetricsBindAddress: "127.0.0.1:0", HealthProbeBindAddress: "127.0.0.1:0",
 				SideListening: func(name string, a net.Addr) { side <- name + "=" + a.String() }},
 			slog.New(slog.NewJSONHandler(io.Discard, nil)), func(a net.Addr) { addr <- a })
@@ -224,6 +230,37 @@ func TestServeReloadsTheBundleUnderLoad(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, r.Allowed)
 	assert.Contains(t, s.metrics(t), `nodeguard_policy_info{revision="r2",source="bundle",version=""} 1`)
+}
+
+// EveryNodeAnOrphan is an orphan entry point that calls every Node an
+// orphan: a stand-in for a team's customized criteria.
+const everyNodeAnOrphan = `package nodeguard
+
+orphan := {"node": input.node.metadata.name, "orphan": true, "managed": true, "cluster": "", "machine": "",
+	"notReadySince": "", "reason": "customized", "kept": []}
+
+orphan_screen := {"passes": true, "recheckAt": ""}
+`
+
+// The orphan scan runs the bundle's criteria, and a reloaded bundle's at
+// once, like the webhook: not a copy of the embedded ones.
+func TestServeScansOrphansWithTheBundlesCriteria(t *testing.T) {
+	key := testbundle.NewKey(t)
+	path := filepath.Join(t.TempDir(), "bundle.tar.gz")
+	require.NoError(t, os.WriteFile(path, testbundle.Nodeguard(t, "r1", key.Private), 0o600))
+	s, err := startServeWith(t, serve.Options{Bundle: policybundle.Options{Path: path, VerificationKeyFile: key.PublicKeyFile},
+		Orphans: serve.ReapOptions{Interval: time.Hour}})
+	require.NoError(t, err)
+	gauge := func(want string) func() bool {
+		return func() bool { return strings.Contains(s.metrics(t), `nodeguard_orphan_nodes{cluster=""} `+want) }
+	}
+	require.Eventually(t, gauge("0"), 10*time.Second, 20*time.Millisecond, "r1's criteria: the example's Node has its Machine")
+
+	custom := testbundle.Sources(t)
+	custom["nodeguard/orphans.rego"] = everyNodeAnOrphan
+	writeAtomically(t, path, testbundle.Signed(t, custom, "r2", key.Private))
+	require.Eventually(t, gauge("1"), 10*time.Second, 20*time.Millisecond,
+		"r2's criteria judge every Node again on reload, well before the next full pass (an hour)")
 }
 
 func TestServeReportsTheEmbeddedPolicy(t *testing.T) {

@@ -10,7 +10,6 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
-	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/version"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 )
@@ -26,7 +25,7 @@ type Sources struct {
 type Metrics struct {
 	Webhook      *webhook.Metrics
 	Policy       *version.Metrics
-	Reaper       *reaper.Metrics
+	Orphans      *OrphanMetrics
 	DenialEvents *denialevents.Metrics
 	// Provider counts Gatekeeper's external data requests.
 	Provider *provider.Metrics
@@ -61,7 +60,7 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 	if m.Webhook, err = webhook.NewMetrics(reg, src.Cached); err != nil {
 		return nil, err
 	}
-	if m.Reaper, err = reaper.NewMetrics(reg); err != nil {
+	if m.Orphans, err = registerOrphanMetrics(reg); err != nil {
 		return nil, err
 	}
 	if m.DenialEvents, err = denialevents.NewMetrics(reg); err != nil {

@@ -5,20 +5,23 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
 
+	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 )
 
@@ -37,16 +40,20 @@ type ReapOptions struct {
 	WorkloadClusters bool
 	// MatchProviderID turns on the criteria's opt-in wider match.
 	MatchProviderID bool
-	// Interval between passes (--orphan-scan-interval); 0 turns the scan
-	// (and the gauge) off.
+	// Interval is the period of the full pass over the Node caches
+	// (--orphan-scan-interval), the safety net under judging what changed;
+	// 0 turns the scan (and the gauge) off.
 	Interval time.Duration
 	// LeaseNamespace holds the leader-election Lease.
 	LeaseNamespace string
+	// KubeconfigRecheck is how often workload kubeconfig Secrets are read
+	// again (0: clusters.DefaultRecheck).
+	KubeconfigRecheck time.Duration
 }
 
 // Defaults of the orphan flags.
 const (
-	DefaultOrphanScanInterval = time.Minute
+	DefaultOrphanScanInterval = 10 * time.Minute
 	DefaultLeaseNamespace     = "nodeguard-system"
 )
 
@@ -60,29 +67,91 @@ func LeaseNamespace() string {
 }
 
 // startReaper runs the orphan scan (and, opted in, the reaper) in the
-// background until ctx is done.
-func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics *reaper.Metrics, opts ReapOptions, log *slog.Logger) error {
+// background until ctx is done, with clients of c's config; it returns the
+// scanner (nil when the scan is off), so a reloaded policy can have every
+// Node judged again.
+func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, changes *informers.Relay, reg prometheus.Registerer,
+	metrics *OrphanMetrics, opts ReapOptions, log *slog.Logger) (*orphanscan.Scanner, error) {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
-			return fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
+			return nil, fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
 		}
-		return nil
+		return nil, nil
 	}
-	finder, err := orphans.NewFinder(ctx, orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
+	scan := OrphanScan{Management: c, Enforcer: e, Changes: changes, Registry: reg, Metrics: metrics, Options: opts, Log: log}
+	if c.Config != nil {
+		var err error
+		if scan.Kube, err = kubernetes.NewForConfig(c.Config); err != nil {
+			return nil, fmt.Errorf("create client: %w", err)
+		}
+		// The cluster's own Nodes, through the protobuf client (tests
+		// without a config watch through the dynamic client).
+		if scan.Nodes, err = kubeclient.Protobuf(c.Config); err != nil {
+			return nil, err
+		}
+		scan.QPS, scan.Burst = c.Config.QPS, c.Config.Burst
+	}
+	return scan.Start(ctx)
+}
+
+// OrphanScan is the orphan scan of `nodeguard serve` and what it runs on.
+type OrphanScan struct {
+	// Management is the cluster nodeguard runs in; Kube its typed client
+	// (Leases, Events, kubeconfig Secrets), required to reap or to scan
+	// workload clusters; Nodes, when set, watches its Nodes (else
+	// Management.Dynamic does).
+	Management kubeclient.Clients
+	Kube       kubernetes.Interface
+	Nodes      kubernetes.Interface
+	Enforcer   *live.Enforcer
+	// Changes, when set, relays the inventory's changes from before the
+	// scan started (live.Options.OnChange); else the scan subscribes now.
+	Changes *informers.Relay
+	// Registry gets the scan's per-cluster gauges, and its counters unless
+	// Metrics holds them already (serve.Register's).
+	Registry prometheus.Registerer
+	Metrics  *OrphanMetrics
+	Options  ReapOptions
+	// QPS and Burst limit the workload clusters' clients (0: kubeclient's).
+	QPS   float32
+	Burst int
+	Log   *slog.Logger
+}
+
+// Start runs the scan until ctx is done: a reduced Node cache per cluster,
+// judged as it and the inventory change, and the reaper when enabled.
+func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
+	e, opts, log, c := o.Enforcer, o.Options, o.Log, o.Management
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	model := e.Inventory.Model()
+	fields, err := e.Evaluator.Orphans()
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("orphan scan: %w", err)
 	}
-	ropts := reaper.Options{Finder: finder, Delete: opts.Enabled, DryRun: opts.DryRun, Log: log, Metrics: metrics}
+	shape, err := nodecache.NewShape(model, fields)
+	if err != nil {
+		return nil, err
+	}
+	evidence := orphans.NewEvidence(model)
+	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence,
+		Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
+	if err != nil {
+		return nil, err
+	}
+	m := o.Metrics
+	if m == nil {
+		if m, err = registerOrphanMetrics(o.Registry); err != nil {
+			return nil, err
+		}
+	}
+	ropts := reaper.Options{Finder: finder, Delete: opts.Enabled, DryRun: opts.DryRun, Log: log, Metrics: m.Reaper}
+	mgmt := o.Kube
+	if (opts.Enabled || opts.WorkloadClusters) && mgmt == nil {
+		return nil, fmt.Errorf("reaping orphan Nodes needs a kubeconfig or in-cluster config")
+	}
 	self := reaper.Target{Nodes: c.Dynamic}
-	var mgmt kubernetes.Interface
-	if opts.Enabled || opts.WorkloadClusters {
-		if c.Config == nil {
-			return fmt.Errorf("reaping orphan Nodes needs a kubeconfig or in-cluster config")
-		}
-		if mgmt, err = kubernetes.NewForConfig(c.Config); err != nil {
-			return fmt.Errorf("create client: %w", err)
-		}
-	}
 	if opts.Enabled {
 		host, _ := os.Hostname()
 		ns := opts.LeaseNamespace
@@ -90,100 +159,154 @@ func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, me
 			ns = LeaseNamespace()
 		}
 		if ropts.IsLeader, err = reaper.Elect(ctx, reaper.LeaseOptions{Client: mgmt, Namespace: ns, Identity: host + "_" + uuid.NewString(), Log: log}); err != nil {
-			return err
+			return nil, err
 		}
 		self.Recorder = recorder(ctx, mgmt)
 	}
 	r, err := reaper.New(ropts)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	targets := func(context.Context) ([]reaper.Target, error) { return []reaper.Target{self}, nil }
+	scanner, err := orphanscan.New(orphanscan.Options{Finder: finder, Evidence: evidence, Reaper: r, Model: model,
+		Ready: func() error {
+			// A cache recovering from a broken watch may lack a new link:
+			// no Node is judged an orphan until it caught up.
+			if err := e.Syncer.Ready(); err != nil {
+				return err
+			}
+			return e.Syncer.Recovering()
+		}, SyncedKinds: e.Syncer.SyncedKinds, Interval: opts.Interval, Log: log, Metrics: m.Scan})
+	if err != nil {
+		return nil, err
+	}
+	if err := o.Registry.Register(scanner); err != nil {
+		return nil, fmt.Errorf("register orphan scan metrics: %w", err)
+	}
+	if o.Changes != nil {
+		o.Changes.Connect(scanner.ObjectChanged)
+	} else if err := e.Syncer.Subscribe(scanner.ObjectChanged); err != nil {
+		return nil, err
+	}
+	watchErrors := &watchErrors{metrics: m.Clusters, log: log, last: map[string]time.Time{}}
+	if err := watchNodes(ctx, scanner, shape, "", o.Nodes, c.Dynamic, self, watchErrors, false); err != nil {
+		return nil, err
+	}
 	if opts.WorkloadClusters {
-		w := &workloads{client: c, cache: newKubeconfigCache(mgmt, func(cfg *rest.Config) (reaper.Target, error) {
-			return workloadTarget(ctx, cfg, opts.Enabled)
-		})}
-		targets = func(ctx context.Context) ([]reaper.Target, error) {
-			ts, err := w.targets(ctx)
-			return append([]reaper.Target{self}, ts...), err
+		set, err := clusters.New(clusters.Options{Management: c, Secrets: mgmt, Recheck: opts.KubeconfigRecheck,
+			QPS: o.QPS, Burst: o.Burst, Log: log, Metrics: m.Clusters, Stopped: scanner.RemoveCluster,
+			Start: func(ctx context.Context, cl *clusters.Cluster) {
+				t := reaper.Target{Nodes: cl.Dynamic}
+				if opts.Enabled {
+					typed, err := kubernetes.NewForConfig(cl.Config)
+					if err != nil {
+						log.Error("workload cluster: no Event client; deleting without Events", "cluster", cl.Key, "error", err.Error())
+					} else {
+						t.Recorder = recorder(ctx, typed)
+					}
+				}
+				if err := watchNodes(ctx, scanner, shape, cl.Key, cl.Kube, cl.Dynamic, t, watchErrors, true); err != nil {
+					log.Error("workload cluster: cannot watch its Nodes", "cluster", cl.Key, "error", err.Error())
+				}
+			}})
+		if err != nil {
+			return nil, err
 		}
+		go func() {
+			if err := set.Run(ctx); err != nil && ctx.Err() == nil {
+				log.Error("workload clusters: not watched; their Nodes are not scanned", "error", err.Error())
+			}
+		}()
 	}
 	log.Info("orphan node scan", "reap", opts.Enabled, "dryRun", opts.DryRun, "grace", finder.Grace().String(),
-		"interval", opts.Interval.String(), "workloadClusters", opts.WorkloadClusters, "matchProviderID", opts.MatchProviderID)
-	go func() {
-		// A pass over an unsynced inventory would fail (Guard.Objects refuses).
-		if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
-			return e.Syncer.Ready() == nil, nil
-		}); err != nil {
-			return
-		}
-		r.Run(ctx, opts.Interval, targets)
-	}()
+		"fullScanInterval", opts.Interval.String(), "workloadClusters", opts.WorkloadClusters, "matchProviderID", opts.MatchProviderID)
+	go scanner.Run(ctx)
+	return scanner, nil
+}
+
+// OrphanMetrics are the counters of the orphan scan, the reaper and the
+// workload-cluster sessions.
+type OrphanMetrics struct {
+	Reaper   *reaper.Metrics
+	Scan     *orphanscan.Metrics
+	Clusters *clusters.Metrics
+}
+
+func registerOrphanMetrics(reg prometheus.Registerer) (*OrphanMetrics, error) {
+	var m OrphanMetrics
+	var err error
+	if m.Reaper, err = reaper.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	if m.Scan, err = orphanscan.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	if m.Clusters, err = clusters.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// watchNodes caches a cluster's Nodes for the scanner until ctx is done; with
+// wait, it returns only then (a workload session), else at once.
+func watchNodes(ctx context.Context, scanner *orphanscan.Scanner, shape *nodecache.Shape, cluster string,
+	kube kubernetes.Interface, dyn dynamic.Interface, t reaper.Target, errs *watchErrors, wait bool) error {
+	w, err := nodecache.NewWatch(nodecache.WatchOptions{Shape: shape, Kube: kube, Dynamic: dyn,
+		OnChange: func(node string) { scanner.NodeChanged(cluster, node) },
+		OnError:  func(err error) { errs.report(ctx, cluster, err) },
+	})
+	if err != nil {
+		return err
+	}
+	scanner.AddCluster(cluster, w, t)
+	if wait {
+		w.Run(ctx)
+		return nil
+	}
+	go w.Run(ctx)
 	return nil
 }
 
-// recorder records Events through the events.k8s.io API of one cluster.
+// watchErrors counts every failed list or watch of a cluster's Nodes and
+// logs at most one line per cluster per watchErrorLogEvery: an unreachable
+// workload cluster costs client-go's bounded retries, a metric and a log
+// line, nothing more.
+type watchErrors struct {
+	metrics *clusters.Metrics
+	log     *slog.Logger
+
+	mu   sync.Mutex
+	last map[string]time.Time
+	n    map[string]int
+}
+
+const watchErrorLogEvery = 5 * time.Minute
+
+func (w *watchErrors) report(ctx context.Context, cluster string, err error) {
+	if ctx.Err() != nil {
+		return // stopping: the watch ends by design
+	}
+	w.metrics.Failed(cluster, "watch")
+	w.mu.Lock()
+	if w.n == nil {
+		w.n = map[string]int{}
+	}
+	w.n[cluster]++
+	if time.Since(w.last[cluster]) < watchErrorLogEvery {
+		w.mu.Unlock()
+		return
+	}
+	n := w.n[cluster]
+	w.last[cluster], w.n[cluster] = time.Now(), 0
+	w.mu.Unlock()
+	w.log.Error("orphan scan: cannot list or watch the Nodes of a cluster; retrying with backoff, its Nodes are not judged meanwhile",
+		"cluster", cluster, "error", err.Error(), "failuresSinceLastLine", n)
+}
+
+// recorder records Events through the events.k8s.io API of one cluster
+// until ctx is done.
 func recorder(ctx context.Context, client kubernetes.Interface) events.EventRecorder {
 	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
 	_ = b.StartRecordingToSinkWithContext(ctx) // errors only when started twice
+	context.AfterFunc(ctx, b.Shutdown)
 	return b.NewRecorder(scheme.Scheme, "nodeguard")
-}
-
-// workloads lists the CAPI Clusters and keeps reaper Targets for them.
-type workloads struct {
-	client kubeclient.Clients
-	cache  *kubeconfigCache[reaper.Target]
-}
-
-// targets lists the CAPI Clusters and returns one Target per Cluster whose
-// kubeconfig could be read; the others are skipped with an error.
-func (w *workloads) targets(ctx context.Context) ([]reaper.Target, error) {
-	mapping, err := w.client.Mapper.RESTMapping(clusterGVK().GroupKind())
-	if err != nil {
-		return nil, fmt.Errorf("find the Cluster resource: %w", err)
-	}
-	list, err := w.client.Dynamic.Resource(mapping.Resource).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("list Clusters: %w", err)
-	}
-	var out []reaper.Target
-	var errs []error
-	for _, cl := range list.Items {
-		name := cl.GetNamespace() + "/" + cl.GetName()
-		t, err := w.target(ctx, name)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		out = append(out, t)
-	}
-	if len(errs) > 0 {
-		return out, fmt.Errorf("workload clusters: %v", errs)
-	}
-	return out, nil
-}
-
-func (w *workloads) target(ctx context.Context, cluster string) (reaper.Target, error) {
-	t, err := w.cache.get(ctx, cluster)
-	t.Cluster = cluster
-	return t, err
-}
-
-// workloadTarget builds the clients of one workload cluster's Target; with
-// events, a recorder that lives as long as ctx (a rotated kubeconfig leaves
-// the old broadcaster idle, which is cheap).
-func workloadTarget(ctx context.Context, cfg *rest.Config, events bool) (reaper.Target, error) {
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return reaper.Target{}, err
-	}
-	t := reaper.Target{Nodes: dyn}
-	if events {
-		typed, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			return reaper.Target{}, err
-		}
-		t.Recorder = recorder(ctx, typed)
-	}
-	return t, nil
 }

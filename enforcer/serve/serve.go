@@ -19,6 +19,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
+	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
@@ -142,7 +143,14 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if err != nil {
 		return err
 	}
-	e, err := live.Start(ctx, c, live.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Evaluator: eval})
+	lopts := live.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Evaluator: eval}
+	// The orphan scan hears of every inventory change from the first.
+	var changes *informers.Relay
+	if opts.Orphans.Interval > 0 {
+		changes = &informers.Relay{}
+		lopts.OnChange = changes.Send
+	}
+	e, err := live.Start(ctx, c, lopts)
 	if err != nil {
 		return err
 	}
@@ -151,11 +159,17 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if err != nil {
 		return err
 	}
+	scanner, err := startReaper(ctx, c, e, changes, reg, metrics.Orphans, opts.Orphans, log)
+	if err != nil {
+		return err
+	}
 	if opts.Bundle.Path != "" {
 		go func() {
 			err := policybundle.Watch(ctx, opts.Bundle, eval, log, func(err error) {
 				if err != nil {
 					metrics.Policy.ReloadErrors.Inc()
+				} else if scanner != nil {
+					scanner.JudgeAll() // the orphan criteria may have changed with it
 				}
 			})
 			if err != nil {
@@ -163,9 +177,6 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 				log.Error("bundle watch stopped: updates of the bundle file will not be loaded", "error", err)
 			}
 		}()
-	}
-	if err := startReaper(ctx, c, e, metrics.Reaper, opts.Orphans, log); err != nil {
-		return err
 	}
 	denied, err := startDenialEvents(ctx, c, opts, metrics.DenialEvents, log)
 	if err != nil {

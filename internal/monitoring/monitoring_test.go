@@ -308,7 +308,7 @@ func TestQueriesReadExportedMetrics(t *testing.T) {
 	}
 	reasons := map[string][]string{
 		"nodeguard_decisions_total": {decision.ReasonNoLink, decision.ReasonExempt, decision.ReasonNotJudged, decision.ReasonBlocked,
-			decision.ReasonUnverified, decision.ReasonUnjudgeable, decision.ReasonNotReady, decision.ReasonFreshReadFailed,
+			decision.ReasonUnverified, decision.ReasonUnjudgeable, decision.ReasonNotReady, decision.ReasonCacheRecovering, decision.ReasonFreshReadFailed,
 			decision.ReasonError, decision.ReasonBusy, decision.ReasonBadRequest},
 		"nodeguard_rejected_requests_total": {intake.RejectMethod, intake.RejectClientCert, intake.RejectContentType, intake.RejectTooLarge,
 			intake.RejectNoLength, intake.RejectRead, intake.RejectBusy, webhook.RejectMalformed, webhook.RejectNotReview,

@@ -20,3 +20,21 @@ orphan := orphans.verdict(
 	object.get(input, "grace", orphans.default_grace),
 	object.get(input, "matchProviderID", false) == true,
 )
+
+# METADATA
+# title: Orphan screen
+# description: |
+#   The criteria that read only input.node (with input.parameters, input.now,
+#   input.grace and input.matchProviderID, as for orphan): passes, whether
+#   none of them keeps the Node (orphans.node_passes), and recheckAt, when
+#   that may change with the clock alone (orphans.recheck_at). The enforcer
+#   evaluates orphan only for Nodes that pass.
+# entrypoint: true
+orphan_screen := {
+	"passes": orphans.node_passes(input.node, params, input.now, grace, match),
+	"recheckAt": orphans.recheck_at(input.node, params, input.now, grace, match),
+} if {
+	params := object.get(input, "parameters", {})
+	grace := object.get(input, "grace", orphans.default_grace)
+	match := object.get(input, "matchProviderID", false) == true
+}

@@ -28,11 +28,17 @@ import (
 )
 
 // reaping is the orphan configuration the e2e tests run serve with: a short
-// grace and frequent passes, the Lease in "default" (which every API server
-// has). A later test (e.g. with the real CAPI manager) can start from it.
+// grace, the Lease in "default" (which every API server has), and the full
+// pass (the safety net) an hour away, so every orphan these tests see is
+// found through the watch path: its Node's or its objects' events, and the
+// end of its grace.
 func reaping(grace time.Duration) serve.ReapOptions {
-	return serve.ReapOptions{Enabled: true, Grace: grace, Interval: 250 * time.Millisecond, LeaseNamespace: "default"}
+	return serve.ReapOptions{Enabled: true, Grace: grace, Interval: time.Hour, LeaseNamespace: "default"}
 }
+
+// watchPathSlack bounds what judging through events adds to the graces: an
+// informer event, a judgment, a fresh read and a delete.
+const watchPathSlack = 10 * time.Second
 
 // nodeguardReaping runs `nodeguard serve` over the cluster of cfg with the
 // orphan options reap, and points the API server's Node deletes at it, so
@@ -120,8 +126,11 @@ func TestOrphanNodesAreReaped(t *testing.T) {
 	reaped := waitGone(t, kube, "left-behind", 60*time.Second)
 	t.Logf("left-behind reaped %s after its Machine and DockerMachine went (grace %s)", reaped.Sub(gone).Round(time.Millisecond), grace)
 	assert.GreaterOrEqual(t, reaped.Sub(gone), grace, "two observations a grace apart")
+	// NotReady since just before: an orphan once its grace ends (the watch
+	// path's timer), deleted a grace later; the full pass is an hour away.
+	assert.Less(t, reaped.Sub(gone), 2*grace+watchPathSlack)
 
-	// Several more passes: the Ready Node stays.
+	// A while later, the Ready Node is still there.
 	time.Sleep(2 * grace)
 	_, err := kube.CoreV1().Nodes().Get(context.Background(), "still-ready", metav1.GetOptions{})
 	assert.NoError(t, err, "a Ready Node is never reaped")
@@ -129,6 +138,15 @@ func TestOrphanNodesAreReaped(t *testing.T) {
 		assert.Len(c, orphanEvents(t, kube, "left-behind"), 1)
 	}, 10*time.Second, 100*time.Millisecond, "an Event on the deleted Node")
 	assert.Empty(t, orphanEvents(t, kube, "still-ready"))
+
+	// Its kubelet stops posting: the Node's change is an event, the end of
+	// its grace a timer; it goes within the two graces, not a full pass.
+	notReady := time.Now()
+	setReady(t, kube, "still-ready", corev1.ConditionUnknown)
+	reaped = waitGone(t, kube, "still-ready", 60*time.Second)
+	t.Logf("still-ready reaped %s after it went NotReady (grace %s)", reaped.Sub(notReady).Round(time.Millisecond), grace)
+	assert.GreaterOrEqual(t, reaped.Sub(notReady), 2*grace-time.Second, "an orphan a grace after NotReady (second-precision times), deleted a grace later")
+	assert.Less(t, reaped.Sub(notReady), 2*grace+watchPathSlack)
 }
 
 // Orphan Nodes with a linked InfraMachine are never reaped: the rule would
@@ -194,6 +212,10 @@ func TestOrphanNodesAreReapedInAWorkloadCluster(t *testing.T) {
 	gone := time.Now()
 	reaped := waitGone(t, workloadKube, "left-behind", 60*time.Second)
 	t.Logf("workload Node left-behind reaped %s after its Machine went", reaped.Sub(gone).Round(time.Millisecond))
+	// Found through the workload cluster's Node watch and the management
+	// cluster's Machine events, within its grace and the reaper's: the full
+	// pass is an hour away.
+	assert.Less(t, reaped.Sub(gone), 2*reap.Grace+watchPathSlack)
 	time.Sleep(4 * time.Second)
 	_, err = workloadKube.CoreV1().Nodes().Get(ctx, "still-ready", metav1.GetOptions{})
 	assert.NoError(t, err, "a Ready Node is never reaped")

@@ -27,6 +27,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -39,7 +40,11 @@ func wrapped() []struct{ file, head, wrapper string } {
 		{"lib/nodeguard/nodeguard.rego", "linked_machines(node, inventory, parameters) :=",
 			"package lib.nodeguard\n\nlinked_machines(node, inventory, parameters) := _unprojected_linked_machines(fieldcoverage_node(node), fieldcoverage_inventory(inventory, parameters), parameters)\n"},
 		{"nodeguard/orphans/orphans.rego", "verdict(node, inventory, parameters, now, grace, match_provider_id) :=",
-			"package nodeguard.orphans\n\nverdict(node, inventory, parameters, now, grace, match_provider_id) := _unprojected_verdict(node, fieldcoverage_inventory(inventory, parameters), parameters, now, grace, match_provider_id)\n"},
+			"package nodeguard.orphans\n\nverdict(node, inventory, parameters, now, grace, match_provider_id) := _unprojected_verdict(fieldcoverage_orphan_node(node), fieldcoverage_inventory(inventory, parameters), parameters, now, grace, match_provider_id)\n"},
+		{"nodeguard/orphans/orphans.rego", "node_passes(node, parameters, now, grace, match_provider_id) if",
+			"package nodeguard.orphans\n\nnode_passes(node, parameters, now, grace, match_provider_id) if _unprojected_node_passes(fieldcoverage_orphan_node(node), parameters, now, grace, match_provider_id)\n"},
+		{"nodeguard/orphans/orphans.rego", "recheck_at(node, parameters, now, grace, match_provider_id) :=",
+			"package nodeguard.orphans\n\nrecheck_at(node, parameters, now, grace, match_provider_id) := _unprojected_recheck_at(fieldcoverage_orphan_node(node), parameters, now, grace, match_provider_id)\n"},
 	}
 }
 
@@ -79,6 +84,31 @@ test_infra_of_another_cluster_by_spec if {
 	assert.Equal(t, []string{"data.mutation_test.test_infra_of_another_cluster_by_spec"}, failed)
 }
 
+// The same for the orphan criteria and a Node: here a copy of them also
+// keeps a Node labelled as a control plane, a label the Node caches drop.
+func TestTheCheckCatchesAnUndeclaredNodeField(t *testing.T) {
+	_, failed := runProjected(t, func(files map[string]string) {
+		src := files["nodeguard/orphans/orphans.rego"]
+		files["nodeguard/orphans/orphans.rego"] = strings.Replace(src, "\t_ready_reason(node),\n\t[_machine_reason",
+			"\t_ready_reason(node),\n\t_control_plane(node),\n\t[_machine_reason", 1) + `
+_control_plane(node) := ["it is a control-plane Node"] if {
+	"node-role.kubernetes.io/control-plane" in object.keys(object.get(node, ["metadata", "labels"], {}))
+} else := []
+`
+		files["mutation_test.rego"] = `package mutation_test
+
+import data.lib.nodeguard_test as fixtures
+import data.nodeguard.orphans
+
+test_control_plane_node_is_kept if {
+	node := object.union(fixtures.capd_node, {"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}})
+	"it is a control-plane Node" in orphans.verdict(node, {}, {}, "2026-11-30T12:00:00Z", "5m", false).kept
+}
+`
+	})
+	assert.Equal(t, []string{"data.mutation_test.test_control_plane_node_is_kept"}, failed)
+}
+
 // runProjected runs every Rego test under policies/ (after mutate, when
 // set) with the entry points wrapped, and returns how many passed and the
 // names of those that did not.
@@ -90,6 +120,10 @@ func runProjected(t *testing.T, mutate func(files map[string]string)) (int, []st
 	model, err := linkmodel.Load(ctx, compiled, nil)
 	require.NoError(t, err)
 	defaults, err := policies.DefaultParameters(ctx, compiled)
+	require.NoError(t, err)
+	fields, err := linkmodel.LoadNodeFields(ctx, compiled, nil)
+	require.NoError(t, err)
+	shape, err := nodecache.NewShape(model, fields)
 	require.NoError(t, err)
 	files := map[string]string{}
 	root := filepath.Join("..", "..", "policies")
@@ -120,7 +154,7 @@ func runProjected(t *testing.T, mutate func(files map[string]string)) (int, []st
 		require.NoError(t, err, path)
 		modules[path] = m
 	}
-	custom := builtins(model, defaults)
+	custom := builtins(model, shape, defaults)
 	// Gatekeeper's own builtins, which the K8sNodeGuardExternal tests
 	// replace with their answers: declared, never run here.
 	gatekeeper, err := policies.GatekeeperBuiltins()
@@ -150,8 +184,10 @@ func runProjected(t *testing.T, mutate func(files map[string]string)) (int, []st
 	return passed, failed
 }
 
-// builtins reduce Nodes and inventories exactly as the enforcer does.
-func builtins(model *linkmodel.Model, defaults map[string]any) []*tester.Builtin {
+// builtins reduce Nodes and inventories exactly as the enforcer does: a
+// reviewed Node as the webhook decodes it, a judged one as the orphan scan's
+// Node caches keep it.
+func builtins(model *linkmodel.Model, shape *nodecache.Shape, defaults map[string]any) []*tester.Builtin {
 	inv := inventory.New(model)
 	node := func(v any) any {
 		m, ok := v.(map[string]any)
@@ -176,6 +212,17 @@ func builtins(model *linkmodel.Model, defaults map[string]any) []*tester.Builtin
 	project := &rego.Function{Name: "fieldcoverage_inventory", Decl: types.NewFunction(types.Args(types.A, types.A), types.A)}
 	return []*tester.Builtin{
 		fn1("fieldcoverage_node", node),
+		fn1("fieldcoverage_orphan_node", func(v any) any {
+			m, ok := v.(map[string]any)
+			if !ok {
+				return v
+			}
+			r, err := shape.Record(&unstructured.Unstructured{Object: m})
+			if err != nil {
+				return v
+			}
+			return shape.Object(r)
+		}),
 		fn1("fieldcoverage_review", func(v any) any {
 			review, ok := v.(map[string]any)
 			if !ok {

@@ -167,7 +167,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.BoolVar(&opts.Orphans.DryRun, "reap-dry-run", false, "with --reap-orphan-nodes: log the orphan Nodes that would be deleted instead of deleting them")
 	f.BoolVar(&opts.Orphans.WorkloadClusters, "reap-workload-clusters", false, "also scan the Nodes of every CAPI Cluster, through its <name>-kubeconfig Secret")
 	f.BoolVar(&opts.Orphans.MatchProviderID, "orphan-match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
-	f.DurationVar(&opts.Orphans.Interval, "orphan-scan-interval", serve.DefaultOrphanScanInterval, "time between orphan scans (nodeguard_orphan_nodes); 0 turns the scan off")
+	f.DurationVar(&opts.Orphans.Interval, "orphan-scan-interval", serve.DefaultOrphanScanInterval, "period of the full pass over the Node caches, the safety net under judging Nodes as they and what links them change (nodeguard_orphan_nodes); 0 turns the scan off")
 	f.StringVar(&opts.Orphans.LeaseNamespace, "leader-election-namespace", "", "namespace of the orphan reaper's Lease (default: $POD_NAMESPACE, else nodeguard-system)")
 	f.Float32Var(&opts.KubeAPIQPS, "kube-api-qps", kubeclient.DefaultQPS, "queries per second to the API server (informers and fresh reads); sized for bursts of Node deletes")
 	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", kubeclient.DefaultBurst, "burst of queries to the API server above --kube-api-qps")

@@ -172,24 +172,86 @@ _evidence_for_cluster(ns, obj, parameters) if {
 # description: |
 #   Every criterion that keeps the Node, one sentence each; empty when it is an
 #   orphan. Linked Machines and the rule's blockers come from lib.nodeguard.
+#   node_passes tries the criteria that read only the Node, the same helpers.
 kept_because(node, inventory, parameters, now, grace, match_provider_id) := array.flatten([
-	_not_matched(node, inventory, parameters, match_provider_id),
+	_unmanaged(node, match_provider_id),
+	_scheme_unmatched(node, inventory, parameters, match_provider_id),
 	_other_cluster(node, parameters),
 	_ready_reason(node),
 	[_machine_reason(m) | some m in nodeguard.linked_machines(node, inventory, parameters)],
 	_rule_reasons(_decision(node, inventory, parameters)),
-	_unprovable(node, inventory, parameters),
+	_no_provider_id(node),
+	_scheme_unused(node, inventory, parameters),
 	_grace_reason(not_ready_since(node), now, grace),
 ])
 
-_not_matched(node, inventory, parameters, match_provider_id) := [] if {
-	managed(node)
-} else := [] if {
-	provider_id_match(node, inventory, parameters)
-	match_provider_id == true
-} else := ["it is not managed by Cluster API (no cluster.x-k8s.io/machine and cluster.x-k8s.io/cluster-namespace annotations)"] if {
+# METADATA
+# scope: document
+# title: Passes the Node-only criteria
+# description: |
+#   No criterion of kept_because that reads only the Node, the parameters and
+#   the clock keeps the Node; they are tried cheapest first, so a Ready Node
+#   is told at once. A Node that does not pass is no orphan whatever the
+#   inventory holds: the enforcer judges the other criteria only for Nodes
+#   that pass.
+default node_passes(_, _, _, _, _) := false
+
+node_passes(node, parameters, now, grace, match_provider_id) if {
+	_passes_but_grace(node, parameters, match_provider_id)
+	count(_grace_reason(not_ready_since(node), now, grace)) == 0
+}
+
+# METADATA
+# title: Recheck at
+# description: |
+#   When node_passes may change with the clock alone: the end of the grace
+#   period (RFC 3339), when the grace is all that keeps the Node; "" when
+#   nothing changes until the Node does.
+recheck_at(node, parameters, now, grace, match_provider_id) := time.format(time.parse_rfc3339_ns(since) + time.parse_duration_ns(grace)) if {
+	_passes_but_grace(node, parameters, match_provider_id)
+	since := not_ready_since(node)
+	count(_grace_reason(since, now, grace)) > 0
+} else := ""
+
+_passes_but_grace(node, parameters, match_provider_id) if {
+	count(_ready_reason(node)) == 0
+	count(_unmanaged(node, match_provider_id)) == 0
+	count(_no_provider_id(node)) == 0
+	count(_other_cluster(node, parameters)) == 0
+}
+
+# METADATA
+# title: Node fields
+# description: |
+#   What the criteria read of a Node besides the link model's Node fields
+#   (data.lib.nodeguard.link_model): fields, paths to strings; and conditions,
+#   the entries of the list at path whose type is one of types, of which only
+#   keys. The enforcer's Node caches keep exactly these and the link model's;
+#   tests/fieldcoverage fails a criterion that reads anything else.
+node_fields := {
+	"fields": [
+		["metadata", "annotations", "cluster.x-k8s.io/cluster-name"],
+		["metadata", "creationTimestamp"],
+	],
+	"conditions": {
+		"path": ["status", "conditions"],
+		"types": ["Ready"],
+		"keys": ["type", "status", "lastTransitionTime"],
+	},
+}
+
+# Not managed, and the wider match is off.
+_unmanaged(node, match_provider_id) := ["it is not managed by Cluster API (no cluster.x-k8s.io/machine and cluster.x-k8s.io/cluster-namespace annotations)"] if {
+	not managed(node)
 	match_provider_id != true
-} else := ["it has no CAPI annotations and no InfraMachine in the cluster uses its providerID scheme"]
+} else := []
+
+# Not managed, and the wider match finds no scheme in use for it.
+_scheme_unmatched(node, inventory, parameters, match_provider_id) := ["it has no CAPI annotations and no InfraMachine in the cluster uses its providerID scheme"] if {
+	not managed(node)
+	match_provider_id == true
+	not provider_id_match(node, inventory, parameters)
+} else := []
 
 # Judged for one Cluster, a Node whose annotations name another is not that
 # Cluster's to judge: its Machines are out of scope, so their absence proves nothing.
@@ -204,15 +266,18 @@ _other_cluster(node, parameters) := [sprintf("it belongs to Cluster %s, not to t
 # gone, nothing says which kind the Node's InfraMachine was; only when the
 # cluster's synced InfraMachines use the Node's providerID scheme does the
 # absence of one carrying that providerID prove the host is gone.
-_unprovable(node, inventory, parameters) := ["it has no spec.providerID, so nodeguard cannot prove no InfraMachine carries it"] if {
+_no_provider_id(node) := ["it has no spec.providerID, so nodeguard cannot prove no InfraMachine carries it"] if {
 	managed(node)
 	object.get(node, ["spec", "providerID"], "") == ""
-} else := [sprintf(
+} else := []
+
+_scheme_unused(node, inventory, parameters) := [sprintf(
 	"no InfraMachine of a synced kind in the cluster uses providerID scheme %q, so the absence of one carrying %q proves nothing",
 	[_scheme_or_empty(pid), pid],
 )] if {
 	managed(node)
-	pid := node.spec.providerID
+	pid := object.get(node, ["spec", "providerID"], "")
+	pid != ""
 	not scheme_in_use(pid, inventory, parameters)
 } else := []
 

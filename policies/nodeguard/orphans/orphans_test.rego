@@ -296,3 +296,89 @@ test_provider_id_scheme if {
 	not orphans.provider_id_scheme("i-1")
 	not orphans.provider_id_scheme("://x")
 }
+
+# --- The Node-only screen ------------------------------------------------------------------
+
+# Nodes each kept by one criterion that reads only the Node, the parameters or the clock.
+screened := {
+	"unmanaged": {
+		"node": bare, "params": {},
+		"kept": "it is not managed by Cluster API (no cluster.x-k8s.io/machine and cluster.x-k8s.io/cluster-namespace annotations)",
+	},
+	"other cluster": {
+		"node": left_behind, "params": {"clusterName": "other"},
+		"kept": "it belongs to Cluster default/dev, not to the Cluster judged",
+	},
+	"ready": {
+		"node": object.union(left_behind, {"status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": long_ago}]}}),
+		"params": {}, "kept": "its Ready condition is True",
+	},
+	"no providerID": {
+		"node": json.remove(left_behind, ["spec"]), "params": {},
+		"kept": "it has no spec.providerID, so nodeguard cannot prove no InfraMachine carries it",
+	},
+	"within grace": {
+		"node": not_ready(fixtures.capd_node, "2026-11-30T11:58:00Z"), "params": {},
+		"kept": "it has been not Ready only since 2026-11-30T11:58:00Z, less than the grace period 5m before 2026-11-30T12:00:00Z",
+	},
+}
+
+test_node_passes_fails_each_node_only_criterion if {
+	every c in screened {
+		not orphans.node_passes(c.node, c.params, now, "5m", false)
+	}
+}
+
+# Whatever the inventory, what keeps a Node from passing keeps it from being
+# an orphan: the same reason is in kept_because.
+test_a_node_that_does_not_pass_is_kept if {
+	inventories := [{}, evidence, fixtures.inventory([sibling, fixtures.capd_machine]), fixtures.inventory([sibling, fixtures.capd_infra])]
+	every c in screened {
+		every inv in inventories {
+			c.kept in orphans.kept_because(c.node, inv, c.params, now, "5m", false)
+		}
+	}
+}
+
+test_node_passes_what_only_the_inventory_decides if {
+	orphans.node_passes(left_behind, {}, now, "5m", false)
+	orphans.node_passes(bare, {}, now, "5m", true)
+	orphans.node_passes(left_behind, {"clusterName": "dev", "clusterNamespace": "default"}, now, "5m", false)
+
+	# Passes, but kept by the inventory: its Machine exists.
+	not verdict(left_behind, [fixtures.capd_machine]).orphan
+}
+
+test_recheck_at_is_the_end_of_the_grace if {
+	recent := not_ready(fixtures.capd_node, "2026-11-30T11:58:00Z")
+	orphans.recheck_at(recent, {}, now, "5m", false) == "2026-11-30T12:03:00Z"
+	orphans.recheck_at(recent, {}, now, "90s", false) == ""
+	orphans.recheck_at(recent, {}, now, "2m30.5s", false) == "2026-11-30T12:00:30.5Z"
+}
+
+test_recheck_at_is_empty_when_more_than_the_clock_keeps_it if {
+	orphans.recheck_at(left_behind, {}, now, "5m", false) == ""
+	recent := not_ready(fixtures.capd_node, "2026-11-30T11:58:00Z")
+	orphans.recheck_at(recent, {"clusterName": "other"}, now, "5m", false) == ""
+	orphans.recheck_at(fixtures.without_annotations(recent), {}, now, "5m", false) == ""
+	orphans.recheck_at(fixtures.capd_node, {}, now, "5m", false) == ""
+	orphans.recheck_at(recent, {}, now, "five minutes", false) == ""
+}
+
+test_entry_point_screen if {
+	recent := not_ready(fixtures.capd_node, "2026-11-30T11:58:00Z")
+	s := data.nodeguard.orphan_screen with input as {"node": recent, "now": now}
+	s == {"passes": false, "recheckAt": "2026-11-30T12:03:00Z"}
+	t := data.nodeguard.orphan_screen with input as {"node": bare, "now": now, "grace": "1m", "matchProviderID": true, "parameters": {"clusterName": "dev"}}
+	t == {"passes": true, "recheckAt": ""}
+}
+
+test_node_fields_are_paths if {
+	every p in orphans.node_fields.fields {
+		is_array(p)
+		every seg in p {
+			is_string(seg)
+		}
+	}
+	"type" in orphans.node_fields.conditions.keys
+}

@@ -1,0 +1,432 @@
+// Package clusters keeps clients for each Cluster API workload cluster, built
+// from the kubeconfig Secret CAPI writes for it (<name>-kubeconfig, key
+// value, in the Cluster's namespace), and runs whatever a caller wants run
+// against that cluster (the orphan scan: a Node watch) for as long as the
+// Cluster exists and its kubeconfig is unchanged. A new Cluster starts a
+// session; a deleted Cluster or Secret stops it; a changed kubeconfig (a new
+// digest) stops it and starts another. A Secret that cannot be read, or a
+// kubeconfig that does not parse, is retried with a bounded backoff, counted
+// and logged; an unreachable API server is the session's to retry. Other
+// callers (Events in workload clusters) can reuse a session's clients: Get.
+package clusters
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+)
+
+// ClusterKind is Cluster API's Cluster.
+var ClusterKind = schema.GroupKind{Group: "cluster.x-k8s.io", Kind: "Cluster"}
+
+// Cluster is one workload cluster's clients.
+type Cluster struct {
+	// Key is the Cluster's "namespace/name".
+	Key string
+	// Config is the kubeconfig's, with nodeguard's client rate limits.
+	Config *rest.Config
+	// Kube is a typed client that asks for protobuf (Nodes decode several
+	// times faster than as JSON); Dynamic reads and deletes as JSON.
+	Kube    kubernetes.Interface
+	Dynamic dynamic.Interface
+	// Digest is the kubeconfig's SHA-256: a session runs on one kubeconfig.
+	Digest [sha256.Size]byte
+}
+
+// Options configure a Set.
+type Options struct {
+	// Management is the management cluster: Clusters are watched through
+	// Dynamic and Mapper, kubeconfig Secrets read (GET only) through Secrets.
+	Management kubeclient.Clients
+	Secrets    kubernetes.Interface
+	// Recheck is how often every Cluster's Secret is read again, to see a
+	// rotated kubeconfig (default DefaultRecheck); failures retry sooner,
+	// from 1 s doubling up to Recheck.
+	Recheck time.Duration
+	// QPS and Burst are the workload clients' rate limits (0: kubeclient's).
+	QPS   float32
+	Burst int
+	// Start runs a session against c until ctx is done, on a goroutine of
+	// its own; it must return then, leaving nothing running.
+	Start func(ctx context.Context, c *Cluster)
+	// Stopped, when set, is called after a session of key has returned
+	// (the Cluster or its Secret went, or the kubeconfig changed).
+	Stopped func(key string)
+	Log     *slog.Logger
+	// Metrics, when set, counts failures by cluster.
+	Metrics *Metrics
+}
+
+// DefaultRecheck is how often kubeconfig Secrets are read again.
+const DefaultRecheck = time.Minute
+
+// Set runs one session per workload Cluster with a readable kubeconfig.
+type Set struct {
+	opts  Options
+	queue workqueue.TypedRateLimitingInterface[string]
+
+	mu       sync.Mutex
+	clusters map[string]bool // Clusters that exist
+	sessions map[string]*session
+}
+
+type session struct {
+	cluster *Cluster
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// New returns a Set; Run runs it.
+func New(opts Options) (*Set, error) {
+	if opts.Management.Dynamic == nil || opts.Management.Mapper == nil || opts.Secrets == nil || opts.Start == nil {
+		return nil, errors.New("clusters: the management cluster's clients and a Start function are required")
+	}
+	if opts.Recheck <= 0 {
+		opts.Recheck = DefaultRecheck
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	limiter := workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, opts.Recheck)
+	return &Set{
+		opts:     opts,
+		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{}),
+		clusters: map[string]bool{},
+		sessions: map[string]*session{},
+	}, nil
+}
+
+// Get returns the clients of a running session.
+func (s *Set) Get(key string) (*Cluster, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ss, ok := s.sessions[key]; ok {
+		return ss.cluster, true
+	}
+	return nil, false
+}
+
+// Keys returns the Clusters with a running session, sorted.
+func (s *Set) Keys() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.sessions))
+	for k := range s.sessions {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Run watches Clusters and runs their sessions until ctx is done; it returns
+// once every session has stopped.
+func (s *Set) Run(ctx context.Context) error {
+	mapping, err := s.clusterResource(ctx)
+	if err != nil {
+		return err
+	}
+	factory := dynamicinformer.NewDynamicSharedInformerFactory(s.opts.Management.Dynamic, 0)
+	informer := factory.ForResource(mapping.Resource).Informer()
+	// Only the name is read: keep nothing else of a Cluster.
+	if err := informer.SetTransform(keyOnly); err != nil {
+		return fmt.Errorf("clusters: set transform: %w", err)
+	}
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { s.clusterEvent(obj, true) },
+		UpdateFunc: func(_, obj any) {}, // a Cluster's status changes often; its key never does
+		DeleteFunc: func(obj any) { s.clusterEvent(obj, false) },
+	}); err != nil {
+		return fmt.Errorf("clusters: watch Clusters: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	go func() {
+		<-ctx.Done()
+		s.queue.ShutDown()
+	}()
+	go s.recheckLoop(ctx)
+	for s.work(ctx) {
+	}
+	s.stopAll()
+	return nil
+}
+
+// clusterRetry is how often Run looks for the Cluster resource while the API
+// server does not serve it (Cluster API installed after nodeguard).
+const clusterRetry = 30 * time.Second
+
+// clusterResource finds the Cluster resource, waiting for it to be served.
+func (s *Set) clusterResource(ctx context.Context) (*meta.RESTMapping, error) {
+	logged := false
+	for {
+		mapping, err := s.opts.Management.Mapper.RESTMapping(ClusterKind)
+		if err == nil {
+			return mapping, nil
+		}
+		if r, ok := s.opts.Management.Mapper.(meta.ResettableRESTMapper); ok && meta.IsNoMatchError(err) {
+			r.Reset()
+		}
+		if !logged {
+			s.opts.Log.Error("workload clusters: the Cluster resource is not served; looking again every 30s", "error", err.Error())
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("clusters: find the Cluster resource: %w", err)
+		case <-time.After(clusterRetry):
+		}
+	}
+}
+
+// keyOnly reduces a Cluster to its namespace and name.
+func keyOnly(obj any) (any, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return obj, nil
+	}
+	out := &unstructured.Unstructured{}
+	out.SetAPIVersion(u.GetAPIVersion())
+	out.SetKind(u.GetKind())
+	out.SetNamespace(u.GetNamespace())
+	out.SetName(u.GetName())
+	out.SetResourceVersion(u.GetResourceVersion())
+	return out, nil
+}
+
+func (s *Set) clusterEvent(obj any, exists bool) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return
+	}
+	key := m.GetNamespace() + "/" + m.GetName()
+	s.mu.Lock()
+	if exists {
+		s.clusters[key] = true
+	} else {
+		delete(s.clusters, key)
+	}
+	s.mu.Unlock()
+	s.queue.Add(key)
+}
+
+// recheckLoop queues every Cluster each Recheck, to see rotated kubeconfigs.
+func (s *Set) recheckLoop(ctx context.Context) {
+	t := time.NewTicker(s.opts.Recheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.mu.Lock()
+			keys := make([]string, 0, len(s.clusters))
+			for k := range s.clusters {
+				keys = append(keys, k)
+			}
+			s.mu.Unlock()
+			for _, k := range keys {
+				s.queue.Add(k)
+			}
+		}
+	}
+}
+
+func (s *Set) work(ctx context.Context) bool {
+	key, shutdown := s.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer s.queue.Done(key)
+	if err := s.reconcile(ctx, key); err != nil {
+		if ctx.Err() == nil {
+			s.opts.Metrics.failed(key, "kubeconfig")
+			s.opts.Log.Error("workload cluster: cannot build its clients; retrying", "cluster", key, "error", err.Error(),
+				"failures", s.queue.NumRequeues(key)+1)
+		}
+		s.queue.AddRateLimited(key)
+		return true
+	}
+	s.queue.Forget(key)
+	return true
+}
+
+// reconcile makes the session of key match the Cluster and its Secret.
+func (s *Set) reconcile(ctx context.Context, key string) error {
+	s.mu.Lock()
+	exists := s.clusters[key]
+	s.mu.Unlock()
+	if !exists {
+		s.stop(key)
+		s.opts.Metrics.forget(key)
+		return nil
+	}
+	ns, name, _ := cache.SplitMetaNamespaceKey(key)
+	secret, err := s.opts.Secrets.CoreV1().Secrets(ns).Get(ctx, name+"-kubeconfig", metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		// No kubeconfig (yet, or any more): nothing can run against it.
+		s.stop(key)
+		return fmt.Errorf("Secret %s/%s-kubeconfig not found", ns, name)
+	}
+	if err != nil {
+		// The session, if any, keeps running: it was built from a kubeconfig
+		// that worked, and a management API hiccup says nothing about it.
+		return fmt.Errorf("read Secret %s/%s-kubeconfig: %w", ns, name, err)
+	}
+	kubeconfig := secret.Data["value"]
+	if len(kubeconfig) == 0 {
+		s.stop(key)
+		return fmt.Errorf("Secret %s/%s-kubeconfig has no key \"value\"", ns, name)
+	}
+	digest := sha256.Sum256(kubeconfig)
+	s.mu.Lock()
+	current, running := s.sessions[key]
+	s.mu.Unlock()
+	if running && current.cluster.Digest == digest {
+		return nil
+	}
+	c, err := s.build(key, kubeconfig, digest)
+	if err != nil {
+		s.stop(key)
+		return err
+	}
+	s.stop(key)
+	s.start(ctx, c)
+	return nil
+}
+
+// build makes a Cluster's clients from its kubeconfig.
+func (s *Set) build(key string, kubeconfig []byte, digest [sha256.Size]byte) (*Cluster, error) {
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig of Cluster %s: %w", key, err)
+	}
+	cfg.QPS, cfg.Burst = s.opts.QPS, s.opts.Burst
+	clients, err := kubeclient.FromConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("clients of Cluster %s: %w", key, err)
+	}
+	kube, err := kubeclient.Protobuf(clients.Config)
+	if err != nil {
+		return nil, fmt.Errorf("clients of Cluster %s: %w", key, err)
+	}
+	return &Cluster{Key: key, Config: clients.Config, Kube: kube, Dynamic: clients.Dynamic, Digest: digest}, nil
+}
+
+func (s *Set) start(ctx context.Context, c *Cluster) {
+	ctx, cancel := context.WithCancel(ctx)
+	ss := &session{cluster: c, cancel: cancel, done: make(chan struct{})}
+	s.mu.Lock()
+	s.sessions[c.Key] = ss
+	s.mu.Unlock()
+	s.opts.Metrics.running(c.Key, true)
+	s.opts.Log.Info("workload cluster: session started", "cluster", c.Key, "server", c.Config.Host)
+	go func() {
+		defer close(ss.done)
+		s.opts.Start(ctx, c)
+	}()
+}
+
+// stop ends the session of key, if any, and waits for it.
+func (s *Set) stop(key string) {
+	s.mu.Lock()
+	ss, ok := s.sessions[key]
+	delete(s.sessions, key)
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	ss.cancel()
+	<-ss.done
+	s.opts.Metrics.running(key, false)
+	s.opts.Log.Info("workload cluster: session stopped", "cluster", key)
+	if s.opts.Stopped != nil {
+		s.opts.Stopped(key)
+	}
+}
+
+func (s *Set) stopAll() {
+	for _, k := range s.Keys() {
+		s.stop(k)
+	}
+}
+
+// Metrics are the Set's Prometheus series.
+type Metrics struct {
+	errors   *prometheus.CounterVec
+	sessions *prometheus.GaugeVec
+}
+
+// NewMetrics registers nodeguard_workload_cluster_errors_total{cluster,
+// stage} and nodeguard_workload_cluster_session{cluster}.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nodeguard_workload_cluster_errors_total",
+			Help: "Failures reaching a CAPI workload cluster, by cluster and stage: kubeconfig (its Secret missing, unreadable or invalid) or watch (its API server's list or watch failed).",
+		}, []string{"cluster", "stage"}),
+		sessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "nodeguard_workload_cluster_session",
+			Help: "1 while nodeguard runs against a CAPI workload cluster with a working kubeconfig.",
+		}, []string{"cluster"}),
+	}
+	if err := errors.Join(reg.Register(m.errors), reg.Register(m.sessions)); err != nil {
+		return nil, fmt.Errorf("register workload cluster metrics: %w", err)
+	}
+	return m, nil
+}
+
+// Failed counts one failure of a cluster at a stage ("watch" for callers).
+func (m *Metrics) Failed(cluster, stage string) { m.failed(cluster, stage) }
+
+func (m *Metrics) failed(cluster, stage string) {
+	if m != nil {
+		m.errors.WithLabelValues(cluster, stage).Inc()
+	}
+}
+
+// forget drops the series of a Cluster that is gone.
+func (m *Metrics) forget(cluster string) {
+	if m != nil {
+		m.errors.DeletePartialMatch(prometheus.Labels{"cluster": cluster})
+	}
+}
+
+func (m *Metrics) running(cluster string, on bool) {
+	if m == nil {
+		return
+	}
+	if on {
+		m.sessions.WithLabelValues(cluster).Set(1)
+		return
+	}
+	m.sessions.DeleteLabelValues(cluster)
+}
+
+// Errors is the failure counter, for tests.
+func (m *Metrics) Errors() *prometheus.CounterVec { return m.errors }

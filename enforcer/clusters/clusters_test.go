@@ -1,0 +1,302 @@
+package clusters_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/nodecache"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
+)
+
+var (
+	clusterGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Cluster"}
+	clusterGVR = schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "clusters"}
+)
+
+// kubeconfig for a cluster at server, as CAPI writes it.
+func kubeconfig(t testing.TB, server string) []byte {
+	t.Helper()
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["workload"] = &clientcmdapi.Cluster{Server: server}
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: "t"}
+	cfg.Contexts["admin@workload"] = &clientcmdapi.Context{Cluster: "workload", AuthInfo: "admin"}
+	cfg.CurrentContext = "admin@workload"
+	b, err := clientcmd.Write(*cfg)
+	require.NoError(t, err)
+	return b
+}
+
+// closedPort is an address nothing listens on: an unreachable API server.
+func closedPort(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return "https://" + addr
+}
+
+// management is a management cluster: Clusters through a fake dynamic
+// client, kubeconfig Secrets through a fake typed one.
+type management struct {
+	dyn     dynamic.Interface
+	secrets *fake.Clientset
+	clients kubeclient.Clients
+}
+
+func newManagement() *management {
+	dyn, mapper := testcluster.Serve([]testcluster.Kind{{GVK: clusterGVK, Resource: "clusters"}})
+	return &management{dyn: dyn, secrets: fake.NewClientset(), clients: kubeclient.Clients{Dynamic: dyn, Mapper: mapper}}
+}
+
+func (m *management) cluster(t testing.TB, name string) {
+	t.Helper()
+	_, err := m.dyn.Resource(clusterGVR).Namespace("fleet").Create(context.Background(), testcluster.Object(clusterGVK, "fleet", name, nil), metav1.CreateOptions{})
+	require.NoError(t, err)
+}
+
+func (m *management) deleteCluster(t testing.TB, name string) {
+	t.Helper()
+	require.NoError(t, m.dyn.Resource(clusterGVR).Namespace("fleet").Delete(context.Background(), name, metav1.DeleteOptions{}))
+}
+
+func (m *management) secret(t testing.TB, name string, value []byte) {
+	t.Helper()
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "fleet", Name: name + "-kubeconfig"}, Data: map[string][]byte{"value": value}}
+	_, err := m.secrets.CoreV1().Secrets("fleet").Update(context.Background(), s, metav1.UpdateOptions{})
+	if err != nil {
+		_, err = m.secrets.CoreV1().Secrets("fleet").Create(context.Background(), s, metav1.CreateOptions{})
+	}
+	require.NoError(t, err)
+}
+
+// sessions records what the Set starts and stops.
+type sessions struct {
+	mu      sync.Mutex
+	running map[string]string // key -> server
+	log     []string
+}
+
+func (s *sessions) start(ctx context.Context, c *clusters.Cluster) {
+	s.mu.Lock()
+	s.running[c.Key] = c.Config.Host
+	s.log = append(s.log, "start "+c.Key+" "+c.Config.Host)
+	s.mu.Unlock()
+	<-ctx.Done()
+	s.mu.Lock()
+	delete(s.running, c.Key)
+	s.log = append(s.log, "stop "+c.Key)
+	s.mu.Unlock()
+}
+
+func (s *sessions) server(key string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.running[key]
+}
+
+// lockedBuffer is a log written by the Set while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func run(t *testing.T, set *clusters.Set) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- set.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+}
+
+func TestSessionsFollowClustersAndTheirSecrets(t *testing.T) {
+	m := newManagement()
+	s := &sessions{running: map[string]string{}}
+	reg := prometheus.NewRegistry()
+	metrics, err := clusters.NewMetrics(reg)
+	require.NoError(t, err)
+	logs := &lockedBuffer{}
+	set, err := clusters.New(clusters.Options{Management: m.clients, Secrets: m.secrets, Recheck: 100 * time.Millisecond,
+		Start: s.start, Metrics: metrics, Log: slog.New(slog.NewJSONHandler(logs, nil))})
+	require.NoError(t, err)
+	run(t, set)
+
+	m.secret(t, "prod-1", kubeconfig(t, "https://prod-1.example:6443"))
+	m.cluster(t, "prod-1")
+	require.Eventually(t, func() bool { return s.server("fleet/prod-1") == "https://prod-1.example:6443" }, 5*time.Second, 10*time.Millisecond)
+	c, ok := set.Get("fleet/prod-1")
+	require.True(t, ok)
+	assert.NotNil(t, c.Kube)
+	assert.NotNil(t, c.Dynamic)
+	assert.Equal(t, []string{"fleet/prod-1"}, set.Keys())
+
+	// A Cluster whose Secret is not there yet: counted, logged, retried.
+	m.cluster(t, "prod-2")
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(metrics.Errors().WithLabelValues("fleet/prod-2", "kubeconfig")) >= 2
+	}, 5*time.Second, 10*time.Millisecond)
+	assert.Contains(t, logs.String(), "Secret fleet/prod-2-kubeconfig not found")
+	m.secret(t, "prod-2", kubeconfig(t, "https://prod-2.example:6443"))
+	require.Eventually(t, func() bool { return s.server("fleet/prod-2") != "" }, 5*time.Second, 10*time.Millisecond)
+
+	// A rotated kubeconfig: the session is replaced.
+	m.secret(t, "prod-1", kubeconfig(t, "https://prod-1-new.example:6443"))
+	require.Eventually(t, func() bool { return s.server("fleet/prod-1") == "https://prod-1-new.example:6443" }, 5*time.Second, 10*time.Millisecond)
+
+	// A deleted Cluster: its session stops, its series go.
+	m.deleteCluster(t, "prod-2")
+	require.Eventually(t, func() bool { return s.server("fleet/prod-2") == "" }, 5*time.Second, 10*time.Millisecond)
+	_, ok = set.Get("fleet/prod-2")
+	assert.False(t, ok)
+	require.Eventually(t, func() bool { return testutil.CollectAndCount(metrics.Errors()) == 0 }, 5*time.Second, 10*time.Millisecond)
+
+	// A deleted Secret: the session stops until it is back.
+	require.NoError(t, m.secrets.CoreV1().Secrets("fleet").Delete(context.Background(), "prod-1-kubeconfig", metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool { return s.server("fleet/prod-1") == "" }, 5*time.Second, 10*time.Millisecond)
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	assert.Equal(t, []string{
+		"start fleet/prod-1 https://prod-1.example:6443",
+		"start fleet/prod-2 https://prod-2.example:6443",
+		"stop fleet/prod-1",
+		"start fleet/prod-1 https://prod-1-new.example:6443",
+		"stop fleet/prod-2",
+		"stop fleet/prod-1",
+	}, s.log)
+}
+
+// An unreachable workload cluster costs client-go's bounded retries and a
+// count per failure; it leaves no goroutine and no memory behind once its
+// Cluster goes, however often that happens.
+func TestAnUnreachableClusterLeaksNothing(t *testing.T) {
+	m := newManagement()
+	eval, err := decision.NewEvaluator(context.Background())
+	require.NoError(t, err)
+	fields, err := eval.Orphans()
+	require.NoError(t, err)
+	shape, err := nodecache.NewShape(eval.Model(), fields)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	failures := map[string]int{}
+	watching := map[string]bool{}
+	set, err := clusters.New(clusters.Options{Management: m.clients, Secrets: m.secrets, Recheck: time.Minute,
+		Start: func(ctx context.Context, c *clusters.Cluster) {
+			w, err := nodecache.NewWatch(nodecache.WatchOptions{Shape: shape, Kube: c.Kube, OnError: func(error) {
+				mu.Lock()
+				failures[c.Key]++
+				mu.Unlock()
+			}})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			watching[c.Key] = true
+			mu.Unlock()
+			w.Run(ctx)
+			mu.Lock()
+			watching[c.Key] = false
+			mu.Unlock()
+		}})
+	require.NoError(t, err)
+	run(t, set)
+	count := func(key string) (int, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		return failures[key], watching[key]
+	}
+	cycle := func(i int) {
+		name := fmt.Sprintf("gone-%d", i)
+		m.secret(t, name, kubeconfig(t, closedPort(t)))
+		m.cluster(t, name)
+		require.Eventually(t, func() bool { n, _ := count("fleet/" + name); return n >= 1 }, 10*time.Second, 10*time.Millisecond,
+			"the failed list is reported")
+		m.deleteCluster(t, name)
+		require.Eventually(t, func() bool { _, on := count("fleet/" + name); return !on }, 10*time.Second, 10*time.Millisecond)
+	}
+	cycle(0) // warms up what is started once per process (client-go's caches)
+	runtime.GC()
+	baseline := runtime.NumGoroutine()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	const cycles = 20
+	for i := 1; i <= cycles; i++ {
+		cycle(i)
+	}
+	// Nothing of the twenty sessions is left running. (Polled here, not with
+	// assert.Eventually, which runs its condition on goroutines of its own.)
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > baseline && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !assert.LessOrEqual(t, runtime.NumGoroutine(), baseline, "goroutines left running") {
+		var b bytes.Buffer
+		_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
+		t.Log(b.String())
+	}
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("heap after %d sessions against an unreachable API server: %+d bytes", cycles, grown)
+	assert.Less(t, grown, int64(1<<20), "a session leaves no memory behind")
+	for i := 1; i <= cycles; i++ {
+		n, _ := count(fmt.Sprintf("fleet/gone-%d", i))
+		assert.LessOrEqual(t, n, 5, "client-go backs off between attempts")
+	}
+}
+
+// Without Cluster API's Cluster resource, the Set waits for it (logged
+// once) instead of giving up: Cluster API may be installed later.
+func TestWaitsForTheClusterResource(t *testing.T) {
+	dyn, mapper := testcluster.Serve(nil)
+	logs := &lockedBuffer{}
+	set, err := clusters.New(clusters.Options{Management: kubeclient.Clients{Dynamic: dyn, Mapper: mapper}, Secrets: fake.NewClientset(),
+		Start: func(context.Context, *clusters.Cluster) {}, Log: slog.New(slog.NewJSONHandler(logs, nil))})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err = set.Run(ctx)
+	assert.ErrorContains(t, err, "find the Cluster resource")
+	assert.Equal(t, 1, strings.Count(logs.String(), "the Cluster resource is not served"))
+}

@@ -1,0 +1,93 @@
+package linkmodel
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage"
+)
+
+// NodeFieldsQuery is the orphan criteria's declaration of what they read of
+// a Node besides the link model's Node fields.
+const NodeFieldsQuery = "data.nodeguard.orphans.node_fields"
+
+// NodeFields is that declaration: Paths to strings, and Conditions, the
+// entries of a list of conditions that the criteria read.
+type NodeFields struct {
+	Paths      []Path     `json:"fields"`
+	Conditions Conditions `json:"conditions"`
+}
+
+// Conditions are the entries of the list at Path whose "type" is one of
+// Types, of which only Keys (strings) are read.
+type Conditions struct {
+	Path  Path     `json:"path"`
+	Types []string `json:"types"`
+	Keys  []string `json:"keys"`
+}
+
+// LoadNodeFields evaluates the declaration in a compiled policy with its
+// data (nil: none). A policy without it yields nil and no error: it has no
+// orphan criteria to feed.
+func LoadNodeFields(ctx context.Context, compiled *ast.Compiler, store storage.Store) (*NodeFields, error) {
+	if len(compiled.GetRulesForVirtualDocument(ast.MustParseRef(NodeFieldsQuery))) == 0 {
+		return nil, nil
+	}
+	opts := []func(*rego.Rego){rego.Query(NodeFieldsQuery), rego.Compiler(compiled)}
+	if store != nil {
+		opts = append(opts, rego.Store(store))
+	}
+	rs, err := rego.New(opts...).Eval(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("evaluate %s: %w", NodeFieldsQuery, err)
+	}
+	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
+		return nil, fmt.Errorf("evaluate %s: want one value, got %d", NodeFieldsQuery, len(rs))
+	}
+	raw, err := json.Marshal(rs[0].Expressions[0].Value)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s: %w", NodeFieldsQuery, err)
+	}
+	return ParseNodeFields(raw)
+}
+
+// ParseNodeFields reads the declaration's JSON and checks it.
+func ParseNodeFields(raw []byte) (*NodeFields, error) {
+	var f NodeFields
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", NodeFieldsQuery, err)
+	}
+	for _, p := range f.Paths {
+		if err := checkPath(p); err != nil {
+			return nil, fmt.Errorf("%s: %w", NodeFieldsQuery, err)
+		}
+	}
+	c := f.Conditions
+	if len(c.Types) > 0 || len(c.Keys) > 0 || len(c.Path) > 0 {
+		if err := checkPath(c.Path); err != nil {
+			return nil, fmt.Errorf("%s conditions: %w", NodeFieldsQuery, err)
+		}
+		if !slices.Contains(c.Keys, "type") {
+			return nil, fmt.Errorf("%s conditions: keys must include \"type\", which selects the entries", NodeFieldsQuery)
+		}
+		if slices.Contains(c.Types, "") || slices.Contains(c.Keys, "") {
+			return nil, fmt.Errorf("%s conditions: empty type or key", NodeFieldsQuery)
+		}
+	}
+	return &f, nil
+}
+
+// Equal reports whether two declarations need the same Node caches.
+func (f *NodeFields) Equal(other *NodeFields) bool {
+	if f == nil || other == nil {
+		return f == other
+	}
+	return slices.EqualFunc(f.Paths, other.Paths, func(a, b Path) bool { return slices.Equal(a, b) }) &&
+		slices.Equal(f.Conditions.Path, other.Conditions.Path) &&
+		slices.Equal(f.Conditions.Types, other.Conditions.Types) &&
+		slices.Equal(f.Conditions.Keys, other.Conditions.Keys)
+}

@@ -1,0 +1,46 @@
+package nodecache_test
+
+import (
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/enforcer/nodecache"
+)
+
+// BenchmarkMemoryPerNode measures the heap a Node cache holds per Node
+// (reduced record, store entry, link index entries) for realistic Nodes,
+// after a GC, with the full Nodes long gone.
+func BenchmarkMemoryPerNode(b *testing.B) {
+	s := shape(b)
+	const n = 50_000
+	for range b.N {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		nodes := nodecache.NewNodes(s, nil, nil)
+		for i := range n {
+			r, err := s.Record(realNode(i))
+			require.NoError(b, err)
+			require.NoError(b, nodes.Add(r))
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/node")
+		runtime.KeepAlive(nodes)
+	}
+}
+
+// BenchmarkRecord measures reducing one realistic Node (the transform each
+// watch event pays after decoding).
+func BenchmarkRecord(b *testing.B) {
+	s := shape(b)
+	n := realNode(1)
+	b.ReportAllocs()
+	for range b.N {
+		if _, err := s.Record(n); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

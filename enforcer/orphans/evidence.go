@@ -1,0 +1,157 @@
+package orphans
+
+import (
+	"sort"
+	"strings"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+)
+
+// providerID is the InfraMachine field whose scheme the criteria compare
+// (scheme_in_use reads it).
+var providerID = linkmodel.Path{"spec", "providerID"}
+
+// Evidence keeps one InfraMachine per (apiVersion, kind, namespace, cluster
+// label, providerID scheme): enough for the criteria to see which schemes a
+// cluster's synced InfraMachines use, without handing every InfraMachine to
+// every evaluation. Any live InfraMachine of a key serves: the criteria read
+// only its key, and one the rule would read for a Node otherwise (its
+// providerID is the Node's) is a candidate of that Node anyway. The Rego
+// decides what counts as evidence; this only bounds the input. Safe for
+// concurrent use.
+type Evidence struct {
+	label linkmodel.Path
+
+	mu      sync.Mutex
+	byKey   map[evidenceKey]*evidenceGroup
+	objects []*unstructured.Unstructured // one per key; nil after a change
+}
+
+type evidenceKey struct {
+	apiVersion, kind, namespace, cluster, scheme string
+}
+
+// evidenceGroup is every InfraMachine of one key (their records: 8 bytes
+// each, the inventory holds them anyway), and the one shown.
+type evidenceGroup struct {
+	shown   *inventory.Record
+	members map[*inventory.Record]struct{}
+}
+
+// NewEvidence starts empty; Update fills it.
+func NewEvidence(model *linkmodel.Model) *Evidence {
+	return &Evidence{label: model.ClusterLabel, byKey: map[evidenceKey]*evidenceGroup{}}
+}
+
+// EvidenceOf walks the inventory's InfraMachines once: for one-off judgments.
+func EvidenceOf(inv *inventory.Inventory) *Evidence {
+	e := NewEvidence(inv.Model())
+	for _, r := range inv.Records(inventory.InfraMachine) {
+		e.Update(nil, r)
+	}
+	return e
+}
+
+func (e *Evidence) key(r *inventory.Record) (evidenceKey, bool) {
+	pid, _ := r.Value(providerID)
+	scheme, _, ok := strings.Cut(pid, "://")
+	if !ok || scheme == "" {
+		return evidenceKey{}, false
+	}
+	cluster, _ := r.Value(e.label)
+	return evidenceKey{apiVersion: r.APIVersion(), kind: r.Kind(), namespace: r.Namespace(), cluster: cluster, scheme: scheme}, true
+}
+
+// Update applies one InfraMachine change (old nil: added; r nil: deleted)
+// and reports whether the set of keys changed: then the criteria may judge
+// any Node differently.
+func (e *Evidence) Update(old, r *inventory.Record) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var removed, added *evidenceKey
+	if old != nil {
+		if k, ok := e.key(old); ok && e.remove(k, old) {
+			removed = &k
+		}
+	}
+	if r != nil {
+		if k, ok := e.key(r); ok && e.add(k, r) {
+			added = &k
+		}
+	}
+	if removed != nil && added != nil && *removed == *added {
+		return false // the one member of a key, updated in place
+	}
+	return removed != nil || added != nil
+}
+
+// remove drops a member; true when its key is gone with it.
+func (e *Evidence) remove(k evidenceKey, r *inventory.Record) bool {
+	g := e.byKey[k]
+	if g == nil {
+		return false
+	}
+	if _, ok := g.members[r]; !ok {
+		// Not the record added (a caller that rebuilt it): the same object.
+		for m := range g.members {
+			if m.Namespace() == r.Namespace() && m.Name() == r.Name() {
+				r = m
+				break
+			}
+		}
+	}
+	delete(g.members, r)
+	if len(g.members) == 0 {
+		delete(e.byKey, k)
+		e.objects = nil
+		return true
+	}
+	if g.shown == r {
+		for other := range g.members {
+			g.shown = other
+			break
+		}
+		e.objects = nil
+	}
+	return false
+}
+
+// add adds a member; true when its key is new.
+func (e *Evidence) add(k evidenceKey, r *inventory.Record) bool {
+	g := e.byKey[k]
+	if g == nil {
+		e.byKey[k] = &evidenceGroup{shown: r, members: map[*inventory.Record]struct{}{r: {}}}
+		e.objects = nil
+		return true
+	}
+	g.members[r] = struct{}{}
+	return false
+}
+
+// Objects returns one InfraMachine per key, as the rule sees it.
+func (e *Evidence) Objects() []*unstructured.Unstructured {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.objects != nil || len(e.byKey) == 0 {
+		return e.objects
+	}
+	keys := make([]evidenceKey, 0, len(e.byKey))
+	for k := range e.byKey {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keyString(keys[i]) < keyString(keys[j]) })
+	out := make([]*unstructured.Unstructured, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, e.byKey[k].shown.Unstructured())
+	}
+	e.objects = out
+	return out
+}
+
+func keyString(k evidenceKey) string {
+	return strings.Join([]string{k.apiVersion, k.kind, k.namespace, k.cluster, k.scheme}, "\x00")
+}

@@ -1,0 +1,42 @@
+package orphans_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
+)
+
+func dockerMachine(inv *inventory.Inventory, name, cluster, pid string) *inventory.Record {
+	o := testcluster.Object(testcluster.DockerMachineGVK, "default", name, map[string]any{"spec": map[string]any{"providerID": pid}})
+	o.SetLabels(map[string]string{"cluster.x-k8s.io/cluster-name": cluster})
+	return inv.Record(o, inventory.InfraMachine)
+}
+
+// Evidence changes only when a (kind, namespace, cluster, scheme) appears or
+// goes, and always shows an InfraMachine that still exists.
+func TestEvidenceFollowsItsKeys(t *testing.T) {
+	model := linkmodel.MustEmbedded()
+	inv := inventory.New(model)
+	e := orphans.NewEvidence(model)
+	a := dockerMachine(inv, "a", "dev", "docker:////a")
+	b := dockerMachine(inv, "b", "dev", "docker:////b")
+	assert.True(t, e.Update(nil, a), "the first docker:// InfraMachine of dev")
+	assert.False(t, e.Update(nil, b), "a second one changes nothing the criteria read")
+	assert.Len(t, e.Objects(), 1)
+	assert.False(t, e.Update(a, nil))
+	shown := e.Objects()
+	if assert.Len(t, shown, 1) {
+		assert.Equal(t, "b", shown[0].GetName(), "the one deleted is no longer shown")
+	}
+	moved := dockerMachine(inv, "b", "dev", "docker:////b-moved")
+	assert.False(t, e.Update(b, moved), "the only one, updated within its key")
+	assert.True(t, e.Update(moved, dockerMachine(inv, "b", "prod", "docker:////b")), "relabelled for another cluster")
+	assert.True(t, e.Update(nil, dockerMachine(inv, "c", "dev", "aws:///x/i-1")), "another scheme")
+	assert.False(t, e.Update(nil, dockerMachine(inv, "d", "dev", "no-scheme")), "no scheme, no evidence")
+	assert.Len(t, e.Objects(), 2)
+}

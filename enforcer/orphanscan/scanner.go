@@ -1,0 +1,436 @@
+// Package orphanscan judges Nodes against the orphan criteria as what the
+// criteria read changes, instead of listing and judging every Node each
+// pass: a Node is judged again when it changes, when a Machine, InfraMachine
+// or pool that could link to it (by a declared link) changes or goes, when
+// its grace ends, and when the reaper's second observation is due. Nodes are
+// first screened by the criteria that read only the Node, which keep every
+// Ready Node without touching the inventory. A slow full pass over the caches
+// (every Interval) stays as a safety net. Its cost grows with change, not
+// with the fleet: with nothing changing it judges nothing until that pass.
+// tests/differential checks that it finds exactly the orphans a full pass
+// finds.
+package orphanscan
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/clock"
+
+	"github.com/nodeguard/nodeguard/enforcer/informers"
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/nodecache"
+	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/reaper"
+)
+
+// Nodes is one cluster's Node cache (nodecache.Watch, or nodecache.Nodes
+// fed directly).
+type Nodes interface {
+	HasSynced() bool
+	Shape() *nodecache.Shape
+	Get(name string) (*nodecache.Node, bool)
+	Names() []string
+	Len() int
+	Linked(l linkmodel.Link, values [][]string) []string
+}
+
+// Options configure a Scanner.
+type Options struct {
+	// Finder judges a Node from the caches; it must judge with Evidence.
+	Finder   *orphans.Finder
+	Evidence *orphans.Evidence
+	// Reaper is told every verdict, and acts.
+	Reaper *reaper.Reaper
+	// Model is the link model the inventory follows.
+	Model *linkmodel.Model
+	// Ready returns nil once the inventory is synced; nothing is judged
+	// before (an empty cache proves nothing).
+	Ready func() error
+	// SyncedKinds, when set, are the synced InfraMachine and pool kinds:
+	// when they change, the parameters the criteria read do, and every Node
+	// is judged again.
+	SyncedKinds func() (infra, pools []schema.GroupVersionKind)
+	// Interval is the period of the full pass (the safety net).
+	Interval time.Duration
+	// Clock is injectable for tests (default: the real clock).
+	Clock clock.WithTicker
+	Log   *slog.Logger
+	// Metrics, when set, counts judgments.
+	Metrics *Metrics
+}
+
+// retryDelay is how long a Node whose judgment failed waits to be judged
+// again (the inventory was not ready, or the policy failed on it).
+const retryDelay = 10 * time.Second
+
+// Scanner judges the Nodes of every cluster added to it; safe for
+// concurrent use (events arrive on informer goroutines).
+type Scanner struct {
+	opts Options
+	wake chan struct{}
+
+	mu       sync.Mutex
+	clusters map[string]*cluster
+	due      *schedule
+	nextFull time.Time
+	full     bool // every Node of every cluster is to be judged
+	kinds    string
+	ready    bool
+	leading  bool
+	// logError's state.
+	lastLog    time.Time
+	suppressed int
+	// routes are RunDue's converted parameters; only RunDue uses them.
+	routes map[string]orphans.Route
+}
+
+type cluster struct {
+	name   string
+	nodes  Nodes
+	target reaper.Target
+	judged bool // a pass over its Nodes ran since it synced
+}
+
+// New returns a Scanner with no clusters.
+func New(opts Options) (*Scanner, error) {
+	if opts.Finder == nil || opts.Evidence == nil || opts.Reaper == nil || opts.Model == nil || opts.Ready == nil {
+		return nil, fmt.Errorf("orphanscan: a Finder, its Evidence, a Reaper, the link model and the inventory's readiness are required")
+	}
+	if opts.Interval <= 0 {
+		return nil, fmt.Errorf("orphanscan: the full pass needs a positive interval")
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Scanner{opts: opts, wake: make(chan struct{}, 1), clusters: map[string]*cluster{}, due: newSchedule()}, nil
+}
+
+// AddCluster starts judging the Nodes of a cluster ("" for the one
+// nodeguard runs in, else "namespace/name"), replacing any cache it had:
+// every Node of it is judged once the cache has synced.
+func (s *Scanner) AddCluster(name string, nodes Nodes, target reaper.Target) {
+	target.Cluster = name
+	s.mu.Lock()
+	s.clusters[name] = &cluster{name: name, nodes: nodes, target: target}
+	s.mu.Unlock()
+	s.signal()
+}
+
+// RemoveCluster stops judging a cluster and forgets its orphans.
+func (s *Scanner) RemoveCluster(name string) {
+	s.mu.Lock()
+	delete(s.clusters, name)
+	s.mu.Unlock()
+	s.opts.Reaper.ForgetCluster(name)
+}
+
+// NodeChanged asks for a Node to be judged now (nodecache's OnChange).
+func (s *Scanner) NodeChanged(cluster, node string) {
+	s.mu.Lock()
+	s.due.add(key{cluster: cluster, node: node}, s.opts.Clock.Now())
+	s.mu.Unlock()
+	s.signal()
+}
+
+// ObjectChanged asks for every Node the old or new object could link to
+// to be judged now, and for every Node when the providerID schemes the
+// InfraMachines show change (informers.Syncer.Subscribe).
+func (s *Scanner) ObjectChanged(c informers.Change) {
+	if c.Role == inventory.InfraMachine && s.opts.Evidence.Update(c.Old, c.New) {
+		s.JudgeAll()
+	}
+	links := s.opts.Model.LinksOf(c.Role)
+	now := s.opts.Clock.Now()
+	s.mu.Lock()
+	for _, r := range []*inventory.Record{c.Old, c.New} {
+		if r == nil {
+			continue
+		}
+		for _, l := range links {
+			values := r.LinkValues(l)
+			if len(values) == 0 {
+				continue
+			}
+			for _, cl := range s.clusters {
+				for _, node := range cl.nodes.Linked(l, values) {
+					s.due.add(key{cluster: cl.name, node: node}, now)
+				}
+			}
+		}
+	}
+	s.mu.Unlock()
+	s.signal()
+}
+
+// JudgeAll asks for every Node to be judged again (a policy reloaded, the
+// evidence changed).
+func (s *Scanner) JudgeAll() {
+	s.mu.Lock()
+	s.full = true
+	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *Scanner) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Result says what one RunDue did.
+type Result struct {
+	Judged  int      // Nodes judged
+	Full    bool     // a full pass ran
+	Deleted []string // Nodes deleted
+	Would   []string // Nodes a dry run would have deleted
+	Errors  int      // judgments or deletes that failed
+}
+
+// RunDue judges every Node due at now, and every Node of every cluster when
+// a full pass is due (or of a cluster whose cache just synced). Run calls
+// it; it must not run twice at once.
+func (s *Scanner) RunDue(ctx context.Context, now time.Time) Result {
+	var res Result
+	if err := s.opts.Ready(); err != nil {
+		return res
+	}
+	type work struct {
+		c    *cluster
+		all  bool
+		keys []string
+	}
+	s.mu.Lock()
+	full := s.full || !s.ready || !now.Before(s.nextFull)
+	s.ready = true
+	if s.opts.SyncedKinds != nil {
+		infra, pools := s.opts.SyncedKinds()
+		if kinds := fmt.Sprint(infra, pools); kinds != s.kinds {
+			s.kinds, full = kinds, true
+		}
+	}
+	if full {
+		s.full = false
+		s.nextFull = now.Add(s.opts.Interval)
+	}
+	// Leadership just came: the orphans seen meanwhile are due now.
+	leading := s.opts.Reaper.Leading()
+	gained := leading && !s.leading
+	s.leading = leading
+	plan := map[string]*work{}
+	for name, c := range s.clusters {
+		if !c.nodes.HasSynced() {
+			continue
+		}
+		w := &work{c: c, all: full || !c.judged}
+		c.judged = true
+		if gained && !w.all {
+			w.keys = append(w.keys, s.opts.Reaper.Orphans(name)...)
+		}
+		plan[name] = w
+	}
+	for _, k := range s.due.due(now) {
+		if w := plan[k.cluster]; w != nil && !w.all {
+			w.keys = append(w.keys, k.node)
+		}
+	}
+	s.mu.Unlock()
+	res.Full = full
+	s.routes = map[string]orphans.Route{}
+	for _, name := range slices.Sorted(maps.Keys(plan)) {
+		w := plan[name]
+		nodes := w.keys
+		if w.all {
+			nodes = w.c.nodes.Names()
+		}
+		for _, n := range nodes {
+			if ctx.Err() != nil {
+				return res
+			}
+			s.judge(ctx, w.c, n, now, &res)
+		}
+		if w.all {
+			s.opts.Reaper.Report(name)
+		}
+	}
+	return res
+}
+
+// judge judges one Node and tells the reaper.
+func (s *Scanner) judge(ctx context.Context, c *cluster, name string, now time.Time, res *Result) {
+	node, ok := c.nodes.Get(name)
+	if !ok {
+		s.opts.Reaper.Forget(c.name, name)
+		return
+	}
+	res.Judged++
+	route, err := s.route(c.name)
+	if err != nil {
+		s.failed(c, name, now, err, res)
+		return
+	}
+	u := c.nodes.Shape().Unstructured(node)
+	screen, err := s.opts.Finder.Screen(ctx, route, u, now)
+	s.opts.Metrics.judged(stageScreen)
+	if err != nil {
+		s.failed(c, name, now, err, res)
+		return
+	}
+	v := orphans.Verdict{Node: name, UID: node.UID(), ResourceVersion: node.ResourceVersion()}
+	if !screen.Passes {
+		if !screen.RecheckAt.IsZero() {
+			s.after(c.name, name, now, screen.RecheckAt)
+		}
+	} else {
+		vs, err := s.opts.Finder.Scan(ctx, []*unstructured.Unstructured{u}, c.name, now)
+		s.opts.Metrics.judged(stageFull)
+		if err != nil {
+			s.failed(c, name, now, err, res)
+			return
+		}
+		v = vs[0]
+	}
+	outcome, next, err := s.opts.Reaper.Observe(ctx, c.target, v, now)
+	if err != nil && ctx.Err() == nil {
+		s.logError("orphan reaper: acting on a Node failed; trying again later", c.name, name, err)
+		res.Errors++
+	}
+	switch outcome {
+	case reaper.Deleted:
+		res.Deleted = append(res.Deleted, name)
+	case reaper.WouldDelete:
+		res.Would = append(res.Would, name)
+	}
+	if !next.IsZero() {
+		s.after(c.name, name, now, next)
+	}
+}
+
+// route is a cluster route's parameters, converted once per RunDue (they
+// change only with the synced kinds, which RunDue watches).
+func (s *Scanner) route(cluster string) (orphans.Route, error) {
+	if r, ok := s.routes[cluster]; ok {
+		return r, nil
+	}
+	r, err := s.opts.Finder.Route(cluster)
+	if err == nil {
+		s.routes[cluster] = r
+	}
+	return r, err
+}
+
+// after asks for a Node to be judged at t, and never again at or before now
+// (a policy's time that did not move on would judge it forever).
+func (s *Scanner) after(cluster, node string, now, t time.Time) {
+	if !t.After(now) {
+		t = now.Add(time.Second)
+	}
+	s.mu.Lock()
+	s.due.add(key{cluster: cluster, node: node}, t)
+	s.mu.Unlock()
+}
+
+func (s *Scanner) failed(c *cluster, name string, now time.Time, err error, res *Result) {
+	res.Errors++
+	s.opts.Metrics.failed()
+	s.logError("orphan scan: judging a Node failed; trying again later", c.name, name, err)
+	s.after(c.name, name, now, now.Add(retryDelay))
+}
+
+// logEvery bounds the error lines: a policy failing on every Node of a
+// fleet must not write a line per Node.
+const logEvery = 10 * time.Second
+
+// logError logs at most one line per logEvery, counting the others.
+func (s *Scanner) logError(msg, cluster, node string, err error) {
+	now := s.opts.Clock.Now()
+	s.mu.Lock()
+	if now.Sub(s.lastLog) < logEvery {
+		s.suppressed++
+		s.mu.Unlock()
+		return
+	}
+	suppressed := s.suppressed
+	s.lastLog, s.suppressed = now, 0
+	s.mu.Unlock()
+	s.opts.Log.Error(msg, "cluster", cluster, "node", node, "error", err.Error(), "suppressedSinceLast", suppressed)
+}
+
+// Run judges due Nodes until ctx is done, waking when one is due, when
+// something changed, and for each full pass.
+func (s *Scanner) Run(ctx context.Context) {
+	timer := s.opts.Clock.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C():
+		case <-s.wake:
+		}
+		now := s.opts.Clock.Now()
+		s.RunDue(ctx, now)
+		timer.Stop()
+		timer.Reset(s.wait(s.opts.Clock.Now()))
+	}
+}
+
+// wait is how long Run may sleep: until the next due Node or full pass, and
+// at most a second while the inventory is not ready.
+func (s *Scanner) wait(now time.Time) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.ready {
+		return time.Second
+	}
+	next := s.nextFull
+	if t, ok := s.due.next(); ok && t.Before(next) {
+		next = t
+	}
+	return max(next.Sub(now), 0)
+}
+
+var (
+	watchedDesc = prometheus.NewDesc("nodeguard_orphan_watched_nodes",
+		"Nodes in the orphan scan's cache, by cluster (\"\" for the cluster nodeguard runs in).", []string{"cluster"}, nil)
+	syncedDesc = prometheus.NewDesc("nodeguard_orphan_watch_synced",
+		"1 when the orphan scan's Node cache of a cluster has synced, else 0 (its Nodes are not judged yet).", []string{"cluster"}, nil)
+)
+
+// Describe and Collect export, per cluster added, the Nodes cached and
+// whether the cache has synced; a cluster removed leaves no series behind.
+func (s *Scanner) Describe(ch chan<- *prometheus.Desc) {
+	ch <- watchedDesc
+	ch <- syncedDesc
+}
+
+// Collect: see Describe.
+func (s *Scanner) Collect(ch chan<- prometheus.Metric) {
+	s.mu.Lock()
+	clusters := make([]*cluster, 0, len(s.clusters))
+	for _, c := range s.clusters {
+		clusters = append(clusters, c)
+	}
+	s.mu.Unlock()
+	for _, c := range clusters {
+		synced := 0.0
+		if c.nodes.HasSynced() {
+			synced = 1
+		}
+		ch <- prometheus.MustNewConstMetric(watchedDesc, prometheus.GaugeValue, float64(c.nodes.Len()), c.name)
+		ch <- prometheus.MustNewConstMetric(syncedDesc, prometheus.GaugeValue, synced, c.name)
+	}
+}

@@ -1,0 +1,217 @@
+package orphanscan_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/nodecache"
+	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
+	"github.com/nodeguard/nodeguard/enforcer/reaper"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
+)
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+const interval = 30 * time.Minute
+
+// fixture is reaper/testdata served by client-go's fake API server, the
+// inventory's informers and a Node watch over it, and a Scanner on a fake
+// clock, driven by RunDue.
+type fixture struct {
+	client  *dynamicfake.FakeDynamicClient
+	clock   *clocktesting.FakeClock
+	scanner *orphanscan.Scanner
+	reaper  *reaper.Reaper
+	nodes   *nodecache.Watch
+	leading bool
+	// untrusted, when set, is what Ready answers: a cache recovering from a
+	// broken watch (serve passes Syncer.Recovering through Ready).
+	untrusted error
+}
+
+func newFixture(t *testing.T, del bool) *fixture {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	client, mapper := testcluster.CAPD(t, "../reaper/testdata")
+	f := &fixture{client: client, clock: clocktesting.NewFakeClock(t0), leading: true}
+	e, err := live.Start(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper}, live.Options{})
+	require.NoError(t, err)
+	require.NoError(t, live.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
+	model := e.Inventory.Model()
+	fields, err := e.Evaluator.Orphans()
+	require.NoError(t, err)
+	shape, err := nodecache.NewShape(model, fields)
+	require.NoError(t, err)
+	evidence := orphans.NewEvidence(model)
+	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence, Grace: 5 * time.Minute})
+	require.NoError(t, err)
+	f.reaper, err = reaper.New(reaper.Options{Finder: finder, Delete: del, IsLeader: func() bool { return f.leading }, Clock: f.clock})
+	require.NoError(t, err)
+	f.scanner, err = orphanscan.New(orphanscan.Options{Finder: finder, Evidence: evidence, Reaper: f.reaper, Model: model,
+		Ready: func() error {
+			if f.untrusted != nil {
+				return f.untrusted
+			}
+			return e.Syncer.Ready()
+		}, SyncedKinds: e.Syncer.SyncedKinds, Interval: interval, Clock: f.clock})
+	require.NoError(t, err)
+	require.NoError(t, e.Syncer.Subscribe(f.scanner.ObjectChanged))
+	f.nodes, err = nodecache.NewWatch(nodecache.WatchOptions{Shape: shape, Dynamic: client,
+		OnChange: func(n string) { f.scanner.NodeChanged("", n) }})
+	require.NoError(t, err)
+	f.scanner.AddCluster("", f.nodes, reaper.Target{Nodes: client})
+	go f.nodes.Run(ctx)
+	require.Eventually(t, f.nodes.HasSynced, 5*time.Second, 10*time.Millisecond)
+	return f
+}
+
+// settle runs what is due at the clock's time until the informers' events
+// stop coming (their first objects arrive as adds, asynchronously), and
+// returns how many Nodes were judged.
+func (f *fixture) settle(t *testing.T) orphanscan.Result {
+	t.Helper()
+	var total orphanscan.Result
+	quiet := 0
+	for deadline := time.Now().Add(5 * time.Second); quiet < 5 && time.Now().Before(deadline); {
+		res := f.scanner.RunDue(context.Background(), f.clock.Now())
+		total.Judged += res.Judged
+		total.Deleted = append(total.Deleted, res.Deleted...)
+		total.Full = total.Full || res.Full
+		if res.Judged == 0 {
+			quiet++
+		} else {
+			quiet = 0
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return total
+}
+
+func (f *fixture) at(t *testing.T, d time.Duration) orphanscan.Result {
+	t.Helper()
+	f.clock.SetTime(t0.Add(d))
+	return f.scanner.RunDue(context.Background(), f.clock.Now())
+}
+
+var machines = schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "machines"}
+
+// With nothing changing, nothing is judged until the full pass.
+func TestWithNothingChangingNothingIsJudged(t *testing.T) {
+	f := newFixture(t, false)
+	first := f.settle(t)
+	assert.True(t, first.Full)
+	assert.Equal(t, 8, first.Judged, "every Node, once, when the cache syncs")
+	assert.Equal(t, []string{"dev-md-0-left"}, f.reaper.Orphans(""))
+
+	assert.Zero(t, f.at(t, time.Minute).Judged)
+	// dev-md-0-recent at the end of its grace, then dev-md-0-left for the
+	// reaper's second look (reaping is off: nothing more after that).
+	assert.Equal(t, 1, f.at(t, 3*time.Minute).Judged)
+	assert.Equal(t, 2, f.at(t, 8*time.Minute).Judged)
+	assert.Zero(t, f.at(t, interval-time.Millisecond).Judged)
+	res := f.at(t, interval)
+	assert.True(t, res.Full)
+	assert.Equal(t, 8, res.Judged, "the safety net judges every Node")
+}
+
+func TestTheEndOfTheGraceIsJudged(t *testing.T) {
+	f := newFixture(t, true)
+	f.settle(t)
+	assert.Equal(t, []string{"dev-md-0-left"}, f.reaper.Orphans(""))
+	// dev-md-0-recent went NotReady at 11:58: an orphan at 12:03, not before.
+	assert.Zero(t, f.at(t, 3*time.Minute-time.Second).Judged)
+	res := f.at(t, 3*time.Minute)
+	assert.Equal(t, 1, res.Judged)
+	assert.Equal(t, []string{"dev-md-0-left", "dev-md-0-recent"}, f.reaper.Orphans(""))
+	// Each is deleted at its second observation, a grace after its first.
+	res = f.at(t, 5*time.Minute)
+	assert.Equal(t, []string{"dev-md-0-left"}, res.Deleted)
+	assert.Equal(t, 1, res.Judged)
+	res = f.at(t, 8*time.Minute)
+	assert.Equal(t, []string{"dev-md-0-recent"}, res.Deleted)
+}
+
+// While the inventory is not trusted (recovering from a broken watch, it
+// may lack a link made meanwhile) no Node is judged, so none is deleted; what
+// was due then is judged once it is trusted again.
+func TestNothingIsJudgedWhileTheInventoryIsUntrusted(t *testing.T) {
+	f := newFixture(t, true)
+	f.settle(t)
+	require.Equal(t, []string{"dev-md-0-left"}, f.reaper.Orphans(""))
+	f.untrusted = errors.New("the Machine watch broke; verifying the cache")
+	res := f.at(t, 5*time.Minute)
+	assert.Zero(t, res.Judged)
+	assert.Empty(t, res.Deleted)
+	f.untrusted = nil
+	res = f.at(t, 5*time.Minute+time.Second)
+	assert.Equal(t, []string{"dev-md-0-left"}, res.Deleted)
+}
+
+// A Machine that goes re-judges the Nodes it could link, and only those.
+func TestAMachineThatGoesReJudgesItsNode(t *testing.T) {
+	f := newFixture(t, true)
+	f.settle(t)
+	f.clock.SetTime(t0.Add(time.Minute))
+	require.NoError(t, f.client.Resource(machines).Namespace("default").Delete(context.Background(), "dev-md-0-owned", metav1.DeleteOptions{}))
+	var judged int
+	require.Eventually(t, func() bool {
+		judged += f.scanner.RunDue(context.Background(), f.clock.Now()).Judged
+		return len(f.reaper.Orphans("")) == 2
+	}, 5*time.Second, 20*time.Millisecond)
+	assert.Equal(t, []string{"dev-md-0-left", "dev-md-0-owned"}, f.reaper.Orphans(""))
+	assert.Equal(t, 1, judged, "one Node judged for one Machine gone")
+	// Each a grace after its first observation: dev-md-0-left at 12:05, the
+	// other at 12:06.
+	res := f.at(t, 6*time.Minute)
+	assert.Equal(t, []string{"dev-md-0-left", "dev-md-0-owned"}, res.Deleted)
+}
+
+// Not the leader, the reaper only observes; when leadership comes, the
+// orphans it saw are judged at once, not at the next full pass.
+func TestLeadershipComingActsOnTheOrphansSeen(t *testing.T) {
+	f := newFixture(t, true)
+	f.leading = false
+	f.settle(t)
+	assert.Empty(t, f.at(t, 10*time.Minute).Deleted)
+	assert.Zero(t, f.at(t, 11*time.Minute).Judged)
+	f.leading = true
+	res := f.at(t, 11*time.Minute+time.Second)
+	// dev-md-0-recent was first seen at 12:10, when it was next judged after
+	// its grace ended at 12:03: its second observation is due at 12:15.
+	assert.Equal(t, []string{"dev-md-0-left"}, res.Deleted)
+	assert.Equal(t, 2, res.Judged, "only the orphans seen")
+	assert.Equal(t, []string{"dev-md-0-recent"}, f.at(t, 15*time.Minute).Deleted)
+}
+
+// notSynced is a cluster whose Node cache has not synced.
+type notSynced struct{ *nodecache.Watch }
+
+func (notSynced) HasSynced() bool { return false }
+
+// A cluster whose cache has not synced is not judged (an empty cache proves
+// nothing); once it syncs, all its Nodes are.
+func TestAClusterIsJudgedOnceItsCacheSynced(t *testing.T) {
+	f := newFixture(t, false)
+	f.scanner.AddCluster("default/dev", notSynced{f.nodes}, reaper.Target{Nodes: f.client})
+	f.settle(t)
+	assert.Empty(t, f.reaper.Orphans("default/dev"))
+	f.scanner.AddCluster("default/dev", f.nodes, reaper.Target{Nodes: f.client})
+	res := f.at(t, time.Second)
+	assert.Equal(t, 8, res.Judged)
+	assert.Equal(t, []string{"dev-md-0-left"}, f.reaper.Orphans("default/dev"))
+	f.scanner.RemoveCluster("default/dev")
+	assert.Empty(t, f.reaper.Orphans("default/dev"))
+}
