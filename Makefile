@@ -103,7 +103,7 @@ e2e:
 	echo "== e2e: API-server benchmark, smoke size" && \
 	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 ./tests/apibench/ -run '^$$' -bench . -benchtime 5x -args -sizes 100
 
-# The README's "run it": a narrated replay of scenarios 2 and 9 on a local
+# The README's "Try it": a narrated replay of scenarios 2 and 9 on a local
 # kube-apiserver with nodeguard as its webhook and the real CAPI manager
 # (builds the binaries first).
 demo:

@@ -417,7 +417,7 @@ func TestCAPIOrphanIsReapedInAWorkloadCluster(t *testing.T) {
 // Real CAPI, scenario 5: Gatekeeper with the generated constraints instead of
 // nodeguard serve. CAPI's order completes; but while CAPI waits for the
 // DockerMachine, a third party's Node delete is allowed: Gatekeeper's sync
-// drops objects with a deletionTimestamp from data.inventory (README, Limits).
+// drops objects with a deletionTimestamp from data.inventory (docs/limits.md).
 func TestCAPIWithGatekeeper(t *testing.T) {
 	cfg, env := apiServerEnv(t)
 	kube, _ := clientsFor(t, cfg)

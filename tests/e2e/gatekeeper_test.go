@@ -87,7 +87,7 @@ func TestGatekeeper(t *testing.T) {
 	// Being deleted, held by its finalizer: Gatekeeper's sync controller
 	// drops an object from data.inventory as soon as it carries a
 	// deletionTimestamp, so the rule never sees it and Gatekeeper allows
-	// (README, Limits). nodeguard serve denies here (TestNodeDeleteWaitsForTheInfraMachine).
+	// (docs/limits.md). nodeguard serve denies here (TestNodeDeleteWaitsForTheInfraMachine).
 	require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, "dev-md-0-abcde", metav1.DeleteOptions{}))
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		assert.NoError(c, dryRun("dev-md-0-abcde"))

@@ -172,7 +172,7 @@ func TestOrphansErrors(t *testing.T) {
 }
 
 // serve's flags for bursts and hostile input keep the names Kubernetes
-// components use, with the defaults the README documents.
+// components use, with the defaults docs/operate.md documents.
 func TestServeFlags(t *testing.T) {
 	code, out, errOut := nodeguard(t, "serve", "--help")
 	require.Equal(t, 0, code, errOut)
