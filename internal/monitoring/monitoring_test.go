@@ -77,6 +77,9 @@ func tool(t *testing.T, stdin []byte, name string, args ...string) []byte {
 	t.Helper()
 	cmd := exec.Command(name, args...)
 	cmd.Dir = root
+	// As the Makefile's PROMTOOL: Prometheus' build tag that leaves out service
+	// discovery (half of promtool's build); the same flags share one build.
+	cmd.Env = append(os.Environ(), "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -tags=remove_all_sd"))
 	cmd.Stdin = bytes.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
