@@ -230,7 +230,9 @@ func TestHostileReviewsStayWithinTheMemoryBound(t *testing.T) {
 		t.Skip("-short: the memory test sends 48 MiB of reviews")
 	}
 	g, _, _ := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	// A deadline far past the default: this measures memory, and under the
+	// race detector on a loaded machine a 1 MiB decode can take seconds.
+	s := serve(t, webhook.New(webhook.Options{Decider: g, Timeout: time.Minute}), webhook.TLSOptions{}, nil)
 	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(400 << 20))
 
@@ -482,7 +484,9 @@ func TestSmallReviewsNeverWaitBehindLargeOnes(t *testing.T) {
 		}
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: decider, Timeout: 10 * time.Second}), webhook.TLSOptions{}, nil)
+	// Deadlines far past the default: the order is what is tested, and under
+	// the race detector on a loaded machine decoding 1 MiB takes seconds.
+	s := serve(t, webhook.New(webhook.Options{Decider: decider, Timeout: time.Minute}), webhook.TLSOptions{}, nil)
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Add(1)
@@ -492,7 +496,7 @@ func TestSmallReviewsNeverWaitBehindLargeOnes(t *testing.T) {
 		}()
 	}
 	defer func() { close(release); wg.Wait() }()
-	require.Eventually(t, func() bool { return large.Load() == 4 }, 10*time.Second, 10*time.Millisecond, "four large reviews hold the large lane")
+	require.Eventually(t, func() bool { return large.Load() == 4 }, time.Minute, 10*time.Millisecond, "four large reviews hold the large lane")
 	start := time.Now()
 	var small sync.WaitGroup
 	for i := range 30 {
