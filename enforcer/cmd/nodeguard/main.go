@@ -14,10 +14,12 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/nodeguard/nodeguard/enforcer/check"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -135,9 +137,11 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.New(slog.NewJSONHandler(stderr, nil))
-			// client-go logs through klog (a broken watch, a failed list):
-			// into the same JSON log.
+			// client-go logs through klog (a broken watch, a failed list),
+			// controller-runtime's certificate watcher through its own logger:
+			// both into the same JSON log.
 			klog.SetSlogLogger(log)
+			ctrllog.SetLogger(logr.FromSlogHandler(log.Handler()))
 			opts.NoDenialEvents = !denialEvents
 			return serve.Run(cmd.Context(), opts, log, nil)
 		},
