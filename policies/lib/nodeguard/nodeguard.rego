@@ -172,18 +172,6 @@ _active_links(node, declared) := [[link, values] |
 	not "" in values
 ]
 
-# The types of the active links that match obj. Written out rather than
-# through _matches: it runs for every Machine Gatekeeper scans.
-_matching(active, obj) := {link.type |
-	some [link, values] in active
-	link.match == "equal"
-	[object.get(obj, path, null) | some path in link.fields] == values
-} | {link.type |
-	some [link, values] in active
-	link.match == "contains"
-	values[0] in object.get(obj, link.fields[0], [])
-}
-
 # The paths are data (links.rego), so they cannot be written as references.
 _matches(link, values, obj) if {
 	link.match == "equal"
@@ -205,7 +193,7 @@ _links_through_machines(active, inventory, params) := {[key, {"type": link_type,
 	machine := inventory.namespace[ns][gv][machine_kind.kind][name]
 
 	# Gatekeeper scans every Machine: the selective test goes first.
-	link_types := _matching(active, machine)
+	link_types := {link.type | some [link, values] in active; _matches(link, values, machine)}
 	count(link_types) > 0
 	_group(gv) == machine_kind.group
 	_machine_in_scope(ns, machine, params)

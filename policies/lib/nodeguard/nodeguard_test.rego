@@ -72,6 +72,17 @@ test_link_pool_provider_id_list if {
 	contains(d.messages[0], "docker:////dev-mp-0-2")
 }
 
+# A contains link matches a list holding the Node's value, not a value held
+# in an object or a string equal to it. (The rule once had a second, faster
+# copy of this test for Machine links that accepted an object's value.)
+test_contains_matches_only_a_list if {
+	link := {"type": "t", "match": "contains", "fields": [["spec", "ids"]]}
+	nodeguard._matches(link, ["a"], {"spec": {"ids": ["b", "a"]}})
+	not nodeguard._matches(link, ["a"], {"spec": {"ids": {"k": "a"}}})
+	not nodeguard._matches(link, ["a"], {"spec": {"ids": "a"}})
+	not nodeguard._matches(link, ["a"], {"spec": {}})
+}
+
 test_pool_that_does_not_list_the_node if {
 	node := json.patch(pool_node, [{"op": "replace", "path": "/spec/providerID", "value": "docker:////dev-mp-0-9"}])
 	decide(node, [capd_pool]).allowed
