@@ -62,6 +62,7 @@ func TestParseRefusesWhatTheEnforcerCannotFollow(t *testing.T) {
 			"machine_kind": map[string]any{"group": "cluster.x-k8s.io", "kind": "Machine"},
 			"reference":    []any{"spec", "infrastructureRef"}, "deletion_timestamp": []any{"metadata", "deletionTimestamp"},
 			"cluster_label": []any{"metadata", "labels", "c"}, "cluster_name": []any{"spec", "clusterName"},
+			"provider_id": []any{"spec", "providerID"},
 			"links": []any{map[string]any{"type": "a", "role": "InfraMachine", "node": []any{[]any{"spec", "providerID"}},
 				"fields": []any{[]any{"spec", "providerID"}}, "match": "equal"}},
 			"node_fields": []any{[]any{"metadata", "name"}, []any{"spec", "providerID"}},

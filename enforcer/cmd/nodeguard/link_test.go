@@ -71,10 +71,10 @@ func TestEnforcerFollowsALinkDeclaredOnlyInPolicies(t *testing.T) {
 	ctx := context.Background()
 	sources := testbundle.Sources(t)
 	links := sources["lib/nodeguard/links.rego"]
-	group := strings.Index(links, "\ninfra_machine_links := [\n")
-	require.Positive(t, group, "links.rego declares the InfraMachine links")
+	group := strings.Index(links, "\nlinks := [\n")
+	require.Positive(t, group, "links.rego declares the links")
 	end := group + strings.Index(links[group:], "\n]\n")
-	require.Greater(t, end, group, "the InfraMachine links end with a line holding ]")
+	require.Greater(t, end, group, "the links end with a line holding ]")
 	sources["lib/nodeguard/links.rego"] = links[:end+1] + hostIDLink + links[end+3:]
 
 	key := testbundle.NewKey(t)
