@@ -153,6 +153,9 @@ type Parameter struct {
 	Schema      map[string]any `json:"schema"`
 	Default     any            `json:"default"`
 	Description string         `json:"description"`
+	// UserGroups: the value is a list of group names the rule compares with
+	// the requesting user's groups (the enforcer keeps only those groups).
+	UserGroups bool `json:"user_groups"`
 }
 
 // DeclaredParameters evaluates data.lib.nodeguard.declared_parameters, the
