@@ -152,25 +152,35 @@ func TestEnforcerFollowsALinkDeclaredOnlyInPolicies(t *testing.T) {
 	})
 
 	t.Run("webhook keeps the new Node field", func(t *testing.T) {
-		review := admissionv1.AdmissionReview{Request: &admissionv1.AdmissionRequest{
-			UID: "u1", Name: "bare-1", Operation: admissionv1.Delete,
-			Kind:      metaGVK("", "v1", "Node"),
-			UserInfo:  authenticationv1.UserInfo{Username: "someone"},
-			OldObject: runtime.RawExtension{Raw: yamlToJSON(t, hostNode)},
-		}}
-		review.APIVersion, review.Kind = "admission.k8s.io/v1", "AdmissionReview"
-		body, err := json.Marshal(review)
-		require.NoError(t, err)
-		rec := httptest.NewRecorder()
-		req := httptest.NewRequest(http.MethodPost, webhook.RouteSelf, bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		webhook.New(webhook.Options{Decider: g}).ServeHTTP(rec, req)
-		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-		var answer admissionv1.AdmissionReview
-		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &answer))
-		assert.False(t, answer.Response.Allowed)
-		assert.Contains(t, answer.Response.Result.Message, "its spec.hostID")
+		answer := admit(t, g, authenticationv1.UserInfo{Username: "someone"}, yamlToJSON(t, hostNode))
+		assert.False(t, answer.Allowed)
+		assert.Contains(t, answer.Result.Message, "its spec.hostID")
 	})
+}
+
+// admit is the webhook's answer, with g deciding, to user's DELETE of node
+// (its JSON).
+func admit(t *testing.T, g *guard.Guard, user authenticationv1.UserInfo, node []byte) *admissionv1.AdmissionResponse {
+	t.Helper()
+	var meta struct {
+		Metadata struct{ Name string } `json:"metadata"`
+	}
+	require.NoError(t, json.Unmarshal(node, &meta))
+	review := admissionv1.AdmissionReview{Request: &admissionv1.AdmissionRequest{
+		UID: "u1", Name: meta.Metadata.Name, Operation: admissionv1.Delete, Kind: metaGVK("", "v1", "Node"),
+		UserInfo: user, OldObject: runtime.RawExtension{Raw: node},
+	}}
+	review.APIVersion, review.Kind = "admission.k8s.io/v1", "AdmissionReview"
+	body, err := json.Marshal(review)
+	require.NoError(t, err)
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, webhook.RouteSelf, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	webhook.New(webhook.Options{Decider: g}).ServeHTTP(rec, req)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	var answer admissionv1.AdmissionReview
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &answer))
+	return answer.Response
 }
 
 // freshReads is an API server for fresh reads: objs by namespace/name.

@@ -1,12 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -14,13 +10,11 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	manifests "github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/internal/policytest"
 	"github.com/nodeguard/nodeguard/internal/testbundle"
@@ -179,23 +173,9 @@ spec:
 		for i := range 100 {
 			groups = append(groups, fmt.Sprintf("team-%d", i))
 		}
-		review := admissionv1.AdmissionReview{Request: &admissionv1.AdmissionRequest{
-			UID: "u1", Name: "dev-md-0-abcde", Operation: admissionv1.Delete, Kind: metaGVK("", "v1", "Node"),
-			UserInfo:  authenticationv1.UserInfo{Username: "bob", Groups: append(groups, "oncall")},
-			OldObject: runtime.RawExtension{Raw: node},
-		}}
-		review.APIVersion, review.Kind = "admission.k8s.io/v1", "AdmissionReview"
-		body, err := json.Marshal(review)
-		require.NoError(t, err)
-		rec := httptest.NewRecorder()
-		req := httptest.NewRequest(http.MethodPost, webhook.RouteSelf, bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		webhook.New(webhook.Options{Decider: g}).ServeHTTP(rec, req)
-		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-		var answer admissionv1.AdmissionReview
-		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &answer))
+		answer := admit(t, g, authenticationv1.UserInfo{Username: "bob", Groups: append(groups, "oncall")}, node)
 		assert.False(t, g.KeepGroup("team-7"), "the guard keeps only the groups a group parameter lists")
-		return answer.Response
+		return answer
 	}
 
 	t.Run("webhook keeps the groups the new parameter lists", func(t *testing.T) {
