@@ -67,6 +67,13 @@ func All() ([]File, error) {
 	return collect("lib", "k8snodeguard", "nodeguard")
 }
 
+// WithTests returns every Rego file, the Rego tests and the
+// K8sNodeGuardExternal entry point included, sorted by path: what `opa test
+// policies` runs.
+func WithTests() ([]File, error) {
+	return collectAll(true, "lib", "k8snodeguard", "k8snodeguardexternal", "nodeguard")
+}
+
 // Read returns one embedded file.
 func Read(path string) (File, error) {
 	b, err := sources.ReadFile(path)
@@ -77,9 +84,13 @@ func Read(path string) (File, error) {
 }
 
 func collect(roots ...string) ([]File, error) {
+	return collectAll(false, roots...)
+}
+
+func collectAll(tests bool, roots ...string) ([]File, error) {
 	var files []File
 	for _, root := range roots {
-		more, err := walk(root)
+		more, err := walk(root, tests)
 		if err != nil {
 			return nil, err
 		}
@@ -89,13 +100,13 @@ func collect(roots ...string) ([]File, error) {
 	return files, nil
 }
 
-func walk(root string) ([]File, error) {
+func walk(root string, tests bool) ([]File, error) {
 	var files []File
 	err := fs.WalkDir(sources, root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() || !strings.HasSuffix(path, ".rego") || strings.HasSuffix(path, "_test.rego") {
+		if d.IsDir() || !strings.HasSuffix(path, ".rego") || (!tests && strings.HasSuffix(path, "_test.rego")) {
 			return nil
 		}
 		f, err := Read(path)
@@ -142,6 +153,9 @@ type Parameter struct {
 	Schema      map[string]any `json:"schema"`
 	Default     any            `json:"default"`
 	Description string         `json:"description"`
+	// UserGroups: the value is a list of group names the rule compares with
+	// the requesting user's groups (the enforcer keeps only those groups).
+	UserGroups bool `json:"user_groups"`
 }
 
 // DeclaredParameters evaluates data.lib.nodeguard.declared_parameters, the

@@ -132,9 +132,13 @@ func print(out io.Writer, opts Options, d decision.Decision) error {
 		}
 		return nil
 	}
-	if d.Allowed {
+	switch {
+	case d.Reason == decision.ReasonExempt:
+		// The rule would deny it: the warning below says what was bypassed.
+		fmt.Fprintf(out, "ALLOWED only because of an exemption: Node %q would be denied to anyone not exempt.\n", opts.Node)
+	case d.Allowed:
 		fmt.Fprintf(out, "ALLOWED: Node %q may be deleted: no InfraMachine linked to it still exists.\n", opts.Node)
-	} else {
+	default:
 		fmt.Fprintf(out, "DENIED: Node %q may not be deleted yet.\n", opts.Node)
 	}
 	for _, m := range d.Messages {

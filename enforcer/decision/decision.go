@@ -79,15 +79,15 @@ type Unverified struct {
 
 // Reasons say in one word why a request was answered as it was: the
 // reason label of nodeguard_decisions_total and of the decision log line.
-// The first five name the rule's answers; the others denials made outside
-// Rego (Deny) and requests answered with an HTTP error.
+// The first six are the rule's own (its decision's reason); the others name
+// denials made outside Rego (Deny) and requests answered with an HTTP error.
 const (
 	ReasonNoLink      = "no-link"     // allowed: nothing linked still exists
 	ReasonExempt      = "exempt"      // allowed for an exempt user or group; see Warnings
 	ReasonNotJudged   = "not-judged"  // allowed: the rule judges only DELETE of a core Node
 	ReasonBlocked     = "blocked"     // denied: a linked InfraMachine or pool still exists
 	ReasonUnverified  = "unverified"  // denied: a linked kind is not synced
-	ReasonUnjudgeable = "unjudgeable" // denied: the review carries no Node
+	ReasonUnjudgeable = "unjudgeable" // denied: the review carries no Node (or, in Gatekeeper, the provider gave no facts)
 
 	ReasonNotReady        = "not-ready"         // denied: caches not synced yet
 	ReasonCacheRecovering = "cache-recovering"  // denied: nothing linked found, but a cache is catching up after a broken watch
@@ -331,34 +331,29 @@ func (e *Evaluator) Evaluate(ctx context.Context, in Input) (Decision, error) {
 	if err != nil {
 		return Decision{}, fmt.Errorf("encode decision: %w", err)
 	}
-	// judged is the entry point's word that the rule does not judge this
-	// request (not a Node DELETE); it names the reason and is not printed.
-	var d struct {
-		Decision
-		Judged *bool `json:"judged"`
-	}
+	var d Decision
 	if err := json.Unmarshal(raw, &d); err != nil {
 		return Decision{}, fmt.Errorf("decode decision: %w", err)
 	}
-	d.Reason = reason(d.Decision, d.Judged == nil || *d.Judged)
-	return d.Decision, nil
+	// The rule says why; a policy that does not (or contradicts itself) gets
+	// no decision, which every caller turns into a denial.
+	if allowed, known := ruleVerdict(d.Reason); !known || allowed != d.Allowed {
+		return Decision{}, fmt.Errorf("evaluate %s: the decision (allowed %t) gives reason %q; the rule's reasons are %s, %s, %s (allowed) and %s, %s, %s (denied)",
+			policies.EnforcerQuery, d.Allowed, d.Reason, ReasonNoLink, ReasonExempt, ReasonNotJudged, ReasonBlocked, ReasonUnverified, ReasonUnjudgeable)
+	}
+	return d, nil
 }
 
-func reason(d Decision, judged bool) string {
-	switch {
-	case !judged:
-		return ReasonNotJudged
-	case d.Allowed && len(d.Warnings) > 0:
-		return ReasonExempt
-	case d.Allowed:
-		return ReasonNoLink
-	case len(d.Blockers) > 0:
-		return ReasonBlocked
-	case len(d.Unverified) > 0:
-		return ReasonUnverified
-	default:
-		return ReasonUnjudgeable
+// ruleVerdict says whether reason, one the rule gives, allows the delete;
+// known is false for a reason that is not the rule's.
+func ruleVerdict(reason string) (allowed, known bool) {
+	switch reason {
+	case ReasonNoLink, ReasonExempt, ReasonNotJudged:
+		return true, true
+	case ReasonBlocked, ReasonUnverified, ReasonUnjudgeable:
+		return false, true
 	}
+	return false, false
 }
 
 // value converts the input for OPA. OPA's own conversion of a Go value

@@ -4,11 +4,13 @@ import (
 	"context"
 	"testing"
 
+	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/policies"
 )
 
 func TestKindsTakeTheRulesDefaultsForWhatIsNotGiven(t *testing.T) {
@@ -44,15 +46,66 @@ func TestDenyIsShapedLikeTheRulesDenials(t *testing.T) {
 func TestEvaluateNamesTheReasonTheRuleGives(t *testing.T) {
 	eval, err := decision.NewEvaluator(context.Background())
 	require.NoError(t, err)
-	node := map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "n"}}
+	node := map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "n"}, "spec": map[string]any{"providerID": "docker:////n"}}
 	kind := map[string]any{"group": "", "version": "v1", "kind": "Node"}
-	for want, review := range map[string]map[string]any{
-		decision.ReasonNoLink:      {"operation": "DELETE", "kind": kind, "name": "n", "oldObject": node},
-		decision.ReasonNotJudged:   {"operation": "UPDATE", "kind": kind, "name": "n", "oldObject": node},
-		decision.ReasonUnjudgeable: {"operation": "DELETE", "kind": kind, "name": "n"},
+	del := map[string]any{"operation": "DELETE", "kind": kind, "name": "n", "oldObject": node,
+		"userInfo": map[string]any{"username": "u", "groups": []any{"ops"}}}
+	infra := func(kind string) map[string]any {
+		return map[string]any{"namespace": map[string]any{"default": map[string]any{"infrastructure.cluster.x-k8s.io/v1beta2": map[string]any{
+			kind: map[string]any{"n": map[string]any{"metadata": map[string]any{"namespace": "default", "name": "n"}, "spec": map[string]any{"providerID": "docker:////n"}}},
+		}}}}
+	}
+	machine := map[string]any{"namespace": map[string]any{"default": map[string]any{"cluster.x-k8s.io/v1beta2": map[string]any{
+		"Machine": map[string]any{"n": map[string]any{"metadata": map[string]any{"namespace": "default", "name": "n"}, "status": map[string]any{"nodeRef": map[string]any{"name": "n"}},
+			"spec": map[string]any{"infrastructureRef": map[string]any{"apiGroup": "example.com", "kind": "FooMachine", "name": "n"}}}},
+	}}}}
+	exempt, err := decision.NewParameters(map[string]any{"exemptGroups": []any{"ops"}})
+	require.NoError(t, err)
+	for want, in := range map[string]decision.Input{
+		decision.ReasonNoLink:      {Review: del},
+		decision.ReasonNotJudged:   {Review: map[string]any{"operation": "UPDATE", "kind": kind, "name": "n", "oldObject": node}},
+		decision.ReasonUnjudgeable: {Review: map[string]any{"operation": "DELETE", "kind": kind, "name": "n"}},
+		decision.ReasonBlocked:     {Review: del, Inventory: infra("DockerMachine")},
+		decision.ReasonUnverified:  {Review: del, Inventory: machine},
+		decision.ReasonExempt:      {Review: del, Inventory: infra("DockerMachine"), Parameters: exempt},
 	} {
-		d, err := eval.Evaluate(context.Background(), decision.Input{Review: review})
+		d, err := eval.Evaluate(context.Background(), in)
 		require.NoError(t, err)
 		assert.Equal(t, want, d.Reason, "%v", d.Messages)
+	}
+}
+
+// Go never infers the reason: a policy whose decision gives none the rule
+// knows, or one that contradicts allowed, yields no decision (and callers
+// deny).
+func TestEvaluateRefusesADecisionWithoutTheRulesReason(t *testing.T) {
+	ctx := context.Background()
+	files, err := policies.All()
+	require.NoError(t, err)
+	review := map[string]any{"operation": "DELETE", "kind": map[string]any{"group": "", "version": "v1", "kind": "Node"}, "name": "n"}
+	for name, tc := range map[string]struct{ decision, want string }{
+		"none":        {`{"allowed": true, "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `reason ""`},
+		"unknown":     {`{"allowed": true, "reason": "fine", "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `reason "fine"`},
+		"contradicts": {`{"allowed": true, "reason": "blocked", "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `(allowed true) gives reason "blocked"`},
+		"the rule's":  {`{"allowed": false, "reason": "unjudgeable", "blockers": [], "unverified": [], "messages": ["no"], "warnings": []}`, ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			modules := map[string]string{}
+			for _, f := range files {
+				modules[f.Path] = f.Source
+			}
+			modules[policies.EnforcerEntry] = "package nodeguard\n\ndecision := " + tc.decision + "\n"
+			compiled, err := ast.CompileModulesWithOpt(modules, ast.CompileOpts{ParserOptions: ast.ParserOptions{RegoVersion: ast.RegoV1}})
+			require.NoError(t, err)
+			eval, err := decision.NewEvaluatorFor(ctx, compiled, nil, decision.Policy{Source: decision.SourceBundle})
+			require.NoError(t, err)
+			d, err := eval.Evaluate(ctx, decision.Input{Review: review})
+			if tc.want == "" {
+				require.NoError(t, err)
+				assert.Equal(t, decision.ReasonUnjudgeable, d.Reason)
+				return
+			}
+			assert.ErrorContains(t, err, tc.want)
+		})
 	}
 }

@@ -77,8 +77,9 @@ type Guard struct {
 	inv    *inventory.Inventory
 	params map[string]any
 	opts   Options
-	// exemptGroups is the parameter as a set, nil when it is not a list.
-	exemptGroups map[string]bool
+	// groups are the groups of a user the rule can read: those the group
+	// parameters list (linkmodel.Model.Groups); nil for all.
+	groups map[string]bool
 
 	// Converted parameters per cluster route, with the synced kinds they
 	// were built from: converting them is a fair share of a decision's cost.
@@ -109,36 +110,30 @@ func New(ctx context.Context, inv *inventory.Inventory, opts Options) (*Guard, e
 	if opts.FreshTimeout == 0 {
 		opts.FreshTimeout = 2 * time.Second
 	}
-	g := &Guard{eval: eval, inv: inv, params: params, opts: opts, routes: map[string]route{}}
-	if list, ok := params["exemptGroups"].([]any); ok {
-		g.exemptGroups = map[string]bool{}
-		for _, item := range list {
-			if s, ok := item.(string); ok {
-				g.exemptGroups[s] = true
-			}
-		}
-	}
+	g := &Guard{eval: eval, inv: inv, params: params, opts: opts, routes: map[string]route{},
+		groups: inv.Model().Groups(params)}
 	return g, nil
 }
 
 // KeepGroup says whether the rule reads group of a requesting user: only
-// groups in exemptGroups matter to it (all, when that is not a list). The
-// webhook keeps no other group of a review.
+// groups some group parameter lists matter to it (the policy declares which
+// parameters those are; all groups when one is not a list). The webhook keeps
+// no other group of a review.
 func (g *Guard) KeepGroup(group string) bool {
-	return g.exemptGroups == nil || g.exemptGroups[group]
+	return g.groups == nil || g.groups[group]
 }
 
 // user keeps what the rule reads of the requesting user: the username, and
-// of the groups only those in exemptGroups, the one thing the rule asks of
+// of the groups only those KeepGroup keeps, the one thing the rule asks of
 // them. A forged review with ~100,000 groups would otherwise cost ~17 MB of
 // rule input; the decision is the same either way.
 func (g *Guard) user(u authenticationv1.UserInfo) authenticationv1.UserInfo {
-	if g.exemptGroups == nil {
+	if g.groups == nil {
 		return u
 	}
 	out := authenticationv1.UserInfo{Username: u.Username}
 	for _, group := range u.Groups {
-		if g.exemptGroups[group] {
+		if g.groups[group] {
 			out.Groups = append(out.Groups, group)
 		}
 	}

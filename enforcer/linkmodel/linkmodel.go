@@ -97,6 +97,12 @@ type Model struct {
 	DeletionTimestamp Path             `json:"deletion_timestamp"`
 	ClusterLabel      Path             `json:"cluster_label"`
 	ClusterName       Path             `json:"cluster_name"`
+	// ProviderID is kept of every InfraMachine: the orphan criteria read its
+	// scheme whether or not a link compares it.
+	ProviderID Path `json:"provider_id"`
+	// GroupParameters name the parameters whose values are the group names
+	// the rule compares a requesting user's groups with (see Groups).
+	GroupParameters []string `json:"group_parameters"`
 
 	shapes map[Role]*Shape
 	node   nodeDecoder
@@ -183,7 +189,8 @@ func (m *Model) check() error {
 	if m.MachineKind.Kind == "" {
 		return fmt.Errorf("machine_kind has no kind")
 	}
-	for name, p := range map[string]Path{"reference": m.Reference, "deletion_timestamp": m.DeletionTimestamp, "cluster_label": m.ClusterLabel, "cluster_name": m.ClusterName} {
+	for name, p := range map[string]Path{"reference": m.Reference, "deletion_timestamp": m.DeletionTimestamp,
+		"cluster_label": m.ClusterLabel, "cluster_name": m.ClusterName, "provider_id": m.ProviderID} {
 		if err := checkPath(p); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -299,6 +306,9 @@ func (m *Model) shape(role Role) *Shape {
 	}
 	add(&s.Scalars, m.DeletionTimestamp)
 	add(&s.Scalars, m.ClusterLabel)
+	if role == InfraMachine {
+		add(&s.Scalars, m.ProviderID)
+	}
 	if role == Machine {
 		add(&s.Scalars, m.ClusterName)
 		for _, k := range referenceKeys() {
@@ -364,7 +374,33 @@ func (m *Model) Equal(other *Model) bool {
 	}
 	return reflect.DeepEqual(structure(m.Links), structure(other.Links)) && m.MachineKind == other.MachineKind &&
 		slices.Equal(m.Reference, other.Reference) && slices.Equal(m.DeletionTimestamp, other.DeletionTimestamp) &&
-		slices.Equal(m.ClusterLabel, other.ClusterLabel) && slices.Equal(m.ClusterName, other.ClusterName)
+		slices.Equal(m.ClusterLabel, other.ClusterLabel) && slices.Equal(m.ClusterName, other.ClusterName) &&
+		slices.Equal(m.ProviderID, other.ProviderID) && slices.Equal(m.GroupParameters, other.GroupParameters)
+}
+
+// Groups returns the groups of a requesting user the rule can read under
+// params (a Constraint's, with the defaults): every string some group
+// parameter lists (no other item equals a group). nil means every group: a
+// group parameter that is not a list could match a group in ways the rule
+// alone knows.
+func (m *Model) Groups(params map[string]any) map[string]bool {
+	out := map[string]bool{}
+	for _, name := range m.GroupParameters {
+		v, ok := params[name]
+		if !ok {
+			continue // unset: the rule finds no group in it
+		}
+		list, ok := v.([]any)
+		if !ok {
+			return nil
+		}
+		for _, item := range list {
+			if s, ok := item.(string); ok {
+				out[s] = true
+			}
+		}
+	}
+	return out
 }
 
 // MustEmbedded is Embedded for tests and benchmarks; it panics when the

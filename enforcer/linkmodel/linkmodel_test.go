@@ -3,57 +3,171 @@ package linkmodel_test
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"testing"
 
+	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/policies"
 )
 
-func TestEmbeddedModelDeclaresTheFiveLinks(t *testing.T) {
-	m, err := linkmodel.Embedded(context.Background())
+// declarations are the embedded policy's link model as the policy declares
+// it (JSON-shaped), the same with a sixth link a platform team might add, and
+// with fewer links: the tests below derive what they expect from whichever
+// they are given, so a new link in links.rego needs no change here.
+func declarations(t *testing.T) map[string]map[string]any {
+	t.Helper()
+	compiled, err := policies.Compile()
 	require.NoError(t, err)
-	var types []string
-	for _, l := range m.Links {
-		types = append(types, l.Type)
-		assert.NotEmpty(t, l.When, l.Type)
-		assert.NotEmpty(t, l.Blocks, l.Type)
-		assert.NotEmpty(t, l.Phrase, l.Type)
+	rs, err := rego.New(rego.Query(linkmodel.Query), rego.Compiler(compiled)).Eval(context.Background())
+	require.NoError(t, err)
+	embedded, ok := rego.ResultValue[map[string]any](rs)
+	require.True(t, ok, "the policy declares %s", linkmodel.Query)
+	sixth := clone(t, embedded)
+	sixth["links"] = append(sixth["links"].([]any), map[string]any{
+		"type": "infraHostID", "role": "InfraMachine", "match": "equal",
+		"node": []any{[]any{"metadata", "labels", "example.com/host-id"}}, "fields": []any{[]any{"spec", "hostID"}},
+		"when": "an InfraMachine's spec.hostID is the Node's example.com/host-id label", "blocks": "that InfraMachine", "phrase": "its spec.hostID",
+	})
+	sixth["node_fields"] = append(sixth["node_fields"].([]any), []any{"metadata", "labels", "example.com/host-id"})
+	// Without the links comparing an InfraMachine's providerID, the orphan
+	// criteria still read it (provider_id).
+	fewer := clone(t, embedded)
+	var kept []any
+	for _, l := range fewer["links"].([]any) {
+		if l.(map[string]any)["role"] != string(linkmodel.InfraMachine) {
+			kept = append(kept, l)
+		}
 	}
-	assert.Equal(t, []string{"machineNodeRef", "machineProviderID", "nodeAnnotation", "infraProviderID", "poolProviderIDList"}, types)
-	assert.Equal(t, "cluster.x-k8s.io", m.MachineKind.Group)
-	ns, name, keyed := m.Links[2].Keyed()
-	assert.True(t, keyed, "the annotations name a Machine by namespace and name")
-	assert.Equal(t, []int{0, 1}, []int{ns, name})
-	_, _, keyed = m.Links[0].Keyed()
-	assert.False(t, keyed)
+	fewer["links"] = kept
+	return map[string]map[string]any{"embedded": embedded, "with a sixth link": sixth, "without InfraMachine links": fewer}
 }
 
-// What the enforcer keeps of each role follows from the declaration alone.
-func TestShapesKeepTheDeclaredFields(t *testing.T) {
-	m := linkmodel.MustEmbedded()
-	paths := func(role linkmodel.Role) []string {
-		var out []string
-		for _, f := range m.Fields(role) {
-			s := f.Path.String()
-			if f.List {
-				s += "[]"
-			}
-			out = append(out, s)
-		}
-		return out
+func clone(t *testing.T, v map[string]any) map[string]any {
+	t.Helper()
+	raw, err := json.Marshal(v)
+	require.NoError(t, err)
+	var out map[string]any
+	require.NoError(t, json.Unmarshal(raw, &out))
+	return out
+}
+
+func parse(t *testing.T, decl map[string]any) *linkmodel.Model {
+	t.Helper()
+	raw, err := json.Marshal(decl)
+	require.NoError(t, err)
+	m, err := linkmodel.Parse(raw)
+	require.NoError(t, err)
+	return m
+}
+
+// path reads a declared path (a JSON list of strings).
+func path(v any) linkmodel.Path {
+	var out linkmodel.Path
+	for _, seg := range v.([]any) {
+		out = append(out, seg.(string))
 	}
-	assert.ElementsMatch(t, []string{
-		"metadata.namespace", "metadata.name", "metadata.deletionTimestamp", "metadata.labels.cluster.x-k8s.io/cluster-name",
-		"spec.clusterName", "spec.infrastructureRef.apiGroup", "spec.infrastructureRef.apiVersion", "spec.infrastructureRef.kind",
-		"spec.infrastructureRef.name", "spec.infrastructureRef.namespace", "status.nodeRef.name", "spec.providerID",
-	}, paths(linkmodel.Machine))
-	assert.ElementsMatch(t, []string{"metadata.namespace", "metadata.name", "metadata.deletionTimestamp",
-		"metadata.labels.cluster.x-k8s.io/cluster-name", "spec.providerID"}, paths(linkmodel.InfraMachine))
-	assert.ElementsMatch(t, []string{"metadata.namespace", "metadata.name", "metadata.deletionTimestamp",
-		"metadata.labels.cluster.x-k8s.io/cluster-name", "spec.providerIDList[]"}, paths(linkmodel.InfraMachinePool))
+	return out
+}
+
+func paths(v any) []linkmodel.Path {
+	var out []linkmodel.Path
+	for _, p := range v.([]any) {
+		out = append(out, path(p))
+	}
+	return out
+}
+
+// The model holds every declared link as declared, and knows which name an
+// object by namespace and name.
+func TestModelHoldsEveryDeclaredLink(t *testing.T) {
+	for name, decl := range declarations(t) {
+		t.Run(name, func(t *testing.T) {
+			m := parse(t, decl)
+			declared := decl["links"].([]any)
+			require.Len(t, m.Links, len(declared))
+			for i, d := range declared {
+				d := d.(map[string]any)
+				l := m.Links[i]
+				assert.Equal(t, d["type"], l.Type)
+				assert.Equal(t, linkmodel.Role(d["role"].(string)), l.Role, l.Type)
+				assert.Equal(t, linkmodel.Match(d["match"].(string)), l.Match, l.Type)
+				assert.Equal(t, paths(d["node"]), l.Node, l.Type)
+				assert.Equal(t, paths(d["fields"]), l.Fields, l.Type)
+				assert.Equal(t, []string{d["when"].(string), d["blocks"].(string), d["phrase"].(string)}, []string{l.When, l.Blocks, l.Phrase}, l.Type)
+				assert.NotContains(t, []string{l.When, l.Blocks, l.Phrase}, "", "%s: people read these", l.Type)
+
+				ns := slices.IndexFunc(l.Fields, func(p linkmodel.Path) bool { return p.String() == "metadata.namespace" })
+				nm := slices.IndexFunc(l.Fields, func(p linkmodel.Path) bool { return p.String() == "metadata.name" })
+				keyed := l.Match == linkmodel.Equal && len(l.Fields) == 2 && ns >= 0 && nm >= 0
+				gotNS, gotName, ok := l.Keyed()
+				assert.Equal(t, keyed, ok, "%s names an object by namespace and name", l.Type)
+				if keyed {
+					assert.Equal(t, []int{ns, nm}, []int{gotNS, gotName}, l.Type)
+				}
+			}
+			kind := decl["machine_kind"].(map[string]any)
+			assert.Equal(t, schema.GroupKind{Group: kind["group"].(string), Kind: kind["kind"].(string)}, m.MachineKind)
+			assert.Equal(t, paths(decl["node_fields"]), m.NodePaths())
+		})
+	}
+	assert.True(t, slices.ContainsFunc(linkmodel.MustEmbedded().Links, func(l linkmodel.Link) bool {
+		_, _, keyed := l.Keyed()
+		return keyed
+	}), "the embedded model names a Machine by namespace and name (the nodeAnnotation link)")
+}
+
+// What the enforcer keeps of each role follows from the declaration alone:
+// every object's namespace, name, deletion_timestamp and cluster_label; a
+// Machine's cluster_name and reference keys; an InfraMachine's provider_id;
+// and the fields of the links of that role (a contains link's as a list).
+func TestShapesKeepTheDeclaredFields(t *testing.T) {
+	for name, decl := range declarations(t) {
+		t.Run(name, func(t *testing.T) {
+			m := parse(t, decl)
+			for _, role := range linkmodel.Roles() {
+				want := map[string]bool{"metadata.namespace": true, "metadata.name": true,
+					path(decl["deletion_timestamp"]).String(): true, path(decl["cluster_label"]).String(): true}
+				switch role {
+				case linkmodel.Machine:
+					want[path(decl["cluster_name"]).String()] = true
+					for _, k := range []string{"apiGroup", "apiVersion", "kind", "name", "namespace"} {
+						want[path(decl["reference"]).String()+"."+k] = true
+					}
+				case linkmodel.InfraMachine:
+					want[path(decl["provider_id"]).String()] = true
+				}
+				for _, l := range decl["links"].([]any) {
+					l := l.(map[string]any)
+					if l["role"] != string(role) {
+						continue
+					}
+					for _, f := range paths(l["fields"]) {
+						if l["match"] == string(linkmodel.Contains) {
+							want[f.String()+"[]"] = true
+						} else {
+							want[f.String()] = true
+						}
+					}
+				}
+				got := map[string]bool{}
+				for _, f := range m.Fields(role) {
+					s := f.Path.String()
+					if f.List {
+						s += "[]"
+					}
+					assert.False(t, got[s], "%s: %s kept twice", role, s)
+					got[s] = true
+				}
+				assert.Equal(t, want, got, role)
+			}
+		})
+	}
 }
 
 func TestParseRefusesWhatTheEnforcerCannotFollow(t *testing.T) {
@@ -62,6 +176,7 @@ func TestParseRefusesWhatTheEnforcerCannotFollow(t *testing.T) {
 			"machine_kind": map[string]any{"group": "cluster.x-k8s.io", "kind": "Machine"},
 			"reference":    []any{"spec", "infrastructureRef"}, "deletion_timestamp": []any{"metadata", "deletionTimestamp"},
 			"cluster_label": []any{"metadata", "labels", "c"}, "cluster_name": []any{"spec", "clusterName"},
+			"provider_id": []any{"spec", "providerID"},
 			"links": []any{map[string]any{"type": "a", "role": "InfraMachine", "node": []any{[]any{"spec", "providerID"}},
 				"fields": []any{[]any{"spec", "providerID"}}, "match": "equal"}},
 			"node_fields": []any{[]any{"metadata", "name"}, []any{"spec", "providerID"}},
@@ -140,4 +255,30 @@ func TestNodeKeepsWhatTheRuleReads(t *testing.T) {
 	assert.Error(t, err)
 	_, err = m.NodeFromJSON([]byte(`{"spec":{"providerID":7}}`))
 	assert.Error(t, err, "a declared field that is not a string")
+}
+
+// The groups the enforcer keeps of a user are those the declared group
+// parameters list, whichever they are.
+func TestGroupsAreWhatTheGroupParametersList(t *testing.T) {
+	decl := declarations(t)["embedded"]
+	m := parse(t, decl)
+	assert.Equal(t, decl["group_parameters"], toAny(m.GroupParameters))
+	assert.Contains(t, m.GroupParameters, "exemptGroups")
+	params := map[string]any{"exemptGroups": []any{"ops", 7}, "breakGlassGroups": []any{"oncall"}, "exemptUsers": []any{"alice"}}
+	assert.Equal(t, map[string]bool{"ops": true}, m.Groups(params))
+
+	decl = clone(t, decl)
+	decl["group_parameters"] = []any{"breakGlassGroups", "exemptGroups"}
+	m = parse(t, decl)
+	assert.Equal(t, map[string]bool{"ops": true, "oncall": true}, m.Groups(params))
+	assert.Equal(t, map[string]bool{}, m.Groups(map[string]any{}), "unset: no group is read")
+	assert.Nil(t, m.Groups(map[string]any{"exemptGroups": "ops"}), "not a list: every group is kept")
+}
+
+func toAny(s []string) []any {
+	out := []any{}
+	for _, x := range s {
+		out = append(out, x)
+	}
+	return out
 }

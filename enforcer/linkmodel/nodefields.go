@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -15,11 +16,12 @@ import (
 // a Node besides the link model's Node fields.
 const NodeFieldsQuery = "data.nodeguard.orphans.node_fields"
 
-// NodeFields is that declaration: Paths to strings, and Conditions, the
-// entries of a list of conditions that the criteria read.
+// NodeFields is that declaration: Paths to strings (declared by name, which
+// only the criteria read; sorted by it), and Conditions, the entries of a list
+// of conditions that the criteria read.
 type NodeFields struct {
-	Paths      []Path     `json:"fields"`
-	Conditions Conditions `json:"conditions"`
+	Paths      []Path
+	Conditions Conditions
 }
 
 // Conditions are the entries of the list at Path whose "type" is one of
@@ -57,9 +59,16 @@ func LoadNodeFields(ctx context.Context, compiled *ast.Compiler, store storage.S
 
 // ParseNodeFields reads the declaration's JSON and checks it.
 func ParseNodeFields(raw []byte) (*NodeFields, error) {
-	var f NodeFields
-	if err := json.Unmarshal(raw, &f); err != nil {
+	var decl struct {
+		Fields     map[string]Path `json:"fields"`
+		Conditions Conditions      `json:"conditions"`
+	}
+	if err := json.Unmarshal(raw, &decl); err != nil {
 		return nil, fmt.Errorf("decode %s: %w", NodeFieldsQuery, err)
+	}
+	f := NodeFields{Conditions: decl.Conditions}
+	for _, name := range slices.Sorted(maps.Keys(decl.Fields)) {
+		f.Paths = append(f.Paths, decl.Fields[name])
 	}
 	for _, p := range f.Paths {
 		if err := checkPath(p); err != nil {

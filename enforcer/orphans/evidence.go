@@ -11,10 +11,6 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
-// providerID is the InfraMachine field whose scheme the criteria compare
-// (scheme_in_use reads it).
-var providerID = linkmodel.Path{"spec", "providerID"}
-
 // Evidence keeps one InfraMachine per (apiVersion, kind, namespace, cluster
 // label, providerID scheme): enough for the criteria to see which schemes a
 // cluster's synced InfraMachines use, without handing every InfraMachine to
@@ -24,7 +20,9 @@ var providerID = linkmodel.Path{"spec", "providerID"}
 // decides what counts as evidence; this only bounds the input. Safe for
 // concurrent use.
 type Evidence struct {
-	label linkmodel.Path
+	// label and providerID are the InfraMachine fields the criteria read
+	// (the link model's cluster_label and provider_id).
+	label, providerID linkmodel.Path
 
 	mu      sync.Mutex
 	byKey   map[evidenceKey]*evidenceGroup
@@ -44,7 +42,7 @@ type evidenceGroup struct {
 
 // NewEvidence starts empty; Update fills it.
 func NewEvidence(model *linkmodel.Model) *Evidence {
-	return &Evidence{label: model.ClusterLabel, byKey: map[evidenceKey]*evidenceGroup{}}
+	return &Evidence{label: model.ClusterLabel, providerID: model.ProviderID, byKey: map[evidenceKey]*evidenceGroup{}}
 }
 
 // EvidenceOf walks the inventory's InfraMachines once: for one-off judgments.
@@ -57,7 +55,7 @@ func EvidenceOf(inv *inventory.Inventory) *Evidence {
 }
 
 func (e *Evidence) key(r *inventory.Record) (evidenceKey, bool) {
-	pid, _ := r.Value(providerID)
+	pid, _ := r.Value(e.providerID)
 	scheme, _, ok := strings.Cut(pid, "://")
 	if !ok || scheme == "" {
 		return evidenceKey{}, false

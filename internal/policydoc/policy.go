@@ -80,6 +80,12 @@ func RenderPolicy(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return RenderPolicyOf(ctx, c)
+}
+
+// RenderPolicyOf is docs/policy.md for compiled policies (the embedded ones,
+// or a copy a test edits).
+func RenderPolicyOf(ctx context.Context, c *ast.Compiler) ([]byte, error) {
 	lib, semantics, err := libCustom(c)
 	if err != nil {
 		return nil, err
@@ -125,7 +131,11 @@ func RenderPolicy(ctx context.Context) ([]byte, error) {
 	sort.Strings(names)
 	for _, n := range names {
 		prm := declared[n]
-		p("| `%s` | %s | %s | %s |\n", n, typeOf(prm.Schema), defaultText(prm.Default), oneLine(prm.Description))
+		effect := oneLine(prm.Description)
+		if prm.UserGroups {
+			effect += " (Group names: the enforcer passes the rule only those of a user's groups that such a parameter lists.)"
+		}
+		p("| `%s` | %s | %s | %s |\n", n, typeOf(prm.Schema), defaultText(prm.Default), effect)
 	}
 	p("\n## Decision semantics\n\n")
 	for _, s := range semantics {

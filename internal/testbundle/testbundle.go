@@ -77,7 +77,7 @@ func Sources(t testing.TB) map[string]string {
 // for a team's customized policy.
 const AllowAll = `package nodeguard
 
-decision := {"allowed": true, "blockers": [], "unverified": [], "messages": [], "warnings": []}
+decision := {"allowed": true, "reason": "no-link", "blockers": [], "unverified": [], "messages": [], "warnings": []}
 `
 
 // Signed writes a bundle of the Rego files (path -> source, not compiled

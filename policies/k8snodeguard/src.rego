@@ -8,7 +8,7 @@
 # custom:
 #   template: k8snodeguard
 #   kind: K8sNodeGuard
-#   version: 0.1.4
+#   version: 0.1.5
 package k8snodeguard
 
 import data.lib.nodeguard

@@ -13,12 +13,8 @@ import data.lib.nodeguard
 # METADATA
 # title: Decision
 # description: |
-#   The decision object - allowed, blockers, unverified, messages, warnings.
-#   A request the rule does not judge (not a DELETE of a core Node) also
-#   carries judged: false, so the enforcer's metrics and logs can say so.
+#   The decision object (lib.nodeguard.decide): allowed, reason, blockers,
+#   unverified, messages, warnings. The enforcer counts and logs decisions by
+#   its reason.
 # entrypoint: true
-decision := object.union(_decide, {"judged": false}) if {
-	not nodeguard.judged(input.review)
-} else := _decide
-
-_decide := nodeguard.decide(input.review, object.get(input, "inventory", {}), object.get(input, "parameters", {}))
+decision := nodeguard.decide(input.review, object.get(input, "inventory", {}), object.get(input, "parameters", {}))

@@ -13,6 +13,7 @@ test_decision_denies_with_blockers if {
 		"parameters": {},
 	}
 	d.allowed == false
+	d.reason == "blocked"
 	d.blockers[0].kind == "AWSMachine"
 	d.blockers[0].version == "v1beta2"
 	count(d.messages) == 1
@@ -22,6 +23,7 @@ test_decision_denies_with_blockers if {
 test_decision_allows_without_inventory if {
 	d := nodeguard.decision with input as {"review": fixtures.delete_review(fixtures.capa_node)}
 	d.allowed == true
+	d.reason == "no-link"
 	d.blockers == []
 }
 
@@ -32,6 +34,7 @@ test_decision_warns_for_exempt_group if {
 		"parameters": {"exemptGroups": ["system:authenticated"]},
 	}
 	d.allowed == true
+	d.reason == "exempt"
 	count(d.warnings) == 1
 }
 
@@ -39,13 +42,13 @@ test_decision_says_when_the_rule_does_not_judge if {
 	update := object.union(fixtures.delete_review(fixtures.capa_node), {"operation": "UPDATE"})
 	d := nodeguard.decision with input as {"review": update}
 	d.allowed == true
-	d.judged == false
+	d.reason == "not-judged"
 }
 
 test_decision_judges_a_node_delete_without_old_object if {
 	review := object.remove(fixtures.delete_review(fixtures.capa_node), {"oldObject", "object"})
 	d := nodeguard.decision with input as {"review": review}
 	d.allowed == false
-	not "judged" in object.keys(d)
+	d.reason == "unjudgeable"
 	contains(d.messages[0], "carries no oldObject")
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -23,6 +22,8 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
+	"github.com/nodeguard/nodeguard/internal/policydoc"
+	"github.com/nodeguard/nodeguard/internal/policytest"
 	"github.com/nodeguard/nodeguard/internal/testbundle"
 )
 
@@ -63,23 +64,47 @@ spec:
   hostID: rack4-slot7
 `
 
-// A link added to links.rego in a copy of policies/, and nothing else, is
-// followed by the offline check, the guard with fresh reads and the webhook:
-// the enforcer derives its cache, indexes, candidates and Node reduction
-// from the declaration of the policy it runs.
+// hostIDTests are the Rego tests the recipe asks for, in the fixtures' terms:
+// the link blocks, and it does not when the field differs or is empty.
+const hostIDTests = `
+host_node := {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bare-1", "labels": {"example.com/host-id": "rack4-slot7"}}}
+
+host_machine := {
+	"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DockerMachine",
+	"metadata": {"namespace": "default", "name": "host-7"}, "spec": {"hostID": "rack4-slot7"},
+}
+
+test_link_infra_host_id if {
+	d := decide(host_node, [host_machine])
+	d.reason == "blocked"
+	link_types(d.blockers[0]) == {"infraHostID"}
+}
+
+test_link_infra_host_id_needs_the_same_id if {
+	decide(host_node, [json.patch(host_machine, [{"op": "replace", "path": "/spec/hostID", "value": "rack4-slot8"}])]).allowed
+	unset := json.patch(host_node, [{"op": "replace", "path": "/metadata/labels/example.com~1host-id", "value": ""}])
+	decide(unset, [json.patch(host_machine, [{"op": "replace", "path": "/spec/hostID", "value": ""}])]).allowed
+}
+`
+
+// CONTRIBUTING's "Adding a link", followed in a copy of policies/ and nothing
+// else: an entry in links (links.rego) and its Rego tests. The copy's Rego
+// tests pass as they are and on what the enforcer keeps (tests/fieldcoverage),
+// docs/policy.md's link table shows it, and the offline check, the guard with
+// fresh reads and the webhook follow it: the enforcer derives its cache,
+// indexes, candidates and Node reduction from the declaration of the policy
+// it runs.
 func TestEnforcerFollowsALinkDeclaredOnlyInPolicies(t *testing.T) {
 	ctx := context.Background()
-	sources := testbundle.Sources(t)
-	links := sources["lib/nodeguard/links.rego"]
-	group := strings.Index(links, "\ninfra_machine_links := [\n")
-	require.Positive(t, group, "links.rego declares the InfraMachine links")
-	end := group + strings.Index(links[group:], "\n]\n")
-	require.Greater(t, end, group, "the InfraMachine links end with a line holding ]")
-	sources["lib/nodeguard/links.rego"] = links[:end+1] + hostIDLink + links[end+3:]
+	policy, err := policytest.Load()
+	require.NoError(t, err)
+	require.NoError(t, policy.Replace("lib/nodeguard/links.rego", "\n]\n", "\n"+hostIDLink), "links is one list ending with a line holding ]")
+	policy["lib/nodeguard/nodeguard_test.rego"] += hostIDTests
+	recipePasses(ctx, t, policy, "| `infraHostID` | `metadata.labels.example.com/host-id` | InfraMachine: `spec.hostID` |")
 
 	key := testbundle.NewKey(t)
 	dir := t.TempDir()
-	bundle := testbundle.WriteFile(t, dir, "host-id.tar.gz", testbundle.Signed(t, sources, "host-id", key.Private))
+	bundle := testbundle.WriteFile(t, dir, "host-id.tar.gz", testbundle.Signed(t, policy.Bundle(), "host-id", key.Private))
 	files := t.TempDir()
 	testbundle.WriteFile(t, files, "node.yaml", []byte(hostNode))
 	testbundle.WriteFile(t, files, "machine.yaml", []byte(hostMachine))
@@ -127,25 +152,35 @@ func TestEnforcerFollowsALinkDeclaredOnlyInPolicies(t *testing.T) {
 	})
 
 	t.Run("webhook keeps the new Node field", func(t *testing.T) {
-		review := admissionv1.AdmissionReview{Request: &admissionv1.AdmissionRequest{
-			UID: "u1", Name: "bare-1", Operation: admissionv1.Delete,
-			Kind:      metaGVK("", "v1", "Node"),
-			UserInfo:  authenticationv1.UserInfo{Username: "someone"},
-			OldObject: runtime.RawExtension{Raw: yamlToJSON(t, hostNode)},
-		}}
-		review.APIVersion, review.Kind = "admission.k8s.io/v1", "AdmissionReview"
-		body, err := json.Marshal(review)
-		require.NoError(t, err)
-		rec := httptest.NewRecorder()
-		req := httptest.NewRequest(http.MethodPost, webhook.RouteSelf, bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		webhook.New(webhook.Options{Decider: g}).ServeHTTP(rec, req)
-		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-		var answer admissionv1.AdmissionReview
-		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &answer))
-		assert.False(t, answer.Response.Allowed)
-		assert.Contains(t, answer.Response.Result.Message, "its spec.hostID")
+		answer := admit(t, g, authenticationv1.UserInfo{Username: "someone"}, yamlToJSON(t, hostNode))
+		assert.False(t, answer.Allowed)
+		assert.Contains(t, answer.Result.Message, "its spec.hostID")
 	})
+}
+
+// admit is the webhook's answer, with g deciding, to user's DELETE of node
+// (its JSON).
+func admit(t *testing.T, g *guard.Guard, user authenticationv1.UserInfo, node []byte) *admissionv1.AdmissionResponse {
+	t.Helper()
+	var meta struct {
+		Metadata struct{ Name string } `json:"metadata"`
+	}
+	require.NoError(t, json.Unmarshal(node, &meta))
+	review := admissionv1.AdmissionReview{Request: &admissionv1.AdmissionRequest{
+		UID: "u1", Name: meta.Metadata.Name, Operation: admissionv1.Delete, Kind: metaGVK("", "v1", "Node"),
+		UserInfo: user, OldObject: runtime.RawExtension{Raw: node},
+	}}
+	review.APIVersion, review.Kind = "admission.k8s.io/v1", "AdmissionReview"
+	body, err := json.Marshal(review)
+	require.NoError(t, err)
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, webhook.RouteSelf, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	webhook.New(webhook.Options{Decider: g}).ServeHTTP(rec, req)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	var answer admissionv1.AdmissionReview
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &answer))
+	return answer.Response
 }
 
 // freshReads is an API server for fresh reads: objs by namespace/name.
@@ -171,4 +206,24 @@ func yamlToJSON(t *testing.T, y string) []byte {
 
 func metaGVK(group, version, kind string) metav1.GroupVersionKind {
 	return metav1.GroupVersionKind{Group: group, Version: version, Kind: kind}
+}
+
+// recipePasses checks what `make test` and `make generate` check of a policy
+// copy: its Rego tests pass, as they are and projected on what the enforcer
+// keeps, and docs/policy.md, rendered from it, holds doc.
+func recipePasses(ctx context.Context, t *testing.T, files policytest.Files, doc ...string) {
+	t.Helper()
+	for _, projected := range []bool{false, true} {
+		r, err := policytest.Run(ctx, files, projected)
+		require.NoError(t, err)
+		assert.Empty(t, r.Failed, "projected %t: %v", projected, r.Errors)
+		assert.Greater(t, r.Passed, 100, "the copy's Rego tests ran")
+	}
+	compiled, err := files.Compile()
+	require.NoError(t, err)
+	page, err := policydoc.RenderPolicyOf(ctx, compiled)
+	require.NoError(t, err)
+	for _, want := range doc {
+		assert.Contains(t, string(page), want)
+	}
 }

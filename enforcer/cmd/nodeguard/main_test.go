@@ -63,6 +63,8 @@ func TestCheckExemptGroupFromConstraint(t *testing.T) {
 		"-f", "../../../constraints/tests/node-capd.yaml", "--constraint", "../../../constraints/tests/constraint-exempt.yaml",
 		"--user", "oncall", "--group", "nodeguard:break-glass")
 	assert.Equal(t, 0, code)
+	assert.Contains(t, out, `ALLOWED only because of an exemption: Node "dev-md-0-abcde" would be denied to anyone not exempt.`)
+	assert.NotContains(t, out, "no InfraMachine linked to it still exists", "a DockerMachine is linked and exists")
 	assert.Contains(t, out, `warning: nodeguard: group "nodeguard:break-glass" is exempt`)
 }
 

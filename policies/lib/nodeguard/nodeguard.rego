@@ -31,16 +31,48 @@ package lib.nodeguard
 # METADATA
 # title: Decide
 # description: |
-#   The decision for one admission review: allowed, blockers (linked
-#   InfraMachines that still exist), unverified (linked Machines whose
-#   InfraMachine kind is not synced), messages (one sentence each) and
-#   warnings (what an exempt user bypassed).
-decide(review, inventory, parameters) := _decide_judged(review, inventory, parameters) if {
-	judged(review)
-	_complete(parameters)
-} else := _decide_judged(review, inventory, object.union(default_parameters, _object_or_empty(parameters))) if {
-	judged(review)
-} else := {"allowed": true, "blockers": [], "unverified": [], "messages": [], "warnings": []}
+#   The decision for one admission review: allowed; reason, one word for why
+#   (no-link, exempt or not-judged when allowed; blocked, unverified or
+#   unjudgeable when denied); blockers (linked InfraMachines or pools that
+#   still exist); unverified (linked Machines' InfraMachines of a kind not
+#   synced); messages (one sentence per blocker and unverified kind, when
+#   denied); warnings (what an exempt user bypassed). Read top to bottom: a
+#   request that is no Node DELETE is not judged; for a Node, the links
+#   (links.rego) give the objects that could keep its host alive, and the
+#   verdict follows from what still exists; a Node DELETE that cannot be
+#   judged is denied.
+decide(review, inventory, parameters) := {
+	"allowed": true, "reason": "not-judged",
+	"blockers": [], "unverified": [], "messages": [], "warnings": [],
+} if {
+	not judged(review)
+} else := verdict if {
+	node := _node(review)
+	name := object.get(node, node_paths.name, null)
+	is_string(name)
+	params := _effective(parameters)
+
+	# Links are found once and shared: they are the expensive part. Each is
+	# [key, how]: the key names an InfraMachine or pool, how says by which link.
+	active := _active_links(node)
+	links := _links_through_machines(active, inventory, params) | _links_to_objects(active, inventory, params)
+	found := {key: _lookup(inventory, key) | some [key, _] in links}
+	blockers := [_blocker(key, obj, links) | some key, [obj] in found]
+	unverified := _unverified(found, links, params)
+	reasons := array.concat(
+		[_blocker_sentence(name, object.get(node, node_paths.provider_id, ""), b) | some b in blockers],
+		[_unverified_sentence(name, u) | some u in unverified],
+	)
+	verdict := _verdict(name, blockers, unverified, reasons, object.get(review, "userInfo", {}), params)
+} else := {
+	# Fail closed: a Node we cannot see might be linked to anything.
+	"allowed": false, "reason": "unjudgeable",
+	"blockers": [], "unverified": [], "warnings": [],
+	"messages": [sprintf(
+		"Node %q cannot be judged: the DELETE request carries no oldObject, so nodeguard cannot tell which InfraMachines are linked to it; retry the delete.",
+		[object.get(review, "name", "")],
+	)],
+}
 
 # METADATA
 # title: Judged
@@ -53,83 +85,30 @@ judged(review) if {
 	object.get(review.kind, "group", "") == ""
 }
 
-# The rule runs on every Node delete, so it is written for OPA's evaluator:
-# few function calls per candidate (each costs more than the test inside it)
-# and every fact derived once and passed down.
-
-_object_or_empty(x) := x if {
-	is_object(x)
-} else := {}
-
-_decide_judged(review, inventory, params) := _decide_node(node, inventory, params, object.get(review, "userInfo", {})) if {
-	node := _node(review)
-} else := _deny_unknown_node(review)
-
-# On DELETE the API server sends the Node as oldObject; Gatekeeper also copies
-# it to object.
-_node(review) := review.oldObject if {
-	count(object.get(review, "oldObject", {})) > 0
-} else := review.object if {
-	count(object.get(review, "object", {})) > 0
-}
-
-# Fail closed: a Node we cannot see might be linked to anything.
-_deny_unknown_node(review) := {
-	"allowed": false,
-	"blockers": [],
-	"unverified": [],
-	"messages": [sprintf(
-		"Node %q cannot be judged: the DELETE request carries no oldObject, so nodeguard cannot tell which InfraMachines are linked to it; retry the delete.",
-		[object.get(review, "name", "")],
-	)],
-	"warnings": [],
-}
-
-_decide_node(node, inventory, params, user) := _verdict(node.metadata.name, blockers, unverified, reasons, user, params) if {
-	pid := object.get(node, ["spec", "providerID"], "")
-
-	# Links are found once and shared: they are the expensive part.
-	via_machines := _links_through_machines(_active_links(node, machine_links), inventory, params)
-	to_infra := _links_to_objects(_active_links(node, infra_machine_links), params.infraMachineKinds, inventory, params)
-	to_pools := _links_to_objects(_active_links(node, infra_machine_pool_links), params.infraMachinePoolKinds, inventory, params)
-	links := (via_machines | to_infra) | to_pools
-	found := {key: hits | some [key, _] in links; hits := _lookup(inventory, key)}
-	blockers := [_blocker(key, obj, links) | some key, [obj] in found]
-	unverified := _unverified(found, via_machines, params)
-	reasons := array.concat(
-		[_blocker_sentence(node.metadata.name, pid, b) | some b in blockers],
-		[_unverified_sentence(node.metadata.name, u) | some u in unverified],
-	)
-}
-
+# Nothing linked still exists: allowed. Something does (or cannot be proven
+# gone) but the user is exempt: allowed, with a warning saying what was
+# bypassed. Otherwise denied, blocked first.
 _verdict(name, blockers, unverified, reasons, user, params) := {
-	"allowed": true,
-	"blockers": blockers,
-	"unverified": unverified,
-	"messages": [],
-	"warnings": [],
+	"allowed": true, "reason": "no-link",
+	"blockers": blockers, "unverified": unverified, "messages": [], "warnings": [],
 } if {
 	count(reasons) == 0
 } else := {
-	"allowed": true,
-	"blockers": blockers,
-	"unverified": unverified,
-	"messages": [],
+	"allowed": true, "reason": "exempt",
+	"blockers": blockers, "unverified": unverified, "messages": [],
 	"warnings": [sprintf(
 		"nodeguard: %s is exempt, so the delete of Node %q was allowed although it would be denied: %s",
 		[exempt_by, name, concat(" ", reasons)],
 	)],
 } if {
-	# Only a denial looks at exemptions.
 	exempt_by := _exempt_by(user, params)
 	exempt_by != ""
 } else := {
-	"allowed": false,
-	"blockers": blockers,
-	"unverified": unverified,
-	"messages": reasons,
-	"warnings": [],
+	"allowed": false, "reason": _denied_because[count(blockers) > 0],
+	"blockers": blockers, "unverified": unverified, "messages": reasons, "warnings": [],
 }
+
+_denied_because := {true: "blocked", false: "unverified"}
 
 _exempt_by(user, params) := sprintf("user %q", [user.username]) if {
 	user.username in params.exemptUsers
@@ -139,6 +118,14 @@ _exempt_by(user, params) := sprintf("user %q", [user.username]) if {
 	count(groups) > 0
 } else := ""
 
+# On DELETE the API server sends the Node as oldObject; Gatekeeper also copies
+# it to object.
+_node(review) := review.oldObject if {
+	count(object.get(review, "oldObject", {})) > 0
+} else := review.object if {
+	count(object.get(review, "object", {})) > 0
+}
+
 # METADATA
 # title: Linked Machines
 # description: |
@@ -146,43 +133,23 @@ _exempt_by(user, params) := sprintf("user %q", [user.username]) if {
 #   as a set of {machine: "namespace/name", types, deleting}, whether or not
 #   they reference an InfraMachine. The orphan criteria use it: a Node with a
 #   linked Machine is CAPI's to delete, not nodeguard's.
-linked_machines(node, inventory, parameters) := _linked_machines(
-	node, inventory,
-	object.union(default_parameters, _object_or_empty(parameters)),
-	machine_kind,
-)
-
-_linked_machines(node, inventory, params, kind) := {{"machine": concat("/", [ns, name]), "types": sort(types), "deleting": _deleting(machine)} |
-	active := _active_links(node, machine_links)
-	some ns, gv, name
-	machine := inventory.namespace[ns][gv][kind.kind][name]
-	types := {link.type | some [link, values] in active; _matches(link, values, machine)}
-	count(types) > 0
-	_group(gv) == kind.group
-	_machine_in_scope(ns, machine, params)
+linked_machines(node, inventory, parameters) := {{"machine": concat("/", [ns, name]), "types": sort(types), "deleting": _deleting(machine)} |
+	some [ns, gv, name], types in _machines(_active_links(node), inventory, _effective(parameters))
+	machine := inventory.namespace[ns][gv][machine_kind.kind][name]
 }
 
 # --- Links -------------------------------------------------------------------
 
+# The rule runs on every Node delete, so it is written for OPA's evaluator:
+# few function calls per candidate (each costs more than the test inside it)
+# and every fact derived once and passed down.
+
 # The links whose Node fields are all set, with those values: [link, values].
-# declared is one role's group of links (links.rego).
-_active_links(node, declared) := [[link, values] |
-	some link in declared
+_active_links(node) := [[link, values] |
+	some link in links
 	values := [object.get(node, path, "") | some path in link.node]
 	not "" in values
 ]
-
-# The types of the active links that match obj. Written out rather than
-# through _matches: it runs for every Machine Gatekeeper scans.
-_matching(active, obj) := {link.type |
-	some [link, values] in active
-	link.match == "equal"
-	[object.get(obj, path, null) | some path in link.fields] == values
-} | {link.type |
-	some [link, values] in active
-	link.match == "contains"
-	values[0] in object.get(obj, link.fields[0], [])
-}
 
 # The paths are data (links.rego), so they cannot be written as references.
 _matches(link, values, obj) if {
@@ -197,27 +164,32 @@ _matches(link, values, obj) if {
 	values[0] in list
 }
 
-# Each link is [infra key, how]; a key is {group, kind, namespace, name}.
-# A Machine link goes through the Machine to the InfraMachine it references.
-# active holds the Machine links whose Node fields are set.
-_links_through_machines(active, inventory, params) := {[key, {"type": link_type, "machine": concat("/", [ns, name])}] |
+# The Machines in scope that the active Machine links match, by [namespace,
+# groupVersion, name], with the types of the links that match each.
+_machines(active, inventory, params) := {[ns, gv, name]: types |
+	machine_links := [[link, values] | some [link, values] in active; link.role == "Machine"]
 	some ns, gv, name
 	machine := inventory.namespace[ns][gv][machine_kind.kind][name]
 
 	# Gatekeeper scans every Machine: the selective test goes first.
-	link_types := _matching(active, machine)
-	count(link_types) > 0
+	types := {link.type | some [link, values] in machine_links; _matches(link, values, machine)}
+	count(types) > 0
 	_group(gv) == machine_kind.group
 	_machine_in_scope(ns, machine, params)
-	key := _infra_ref(ns, machine)
-	some link_type in link_types
 }
 
-# An InfraMachine or pool link blocks the object itself; kinds are the
-# role's synced kinds.
-_links_to_objects(active, kinds, inventory, params) := {[key, {"type": link.type}] |
+# A Machine link goes through the Machine to the InfraMachine it references.
+_links_through_machines(active, inventory, params) := {[key, {"type": type, "machine": concat("/", [ns, name])}] |
+	some [ns, gv, name], types in _machines(active, inventory, params)
+	key := _infra_ref(ns, inventory.namespace[ns][gv][machine_kind.kind][name])
+	some type in types
+}
+
+# An InfraMachine or pool link blocks the object itself, if it is of a kind
+# its role's parameter says is synced.
+_links_to_objects(active, inventory, params) := {[key, {"type": link.type}] |
 	some [link, values] in active
-	some kind in kinds
+	some kind in params[_synced_kinds[link.role]]
 	some ns, gv, name
 	obj := inventory.namespace[ns][gv][kind.kind][name]
 	_matches(link, values, obj)
@@ -225,6 +197,8 @@ _links_to_objects(active, kinds, inventory, params) := {[key, {"type": link.type
 	_infra_in_scope(ns, obj, params)
 	key := {"group": kind.group, "kind": kind.kind, "namespace": ns, "name": name}
 }
+
+_synced_kinds := {"InfraMachine": "infraMachineKinds", "InfraMachinePool": "infraMachinePoolKinds"}
 
 # v1beta2 refs carry apiGroup and live in the Machine's namespace; v1beta1
 # refs carry apiVersion and may name a namespace.
@@ -300,13 +274,14 @@ _version(gv) := split(gv, "/")[1] if {
 	contains(gv, "/")
 } else := gv
 
-# A Machine-linked InfraMachine that is absent proves nothing when its kind is
-# not synced: deny unless the parameters opt out.
-_unverified(found, via_machines, params) := [] if {
+# An InfraMachine a Machine references that is absent proves nothing when its
+# kind is not synced: deny unless the parameters opt out. (Only a Machine link
+# can name an object that is absent: the others found it.)
+_unverified(found, links, params) := [] if {
 	params.allowUnverifiedKinds == true
-} else := [object.union(key, {"links": _links_of(via_machines, key)}) |
-	some key in {key | some [key, _] in via_machines}
-	found[key] == []
+} else := [object.union(key, {"links": _links_of(links, key)}) |
+	some key, hits in found
+	hits == []
 	not _synced(key, params.infraMachineKinds)
 ]
 
@@ -341,8 +316,7 @@ _advice(pid, b) := "its host may still be running: wait until it is gone, then d
 	count(machines) > 0
 } else := sprintf("scale the MachinePool down instead; the delete is allowed once the %s no longer lists providerID %q", [b.kind, pid]) if {
 	some link in b.links
-	some pool_link in infra_machine_pool_links
-	link.type == pool_link.type
+	_link_role[link.type] == "InfraMachinePool"
 } else := sprintf("delete the %s first, then the Node", [b.kind])
 
 _unverified_sentence(node_name, u) := sprintf(
@@ -365,7 +339,7 @@ _links_phrase(links) := concat(" and ", array.concat(
 
 # Complete rules, so each is built once per decision, not once per lookup.
 # regal ignore:prefer-set-or-object-rule
-_link_phrase := {link.type: link.phrase |
-	some group in [machine_links, infra_machine_links, infra_machine_pool_links]
-	some link in group
-}
+_link_phrase := {link.type: link.phrase | some link in links}
+
+# regal ignore:prefer-set-or-object-rule
+_link_role := {link.type: link.role | some link in links}

@@ -151,6 +151,7 @@ test_core_group_ref if {
 test_capi_order_infra_gone_is_allowed if {
 	d := decide(capd_node, [capd_machine])
 	d.allowed
+	d.reason == "no-link"
 	d.messages == []
 	d.warnings == []
 }
@@ -162,6 +163,7 @@ test_capi_order_v1beta1_infra_gone_is_allowed if {
 test_deleting_infra_still_blocks if {
 	d := decide(capd_node, [deleting(capd_machine), deleting(capd_infra)])
 	not d.allowed
+	d.reason == "blocked"
 	d.blockers[0].deleting == true
 	contains(d.messages[0], "is being deleted but still exists")
 	contains(d.messages[0], "wait until it is gone")
@@ -281,6 +283,7 @@ test_same_node_name_in_two_clusters_unscoped_fails_closed if {
 test_exempt_user_is_allowed_with_a_warning if {
 	d := decide_with(capd_node, [capd_machine, capd_infra], {"exemptUsers": ["alice"]})
 	d.allowed
+	d.reason == "exempt"
 	d.messages == []
 	count(d.warnings) == 1
 	contains(d.warnings[0], `user "alice" is exempt`)
@@ -296,6 +299,7 @@ test_exempt_group_is_allowed_with_a_warning if {
 test_exemption_with_nothing_to_bypass_warns_nothing if {
 	d := decide_with(capd_node, [capd_machine], {"exemptUsers": ["alice"]})
 	d.allowed
+	d.reason == "no-link"
 	d.warnings == []
 }
 
@@ -314,6 +318,7 @@ test_update_is_not_judged if {
 	review := object.union(delete_review(capd_node), {"operation": "UPDATE", "object": capd_node})
 	d := nodeguard.decide(review, inventory([capd_machine, capd_infra]), {})
 	d.allowed
+	d.reason == "not-judged"
 	d.messages == []
 }
 
@@ -336,7 +341,16 @@ test_delete_without_old_object_fails_closed if {
 	review := json.remove(delete_review(capd_node), ["oldObject"])
 	d := nodeguard.decide(review, inventory([]), {})
 	not d.allowed
+	d.reason == "unjudgeable"
 	contains(d.messages[0], `Node "dev-md-0-abcde" cannot be judged`)
+}
+
+# A Node without a name is no Node the links can be read of.
+test_delete_of_a_node_without_a_name_fails_closed if {
+	review := json.remove(delete_review(capd_node), ["oldObject/metadata/name"])
+	d := nodeguard.decide(review, inventory([capd_machine, capd_infra]), {})
+	not d.allowed
+	d.reason == "unjudgeable"
 }
 
 test_delete_with_object_only_uses_object if {
@@ -355,6 +369,7 @@ unknown_kind_machine := json.patch(capd_machine, [{
 test_unsynced_kind_fails_closed if {
 	d := decide(capd_node, [unknown_kind_machine])
 	not d.allowed
+	d.reason == "unverified"
 	d.blockers == []
 	d.unverified[0].kind == "FooMachine"
 	d.unverified[0].group == "infrastructure.example.com"
@@ -375,6 +390,15 @@ test_unsynced_kind_present_is_a_blocker if {
 	d := decide(capd_node, [unknown_kind_machine, custom_infra])
 	blocker_ids(d) == {"FooMachine/default/dev-md-0-abcde"}
 	d.unverified == []
+}
+
+# A blocker and an unverified kind at once: blocked is the reason.
+test_blocked_goes_before_unverified if {
+	d := decide(capd_node, [unknown_kind_machine, capd_infra])
+	d.reason == "blocked"
+	count(d.blockers) == 1
+	count(d.unverified) == 1
+	count(d.messages) == 2
 }
 
 test_custom_kinds_replace_the_defaults if {
@@ -443,46 +467,10 @@ test_user_in_two_exempt_groups if {
 	contains(d.warnings[0], `group "alpha" is exempt`)
 }
 
-# The rule reads each role's group where it looks for objects of that role;
-# the enforcer reads each link's role: they must agree.
-test_links_are_grouped_by_role if {
-	_grouped_by_role(nodeguard.machine_links, "Machine")
-	_grouped_by_role(nodeguard.infra_machine_links, "InfraMachine")
-	_grouped_by_role(nodeguard.infra_machine_pool_links, "InfraMachinePool")
-	count(nodeguard.links) == (count(nodeguard.machine_links) + count(nodeguard.infra_machine_links)) + count(nodeguard.infra_machine_pool_links)
-}
-
-test_links_in_the_wrong_group_are_caught if {
-	not _grouped_by_role([{"role": "InfraMachine"}], "Machine")
-	_grouped_by_role([{"role": "Machine"}], "Machine")
-}
-
-_grouped_by_role(group, role) if {
-	every link in group {
-		link.role == role
-	}
-}
-
-# What the enforcer reads (enforcer/linkmodel): every link, the Machine kind
-# and the object fields the rule reads besides the links'.
-test_link_model_holds_what_the_enforcer_reads if {
-	nodeguard.link_model.links == nodeguard.links
-	nodeguard.link_model.machine_kind == {"group": "cluster.x-k8s.io", "kind": "Machine"}
-	nodeguard.link_model.reference == ["spec", "infrastructureRef"]
-	object.keys(nodeguard.link_model) == {"links", "machine_kind", "node_fields", "reference", "deletion_timestamp", "cluster_label", "cluster_name"}
-}
-
-# The Node fields are the name and every link's, each once, sorted.
-test_node_fields_are_the_name_and_the_links_node_fields if {
-	nodeguard.node_fields == [
-		["metadata", "annotations", "cluster.x-k8s.io/cluster-namespace"],
-		["metadata", "annotations", "cluster.x-k8s.io/machine"],
-		["metadata", "name"],
-		["spec", "providerID"],
-	]
-	every link in nodeguard.links {
-		every path in link.node {
-			path in nodeguard.node_fields
-		}
-	}
+# Without the provider's facts the Node cannot be judged: denied, and said so.
+test_provider_error_is_unjudgeable if {
+	d := nodeguard.decide_with_provider(delete_review(capd_node), {"error": "it answered: not ready"}, {})
+	not d.allowed
+	d.reason == "unjudgeable"
+	d.provider_error == "it answered: not ready"
 }

@@ -16,7 +16,9 @@ package lib.nodeguard
 #   Every parameter of the rule, by name: schema (an OpenAPI v3 fragment,
 #   structural as Gatekeeper requires: a type at every level), default (what a
 #   Constraint that leaves it out means; a kind's version is what the generated
-#   sync config watches, the rule reads group and kind) and description.
+#   sync config watches, the rule reads group and kind), description, and
+#   user_groups: true for a list of group names the rule compares with the
+#   requesting user's groups (group_parameters).
 declared_parameters := {
 	"infraMachineKinds": {
 		"schema": {
@@ -87,6 +89,7 @@ declared_parameters := {
 	"exemptGroups": {
 		"schema": {"type": "array", "items": {"type": "string"}},
 		"default": [],
+		"user_groups": true,
 		"description": "Groups allowed to delete any Node; the response warns what was bypassed.",
 	},
 }
@@ -113,6 +116,27 @@ default_infra_machine_pool_kinds := declared_parameters.infraMachinePoolKinds.de
 default_parameters[name] := parameter.default if {
 	some name, parameter in declared_parameters
 }
+
+# METADATA
+# title: Group parameters
+# description: |
+#   The parameters declared with user_groups: true, sorted: the rule reads a
+#   user's groups only to compare them with the group names these list. The
+#   enforcer passes the rule only the groups of a user that some such parameter
+#   lists, so a review carrying a hundred thousand groups costs no more than
+#   one with a few (tests/fieldcoverage reruns the Rego tests on that).
+group_parameters := sort([name | some name, parameter in declared_parameters; parameter.user_groups == true])
+
+# The parameters the rule reads: as given when they hold every declared name
+# (the enforcer passes them all), else over the defaults (a Constraint may
+# leave some out, or be no object at all).
+_effective(parameters) := parameters if {
+	_complete(parameters)
+} else := object.union(default_parameters, _object_or_empty(parameters))
+
+_object_or_empty(x) := x if {
+	is_object(x)
+} else := {}
 
 # The enforcer passes every parameter (its defaults come from
 # default_parameters); only a Constraint leaves some out. Building

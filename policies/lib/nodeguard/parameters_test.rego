@@ -6,7 +6,8 @@ import data.lib.nodeguard
 test_every_parameter_has_a_schema_a_default_and_a_description if {
 	count(nodeguard.declared_parameters) > 0
 	every name, parameter in nodeguard.declared_parameters {
-		object.keys(parameter) == {"schema", "default", "description"}
+		object.subset({"schema", "default", "description", "user_groups"}, object.keys(parameter))
+		object.subset(object.keys(parameter), {"schema", "default", "description"})
 		regex.match(`^[a-z][A-Za-z]+$`, name)
 		trim_space(parameter.description) != ""
 	}
@@ -103,4 +104,16 @@ test_complete_parameters_may_carry_more_than_the_declared_names if {
 	nodeguard._complete(object.union(nodeguard.default_parameters, {"unknownParameter": true}))
 	not nodeguard._complete({"unknownParameter": true})
 	not nodeguard._complete(["infraMachineKinds"])
+}
+
+# A group parameter is a list of group names; the rule compares the user's
+# groups with them (exemptGroups is one).
+test_group_parameters_are_lists_of_group_names if {
+	"exemptGroups" in nodeguard.group_parameters
+	every name in nodeguard.group_parameters {
+		nodeguard.declared_parameters[name].user_groups == true
+		nodeguard.declared_parameters[name].schema == {"type": "array", "items": {"type": "string"}}
+	}
+	marked := {name | some name, parameter in nodeguard.declared_parameters; parameter.user_groups == true}
+	nodeguard.group_parameters == sort(marked)
 }

@@ -78,7 +78,8 @@ _facts(value) := {"inventory": value.inventory, "parameters": object.filter(valu
 # description: |
 #   decide/3 on the facts of provider_facts, with the Constraint's parameters
 #   and the provided ones over them; a judged review whose facts are an error
-#   is denied (fail closed), naming the provider and the error. answer is {}
+#   is denied (fail closed, reason unjudgeable: without the facts the Node
+#   cannot be judged), naming the provider and the error. answer is {}
 #   for a review that has no key (not judged, or no Node: decide/3 handles
 #   both without facts).
 decide_with_provider(review, answer, parameters) := _provider_denial(review, err) if {
@@ -92,6 +93,7 @@ decide_with_provider(review, answer, parameters) := _provider_denial(review, err
 
 _provider_denial(review, err) := {
 	"allowed": false,
+	"reason": "unjudgeable",
 	"blockers": [],
 	"unverified": [],
 	"messages": [concat(" ", [

@@ -52,7 +52,7 @@ default_grace := "5m"
 #   that keeps the Node (empty for an orphan); reason says why an orphan is one.
 #   now is RFC 3339, grace a Go duration ("5m").
 verdict(node, inventory, parameters, now, grace, match_provider_id) := {
-	"node": node.metadata.name,
+	"node": object.get(node, nodeguard.node_paths.name, ""),
 	"orphan": count(kept) == 0,
 	"managed": managed(node),
 	"cluster": cluster(node),
@@ -72,24 +72,27 @@ verdict(node, inventory, parameters, now, grace, match_provider_id) := {
 default managed(_) := false
 
 managed(node) if {
-	object.get(node, ["metadata", "annotations", "cluster.x-k8s.io/machine"], "") != ""
-	object.get(node, ["metadata", "annotations", "cluster.x-k8s.io/cluster-namespace"], "") != ""
+	object.get(node, nodeguard.node_paths.machine, "") != ""
+	object.get(node, nodeguard.node_paths.cluster_namespace, "") != ""
 }
 
 # METADATA
 # title: Cluster of a managed Node
 # description: '"namespace/name" of the CAPI Cluster the Node''s annotations name, or "".'
 cluster(node) := concat("/", [ns, name]) if {
-	ns := object.get(node, ["metadata", "annotations", "cluster.x-k8s.io/cluster-namespace"], "")
+	ns := object.get(node, nodeguard.node_paths.cluster_namespace, "")
 	ns != ""
-	name := object.get(node, ["metadata", "annotations", "cluster.x-k8s.io/cluster-name"], "")
+	name := object.get(node, node_fields.fields.cluster_name, "")
 	name != ""
 } else := ""
 
 # METADATA
 # title: Machine a managed Node names
 # description: '"namespace/name" of the Machine the Node''s annotations name, or "".'
-annotated_machine(node) := concat("/", [node.metadata.annotations["cluster.x-k8s.io/cluster-namespace"], node.metadata.annotations["cluster.x-k8s.io/machine"]]) if {
+annotated_machine(node) := concat("/", [
+	object.get(node, nodeguard.node_paths.cluster_namespace, ""),
+	object.get(node, nodeguard.node_paths.machine, ""),
+]) if {
 	managed(node)
 } else := ""
 
@@ -97,7 +100,7 @@ annotated_machine(node) := concat("/", [node.metadata.annotations["cluster.x-k8s
 # title: Ready
 # description: The Node's Ready condition is True.
 ready(node) if {
-	some c in object.get(node, ["status", "conditions"], [])
+	some c in object.get(node, node_fields.conditions.path, [])
 	c.type == "Ready"
 	c.status == "True"
 }
@@ -108,9 +111,9 @@ ready(node) if {
 #   When the Node's Ready condition last changed (it is not True), or its
 #   creationTimestamp when it has no Ready condition; "" when unknown.
 not_ready_since(node) := object.get(conditions[0], "lastTransitionTime", "") if {
-	conditions := [c | some c in object.get(node, ["status", "conditions"], []); c.type == "Ready"]
+	conditions := [c | some c in object.get(node, node_fields.conditions.path, []); c.type == "Ready"]
 	count(conditions) > 0
-} else := object.get(node, ["metadata", "creationTimestamp"], "")
+} else := object.get(node, node_fields.fields.created, "")
 
 # METADATA
 # title: Grace passed
@@ -130,7 +133,7 @@ grace_passed(since, now, grace) if {
 #   the providerID itself is left to the other criteria.
 provider_id_match(node, inventory, parameters) if {
 	not managed(node)
-	scheme_in_use(object.get(node, ["spec", "providerID"], ""), inventory, parameters)
+	scheme_in_use(object.get(node, nodeguard.node_paths.provider_id, ""), inventory, parameters)
 }
 
 # METADATA
@@ -145,7 +148,7 @@ scheme_in_use(pid, inventory, parameters) if {
 	some ns, gv, name
 	obj := inventory.namespace[ns][gv][kind.kind][name]
 	startswith(gv, concat("", [kind.group, "/"]))
-	provider_id_scheme(object.get(obj, ["spec", "providerID"], "")) == scheme
+	provider_id_scheme(object.get(obj, nodeguard.object_fields.provider_id, "")) == scheme
 	_evidence_for_cluster(ns, obj, parameters)
 }
 
@@ -164,7 +167,7 @@ provider_id_scheme(pid) := scheme if {
 # cluster: the wider match may only ever find fewer orphans.
 _evidence_for_cluster(ns, obj, parameters) if {
 	object.get(parameters, "clusterNamespace", "") in {"", ns}
-	object.get(parameters, "clusterName", "") in {"", object.get(obj, ["metadata", "labels", "cluster.x-k8s.io/cluster-name"], "")}
+	object.get(parameters, "clusterName", "") in {"", object.get(obj, nodeguard.object_fields.cluster_label, "")}
 }
 
 # METADATA
@@ -224,15 +227,18 @@ _passes_but_grace(node, parameters, match_provider_id) if {
 # title: Node fields
 # description: |
 #   What the criteria read of a Node besides the link model's Node fields
-#   (data.lib.nodeguard.link_model): fields, paths to strings; and conditions,
-#   the entries of the list at path whose type is one of types, of which only
-#   keys. The enforcer's Node caches keep exactly these and the link model's;
-#   tests/fieldcoverage fails a criterion that reads anything else.
+#   (data.lib.nodeguard.link_model, named in node_paths): fields, paths to
+#   strings by name (cluster_name, the Cluster API annotation naming the
+#   Node's Cluster; created, when the Node was created); and conditions, the
+#   entries of the list at path whose type is one of types, of which only
+#   keys. The criteria read these by name, and the enforcer's Node caches
+#   keep exactly these and the link model's; tests/fieldcoverage fails a
+#   criterion that reads anything else.
 node_fields := {
-	"fields": [
-		["metadata", "annotations", "cluster.x-k8s.io/cluster-name"],
-		["metadata", "creationTimestamp"],
-	],
+	"fields": {
+		"cluster_name": ["metadata", "annotations", "cluster.x-k8s.io/cluster-name"],
+		"created": ["metadata", "creationTimestamp"],
+	},
 	"conditions": {
 		"path": ["status", "conditions"],
 		"types": ["Ready"],
@@ -268,7 +274,7 @@ _other_cluster(node, parameters) := [sprintf("it belongs to Cluster %s, not to t
 # absence of one carrying that providerID prove the host is gone.
 _no_provider_id(node) := ["it has no spec.providerID, so nodeguard cannot prove no InfraMachine carries it"] if {
 	managed(node)
-	object.get(node, ["spec", "providerID"], "") == ""
+	object.get(node, nodeguard.node_paths.provider_id, "") == ""
 } else := []
 
 _scheme_unused(node, inventory, parameters) := [sprintf(
@@ -276,7 +282,7 @@ _scheme_unused(node, inventory, parameters) := [sprintf(
 	[_scheme_or_empty(pid), pid],
 )] if {
 	managed(node)
-	pid := object.get(node, ["spec", "providerID"], "")
+	pid := object.get(node, nodeguard.node_paths.provider_id, "")
 	pid != ""
 	not scheme_in_use(pid, inventory, parameters)
 } else := []
@@ -299,7 +305,7 @@ _decision(node, inventory, parameters) := nodeguard.decide(
 	{
 		"operation": "DELETE",
 		"kind": {"group": "", "version": "v1", "kind": "Node"},
-		"name": node.metadata.name,
+		"name": object.get(node, nodeguard.node_paths.name, ""),
 		"oldObject": node,
 		"userInfo": {"username": "", "groups": []},
 	},
@@ -331,5 +337,5 @@ _reason(node, since, grace) := sprintf(
 	managed(node)
 } else := sprintf(
 	"no Machine, InfraMachine or pool carries providerID %q, and it has not been Ready since %s (grace %s)",
-	[object.get(node, ["spec", "providerID"], ""), since, grace],
+	[object.get(node, nodeguard.node_paths.provider_id, ""), since, grace],
 )
