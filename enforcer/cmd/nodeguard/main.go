@@ -38,14 +38,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	code := check.ExitAllowed
-	root := &cobra.Command{
-		Use:           "nodeguard",
-		Short:         "Deny deleting a Node while an InfraMachine linked to it still exists",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
-	root.AddCommand(checkCommand(&code), serveCommand(stderr), webhookConfigCommand(), orphansCommand(&code))
-	root.AddCommand(versionCommand())
+	root := rootCommand(&code, stderr)
 	if plugin := kubectlPluginName(os.Args[0]); plugin != "" {
 		// Installed as kubectl-nodeguard, kubectl runs it as `kubectl nodeguard`.
 		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: plugin}
@@ -58,6 +51,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return check.ExitError
 	}
 	return code
+}
+
+// rootCommand is nodeguard with every subcommand; the exit code of check and
+// orphans goes to code.
+func rootCommand(code *int, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "nodeguard",
+		Short:         "Deny deleting a Node while an InfraMachine linked to it still exists",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(checkCommand(code), serveCommand(stderr), webhookConfigCommand(), orphansCommand(code))
+	root.AddCommand(versionCommand())
+	return root
 }
 
 func checkCommand(code *int) *cobra.Command {
@@ -162,7 +169,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&opts.RequestTimeout, "request-timeout", serve.DefaultRequestTimeout, "deadline of one review; keep it below the webhook's timeoutSeconds")
 	f.DurationVar(&opts.ShutdownGrace, "shutdown-grace", serve.DefaultShutdownGrace, "how long in-flight reviews may finish after SIGTERM")
 	bundleFlags(f, &opts.Bundle)
-	f.BoolVar(&opts.Orphans.Enabled, "reap-orphan-nodes", false, "delete orphan Nodes (see `nodeguard orphans`); one replica acts, holding a Lease")
+	f.BoolVar(&opts.Orphans.Enabled, "reap-orphan-nodes", false, "delete orphan Nodes (see nodeguard orphans); one replica acts, holding a Lease")
 	f.DurationVar(&opts.Orphans.Grace, "orphan-grace", orphans.DefaultGrace, "how long a Node must have been not Ready, and the least time between the two observations before a delete")
 	f.BoolVar(&opts.Orphans.DryRun, "reap-dry-run", false, "with --reap-orphan-nodes: log the orphan Nodes that would be deleted instead of deleting them")
 	f.BoolVar(&opts.Orphans.WorkloadClusters, "reap-workload-clusters", false, "also scan the Nodes of every CAPI Cluster, through its <name>-kubeconfig Secret")
@@ -184,7 +191,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 // bundleFlags are the flags of a signed policy bundle, named as OPA's CLI
 // names them where it has them.
 func bundleFlags(f *pflag.FlagSet, opts *policybundle.Options) {
-	f.StringVar(&opts.Path, "bundle", "", "signed OPA bundle (tar.gz from `make bundle`, or a directory) to run instead of the embedded rule; serve reloads it when it changes")
+	f.StringVar(&opts.Path, "bundle", "", "signed OPA bundle (tar.gz from make bundle, or a directory) to run instead of the embedded rule; serve reloads it when it changes")
 	f.StringVar(&opts.VerificationKeyFile, "bundle-verification-key", "", "PEM public key the bundle's signature must verify with (required with --bundle)")
 	f.StringVar(&opts.KeyID, "bundle-key-id", policybundle.DefaultKeyID, "ID of the verification key (OPA's --verification-key-id)")
 	f.StringVar(&opts.Algorithm, "bundle-signing-alg", policybundle.DefaultAlgorithm, "algorithm of the verification key (OPA's --signing-alg)")
