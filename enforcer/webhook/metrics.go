@@ -7,15 +7,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 )
 
 // Metrics are the webhook's Prometheus metrics, all prefixed nodeguard_.
 type Metrics struct {
-	decisions  *prometheus.CounterVec
-	latency    *prometheus.HistogramVec
-	freshReads prometheus.Counter
+	decisions *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
 	// Intake counts the requests of the port that got an HTTP error; share
 	// it with the Intake the routes share.
 	Intake *intake.Metrics
@@ -40,16 +38,12 @@ func NewMetrics(reg prometheus.Registerer, cached func() map[schema.GroupVersion
 			// From the cache path (~0.5 ms) to the request deadline (4 s).
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"route"}),
-		freshReads: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "nodeguard_fresh_read_errors_total",
-			Help: "Decisions denied because the API server could not be re-read in time.",
-		}),
 	}
 	// Both routes' histograms exist from the start, at zero.
 	for _, route := range []string{RouteSelf, RouteCluster} {
 		m.latency.WithLabelValues(route)
 	}
-	collectors := []prometheus.Collector{m.decisions, m.latency, m.freshReads}
+	collectors := []prometheus.Collector{m.decisions, m.latency}
 	if cached != nil {
 		collectors = append(collectors, cachedObjects{count: cached, desc: prometheus.NewDesc("nodeguard_cached_objects",
 			"Objects in the informer caches, by kind.", []string{"group", "version", "kind"}, nil)})
@@ -69,9 +63,6 @@ func (m *Metrics) observe(route, result, reason string, took time.Duration) {
 	}
 	m.decisions.WithLabelValues(result, reason, route).Inc()
 	m.latency.WithLabelValues(route).Observe(took.Seconds())
-	if reason == decision.ReasonFreshReadFailed {
-		m.freshReads.Inc()
-	}
 }
 
 // intake is the Intake's share of m; nil counts nothing.
