@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
@@ -64,7 +65,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 		}
 		params = p
 	}
-	eval, err := policybundle.Evaluator(ctx, opts.Bundle)
+	eval, err := policybundle.Engine(ctx, opts.Bundle)
 	if err != nil {
 		return ExitError, err
 	}
@@ -86,7 +87,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	return ExitAllowed, nil
 }
 
-func offline(ctx context.Context, opts Options, params map[string]any, eval *decision.Evaluator) (decision.Decision, error) {
+func offline(ctx context.Context, opts Options, params map[string]any, eval *engine.Engine) (decision.Decision, error) {
 	objs, err := manifest.Load(opts.Files...)
 	if err != nil {
 		return decision.Decision{}, err
@@ -108,7 +109,7 @@ func offline(ctx context.Context, opts Options, params map[string]any, eval *dec
 	if err != nil {
 		return decision.Decision{}, err
 	}
-	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Evaluator: eval})
+	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Engine: eval})
 	if err != nil {
 		return decision.Decision{}, err
 	}

@@ -26,7 +26,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
-	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
@@ -210,9 +210,9 @@ func TestSessionsFollowClustersAndTheirSecrets(t *testing.T) {
 // Cluster goes, however often that happens.
 func TestAnUnreachableClusterLeaksNothing(t *testing.T) {
 	m := newManagement()
-	eval, err := decision.NewEvaluator(context.Background())
+	eval, err := engine.New(context.Background())
 	require.NoError(t, err)
-	fields, err := eval.Orphans()
+	fields, err := eval.NodeFields()
 	require.NoError(t, err)
 	shape, err := nodecache.NewShape(eval.Model(), fields)
 	require.NoError(t, err)

@@ -57,7 +57,7 @@ type Shape struct {
 }
 
 // NewShape derives the Node shape from the link model and the orphan
-// criteria's Node fields (decision.Evaluator.Orphans).
+// criteria's Node fields (engine.Engine.NodeFields).
 func NewShape(model *linkmodel.Model, fields *linkmodel.NodeFields) (*Shape, error) {
 	if fields == nil {
 		return nil, fmt.Errorf("nodecache: the policy declares no Node fields for its orphan criteria (%s)", linkmodel.NodeFieldsQuery)

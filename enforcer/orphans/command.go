@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -127,7 +127,7 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, no
 			nodes = append(nodes, o)
 		}
 	}
-	eval, err := decision.NewEvaluator(ctx)
+	eval, err := engine.New(ctx)
 	if err != nil {
 		return Report{}, err
 	}
@@ -139,7 +139,7 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, no
 	if err != nil {
 		return Report{}, err
 	}
-	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Evaluator: eval})
+	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Engine: eval})
 	if err != nil {
 		return Report{}, err
 	}

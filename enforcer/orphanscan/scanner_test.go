@@ -51,7 +51,7 @@ func newFixture(t *testing.T, del bool) *fixture {
 	require.NoError(t, err)
 	require.NoError(t, live.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
 	model := e.Inventory.Model()
-	fields, err := e.Evaluator.Orphans()
+	fields, err := e.Engine.NodeFields()
 	require.NoError(t, err)
 	shape, err := nodecache.NewShape(model, fields)
 	require.NoError(t, err)

@@ -7,8 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/version"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
@@ -16,7 +16,7 @@ import (
 
 // Sources are what nodeguard serve's gauges read at each scrape.
 type Sources struct {
-	Policy func() decision.Policy
+	Policy func() engine.Policy
 	Cached func() map[schema.GroupVersionKind]int
 	Ready  func() error
 }

@@ -126,7 +126,7 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	model := e.Inventory.Model()
-	fields, err := e.Evaluator.Orphans()
+	fields, err := e.Engine.NodeFields()
 	if err != nil {
 		return nil, fmt.Errorf("orphan scan: %w", err)
 	}

@@ -139,11 +139,11 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	}
 	// A bundle is verified and compiled before anything starts: a bad one
 	// stops nodeguard here.
-	eval, err := policybundle.Evaluator(ctx, opts.Bundle)
+	eval, err := policybundle.Engine(ctx, opts.Bundle)
 	if err != nil {
 		return err
 	}
-	lopts := live.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Evaluator: eval}
+	lopts := live.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Engine: eval}
 	// The orphan scan hears of every inventory change from the first.
 	var changes *informers.Relay
 	if opts.Orphans.Interval > 0 {

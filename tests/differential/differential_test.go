@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
@@ -66,7 +67,7 @@ func TestEnforcerAgreesWithGatekeeper(t *testing.T) {
 	base, err := os.ReadFile("../../constraints/constraint.yaml")
 	require.NoError(t, err)
 
-	eval, err := decision.NewEvaluator(ctx)
+	eval, err := engine.New(ctx)
 	require.NoError(t, err)
 	total := map[string]int{}
 	for _, v := range variants {
@@ -120,11 +121,11 @@ func gatekeeperDecision(t *testing.T, ctx context.Context, engine *gatekeeper.En
 	return outcomeOf(t, violations)
 }
 
-func enforcerDecision(t *testing.T, ctx context.Context, eval *decision.Evaluator, params map[string]any, s scenario) outcome {
+func enforcerDecision(t *testing.T, ctx context.Context, eval *engine.Engine, params map[string]any, s scenario) outcome {
 	t.Helper()
 	inv, err := inventory.FromObjects(eval.Model(), s.Objects, groupKinds(params["infraMachineKinds"]), groupKinds(params["infraMachinePoolKinds"]))
 	require.NoError(t, err)
-	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Evaluator: eval})
+	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Engine: eval})
 	require.NoError(t, err)
 	d, err := g.Decide(ctx, guard.Request{Node: s.Node, UserInfo: s.User})
 	require.NoError(t, err)
@@ -361,7 +362,7 @@ func TestProviderAgreesWithTheEnforcer(t *testing.T) {
 	require.NoError(t, err)
 	enforcerBase, err := os.ReadFile("../../constraints/constraint.yaml")
 	require.NoError(t, err)
-	eval, err := decision.NewEvaluator(ctx)
+	eval, err := engine.New(ctx)
 	require.NoError(t, err)
 	compiled, err := policies.Compile()
 	require.NoError(t, err)
@@ -450,11 +451,11 @@ func deleting(s scenario) bool {
 
 // providerGuard is the Guard nodeguard serve would have over the scenario's
 // objects with params as its --constraint.
-func providerGuard(t *testing.T, ctx context.Context, eval *decision.Evaluator, params map[string]any, s scenario) *guard.Guard {
+func providerGuard(t *testing.T, ctx context.Context, eval *engine.Engine, params map[string]any, s scenario) *guard.Guard {
 	t.Helper()
 	inv, err := inventory.FromObjects(eval.Model(), s.Objects, groupKinds(params["infraMachineKinds"]), groupKinds(params["infraMachinePoolKinds"]))
 	require.NoError(t, err)
-	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Evaluator: eval})
+	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Engine: eval})
 	require.NoError(t, err)
 	return g
 }
@@ -470,8 +471,8 @@ func (f *scenarioFacts) Objects(ctx context.Context, node *unstructured.Unstruct
 	return f.current.Load().Objects(ctx, node, fresh)
 }
 
-func (f *scenarioFacts) ScopedParameters(cluster string) (map[string]any, error) {
-	return f.current.Load().ScopedParameters(cluster)
+func (f *scenarioFacts) RouteParameters(cluster string) (engine.Parameters, error) {
+	return f.current.Load().RouteParameters(cluster)
 }
 
 func (f *scenarioFacts) Ready() error { return f.current.Load().Ready() }

@@ -208,7 +208,7 @@ func versionCommand() *cobra.Command {
 		Short: "Print the binary's version and commit and the policy it runs (with --bundle: that bundle's revision)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			eval, err := policybundle.Evaluator(cmd.Context(), bundle)
+			eval, err := policybundle.Engine(cmd.Context(), bundle)
 			if err != nil {
 				return err
 			}
