@@ -228,3 +228,25 @@ func TestFromObjectsKeepsMachinesListedAndReferencedKinds(t *testing.T) {
 	assert.ElementsMatch(t, []string{"Machine default/m", "DockerMachine default/x"}, keys(got), "no namespace means default")
 	assert.Equal(t, 1, inv.Count()[dockerMachine])
 }
+
+// A v1beta1 Machine names its InfraMachine with a version; cached at that
+// very version, or another, the InfraMachine is a candidate all the same.
+func TestCandidatesFollowAVersionedReference(t *testing.T) {
+	v1beta1 := schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta1", Kind: "DockerMachine"}
+	for _, cached := range []schema.GroupVersionKind{v1beta1, dockerMachine} {
+		inv := newInventory()
+		machines, infras := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
+		inv.AddKind(machineV1beta2, inventory.Machine, machines)
+		inv.AddKind(cached, inventory.InfraMachine, infras)
+		m := obj(machineV1beta2, "default", "m", map[string]any{
+			"spec":   map[string]any{"infrastructureRef": map[string]any{"apiVersion": v1beta1.GroupVersion().String(), "kind": "DockerMachine", "name": "d", "namespace": "default"}},
+			"status": map[string]any{"nodeRef": map[string]any{"name": "n1"}},
+		})
+		add(t, inv, machines, inventory.Machine, m)
+		add(t, inv, infras, inventory.InfraMachine, obj(cached, "default", "d", nil))
+		objs, refs := inv.Candidates(node("n1", "", nil))
+		assert.ElementsMatch(t, []string{"Machine default/m", "DockerMachine default/d"}, keys(objs), cached.Version)
+		require.Len(t, refs, 1)
+		assert.Equal(t, inventory.Ref{GVK: v1beta1, Namespace: "default", Name: "d"}, refs[0])
+	}
+}
