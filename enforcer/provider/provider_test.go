@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -30,7 +29,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
+	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -90,16 +89,7 @@ func serve(t testing.TB, facts provider.Facts, clusterExists func(context.Contex
 	in := intake.New(intake.Options{Timeout: 2 * time.Second, Metrics: im})
 	h, err := provider.New(provider.Options{Facts: facts, ClientCAs: gatekeeperCA.Pool(), ClusterExists: clusterExists, Intake: in, Metrics: pm})
 	require.NoError(t, err)
-	certFile, keyFile := pki.ServerFiles(t, "server")
-	srv, err := webhook.NewServer(h, webhook.TLSOptions{CertFile: certFile, KeyFile: keyFile,
-		ClientCAFiles: []string{gatekeeperCA.CAFile(t), apiServerCA.CAFile(t)}}, nil)
-	require.NoError(t, err)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, l, time.Second) }()
-	t.Cleanup(func() { cancel(); <-done })
+	url, _ := pki.Serve(t, h, tlsserver.Options{ClientCAFiles: []string{gatekeeperCA.CAFile(t), apiServerCA.CAFile(t)}})
 	client := func(ca *testpki.CA) *http.Client {
 		// As Gatekeeper's client: TLS 1.3, its webhook certificate.
 		cfg := &tls.Config{RootCAs: pki.Pool(), MinVersion: tls.VersionTLS13, ServerName: "127.0.0.1"}
@@ -111,7 +101,7 @@ func serve(t testing.TB, facts provider.Facts, clusterExists func(context.Contex
 		}
 		return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
 	}
-	return &server{url: "https://" + l.Addr().String(), pki: pki, reg: reg, clients: map[string]*http.Client{
+	return &server{url: url, pki: pki, reg: reg, clients: map[string]*http.Client{
 		"gatekeeper": client(gatekeeperCA), "apiserver": client(apiServerCA), "anonymous": client(nil)}}
 }
 

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -30,9 +29,11 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -84,37 +85,24 @@ type server struct {
 	stop   func() error
 }
 
-// serve runs the handler behind the real Server on a loopback port, with a
-// certificate from a new CA unless opts names one from issuer.
-func serve(t testing.TB, h http.Handler, opts webhook.TLSOptions, clientCert *tls.Certificate) *server {
+// serve runs the handler behind nodeguard's TLS server on a loopback port,
+// with a certificate from a new CA unless opts names one from pki.
+func serve(t testing.TB, h http.Handler, opts tlsserver.Options, clientCert *tls.Certificate) *server {
 	return serveWith(t, testpki.New(t), h, opts, clientCert)
 }
 
-func serveWith(t testing.TB, pki *testpki.CA, h http.Handler, opts webhook.TLSOptions, clientCert *tls.Certificate) *server {
+func serveWith(t testing.TB, pki *testpki.CA, h http.Handler, opts tlsserver.Options, clientCert *tls.Certificate) *server {
 	t.Helper()
-	if opts.CertFile == "" {
-		opts.CertFile, opts.KeyFile = pki.ServerFiles(t, "first")
-	}
-	s, err := webhook.NewServer(h, opts, nil)
-	require.NoError(t, err)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, l, 5*time.Second) }()
+	url, stop := pki.Serve(t, h, opts)
 	tlsCfg := &tls.Config{RootCAs: pki.Pool(), MinVersion: tls.VersionTLS12, ServerName: "127.0.0.1"}
 	if clientCert != nil {
 		tlsCfg.Certificates = []tls.Certificate{*clientCert}
 	}
-	var once sync.Once
-	var stopErr error
-	srv := &server{
-		url:    "https://" + l.Addr().String(),
+	return &server{
+		url:    url,
 		client: &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg, MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second},
-		stop:   func() error { once.Do(func() { cancel(); stopErr = <-done }); return stopErr },
+		stop:   stop,
 	}
-	t.Cleanup(func() { _ = srv.stop() })
-	return srv
 }
 
 func (s *server) post(t testing.TB, path, contentType string, body []byte) (int, string, *admissionv1.AdmissionReview) {
@@ -134,7 +122,7 @@ func (s *server) post(t testing.TB, path, contentType string, body []byte) (int,
 
 func TestDecisions(t *testing.T) {
 	g, _, nodes := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
 
 	_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 	require.NotNil(t, out.Response)
@@ -185,7 +173,7 @@ func TestClusterRoute(t *testing.T) {
 		}
 		return known[ns+"/"+name], nil
 	}
-	s := serve(t, webhook.New(webhook.Options{Decider: g, ClusterExists: exists}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g, ClusterExists: exists}), tlsserver.Options{}, nil)
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 
 	_, _, out := s.post(t, "/validate/clusters/default/dev", "application/json", body)
@@ -208,7 +196,7 @@ func TestClusterRoute(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	g, _, nodes := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
 	node := nodes[linkedNode].Object
 	noRequest := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`)
 	notANode := review(admissionv1.Delete, "Node", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "p"}})
@@ -265,7 +253,7 @@ func TestNoDecisionDenies(t *testing.T) {
 	failing := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
 		return decision.Decision{}, errors.New("rego: eval_conflict_error")
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: failing}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: failing}), tlsserver.Options{}, nil)
 	_, _, out := s.post(t, "/validate", "application/json", body)
 	assert.False(t, out.Response.Allowed)
 	assert.EqualValues(t, http.StatusInternalServerError, out.Response.Result.Code)
@@ -276,7 +264,7 @@ func TestNoDecisionDenies(t *testing.T) {
 		<-ctx.Done()
 		return decision.Decision{}, ctx.Err()
 	})
-	s = serve(t, webhook.New(webhook.Options{Decider: hanging, Timeout: 200 * time.Millisecond}), webhook.TLSOptions{}, nil)
+	s = serve(t, webhook.New(webhook.Options{Decider: hanging, Timeout: 200 * time.Millisecond}), tlsserver.Options{}, nil)
 	start := time.Now()
 	_, _, out = s.post(t, "/validate", "application/json", body)
 	assert.Less(t, time.Since(start), 2*time.Second)
@@ -284,38 +272,11 @@ func TestNoDecisionDenies(t *testing.T) {
 	assert.Contains(t, out.Response.Result.Message, "context deadline exceeded")
 }
 
-func TestProbes(t *testing.T) {
-	var mu sync.Mutex
-	readyErr := errors.New("waiting for DockerMachine")
-	ready := func() error { mu.Lock(); defer mu.Unlock(); return readyErr }
-	probes := httptest.NewServer(webhook.Probes(ready))
-	defer probes.Close()
-	get := func(path string) (int, string) {
-		resp, err := probes.Client().Get(probes.URL + path)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-	code, _ := get("/healthz")
-	assert.Equal(t, http.StatusOK, code)
-	code, body := get("/readyz")
-	assert.Equal(t, http.StatusServiceUnavailable, code)
-	assert.Contains(t, body, "waiting for DockerMachine")
-	mu.Lock()
-	readyErr = nil
-	mu.Unlock()
-	code, _ = get("/readyz")
-	assert.Equal(t, http.StatusOK, code)
-	code, _ = get("/validate")
-	assert.Equal(t, http.StatusNotFound, code, "the probe port serves no reviews")
-}
-
 // The review port serves reviews only: probes and metrics live on ports a
 // NetworkPolicy can keep from whoever reaches the review port.
 func TestReviewPortServesOnlyReviews(t *testing.T) {
 	g, _, _ := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
 	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
 		resp, err := s.client.Get(s.url + path)
 		require.NoError(t, err)
@@ -325,12 +286,14 @@ func TestReviewPortServesOnlyReviews(t *testing.T) {
 }
 
 func TestMetrics(t *testing.T) {
-	g, inv, nodes := example(t)
+	g, _, nodes := example(t)
 	reg := prometheus.NewRegistry()
-	m, err := webhook.NewMetrics(reg, inv.Count)
+	m, err := webhook.NewMetrics(reg)
 	require.NoError(t, err)
-	h := webhook.New(webhook.Options{Decider: g, Metrics: m})
-	s := serve(t, h, webhook.TLSOptions{}, nil)
+	im, err := intake.NewMetrics(reg)
+	require.NoError(t, err)
+	h := webhook.New(webhook.Options{Decider: g, Metrics: m, Intake: intake.New(intake.Options{Metrics: im})})
+	s := serve(t, h, tlsserver.Options{}, nil)
 	metrics := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer metrics.Close()
 	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
@@ -352,8 +315,6 @@ func TestMetrics(t *testing.T) {
 		`nodeguard_decisions_total{reason="unjudgeable",result="denied",route="/validate"} 1`,
 		`nodeguard_decisions_total{reason="bad-request",result="error",route="/validate"} 1`,
 		`nodeguard_decision_duration_seconds_count{route="/validate"} 5`,
-		`nodeguard_cached_objects{group="infrastructure.cluster.x-k8s.io",kind="DockerMachine",version="v1beta2"} 1`,
-		`nodeguard_cached_objects{group="cluster.x-k8s.io",kind="Machine",version="v1beta2"} 1`,
 		`nodeguard_rejected_requests_total{reason="content-type"} 1`,
 	} {
 		assert.Contains(t, text, want)
@@ -365,12 +326,12 @@ func TestMetrics(t *testing.T) {
 func TestFreshReadErrorsAreCountedByTheirReason(t *testing.T) {
 	_, _, nodes := example(t)
 	reg := prometheus.NewRegistry()
-	m, err := webhook.NewMetrics(reg, nil)
+	m, err := webhook.NewMetrics(reg)
 	require.NoError(t, err)
 	failing := deciderFunc(func(_ context.Context, req guard.Request) (decision.Decision, error) {
 		return decision.Deny(decision.ReasonFreshReadFailed, "could not re-read"), nil
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: failing, Metrics: m}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: failing, Metrics: m}), tlsserver.Options{}, nil)
 	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP nodeguard_decisions_total Admission reviews answered, by result (allowed, denied, error), reason and route.
@@ -381,7 +342,7 @@ nodeguard_decisions_total{reason="fresh-read-failed",result="denied",route="/val
 
 func TestConcurrentReviews(t *testing.T) {
 	g, _, nodes := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
 	denied := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 	exempt := review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "ops")
 	var wg sync.WaitGroup
@@ -425,7 +386,7 @@ func TestGracefulShutdownFinishesInFlightReviews(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: slow}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: slow}), tlsserver.Options{}, nil)
 	result := make(chan *admissionv1.AdmissionReview, 1)
 	go func() {
 		_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
@@ -451,7 +412,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 			defer mu.Unlock()
 			got = append(got, d)
 		}})
-	s := serve(t, h, webhook.TLSOptions{}, nil)
+	s := serve(t, h, tlsserver.Options{}, nil)
 	node := nodes[linkedNode].DeepCopy()
 	node.SetUID("0b8d0b0e-5a5e-4c1a-9d5e-7a5b7c1d2e3f")
 
@@ -489,7 +450,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 			defer mu.Unlock()
 			got = append(got, d)
 		}})
-	s = serve(t, h, webhook.TLSOptions{}, nil)
+	s = serve(t, h, tlsserver.Options{}, nil)
 	_, _, out = s.post(t, "/validate/clusters/default/typo", "application/json",
 		review(admissionv1.Delete, "Pod", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "p"}}))
 	assert.False(t, out.Response.Allowed)

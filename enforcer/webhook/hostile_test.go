@@ -27,9 +27,9 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
+	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/hostile"
-	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
 // arrivals counts requests reaching the handler, so a test can wait until
@@ -70,7 +70,7 @@ func TestSameReviewsShareOneDecision(t *testing.T) {
 		return decision.Decision{Allowed: req.UserInfo.Username == "bob", Reason: decision.ReasonNoLink}, nil
 	})
 	in := &arrivals{next: webhook.New(webhook.Options{Decider: blocking})}
-	s := serve(t, in, webhook.TLSOptions{}, nil)
+	s := serve(t, in, tlsserver.Options{}, nil)
 	alice := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 	bob := bytes.Replace(alice, []byte(`"username":"alice"`), []byte(`"username":"bob"`), 1)
 
@@ -119,7 +119,7 @@ func TestConcurrentDecisionsAreBounded(t *testing.T) {
 		running.Add(-1)
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: slow, MaxConcurrentDecisions: 2}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: slow, MaxConcurrentDecisions: 2}), tlsserver.Options{}, nil)
 	var wg sync.WaitGroup
 	errs := make(chan error, 12)
 	for i := range 12 {
@@ -147,7 +147,7 @@ func TestConcurrentDecisionsAreBounded(t *testing.T) {
 		time.Sleep(time.Second)
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	})
-	s = serve(t, webhook.New(webhook.Options{Decider: stuck, MaxConcurrentDecisions: 1, Timeout: 300 * time.Millisecond}), webhook.TLSOptions{}, nil)
+	s = serve(t, webhook.New(webhook.Options{Decider: stuck, MaxConcurrentDecisions: 1, Timeout: 300 * time.Millisecond}), tlsserver.Options{}, nil)
 	go func() {
 		_, _ = s.answer("/validate", review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "first"))
 	}()
@@ -165,12 +165,13 @@ func TestConcurrentDecisionsAreBounded(t *testing.T) {
 func TestRejectedRequestsAreCountedAndLoggedSparingly(t *testing.T) {
 	g, _, nodes := example(t)
 	reg := prometheus.NewRegistry()
-	m, err := webhook.NewMetrics(reg, nil)
+	im, err := intake.NewMetrics(reg)
 	require.NoError(t, err)
 	var logs bytes.Buffer
 	var mu sync.Mutex
 	log := slog.New(slog.NewJSONHandler(lockedWriter{&mu, &logs}, nil))
-	s := serve(t, webhook.New(webhook.Options{Decider: g, Metrics: m, Log: log, LogInterval: time.Hour}), webhook.TLSOptions{}, nil)
+	in := intake.New(intake.Options{Metrics: im, Log: log, LogInterval: time.Hour})
+	s := serve(t, webhook.New(webhook.Options{Decider: g, Intake: in}), tlsserver.Options{}, nil)
 	for range 50 {
 		s.post(t, "/validate", "application/json", []byte(`{"apiVersion":`))
 	}
@@ -230,7 +231,7 @@ func TestHostileReviewsStayWithinTheMemoryBound(t *testing.T) {
 		t.Skip("-short: the memory test sends 48 MiB of reviews")
 	}
 	g, _, _ := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
 	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(400 << 20))
 
@@ -283,37 +284,6 @@ func TestHostileReviewsStayWithinTheMemoryBound(t *testing.T) {
 	}
 }
 
-// The default TLS settings refuse CBC suites; a TLS 1.3 minimum refuses 1.2.
-func TestTLSSettings(t *testing.T) {
-	g, _, _ := example(t)
-	h := webhook.New(webhook.Options{Decider: g})
-	s := serve(t, h, webhook.TLSOptions{}, nil)
-	addr := strings.TrimPrefix(s.url, "https://")
-	dial := func(cfg *tls.Config) error {
-		cfg.InsecureSkipVerify = true //nolint:gosec // only the handshake's parameters are tested
-		c, err := tls.Dial("tcp", addr, cfg)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	}
-	assert.Error(t, dial(&tls.Config{MaxVersion: tls.VersionTLS12, CipherSuites: []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA}}), "CBC refused")
-	assert.NoError(t, dial(&tls.Config{MaxVersion: tls.VersionTLS12, CipherSuites: []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256}}), "AEAD accepted")
-	assert.NoError(t, dial(&tls.Config{MinVersion: tls.VersionTLS13}))
-
-	only13 := serve(t, h, webhook.TLSOptions{MinVersion: "VersionTLS13"}, nil)
-	addr = strings.TrimPrefix(only13.url, "https://")
-	assert.Error(t, dial(&tls.Config{MaxVersion: tls.VersionTLS12}))
-
-	_, err := webhook.NewServer(h, webhook.TLSOptions{CertFile: "x", KeyFile: "y"}, nil)
-	assert.Error(t, err)
-	cert, key := testpki.New(t).ServerFiles(t, "settings")
-	_, err = webhook.NewServer(h, webhook.TLSOptions{CertFile: cert, KeyFile: key, MinVersion: "VersionTLS11"}, nil)
-	assert.ErrorContains(t, err, "--tls-min-version")
-	_, err = webhook.NewServer(h, webhook.TLSOptions{CertFile: cert, KeyFile: key, CipherSuites: []string{"TLS_NOPE"}}, nil)
-	assert.ErrorContains(t, err, "--tls-cipher-suites")
-}
-
 // realisticLargeNode is as large as a real Node gets: kubelet's 50 images
 // (its --node-status-max-images default), each with a tag and a digest name,
 // annotations at the API server's 256 KiB total limit, and managed fields
@@ -346,7 +316,7 @@ func realisticLargeNode() map[string]any {
 // judged, not refused as too large.
 func TestLargestRealNodeFits(t *testing.T) {
 	g, _, _ := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
 	body := review(admissionv1.Delete, "Node", realisticLargeNode())
 	t.Logf("review of a Node with 50 images and 256 KiB of annotations: %d KiB (limit %d KiB)", len(body)>>10, webhook.MaxBodyBytes>>10)
 	assert.Less(t, len(body), webhook.MaxBodyBytes*3/4, "a quarter of the limit to spare")
@@ -367,7 +337,7 @@ func TestLargeReviewsQueueForTheirBytes(t *testing.T) {
 		running.Add(-1)
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: slow}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: slow}), tlsserver.Options{}, nil)
 	send := func(bodies [][]byte) {
 		var wg sync.WaitGroup
 		for i, body := range bodies {
@@ -482,7 +452,7 @@ func TestSmallReviewsNeverWaitBehindLargeOnes(t *testing.T) {
 		}
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: decider, Timeout: 10 * time.Second}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: decider, Timeout: 10 * time.Second}), tlsserver.Options{}, nil)
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Add(1)
@@ -544,7 +514,7 @@ func TestTheBudgetComesBeforeTheBody(t *testing.T) {
 		<-release
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: decider, Timeout: 2 * time.Second}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: decider, Timeout: 2 * time.Second}), tlsserver.Options{}, nil)
 	head := func(length string) string {
 		return "POST /validate HTTP/1.1\r\nHost: nodeguard\r\nContent-Type: application/json\r\n" + length + "\r\n"
 	}

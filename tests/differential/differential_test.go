@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,7 +35,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
+	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/internal/gatekeeper"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 	"github.com/nodeguard/nodeguard/policies"
@@ -494,18 +493,10 @@ func startProvider(t *testing.T, facts provider.Facts) providerServer {
 	serving, gatekeeperCA := testpki.New(t), testpki.New(t)
 	h, err := provider.New(provider.Options{Facts: facts, ClientCAs: gatekeeperCA.Pool(), Intake: intake.New(intake.Options{Timeout: 5 * time.Second})})
 	require.NoError(t, err)
-	certFile, keyFile := serving.ServerFiles(t, "provider")
-	srv, err := webhook.NewServer(h, webhook.TLSOptions{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{gatekeeperCA.CAFile(t)}}, nil)
-	require.NoError(t, err)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	sctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(sctx, l, time.Second) }()
-	t.Cleanup(func() { cancel(); <-done })
+	url, _ := serving.Serve(t, h, tlsserver.Options{ClientCAFiles: []string{gatekeeperCA.CAFile(t)}})
 	dir := t.TempDir()
 	certPEM, keyPEM := gatekeeperCA.Issue(t, 3, x509.ExtKeyUsageClientAuth)
-	out := providerServer{url: "https://" + l.Addr().String(), clientCert: filepath.Join(dir, "tls.crt"), clientKey: filepath.Join(dir, "tls.key")}
+	out := providerServer{url: url, clientCert: filepath.Join(dir, "tls.crt"), clientKey: filepath.Join(dir, "tls.key")}
 	require.NoError(t, os.WriteFile(out.clientCert, certPEM, 0o600))
 	require.NoError(t, os.WriteFile(out.clientKey, keyPEM, 0o600))
 	out.caPEM, err = os.ReadFile(serving.CAFile(t))

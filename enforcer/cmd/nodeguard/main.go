@@ -24,6 +24,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
+	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/version"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -183,8 +184,8 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", serve.DefaultHealthProbeBindAddress, "address to serve /healthz and /readyz on over HTTP; 0 disables")
 	f.BoolVar(&denialEvents, "denial-events", true, "record a Warning Event NodeDeleteDenied on the Node of each denied delete (aggregated and rate-limited; docs/operate.md)")
 	f.BoolVar(&opts.DenialEventsWorkloadClusters, "denial-events-workload-clusters", false, "record the Events of /validate/clusters/NS/NAME in that workload cluster, through its <name>-kubeconfig Secret (needs Secret get); otherwise on the Machine in this cluster")
-	f.StringVar(&opts.TLSMinVersion, "tls-min-version", webhook.DefaultTLSMinVersion, "lowest TLS version accepted: VersionTLS12 or VersionTLS13")
-	f.StringSliceVar(&opts.TLSCipherSuites, "tls-cipher-suites", webhook.DefaultTLSCipherSuites(), "TLS 1.2 cipher suites accepted, comma-separated IANA names (TLS 1.3 suites are always AEAD)")
+	f.StringVar(&opts.TLSMinVersion, "tls-min-version", tlsserver.DefaultMinVersion, "lowest TLS version accepted: VersionTLS12 or VersionTLS13")
+	f.StringSliceVar(&opts.TLSCipherSuites, "tls-cipher-suites", tlsserver.DefaultCipherSuites(), "TLS 1.2 cipher suites accepted, comma-separated IANA names (TLS 1.3 suites are always AEAD)")
 	return cmd
 }
 

@@ -1,0 +1,36 @@
+package testpki
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
+)
+
+// Serve runs h behind nodeguard's TLS server on a loopback port, with a
+// server certificate of p unless opts names one, until the test ends or stop
+// is called; stop returns what the server's Serve returned.
+func (p *CA) Serve(t testing.TB, h http.Handler, opts tlsserver.Options) (url string, stop func() error) {
+	t.Helper()
+	if opts.CertFile == "" {
+		opts.CertFile, opts.KeyFile = p.ServerFiles(t, "server")
+	}
+	srv, err := tlsserver.New(h, opts, nil)
+	require.NoError(t, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, l, 5*time.Second) }()
+	var once sync.Once
+	var stopErr error
+	stop = func() error { once.Do(func() { cancel(); stopErr = <-done }); return stopErr }
+	t.Cleanup(func() { _ = stop() })
+	return "https://" + l.Addr().String(), stop
+}
