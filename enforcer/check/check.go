@@ -57,24 +57,15 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if opts.Output != "text" && opts.Output != "json" {
 		return ExitError, fmt.Errorf("-o %q: want text or json", opts.Output)
 	}
-	var params map[string]any
-	if opts.Constraint != "" {
-		p, err := manifest.ConstraintParameters(opts.Constraint)
-		if err != nil {
-			return ExitError, err
-		}
-		params = p
+	params, err := manifest.ConstraintParameters(opts.Constraint)
+	if err != nil {
+		return ExitError, err
 	}
 	eval, err := policybundle.Engine(ctx, opts.Bundle)
 	if err != nil {
 		return ExitError, err
 	}
-	var d decision.Decision
-	if len(opts.Files) > 0 {
-		d, err = offline(ctx, opts, params, eval)
-	} else {
-		d, err = judgeLive(ctx, opts, params, eval)
-	}
+	d, err := judge(ctx, opts, params, eval)
 	if err != nil {
 		return ExitError, err
 	}
@@ -85,6 +76,14 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 		return ExitDenied, nil
 	}
 	return ExitAllowed, nil
+}
+
+// judge judges against the -f files, or without them the live cluster.
+func judge(ctx context.Context, opts Options, params map[string]any, eval *engine.Engine) (decision.Decision, error) {
+	if len(opts.Files) > 0 {
+		return offline(ctx, opts, params, eval)
+	}
+	return judgeLive(ctx, opts, params, eval)
 }
 
 func offline(ctx context.Context, opts Options, params map[string]any, eval *engine.Engine) (decision.Decision, error) {

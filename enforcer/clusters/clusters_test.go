@@ -23,7 +23,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
@@ -36,11 +35,12 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
+	"github.com/nodeguard/nodeguard/internal/testlog"
 )
 
 var (
-	clusterGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Cluster"}
-	clusterGVR = schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "clusters"}
+	clusterGVK = testcluster.ClusterGVK
+	clusterGVR = clusterGVK.GroupVersion().WithResource("clusters")
 )
 
 // kubeconfig for a cluster at server, as CAPI writes it.
@@ -125,24 +125,6 @@ func (s *sessions) server(key string) string {
 	return s.running[key]
 }
 
-// lockedBuffer is a log written by the Set while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func run(t *testing.T, set *clusters.Set) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -167,7 +149,7 @@ func TestSessionsFollowClustersAndTheirSecrets(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	metrics, err := clusters.NewMetrics(reg)
 	require.NoError(t, err)
-	logs := &lockedBuffer{}
+	logs := &testlog.Buffer{}
 	set, err := clusters.New(clusters.Options{Management: m.clients, Secrets: m.secrets, Recheck: 100 * time.Millisecond,
 		Start: s.start, Metrics: metrics, Log: slog.New(slog.NewJSONHandler(logs, nil))})
 	require.NoError(t, err)
@@ -313,7 +295,7 @@ func TestAnUnreachableClusterLeaksNothing(t *testing.T) {
 // once) instead of giving up: Cluster API may be installed later.
 func TestWaitsForTheClusterResource(t *testing.T) {
 	dyn, mapper := testcluster.Serve(nil)
-	logs := &lockedBuffer{}
+	logs := &testlog.Buffer{}
 	set, err := clusters.New(clusters.Options{Management: kubeclient.Clients{Dynamic: dyn, Mapper: mapper}, Secrets: fake.NewClientset(),
 		Start: func(context.Context, *clusters.Cluster) {}, Log: slog.New(slog.NewJSONHandler(logs, nil))})
 	require.NoError(t, err)

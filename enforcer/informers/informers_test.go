@@ -28,9 +28,9 @@ import (
 )
 
 var (
-	machineGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
-	dockerGVK  = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
-	poolGVK    = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachinePool"}
+	machineGVK = testcluster.MachineGVK
+	dockerGVK  = testcluster.DockerMachineGVK
+	poolGVK    = testcluster.DockerMachinePoolGVK
 	fooOld     = schema.GroupVersionKind{Group: "infrastructure.example.com", Version: "v1alpha1", Kind: "FooMachine"}
 	fooGVK     = schema.GroupVersionKind{Group: "infrastructure.example.com", Version: "v1beta1", Kind: "FooMachine"}
 	crdGVK     = schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}
@@ -65,15 +65,21 @@ func setup(t *testing.T, objs ...runtime.Object) (*dynamicfake.FakeDynamicClient
 	}, objs...)
 }
 
-func TestSyncerFindsKindsAndBecomesReady(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	client, mapper := setup(t,
+// dockerM1 is Machine m1, its DockerMachine, and the DockerMachine CRD with
+// its contract label.
+func dockerM1() []runtime.Object {
+	return []runtime.Object{
 		machine("m1", "infrastructure.cluster.x-k8s.io", "DockerMachine"),
 		object(dockerGVK, "default", "m1", map[string]any{"spec": map[string]any{"providerID": "docker:////m1"}}),
 		crd("dockermachines.infrastructure.cluster.x-k8s.io", map[string]string{"cluster.x-k8s.io/v1beta2": "v1beta2"}),
-		crd("foomachines.infrastructure.example.com", map[string]string{"cluster.x-k8s.io/v1beta1": "v1alpha1_v1beta1"}),
-	)
+	}
+}
+
+func TestSyncerFindsKindsAndBecomesReady(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client, mapper := setup(t, append(dockerM1(),
+		crd("foomachines.infrastructure.example.com", map[string]string{"cluster.x-k8s.io/v1beta1": "v1alpha1_v1beta1"}))...)
 	inv := inventory.New(linkmodel.MustEmbedded())
 	s := informers.New(inv, informers.Options{
 		Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond,
@@ -148,11 +154,7 @@ func TestStartFailsWithoutMachines(t *testing.T) {
 func TestACacheWhoseWatchBrokeIsNotTrustedUntilItCaughtUp(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	client, mapper := setup(t,
-		machine("m1", "infrastructure.cluster.x-k8s.io", "DockerMachine"),
-		object(dockerGVK, "default", "m1", map[string]any{"spec": map[string]any{"providerID": "docker:////m1"}}),
-		crd("dockermachines.infrastructure.cluster.x-k8s.io", map[string]string{"cluster.x-k8s.io/v1beta2": "v1beta2"}),
-	)
+	client, mapper := setup(t, dockerM1()...)
 	dockers := dockerGVK.GroupVersion().WithResource("dockermachines")
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}
 	var down atomic.Bool

@@ -12,24 +12,15 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
 var (
-	machineV1beta2 = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
-	dockerMachine  = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
-	dockerPool     = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachinePool"}
+	machineV1beta2 = testcluster.MachineGVK
+	dockerMachine  = testcluster.DockerMachineGVK
+	dockerPool     = testcluster.DockerMachinePoolGVK
+	obj            = testcluster.Object
 )
-
-func obj(gvk schema.GroupVersionKind, ns, name string, fields map[string]any) *unstructured.Unstructured {
-	u := &unstructured.Unstructured{Object: map[string]any{}}
-	for k, v := range fields {
-		u.Object[k] = v
-	}
-	u.SetGroupVersionKind(gvk)
-	u.SetNamespace(ns)
-	u.SetName(name)
-	return u
-}
 
 func machine(ns, name, nodeName, providerID, infraName string) *unstructured.Unstructured {
 	spec := map[string]any{"infrastructureRef": map[string]any{

@@ -90,23 +90,11 @@ func Run(ctx context.Context, opts CommandOptions, out io.Writer) (int, error) {
 		}
 		now = t
 	}
-	var params map[string]any
-	if opts.Constraint != "" {
-		p, err := manifest.ConstraintParameters(opts.Constraint)
-		if err != nil {
-			return ExitError, err
-		}
-		params = p
+	params, err := manifest.ConstraintParameters(opts.Constraint)
+	if err != nil {
+		return ExitError, err
 	}
-	var (
-		report Report
-		err    error
-	)
-	if len(opts.Files) > 0 {
-		report, err = offline(ctx, opts, params, now)
-	} else {
-		report, err = runLive(ctx, opts, params, now)
-	}
+	report, err := find(ctx, opts, params, now)
 	if err != nil {
 		return ExitError, err
 	}
@@ -114,6 +102,14 @@ func Run(ctx context.Context, opts CommandOptions, out io.Writer) (int, error) {
 		return ExitError, err
 	}
 	return ExitOK, nil
+}
+
+// find judges the Nodes of the -f files, or without them the live cluster's.
+func find(ctx context.Context, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {
+	if len(opts.Files) > 0 {
+		return offline(ctx, opts, params, now)
+	}
+	return runLive(ctx, opts, params, now)
 }
 
 func offline(ctx context.Context, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {

@@ -79,30 +79,24 @@ func TestLoadAcceptsTheSignedBundleAsTarballAndDirectory(t *testing.T) {
 func TestLoadRefusesBundlesItCannotTrust(t *testing.T) {
 	ctx := context.Background()
 	key := testbundle.NewKey(t)
-	other := testbundle.NewKey(t)
 	signed := testbundle.Nodeguard(t, "r1", key.Private)
 	dir := t.TempDir()
 
-	broken := testbundle.Sources(t)
-	broken["nodeguard/decision.rego"] = "package nodeguard\n\ndecision := no_such_function(input)\n"
-	noEntry := testbundle.Sources(t)
-	delete(noEntry, "nodeguard/decision.rego")
-
-	for name, tc := range map[string]struct {
+	type refusal struct {
 		bundle []byte
 		opts   policybundle.Options
 		want   string
-	}{
-		"unsigned":           {testbundle.Nodeguard(t, "r1", ""), policybundle.Options{}, "bundle missing .signatures.json"},
-		"tampered":           {testbundle.Tamper(t, signed), policybundle.Options{}, "digest mismatch"},
-		"wrong key":          {testbundle.Nodeguard(t, "r1", other.Private), policybundle.Options{}, "verification error"},
+	}
+	cases := map[string]refusal{
 		"wrong scope":        {signed, policybundle.Options{Scope: "prod"}, "scope mismatch"},
-		"does not compile":   {testbundle.Signed(t, broken, "r1", key.Private), policybundle.Options{}, "undefined function no_such_function"},
-		"lacks entry point":  {testbundle.Signed(t, noEntry, "r1", key.Private), policybundle.Options{}, "no rule data.nodeguard.decision"},
 		"no key given":       {signed, policybundle.Options{VerificationKeyFile: "-"}, "--bundle-verification-key is required"},
 		"not a bundle":       {[]byte("hello"), policybundle.Options{}, "read and verify"},
 		"key file not found": {signed, policybundle.Options{VerificationKeyFile: filepath.Join(dir, "nope.pem")}, "read verification key"},
-	} {
+	}
+	for name, r := range testbundle.Refusals(t, key) {
+		cases[name] = refusal{bundle: r.Bundle, want: r.Want}
+	}
+	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			opts := tc.opts
 			opts.Path = testbundle.WriteFile(t, t.TempDir(), "bundle.tar.gz", tc.bundle)

@@ -1,13 +1,11 @@
 package provider_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -21,15 +19,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -37,19 +33,7 @@ const linkedNode = "dev-md-0-x7k2p-abcde" // its Machine and DockerMachine exist
 
 // exampleGuard is a Guard over the CAPD example (no fresh reads).
 func exampleGuard(t testing.TB) (*guard.Guard, map[string]*unstructured.Unstructured) {
-	t.Helper()
-	objs, err := manifest.Load("../../examples/capd-v1beta2")
-	require.NoError(t, err)
-	nodes := map[string]*unstructured.Unstructured{}
-	for _, o := range objs {
-		if o.GetKind() == "Node" {
-			nodes[o.GetName()] = o
-		}
-	}
-	inv, err := inventory.FromObjects(linkmodel.MustEmbedded(), objs, []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"}}, nil)
-	require.NoError(t, err)
-	g, err := guard.New(context.Background(), inv, guard.Options{})
-	require.NoError(t, err)
+	g, _, nodes := testcluster.ExampleGuard(t, "../../examples/capd-v1beta2", guard.Options{})
 	return g, nodes
 }
 
@@ -107,17 +91,7 @@ func serve(t testing.TB, facts provider.Facts, clusterExists func(context.Contex
 
 func (s *server) post(t testing.TB, client, path string, body []byte) (int, string, *externaldata.ProviderResponse) {
 	t.Helper()
-	resp, err := s.clients[client].Post(s.url+path, "application/json", bytes.NewReader(body))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	if resp.StatusCode != http.StatusOK {
-		return resp.StatusCode, string(raw), nil
-	}
-	var out externaldata.ProviderResponse
-	require.NoError(t, json.Unmarshal(raw, &out), string(raw))
-	return resp.StatusCode, string(raw), &out
+	return testpki.Post[externaldata.ProviderResponse](t, s.clients[client], s.url+path, "application/json", body)
 }
 
 // kinds lists the Kind/namespace/name of an answer's inventory.

@@ -131,13 +131,9 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	// Whatever started here (informers, side servers) stops when it returns.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var params map[string]any
-	if opts.Constraint != "" {
-		p, err := manifest.ConstraintParameters(opts.Constraint)
-		if err != nil {
-			return err
-		}
-		params = p
+	params, err := manifest.ConstraintParameters(opts.Constraint)
+	if err != nil {
+		return err
 	}
 	// A bundle is verified and compiled before anything starts: a bad one
 	// stops nodeguard here.

@@ -22,7 +22,6 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	eventsfake "k8s.io/client-go/kubernetes/typed/events/v1/fake"
 	clienttesting "k8s.io/client-go/testing"
 
@@ -31,10 +30,9 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -42,20 +40,7 @@ const linkedNode = "dev-md-0-x7k2p-abcde" // its DockerMachine exists in the exa
 
 // example is a Guard over the CAPD example, where ops is an exempt group.
 func example(t testing.TB) (*guard.Guard, *inventory.Inventory, map[string]*unstructured.Unstructured) {
-	t.Helper()
-	objs, err := manifest.Load("../../examples/capd-v1beta2")
-	require.NoError(t, err)
-	nodes := map[string]*unstructured.Unstructured{}
-	for _, o := range objs {
-		if o.GetKind() == "Node" {
-			nodes[o.GetName()] = o
-		}
-	}
-	inv, err := inventory.FromObjects(linkmodel.MustEmbedded(), objs, []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"}}, nil)
-	require.NoError(t, err)
-	g, err := guard.New(context.Background(), inv, guard.Options{Parameters: map[string]any{"exemptGroups": []any{"ops"}}})
-	require.NoError(t, err)
-	return g, inv, nodes
+	return testcluster.ExampleGuard(t, "../../examples/capd-v1beta2", guard.Options{Parameters: map[string]any{"exemptGroups": []any{"ops"}}})
 }
 
 // review is an AdmissionReview of one operation on one object.
@@ -107,17 +92,7 @@ func serveWith(t testing.TB, pki *testpki.CA, h http.Handler, opts tlsserver.Opt
 
 func (s *server) post(t testing.TB, path, contentType string, body []byte) (int, string, *admissionv1.AdmissionReview) {
 	t.Helper()
-	resp, err := s.client.Post(s.url+path, contentType, bytes.NewReader(body))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	if resp.StatusCode != http.StatusOK {
-		return resp.StatusCode, string(raw), nil
-	}
-	var out admissionv1.AdmissionReview
-	require.NoError(t, json.Unmarshal(raw, &out), string(raw))
-	return resp.StatusCode, string(raw), &out
+	return testpki.Post[admissionv1.AdmissionReview](t, s.client, s.url+path, contentType, body)
 }
 
 func TestDecisions(t *testing.T) {

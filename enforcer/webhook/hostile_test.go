@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"runtime"
 	"runtime/debug"
@@ -24,12 +23,14 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 
 	"bufio"
+
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/hostile"
+	"github.com/nodeguard/nodeguard/internal/testlog"
 )
 
 // arrivals counts requests reaching the handler, so a test can wait until
@@ -105,20 +106,27 @@ func TestSameReviewsShareOneDecision(t *testing.T) {
 	assert.EqualValues(t, 3, calls.Load())
 }
 
+// slowDecider allows every request after taking d, and keeps in peak the
+// most decisions it saw running at once.
+func slowDecider(d time.Duration, peak *atomic.Int64) deciderFunc {
+	var running atomic.Int64
+	return func(context.Context, guard.Request) (decision.Decision, error) {
+		now := running.Add(1)
+		for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
+		}
+		time.Sleep(d)
+		running.Add(-1)
+		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
+	}
+}
+
 // At most MaxConcurrentDecisions decide at once; the others wait their turn
 // and are all answered; one that cannot get a slot before its deadline is
 // denied, in time.
 func TestConcurrentDecisionsAreBounded(t *testing.T) {
 	_, _, nodes := example(t)
-	var running, peak atomic.Int64
-	slow := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
-		now := running.Add(1)
-		for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
-		}
-		time.Sleep(20 * time.Millisecond)
-		running.Add(-1)
-		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
-	})
+	var peak atomic.Int64
+	slow := slowDecider(20*time.Millisecond, &peak)
 	s := serve(t, webhook.New(webhook.Options{Decider: slow, MaxConcurrentDecisions: 2}), tlsserver.Options{}, nil)
 	var wg sync.WaitGroup
 	errs := make(chan error, 12)
@@ -167,9 +175,7 @@ func TestRejectedRequestsAreCountedAndLoggedSparingly(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	im, err := intake.NewMetrics(reg)
 	require.NoError(t, err)
-	var logs bytes.Buffer
-	var mu sync.Mutex
-	log := slog.New(slog.NewJSONHandler(lockedWriter{&mu, &logs}, nil))
+	log, logs := testlog.JSON()
 	in := intake.New(intake.Options{Metrics: im, Log: log, LogInterval: time.Hour})
 	s := serve(t, webhook.New(webhook.Options{Decider: g, Intake: in}), tlsserver.Options{}, nil)
 	for range 50 {
@@ -194,20 +200,7 @@ nodeguard_rejected_requests_total{reason="bad-old-object"} 1
 nodeguard_rejected_requests_total{reason="content-type"} 3
 nodeguard_rejected_requests_total{reason="malformed"} 50
 `), "nodeguard_rejected_requests_total"))
-	mu.Lock()
-	defer mu.Unlock()
 	assert.Equal(t, 1, strings.Count(logs.String(), "bad admission request"), "one line per interval, however many requests")
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 // hostileNode is a ~1 MiB oldObject: a Node with 340,000 empty objects under
@@ -328,15 +321,8 @@ func TestLargestRealNodeFits(t *testing.T) {
 // Large reviews take a share of a byte budget while they are decoded and
 // decided: ~1 MiB ones go about four at a time, small ones are not held up.
 func TestLargeReviewsQueueForTheirBytes(t *testing.T) {
-	var running, peak atomic.Int64
-	slow := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
-		now := running.Add(1)
-		for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
-		}
-		time.Sleep(100 * time.Millisecond)
-		running.Add(-1)
-		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
-	})
+	var peak atomic.Int64
+	slow := slowDecider(100*time.Millisecond, &peak)
 	s := serve(t, webhook.New(webhook.Options{Decider: slow}), tlsserver.Options{}, nil)
 	send := func(bodies [][]byte) {
 		var wg sync.WaitGroup

@@ -1,7 +1,10 @@
 package testpki
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -33,4 +36,21 @@ func (p *CA) Serve(t testing.TB, h http.Handler, opts tlsserver.Options) (url st
 	stop = func() error { once.Do(func() { cancel(); stopErr = <-done }); return stopErr }
 	t.Cleanup(func() { _ = stop() })
 	return "https://" + l.Addr().String(), stop
+}
+
+// Post posts body to url with client and returns the status, the body, and
+// for a 200 the body decoded as a T.
+func Post[T any](t testing.TB, client *http.Client, url, contentType string, body []byte) (int, string, *T) {
+	t.Helper()
+	resp, err := client.Post(url, contentType, bytes.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	if resp.StatusCode != http.StatusOK {
+		return resp.StatusCode, string(raw), nil
+	}
+	var out T
+	require.NoError(t, json.Unmarshal(raw, &out), string(raw))
+	return resp.StatusCode, string(raw), &out
 }

@@ -84,17 +84,24 @@ func checkCommand(code *int) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.Node, "node", "", "name of the Node to judge (required)")
-	f.StringArrayVarP(&opts.Files, "filename", "f", nil, "manifest file or directory (YAML, JSON, Lists); repeatable")
-	f.StringVar(&opts.Cluster, "cluster", "", "only count Machines of this CAPI Cluster, NAMESPACE/NAME")
+	judgeFlags(f, &opts.Files, &opts.Cluster, &opts.Constraint, &opts.Output, &opts.Kubeconfig, &opts.Context)
 	f.StringVar(&opts.User, "user", "", "user deleting the Node (for exemptions)")
 	f.StringArrayVar(&opts.Groups, "group", nil, "group of that user; repeatable")
-	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the rule's defaults)")
-	f.StringVarP(&opts.Output, "output", "o", "text", "output format: text or json")
-	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file (live mode)")
-	f.StringVar(&opts.Context, "context", "", "kubeconfig context (live mode)")
 	bundleFlags(f, &opts.Bundle)
 	_ = cmd.MarkFlagRequired("node")
 	return cmd
+}
+
+// judgeFlags are the flags check and orphans share: the objects judged (-f
+// files, else the live cluster of --kubeconfig and --context), the CAPI
+// Cluster whose Machines count, the Constraint, and the output format.
+func judgeFlags(f *pflag.FlagSet, files *[]string, cluster, constraint, output, kubeconfig, kcContext *string) {
+	f.StringArrayVarP(files, "filename", "f", nil, "manifest file or directory (YAML, JSON, Lists); repeatable")
+	f.StringVar(cluster, "cluster", "", "only count Machines of this CAPI Cluster, NAMESPACE/NAME")
+	f.StringVar(constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the rule's defaults)")
+	f.StringVarP(output, "output", "o", "text", "output format: text or json")
+	f.StringVar(kubeconfig, "kubeconfig", "", "kubeconfig file (live mode)")
+	f.StringVar(kcContext, "context", "", "kubeconfig context (live mode)")
 }
 
 func orphansCommand(code *int) *cobra.Command {
@@ -115,16 +122,11 @@ func orphansCommand(code *int) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringArrayVarP(&opts.Files, "filename", "f", nil, "manifest file or directory (YAML, JSON, Lists); repeatable")
-	f.StringVar(&opts.Cluster, "cluster", "", "only count Machines of this CAPI Cluster, NAMESPACE/NAME")
+	judgeFlags(f, &opts.Files, &opts.Cluster, &opts.Constraint, &opts.Output, &opts.Kubeconfig, &opts.Context)
 	f.DurationVar(&opts.Grace, "grace", orphans.DefaultGrace, "how long a Node must have been not Ready")
 	f.StringVar(&opts.Now, "now", "", "judge at this time (RFC 3339) instead of now, for reproducible output")
 	f.BoolVar(&opts.MatchProviderID, "match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
 	f.BoolVar(&opts.Delete, "delete", false, "delete the orphans found (live only)")
-	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the rule's defaults)")
-	f.StringVarP(&opts.Output, "output", "o", "text", "output format: text or json")
-	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file (live mode)")
-	f.StringVar(&opts.Context, "context", "", "kubeconfig context (live mode)")
 	return cmd
 }
 
