@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
@@ -167,7 +168,7 @@ func (s *Set) Run(ctx context.Context) error {
 		<-ctx.Done()
 		s.queue.ShutDown()
 	}()
-	go s.recheckLoop(ctx)
+	go wait.Until(s.recheck, s.opts.Recheck, ctx.Done())
 	for s.work(ctx) {
 	}
 	s.stopAll()
@@ -235,25 +236,16 @@ func (s *Set) clusterEvent(obj any, exists bool) {
 	s.queue.Add(key)
 }
 
-// recheckLoop queues every Cluster each Recheck, to see rotated kubeconfigs.
-func (s *Set) recheckLoop(ctx context.Context) {
-	t := time.NewTicker(s.opts.Recheck)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.mu.Lock()
-			keys := make([]string, 0, len(s.clusters))
-			for k := range s.clusters {
-				keys = append(keys, k)
-			}
-			s.mu.Unlock()
-			for _, k := range keys {
-				s.queue.Add(k)
-			}
-		}
+// recheck queues every Cluster, to see rotated kubeconfigs.
+func (s *Set) recheck() {
+	s.mu.Lock()
+	keys := make([]string, 0, len(s.clusters))
+	for k := range s.clusters {
+		keys = append(keys, k)
+	}
+	s.mu.Unlock()
+	for _, k := range keys {
+		s.queue.Add(k)
 	}
 }
 

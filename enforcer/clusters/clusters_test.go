@@ -217,9 +217,7 @@ func TestAnUnreachableClusterLeaksNothing(t *testing.T) {
 	m := newManagement()
 	eval, err := engine.New(context.Background())
 	require.NoError(t, err)
-	fields, err := eval.NodeFields()
-	require.NoError(t, err)
-	shape, err := nodecache.NewShape(eval.Model(), fields)
+	shape, err := nodecache.ShapeOf(eval)
 	require.NoError(t, err)
 	var mu sync.Mutex
 	failures := map[string]int{}

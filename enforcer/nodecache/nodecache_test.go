@@ -26,9 +26,7 @@ func shape(t testing.TB) *nodecache.Shape {
 	t.Helper()
 	eval, err := engine.New(context.Background())
 	require.NoError(t, err)
-	fields, err := eval.NodeFields()
-	require.NoError(t, err)
-	s, err := nodecache.NewShape(eval.Model(), fields)
+	s, err := nodecache.ShapeOf(eval)
 	require.NoError(t, err)
 	return s
 }

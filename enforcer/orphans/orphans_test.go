@@ -92,6 +92,16 @@ func finderOver(t *testing.T, eval *engine.Engine) (*orphans.Finder, []*unstruct
 	return f, nodes
 }
 
+// embeddedFinder is finderOver the embedded policy, that policy, and the
+// time testdata/'s Nodes are judged at.
+func embeddedFinder(t *testing.T) (*engine.Engine, *orphans.Finder, []*unstructured.Unstructured, time.Time) {
+	t.Helper()
+	embedded, err := engine.New(context.Background())
+	require.NoError(t, err)
+	f, nodes := finderOver(t, embedded)
+	return embedded, f, nodes, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+}
+
 func orphanNames(vs []orphans.Verdict) []string {
 	var out []string
 	for _, v := range vs {
@@ -138,10 +148,7 @@ func bundleOf(t *testing.T, modules map[string]string) *engine.Engine {
 // hot reload the new one's, never a copy of the embedded rule.
 func TestFinderJudgesWithTheGuardsPolicy(t *testing.T) {
 	ctx := context.Background()
-	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	embedded, err := engine.New(ctx)
-	require.NoError(t, err)
-	f, nodes := finderOver(t, embedded)
+	embedded, f, nodes, now := embeddedFinder(t)
 	vs, err := f.Scan(ctx, nodes, "", now)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"dev-md-0-left"}, orphanNames(vs))
@@ -174,10 +181,7 @@ func TestAPolicyWithoutOrphanCriteriaIsRefused(t *testing.T) {
 
 func TestScreenSaysWhatTheNodeAloneDecides(t *testing.T) {
 	ctx := context.Background()
-	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	embedded, err := engine.New(ctx)
-	require.NoError(t, err)
-	f, nodes := finderOver(t, embedded)
+	_, f, nodes, now := embeddedFinder(t)
 	byName := map[string]*unstructured.Unstructured{}
 	for _, n := range nodes {
 		byName[n.GetName()] = n

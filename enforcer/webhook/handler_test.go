@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -320,37 +319,14 @@ func TestConcurrentReviews(t *testing.T) {
 	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
 	denied := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 	exempt := review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "ops")
-	var wg sync.WaitGroup
-	errs := make(chan error, 200)
-	for i := range 200 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			body, want := denied, false
-			if i%2 == 1 {
-				body, want = exempt, true
-			}
-			resp, err := s.client.Post(s.url+"/validate", "application/json", bytes.NewReader(body))
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer resp.Body.Close()
-			var out admissionv1.AdmissionReview
-			if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-				errs <- err
-				return
-			}
-			if out.Response == nil || out.Response.Allowed != want {
-				errs <- fmt.Errorf("review %d: allowed = %v, want %v", i, out.Response != nil && out.Response.Allowed, want)
-			}
-		}()
+	bodies := make([][]byte, 200)
+	for i := range bodies {
+		bodies[i] = denied
+		if i%2 == 1 {
+			bodies[i] = exempt
+		}
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
+	s.answerAll(t, bodies, func(i int) bool { return i%2 == 1 })
 }
 
 func TestGracefulShutdownFinishesInFlightReviews(t *testing.T) {

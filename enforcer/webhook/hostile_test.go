@@ -59,6 +59,26 @@ func (s *server) answer(path string, body []byte) (*admissionv1.AdmissionRespons
 	return out.Response, nil
 }
 
+// answerAll posts bodies to /validate all at once; each answer must allow
+// the delete where allowed(i) says so, and deny it elsewhere.
+func (s *server) answerAll(t *testing.T, bodies [][]byte, allowed func(i int) bool) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i, body := range bodies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := s.answer("/validate", body)
+			if assert.NoError(t, err, "review %d", i) {
+				assert.Equal(t, allowed(i), out.Allowed, "review %d: %v", i, out.Result)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func always(int) bool { return true }
+
 // Concurrent reviews of the same Node by the same user share one decision;
 // another user (exemptions read the user) gets a decision of its own.
 func TestSameReviewsShareOneDecision(t *testing.T) {
@@ -128,26 +148,12 @@ func TestConcurrentDecisionsAreBounded(t *testing.T) {
 	var peak atomic.Int64
 	slow := slowDecider(20*time.Millisecond, &peak)
 	s := serve(t, webhook.New(webhook.Options{Decider: slow, MaxConcurrentDecisions: 2}), tlsserver.Options{}, nil)
-	var wg sync.WaitGroup
-	errs := make(chan error, 12)
-	for i := range 12 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// A user each: no two reviews share a decision.
-			body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object, fmt.Sprintf("group-%d", i))
-			out, err := s.answer("/validate", body)
-			if err == nil && !out.Allowed {
-				err = fmt.Errorf("review %d denied: %v", i, out.Result)
-			}
-			errs <- err
-		}()
+	bodies := make([][]byte, 12)
+	for i := range bodies {
+		// A user each: no two reviews share a decision.
+		bodies[i] = review(admissionv1.Delete, "Node", nodes[linkedNode].Object, fmt.Sprintf("group-%d", i))
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		assert.NoError(t, err)
-	}
+	s.answerAll(t, bodies, always)
 	assert.EqualValues(t, 2, peak.Load())
 
 	// A decider that ignores its deadline holds the only slot for a second.
@@ -257,18 +263,7 @@ func TestHostileReviewsStayWithinTheMemoryBound(t *testing.T) {
 				}
 			}
 		}()
-		var wg sync.WaitGroup
-		for i, body := range batch {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				out, err := s.answer("/validate", body)
-				if assert.NoError(t, err, "%s review %d", shape, i) {
-					assert.True(t, out.Allowed, "%s review %d: nothing links to it", shape, i)
-				}
-			}()
-		}
-		wg.Wait()
+		s.answerAll(t, batch, always) // nothing links to these Nodes
 		close(done)
 		<-sampled
 		t.Logf("%s: peak heap with 8 concurrent ~%d KiB reviews: %d MiB (%d MiB before; bound %d MiB)",
@@ -324,20 +319,7 @@ func TestLargeReviewsQueueForTheirBytes(t *testing.T) {
 	var peak atomic.Int64
 	slow := slowDecider(100*time.Millisecond, &peak)
 	s := serve(t, webhook.New(webhook.Options{Decider: slow}), tlsserver.Options{}, nil)
-	send := func(bodies [][]byte) {
-		var wg sync.WaitGroup
-		for i, body := range bodies {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				out, err := s.answer("/validate", body)
-				if assert.NoError(t, err, "review %d", i) {
-					assert.True(t, out.Allowed, "review %d", i)
-				}
-			}()
-		}
-		wg.Wait()
-	}
+	send := func(bodies [][]byte) { s.answerAll(t, bodies, always) }
 	large := make([][]byte, 8)
 	for i := range large {
 		large[i] = review(admissionv1.Delete, "Node", hostileNode(fmt.Sprintf("large-%d", i)))

@@ -45,18 +45,28 @@ type Options struct {
 	Cluster string
 }
 
+// checked checks opts' CA bundle and returns the path of route (a webhook's
+// or the provider's) for opts' Cluster: route/clusters/NS/NAME, or route
+// itself without one.
+func checked(opts Options, route string) (string, error) {
+	if err := checkCABundle(opts.CABundle); err != nil {
+		return "", err
+	}
+	if opts.Cluster == "" {
+		return route, nil
+	}
+	ns, name, err := splitKey("--cluster", opts.Cluster)
+	if err != nil {
+		return "", err
+	}
+	return route + "/clusters/" + ns + "/" + name, nil
+}
+
 // Build returns the configuration: Node DELETE only, failurePolicy Fail.
 func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
-	if err := checkCABundle(opts.CABundle); err != nil {
+	path, err := checked(opts, "/validate")
+	if err != nil {
 		return nil, err
-	}
-	path := "/validate"
-	if opts.Cluster != "" {
-		ns, name, err := splitKey("--cluster", opts.Cluster)
-		if err != nil {
-			return nil, err
-		}
-		path += "/clusters/" + ns + "/" + name
 	}
 	client := admissionregistrationv1.WebhookClientConfig{CABundle: opts.CABundle}
 	switch {

@@ -44,9 +44,7 @@ func TestNarrowedOrphanJudgeAgreesWithAFullPass(t *testing.T) {
 	ctx := context.Background()
 	eval, err := engine.New(ctx)
 	require.NoError(t, err)
-	fields, err := eval.NodeFields()
-	require.NoError(t, err)
-	shape, err := nodecache.NewShape(eval.Model(), fields)
+	shape, err := nodecache.ShapeOf(eval)
 	require.NoError(t, err)
 	var judged, full, found, checks int
 	for i := range *orphanScenarios {

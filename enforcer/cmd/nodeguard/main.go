@@ -76,11 +76,7 @@ func checkCommand(code *int) *cobra.Command {
 		Long: "With -f, judge offline: the files or directories of manifests are the whole inventory and hold the Node.\n" +
 			"Without -f, judge live against the cluster of the kubeconfig, reading objects fresh from the API server.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := check.Run(cmd.Context(), opts, cmd.OutOrStdout())
-			*code = c
-			return err
-		},
+		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return check.Run(ctx, opts, out) }),
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.Node, "node", "", "name of the Node to judge (required)")
@@ -90,6 +86,15 @@ func checkCommand(code *int) *cobra.Command {
 	bundleFlags(f, &opts.Bundle)
 	_ = cmd.MarkFlagRequired("node")
 	return cmd
+}
+
+// withCode runs a command that names its own exit code (check, orphans).
+func withCode(code *int, run func(context.Context, io.Writer) (int, error)) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		c, err := run(cmd.Context(), cmd.OutOrStdout())
+		*code = c
+		return err
+	}
 }
 
 // judgeFlags are the flags check and orphans share: the objects judged (-f
@@ -115,11 +120,7 @@ func orphansCommand(code *int) *cobra.Command {
 			"Without -f, judge live against the cluster of the kubeconfig; --delete then deletes the orphans found,\n" +
 			"each conditional on the UID and resourceVersion judged, through admission like any other delete.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := orphans.Run(cmd.Context(), opts, cmd.OutOrStdout())
-			*code = c
-			return err
-		},
+		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return orphans.Run(ctx, opts, out) }),
 	}
 	f := cmd.Flags()
 	judgeFlags(f, &opts.Files, &opts.Cluster, &opts.Constraint, &opts.Output, &opts.Kubeconfig, &opts.Context)
