@@ -79,6 +79,20 @@ func (s *server) answerAll(t *testing.T, bodies [][]byte, allowed func(i int) bo
 
 func always(int) bool { return true }
 
+// sendLarge sends n ~1 MiB reviews (Nodes large-0, large-1, ...) at once,
+// whatever their answers; the func returned waits for them all.
+func (s *server) sendLarge(n int) (wait func()) {
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = s.answer("/validate", review(admissionv1.Delete, "Node", hostileNode(fmt.Sprintf("large-%d", i))))
+		}()
+	}
+	return wg.Wait
+}
+
 // Concurrent reviews of the same Node by the same user share one decision;
 // another user (exemptions read the user) gets a decision of its own.
 func TestSameReviewsShareOneDecision(t *testing.T) {
@@ -421,15 +435,8 @@ func TestSmallReviewsNeverWaitBehindLargeOnes(t *testing.T) {
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	})
 	s := serve(t, webhook.New(webhook.Options{Decider: decider, Timeout: 10 * time.Second}), tlsserver.Options{}, nil)
-	var wg sync.WaitGroup
-	for i := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, _ = s.answer("/validate", review(admissionv1.Delete, "Node", hostileNode(fmt.Sprintf("large-%d", i))))
-		}()
-	}
-	defer func() { close(release); wg.Wait() }()
+	wait := s.sendLarge(8)
+	defer func() { close(release); wait() }()
 	require.Eventually(t, func() bool { return large.Load() == 4 }, 10*time.Second, 10*time.Millisecond, "four large reviews hold the large lane")
 	start := time.Now()
 	var small sync.WaitGroup
@@ -488,14 +495,7 @@ func TestTheBudgetComesBeforeTheBody(t *testing.T) {
 	}
 	assert.Equal(t, http.StatusRequestEntityTooLarge, rawPost(t, s, head(fmt.Sprintf("Content-Length: %d\r\n", webhook.MaxBodyBytes+1)), nil))
 
-	var wg sync.WaitGroup
-	for i := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, _ = s.answer("/validate", review(admissionv1.Delete, "Node", hostileNode(fmt.Sprintf("large-%d", i))))
-		}()
-	}
+	wait := s.sendLarge(4)
 	require.Eventually(t, func() bool { return held.Load() == 4 }, 10*time.Second, 10*time.Millisecond)
 	start := time.Now()
 	code := rawPost(t, s, head(fmt.Sprintf("Content-Length: %d\r\n", 900<<10)), nil)
@@ -505,7 +505,7 @@ func TestTheBudgetComesBeforeTheBody(t *testing.T) {
 	// Without Content-Length (chunked), a small body is read, a large one is
 	// refused.
 	close(release)
-	wg.Wait()
+	wait()
 	small := review(admissionv1.Delete, "Node", map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "n"}})
 	chunked := func(b []byte) []byte {
 		return []byte(fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(b), b))
