@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -66,13 +67,20 @@ func decodeValue(v ast.Value, out reflect.Value) error {
 }
 
 func decodeFields(obj ast.Object, out reflect.Value) error {
+	return decodeFieldsOf(obj, obj.Keys(), out)
+}
+
+// decodeFieldsOf decodes obj, whose keys are keys, into out's fields:
+// looking each field up among the keys costs no allocation, where a lookup
+// by a new key term costs two per field.
+func decodeFieldsOf(obj ast.Object, keys []*ast.Term, out reflect.Value) error {
 	t := out.Type()
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
 		switch {
 		case f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct:
-			if err := decodeFields(obj, out.Field(i)); err != nil {
+			if err := decodeFieldsOf(obj, keys, out.Field(i)); err != nil {
 				return err
 			}
 			continue
@@ -81,9 +89,15 @@ func decodeFields(obj ast.Object, out reflect.Value) error {
 		case name == "":
 			name = f.Name
 		}
-		term := obj.Get(ast.StringTerm(name))
+		var term *ast.Term
+		for _, k := range keys {
+			if s, ok := k.Value.(ast.String); ok && string(s) == name {
+				term = obj.Get(k)
+				break
+			}
+		}
 		if term == nil {
-			if opts == "omitempty" {
+			if slices.Contains(strings.Split(opts, ","), "omitempty") {
 				continue
 			}
 			return fmt.Errorf("field %q is missing", name)
