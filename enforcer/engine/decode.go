@@ -15,11 +15,12 @@ import (
 // omitempty), a slice from an array or a set, a string, a bool, or a pointer
 // to one of these. Anything else in v, or missing, is an error: a policy
 // whose answer does not have the expected shape decides nothing.
-func decode(v ast.Value, out reflect.Value) error {
-	if out.Kind() != reflect.Pointer || out.IsNil() {
-		return fmt.Errorf("decode into %s: want a non-nil pointer", out.Type())
+func decode(v ast.Value, out any) error {
+	rv := reflect.ValueOf(out)
+	if rv.Kind() != reflect.Pointer || rv.IsNil() {
+		return fmt.Errorf("decode into %T: want a non-nil pointer", out)
 	}
-	return decodeValue(v, out.Elem())
+	return decodeValue(v, rv.Elem())
 }
 
 func decodeValue(v ast.Value, out reflect.Value) error {

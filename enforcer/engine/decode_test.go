@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"reflect"
 	"testing"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -26,7 +25,7 @@ type outer struct {
 func TestDecodeFillsByTheJSONTags(t *testing.T) {
 	v := ast.MustParseTerm(`{"name": "n", "flag": true, "items": [{"name": "a"}, {"name": "b"}], "set": {"z", "y"}, "maybe": false, "Skipped": "x", "extra": 1}`).Value
 	var got outer
-	require.NoError(t, decode(v, reflect.ValueOf(&got)))
+	require.NoError(t, decode(v, &got))
 	no := false
 	assert.Equal(t, outer{inner: inner{Name: "n"}, Flag: true, Items: []inner{{"a"}, {"b"}}, Set: []string{"y", "z"}, Maybe: &no}, got)
 }
@@ -41,11 +40,12 @@ func TestDecodeRefusesWhatDoesNotFit(t *testing.T) {
 		`["n"]`: `want an object, got array`,
 	} {
 		var got outer
-		assert.ErrorContains(t, decode(ast.MustParseTerm(src).Value, reflect.ValueOf(&got)), want, src)
+		assert.ErrorContains(t, decode(ast.MustParseTerm(src).Value, &got), want, src)
 	}
-	assert.ErrorContains(t, decode(ast.String("x"), reflect.ValueOf(outer{})), "want a non-nil pointer")
+	assert.ErrorContains(t, decode(ast.String("x"), outer{}), "want a non-nil pointer")
+	assert.ErrorContains(t, decode(ast.String("x"), nil), "want a non-nil pointer")
 	var n int
-	assert.ErrorContains(t, decode(ast.Number("1"), reflect.ValueOf(&n)), "cannot decode into int")
+	assert.ErrorContains(t, decode(ast.Number("1"), &n), "cannot decode into int")
 }
 
 func TestInputLeavesOutWhatIsNil(t *testing.T) {

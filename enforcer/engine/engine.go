@@ -11,7 +11,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"reflect"
 	"sync/atomic"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -203,7 +202,7 @@ func (e *Engine) Eval(ctx context.Context, entry Entry, input ast.Value, out any
 	if !ok {
 		return fmt.Errorf("evaluate %s: want one value, got %d results", entry.Query(), len(rs))
 	}
-	if err := decode(v, reflect.ValueOf(out)); err != nil {
+	if err := decode(v, out); err != nil {
 		return fmt.Errorf("evaluate %s: %w", entry.Query(), err)
 	}
 	return nil
