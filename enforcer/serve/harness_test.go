@@ -1,11 +1,9 @@
 package serve_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -108,19 +106,7 @@ func startServeWith(t *testing.T, opts serve.Options) (*server, error) {
 
 // post sends the review to path and returns the answer.
 func (s *server) post(path string) (*admissionv1.AdmissionResponse, error) {
-	resp, err := s.client.Post(s.base+path, "application/json", bytes.NewReader(s.review))
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var out admissionv1.AdmissionReview
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, err
-	}
-	if out.Response == nil {
-		return nil, errors.New("an AdmissionReview without a response")
-	}
-	return out.Response, nil
+	return testpki.Ask(s.client, s.base+path, s.review)
 }
 
 // ask is post where an error is any answer that is not a decision (no

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"runtime"
@@ -31,6 +30,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/hostile"
 	"github.com/nodeguard/nodeguard/internal/testlog"
+	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
 // arrivals counts requests reaching the handler, so a test can wait until
@@ -47,16 +47,7 @@ func (a *arrivals) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // post sends body and returns the answer; safe from many goroutines.
 func (s *server) answer(path string, body []byte) (*admissionv1.AdmissionResponse, error) {
-	resp, err := s.client.Post(s.url+path, "application/json", bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var out admissionv1.AdmissionReview
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, fmt.Errorf("status %d: %w", resp.StatusCode, err)
-	}
-	return out.Response, nil
+	return testpki.Ask(s.client, s.url+path, body)
 }
 
 // answerAll posts bodies to /validate all at once; each answer must allow

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admission/v1"
 
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 )
@@ -53,4 +55,22 @@ func Post[T any](t testing.TB, client *http.Client, url, contentType string, bod
 	var out T
 	require.NoError(t, json.Unmarshal(raw, &out), string(raw))
 	return resp.StatusCode, string(raw), &out
+}
+
+// Ask posts an AdmissionReview to url and returns the response it carries;
+// an answer that is not an AdmissionReview with a response is an error.
+func Ask(client *http.Client, url string, review []byte) (*admissionv1.AdmissionResponse, error) {
+	resp, err := client.Post(url, "application/json", bytes.NewReader(review))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var out admissionv1.AdmissionReview
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("status %d: %w", resp.StatusCode, err)
+	}
+	if out.Response == nil {
+		return nil, fmt.Errorf("status %d: an AdmissionReview without a response", resp.StatusCode)
+	}
+	return out.Response, nil
 }

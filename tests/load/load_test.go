@@ -8,7 +8,6 @@
 package load
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -131,16 +130,7 @@ func BenchmarkWebhook(b *testing.B) {
 // response.
 func reviewer(client *http.Client, base string) func(body []byte) (*admissionv1.AdmissionResponse, error) {
 	return func(body []byte) (*admissionv1.AdmissionResponse, error) {
-		resp, err := client.Post(base+"/validate", "application/json", bytes.NewReader(body))
-		if err != nil {
-			return nil, err
-		}
-		defer resp.Body.Close()
-		var out admissionv1.AdmissionReview
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			return nil, err
-		}
-		return out.Response, nil
+		return testpki.Ask(client, base+"/validate", body)
 	}
 }
 
