@@ -85,8 +85,8 @@ go-test:
 # The concurrent paths (webhook under parallel reviews, informers, guard)
 # again under the race detector.
 race:
-	@echo "== go test -race (webhook, provider, serve, guard, informers, freshread, policybundle, reaper, webhookconfig, denialevents, orphanscan, nodecache, clusters)"
-	CGO_ENABLED=1 $(GO) test -race ./enforcer/webhook/ ./enforcer/provider/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/freshread/ ./enforcer/policybundle/ ./enforcer/reaper/ \
+	@echo "== go test -race (webhook, tlsserver, provider, serve, guard, informers, freshread, policybundle, reaper, webhookconfig, denialevents, orphanscan, nodecache, clusters)"
+	CGO_ENABLED=1 $(GO) test -race ./enforcer/webhook/ ./enforcer/tlsserver/ ./enforcer/provider/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/freshread/ ./enforcer/policybundle/ ./enforcer/reaper/ \
 		./enforcer/webhookconfig/ ./enforcer/denialevents/ ./enforcer/orphanscan/ ./enforcer/nodecache/ ./enforcer/clusters/
 
 differential:

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
@@ -56,24 +57,15 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if opts.Output != "text" && opts.Output != "json" {
 		return ExitError, fmt.Errorf("-o %q: want text or json", opts.Output)
 	}
-	var params map[string]any
-	if opts.Constraint != "" {
-		p, err := manifest.ConstraintParameters(opts.Constraint)
-		if err != nil {
-			return ExitError, err
-		}
-		params = p
-	}
-	eval, err := policybundle.Evaluator(ctx, opts.Bundle)
+	params, err := manifest.ConstraintParameters(opts.Constraint)
 	if err != nil {
 		return ExitError, err
 	}
-	var d decision.Decision
-	if len(opts.Files) > 0 {
-		d, err = offline(ctx, opts, params, eval)
-	} else {
-		d, err = judgeLive(ctx, opts, params, eval)
+	eval, err := policybundle.Engine(ctx, opts.Bundle)
+	if err != nil {
+		return ExitError, err
 	}
+	d, err := judge(ctx, opts, params, eval)
 	if err != nil {
 		return ExitError, err
 	}
@@ -86,7 +78,15 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	return ExitAllowed, nil
 }
 
-func offline(ctx context.Context, opts Options, params map[string]any, eval *decision.Evaluator) (decision.Decision, error) {
+// judge judges against the -f files, or without them the live cluster.
+func judge(ctx context.Context, opts Options, params map[string]any, eval *engine.Engine) (decision.Decision, error) {
+	if len(opts.Files) > 0 {
+		return offline(ctx, opts, params, eval)
+	}
+	return judgeLive(ctx, opts, params, eval)
+}
+
+func offline(ctx context.Context, opts Options, params map[string]any, eval *engine.Engine) (decision.Decision, error) {
 	objs, err := manifest.Load(opts.Files...)
 	if err != nil {
 		return decision.Decision{}, err
@@ -108,7 +108,7 @@ func offline(ctx context.Context, opts Options, params map[string]any, eval *dec
 	if err != nil {
 		return decision.Decision{}, err
 	}
-	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Evaluator: eval})
+	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Engine: eval})
 	if err != nil {
 		return decision.Decision{}, err
 	}

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 )
@@ -21,7 +22,7 @@ var nodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 // judgeLive judges against the cluster of the kubeconfig: Machines and
 // InfraMachines through the same informers and indexes as the webhook, with
 // fresh reads of the candidates.
-func judgeLive(ctx context.Context, opts Options, params map[string]any, eval *decision.Evaluator) (decision.Decision, error) {
+func judgeLive(ctx context.Context, opts Options, params map[string]any, eval *engine.Engine) (decision.Decision, error) {
 	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
 		return decision.Decision{}, err
@@ -29,14 +30,14 @@ func judgeLive(ctx context.Context, opts Options, params map[string]any, eval *d
 	return judgeWith(ctx, c, opts, params, eval)
 }
 
-func judgeWith(ctx context.Context, c kubeclient.Clients, opts Options, params map[string]any, eval *decision.Evaluator) (decision.Decision, error) {
+func judgeWith(ctx context.Context, c kubeclient.Clients, opts Options, params map[string]any, eval *engine.Engine) (decision.Decision, error) {
 	node, err := c.Dynamic.Resource(nodeGVR).Get(ctx, opts.Node, metav1.GetOptions{})
 	if err != nil {
 		return decision.Decision{}, fmt.Errorf("get node %q: %w", opts.Node, err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
-	e, err := live.Start(ctx, c, live.Options{Parameters: params, Evaluator: eval})
+	e, err := live.Start(ctx, c, live.Options{Parameters: params, Engine: eval})
 	if err != nil {
 		return decision.Decision{}, err
 	}

@@ -7,12 +7,12 @@
 // digest) stops it and starts another. A Secret that cannot be read, or a
 // kubeconfig that does not parse, is retried with a bounded backoff, counted
 // and logged; an unreachable API server is the session's to retry. Other
-// callers (Events in workload clusters) can reuse a session's clients: Get.
+// callers reuse a session's clients (Get), or build their own from the same
+// Secrets through a Cache (the denial Events in workload clusters).
 package clusters
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,17 +21,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -50,8 +48,6 @@ type Cluster struct {
 	// times faster than as JSON); Dynamic reads and deletes as JSON.
 	Kube    kubernetes.Interface
 	Dynamic dynamic.Interface
-	// Digest is the kubeconfig's SHA-256: a session runs on one kubeconfig.
-	Digest [sha256.Size]byte
 }
 
 // Options configure a Set.
@@ -85,6 +81,9 @@ const DefaultRecheck = time.Minute
 type Set struct {
 	opts  Options
 	queue workqueue.TypedRateLimitingInterface[string]
+	// kubeconfigs builds a Cluster's clients once per kubeconfig: a session
+	// runs on one kubeconfig, and a new one (a new *Cluster) replaces it.
+	kubeconfigs *Cache[*Cluster]
 
 	mu       sync.Mutex
 	clusters map[string]bool // Clusters that exist
@@ -109,12 +108,14 @@ func New(opts Options) (*Set, error) {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	limiter := workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, opts.Recheck)
-	return &Set{
+	s := &Set{
 		opts:     opts,
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{}),
 		clusters: map[string]bool{},
 		sessions: map[string]*session{},
-	}, nil
+	}
+	s.kubeconfigs = NewCache(opts.Secrets, s.build)
+	return s, nil
 }
 
 // Get returns the clients of a running session.
@@ -167,7 +168,7 @@ func (s *Set) Run(ctx context.Context) error {
 		<-ctx.Done()
 		s.queue.ShutDown()
 	}()
-	go s.recheckLoop(ctx)
+	go wait.Until(s.recheck, s.opts.Recheck, ctx.Done())
 	for s.work(ctx) {
 	}
 	s.stopAll()
@@ -235,25 +236,16 @@ func (s *Set) clusterEvent(obj any, exists bool) {
 	s.queue.Add(key)
 }
 
-// recheckLoop queues every Cluster each Recheck, to see rotated kubeconfigs.
-func (s *Set) recheckLoop(ctx context.Context) {
-	t := time.NewTicker(s.opts.Recheck)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.mu.Lock()
-			keys := make([]string, 0, len(s.clusters))
-			for k := range s.clusters {
-				keys = append(keys, k)
-			}
-			s.mu.Unlock()
-			for _, k := range keys {
-				s.queue.Add(k)
-			}
-		}
+// recheck queues every Cluster, to see rotated kubeconfigs.
+func (s *Set) recheck() {
+	s.mu.Lock()
+	keys := make([]string, 0, len(s.clusters))
+	for k := range s.clusters {
+		keys = append(keys, k)
+	}
+	s.mu.Unlock()
+	for _, k := range keys {
+		s.queue.Add(k)
 	}
 }
 
@@ -283,37 +275,26 @@ func (s *Set) reconcile(ctx context.Context, key string) error {
 	s.mu.Unlock()
 	if !exists {
 		s.stop(key)
+		s.kubeconfigs.Forget(key)
 		s.opts.Metrics.forget(key)
 		return nil
 	}
-	ns, name, _ := cache.SplitMetaNamespaceKey(key)
-	secret, err := s.opts.Secrets.CoreV1().Secrets(ns).Get(ctx, name+"-kubeconfig", metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		// No kubeconfig (yet, or any more): nothing can run against it.
-		s.stop(key)
-		return fmt.Errorf("Secret %s/%s-kubeconfig not found", ns, name)
-	}
+	c, unanswered, err := s.kubeconfigs.get(ctx, key)
 	if err != nil {
-		// The session, if any, keeps running: it was built from a kubeconfig
-		// that worked, and a management API hiccup says nothing about it.
-		return fmt.Errorf("read Secret %s/%s-kubeconfig: %w", ns, name, err)
+		// A session built from a kubeconfig that worked keeps running through
+		// a management API hiccup, which says nothing about it; without a
+		// kubeconfig (yet, or any more), or with one that does not build,
+		// nothing can run against the cluster.
+		if !unanswered {
+			s.stop(key)
+		}
+		return err
 	}
-	kubeconfig := secret.Data["value"]
-	if len(kubeconfig) == 0 {
-		s.stop(key)
-		return fmt.Errorf("Secret %s/%s-kubeconfig has no key \"value\"", ns, name)
-	}
-	digest := sha256.Sum256(kubeconfig)
 	s.mu.Lock()
 	current, running := s.sessions[key]
 	s.mu.Unlock()
-	if running && current.cluster.Digest == digest {
+	if running && current.cluster == c {
 		return nil
-	}
-	c, err := s.build(key, kubeconfig, digest)
-	if err != nil {
-		s.stop(key)
-		return err
 	}
 	s.stop(key)
 	s.start(ctx, c)
@@ -321,21 +302,17 @@ func (s *Set) reconcile(ctx context.Context, key string) error {
 }
 
 // build makes a Cluster's clients from its kubeconfig.
-func (s *Set) build(key string, kubeconfig []byte, digest [sha256.Size]byte) (*Cluster, error) {
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig of Cluster %s: %w", key, err)
-	}
+func (s *Set) build(key string, cfg *rest.Config) (*Cluster, error) {
 	cfg.QPS, cfg.Burst = s.opts.QPS, s.opts.Burst
 	clients, err := kubeclient.FromConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("clients of Cluster %s: %w", key, err)
+		return nil, err
 	}
 	kube, err := kubeclient.Protobuf(clients.Config)
 	if err != nil {
-		return nil, fmt.Errorf("clients of Cluster %s: %w", key, err)
+		return nil, err
 	}
-	return &Cluster{Key: key, Config: clients.Config, Kube: kube, Dynamic: clients.Dynamic, Digest: digest}, nil
+	return &Cluster{Key: key, Config: clients.Config, Kube: kube, Dynamic: clients.Dynamic}, nil
 }
 
 func (s *Set) start(ctx context.Context, c *Cluster) {

@@ -3,6 +3,7 @@ package clusters_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"runtime/pprof"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,23 +20,27 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
-	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
+	"github.com/nodeguard/nodeguard/internal/testlog"
 )
 
 var (
-	clusterGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Cluster"}
-	clusterGVR = schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "clusters"}
+	clusterGVK = testcluster.ClusterGVK
+	clusterGVR = clusterGVK.GroupVersion().WithResource("clusters")
 )
 
 // kubeconfig for a cluster at server, as CAPI writes it.
@@ -119,24 +125,6 @@ func (s *sessions) server(key string) string {
 	return s.running[key]
 }
 
-// lockedBuffer is a log written by the Set while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func run(t *testing.T, set *clusters.Set) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -150,11 +138,18 @@ func run(t *testing.T, set *clusters.Set) {
 
 func TestSessionsFollowClustersAndTheirSecrets(t *testing.T) {
 	m := newManagement()
+	var failing atomic.Bool
+	m.secrets.PrependReactor("get", "secrets", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+		if failing.Load() {
+			return true, nil, apierrors.NewInternalError(errors.New("etcd is away"))
+		}
+		return false, nil, nil
+	})
 	s := &sessions{running: map[string]string{}}
 	reg := prometheus.NewRegistry()
 	metrics, err := clusters.NewMetrics(reg)
 	require.NoError(t, err)
-	logs := &lockedBuffer{}
+	logs := &testlog.Buffer{}
 	set, err := clusters.New(clusters.Options{Management: m.clients, Secrets: m.secrets, Recheck: 100 * time.Millisecond,
 		Start: s.start, Metrics: metrics, Log: slog.New(slog.NewJSONHandler(logs, nil))})
 	require.NoError(t, err)
@@ -174,7 +169,7 @@ func TestSessionsFollowClustersAndTheirSecrets(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return testutil.ToFloat64(metrics.Errors().WithLabelValues("fleet/prod-2", "kubeconfig")) >= 2
 	}, 5*time.Second, 10*time.Millisecond)
-	assert.Contains(t, logs.String(), "Secret fleet/prod-2-kubeconfig not found")
+	assert.Contains(t, logs.String(), `read the kubeconfig of Cluster fleet/prod-2: secrets \"prod-2-kubeconfig\" not found`)
 	m.secret(t, "prod-2", kubeconfig(t, "https://prod-2.example:6443"))
 	require.Eventually(t, func() bool { return s.server("fleet/prod-2") != "" }, 5*time.Second, 10*time.Millisecond)
 
@@ -188,6 +183,16 @@ func TestSessionsFollowClustersAndTheirSecrets(t *testing.T) {
 	_, ok = set.Get("fleet/prod-2")
 	assert.False(t, ok)
 	require.Eventually(t, func() bool { return testutil.CollectAndCount(metrics.Errors()) == 0 }, 5*time.Second, 10*time.Millisecond)
+
+	// The management API server fails to answer: the session, built from a
+	// kubeconfig that worked, keeps running.
+	failing.Store(true)
+	before := testutil.ToFloat64(metrics.Errors().WithLabelValues("fleet/prod-1", "kubeconfig"))
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(metrics.Errors().WithLabelValues("fleet/prod-1", "kubeconfig")) > before
+	}, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, "https://prod-1-new.example:6443", s.server("fleet/prod-1"))
+	failing.Store(false)
 
 	// A deleted Secret: the session stops until it is back.
 	require.NoError(t, m.secrets.CoreV1().Secrets("fleet").Delete(context.Background(), "prod-1-kubeconfig", metav1.DeleteOptions{}))
@@ -210,11 +215,9 @@ func TestSessionsFollowClustersAndTheirSecrets(t *testing.T) {
 // Cluster goes, however often that happens.
 func TestAnUnreachableClusterLeaksNothing(t *testing.T) {
 	m := newManagement()
-	eval, err := decision.NewEvaluator(context.Background())
+	eval, err := engine.New(context.Background())
 	require.NoError(t, err)
-	fields, err := eval.Orphans()
-	require.NoError(t, err)
-	shape, err := nodecache.NewShape(eval.Model(), fields)
+	shape, err := nodecache.ShapeOf(eval)
 	require.NoError(t, err)
 	var mu sync.Mutex
 	failures := map[string]int{}
@@ -290,7 +293,7 @@ func TestAnUnreachableClusterLeaksNothing(t *testing.T) {
 // once) instead of giving up: Cluster API may be installed later.
 func TestWaitsForTheClusterResource(t *testing.T) {
 	dyn, mapper := testcluster.Serve(nil)
-	logs := &lockedBuffer{}
+	logs := &testlog.Buffer{}
 	set, err := clusters.New(clusters.Options{Management: kubeclient.Clients{Dynamic: dyn, Mapper: mapper}, Secrets: fake.NewClientset(),
 		Start: func(context.Context, *clusters.Cluster) {}, Log: slog.New(slog.NewJSONHandler(logs, nil))})
 	require.NoError(t, err)
@@ -299,4 +302,35 @@ func TestWaitsForTheClusterResource(t *testing.T) {
 	err = set.Run(ctx)
 	assert.ErrorContains(t, err, "find the Cluster resource")
 	assert.Equal(t, 1, strings.Count(logs.String(), "the Cluster resource is not served"))
+}
+
+// A Cache builds once per kubeconfig, and anew when it changes; a missing
+// Secret, or one without a kubeconfig, is an error.
+func TestCacheBuildsOncePerKubeconfig(t *testing.T) {
+	ctx := context.Background()
+	m := newManagement()
+	builds := 0
+	c := clusters.NewCache(m.secrets, func(key string, cfg *rest.Config) (string, error) {
+		builds++
+		return key + " " + cfg.Host, nil
+	})
+	_, err := c.Get(ctx, "fleet/prod-1")
+	assert.True(t, apierrors.IsNotFound(err), "%v", err)
+	m.secret(t, "prod-1", kubeconfig(t, "https://a.example:6443"))
+	for range 2 {
+		v, err := c.Get(ctx, "fleet/prod-1")
+		require.NoError(t, err)
+		assert.Equal(t, "fleet/prod-1 https://a.example:6443", v)
+	}
+	assert.Equal(t, 1, builds)
+	m.secret(t, "prod-1", kubeconfig(t, "https://b.example:6443"))
+	v, err := c.Get(ctx, "fleet/prod-1")
+	require.NoError(t, err)
+	assert.Equal(t, "fleet/prod-1 https://b.example:6443", v)
+	assert.Equal(t, 2, builds)
+	m.secret(t, "prod-1", nil)
+	_, err = c.Get(ctx, "fleet/prod-1")
+	assert.ErrorContains(t, err, `Secret fleet/prod-1-kubeconfig has no key "value"`)
+	_, err = c.Get(ctx, "prod-1")
+	assert.ErrorContains(t, err, "want NAMESPACE/NAME")
 }

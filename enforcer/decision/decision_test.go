@@ -7,30 +7,11 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/policies"
 )
-
-func TestKindsTakeTheRulesDefaultsForWhatIsNotGiven(t *testing.T) {
-	eval, err := decision.NewEvaluator(context.Background())
-	require.NoError(t, err)
-	infra, pools, err := eval.Kinds(nil)
-	require.NoError(t, err)
-	assert.Contains(t, infra, schema.GroupKind{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"})
-	assert.NotEmpty(t, pools)
-
-	infra, pools2, err := eval.Kinds(map[string]any{"infraMachineKinds": []any{map[string]any{"group": "example.com", "kind": "BareMetal"}}})
-	require.NoError(t, err)
-	assert.Equal(t, []schema.GroupKind{{Group: "example.com", Kind: "BareMetal"}}, infra)
-	assert.Equal(t, pools, pools2, "pools not given: the defaults")
-
-	_, _, err = eval.Kinds(map[string]any{"infraMachineKinds": "DockerMachine"})
-	assert.ErrorContains(t, err, "parameter infraMachineKinds: want a list of {group, kind}")
-	_, _, err = eval.Kinds(map[string]any{"infraMachinePoolKinds": []any{map[string]any{"group": "g"}}})
-	assert.ErrorContains(t, err, "parameter infraMachinePoolKinds[0]: want {group, kind}")
-}
 
 func TestDenyIsShapedLikeTheRulesDenials(t *testing.T) {
 	d := decision.Deny(decision.ReasonNotReady, "not yet")
@@ -44,7 +25,7 @@ func TestDenyIsShapedLikeTheRulesDenials(t *testing.T) {
 }
 
 func TestEvaluateNamesTheReasonTheRuleGives(t *testing.T) {
-	eval, err := decision.NewEvaluator(context.Background())
+	eval, err := engine.New(context.Background())
 	require.NoError(t, err)
 	node := map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "n"}, "spec": map[string]any{"providerID": "docker:////n"}}
 	kind := map[string]any{"group": "", "version": "v1", "kind": "Node"}
@@ -59,7 +40,7 @@ func TestEvaluateNamesTheReasonTheRuleGives(t *testing.T) {
 		"Machine": map[string]any{"n": map[string]any{"metadata": map[string]any{"namespace": "default", "name": "n"}, "status": map[string]any{"nodeRef": map[string]any{"name": "n"}},
 			"spec": map[string]any{"infrastructureRef": map[string]any{"apiGroup": "example.com", "kind": "FooMachine", "name": "n"}}}},
 	}}}}
-	exempt, err := decision.NewParameters(map[string]any{"exemptGroups": []any{"ops"}})
+	exempt, err := engine.NewParameters(map[string]any{"exemptGroups": []any{"ops"}})
 	require.NoError(t, err)
 	for want, in := range map[string]decision.Input{
 		decision.ReasonNoLink:      {Review: del},
@@ -69,7 +50,7 @@ func TestEvaluateNamesTheReasonTheRuleGives(t *testing.T) {
 		decision.ReasonUnverified:  {Review: del, Inventory: machine},
 		decision.ReasonExempt:      {Review: del, Inventory: infra("DockerMachine"), Parameters: exempt},
 	} {
-		d, err := eval.Evaluate(context.Background(), in)
+		d, err := decision.Evaluate(context.Background(), eval, in)
 		require.NoError(t, err)
 		assert.Equal(t, want, d.Reason, "%v", d.Messages)
 	}
@@ -97,9 +78,9 @@ func TestEvaluateRefusesADecisionWithoutTheRulesReason(t *testing.T) {
 			modules[policies.EnforcerEntry] = "package nodeguard\n\ndecision := " + tc.decision + "\n"
 			compiled, err := ast.CompileModulesWithOpt(modules, ast.CompileOpts{ParserOptions: ast.ParserOptions{RegoVersion: ast.RegoV1}})
 			require.NoError(t, err)
-			eval, err := decision.NewEvaluatorFor(ctx, compiled, nil, decision.Policy{Source: decision.SourceBundle})
+			eval, err := engine.For(ctx, compiled, nil, engine.Policy{Source: engine.SourceBundle})
 			require.NoError(t, err)
-			d, err := eval.Evaluate(ctx, decision.Input{Review: review})
+			d, err := decision.Evaluate(ctx, eval, decision.Input{Review: review})
 			if tc.want == "" {
 				require.NoError(t, err)
 				assert.Equal(t, decision.ReasonUnjudgeable, d.Reason)

@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 )
 
 func render(t *testing.T, dir string) resmap.ResMap {
@@ -159,7 +159,7 @@ func TestServerRoleIsLeastPrivilege(t *testing.T) {
 			}
 		}
 	}
-	eval, err := decision.NewEvaluator(context.Background())
+	eval, err := engine.New(context.Background())
 	require.NoError(t, err)
 	defaults := eval.DefaultParameters()
 	for _, key := range []string{"infraMachineKinds", "infraMachinePoolKinds"} {

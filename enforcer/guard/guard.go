@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
@@ -67,13 +68,13 @@ type Options struct {
 	Fresh FreshReader
 	// FreshTimeout bounds all fresh reads of one decision (default 2s).
 	FreshTimeout time.Duration
-	// Evaluator, when set, is shared instead of compiling the rule again.
-	Evaluator *decision.Evaluator
+	// Engine, when set, is shared instead of compiling the rule again.
+	Engine *engine.Engine
 }
 
 // Guard decides Node deletes; it is safe for concurrent use.
 type Guard struct {
-	eval   *decision.Evaluator
+	engine *engine.Engine
 	inv    *inventory.Inventory
 	params map[string]any
 	opts   Options
@@ -89,7 +90,7 @@ type Guard struct {
 
 type route struct {
 	kinds  string
-	params decision.Parameters
+	params engine.Parameters
 }
 
 // maxRoutes bounds the converted parameters kept; a caller naming ever new
@@ -98,19 +99,19 @@ const maxRoutes = 1024
 
 // New prepares the rule once.
 func New(ctx context.Context, inv *inventory.Inventory, opts Options) (*Guard, error) {
-	eval := opts.Evaluator
-	if eval == nil {
+	eng := opts.Engine
+	if eng == nil {
 		var err error
-		if eval, err = decision.NewEvaluator(ctx); err != nil {
+		if eng, err = engine.New(ctx); err != nil {
 			return nil, err
 		}
 	}
-	params := eval.DefaultParameters()
+	params := eng.DefaultParameters()
 	maps.Copy(params, opts.Parameters)
 	if opts.FreshTimeout == 0 {
 		opts.FreshTimeout = 2 * time.Second
 	}
-	g := &Guard{eval: eval, inv: inv, params: params, opts: opts, routes: map[string]route{},
+	g := &Guard{engine: eng, inv: inv, params: params, opts: opts, routes: map[string]route{},
 		groups: inv.Model().Groups(params)}
 	return g, nil
 }
@@ -150,14 +151,12 @@ func (g *Guard) Parameters() map[string]any {
 // without a Node), re-read when the Guard has fresh reads. An error means no
 // decision could be made (bad cluster, rule failure); callers must then deny.
 func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, error) {
-	if g.opts.Ready != nil {
-		if err := g.opts.Ready(); err != nil {
-			return decision.Deny(decision.ReasonNotReady, fmt.Sprintf("Node %q cannot be deleted yet: nodeguard is not ready (%v), "+
-				"so it cannot tell whether an InfraMachine is linked to it; retry once nodeguard reports ready.",
-				req.name(), err)), nil
-		}
+	if err := g.Ready(); err != nil {
+		return decision.Deny(decision.ReasonNotReady, fmt.Sprintf("Node %q cannot be deleted yet: nodeguard is not ready (%v), "+
+			"so it cannot tell whether an InfraMachine is linked to it; retry once nodeguard reports ready.",
+			req.name(), err)), nil
 	}
-	params, err := g.parameters(req.Cluster)
+	params, err := g.RouteParameters(req.Cluster)
 	if err != nil {
 		return decision.Decision{}, err
 	}
@@ -166,18 +165,13 @@ func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, err
 	seen.UserInfo = g.user(req.UserInfo)
 	if req.Node != nil {
 		seen.Node = g.inv.Model().StripNode(req.Node)
-		var refs []inventory.Ref
-		objs, refs = g.inv.Candidates(req.Node)
-		if g.opts.Fresh != nil {
-			objs, err = g.refresh(ctx, objs, refs)
-			if err != nil {
-				return decision.Deny(decision.ReasonFreshReadFailed, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not re-read the "+
-					"objects linked to it from the API server (%v), so it cannot prove their hosts are gone; retry shortly.",
-					req.name(), err)), nil
-			}
+		if objs, err = g.read(ctx, req.Node, true); err != nil {
+			return decision.Deny(decision.ReasonFreshReadFailed, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not re-read the "+
+				"objects linked to it from the API server (%v), so it cannot prove their hosts are gone; retry shortly.",
+				req.name(), err)), nil
 		}
 	}
-	d, err := g.eval.Evaluate(ctx, decision.Input{
+	d, err := decision.Evaluate(ctx, g.engine, decision.Input{
 		Review:     seen.Review(),
 		Inventory:  inventory.Layout(objs),
 		Parameters: params,
@@ -215,12 +209,15 @@ func (g *Guard) Recovering() error {
 // Model returns the link model the guard follows (its inventory's).
 func (g *Guard) Model() *linkmodel.Model { return g.inv.Model() }
 
-// parameters are the effective parameters for a cluster route, converted
-// once per route and set of synced kinds.
-func (g *Guard) parameters(cluster string) (decision.Parameters, error) {
+// RouteParameters are the parameters the rule reads for a cluster route
+// ("namespace/name", or "" for all): defaults, the Constraint's, the synced
+// kinds and the cluster scope; converted once per route and set of synced
+// kinds. Decisions, the orphan criteria and Gatekeeper (through the
+// provider, Parameters.Map) all take these.
+func (g *Guard) RouteParameters(cluster string) (engine.Parameters, error) {
 	ns, name, err := splitCluster(cluster)
 	if err != nil {
-		return decision.Parameters{}, err
+		return engine.Parameters{}, err
 	}
 	var machines, pools []schema.GroupVersionKind
 	if g.opts.SyncedKinds != nil {
@@ -233,10 +230,16 @@ func (g *Guard) parameters(cluster string) (decision.Parameters, error) {
 	if ok && r.kinds == kinds {
 		return r.params, nil
 	}
-	params := g.scoped(ns, name, machines, pools)
-	converted, err := decision.NewParameters(params)
+	params := g.Parameters()
+	if name != "" {
+		params["clusterNamespace"], params["clusterName"] = ns, name
+	}
+	if g.opts.SyncedKinds != nil {
+		params["infraMachineKinds"], params["infraMachinePoolKinds"] = kindList(machines), kindList(pools)
+	}
+	converted, err := engine.NewParameters(params)
 	if err != nil {
-		return decision.Parameters{}, err
+		return engine.Parameters{}, err
 	}
 	g.mu.Lock()
 	if _, known := g.routes[cluster]; known || len(g.routes) < maxRoutes {
@@ -246,30 +249,9 @@ func (g *Guard) parameters(cluster string) (decision.Parameters, error) {
 	return converted, nil
 }
 
-// RouteParameters are the converted parameters the rule reads for a cluster
-// route ("namespace/name", or "" for all): defaults, the Constraint's, the
-// synced kinds and the cluster scope. The orphan criteria take the same.
-func (g *Guard) RouteParameters(cluster string) (decision.Parameters, error) {
-	return g.parameters(cluster)
-}
-
-// ScopedParameters are RouteParameters as plain JSON values, for a
-// consumer outside this process (Gatekeeper, through the provider).
-func (g *Guard) ScopedParameters(cluster string) (map[string]any, error) {
-	ns, name, err := splitCluster(cluster)
-	if err != nil {
-		return nil, err
-	}
-	var machines, pools []schema.GroupVersionKind
-	if g.opts.SyncedKinds != nil {
-		machines, pools = g.opts.SyncedKinds()
-	}
-	return g.scoped(ns, name, machines, pools), nil
-}
-
-// Evaluator is the policy the guard decides with; the orphan criteria run on
+// Engine runs the policy the guard decides with; the orphan criteria run on
 // it too, so both always follow one policy (a bundle and its reloads included).
-func (g *Guard) Evaluator() *decision.Evaluator { return g.eval }
+func (g *Guard) Engine() *engine.Engine { return g.engine }
 
 // splitCluster parses a cluster route, "NAMESPACE/NAME" or "" for all; a
 // Cluster always has both parts.
@@ -284,17 +266,6 @@ func splitCluster(cluster string) (ns, name string, err error) {
 	return ns, name, nil
 }
 
-func (g *Guard) scoped(ns, name string, machines, pools []schema.GroupVersionKind) map[string]any {
-	params := g.Parameters()
-	if name != "" {
-		params["clusterNamespace"], params["clusterName"] = ns, name
-	}
-	if g.opts.SyncedKinds != nil {
-		params["infraMachineKinds"], params["infraMachinePoolKinds"] = kindList(machines), kindList(pools)
-	}
-	return params
-}
-
 // Objects returns what the rule would read for node: the candidates the
 // indexes pick, re-read from the API server when fresh is set and the Guard
 // has fresh reads (a periodic scan can do without; an action should not).
@@ -307,15 +278,22 @@ func (g *Guard) Objects(ctx context.Context, node *unstructured.Unstructured, fr
 	if err := g.Recovering(); err != nil {
 		return nil, err
 	}
+	objs, err := g.read(ctx, node, fresh)
+	if err != nil {
+		return nil, fmt.Errorf("fresh reads for Node %q: %w", node.GetName(), err)
+	}
+	return objs, nil
+}
+
+// read returns the candidates the indexes pick for node, re-read from the
+// API server when fresh is set and the Guard has fresh reads: what the rule
+// reads of the inventory, for Decide and Objects alike.
+func (g *Guard) read(ctx context.Context, node *unstructured.Unstructured, fresh bool) ([]*unstructured.Unstructured, error) {
 	objs, refs := g.inv.Candidates(node)
 	if !fresh || g.opts.Fresh == nil {
 		return objs, nil
 	}
-	read, err := g.refresh(ctx, objs, refs)
-	if err != nil {
-		return nil, fmt.Errorf("fresh reads for Node %q: %w", node.GetName(), err)
-	}
-	return read, nil
+	return g.refresh(ctx, objs, refs)
 }
 
 func kindList(gvks []schema.GroupVersionKind) []any {

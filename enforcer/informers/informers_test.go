@@ -28,18 +28,15 @@ import (
 )
 
 var (
-	machineGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
-	dockerGVK  = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
-	poolGVK    = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachinePool"}
-	fooOld     = schema.GroupVersionKind{Group: "infrastructure.example.com", Version: "v1alpha1", Kind: "FooMachine"}
-	fooGVK     = schema.GroupVersionKind{Group: "infrastructure.example.com", Version: "v1beta1", Kind: "FooMachine"}
-	crdGVK     = schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}
+	fooOld = schema.GroupVersionKind{Group: "infrastructure.example.com", Version: "v1alpha1", Kind: "FooMachine"}
+	fooGVK = schema.GroupVersionKind{Group: "infrastructure.example.com", Version: "v1beta1", Kind: "FooMachine"}
+	crdGVK = schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}
 )
 
 var object = testcluster.Object
 
 func machine(name, infraGroup, infraKind string) *unstructured.Unstructured {
-	return object(machineGVK, "default", name, map[string]any{
+	return object(testcluster.MachineGVK, "default", name, map[string]any{
 		"spec":   map[string]any{"infrastructureRef": map[string]any{"apiGroup": infraGroup, "kind": infraKind, "name": name}},
 		"status": map[string]any{"nodeRef": map[string]any{"name": name}},
 	})
@@ -56,37 +53,43 @@ func setup(t *testing.T, objs ...runtime.Object) (*dynamicfake.FakeDynamicClient
 	// Listed in preference order: FooMachine's preferred version is v1alpha1,
 	// so only the contract label leads to v1beta1.
 	return testcluster.Serve([]testcluster.Kind{
-		{GVK: machineGVK, Resource: "machines"},
-		{GVK: dockerGVK, Resource: "dockermachines"},
-		{GVK: poolGVK, Resource: "dockermachinepools"},
+		{GVK: testcluster.MachineGVK, Resource: "machines"},
+		{GVK: testcluster.DockerMachineGVK, Resource: "dockermachines"},
+		{GVK: testcluster.DockerMachinePoolGVK, Resource: "dockermachinepools"},
 		{GVK: fooOld, Resource: "foomachines"},
 		{GVK: fooGVK, Resource: "foomachines"},
 		{GVK: crdGVK, Resource: "customresourcedefinitions", Cluster: true},
 	}, objs...)
 }
 
+// dockerM1 is Machine m1, its DockerMachine, and the DockerMachine CRD with
+// its contract label.
+func dockerM1() []runtime.Object {
+	return []runtime.Object{
+		machine("m1", "infrastructure.cluster.x-k8s.io", "DockerMachine"),
+		object(testcluster.DockerMachineGVK, "default", "m1", map[string]any{"spec": map[string]any{"providerID": "docker:////m1"}}),
+		crd("dockermachines.infrastructure.cluster.x-k8s.io", map[string]string{"cluster.x-k8s.io/v1beta2": "v1beta2"}),
+	}
+}
+
 func TestSyncerFindsKindsAndBecomesReady(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	client, mapper := setup(t,
-		machine("m1", "infrastructure.cluster.x-k8s.io", "DockerMachine"),
-		object(dockerGVK, "default", "m1", map[string]any{"spec": map[string]any{"providerID": "docker:////m1"}}),
-		crd("dockermachines.infrastructure.cluster.x-k8s.io", map[string]string{"cluster.x-k8s.io/v1beta2": "v1beta2"}),
-		crd("foomachines.infrastructure.example.com", map[string]string{"cluster.x-k8s.io/v1beta1": "v1alpha1_v1beta1"}),
-	)
+	client, mapper := setup(t, append(dockerM1(),
+		crd("foomachines.infrastructure.example.com", map[string]string{"cluster.x-k8s.io/v1beta1": "v1alpha1_v1beta1"}))...)
 	inv := inventory.New(linkmodel.MustEmbedded())
 	s := informers.New(inv, informers.Options{
 		Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond,
 		InfraKinds: []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "AWSMachine"}}, // not served
-		PoolKinds:  []schema.GroupKind{poolGVK.GroupKind()},
+		PoolKinds:  []schema.GroupKind{testcluster.DockerMachinePoolGVK.GroupKind()},
 	})
 	require.Error(t, s.Ready(), "not ready before start")
 	require.NoError(t, s.Start(ctx))
 	require.Eventually(t, func() bool { return s.Ready() == nil }, 5*time.Second, 10*time.Millisecond)
 
 	infra, pools := s.SyncedKinds()
-	assert.Equal(t, []schema.GroupVersionKind{dockerGVK}, infra, "found from the Machine's reference; AWSMachine is not served")
-	assert.Equal(t, []schema.GroupVersionKind{poolGVK}, pools)
+	assert.Equal(t, []schema.GroupVersionKind{testcluster.DockerMachineGVK}, infra, "found from the Machine's reference; AWSMachine is not served")
+	assert.Equal(t, []schema.GroupVersionKind{testcluster.DockerMachinePoolGVK}, pools)
 
 	node := object(schema.GroupVersionKind{Version: "v1", Kind: "Node"}, "", "m1", nil)
 	objs, _ := inv.Candidates(node)
@@ -101,7 +104,7 @@ func TestSyncerFindsKindsAndBecomesReady(t *testing.T) {
 
 	// A Machine referencing a new kind: its informer starts at the CRD's
 	// contract version (the last one listed).
-	_, err := client.Resource(machineGVK.GroupVersion().WithResource("machines")).Namespace("default").
+	_, err := client.Resource(testcluster.MachineGVK.GroupVersion().WithResource("machines")).Namespace("default").
 		Create(ctx, machine("m2", "infrastructure.example.com", "FooMachine"), metav1.CreateOptions{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
@@ -109,7 +112,7 @@ func TestSyncerFindsKindsAndBecomesReady(t *testing.T) {
 		return len(infra) == 2 && s.Ready() == nil
 	}, 5*time.Second, 10*time.Millisecond)
 	infra, _ = s.SyncedKinds()
-	assert.Equal(t, []schema.GroupVersionKind{dockerGVK, fooGVK}, infra)
+	assert.Equal(t, []schema.GroupVersionKind{testcluster.DockerMachineGVK, fooGVK}, infra)
 
 	// An update reaches the cache and its indexes.
 	_, err = client.Resource(fooGVK.GroupVersion().WithResource("foomachines")).Namespace("default").
@@ -148,12 +151,8 @@ func TestStartFailsWithoutMachines(t *testing.T) {
 func TestACacheWhoseWatchBrokeIsNotTrustedUntilItCaughtUp(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	client, mapper := setup(t,
-		machine("m1", "infrastructure.cluster.x-k8s.io", "DockerMachine"),
-		object(dockerGVK, "default", "m1", map[string]any{"spec": map[string]any{"providerID": "docker:////m1"}}),
-		crd("dockermachines.infrastructure.cluster.x-k8s.io", map[string]string{"cluster.x-k8s.io/v1beta2": "v1beta2"}),
-	)
-	dockers := dockerGVK.GroupVersion().WithResource("dockermachines")
+	client, mapper := setup(t, dockerM1()...)
+	dockers := testcluster.DockerMachineGVK.GroupVersion().WithResource("dockermachines")
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}
 	var down atomic.Bool
 	var mu sync.Mutex
@@ -199,7 +198,7 @@ func TestACacheWhoseWatchBrokeIsNotTrustedUntilItCaughtUp(t *testing.T) {
 
 	// Made meanwhile (the tracker stands for etcd): the cache lacks it.
 	require.NoError(t, client.Tracker().Create(dockers,
-		object(dockerGVK, "default", "m2", map[string]any{"spec": map[string]any{"providerID": "docker:////m2"}}), "default"))
+		object(testcluster.DockerMachineGVK, "default", "m2", map[string]any{"spec": map[string]any{"providerID": "docker:////m2"}}), "default"))
 	time.Sleep(200 * time.Millisecond)
 	assert.Zero(t, linkedTo("docker:////m2"))
 	assert.Error(t, s.Recovering(), "not trusted while it cannot have caught up")

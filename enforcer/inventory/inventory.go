@@ -215,94 +215,94 @@ func (r Ref) String() string {
 // the picked Machines reference (found or not) and the Machines a link names
 // by key that the cache lacks.
 func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstructured.Unstructured, refs []Ref) {
-	type lookup struct {
-		link   linkmodel.Link
-		key    string
-		keyed  bool
-		ns, nm string
-	}
-	var lookups []lookup
+	inv.mu.RLock()
+	defer inv.mu.RUnlock()
+	p := picker{inv: inv, picked: map[Ref]bool{}, followed: map[Ref]bool{}}
 	for _, l := range inv.model.Links {
 		values, ok := linkmodel.NodeValues(node, l)
 		if !ok {
 			continue
 		}
-		lk := lookup{link: l, key: strings.Join(values, keySep)}
-		if nsAt, nameAt, keyed := l.Keyed(); keyed {
-			lk.keyed, lk.ns, lk.nm = true, values[nsAt], values[nameAt]
-			lk.key = lk.ns + "/" + lk.nm
+		nsAt, nameAt, keyed := l.Keyed()
+		if !keyed {
+			key := strings.Join(values, keySep)
+			p.each(l.Role, func(gvk schema.GroupVersionKind, s cache.Indexer) bool {
+				items, _ := s.ByIndex(indexName(l), key)
+				p.add(gvk, items...)
+				return false
+			})
+			continue
 		}
-		lookups = append(lookups, lk)
-	}
-
-	inv.mu.RLock()
-	defer inv.mu.RUnlock()
-	seen := map[Ref]bool{}
-	var picked []*Record
-	add := func(gvk schema.GroupVersionKind, items []any) {
-		for _, item := range items {
-			r, err := recordOf(item)
-			if err != nil {
-				continue
+		ns, name := values[nsAt], values[nameAt]
+		found := p.each(l.Role, func(gvk schema.GroupVersionKind, s cache.Indexer) bool {
+			item, ok, _ := s.GetByKey(ns + "/" + name)
+			if ok {
+				p.add(gvk, item)
 			}
-			key := Ref{GVK: gvk, Namespace: r.namespace, Name: r.name}
-			if !seen[key] {
-				seen[key] = true
-				picked = append(picked, r)
-			}
-		}
-	}
-	for _, lk := range lookups {
-		found := false
-		for _, gvk := range inv.order {
-			s := inv.stores[gvk]
-			if s.role != lk.link.Role {
-				continue
-			}
-			if lk.keyed {
-				if item, ok, _ := s.indexer.GetByKey(lk.key); ok {
-					add(gvk, []any{item})
-					found = true
-				}
-				continue
-			}
-			items, _ := s.indexer.ByIndex(indexName(lk.link), lk.key)
-			add(gvk, items)
-		}
+			return ok
+		})
 		// A Machine a link names that the cache lacks (created while a watch
 		// was down, say): a fresh read can still find it. Other roles have
 		// many kinds, so only the cache answers for them.
-		if lk.keyed && !found && lk.link.Role == Machine {
-			refs = append(refs, Ref{GVK: schema.GroupVersionKind{Group: inv.model.MachineKind.Group, Kind: inv.model.MachineKind.Kind},
-				Namespace: lk.ns, Name: lk.nm})
+		if !found && l.Role == Machine {
+			p.refs = append(p.refs, Ref{GVK: schema.GroupVersionKind{Group: inv.model.MachineKind.Group, Kind: inv.model.MachineKind.Kind},
+				Namespace: ns, Name: name})
 		}
 	}
-	// What the picked Machines reference, in every version the inventory holds.
-	refSeen := map[Ref]bool{}
-	for _, m := range append([]*Record(nil), picked...) {
-		if m.shape != inv.model.Shape(Machine) {
+	return p.objs, p.refs
+}
+
+// picker collects Candidates' objects, each once, and follows each picked
+// Machine to what it references as it goes. The caller holds inv.mu.
+type picker struct {
+	inv              *Inventory
+	picked, followed map[Ref]bool // objects picked; Machine references followed
+	objs             []*unstructured.Unstructured
+	refs             []Ref
+}
+
+// each calls f with the store of every kind of role; true when f returned
+// true for one of them.
+func (p *picker) each(role Role, f func(schema.GroupVersionKind, cache.Indexer) bool) bool {
+	found := false
+	for _, gvk := range p.inv.order {
+		if s := p.inv.stores[gvk]; s.role == role && f(gvk, s.indexer) {
+			found = true
+		}
+	}
+	return found
+}
+
+// add picks stored items of kind gvk not picked yet; a Machine's reference
+// becomes a ref, and the object it names, in every version cached, is picked
+// too.
+func (p *picker) add(gvk schema.GroupVersionKind, items ...any) {
+	for _, item := range items {
+		r, err := recordOf(item)
+		if err != nil {
 			continue
 		}
-		ref, ok := m.reference(inv.refSlot)
-		if !ok || refSeen[ref] {
+		key := Ref{GVK: gvk, Namespace: r.namespace, Name: r.name}
+		if p.picked[key] {
 			continue
 		}
-		refSeen[ref] = true
-		refs = append(refs, ref)
-		for _, gvk := range inv.order {
+		p.picked[key] = true
+		p.objs = append(p.objs, r.Unstructured())
+		ref, ok := p.inv.ReferenceOf(r)
+		if !ok || p.followed[ref] {
+			continue
+		}
+		p.followed[ref] = true
+		p.refs = append(p.refs, ref)
+		for _, gvk := range p.inv.order {
 			if gvk.Group != ref.GVK.Group || gvk.Kind != ref.GVK.Kind {
 				continue
 			}
-			if item, ok, _ := inv.stores[gvk].indexer.GetByKey(ref.Namespace + "/" + ref.Name); ok {
-				add(gvk, []any{item})
+			if item, ok, _ := p.inv.stores[gvk].indexer.GetByKey(ref.Namespace + "/" + ref.Name); ok {
+				p.add(gvk, item)
 			}
 		}
 	}
-	objs = make([]*unstructured.Unstructured, len(picked))
-	for i, r := range picked {
-		objs[i] = r.Unstructured()
-	}
-	return objs, refs
 }
 
 // Reference reads what a Machine references, in either shape of Cluster

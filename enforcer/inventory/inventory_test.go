@@ -12,24 +12,15 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
 var (
-	machineV1beta2 = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
-	dockerMachine  = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
-	dockerPool     = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachinePool"}
+	machineV1beta2 = testcluster.MachineGVK
+	dockerMachine  = testcluster.DockerMachineGVK
+	dockerPool     = testcluster.DockerMachinePoolGVK
+	obj            = testcluster.Object
 )
-
-func obj(gvk schema.GroupVersionKind, ns, name string, fields map[string]any) *unstructured.Unstructured {
-	u := &unstructured.Unstructured{Object: map[string]any{}}
-	for k, v := range fields {
-		u.Object[k] = v
-	}
-	u.SetGroupVersionKind(gvk)
-	u.SetNamespace(ns)
-	u.SetName(name)
-	return u
-}
 
 func machine(ns, name, nodeName, providerID, infraName string) *unstructured.Unstructured {
 	spec := map[string]any{"infrastructureRef": map[string]any{
@@ -227,4 +218,26 @@ func TestFromObjectsKeepsMachinesListedAndReferencedKinds(t *testing.T) {
 	got, _ := inv.Candidates(node("n1", "", nil))
 	assert.ElementsMatch(t, []string{"Machine default/m", "DockerMachine default/x"}, keys(got), "no namespace means default")
 	assert.Equal(t, 1, inv.Count()[dockerMachine])
+}
+
+// A v1beta1 Machine names its InfraMachine with a version; cached at that
+// very version, or another, the InfraMachine is a candidate all the same.
+func TestCandidatesFollowAVersionedReference(t *testing.T) {
+	v1beta1 := schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta1", Kind: "DockerMachine"}
+	for _, cached := range []schema.GroupVersionKind{v1beta1, dockerMachine} {
+		inv := newInventory()
+		machines, infras := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
+		inv.AddKind(machineV1beta2, inventory.Machine, machines)
+		inv.AddKind(cached, inventory.InfraMachine, infras)
+		m := obj(machineV1beta2, "default", "m", map[string]any{
+			"spec":   map[string]any{"infrastructureRef": map[string]any{"apiVersion": v1beta1.GroupVersion().String(), "kind": "DockerMachine", "name": "d", "namespace": "default"}},
+			"status": map[string]any{"nodeRef": map[string]any{"name": "n1"}},
+		})
+		add(t, inv, machines, inventory.Machine, m)
+		add(t, inv, infras, inventory.InfraMachine, obj(cached, "default", "d", nil))
+		objs, refs := inv.Candidates(node("n1", "", nil))
+		assert.ElementsMatch(t, []string{"Machine default/m", "DockerMachine default/d"}, keys(objs), cached.Version)
+		require.Len(t, refs, 1)
+		assert.Equal(t, inventory.Ref{GVK: v1beta1, Namespace: "default", Name: "d"}, refs[0])
+	}
 }

@@ -121,22 +121,32 @@ func referenceKeys() []string { return []string{"apiGroup", "apiVersion", "kind"
 // Load evaluates the declaration in a compiled policy (the embedded one, or a
 // bundle's) with its data (nil: none) and checks it.
 func Load(ctx context.Context, compiled *ast.Compiler, store storage.Store) (*Model, error) {
-	opts := []func(*rego.Rego){rego.Query(Query), rego.Compiler(compiled)}
+	raw, err := declared(ctx, compiled, store, Query)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(raw)
+}
+
+// declared evaluates a declaration of the policy, query, as the JSON Parse
+// and ParseNodeFields read; it runs once at start, not per decision.
+func declared(ctx context.Context, compiled *ast.Compiler, store storage.Store, query string) ([]byte, error) {
+	opts := []func(*rego.Rego){rego.Query(query), rego.Compiler(compiled)}
 	if store != nil {
 		opts = append(opts, rego.Store(store))
 	}
 	rs, err := rego.New(opts...).Eval(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("evaluate %s: %w", Query, err)
+		return nil, fmt.Errorf("evaluate %s: %w", query, err)
 	}
 	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
-		return nil, fmt.Errorf("evaluate %s: the policy does not declare it", Query)
+		return nil, fmt.Errorf("evaluate %s: the policy does not declare it", query)
 	}
 	raw, err := json.Marshal(rs[0].Expressions[0].Value)
 	if err != nil {
-		return nil, fmt.Errorf("encode %s: %w", Query, err)
+		return nil, fmt.Errorf("encode %s: %w", query, err)
 	}
-	return Parse(raw)
+	return raw, nil
 }
 
 // Embedded loads the model of the policy compiled into the binary.

@@ -8,7 +8,6 @@ import (
 	"slices"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage"
 )
 
@@ -39,20 +38,9 @@ func LoadNodeFields(ctx context.Context, compiled *ast.Compiler, store storage.S
 	if len(compiled.GetRulesForVirtualDocument(ast.MustParseRef(NodeFieldsQuery))) == 0 {
 		return nil, nil
 	}
-	opts := []func(*rego.Rego){rego.Query(NodeFieldsQuery), rego.Compiler(compiled)}
-	if store != nil {
-		opts = append(opts, rego.Store(store))
-	}
-	rs, err := rego.New(opts...).Eval(ctx)
+	raw, err := declared(ctx, compiled, store, NodeFieldsQuery)
 	if err != nil {
-		return nil, fmt.Errorf("evaluate %s: %w", NodeFieldsQuery, err)
-	}
-	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
-		return nil, fmt.Errorf("evaluate %s: want one value, got %d", NodeFieldsQuery, len(rs))
-	}
-	raw, err := json.Marshal(rs[0].Expressions[0].Value)
-	if err != nil {
-		return nil, fmt.Errorf("encode %s: %w", NodeFieldsQuery, err)
+		return nil, err
 	}
 	return ParseNodeFields(raw)
 }

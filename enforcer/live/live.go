@@ -12,7 +12,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
@@ -28,9 +28,9 @@ type Options struct {
 	NoFreshReads bool
 	// FreshTimeout bounds the fresh reads of one decision (default 2s).
 	FreshTimeout time.Duration
-	// Evaluator, when set, runs instead of the embedded rule (e.g. a
+	// Engine, when set, runs instead of the embedded rule (e.g. a
 	// verified bundle's policy).
-	Evaluator *decision.Evaluator
+	Engine *engine.Engine
 	// OnChange, when set, gets every change of the inventory from the
 	// informers' first objects on (the orphan scan's informers.Relay).
 	OnChange func(informers.Change)
@@ -38,7 +38,7 @@ type Options struct {
 
 // Enforcer is a Guard over informer caches of one cluster.
 type Enforcer struct {
-	Evaluator *decision.Evaluator
+	Engine    *engine.Engine
 	Guard     *guard.Guard
 	Syncer    *informers.Syncer
 	Inventory *inventory.Inventory
@@ -48,10 +48,10 @@ type Enforcer struct {
 // delete until Syncer.Ready reports the caches synced. Informers stop when
 // ctx is done.
 func Start(ctx context.Context, c kubeclient.Clients, opts Options) (*Enforcer, error) {
-	eval := opts.Evaluator
+	eval := opts.Engine
 	if eval == nil {
 		var err error
-		if eval, err = decision.NewEvaluator(ctx); err != nil {
+		if eval, err = engine.New(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -71,7 +71,7 @@ func Start(ctx context.Context, c kubeclient.Clients, opts Options) (*Enforcer, 
 	}
 	gopts := guard.Options{
 		Parameters:   opts.Parameters,
-		Evaluator:    eval,
+		Engine:       eval,
 		SyncedKinds:  syncer.SyncedKinds,
 		Ready:        syncer.Ready,
 		Recovering:   syncer.Recovering,
@@ -84,7 +84,7 @@ func Start(ctx context.Context, c kubeclient.Clients, opts Options) (*Enforcer, 
 	if err != nil {
 		return nil, err
 	}
-	return &Enforcer{Evaluator: eval, Guard: g, Syncer: syncer, Inventory: inv}, nil
+	return &Enforcer{Engine: eval, Guard: g, Syncer: syncer, Inventory: inv}, nil
 }
 
 // WaitReady polls ready until it reports no error, the timeout passes, or

@@ -201,8 +201,12 @@ func leadingBlankLines(doc []byte) int {
 const ConstraintKind = "K8sNodeGuard"
 
 // ConstraintParameters reads spec.parameters of the K8sNodeGuard Constraint in
-// a file: the same file a Gatekeeper user applies.
+// a file: the same file a Gatekeeper user applies. No file ("") means no
+// parameters: the rule's defaults.
 func ConstraintParameters(path string) (map[string]any, error) {
+	if path == "" {
+		return nil, nil
+	}
 	objs, err := LoadFile(path)
 	if err != nil {
 		return nil, err

@@ -41,37 +41,25 @@ func TestLoadMultiDocumentYAMLJSONAndLists(t *testing.T) {
 
 func TestLoadErrorsNameFileAndLine(t *testing.T) {
 	dir := t.TempDir()
-	bad := write(t, dir, "bad.yaml", "apiVersion: v1\nkind: Node\nmetadata: {name: ok}\n---\napiVersion: v1\nkind: Node\nmetadata:\n  name: [unclosed\n")
-	_, err := manifest.Load(bad)
-	require.Error(t, err)
-	assert.Regexp(t, `bad\.yaml:8: .*line 8`, err.Error())
+	for _, tc := range []struct{ file, content, want string }{
+		{"bad.yaml", "apiVersion: v1\nkind: Node\nmetadata: {name: ok}\n---\napiVersion: v1\nkind: Node\nmetadata:\n  name: [unclosed\n", `bad\.yaml:8: .*line 8`},
+		{"nokind.yaml", "\n\napiVersion: v1\nmetadata: {name: x}\n", `nokind\.yaml:3: not a Kubernetes object`},
+		{"noname.yaml", "apiVersion: v1\nkind: Node\nmetadata: {}\n", `noname\.yaml:1: Node has no metadata\.name`},
+		// Lines count from the file's start across separators (with
+		// comments), comment-only documents and CRLF line ends.
+		{"third.yaml", "apiVersion: v1\r\nkind: Node\r\nmetadata: {name: a}\r\n--- # second\r\n# only a comment\r\n---\r\n---\r\n" +
+			"apiVersion: v1\r\nkind: Node\r\nmetadata:\r\n  name: [unclosed\r\n", `third\.yaml:11: .*line 11`},
+		{"separator.yaml", "apiVersion: v1\nkind: Node\nmetadata: {name: a}\n---\n--- not a comment\napiVersion: v1\n",
+			`separator\.yaml:5: invalid Yaml document separator: not a comment`},
+		{"bad.json", "{\n  \"apiVersion\": \"v1\",\n  \"kind\": \"Node\",\n  \"metadata\": {\"name\": \"x\"\n}\n", `bad\.json:\d+: `},
+	} {
+		_, err := manifest.Load(write(t, dir, tc.file, tc.content))
+		if assert.Error(t, err, tc.file) {
+			assert.Regexp(t, tc.want, err.Error())
+		}
+	}
 
-	noKind := write(t, dir, "nokind.yaml", "\n\napiVersion: v1\nmetadata: {name: x}\n")
-	_, err = manifest.Load(noKind)
-	assert.ErrorContains(t, err, "nokind.yaml:3: not a Kubernetes object")
-
-	noName := write(t, dir, "noname.yaml", "apiVersion: v1\nkind: Node\nmetadata: {}\n")
-	_, err = manifest.Load(noName)
-	assert.ErrorContains(t, err, "noname.yaml:1: Node has no metadata.name")
-
-	// Lines count from the file's start across separators (with comments),
-	// comment-only documents and CRLF line ends.
-	third := write(t, dir, "third.yaml", "apiVersion: v1\r\nkind: Node\r\nmetadata: {name: a}\r\n--- # second\r\n# only a comment\r\n---\r\n---\r\n"+
-		"apiVersion: v1\r\nkind: Node\r\nmetadata:\r\n  name: [unclosed\r\n")
-	_, err = manifest.Load(third)
-	require.Error(t, err)
-	assert.Regexp(t, `third\.yaml:11: .*line 11`, err.Error())
-
-	separator := write(t, dir, "separator.yaml", "apiVersion: v1\nkind: Node\nmetadata: {name: a}\n---\n--- not a comment\napiVersion: v1\n")
-	_, err = manifest.Load(separator)
-	assert.ErrorContains(t, err, "separator.yaml:5: invalid Yaml document separator: not a comment")
-
-	json := write(t, dir, "bad.json", "{\n  \"apiVersion\": \"v1\",\n  \"kind\": \"Node\",\n  \"metadata\": {\"name\": \"x\"\n}\n")
-	_, err = manifest.Load(json)
-	require.Error(t, err)
-	assert.Regexp(t, `bad\.json:\d+: `, err.Error())
-
-	_, err = manifest.Load(filepath.Join(dir, "missing.yaml"))
+	_, err := manifest.Load(filepath.Join(dir, "missing.yaml"))
 	assert.ErrorContains(t, err, "missing.yaml")
 
 	empty := filepath.Join(dir, "empty")
@@ -85,6 +73,10 @@ func TestConstraintParameters(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, false, params["allowUnverifiedKinds"])
 	assert.NotEmpty(t, params["infraMachineKinds"])
+
+	params, err = manifest.ConstraintParameters("")
+	require.NoError(t, err)
+	assert.Nil(t, params, "no file: the rule's defaults")
 
 	_, err = manifest.ConstraintParameters("../../constraints/syncset.yaml")
 	assert.ErrorContains(t, err, "want exactly one K8sNodeGuard, found 0")

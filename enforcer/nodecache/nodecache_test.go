@@ -17,18 +17,16 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 )
 
 func shape(t testing.TB) *nodecache.Shape {
 	t.Helper()
-	eval, err := decision.NewEvaluator(context.Background())
+	eval, err := engine.New(context.Background())
 	require.NoError(t, err)
-	fields, err := eval.Orphans()
-	require.NoError(t, err)
-	s, err := nodecache.NewShape(eval.Model(), fields)
+	s, err := nodecache.ShapeOf(eval)
 	require.NoError(t, err)
 	return s
 }

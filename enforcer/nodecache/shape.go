@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
@@ -56,8 +57,18 @@ type Shape struct {
 	tupleSlots [][]int
 }
 
+// ShapeOf is the Node shape of the policy e runs: NewShape of its link
+// model and its orphan criteria's Node fields, which it must have.
+func ShapeOf(e *engine.Engine) (*Shape, error) {
+	fields, err := e.NodeFields()
+	if err != nil {
+		return nil, err
+	}
+	return NewShape(e.Model(), fields)
+}
+
 // NewShape derives the Node shape from the link model and the orphan
-// criteria's Node fields (decision.Evaluator.Orphans).
+// criteria's Node fields (engine.Engine.NodeFields).
 func NewShape(model *linkmodel.Model, fields *linkmodel.NodeFields) (*Shape, error) {
 	if fields == nil {
 		return nil, fmt.Errorf("nodecache: the policy declares no Node fields for its orphan criteria (%s)", linkmodel.NodeFieldsQuery)

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -90,23 +90,11 @@ func Run(ctx context.Context, opts CommandOptions, out io.Writer) (int, error) {
 		}
 		now = t
 	}
-	var params map[string]any
-	if opts.Constraint != "" {
-		p, err := manifest.ConstraintParameters(opts.Constraint)
-		if err != nil {
-			return ExitError, err
-		}
-		params = p
+	params, err := manifest.ConstraintParameters(opts.Constraint)
+	if err != nil {
+		return ExitError, err
 	}
-	var (
-		report Report
-		err    error
-	)
-	if len(opts.Files) > 0 {
-		report, err = offline(ctx, opts, params, now)
-	} else {
-		report, err = runLive(ctx, opts, params, now)
-	}
+	report, err := find(ctx, opts, params, now)
 	if err != nil {
 		return ExitError, err
 	}
@@ -114,6 +102,14 @@ func Run(ctx context.Context, opts CommandOptions, out io.Writer) (int, error) {
 		return ExitError, err
 	}
 	return ExitOK, nil
+}
+
+// find judges the Nodes of the -f files, or without them the live cluster's.
+func find(ctx context.Context, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {
+	if len(opts.Files) > 0 {
+		return offline(ctx, opts, params, now)
+	}
+	return runLive(ctx, opts, params, now)
 }
 
 func offline(ctx context.Context, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {
@@ -127,7 +123,7 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, no
 			nodes = append(nodes, o)
 		}
 	}
-	eval, err := decision.NewEvaluator(ctx)
+	eval, err := engine.New(ctx)
 	if err != nil {
 		return Report{}, err
 	}
@@ -139,7 +135,7 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, no
 	if err != nil {
 		return Report{}, err
 	}
-	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Evaluator: eval})
+	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Engine: eval})
 	if err != nil {
 		return Report{}, err
 	}

@@ -1,9 +1,9 @@
 // Package orphans finds orphan Nodes: Nodes Cluster API left behind once
 // their InfraMachine was gone. The criteria are Rego (policies/nodeguard/
 // orphans, entry points data.nodeguard.orphan and data.nodeguard.
-// orphan_screen), prepared on the very policy the Guard decides with; this
-// package picks what the criteria read for each Node, through that Guard
-// (indexes, fresh reads, parameters), and evaluates them.
+// orphan_screen), run by the engine the Guard decides with; this package
+// picks what the criteria read for each Node, through that Guard (indexes,
+// fresh reads, parameters), and evaluates them.
 package orphans
 
 import (
@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 )
@@ -48,148 +48,86 @@ type Screen struct {
 	RecheckAt time.Time
 }
 
-// Evaluator evaluates the orphan criteria of a decision.Evaluator's policy;
-// safe for concurrent use, and it follows the policy's Replace.
+// Evaluator evaluates the orphan criteria of an engine's policy; safe for
+// concurrent use, and it follows the engine's Replace.
 type Evaluator struct {
-	policy *decision.Evaluator
+	engine *engine.Engine
 }
 
 // NewEvaluator compiles the embedded policies.
 func NewEvaluator(ctx context.Context) (*Evaluator, error) {
-	d, err := decision.NewEvaluator(ctx)
+	e, err := engine.New(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return EvaluatorFor(d)
+	return EvaluatorFor(e)
 }
 
-// EvaluatorFor evaluates the orphan criteria of policy, which must have them.
-func EvaluatorFor(policy *decision.Evaluator) (*Evaluator, error) {
-	if _, err := policy.Orphans(); err != nil {
+// EvaluatorFor evaluates the orphan criteria of e's policy, which must have
+// them.
+func EvaluatorFor(e *engine.Engine) (*Evaluator, error) {
+	if _, err := e.NodeFields(); err != nil {
 		return nil, err
 	}
-	return &Evaluator{policy: policy}, nil
+	return &Evaluator{engine: e}, nil
 }
 
 // Input is what the criteria read for one Node.
 type Input struct {
 	Node            map[string]any
 	Inventory       map[string]any
-	Parameters      map[string]any
+	Parameters      engine.Parameters
 	Now             time.Time
 	Grace           time.Duration
 	MatchProviderID bool
 }
 
+// value is the entry points' input; a nil inventory or parameters is left
+// out, which the Rego reads as empty.
+func (in Input) value() (ast.Value, error) {
+	return engine.Input(map[string]any{
+		"node": in.Node, "inventory": in.Inventory, "parameters": in.Parameters,
+		// Nanoseconds, so a grace that ends within a second is judged then.
+		"now": in.Now.UTC().Format(time.RFC3339Nano), "grace": in.Grace.String(), "matchProviderID": in.MatchProviderID,
+	})
+}
+
 // Evaluate runs the criteria on one input.
 func (e *Evaluator) Evaluate(ctx context.Context, in Input) (Verdict, error) {
-	v, err := in.value()
+	input, err := in.value()
 	if err != nil {
 		return Verdict{}, err
 	}
-	return e.verdict(ctx, v)
+	var v Verdict
+	if err := e.engine.Eval(ctx, engine.Orphan, input, &v); err != nil {
+		return Verdict{}, err
+	}
+	return v, nil
 }
 
 // Screen runs the criteria that read only the Node (in.Inventory unused).
 func (e *Evaluator) Screen(ctx context.Context, in Input) (Screen, error) {
 	in.Inventory = nil
-	v, err := in.value()
+	input, err := in.value()
 	if err != nil {
 		return Screen{}, err
 	}
-	return e.screen(ctx, v)
-}
-
-func (in Input) value() (ast.Value, error) {
-	var values [3]ast.Value
-	for i, x := range []map[string]any{in.Node, in.Inventory, in.Parameters} {
-		if x == nil {
-			continue
-		}
-		v, err := ast.InterfaceToValue(x)
-		if err != nil {
-			return nil, fmt.Errorf("convert orphan input: %w", err)
-		}
-		values[i] = v
+	var answer struct {
+		Passes    bool   `json:"passes"`
+		RecheckAt string `json:"recheckAt"`
 	}
-	return input(values[0], values[1], values[2], in.Now, in.Grace, in.MatchProviderID), nil
-}
-
-// input assembles the entry points' input; a nil inventory or parameters is
-// left out, which the Rego reads as empty.
-func input(node, inv, params ast.Value, now time.Time, grace time.Duration, matchProviderID bool) ast.Value {
-	obj := ast.NewObject(
-		ast.Item(ast.StringTerm("node"), ast.NewTerm(node)),
-		// Nanoseconds, so a grace that ends within a second is judged then.
-		ast.Item(ast.StringTerm("now"), ast.StringTerm(now.UTC().Format(time.RFC3339Nano))),
-		ast.Item(ast.StringTerm("grace"), ast.StringTerm(grace.String())),
-		ast.Item(ast.StringTerm("matchProviderID"), ast.BooleanTerm(matchProviderID)),
-	)
-	if inv != nil {
-		obj.Insert(ast.StringTerm("inventory"), ast.NewTerm(inv))
-	}
-	if params != nil {
-		obj.Insert(ast.StringTerm("parameters"), ast.NewTerm(params))
-	}
-	return obj
-}
-
-func (e *Evaluator) verdict(ctx context.Context, in ast.Value) (Verdict, error) {
-	m, err := e.policy.EvalOrphan(ctx, false, in)
-	if err != nil {
-		return Verdict{}, err
-	}
-	var v Verdict
-	var ok [8]bool
-	v.Node, ok[0] = m["node"].(string)
-	v.Orphan, ok[1] = m["orphan"].(bool)
-	v.Managed, ok[2] = m["managed"].(bool)
-	v.Cluster, ok[3] = m["cluster"].(string)
-	v.Machine, ok[4] = m["machine"].(string)
-	v.NotReadySince, ok[5] = m["notReadySince"].(string)
-	v.Reason, ok[6] = m["reason"].(string)
-	v.Kept, ok[7] = stringList(m["kept"])
-	for i, good := range ok {
-		if !good {
-			return Verdict{}, fmt.Errorf("evaluate %s: field %d of the verdict %v is missing or mistyped", decision.OrphanQuery, i, m)
-		}
-	}
-	return v, nil
-}
-
-func (e *Evaluator) screen(ctx context.Context, in ast.Value) (Screen, error) {
-	m, err := e.policy.EvalOrphan(ctx, true, in)
-	if err != nil {
+	if err := e.engine.Eval(ctx, engine.Screen, input, &answer); err != nil {
 		return Screen{}, err
 	}
-	passes, ok := m["passes"].(bool)
-	at, ok2 := m["recheckAt"].(string)
-	if !ok || !ok2 {
-		return Screen{}, fmt.Errorf("evaluate %s: want {passes, recheckAt}, got %v", decision.ScreenQuery, m)
-	}
-	s := Screen{Passes: passes}
-	if at != "" {
-		t, err := time.Parse(time.RFC3339Nano, at)
+	s := Screen{Passes: answer.Passes}
+	if answer.RecheckAt != "" {
+		t, err := time.Parse(time.RFC3339Nano, answer.RecheckAt)
 		if err != nil {
-			return Screen{}, fmt.Errorf("evaluate %s: recheckAt %q: %w", decision.ScreenQuery, at, err)
+			return Screen{}, fmt.Errorf("evaluate %s: recheckAt %q: %w", engine.Screen.Query(), answer.RecheckAt, err)
 		}
 		s.RecheckAt = t
 	}
 	return s, nil
-}
-
-func stringList(x any) ([]string, bool) {
-	list, ok := x.([]any)
-	if !ok {
-		return nil, false
-	}
-	out := make([]string, len(list))
-	for i, item := range list {
-		if out[i], ok = item.(string); !ok {
-			return nil, false
-		}
-	}
-	return out, true
 }
 
 // Options configure a Finder.
@@ -227,7 +165,7 @@ func NewFinder(opts Options) (*Finder, error) {
 	if opts.Grace == 0 {
 		opts.Grace = DefaultGrace
 	}
-	eval, err := EvaluatorFor(opts.Guard.Evaluator())
+	eval, err := EvaluatorFor(opts.Guard.Engine())
 	if err != nil {
 		return nil, err
 	}
@@ -256,7 +194,7 @@ func (f *Finder) Scan(ctx context.Context, nodes []*unstructured.Unstructured, c
 // Nodes of one route without converting them per Node.
 type Route struct {
 	cluster string
-	params  decision.Parameters
+	params  engine.Parameters
 }
 
 // Route returns the parameters of a cluster route ("namespace/name", or ""
@@ -269,18 +207,24 @@ func (f *Finder) Route(cluster string) (Route, error) {
 	return Route{cluster: cluster, params: params}, nil
 }
 
+// input is what the criteria read of node with inv, on the route's
+// parameters at time now.
+func (f *Finder) input(r Route, node *unstructured.Unstructured, inv map[string]any, now time.Time) Input {
+	return Input{Node: node.Object, Inventory: inv, Parameters: r.params, Now: now, Grace: f.opts.Grace, MatchProviderID: f.opts.MatchProviderID}
+}
+
 // Screen evaluates the criteria that read only the Node: a Node that does
 // not pass them is no orphan, whatever Scan would find.
 func (f *Finder) Screen(ctx context.Context, r Route, node *unstructured.Unstructured, now time.Time) (Screen, error) {
-	nv, err := ast.InterfaceToValue(node.Object)
+	s, err := f.eval.Screen(ctx, f.input(r, node, nil, now))
 	if err != nil {
-		return Screen{}, fmt.Errorf("convert Node %q: %w", node.GetName(), err)
+		return Screen{}, fmt.Errorf("screen Node %q: %w", node.GetName(), err)
 	}
-	return f.eval.screen(ctx, input(nv, nil, r.params.Value(), now, f.opts.Grace, f.opts.MatchProviderID))
+	return s, nil
 }
 
 func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, now time.Time, fresh bool) ([]Verdict, error) {
-	params, err := f.opts.Guard.RouteParameters(cluster)
+	r, err := f.Route(cluster)
 	if err != nil {
 		return nil, err
 	}
@@ -297,15 +241,7 @@ func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, 
 			return nil, err
 		}
 		objs = append(objs, evidence...)
-		nv, err := ast.InterfaceToValue(node.Object)
-		if err != nil {
-			return nil, fmt.Errorf("convert Node %q: %w", node.GetName(), err)
-		}
-		iv, err := ast.InterfaceToValue(inventory.Layout(objs))
-		if err != nil {
-			return nil, fmt.Errorf("convert the inventory of Node %q: %w", node.GetName(), err)
-		}
-		v, err := f.eval.verdict(ctx, input(nv, iv, params.Value(), now, f.opts.Grace, f.opts.MatchProviderID))
+		v, err := f.eval.Evaluate(ctx, f.input(r, node, inventory.Layout(objs), now))
 		if err != nil {
 			return nil, fmt.Errorf("judge Node %q: %w", node.GetName(), err)
 		}

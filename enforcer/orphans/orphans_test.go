@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
@@ -70,7 +70,7 @@ func TestEvaluatorPassesEveryInput(t *testing.T) {
 }
 
 // finderOver is a Finder over testdata/ whose Guard decides with eval.
-func finderOver(t *testing.T, eval *decision.Evaluator) (*orphans.Finder, []*unstructured.Unstructured) {
+func finderOver(t *testing.T, eval *engine.Engine) (*orphans.Finder, []*unstructured.Unstructured) {
 	t.Helper()
 	ctx := context.Background()
 	objs, err := manifest.Load("testdata")
@@ -85,11 +85,21 @@ func finderOver(t *testing.T, eval *decision.Evaluator) (*orphans.Finder, []*uns
 	require.NoError(t, err)
 	inv, err := inventory.FromObjects(eval.Model(), objs, infra, pools)
 	require.NoError(t, err)
-	g, err := guard.New(ctx, inv, guard.Options{Evaluator: eval})
+	g, err := guard.New(ctx, inv, guard.Options{Engine: eval})
 	require.NoError(t, err)
 	f, err := orphans.NewFinder(orphans.Options{Guard: g, Inventory: inv})
 	require.NoError(t, err)
 	return f, nodes
+}
+
+// embeddedFinder is finderOver the embedded policy, that policy, and the
+// time testdata/'s Nodes are judged at.
+func embeddedFinder(t *testing.T) (*engine.Engine, *orphans.Finder, []*unstructured.Unstructured, time.Time) {
+	t.Helper()
+	embedded, err := engine.New(context.Background())
+	require.NoError(t, err)
+	f, nodes := finderOver(t, embedded)
+	return embedded, f, nodes, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 }
 
 func orphanNames(vs []orphans.Verdict) []string {
@@ -105,7 +115,7 @@ func orphanNames(vs []orphans.Verdict) []string {
 // everyNodeAnOrphan compiles a copy of the policies whose verdict calls
 // every Node an orphan: a policy no one would ship, but one the Finder must
 // follow, as it follows a bundle.
-func everyNodeAnOrphan(t *testing.T) *decision.Evaluator {
+func everyNodeAnOrphan(t *testing.T) *engine.Engine {
 	t.Helper()
 	files, err := policies.All()
 	require.NoError(t, err)
@@ -125,11 +135,11 @@ func sources(files []policies.File) map[string]string {
 }
 
 // bundleOf compiles Rego sources as a bundle's policy is.
-func bundleOf(t *testing.T, modules map[string]string) *decision.Evaluator {
+func bundleOf(t *testing.T, modules map[string]string) *engine.Engine {
 	t.Helper()
 	compiled, err := ast.CompileModulesWithOpt(modules, ast.CompileOpts{ParserOptions: ast.ParserOptions{RegoVersion: ast.RegoV1}})
 	require.NoError(t, err)
-	eval, err := decision.NewEvaluatorFor(context.Background(), compiled, nil, decision.Policy{Source: decision.SourceBundle, Revision: "test"})
+	eval, err := engine.For(context.Background(), compiled, nil, engine.Policy{Source: engine.SourceBundle, Revision: "test"})
 	require.NoError(t, err, "the webhook runs on it")
 	return eval
 }
@@ -138,10 +148,7 @@ func bundleOf(t *testing.T, modules map[string]string) *decision.Evaluator {
 // hot reload the new one's, never a copy of the embedded rule.
 func TestFinderJudgesWithTheGuardsPolicy(t *testing.T) {
 	ctx := context.Background()
-	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	embedded, err := decision.NewEvaluator(ctx)
-	require.NoError(t, err)
-	f, nodes := finderOver(t, embedded)
+	embedded, f, nodes, now := embeddedFinder(t)
 	vs, err := f.Scan(ctx, nodes, "", now)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"dev-md-0-left"}, orphanNames(vs))
@@ -167,17 +174,14 @@ func TestAPolicyWithoutOrphanCriteriaIsRefused(t *testing.T) {
 	eval := bundleOf(t, sources(append(files, entry)))
 	_, err = orphans.EvaluatorFor(eval)
 	assert.ErrorContains(t, err, "has no orphan criteria")
-	embedded, err := decision.NewEvaluator(context.Background())
+	embedded, err := engine.New(context.Background())
 	require.NoError(t, err)
 	assert.ErrorContains(t, embedded.Replace(eval), "orphan criteria", "a reload may not drop what the scan runs on")
 }
 
 func TestScreenSaysWhatTheNodeAloneDecides(t *testing.T) {
 	ctx := context.Background()
-	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	embedded, err := decision.NewEvaluator(ctx)
-	require.NoError(t, err)
-	f, nodes := finderOver(t, embedded)
+	_, f, nodes, now := embeddedFinder(t)
 	byName := map[string]*unstructured.Unstructured{}
 	for _, n := range nodes {
 		byName[n.GetName()] = n

@@ -1,7 +1,7 @@
 // Package policybundle loads nodeguard's rule from a signed OPA bundle (the
 // tarball `make bundle` writes, or a directory), verified with OPA's own
 // bundle verification before anything in it is compiled, and keeps a running
-// Evaluator on the newest valid bundle when the file changes.
+// Engine on the newest valid bundle when the file changes.
 package policybundle
 
 import (
@@ -13,7 +13,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	opabundle "github.com/open-policy-agent/opa/v1/bundle"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 )
 
 // Options are the --bundle flags, named as OPA names them.
@@ -43,7 +43,7 @@ const (
 // point from it. Any failure (no signature, a file that does not match it,
 // another key, Rego that does not compile, no entry point) is an error and
 // nothing of the bundle is used.
-func Load(ctx context.Context, opts Options) (*decision.Evaluator, error) {
+func Load(ctx context.Context, opts Options) (*engine.Engine, error) {
 	b, err := read(opts)
 	if err != nil {
 		return nil, fmt.Errorf("bundle %s: %w", opts.Path, err)
@@ -55,11 +55,11 @@ func Load(ctx context.Context, opts Options) (*decision.Evaluator, error) {
 	return e, nil
 }
 
-// Evaluator is the verified bundle's policy when opts.Path is set, else the
+// Engine runs the verified bundle's policy when opts.Path is set, else the
 // embedded rule.
-func Evaluator(ctx context.Context, opts Options) (*decision.Evaluator, error) {
+func Engine(ctx context.Context, opts Options) (*engine.Engine, error) {
 	if opts.Path == "" {
-		return decision.NewEvaluator(ctx)
+		return engine.New(ctx)
 	}
 	return Load(ctx, opts)
 }
@@ -108,7 +108,7 @@ func read(opts Options) (opabundle.Bundle, error) {
 	return b, nil
 }
 
-func compile(ctx context.Context, b opabundle.Bundle) (*decision.Evaluator, error) {
+func compile(ctx context.Context, b opabundle.Bundle) (*engine.Engine, error) {
 	modules := make(map[string]*ast.Module, len(b.Modules))
 	for _, m := range b.Modules {
 		modules[m.Path] = m.Parsed
@@ -117,5 +117,5 @@ func compile(ctx context.Context, b opabundle.Bundle) (*decision.Evaluator, erro
 	if c.Compile(modules); c.Failed() {
 		return nil, fmt.Errorf("compile: %w", c.Errors)
 	}
-	return decision.NewEvaluatorFor(ctx, c, b.Data, decision.Policy{Source: decision.SourceBundle, Revision: b.Manifest.Revision})
+	return engine.For(ctx, c, b.Data, engine.Policy{Source: engine.SourceBundle, Revision: b.Manifest.Revision})
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/internal/testbundle"
 )
@@ -53,9 +54,9 @@ func TestLoadAcceptsTheSignedBundleAsTarballAndDirectory(t *testing.T) {
 	tarball := testbundle.Nodeguard(t, "0.1.1+abc", key.Private)
 	dir := t.TempDir()
 	unpack(t, tarball, filepath.Join(dir, "unpacked"))
-	embedded, err := decision.NewEvaluator(ctx)
+	embedded, err := engine.New(ctx)
 	require.NoError(t, err)
-	want, err := embedded.Evaluate(ctx, blockedReview())
+	want, err := decision.Evaluate(ctx, embedded, blockedReview())
 	require.NoError(t, err)
 	require.False(t, want.Allowed)
 
@@ -66,9 +67,9 @@ func TestLoadAcceptsTheSignedBundleAsTarballAndDirectory(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			e, err := policybundle.Load(ctx, policybundle.Options{Path: path, VerificationKeyFile: key.PublicKeyFile})
 			require.NoError(t, err)
-			assert.Equal(t, decision.Policy{Source: decision.SourceBundle, Revision: "0.1.1+abc"}, e.Policy())
+			assert.Equal(t, engine.Policy{Source: engine.SourceBundle, Revision: "0.1.1+abc"}, e.Policy())
 			assert.Equal(t, embedded.DefaultParameters(), e.DefaultParameters())
-			got, err := e.Evaluate(ctx, blockedReview())
+			got, err := decision.Evaluate(ctx, e, blockedReview())
 			require.NoError(t, err)
 			assert.Equal(t, want, got, "the bundle decides like the embedded rule")
 		})
@@ -78,30 +79,24 @@ func TestLoadAcceptsTheSignedBundleAsTarballAndDirectory(t *testing.T) {
 func TestLoadRefusesBundlesItCannotTrust(t *testing.T) {
 	ctx := context.Background()
 	key := testbundle.NewKey(t)
-	other := testbundle.NewKey(t)
 	signed := testbundle.Nodeguard(t, "r1", key.Private)
 	dir := t.TempDir()
 
-	broken := testbundle.Sources(t)
-	broken["nodeguard/decision.rego"] = "package nodeguard\n\ndecision := no_such_function(input)\n"
-	noEntry := testbundle.Sources(t)
-	delete(noEntry, "nodeguard/decision.rego")
-
-	for name, tc := range map[string]struct {
+	type refusal struct {
 		bundle []byte
 		opts   policybundle.Options
 		want   string
-	}{
-		"unsigned":           {testbundle.Nodeguard(t, "r1", ""), policybundle.Options{}, "bundle missing .signatures.json"},
-		"tampered":           {testbundle.Tamper(t, signed), policybundle.Options{}, "digest mismatch"},
-		"wrong key":          {testbundle.Nodeguard(t, "r1", other.Private), policybundle.Options{}, "verification error"},
+	}
+	cases := map[string]refusal{
 		"wrong scope":        {signed, policybundle.Options{Scope: "prod"}, "scope mismatch"},
-		"does not compile":   {testbundle.Signed(t, broken, "r1", key.Private), policybundle.Options{}, "undefined function no_such_function"},
-		"lacks entry point":  {testbundle.Signed(t, noEntry, "r1", key.Private), policybundle.Options{}, "no rule data.nodeguard.decision"},
 		"no key given":       {signed, policybundle.Options{VerificationKeyFile: "-"}, "--bundle-verification-key is required"},
 		"not a bundle":       {[]byte("hello"), policybundle.Options{}, "read and verify"},
 		"key file not found": {signed, policybundle.Options{VerificationKeyFile: filepath.Join(dir, "nope.pem")}, "read verification key"},
-	} {
+	}
+	for name, r := range testbundle.Refusals(t, key) {
+		cases[name] = refusal{bundle: r.Bundle, want: r.Want}
+	}
+	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			opts := tc.opts
 			opts.Path = testbundle.WriteFile(t, t.TempDir(), "bundle.tar.gz", tc.bundle)
@@ -150,7 +145,7 @@ func TestWatchSwapsInANewBundleAndKeepsTheOldOnABadOne(t *testing.T) {
 	replace(t, path, testbundle.Signed(t, custom, "r2", key.Private))
 	require.Eventually(t, func() bool { return ok.Load() == 1 }, 10*time.Second, 20*time.Millisecond)
 	assert.Equal(t, "r2", running.Policy().Revision)
-	d, err := running.Evaluate(ctx, blockedReview())
+	d, err := decision.Evaluate(ctx, running, blockedReview())
 	require.NoError(t, err)
 	assert.True(t, d.Allowed, "the new policy decides")
 
@@ -191,7 +186,7 @@ func TestWatchSwapsInANewBundleAndKeepsTheOldOnABadOne(t *testing.T) {
 	// The embedded rule again, signed: back to denying.
 	replace(t, path, testbundle.Nodeguard(t, "r5", key.Private))
 	require.Eventually(t, func() bool { return ok.Load() == 3 }, 10*time.Second, 20*time.Millisecond)
-	d, err = running.Evaluate(ctx, blockedReview())
+	d, err = decision.Evaluate(ctx, running, blockedReview())
 	require.NoError(t, err)
 	assert.False(t, d.Allowed)
 	assert.Equal(t, "r5", running.Policy().Revision)

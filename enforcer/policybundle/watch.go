@@ -12,7 +12,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 )
 
 // settle is how long file events must stop before a reload: writers (cp,
@@ -25,7 +25,7 @@ const settle = 200 * time.Millisecond
 // ones (the informers were started from those: a restart is needed), is not
 // used: running keeps its policy and reloaded is called with the error.
 // reloaded, when set, is called with nil after each successful swap.
-func Watch(ctx context.Context, opts Options, running *decision.Evaluator, log *slog.Logger, reloaded func(error)) error {
+func Watch(ctx context.Context, opts Options, running *engine.Engine, log *slog.Logger, reloaded func(error)) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("watch bundle: %w", err)
@@ -82,7 +82,7 @@ func Watch(ctx context.Context, opts Options, running *decision.Evaluator, log *
 	}
 }
 
-func reload(ctx context.Context, opts Options, running *decision.Evaluator) error {
+func reload(ctx context.Context, opts Options, running *engine.Engine) error {
 	next, err := Load(ctx, opts)
 	if err != nil {
 		return err

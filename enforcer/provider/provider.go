@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
@@ -65,9 +66,9 @@ type Facts interface {
 	// indexes pick, re-read from the API server when fresh is set (and the
 	// Guard has fresh reads). It fails while the inventory is not synced.
 	Objects(ctx context.Context, node *unstructured.Unstructured, fresh bool) ([]*unstructured.Unstructured, error)
-	// ScopedParameters are the parameters the rule reads for a cluster
+	// RouteParameters are the parameters the rule reads for a cluster
 	// route: the rule takes the synced kinds and the cluster scope of them.
-	ScopedParameters(cluster string) (map[string]any, error)
+	RouteParameters(cluster string) (engine.Parameters, error)
 	// Ready returns an error while the inventory is not synced.
 	Ready() error
 	// Recovering returns an error while a cache may miss objects after its
@@ -287,7 +288,7 @@ func (h *handler) facts(ctx context.Context, cluster string, node *unstructured.
 			return result{err: &keyError{ErrorCacheRecovering, fmt.Sprintf("%v, so nodeguard cannot tell everything linked to Node %q; "+
 				"this passes within seconds of the API server answering again", err, node.GetName())}}
 		}
-		params, err := h.opts.Facts.ScopedParameters(cluster)
+		params, err := h.opts.Facts.RouteParameters(cluster)
 		if err != nil {
 			return result{err: &keyError{ErrorUnknownCluster, err.Error()}}
 		}
@@ -296,7 +297,7 @@ func (h *handler) facts(ctx context.Context, cluster string, node *unstructured.
 			return result{err: &keyError{ErrorFreshReadFailed, fmt.Sprintf("nodeguard could not re-read the objects linked to Node %q "+
 				"from the API server (%v); retry shortly", node.GetName(), err)}}
 		}
-		return result{value: map[string]any{"inventory": inventory.Layout(objs), "parameters": params}}
+		return result{value: map[string]any{"inventory": inventory.Layout(objs), "parameters": params.Map()}}
 	})
 	return r.value, r.err
 }

@@ -1,14 +1,11 @@
 package provider_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
-	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -22,15 +19,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
+	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -38,19 +33,7 @@ const linkedNode = "dev-md-0-x7k2p-abcde" // its Machine and DockerMachine exist
 
 // exampleGuard is a Guard over the CAPD example (no fresh reads).
 func exampleGuard(t testing.TB) (*guard.Guard, map[string]*unstructured.Unstructured) {
-	t.Helper()
-	objs, err := manifest.Load("../../examples/capd-v1beta2")
-	require.NoError(t, err)
-	nodes := map[string]*unstructured.Unstructured{}
-	for _, o := range objs {
-		if o.GetKind() == "Node" {
-			nodes[o.GetName()] = o
-		}
-	}
-	inv, err := inventory.FromObjects(linkmodel.MustEmbedded(), objs, []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"}}, nil)
-	require.NoError(t, err)
-	g, err := guard.New(context.Background(), inv, guard.Options{})
-	require.NoError(t, err)
+	g, _, nodes := testcluster.ExampleGuard(t, "../../examples/capd-v1beta2", guard.Options{})
 	return g, nodes
 }
 
@@ -90,16 +73,7 @@ func serve(t testing.TB, facts provider.Facts, clusterExists func(context.Contex
 	in := intake.New(intake.Options{Timeout: 2 * time.Second, Metrics: im})
 	h, err := provider.New(provider.Options{Facts: facts, ClientCAs: gatekeeperCA.Pool(), ClusterExists: clusterExists, Intake: in, Metrics: pm})
 	require.NoError(t, err)
-	certFile, keyFile := pki.ServerFiles(t, "server")
-	srv, err := webhook.NewServer(h, webhook.TLSOptions{CertFile: certFile, KeyFile: keyFile,
-		ClientCAFiles: []string{gatekeeperCA.CAFile(t), apiServerCA.CAFile(t)}}, nil)
-	require.NoError(t, err)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, l, time.Second) }()
-	t.Cleanup(func() { cancel(); <-done })
+	url, _ := pki.Serve(t, h, tlsserver.Options{ClientCAFiles: []string{gatekeeperCA.CAFile(t), apiServerCA.CAFile(t)}})
 	client := func(ca *testpki.CA) *http.Client {
 		// As Gatekeeper's client: TLS 1.3, its webhook certificate.
 		cfg := &tls.Config{RootCAs: pki.Pool(), MinVersion: tls.VersionTLS13, ServerName: "127.0.0.1"}
@@ -111,23 +85,13 @@ func serve(t testing.TB, facts provider.Facts, clusterExists func(context.Contex
 		}
 		return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
 	}
-	return &server{url: "https://" + l.Addr().String(), pki: pki, reg: reg, clients: map[string]*http.Client{
+	return &server{url: url, pki: pki, reg: reg, clients: map[string]*http.Client{
 		"gatekeeper": client(gatekeeperCA), "apiserver": client(apiServerCA), "anonymous": client(nil)}}
 }
 
 func (s *server) post(t testing.TB, client, path string, body []byte) (int, string, *externaldata.ProviderResponse) {
 	t.Helper()
-	resp, err := s.clients[client].Post(s.url+path, "application/json", bytes.NewReader(body))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	if resp.StatusCode != http.StatusOK {
-		return resp.StatusCode, string(raw), nil
-	}
-	var out externaldata.ProviderResponse
-	require.NoError(t, json.Unmarshal(raw, &out), string(raw))
-	return resp.StatusCode, string(raw), &out
+	return testpki.Post[externaldata.ProviderResponse](t, s.clients[client], s.url+path, "application/json", body)
 }
 
 // kinds lists the Kind/namespace/name of an answer's inventory.

@@ -145,6 +145,27 @@ func (f *fixture) nodes(t *testing.T) []string {
 	return names
 }
 
+// onFreshRead runs change when the reaper re-reads Node name from the API
+// server, just before it acts on what it read.
+func (f *fixture) onFreshRead(name string, change func()) {
+	f.client.PrependReactor("get", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.GetAction).GetName() == name {
+			change()
+		}
+		return false, nil, nil
+	})
+}
+
+// keeps runs a pass that must leave Node name in place, saying why in its
+// log.
+func (f *fixture) keeps(t *testing.T, name, why string) {
+	t.Helper()
+	res := f.pass(t)
+	assert.NotContains(t, res.Deleted, name)
+	assert.NotContains(t, f.deleted(), name)
+	assert.Contains(t, f.logs.String(), why)
+}
+
 func (f *fixture) deleted() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -285,16 +306,8 @@ func TestNeverDeletesANodeReRegisteredBeforeTheFreshRead(t *testing.T) {
 	f.pass(t)
 	f.clock.Step(10 * time.Minute)
 	// The list still shows the old Node; by the fresh read it was replaced.
-	f.client.PrependReactor("get", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.(k8stesting.GetAction).GetName() == "dev-md-0-left" {
-			reRegister(t, f, "dev-md-0-left")
-		}
-		return false, nil, nil
-	})
-	res := f.pass(t)
-	assert.NotContains(t, res.Deleted, "dev-md-0-left")
-	assert.NotContains(t, f.deleted(), "dev-md-0-left")
-	assert.Contains(t, f.logs.String(), "re-registered under the same name")
+	f.onFreshRead("dev-md-0-left", func() { reRegister(t, f, "dev-md-0-left") })
+	f.keeps(t, "dev-md-0-left", "re-registered under the same name")
 }
 
 func TestNeverDeletesANodeReRegisteredBeforeTheDelete(t *testing.T) {
@@ -333,16 +346,8 @@ func TestNeverDeletesWhenAMachineAppearsBeforeTheDelete(t *testing.T) {
 		"metadata": map[string]any{"namespace": "default", "name": "dev-md-0-left", "labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}},
 		"spec":     map[string]any{"clusterName": "dev", "infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "dev-md-0-left"}},
 	}}
-	f.client.PrependReactor("get", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.(k8stesting.GetAction).GetName() == "dev-md-0-left" {
-			_ = f.client.Tracker().Add(m)
-		}
-		return false, nil, nil
-	})
-	res := f.pass(t)
-	assert.NotContains(t, res.Deleted, "dev-md-0-left")
-	assert.NotContains(t, f.deleted(), "dev-md-0-left")
-	assert.Contains(t, f.logs.String(), "no longer an orphan on a fresh read")
+	f.onFreshRead("dev-md-0-left", func() { _ = f.client.Tracker().Add(m) })
+	f.keeps(t, "dev-md-0-left", "no longer an orphan on a fresh read")
 }
 
 // Observe says when the Node must be judged again: at the end of the grace

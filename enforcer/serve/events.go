@@ -15,6 +15,7 @@ import (
 	eventsv1client "k8s.io/client-go/kubernetes/typed/events/v1"
 	"k8s.io/client-go/rest"
 
+	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 )
@@ -56,13 +57,13 @@ func startDenialEvents(ctx context.Context, c kubeclient.Clients, opts Options, 
 	instance, _ := os.Hostname() // the Pod's name in a Deployment
 	ropts := denialevents.Options{Events: kube.EventsV1(), Resolve: resolver(dyn, c.Mapper), Metrics: m, Log: log, Instance: instance}
 	if opts.DenialEventsWorkloadClusters {
-		ropts.Workload = newKubeconfigCache(kube, func(cfg *rest.Config) (eventsv1client.EventsV1Interface, error) {
+		ropts.Workload = clusters.NewCache(kube, func(_ string, cfg *rest.Config) (eventsv1client.EventsV1Interface, error) {
 			k, err := kubernetes.NewForConfig(eventsConfig(cfg))
 			if err != nil {
 				return nil, err
 			}
 			return k.EventsV1(), nil
-		}).get
+		}).Get
 	}
 	rec, err := denialevents.New(ropts)
 	if err != nil {

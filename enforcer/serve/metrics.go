@@ -7,8 +7,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
+	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/version"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
@@ -16,14 +17,17 @@ import (
 
 // Sources are what nodeguard serve's gauges read at each scrape.
 type Sources struct {
-	Policy func() decision.Policy
+	Policy func() engine.Policy
 	Cached func() map[schema.GroupVersionKind]int
 	Ready  func() error
 }
 
 // Metrics are the series of every part of nodeguard serve.
 type Metrics struct {
-	Webhook      *webhook.Metrics
+	Webhook *webhook.Metrics
+	// Intake counts the requests of the review port that got an HTTP
+	// error, for the routes that share its Intake.
+	Intake       *intake.Metrics
 	Policy       *version.Metrics
 	Orphans      *OrphanMetrics
 	DenialEvents *denialevents.Metrics
@@ -57,8 +61,18 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 	if m.Policy, err = version.Register(reg, src.Policy); err != nil {
 		return nil, err
 	}
-	if m.Webhook, err = webhook.NewMetrics(reg, src.Cached); err != nil {
+	if m.Webhook, err = webhook.NewMetrics(reg); err != nil {
 		return nil, err
+	}
+	if m.Intake, err = intake.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	if src.Cached != nil {
+		cached := cachedObjects{count: src.Cached, desc: prometheus.NewDesc("nodeguard_cached_objects",
+			"Objects in the informer caches, by kind.", []string{"group", "version", "kind"}, nil)}
+		if err := reg.Register(cached); err != nil {
+			return nil, fmt.Errorf("register nodeguard_cached_objects: %w", err)
+		}
 	}
 	if m.Orphans, err = registerOrphanMetrics(reg); err != nil {
 		return nil, err
@@ -70,4 +84,18 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 		return nil, err
 	}
 	return &m, nil
+}
+
+// cachedObjects reads the number of cached objects per kind at each scrape.
+type cachedObjects struct {
+	count func() map[schema.GroupVersionKind]int
+	desc  *prometheus.Desc
+}
+
+func (c cachedObjects) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c cachedObjects) Collect(ch chan<- prometheus.Metric) {
+	for gvk, n := range c.count() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), gvk.Group, gvk.Version, gvk.Kind)
+	}
 }

@@ -126,13 +126,9 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	model := e.Inventory.Model()
-	fields, err := e.Evaluator.Orphans()
+	shape, err := nodecache.ShapeOf(e.Engine)
 	if err != nil {
 		return nil, fmt.Errorf("orphan scan: %w", err)
-	}
-	shape, err := nodecache.NewShape(model, fields)
-	if err != nil {
-		return nil, err
 	}
 	evidence := orphans.NewEvidence(model)
 	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence,

@@ -25,7 +25,9 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/probes"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
+	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -64,7 +66,7 @@ type Options struct {
 	// SideListening, when set, receives the metrics' ("metrics") and
 	// probes' ("health probes") addresses once their ports are open.
 	SideListening func(name string, addr net.Addr)
-	// TLSMinVersion and TLSCipherSuites: see webhook.TLSOptions.
+	// TLSMinVersion and TLSCipherSuites: see tlsserver.Options.
 	TLSMinVersion   string
 	TLSCipherSuites []string
 	// NoDenialEvents turns off the NodeDeleteDenied Events recorded on the
@@ -129,21 +131,17 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	// Whatever started here (informers, side servers) stops when it returns.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var params map[string]any
-	if opts.Constraint != "" {
-		p, err := manifest.ConstraintParameters(opts.Constraint)
-		if err != nil {
-			return err
-		}
-		params = p
-	}
-	// A bundle is verified and compiled before anything starts: a bad one
-	// stops nodeguard here.
-	eval, err := policybundle.Evaluator(ctx, opts.Bundle)
+	params, err := manifest.ConstraintParameters(opts.Constraint)
 	if err != nil {
 		return err
 	}
-	lopts := live.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Evaluator: eval}
+	// A bundle is verified and compiled before anything starts: a bad one
+	// stops nodeguard here.
+	eval, err := policybundle.Engine(ctx, opts.Bundle)
+	if err != nil {
+		return err
+	}
+	lopts := live.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Engine: eval}
 	// The orphan scan hears of every inventory change from the first.
 	var changes *informers.Relay
 	if opts.Orphans.Interval > 0 {
@@ -186,7 +184,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if err != nil {
 		return err
 	}
-	srv, err := webhook.NewServer(handler, webhook.TLSOptions{CertFile: opts.CertFile, KeyFile: opts.KeyFile, ClientCAFiles: clientCAs,
+	srv, err := tlsserver.New(handler, tlsserver.Options{CertFile: opts.CertFile, KeyFile: opts.KeyFile, ClientCAFiles: clientCAs,
 		MinVersion: opts.TLSMinVersion, CipherSuites: opts.TLSCipherSuites}, log)
 	if err != nil {
 		return err
@@ -196,7 +194,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	}
 	side := []sideServer{
 		{"metrics", opts.MetricsBindAddress, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), "/metrics"},
-		{"health probes", opts.HealthProbeBindAddress, webhook.Probes(e.Syncer.Ready), ""},
+		{"health probes", opts.HealthProbeBindAddress, probes.Handler(e.Syncer.Ready), ""},
 	}
 	for _, s := range side {
 		if s.address == "" || s.address == "0" {
@@ -233,7 +231,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 // asks for.
 func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics *Metrics, denied func(denialevents.Denial),
 	opts Options, log *slog.Logger) (http.Handler, []string, error) {
-	in := intake.New(intake.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Webhook.Intake, Log: log})
+	in := intake.New(intake.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
 	clusters := freshread.New(c.Dynamic, c.Mapper)
 	clusterExists := func(ctx context.Context, namespace, name string) (bool, error) {
 		obj, err := clusters.Get(ctx, clusterGVK(), namespace, name)
@@ -243,7 +241,7 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics
 	var reviewCAs *x509.CertPool
 	if opts.ClientCAFile != "" {
 		var err error
-		if reviewCAs, err = webhook.LoadCAs(opts.ClientCAFile); err != nil {
+		if reviewCAs, err = tlsserver.LoadCAs(opts.ClientCAFile); err != nil {
 			return nil, nil, err
 		}
 		caFiles = append(caFiles, opts.ClientCAFile)
@@ -258,7 +256,7 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics
 	if opts.ExternalDataClientCAFile == "" {
 		return mux, caFiles, nil
 	}
-	gatekeeperCAs, err := webhook.LoadCAs(opts.ExternalDataClientCAFile)
+	gatekeeperCAs, err := tlsserver.LoadCAs(opts.ExternalDataClientCAFile)
 	if err != nil {
 		return nil, nil, err
 	}

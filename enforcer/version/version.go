@@ -11,7 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 )
 
 // Set at link time by `make build`/`make image` (-ldflags -X, see the
@@ -60,7 +60,7 @@ func Read() Binary {
 // Report is what `nodeguard version -o json` prints.
 type Report struct {
 	Binary
-	Policy decision.Policy `json:"policy"`
+	Policy engine.Policy `json:"policy"`
 }
 
 // Write prints r for people.
@@ -70,7 +70,7 @@ func (r Report) Write(w io.Writer) error {
 		commit += " (modified)"
 	}
 	policy := "embedded, K8sNodeGuard template " + r.Policy.Version
-	if r.Policy.Source == decision.SourceBundle {
+	if r.Policy.Source == engine.SourceBundle {
 		policy = fmt.Sprintf("bundle, revision %q", r.Policy.Revision)
 	}
 	_, err := fmt.Fprintf(w, "nodeguard %s\ncommit:  %s\ngo:      %s\npolicy:  %s\n", r.Version, commit, r.GoVersion, policy)
@@ -88,7 +88,7 @@ type Metrics struct {
 // Register adds nodeguard_build_info, nodeguard_policy_info (read from
 // policy at each scrape, so a reloaded bundle shows) and
 // nodeguard_policy_reload_errors_total to reg.
-func Register(reg prometheus.Registerer, policy func() decision.Policy) (*Metrics, error) {
+func Register(reg prometheus.Registerer, policy func() engine.Policy) (*Metrics, error) {
 	b := Read()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "nodeguard_build_info",
@@ -112,7 +112,7 @@ func Register(reg prometheus.Registerer, policy func() decision.Policy) (*Metric
 }
 
 type policyInfo struct {
-	policy func() decision.Policy
+	policy func() engine.Policy
 	desc   *prometheus.Desc
 }
 

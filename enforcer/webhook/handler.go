@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -71,8 +70,8 @@ type Options struct {
 	// routes require (--client-ca-file).
 	ClientCAs *x509.CertPool
 	// Intake bounds the work of the review routes, shared with the other
-	// routes of the port; when nil, one is built from Timeout,
-	// MaxConcurrentDecisions, Metrics, Log and LogInterval.
+	// routes of the port (and counts what it rejects); when nil, one is
+	// built from Timeout, MaxConcurrentDecisions, Log and LogInterval.
 	Intake *intake.Intake
 	// Timeout is each review's deadline; keep it below the webhook's
 	// timeoutSeconds (default 4s).
@@ -105,8 +104,8 @@ type handler struct {
 }
 
 // New returns the webhook's review routes: /validate and
-// /validate/clusters/NS/NAME. Probes and metrics are served apart (Probes),
-// on ports a NetworkPolicy can keep from the API server's callers.
+// /validate/clusters/NS/NAME. Probes and metrics are served apart (package
+// probes), on ports a NetworkPolicy can keep from the API server's callers.
 func New(opts Options) http.Handler {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
@@ -114,7 +113,7 @@ func New(opts Options) http.Handler {
 	in := opts.Intake
 	if in == nil {
 		in = intake.New(intake.Options{Timeout: opts.Timeout, MaxConcurrent: opts.MaxConcurrentDecisions,
-			Metrics: opts.Metrics.intake(), Log: opts.Log, LogInterval: opts.LogInterval})
+			Log: opts.Log, LogInterval: opts.LogInterval})
 	}
 	h := &handler{opts: opts, model: nodeModel(opts), intake: in}
 	if k, ok := opts.Decider.(interface{ KeepGroup(string) bool }); ok {
@@ -143,23 +142,6 @@ func nodeModel(opts Options) *linkmodel.Model {
 		panic(fmt.Sprintf("nodeguard: the embedded link model does not load: %v", err))
 	}
 	return m
-}
-
-// Probes returns /healthz (the process answers) and /readyz (ready reports
-// no error: every needed informer has synced).
-func Probes(ready func() error) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if ready != nil {
-			if err := ready(); err != nil {
-				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-		}
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	return mux
 }
 
 func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluster string) {

@@ -6,9 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -18,21 +16,22 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	eventsfake "k8s.io/client-go/kubernetes/typed/events/v1/fake"
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -40,20 +39,7 @@ const linkedNode = "dev-md-0-x7k2p-abcde" // its DockerMachine exists in the exa
 
 // example is a Guard over the CAPD example, where ops is an exempt group.
 func example(t testing.TB) (*guard.Guard, *inventory.Inventory, map[string]*unstructured.Unstructured) {
-	t.Helper()
-	objs, err := manifest.Load("../../examples/capd-v1beta2")
-	require.NoError(t, err)
-	nodes := map[string]*unstructured.Unstructured{}
-	for _, o := range objs {
-		if o.GetKind() == "Node" {
-			nodes[o.GetName()] = o
-		}
-	}
-	inv, err := inventory.FromObjects(linkmodel.MustEmbedded(), objs, []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"}}, nil)
-	require.NoError(t, err)
-	g, err := guard.New(context.Background(), inv, guard.Options{Parameters: map[string]any{"exemptGroups": []any{"ops"}}})
-	require.NoError(t, err)
-	return g, inv, nodes
+	return testcluster.ExampleGuard(t, "../../examples/capd-v1beta2", guard.Options{Parameters: map[string]any{"exemptGroups": []any{"ops"}}})
 }
 
 // review is an AdmissionReview of one operation on one object.
@@ -83,57 +69,34 @@ type server struct {
 	stop   func() error
 }
 
-// serve runs the handler behind the real Server on a loopback port, with a
-// certificate from a new CA unless opts names one from issuer.
-func serve(t testing.TB, h http.Handler, opts webhook.TLSOptions, clientCert *tls.Certificate) *server {
+// serve runs the handler behind nodeguard's TLS server on a loopback port,
+// with a certificate from a new CA unless opts names one from pki.
+func serve(t testing.TB, h http.Handler, opts tlsserver.Options, clientCert *tls.Certificate) *server {
 	return serveWith(t, testpki.New(t), h, opts, clientCert)
 }
 
-func serveWith(t testing.TB, pki *testpki.CA, h http.Handler, opts webhook.TLSOptions, clientCert *tls.Certificate) *server {
+func serveWith(t testing.TB, pki *testpki.CA, h http.Handler, opts tlsserver.Options, clientCert *tls.Certificate) *server {
 	t.Helper()
-	if opts.CertFile == "" {
-		opts.CertFile, opts.KeyFile = pki.ServerFiles(t, "first")
-	}
-	s, err := webhook.NewServer(h, opts, nil)
-	require.NoError(t, err)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, l, 5*time.Second) }()
+	url, stop := pki.Serve(t, h, opts)
 	tlsCfg := &tls.Config{RootCAs: pki.Pool(), MinVersion: tls.VersionTLS12, ServerName: "127.0.0.1"}
 	if clientCert != nil {
 		tlsCfg.Certificates = []tls.Certificate{*clientCert}
 	}
-	var once sync.Once
-	var stopErr error
-	srv := &server{
-		url:    "https://" + l.Addr().String(),
+	return &server{
+		url:    url,
 		client: &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg, MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second},
-		stop:   func() error { once.Do(func() { cancel(); stopErr = <-done }); return stopErr },
+		stop:   stop,
 	}
-	t.Cleanup(func() { _ = srv.stop() })
-	return srv
 }
 
 func (s *server) post(t testing.TB, path, contentType string, body []byte) (int, string, *admissionv1.AdmissionReview) {
 	t.Helper()
-	resp, err := s.client.Post(s.url+path, contentType, bytes.NewReader(body))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	if resp.StatusCode != http.StatusOK {
-		return resp.StatusCode, string(raw), nil
-	}
-	var out admissionv1.AdmissionReview
-	require.NoError(t, json.Unmarshal(raw, &out), string(raw))
-	return resp.StatusCode, string(raw), &out
+	return testpki.Post[admissionv1.AdmissionReview](t, s.client, s.url+path, contentType, body)
 }
 
 func TestDecisions(t *testing.T) {
 	g, _, nodes := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
 
 	_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 	require.NotNil(t, out.Response)
@@ -184,7 +147,7 @@ func TestClusterRoute(t *testing.T) {
 		}
 		return known[ns+"/"+name], nil
 	}
-	s := serve(t, webhook.New(webhook.Options{Decider: g, ClusterExists: exists}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g, ClusterExists: exists}), tlsserver.Options{}, nil)
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 
 	_, _, out := s.post(t, "/validate/clusters/default/dev", "application/json", body)
@@ -207,7 +170,7 @@ func TestClusterRoute(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	g, _, nodes := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
 	node := nodes[linkedNode].Object
 	noRequest := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`)
 	notANode := review(admissionv1.Delete, "Node", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "p"}})
@@ -264,7 +227,7 @@ func TestNoDecisionDenies(t *testing.T) {
 	failing := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
 		return decision.Decision{}, errors.New("rego: eval_conflict_error")
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: failing}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: failing}), tlsserver.Options{}, nil)
 	_, _, out := s.post(t, "/validate", "application/json", body)
 	assert.False(t, out.Response.Allowed)
 	assert.EqualValues(t, http.StatusInternalServerError, out.Response.Result.Code)
@@ -275,7 +238,7 @@ func TestNoDecisionDenies(t *testing.T) {
 		<-ctx.Done()
 		return decision.Decision{}, ctx.Err()
 	})
-	s = serve(t, webhook.New(webhook.Options{Decider: hanging, Timeout: 200 * time.Millisecond}), webhook.TLSOptions{}, nil)
+	s = serve(t, webhook.New(webhook.Options{Decider: hanging, Timeout: 200 * time.Millisecond}), tlsserver.Options{}, nil)
 	start := time.Now()
 	_, _, out = s.post(t, "/validate", "application/json", body)
 	assert.Less(t, time.Since(start), 2*time.Second)
@@ -283,38 +246,11 @@ func TestNoDecisionDenies(t *testing.T) {
 	assert.Contains(t, out.Response.Result.Message, "context deadline exceeded")
 }
 
-func TestProbes(t *testing.T) {
-	var mu sync.Mutex
-	readyErr := errors.New("waiting for DockerMachine")
-	ready := func() error { mu.Lock(); defer mu.Unlock(); return readyErr }
-	probes := httptest.NewServer(webhook.Probes(ready))
-	defer probes.Close()
-	get := func(path string) (int, string) {
-		resp, err := probes.Client().Get(probes.URL + path)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-	code, _ := get("/healthz")
-	assert.Equal(t, http.StatusOK, code)
-	code, body := get("/readyz")
-	assert.Equal(t, http.StatusServiceUnavailable, code)
-	assert.Contains(t, body, "waiting for DockerMachine")
-	mu.Lock()
-	readyErr = nil
-	mu.Unlock()
-	code, _ = get("/readyz")
-	assert.Equal(t, http.StatusOK, code)
-	code, _ = get("/validate")
-	assert.Equal(t, http.StatusNotFound, code, "the probe port serves no reviews")
-}
-
 // The review port serves reviews only: probes and metrics live on ports a
 // NetworkPolicy can keep from whoever reaches the review port.
 func TestReviewPortServesOnlyReviews(t *testing.T) {
 	g, _, _ := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
 	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
 		resp, err := s.client.Get(s.url + path)
 		require.NoError(t, err)
@@ -324,12 +260,14 @@ func TestReviewPortServesOnlyReviews(t *testing.T) {
 }
 
 func TestMetrics(t *testing.T) {
-	g, inv, nodes := example(t)
+	g, _, nodes := example(t)
 	reg := prometheus.NewRegistry()
-	m, err := webhook.NewMetrics(reg, inv.Count)
+	m, err := webhook.NewMetrics(reg)
 	require.NoError(t, err)
-	h := webhook.New(webhook.Options{Decider: g, Metrics: m})
-	s := serve(t, h, webhook.TLSOptions{}, nil)
+	im, err := intake.NewMetrics(reg)
+	require.NoError(t, err)
+	h := webhook.New(webhook.Options{Decider: g, Metrics: m, Intake: intake.New(intake.Options{Metrics: im})})
+	s := serve(t, h, tlsserver.Options{}, nil)
 	metrics := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer metrics.Close()
 	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
@@ -351,72 +289,44 @@ func TestMetrics(t *testing.T) {
 		`nodeguard_decisions_total{reason="unjudgeable",result="denied",route="/validate"} 1`,
 		`nodeguard_decisions_total{reason="bad-request",result="error",route="/validate"} 1`,
 		`nodeguard_decision_duration_seconds_count{route="/validate"} 5`,
-		`nodeguard_cached_objects{group="infrastructure.cluster.x-k8s.io",kind="DockerMachine",version="v1beta2"} 1`,
-		`nodeguard_cached_objects{group="cluster.x-k8s.io",kind="Machine",version="v1beta2"} 1`,
-		`nodeguard_fresh_read_errors_total 0`,
 		`nodeguard_rejected_requests_total{reason="content-type"} 1`,
 	} {
 		assert.Contains(t, text, want)
 	}
 }
 
-func TestFreshReadErrorsAreCounted(t *testing.T) {
+// A delete denied for want of a fresh read is counted by its reason, in
+// nodeguard_decisions_total alone (the alerts read it there).
+func TestFreshReadErrorsAreCountedByTheirReason(t *testing.T) {
 	_, _, nodes := example(t)
 	reg := prometheus.NewRegistry()
-	m, err := webhook.NewMetrics(reg, nil)
+	m, err := webhook.NewMetrics(reg)
 	require.NoError(t, err)
 	failing := deciderFunc(func(_ context.Context, req guard.Request) (decision.Decision, error) {
 		return decision.Deny(decision.ReasonFreshReadFailed, "could not re-read"), nil
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: failing, Metrics: m}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: failing, Metrics: m}), tlsserver.Options{}, nil)
 	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
-	got, err := reg.Gather()
-	require.NoError(t, err)
-	for _, f := range got {
-		if f.GetName() == "nodeguard_fresh_read_errors_total" {
-			assert.InDelta(t, 1, f.GetMetric()[0].GetCounter().GetValue(), 0)
-			return
-		}
-	}
-	t.Fatal("nodeguard_fresh_read_errors_total not gathered")
+	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP nodeguard_decisions_total Admission reviews answered, by result (allowed, denied, error), reason and route.
+# TYPE nodeguard_decisions_total counter
+nodeguard_decisions_total{reason="fresh-read-failed",result="denied",route="/validate"} 1
+`), "nodeguard_decisions_total", "nodeguard_fresh_read_errors_total"))
 }
 
 func TestConcurrentReviews(t *testing.T) {
 	g, _, nodes := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
 	denied := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 	exempt := review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "ops")
-	var wg sync.WaitGroup
-	errs := make(chan error, 200)
-	for i := range 200 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			body, want := denied, false
-			if i%2 == 1 {
-				body, want = exempt, true
-			}
-			resp, err := s.client.Post(s.url+"/validate", "application/json", bytes.NewReader(body))
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer resp.Body.Close()
-			var out admissionv1.AdmissionReview
-			if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-				errs <- err
-				return
-			}
-			if out.Response == nil || out.Response.Allowed != want {
-				errs <- fmt.Errorf("review %d: allowed = %v, want %v", i, out.Response != nil && out.Response.Allowed, want)
-			}
-		}()
+	bodies := make([][]byte, 200)
+	for i := range bodies {
+		bodies[i] = denied
+		if i%2 == 1 {
+			bodies[i] = exempt
+		}
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
+	s.answerAll(t, bodies, func(i int) bool { return i%2 == 1 })
 }
 
 func TestGracefulShutdownFinishesInFlightReviews(t *testing.T) {
@@ -427,7 +337,7 @@ func TestGracefulShutdownFinishesInFlightReviews(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: slow}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: slow}), tlsserver.Options{}, nil)
 	result := make(chan *admissionv1.AdmissionReview, 1)
 	go func() {
 		_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
@@ -453,7 +363,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 			defer mu.Unlock()
 			got = append(got, d)
 		}})
-	s := serve(t, h, webhook.TLSOptions{}, nil)
+	s := serve(t, h, tlsserver.Options{}, nil)
 	node := nodes[linkedNode].DeepCopy()
 	node.SetUID("0b8d0b0e-5a5e-4c1a-9d5e-7a5b7c1d2e3f")
 
@@ -491,7 +401,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 			defer mu.Unlock()
 			got = append(got, d)
 		}})
-	s = serve(t, h, webhook.TLSOptions{}, nil)
+	s = serve(t, h, tlsserver.Options{}, nil)
 	_, _, out = s.post(t, "/validate/clusters/default/typo", "application/json",
 		review(admissionv1.Delete, "Pod", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "p"}}))
 	assert.False(t, out.Response.Allowed)

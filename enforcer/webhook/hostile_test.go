@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"runtime"
 	"runtime/debug"
@@ -24,11 +22,14 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 
 	"bufio"
+
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
+	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/hostile"
+	"github.com/nodeguard/nodeguard/internal/testlog"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -46,16 +47,41 @@ func (a *arrivals) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // post sends body and returns the answer; safe from many goroutines.
 func (s *server) answer(path string, body []byte) (*admissionv1.AdmissionResponse, error) {
-	resp, err := s.client.Post(s.url+path, "application/json", bytes.NewReader(body))
-	if err != nil {
-		return nil, err
+	return testpki.Ask(s.client, s.url+path, body)
+}
+
+// answerAll posts bodies to /validate all at once; each answer must allow
+// the delete where allowed(i) says so, and deny it elsewhere.
+func (s *server) answerAll(t *testing.T, bodies [][]byte, allowed func(i int) bool) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i, body := range bodies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := s.answer("/validate", body)
+			if assert.NoError(t, err, "review %d", i) {
+				assert.Equal(t, allowed(i), out.Allowed, "review %d: %v", i, out.Result)
+			}
+		}()
 	}
-	defer resp.Body.Close()
-	var out admissionv1.AdmissionReview
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, fmt.Errorf("status %d: %w", resp.StatusCode, err)
+	wg.Wait()
+}
+
+func always(int) bool { return true }
+
+// sendLarge sends n ~1 MiB reviews (Nodes large-0, large-1, ...) at once,
+// whatever their answers; the func returned waits for them all.
+func (s *server) sendLarge(n int) (wait func()) {
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = s.answer("/validate", review(admissionv1.Delete, "Node", hostileNode(fmt.Sprintf("large-%d", i))))
+		}()
 	}
-	return out.Response, nil
+	return wg.Wait
 }
 
 // Concurrent reviews of the same Node by the same user share one decision;
@@ -70,7 +96,7 @@ func TestSameReviewsShareOneDecision(t *testing.T) {
 		return decision.Decision{Allowed: req.UserInfo.Username == "bob", Reason: decision.ReasonNoLink}, nil
 	})
 	in := &arrivals{next: webhook.New(webhook.Options{Decider: blocking})}
-	s := serve(t, in, webhook.TLSOptions{}, nil)
+	s := serve(t, in, tlsserver.Options{}, nil)
 	alice := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 	bob := bytes.Replace(alice, []byte(`"username":"alice"`), []byte(`"username":"bob"`), 1)
 
@@ -105,41 +131,34 @@ func TestSameReviewsShareOneDecision(t *testing.T) {
 	assert.EqualValues(t, 3, calls.Load())
 }
 
+// slowDecider allows every request after taking d, and keeps in peak the
+// most decisions it saw running at once.
+func slowDecider(d time.Duration, peak *atomic.Int64) deciderFunc {
+	var running atomic.Int64
+	return func(context.Context, guard.Request) (decision.Decision, error) {
+		now := running.Add(1)
+		for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
+		}
+		time.Sleep(d)
+		running.Add(-1)
+		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
+	}
+}
+
 // At most MaxConcurrentDecisions decide at once; the others wait their turn
 // and are all answered; one that cannot get a slot before its deadline is
 // denied, in time.
 func TestConcurrentDecisionsAreBounded(t *testing.T) {
 	_, _, nodes := example(t)
-	var running, peak atomic.Int64
-	slow := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
-		now := running.Add(1)
-		for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
-		}
-		time.Sleep(20 * time.Millisecond)
-		running.Add(-1)
-		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
-	})
-	s := serve(t, webhook.New(webhook.Options{Decider: slow, MaxConcurrentDecisions: 2}), webhook.TLSOptions{}, nil)
-	var wg sync.WaitGroup
-	errs := make(chan error, 12)
-	for i := range 12 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// A user each: no two reviews share a decision.
-			body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object, fmt.Sprintf("group-%d", i))
-			out, err := s.answer("/validate", body)
-			if err == nil && !out.Allowed {
-				err = fmt.Errorf("review %d denied: %v", i, out.Result)
-			}
-			errs <- err
-		}()
+	var peak atomic.Int64
+	slow := slowDecider(20*time.Millisecond, &peak)
+	s := serve(t, webhook.New(webhook.Options{Decider: slow, MaxConcurrentDecisions: 2}), tlsserver.Options{}, nil)
+	bodies := make([][]byte, 12)
+	for i := range bodies {
+		// A user each: no two reviews share a decision.
+		bodies[i] = review(admissionv1.Delete, "Node", nodes[linkedNode].Object, fmt.Sprintf("group-%d", i))
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		assert.NoError(t, err)
-	}
+	s.answerAll(t, bodies, always)
 	assert.EqualValues(t, 2, peak.Load())
 
 	// A decider that ignores its deadline holds the only slot for a second.
@@ -147,7 +166,7 @@ func TestConcurrentDecisionsAreBounded(t *testing.T) {
 		time.Sleep(time.Second)
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	})
-	s = serve(t, webhook.New(webhook.Options{Decider: stuck, MaxConcurrentDecisions: 1, Timeout: 300 * time.Millisecond}), webhook.TLSOptions{}, nil)
+	s = serve(t, webhook.New(webhook.Options{Decider: stuck, MaxConcurrentDecisions: 1, Timeout: 300 * time.Millisecond}), tlsserver.Options{}, nil)
 	go func() {
 		_, _ = s.answer("/validate", review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "first"))
 	}()
@@ -165,12 +184,11 @@ func TestConcurrentDecisionsAreBounded(t *testing.T) {
 func TestRejectedRequestsAreCountedAndLoggedSparingly(t *testing.T) {
 	g, _, nodes := example(t)
 	reg := prometheus.NewRegistry()
-	m, err := webhook.NewMetrics(reg, nil)
+	im, err := intake.NewMetrics(reg)
 	require.NoError(t, err)
-	var logs bytes.Buffer
-	var mu sync.Mutex
-	log := slog.New(slog.NewJSONHandler(lockedWriter{&mu, &logs}, nil))
-	s := serve(t, webhook.New(webhook.Options{Decider: g, Metrics: m, Log: log, LogInterval: time.Hour}), webhook.TLSOptions{}, nil)
+	log, logs := testlog.JSON()
+	in := intake.New(intake.Options{Metrics: im, Log: log, LogInterval: time.Hour})
+	s := serve(t, webhook.New(webhook.Options{Decider: g, Intake: in}), tlsserver.Options{}, nil)
 	for range 50 {
 		s.post(t, "/validate", "application/json", []byte(`{"apiVersion":`))
 	}
@@ -193,20 +211,7 @@ nodeguard_rejected_requests_total{reason="bad-old-object"} 1
 nodeguard_rejected_requests_total{reason="content-type"} 3
 nodeguard_rejected_requests_total{reason="malformed"} 50
 `), "nodeguard_rejected_requests_total"))
-	mu.Lock()
-	defer mu.Unlock()
 	assert.Equal(t, 1, strings.Count(logs.String(), "bad admission request"), "one line per interval, however many requests")
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 // hostileNode is a ~1 MiB oldObject: a Node with 340,000 empty objects under
@@ -232,7 +237,7 @@ func TestHostileReviewsStayWithinTheMemoryBound(t *testing.T) {
 	g, _, _ := example(t)
 	// A deadline far past the default: this measures memory, and under the
 	// race detector on a loaded machine a 1 MiB decode can take seconds.
-	s := serve(t, webhook.New(webhook.Options{Decider: g, Timeout: time.Minute}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g, Timeout: time.Minute}), tlsserver.Options{}, nil)
 	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(400 << 20))
 
@@ -265,55 +270,13 @@ func TestHostileReviewsStayWithinTheMemoryBound(t *testing.T) {
 				}
 			}
 		}()
-		var wg sync.WaitGroup
-		for i, body := range batch {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				out, err := s.answer("/validate", body)
-				if assert.NoError(t, err, "%s review %d", shape, i) {
-					assert.True(t, out.Allowed, "%s review %d: nothing links to it", shape, i)
-				}
-			}()
-		}
-		wg.Wait()
+		s.answerAll(t, batch, always) // nothing links to these Nodes
 		close(done)
 		<-sampled
 		t.Logf("%s: peak heap with 8 concurrent ~%d KiB reviews: %d MiB (%d MiB before; bound %d MiB)",
 			shape, len(batch[0])>>10, peak.Load()>>20, base>>20, bound>>20)
 		assert.Less(t, peak.Load(), uint64(bound), shape)
 	}
-}
-
-// The default TLS settings refuse CBC suites; a TLS 1.3 minimum refuses 1.2.
-func TestTLSSettings(t *testing.T) {
-	g, _, _ := example(t)
-	h := webhook.New(webhook.Options{Decider: g})
-	s := serve(t, h, webhook.TLSOptions{}, nil)
-	addr := strings.TrimPrefix(s.url, "https://")
-	dial := func(cfg *tls.Config) error {
-		cfg.InsecureSkipVerify = true //nolint:gosec // only the handshake's parameters are tested
-		c, err := tls.Dial("tcp", addr, cfg)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	}
-	assert.Error(t, dial(&tls.Config{MaxVersion: tls.VersionTLS12, CipherSuites: []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA}}), "CBC refused")
-	assert.NoError(t, dial(&tls.Config{MaxVersion: tls.VersionTLS12, CipherSuites: []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256}}), "AEAD accepted")
-	assert.NoError(t, dial(&tls.Config{MinVersion: tls.VersionTLS13}))
-
-	only13 := serve(t, h, webhook.TLSOptions{MinVersion: "VersionTLS13"}, nil)
-	addr = strings.TrimPrefix(only13.url, "https://")
-	assert.Error(t, dial(&tls.Config{MaxVersion: tls.VersionTLS12}))
-
-	_, err := webhook.NewServer(h, webhook.TLSOptions{CertFile: "x", KeyFile: "y"}, nil)
-	assert.Error(t, err)
-	cert, key := testpki.New(t).ServerFiles(t, "settings")
-	_, err = webhook.NewServer(h, webhook.TLSOptions{CertFile: cert, KeyFile: key, MinVersion: "VersionTLS11"}, nil)
-	assert.ErrorContains(t, err, "--tls-min-version")
-	_, err = webhook.NewServer(h, webhook.TLSOptions{CertFile: cert, KeyFile: key, CipherSuites: []string{"TLS_NOPE"}}, nil)
-	assert.ErrorContains(t, err, "--tls-cipher-suites")
 }
 
 // realisticLargeNode is as large as a real Node gets: kubelet's 50 images
@@ -348,7 +311,7 @@ func realisticLargeNode() map[string]any {
 // judged, not refused as too large.
 func TestLargestRealNodeFits(t *testing.T) {
 	g, _, _ := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
 	body := review(admissionv1.Delete, "Node", realisticLargeNode())
 	t.Logf("review of a Node with 50 images and 256 KiB of annotations: %d KiB (limit %d KiB)", len(body)>>10, webhook.MaxBodyBytes>>10)
 	assert.Less(t, len(body), webhook.MaxBodyBytes*3/4, "a quarter of the limit to spare")
@@ -360,30 +323,10 @@ func TestLargestRealNodeFits(t *testing.T) {
 // Large reviews take a share of a byte budget while they are decoded and
 // decided: ~1 MiB ones go about four at a time, small ones are not held up.
 func TestLargeReviewsQueueForTheirBytes(t *testing.T) {
-	var running, peak atomic.Int64
-	slow := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
-		now := running.Add(1)
-		for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
-		}
-		time.Sleep(100 * time.Millisecond)
-		running.Add(-1)
-		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
-	})
-	s := serve(t, webhook.New(webhook.Options{Decider: slow}), webhook.TLSOptions{}, nil)
-	send := func(bodies [][]byte) {
-		var wg sync.WaitGroup
-		for i, body := range bodies {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				out, err := s.answer("/validate", body)
-				if assert.NoError(t, err, "review %d", i) {
-					assert.True(t, out.Allowed, "review %d", i)
-				}
-			}()
-		}
-		wg.Wait()
-	}
+	var peak atomic.Int64
+	slow := slowDecider(100*time.Millisecond, &peak)
+	s := serve(t, webhook.New(webhook.Options{Decider: slow}), tlsserver.Options{}, nil)
+	send := func(bodies [][]byte) { s.answerAll(t, bodies, always) }
 	large := make([][]byte, 8)
 	for i := range large {
 		large[i] = review(admissionv1.Delete, "Node", hostileNode(fmt.Sprintf("large-%d", i)))
@@ -486,16 +429,9 @@ func TestSmallReviewsNeverWaitBehindLargeOnes(t *testing.T) {
 	})
 	// Deadlines far past the default: the order is what is tested, and under
 	// the race detector on a loaded machine decoding 1 MiB takes seconds.
-	s := serve(t, webhook.New(webhook.Options{Decider: decider, Timeout: time.Minute}), webhook.TLSOptions{}, nil)
-	var wg sync.WaitGroup
-	for i := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, _ = s.answer("/validate", review(admissionv1.Delete, "Node", hostileNode(fmt.Sprintf("large-%d", i))))
-		}()
-	}
-	defer func() { close(release); wg.Wait() }()
+	s := serve(t, webhook.New(webhook.Options{Decider: decider, Timeout: time.Minute}), tlsserver.Options{}, nil)
+	wait := s.sendLarge(8)
+	defer func() { close(release); wait() }()
 	require.Eventually(t, func() bool { return large.Load() == 4 }, time.Minute, 10*time.Millisecond, "four large reviews hold the large lane")
 	start := time.Now()
 	var small sync.WaitGroup
@@ -548,20 +484,13 @@ func TestTheBudgetComesBeforeTheBody(t *testing.T) {
 		<-release
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: decider, Timeout: 2 * time.Second}), webhook.TLSOptions{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: decider, Timeout: 2 * time.Second}), tlsserver.Options{}, nil)
 	head := func(length string) string {
 		return "POST /validate HTTP/1.1\r\nHost: nodeguard\r\nContent-Type: application/json\r\n" + length + "\r\n"
 	}
 	assert.Equal(t, http.StatusRequestEntityTooLarge, rawPost(t, s, head(fmt.Sprintf("Content-Length: %d\r\n", webhook.MaxBodyBytes+1)), nil))
 
-	var wg sync.WaitGroup
-	for i := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, _ = s.answer("/validate", review(admissionv1.Delete, "Node", hostileNode(fmt.Sprintf("large-%d", i))))
-		}()
-	}
+	wait := s.sendLarge(4)
 	require.Eventually(t, func() bool { return held.Load() == 4 }, 10*time.Second, 10*time.Millisecond)
 	start := time.Now()
 	code := rawPost(t, s, head(fmt.Sprintf("Content-Length: %d\r\n", 900<<10)), nil)
@@ -571,7 +500,7 @@ func TestTheBudgetComesBeforeTheBody(t *testing.T) {
 	// Without Content-Length (chunked), a small body is read, a large one is
 	// refused.
 	close(release)
-	wg.Wait()
+	wait()
 	small := review(admissionv1.Delete, "Node", map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "n"}})
 	chunked := func(b []byte) []byte {
 		return []byte(fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(b), b))

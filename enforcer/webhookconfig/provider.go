@@ -40,23 +40,15 @@ const fieldManager = "nodeguard"
 // route (with Cluster, /externaldata/clusters/NS/NAME) at URL or in Service,
 // trusting the CABundle nodeguard's certificate is signed by.
 func BuildProvider(name string, opts Options) (*unstructured.Unstructured, error) {
-	if err := checkCABundle(opts.CABundle); err != nil {
+	path, err := checked(opts, "/externaldata")
+	if err != nil {
 		return nil, err
-	}
-	path := "/externaldata"
-	if opts.Cluster != "" {
-		ns, cl, err := splitKey("--cluster", opts.Cluster)
-		if err != nil {
-			return nil, err
-		}
-		path += "/clusters/" + ns + "/" + cl
 	}
 	var u *url.URL
 	switch {
 	case opts.URL != "" && opts.Service != "":
 		return nil, errors.New("give --url or --service, not both")
 	case opts.URL != "":
-		var err error
 		u, err = url.Parse(opts.URL)
 		if err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
 			return nil, fmt.Errorf("--url %q: want https://HOST[:PORT][/PREFIX]", opts.URL)

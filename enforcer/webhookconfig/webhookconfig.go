@@ -19,6 +19,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
+
+	"github.com/nodeguard/nodeguard/enforcer/clusters"
 )
 
 // Name is the configuration's name, and WebhookName the webhook's.
@@ -43,18 +45,28 @@ type Options struct {
 	Cluster string
 }
 
+// checked checks opts' CA bundle and returns the path of route (a webhook's
+// or the provider's) for opts' Cluster: route/clusters/NS/NAME, or route
+// itself without one.
+func checked(opts Options, route string) (string, error) {
+	if err := checkCABundle(opts.CABundle); err != nil {
+		return "", err
+	}
+	if opts.Cluster == "" {
+		return route, nil
+	}
+	ns, name, err := splitKey("--cluster", opts.Cluster)
+	if err != nil {
+		return "", err
+	}
+	return route + "/clusters/" + ns + "/" + name, nil
+}
+
 // Build returns the configuration: Node DELETE only, failurePolicy Fail.
 func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
-	if err := checkCABundle(opts.CABundle); err != nil {
+	path, err := checked(opts, "/validate")
+	if err != nil {
 		return nil, err
-	}
-	path := "/validate"
-	if opts.Cluster != "" {
-		ns, name, err := splitKey("--cluster", opts.Cluster)
-		if err != nil {
-			return nil, err
-		}
-		path += "/clusters/" + ns + "/" + name
 	}
 	client := admissionregistrationv1.WebhookClientConfig{CABundle: opts.CABundle}
 	switch {
@@ -159,24 +171,6 @@ func Apply(ctx context.Context, client kubernetes.Interface, cfg *admissionregis
 	return nil
 }
 
-// WorkloadKubeconfig reads the kubeconfig CAPI keeps for a workload cluster:
-// Secret <name>-kubeconfig, key "value", in the Cluster's namespace.
-func WorkloadKubeconfig(ctx context.Context, mgmt kubernetes.Interface, cluster string) ([]byte, error) {
-	ns, name, err := splitKey("--cluster", cluster)
-	if err != nil {
-		return nil, err
-	}
-	secret, err := mgmt.CoreV1().Secrets(ns).Get(ctx, name+"-kubeconfig", metav1.GetOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("read the kubeconfig of Cluster %s: %w", cluster, err)
-	}
-	value := secret.Data["value"]
-	if len(value) == 0 {
-		return nil, fmt.Errorf("Secret %s/%s-kubeconfig has no key \"value\"", ns, name)
-	}
-	return value, nil
-}
-
 // ClientFromKubeconfig is a client for the cluster of a kubeconfig (a
 // workload cluster's, as Install reads it from CAPI's Secret).
 func ClientFromKubeconfig(kubeconfig []byte) (kubernetes.Interface, error) {
@@ -207,7 +201,10 @@ func target[C any](ctx context.Context, mgmt kubernetes.Interface, cluster strin
 		return self, "the cluster of the kubeconfig", nil
 	}
 	var none C
-	kubeconfig, err := WorkloadKubeconfig(ctx, mgmt, cluster)
+	if _, _, err := splitKey("--cluster", cluster); err != nil {
+		return none, "", err
+	}
+	kubeconfig, err := clusters.ReadKubeconfig(ctx, mgmt, cluster)
 	if err != nil {
 		return none, "", err
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
@@ -210,7 +211,7 @@ func exported(t *testing.T) (map[string]bool, map[string]dto.MetricType) {
 	reg := prometheus.NewRegistry()
 	d := &describing{Registerer: reg, names: map[string]bool{}}
 	_, err := serve.Register(d, serve.Sources{
-		Policy: func() decision.Policy { return decision.Policy{Source: decision.SourceEmbedded} },
+		Policy: func() engine.Policy { return engine.Policy{Source: engine.SourceEmbedded} },
 		Cached: func() map[schema.GroupVersionKind]int {
 			return map[schema.GroupVersionKind]int{{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}: 1}
 		},

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 )
@@ -127,17 +128,17 @@ func reviewOf(o *unstructured.Unstructured) map[string]any {
 // Decide judges every scenario with the rule over the full objects, laid out
 // as Gatekeeper's inventory.
 func Decide(ctx context.Context, scenarios []Scenario) ([]Snapshot, error) {
-	eval, err := decision.NewEvaluator(ctx)
+	eval, err := engine.New(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Snapshot, 0, len(scenarios))
 	for _, s := range scenarios {
-		params, err := decision.NewParameters(s.Parameters)
+		params, err := engine.NewParameters(s.Parameters)
 		if err != nil {
 			return nil, fmt.Errorf("scenario %s: %w", s.Name, err)
 		}
-		d, err := eval.Evaluate(ctx, decision.Input{Review: s.Review, Inventory: inventory.Layout(s.Objects), Parameters: params})
+		d, err := decision.Evaluate(ctx, eval, decision.Input{Review: s.Review, Inventory: inventory.Layout(s.Objects), Parameters: params})
 		if err != nil {
 			return nil, fmt.Errorf("scenario %s: %w", s.Name, err)
 		}

@@ -103,6 +103,30 @@ func Signed(t testing.TB, files map[string]string, revision, private string) []b
 	return buf.Bytes()
 }
 
+// Refusal is a bundle nodeguard must refuse to run, and what the refusal
+// says.
+type Refusal struct {
+	Bundle []byte
+	Want   string
+}
+
+// Refusals are the bundles no nodeguard may run, by what is wrong with them;
+// the signed ones are signed with key.
+func Refusals(t testing.TB, key Key) map[string]Refusal {
+	t.Helper()
+	broken := Sources(t)
+	broken["nodeguard/decision.rego"] = "package nodeguard\n\ndecision := no_such_function(input)\n"
+	noEntry := Sources(t)
+	delete(noEntry, "nodeguard/decision.rego")
+	return map[string]Refusal{
+		"unsigned":          {Nodeguard(t, "r1", ""), "bundle missing .signatures.json"},
+		"tampered":          {Tamper(t, Nodeguard(t, "r1", key.Private)), "digest mismatch"},
+		"wrong key":         {Nodeguard(t, "r1", NewKey(t).Private), "verification error"},
+		"does not compile":  {Signed(t, broken, "r1", key.Private), "undefined function no_such_function"},
+		"lacks entry point": {Signed(t, noEntry, "r1", key.Private), "no rule data.nodeguard.decision"},
+	}
+}
+
 // Tamper flips nodeguard's entry point to allow everything, keeping the
 // signature of the original.
 func Tamper(t testing.TB, tarball []byte) []byte {

@@ -5,6 +5,7 @@
 package testcluster
 
 import (
+	"context"
 	"maps"
 	"testing"
 
@@ -15,13 +16,18 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 
+	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 )
 
 // The CAPI kinds most tests serve.
 var (
-	MachineGVK       = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
-	DockerMachineGVK = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
+	MachineGVK           = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
+	ClusterGVK           = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Cluster"}
+	DockerMachineGVK     = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
+	DockerMachinePoolGVK = schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachinePool"}
 )
 
 // Object is an object of gvk in namespace ("" for a cluster-scoped one)
@@ -62,16 +68,13 @@ func Serve(kinds []Kind, objs ...runtime.Object) (*dynamicfake.FakeDynamicClient
 	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), listKinds, objs...), mapper
 }
 
-var (
-	clusterGVK = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Cluster"}
-	crdGVK     = schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}
-)
+var crdGVK = schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}
 
 // capd are the kinds CAPD serves.
 var capd = []Kind{
 	{GVK: schema.GroupVersionKind{Version: "v1", Kind: "Node"}, Resource: "nodes", Cluster: true},
 	{GVK: MachineGVK, Resource: "machines"},
-	{GVK: clusterGVK, Resource: "clusters"},
+	{GVK: ClusterGVK, Resource: "clusters"},
 	{GVK: DockerMachineGVK, Resource: "dockermachines"},
 	{GVK: crdGVK, Resource: "customresourcedefinitions", Cluster: true},
 }
@@ -89,7 +92,27 @@ func CAPD(t testing.TB, dir string, clusters ...[2]string) (*dynamicfake.FakeDyn
 		served = append(served, o)
 	}
 	for _, c := range clusters {
-		served = append(served, Object(clusterGVK, c[0], c[1], nil))
+		served = append(served, Object(ClusterGVK, c[0], c[1], nil))
 	}
 	return Serve(capd, served...)
+}
+
+// ExampleGuard is a Guard with opts over the manifests under dir (the CAPD
+// example) as its whole inventory, DockerMachines synced; it returns the
+// inventory too, and the example's Nodes by name.
+func ExampleGuard(t testing.TB, dir string, opts guard.Options) (*guard.Guard, *inventory.Inventory, map[string]*unstructured.Unstructured) {
+	t.Helper()
+	objs, err := manifest.Load(dir)
+	require.NoError(t, err)
+	nodes := map[string]*unstructured.Unstructured{}
+	for _, o := range objs {
+		if o.GetKind() == "Node" {
+			nodes[o.GetName()] = o
+		}
+	}
+	inv, err := inventory.FromObjects(linkmodel.MustEmbedded(), objs, []schema.GroupKind{DockerMachineGVK.GroupKind()}, nil)
+	require.NoError(t, err)
+	g, err := guard.New(context.Background(), inv, opts)
+	require.NoError(t, err)
+	return g, inv, nodes
 }

@@ -1,4 +1,5 @@
-// Package testpki makes throwaway certificates for tests that run real TLS.
+// Package testpki makes throwaway certificates for tests that run real TLS,
+// serves handlers behind nodeguard's TLS server with them, and calls them.
 package testpki
 
 import (

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -30,12 +29,13 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
+	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/internal/gatekeeper"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 	"github.com/nodeguard/nodeguard/policies"
@@ -66,7 +66,7 @@ func TestEnforcerAgreesWithGatekeeper(t *testing.T) {
 	base, err := os.ReadFile("../../constraints/constraint.yaml")
 	require.NoError(t, err)
 
-	eval, err := decision.NewEvaluator(ctx)
+	eval, err := engine.New(ctx)
 	require.NoError(t, err)
 	total := map[string]int{}
 	for _, v := range variants {
@@ -120,11 +120,11 @@ func gatekeeperDecision(t *testing.T, ctx context.Context, engine *gatekeeper.En
 	return outcomeOf(t, violations)
 }
 
-func enforcerDecision(t *testing.T, ctx context.Context, eval *decision.Evaluator, params map[string]any, s scenario) outcome {
+func enforcerDecision(t *testing.T, ctx context.Context, eval *engine.Engine, params map[string]any, s scenario) outcome {
 	t.Helper()
 	inv, err := inventory.FromObjects(eval.Model(), s.Objects, groupKinds(params["infraMachineKinds"]), groupKinds(params["infraMachinePoolKinds"]))
 	require.NoError(t, err)
-	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Evaluator: eval})
+	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Engine: eval})
 	require.NoError(t, err)
 	d, err := g.Decide(ctx, guard.Request{Node: s.Node, UserInfo: s.User})
 	require.NoError(t, err)
@@ -361,7 +361,7 @@ func TestProviderAgreesWithTheEnforcer(t *testing.T) {
 	require.NoError(t, err)
 	enforcerBase, err := os.ReadFile("../../constraints/constraint.yaml")
 	require.NoError(t, err)
-	eval, err := decision.NewEvaluator(ctx)
+	eval, err := engine.New(ctx)
 	require.NoError(t, err)
 	compiled, err := policies.Compile()
 	require.NoError(t, err)
@@ -450,11 +450,11 @@ func deleting(s scenario) bool {
 
 // providerGuard is the Guard nodeguard serve would have over the scenario's
 // objects with params as its --constraint.
-func providerGuard(t *testing.T, ctx context.Context, eval *decision.Evaluator, params map[string]any, s scenario) *guard.Guard {
+func providerGuard(t *testing.T, ctx context.Context, eval *engine.Engine, params map[string]any, s scenario) *guard.Guard {
 	t.Helper()
 	inv, err := inventory.FromObjects(eval.Model(), s.Objects, groupKinds(params["infraMachineKinds"]), groupKinds(params["infraMachinePoolKinds"]))
 	require.NoError(t, err)
-	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Evaluator: eval})
+	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Engine: eval})
 	require.NoError(t, err)
 	return g
 }
@@ -470,8 +470,8 @@ func (f *scenarioFacts) Objects(ctx context.Context, node *unstructured.Unstruct
 	return f.current.Load().Objects(ctx, node, fresh)
 }
 
-func (f *scenarioFacts) ScopedParameters(cluster string) (map[string]any, error) {
-	return f.current.Load().ScopedParameters(cluster)
+func (f *scenarioFacts) RouteParameters(cluster string) (engine.Parameters, error) {
+	return f.current.Load().RouteParameters(cluster)
 }
 
 func (f *scenarioFacts) Ready() error { return f.current.Load().Ready() }
@@ -493,18 +493,10 @@ func startProvider(t *testing.T, facts provider.Facts) providerServer {
 	serving, gatekeeperCA := testpki.New(t), testpki.New(t)
 	h, err := provider.New(provider.Options{Facts: facts, ClientCAs: gatekeeperCA.Pool(), Intake: intake.New(intake.Options{Timeout: 5 * time.Second})})
 	require.NoError(t, err)
-	certFile, keyFile := serving.ServerFiles(t, "provider")
-	srv, err := webhook.NewServer(h, webhook.TLSOptions{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{gatekeeperCA.CAFile(t)}}, nil)
-	require.NoError(t, err)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	sctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(sctx, l, time.Second) }()
-	t.Cleanup(func() { cancel(); <-done })
+	url, _ := serving.Serve(t, h, tlsserver.Options{ClientCAFiles: []string{gatekeeperCA.CAFile(t)}})
 	dir := t.TempDir()
 	certPEM, keyPEM := gatekeeperCA.Issue(t, 3, x509.ExtKeyUsageClientAuth)
-	out := providerServer{url: "https://" + l.Addr().String(), clientCert: filepath.Join(dir, "tls.crt"), clientKey: filepath.Join(dir, "tls.key")}
+	out := providerServer{url: url, clientCert: filepath.Join(dir, "tls.crt"), clientKey: filepath.Join(dir, "tls.key")}
 	require.NoError(t, os.WriteFile(out.clientCert, certPEM, 0o600))
 	require.NoError(t, os.WriteFile(out.clientKey, keyPEM, 0o600))
 	out.caPEM, err = os.ReadFile(serving.CAFile(t))

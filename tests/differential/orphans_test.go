@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
@@ -42,11 +42,9 @@ var (
 // past graces; in two routes at once (the whole inventory, and one Cluster).
 func TestNarrowedOrphanJudgeAgreesWithAFullPass(t *testing.T) {
 	ctx := context.Background()
-	eval, err := decision.NewEvaluator(ctx)
+	eval, err := engine.New(ctx)
 	require.NoError(t, err)
-	fields, err := eval.Orphans()
-	require.NoError(t, err)
-	shape, err := nodecache.NewShape(eval.Model(), fields)
+	shape, err := nodecache.ShapeOf(eval)
 	require.NoError(t, err)
 	var judged, full, found, checks int
 	for i := range *orphanScenarios {
@@ -103,7 +101,7 @@ var (
 	poolGVK        = schema.GroupVersionKind{Group: poolKind.group, Version: poolKind.version, Kind: poolKind.kind}
 )
 
-func newHistory(t *testing.T, eval *decision.Evaluator, shape *nodecache.Shape, matchProviderID bool, rng *rand.Rand) *history {
+func newHistory(t *testing.T, eval *engine.Engine, shape *nodecache.Shape, matchProviderID bool, rng *rand.Rand) *history {
 	t.Helper()
 	ctx := context.Background()
 	model := eval.Model()
@@ -114,7 +112,7 @@ func newHistory(t *testing.T, eval *decision.Evaluator, shape *nodecache.Shape, 
 		inv.AddKind(schema.GroupVersionKind{Group: k.group, Version: k.version, Kind: k.kind}, inventory.InfraMachine, inv.NewStore(inventory.InfraMachine))
 	}
 	inv.AddKind(poolGVK, inventory.InfraMachinePool, inv.NewStore(inventory.InfraMachinePool))
-	g, err := guard.New(ctx, inv, guard.Options{Evaluator: eval})
+	g, err := guard.New(ctx, inv, guard.Options{Engine: eval})
 	require.NoError(t, err)
 	evidence := orphans.NewEvidence(model)
 	finder, err := orphans.NewFinder(orphans.Options{Guard: g, Inventory: inv, Evidence: evidence, Grace: 5 * time.Minute, MatchProviderID: matchProviderID})

@@ -8,14 +8,12 @@
 package load
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -40,6 +38,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
+	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -112,19 +111,12 @@ func BenchmarkWebhook(b *testing.B) {
 	g, err := guard.New(context.Background(), inv, guard.Options{})
 	require.NoError(b, err)
 	ca := testpki.New(b)
-	cert, key := ca.ServerFiles(b, "load")
-	srv, err := webhook.NewServer(webhook.New(webhook.Options{Decider: g}), webhook.TLSOptions{CertFile: cert, KeyFile: key}, nil)
-	require.NoError(b, err)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(b, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = srv.Serve(ctx, l, time.Second) }()
+	url, _ := ca.Serve(b, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{})
 	client := &http.Client{Transport: &http.Transport{
 		TLSClientConfig:     &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12},
 		MaxIdleConnsPerHost: 1024,
 	}}
-	ask := reviewer(client, "https://"+l.Addr().String())
+	ask := reviewer(client, url)
 	drive(b, reviews, func(body []byte) error {
 		out, err := ask(body)
 		if err != nil || out == nil || out.Allowed {
@@ -138,16 +130,7 @@ func BenchmarkWebhook(b *testing.B) {
 // response.
 func reviewer(client *http.Client, base string) func(body []byte) (*admissionv1.AdmissionResponse, error) {
 	return func(body []byte) (*admissionv1.AdmissionResponse, error) {
-		resp, err := client.Post(base+"/validate", "application/json", bytes.NewReader(body))
-		if err != nil {
-			return nil, err
-		}
-		defer resp.Body.Close()
-		var out admissionv1.AdmissionReview
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			return nil, err
-		}
-		return out.Response, nil
+		return testpki.Ask(client, base+"/validate", body)
 	}
 }
 

@@ -129,7 +129,7 @@ func TestEnforcerFollowsALinkDeclaredOnlyInPolicies(t *testing.T) {
 	require.NoError(t, runtime.DecodeInto(unstructured.UnstructuredJSONScheme, yamlToJSON(t, hostMachine), machine))
 	require.NoError(t, store.Add(inv.Record(machine, inventory.InfraMachine)))
 	fresh := &freshReads{objs: map[string]*unstructured.Unstructured{"default/host-7": machine}}
-	g, err := guard.New(ctx, inv, guard.Options{Evaluator: eval, Fresh: fresh})
+	g, err := guard.New(ctx, inv, guard.Options{Engine: eval, Fresh: fresh})
 	require.NoError(t, err)
 	node := &unstructured.Unstructured{}
 	require.NoError(t, runtime.DecodeInto(unstructured.UnstructuredJSONScheme, yamlToJSON(t, hostNode), node))
@@ -144,7 +144,7 @@ func TestEnforcerFollowsALinkDeclaredOnlyInPolicies(t *testing.T) {
 
 		// The API server says it is gone: the fresh read, not the cache, decides.
 		gone := &freshReads{objs: map[string]*unstructured.Unstructured{}}
-		g2, err := guard.New(ctx, inv, guard.Options{Evaluator: eval, Fresh: gone})
+		g2, err := guard.New(ctx, inv, guard.Options{Engine: eval, Fresh: gone})
 		require.NoError(t, err)
 		d, err = g2.Decide(ctx, guard.Request{Node: node})
 		require.NoError(t, err)

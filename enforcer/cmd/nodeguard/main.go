@@ -26,6 +26,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
+	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/version"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -40,14 +41,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	code := check.ExitAllowed
-	root := &cobra.Command{
-		Use:           "nodeguard",
-		Short:         "Deny deleting a Node while an InfraMachine linked to it still exists",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
-	root.AddCommand(checkCommand(&code), serveCommand(stderr), webhookConfigCommand(), orphansCommand(&code))
-	root.AddCommand(versionCommand())
+	root := rootCommand(&code, stderr)
 	if plugin := kubectlPluginName(os.Args[0]); plugin != "" {
 		// Installed as kubectl-nodeguard, kubectl runs it as `kubectl nodeguard`.
 		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: plugin}
@@ -62,6 +56,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
+// rootCommand is nodeguard with every subcommand; the exit code of check and
+// orphans goes to code.
+func rootCommand(code *int, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "nodeguard",
+		Short:         "Deny deleting a Node while an InfraMachine linked to it still exists",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(checkCommand(code), serveCommand(stderr), webhookConfigCommand(), orphansCommand(code))
+	root.AddCommand(versionCommand())
+	return root
+}
+
 func checkCommand(code *int) *cobra.Command {
 	var opts check.Options
 	cmd := &cobra.Command{
@@ -70,25 +78,37 @@ func checkCommand(code *int) *cobra.Command {
 		Long: "With -f, judge offline: the files or directories of manifests are the whole inventory and hold the Node.\n" +
 			"Without -f, judge live against the cluster of the kubeconfig, reading objects fresh from the API server.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := check.Run(cmd.Context(), opts, cmd.OutOrStdout())
-			*code = c
-			return err
-		},
+		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return check.Run(ctx, opts, out) }),
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.Node, "node", "", "name of the Node to judge (required)")
-	f.StringArrayVarP(&opts.Files, "filename", "f", nil, "manifest file or directory (YAML, JSON, Lists); repeatable")
-	f.StringVar(&opts.Cluster, "cluster", "", "only count Machines of this CAPI Cluster, NAMESPACE/NAME")
+	judgeFlags(f, &opts.Files, &opts.Cluster, &opts.Constraint, &opts.Output, &opts.Kubeconfig, &opts.Context)
 	f.StringVar(&opts.User, "user", "", "user deleting the Node (for exemptions)")
 	f.StringArrayVar(&opts.Groups, "group", nil, "group of that user; repeatable")
-	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the rule's defaults)")
-	f.StringVarP(&opts.Output, "output", "o", "text", "output format: text or json")
-	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file (live mode)")
-	f.StringVar(&opts.Context, "context", "", "kubeconfig context (live mode)")
 	bundleFlags(f, &opts.Bundle)
 	_ = cmd.MarkFlagRequired("node")
 	return cmd
+}
+
+// withCode runs a command that names its own exit code (check, orphans).
+func withCode(code *int, run func(context.Context, io.Writer) (int, error)) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		c, err := run(cmd.Context(), cmd.OutOrStdout())
+		*code = c
+		return err
+	}
+}
+
+// judgeFlags are the flags check and orphans share: the objects judged (-f
+// files, else the live cluster of --kubeconfig and --context), the CAPI
+// Cluster whose Machines count, the Constraint, and the output format.
+func judgeFlags(f *pflag.FlagSet, files *[]string, cluster, constraint, output, kubeconfig, kcContext *string) {
+	f.StringArrayVarP(files, "filename", "f", nil, "manifest file or directory (YAML, JSON, Lists); repeatable")
+	f.StringVar(cluster, "cluster", "", "only count Machines of this CAPI Cluster, NAMESPACE/NAME")
+	f.StringVar(constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the rule's defaults)")
+	f.StringVarP(output, "output", "o", "text", "output format: text or json")
+	f.StringVar(kubeconfig, "kubeconfig", "", "kubeconfig file (live mode)")
+	f.StringVar(kcContext, "context", "", "kubeconfig context (live mode)")
 }
 
 func orphansCommand(code *int) *cobra.Command {
@@ -102,23 +122,14 @@ func orphansCommand(code *int) *cobra.Command {
 			"Without -f, judge live against the cluster of the kubeconfig; --delete then deletes the orphans found,\n" +
 			"each conditional on the UID and resourceVersion judged, through admission like any other delete.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := orphans.Run(cmd.Context(), opts, cmd.OutOrStdout())
-			*code = c
-			return err
-		},
+		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return orphans.Run(ctx, opts, out) }),
 	}
 	f := cmd.Flags()
-	f.StringArrayVarP(&opts.Files, "filename", "f", nil, "manifest file or directory (YAML, JSON, Lists); repeatable")
-	f.StringVar(&opts.Cluster, "cluster", "", "only count Machines of this CAPI Cluster, NAMESPACE/NAME")
+	judgeFlags(f, &opts.Files, &opts.Cluster, &opts.Constraint, &opts.Output, &opts.Kubeconfig, &opts.Context)
 	f.DurationVar(&opts.Grace, "grace", orphans.DefaultGrace, "how long a Node must have been not Ready")
 	f.StringVar(&opts.Now, "now", "", "judge at this time (RFC 3339) instead of now, for reproducible output")
 	f.BoolVar(&opts.MatchProviderID, "match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
 	f.BoolVar(&opts.Delete, "delete", false, "delete the orphans found (live only)")
-	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the rule's defaults)")
-	f.StringVarP(&opts.Output, "output", "o", "text", "output format: text or json")
-	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file (live mode)")
-	f.StringVar(&opts.Context, "context", "", "kubeconfig context (live mode)")
 	return cmd
 }
 
@@ -166,7 +177,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&opts.RequestTimeout, "request-timeout", serve.DefaultRequestTimeout, "deadline of one review; keep it below the webhook's timeoutSeconds")
 	f.DurationVar(&opts.ShutdownGrace, "shutdown-grace", serve.DefaultShutdownGrace, "how long in-flight reviews may finish after SIGTERM")
 	bundleFlags(f, &opts.Bundle)
-	f.BoolVar(&opts.Orphans.Enabled, "reap-orphan-nodes", false, "delete orphan Nodes (see `nodeguard orphans`); one replica acts, holding a Lease")
+	f.BoolVar(&opts.Orphans.Enabled, "reap-orphan-nodes", false, "delete orphan Nodes (see nodeguard orphans); one replica acts, holding a Lease")
 	f.DurationVar(&opts.Orphans.Grace, "orphan-grace", orphans.DefaultGrace, "how long a Node must have been not Ready, and the least time between the two observations before a delete")
 	f.BoolVar(&opts.Orphans.DryRun, "reap-dry-run", false, "with --reap-orphan-nodes: log the orphan Nodes that would be deleted instead of deleting them")
 	f.BoolVar(&opts.Orphans.WorkloadClusters, "reap-workload-clusters", false, "also scan the Nodes of every CAPI Cluster, through its <name>-kubeconfig Secret")
@@ -180,15 +191,15 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", serve.DefaultHealthProbeBindAddress, "address to serve /healthz and /readyz on over HTTP; 0 disables")
 	f.BoolVar(&denialEvents, "denial-events", true, "record a Warning Event NodeDeleteDenied on the Node of each denied delete (aggregated and rate-limited; docs/operate.md)")
 	f.BoolVar(&opts.DenialEventsWorkloadClusters, "denial-events-workload-clusters", false, "record the Events of /validate/clusters/NS/NAME in that workload cluster, through its <name>-kubeconfig Secret (needs Secret get); otherwise on the Machine in this cluster")
-	f.StringVar(&opts.TLSMinVersion, "tls-min-version", webhook.DefaultTLSMinVersion, "lowest TLS version accepted: VersionTLS12 or VersionTLS13")
-	f.StringSliceVar(&opts.TLSCipherSuites, "tls-cipher-suites", webhook.DefaultTLSCipherSuites(), "TLS 1.2 cipher suites accepted, comma-separated IANA names (TLS 1.3 suites are always AEAD)")
+	f.StringVar(&opts.TLSMinVersion, "tls-min-version", tlsserver.DefaultMinVersion, "lowest TLS version accepted: VersionTLS12 or VersionTLS13")
+	f.StringSliceVar(&opts.TLSCipherSuites, "tls-cipher-suites", tlsserver.DefaultCipherSuites(), "TLS 1.2 cipher suites accepted, comma-separated IANA names (TLS 1.3 suites are always AEAD)")
 	return cmd
 }
 
 // bundleFlags are the flags of a signed policy bundle, named as OPA's CLI
 // names them where it has them.
 func bundleFlags(f *pflag.FlagSet, opts *policybundle.Options) {
-	f.StringVar(&opts.Path, "bundle", "", "signed OPA bundle (tar.gz from `make bundle`, or a directory) to run instead of the embedded rule; serve reloads it when it changes")
+	f.StringVar(&opts.Path, "bundle", "", "signed OPA bundle (tar.gz from make bundle, or a directory) to run instead of the embedded rule; serve reloads it when it changes")
 	f.StringVar(&opts.VerificationKeyFile, "bundle-verification-key", "", "PEM public key the bundle's signature must verify with (required with --bundle)")
 	f.StringVar(&opts.KeyID, "bundle-key-id", policybundle.DefaultKeyID, "ID of the verification key (OPA's --verification-key-id)")
 	f.StringVar(&opts.Algorithm, "bundle-signing-alg", policybundle.DefaultAlgorithm, "algorithm of the verification key (OPA's --signing-alg)")
@@ -205,7 +216,7 @@ func versionCommand() *cobra.Command {
 		Short: "Print the binary's version and commit and the policy it runs (with --bundle: that bundle's revision)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			eval, err := policybundle.Evaluator(cmd.Context(), bundle)
+			eval, err := policybundle.Engine(cmd.Context(), bundle)
 			if err != nil {
 				return err
 			}

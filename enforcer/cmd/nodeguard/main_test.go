@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -190,4 +193,21 @@ func TestServeFlags(t *testing.T) {
 		assert.Contains(t, out, want)
 	}
 	assert.NotContains(t, out, "CBC")
+}
+
+// pflag takes a back-quoted word in a usage string as the flag's value name
+// (`--bundle make bundle`): no usage may hold one.
+func TestNoFlagTakesItsValueNameFromItsUsage(t *testing.T) {
+	code := 0
+	var walk func(cmd *cobra.Command)
+	walk = func(cmd *cobra.Command) {
+		cmd.Flags().VisitAll(func(f *pflag.Flag) {
+			name, _ := pflag.UnquoteUsage(f)
+			assert.NotContains(t, f.Usage, "`", "%s --%s shows as --%s %s", cmd.CommandPath(), f.Name, f.Name, name)
+		})
+		for _, sub := range cmd.Commands() {
+			walk(sub)
+		}
+	}
+	walk(rootCommand(&code, io.Discard))
 }

@@ -160,7 +160,7 @@ spec:
 		require.NoError(t, err)
 		inv, err := inventory.FromObjects(eval.Model(), cluster, infra, pools)
 		require.NoError(t, err)
-		g, err := guard.New(ctx, inv, guard.Options{Evaluator: eval, Parameters: params})
+		g, err := guard.New(ctx, inv, guard.Options{Engine: eval, Parameters: params})
 		require.NoError(t, err)
 		var node []byte
 		for _, o := range cluster {

@@ -1,11 +1,11 @@
-package webhook
+package tlsserver
 
 import (
 	"net"
 	"sync"
 )
 
-// Connection bounds of the review port. A connection costs ~40 KiB while it
+// Connection bounds of the port. A connection costs ~40 KiB while it
 // carries a request (TLS and HTTP buffers, its goroutine's stack) before a
 // body byte is read, and the byte budget (intake) bounds the bodies: 1,024
 // connections stay under ~40 MiB. One client (an address) gets at most a

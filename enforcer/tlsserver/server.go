@@ -1,4 +1,8 @@
-package webhook
+// Package tlsserver serves HTTPS for the review and external data port: a
+// certificate reloaded when its files change, TLS settings named as
+// Kubernetes names them, optional client certificates, bounded connections
+// and HTTP/2 streams, and a graceful shutdown.
+package tlsserver
 
 import (
 	"context"
@@ -16,15 +20,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 )
 
-// DefaultTLSMinVersion and DefaultTLSCipherSuites are the defaults of
+// DefaultMinVersion and DefaultCipherSuites are the defaults of
 // --tls-min-version and --tls-cipher-suites: TLS 1.2 with forward-secret AEAD
 // suites only (no CBC, no RSA key exchange). TLS 1.3 suites are all AEAD and
 // Go does not let them be chosen.
-const DefaultTLSMinVersion = "VersionTLS12"
+const DefaultMinVersion = "VersionTLS12"
 
-// DefaultTLSCipherSuites are named as the API server's --tls-cipher-suites
+// DefaultCipherSuites are named as the API server's --tls-cipher-suites
 // names them.
-func DefaultTLSCipherSuites() []string {
+func DefaultCipherSuites() []string {
 	return []string{
 		"TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
 		"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
@@ -35,21 +39,21 @@ func DefaultTLSCipherSuites() []string {
 	}
 }
 
-// TLSOptions are the server's certificate files.
-type TLSOptions struct {
+// Options are the server's certificate files and TLS settings.
+type Options struct {
 	CertFile, KeyFile string
 	// ClientCAFiles, when set, make the server ask for client certificates
 	// signed by one of them; each route checks its own CA (see
-	// Options.ClientCAs and intake.Verified).
+	// webhook.Options.ClientCAs and intake.Verified).
 	ClientCAFiles []string
 	// WatchInterval is how often the files are re-read besides file events
 	// (default: certwatcher's).
 	WatchInterval time.Duration
 	// MinVersion is the lowest TLS version accepted, as Kubernetes names it
-	// (VersionTLS12, VersionTLS13; default DefaultTLSMinVersion).
+	// (VersionTLS12, VersionTLS13; default DefaultMinVersion).
 	MinVersion string
 	// CipherSuites are the TLS 1.2 suites accepted, by IANA name (default
-	// DefaultTLSCipherSuites).
+	// DefaultCipherSuites).
 	CipherSuites []string
 }
 
@@ -79,8 +83,8 @@ type Server struct {
 	log     *slog.Logger
 }
 
-// NewServer loads the certificate and builds the server; nothing listens yet.
-func NewServer(handler http.Handler, opts TLSOptions, log *slog.Logger) (*Server, error) {
+// New loads the certificate and builds the server; nothing listens yet.
+func New(handler http.Handler, opts Options, log *slog.Logger) (*Server, error) {
 	if opts.CertFile == "" || opts.KeyFile == "" {
 		return nil, errors.New("--tls-cert-file and --tls-private-key-file are required: the API server only calls webhooks over HTTPS")
 	}
@@ -93,7 +97,7 @@ func NewServer(handler http.Handler, opts TLSOptions, log *slog.Logger) (*Server
 	}
 	minName := opts.MinVersion
 	if minName == "" {
-		minName = DefaultTLSMinVersion
+		minName = DefaultMinVersion
 	}
 	minVersion, err := cliflag.TLSVersion(minName)
 	if err != nil {
@@ -104,7 +108,7 @@ func NewServer(handler http.Handler, opts TLSOptions, log *slog.Logger) (*Server
 	}
 	names := opts.CipherSuites
 	if len(names) == 0 {
-		names = DefaultTLSCipherSuites()
+		names = DefaultCipherSuites()
 	}
 	suites, err := cliflag.TLSCipherSuites(names)
 	if err != nil {
