@@ -65,7 +65,7 @@ func TestEvaluateRefusesADecisionWithoutTheRulesReason(t *testing.T) {
 	require.NoError(t, err)
 	review := map[string]any{"operation": "DELETE", "kind": map[string]any{"group": "", "version": "v1", "kind": "Node"}, "name": "n"}
 	for name, tc := range map[string]struct{ decision, want string }{
-		"none":        {`{"allowed": true, "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `reason ""`},
+		"none":        {`{"allowed": true, "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `field "reason" is missing`},
 		"unknown":     {`{"allowed": true, "reason": "fine", "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `reason "fine"`},
 		"contradicts": {`{"allowed": true, "reason": "blocked", "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `(allowed true) gives reason "blocked"`},
 		"the rule's":  {`{"allowed": false, "reason": "unjudgeable", "blockers": [], "unverified": [], "messages": ["no"], "warnings": []}`, ""},
