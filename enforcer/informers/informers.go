@@ -108,6 +108,9 @@ type tracked struct {
 	health   *health
 	lw       *watchedLW
 	list     func(context.Context, metav1.ListOptions) (runtime.Object, error)
+	// references, for Machines, is the handler that learns the kinds they
+	// reference: synced only once it has seen every listed Machine.
+	references cache.ResourceEventHandlerRegistration
 }
 
 // New returns a Syncer that fills inv.
@@ -191,12 +194,14 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role) error {
 		}
 	}
 	if role == inventory.Machine {
-		if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		reg, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    s.onMachine,
 			UpdateFunc: func(_, obj any) { s.onMachine(obj) },
-		}); err != nil {
+		})
+		if err != nil {
 			return fmt.Errorf("watch %s references: %w", gvk, err)
 		}
+		t.references = reg
 	}
 	s.informers[gvk.GroupKind()] = t
 	delete(s.failed, gvk.GroupKind())
@@ -375,7 +380,10 @@ func (s *Syncer) Ready() error {
 	defer s.mu.Unlock()
 	var waiting []string
 	for gk, t := range s.informers {
-		if !t.informer.HasSynced() {
+		// The indexer holds the listed Machines before their handlers run:
+		// until the references handler has seen them all, a kind they
+		// reference may not be known to be waited for yet.
+		if !t.informer.HasSynced() || (t.references != nil && !t.references.HasSynced()) {
 			waiting = append(waiting, gk.String())
 		}
 	}
