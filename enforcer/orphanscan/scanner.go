@@ -389,12 +389,20 @@ func (s *Scanner) Run(ctx context.Context) {
 }
 
 // wait is how long Run may sleep: until the next due Node or full pass, and
-// at most a second while the inventory is not ready.
+// at most a second while the inventory is not ready or a cluster's Nodes
+// were never judged. A Node cache says it has synced only after its handler
+// saw the last first-listed Node: the wake that Node sent may find the cache
+// not yet synced, and no other wake comes.
 func (s *Scanner) wait(now time.Time) time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.ready {
 		return time.Second
+	}
+	for _, c := range s.clusters {
+		if !c.judged {
+			return time.Second
+		}
 	}
 	next := s.nextFull
 	if t, ok := s.due.next(); ok && t.Before(next) {

@@ -3,6 +3,7 @@ package orphanscan_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -212,4 +213,36 @@ func TestAClusterIsJudgedOnceItsCacheSynced(t *testing.T) {
 	assert.Equal(t, []string{"dev-md-0-left"}, f.reaper.Orphans("default/dev"))
 	f.scanner.RemoveCluster("default/dev")
 	assert.Empty(t, f.reaper.Orphans("default/dev"))
+}
+
+// syncsQuietly is a cluster whose Node cache syncs with no event after the
+// scan first asked it.
+type syncsQuietly struct {
+	*nodecache.Watch
+	asked, synced *atomic.Bool
+}
+
+func (s syncsQuietly) HasSynced() bool {
+	s.asked.Store(true)
+	return s.synced.Load()
+}
+
+// A cluster found unsynced is asked again within a second, not at the next
+// full pass: the wake of its last first-listed Node can come before its cache
+// says it has synced (seen in serve's tests under load).
+func TestAClusterThatSyncsWithoutAnEventIsJudgedWithinASecond(t *testing.T) {
+	f := newFixture(t, false)
+	f.settle(t)
+	var asked, synced atomic.Bool
+	f.scanner.AddCluster("default/dev", syncsQuietly{f.nodes, &asked, &synced}, reaper.Target{Nodes: f.client})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go f.scanner.Run(ctx)
+	require.Eventually(t, asked.Load, 5*time.Second, time.Millisecond, "Run found the cluster unsynced")
+	time.Sleep(100 * time.Millisecond) // Run sets its timer
+	synced.Store(true)
+	require.Eventually(t, func() bool {
+		f.clock.Step(time.Second)
+		return len(f.reaper.Orphans("default/dev")) == 1
+	}, 5*time.Second, 100*time.Millisecond, "judged within a few fake seconds (the full pass is %s away)", interval)
 }
