@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // ClusterKind is Cluster API's Cluster.
@@ -362,18 +363,15 @@ type Metrics struct {
 // NewMetrics registers nodeguard_workload_cluster_errors_total{cluster,
 // stage} and nodeguard_workload_cluster_session{cluster}.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	r := registrar.New(reg)
 	m := &Metrics{
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nodeguard_workload_cluster_errors_total",
-			Help: "Failures reaching a CAPI workload cluster, by cluster and stage: kubeconfig (its Secret missing, unreadable or invalid) or watch (its API server's list or watch failed).",
-		}, []string{"cluster", "stage"}),
-		sessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "nodeguard_workload_cluster_session",
-			Help: "1 while nodeguard runs against a CAPI workload cluster with a working kubeconfig.",
-		}, []string{"cluster"}),
+		errors: r.CounterVec("nodeguard_workload_cluster_errors_total",
+			"Failures reaching a CAPI workload cluster, by cluster and stage: kubeconfig (its Secret missing, unreadable or invalid) or watch (its API server's list or watch failed).", "cluster", "stage"),
+		sessions: r.GaugeVec("nodeguard_workload_cluster_session",
+			"1 while nodeguard runs against a CAPI workload cluster with a working kubeconfig.", "cluster"),
 	}
-	if err := errors.Join(reg.Register(m.errors), reg.Register(m.sessions)); err != nil {
-		return nil, fmt.Errorf("register workload cluster metrics: %w", err)
+	if err := r.Err("workload cluster metrics"); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

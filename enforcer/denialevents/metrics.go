@@ -1,9 +1,9 @@
 package denialevents
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // Why a denial was not recorded as (part of) an Event: the reason label of
@@ -31,15 +31,12 @@ type Metrics struct {
 // nodeguard_denial_event_writes_total{operation,result}, every label value at
 // zero, so rates and alerts see the first increment.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	r := registrar.New(reg)
 	m := &Metrics{
-		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nodeguard_denial_events_dropped_total",
-			Help: "Denied Node deletes not recorded as (part of) a NodeDeleteDenied Event, by reason (queue-full, per-object-limit, series-limit, write-failed).",
-		}, []string{"reason"}),
-		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nodeguard_denial_event_writes_total",
-			Help: "NodeDeleteDenied Event writes to an API server, by operation (create, patch of the series count) and result (ok, error).",
-		}, []string{"operation", "result"}),
+		dropped: r.CounterVec("nodeguard_denial_events_dropped_total",
+			"Denied Node deletes not recorded as (part of) a NodeDeleteDenied Event, by reason (queue-full, per-object-limit, series-limit, write-failed).", "reason"),
+		writes: r.CounterVec("nodeguard_denial_event_writes_total",
+			"NodeDeleteDenied Event writes to an API server, by operation (create, patch of the series count) and result (ok, error).", "operation", "result"),
 	}
 	for _, r := range []string{DropQueueFull, DropPerObject, DropSeries, DropWriteFailed} {
 		m.dropped.WithLabelValues(r)
@@ -49,10 +46,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			m.writes.WithLabelValues(op, res)
 		}
 	}
-	for _, c := range []prometheus.Collector{m.dropped, m.writes} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register denial event metrics: %w", err)
-		}
+	if err := r.Err("denial event metrics"); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

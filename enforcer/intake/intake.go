@@ -22,6 +22,8 @@ import (
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
+
+	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // MaxBodyBytes bounds a request. An AdmissionReview of a Node DELETE carries
@@ -280,12 +282,11 @@ type Metrics struct {
 
 // NewMetrics registers nodeguard_rejected_requests_total on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	m := &Metrics{rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "nodeguard_rejected_requests_total",
-		Help: "Requests answered with an HTTP error instead of a decision (malformed, wrong method or type, too large, no client certificate), by reason.",
-	}, []string{"reason"})}
-	if err := reg.Register(m.rejected); err != nil {
-		return nil, fmt.Errorf("register metrics: %w", err)
+	r := registrar.New(reg)
+	m := &Metrics{rejected: r.CounterVec("nodeguard_rejected_requests_total",
+		"Requests answered with an HTTP error instead of a decision (malformed, wrong method or type, too large, no client certificate), by reason.", "reason")}
+	if err := r.Err("intake metrics"); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

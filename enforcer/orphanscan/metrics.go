@@ -1,10 +1,9 @@
 package orphanscan
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // The stages of a judgment: the screen (the criteria that read only the
@@ -24,18 +23,15 @@ type Metrics struct {
 // nodeguard_orphan_judge_errors_total: with nothing changing, the first
 // grows only by the full passes.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	r := registrar.New(reg)
 	m := &Metrics{
-		judgments: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nodeguard_orphan_judgments_total",
-			Help: "Nodes judged against the orphan criteria, by stage: screen (what the Node alone decides), full (the inventory too).",
-		}, []string{"stage"}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "nodeguard_orphan_judge_errors_total",
-			Help: "Judgments of a Node against the orphan criteria that failed (tried again later).",
-		}),
+		judgments: r.CounterVec("nodeguard_orphan_judgments_total",
+			"Nodes judged against the orphan criteria, by stage: screen (what the Node alone decides), full (the inventory too).", "stage"),
+		errors: r.Counter("nodeguard_orphan_judge_errors_total",
+			"Judgments of a Node against the orphan criteria that failed (tried again later)."),
 	}
-	if err := errors.Join(reg.Register(m.judgments), reg.Register(m.errors)); err != nil {
-		return nil, fmt.Errorf("register orphan scan metrics: %w", err)
+	if err := r.Err("orphan scan metrics"); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

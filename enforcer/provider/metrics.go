@@ -1,10 +1,11 @@
 package provider
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // Metrics are the provider's Prometheus metrics, all prefixed
@@ -19,30 +20,20 @@ type Metrics struct {
 
 // NewMetrics registers the metrics on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	r := registrar.New(reg)
 	m := &Metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nodeguard_externaldata_requests_total",
-			Help: "External data requests from Gatekeeper, by route and result (answered, rejected: an HTTP error, error: no answer could be written).",
-		}, []string{"route", "result"}),
-		keys: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nodeguard_externaldata_keys_total",
-			Help: "Keys (one per Node DELETE review) answered, by route, with facts or an error.",
-		}, []string{"route"}),
-		keyErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nodeguard_externaldata_key_errors_total",
-			Help: "Keys answered with an error instead of facts (Gatekeeper then denies the delete), by route and reason.",
-		}, []string{"route", "reason"}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "nodeguard_externaldata_request_duration_seconds",
-			Help: "Time to answer one external data request, fresh reads included.",
-			// From a cached answer (~0.1 ms) to the request deadline.
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
-		}, []string{"route"}),
+		requests: r.CounterVec("nodeguard_externaldata_requests_total",
+			"External data requests from Gatekeeper, by route and result (answered, rejected: an HTTP error, error: no answer could be written).", "route", "result"),
+		keys: r.CounterVec("nodeguard_externaldata_keys_total",
+			"Keys (one per Node DELETE review) answered, by route, with facts or an error.", "route"),
+		keyErrors: r.CounterVec("nodeguard_externaldata_key_errors_total",
+			"Keys answered with an error instead of facts (Gatekeeper then denies the delete), by route and reason.", "route", "reason"),
+		duration: r.HistogramVec("nodeguard_externaldata_request_duration_seconds",
+			"Time to answer one external data request, fresh reads included.",
+			registrar.LatencyBuckets(), "route"),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.keys, m.keyErrors, m.duration} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register metrics: %w", err)
-		}
+	if err := r.Err("external data metrics"); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // Target is one cluster whose Nodes are reconciled.
@@ -48,20 +49,15 @@ type Metrics struct {
 // nodeguard_orphan_nodes_deleted_total, both labelled by cluster ("" for
 // the cluster nodeguard runs in).
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	r := registrar.New(reg)
 	m := &Metrics{
-		orphans: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "nodeguard_orphan_nodes",
-			Help: "Orphan Nodes known now (CAPI Nodes whose Machine and InfraMachine are gone), by cluster.",
-		}, []string{"cluster"}),
-		deleted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nodeguard_orphan_nodes_deleted_total",
-			Help: "Orphan Nodes deleted by the reaper, by cluster.",
-		}, []string{"cluster"}),
+		orphans: r.GaugeVec("nodeguard_orphan_nodes",
+			"Orphan Nodes known now (CAPI Nodes whose Machine and InfraMachine are gone), by cluster.", "cluster"),
+		deleted: r.CounterVec("nodeguard_orphan_nodes_deleted_total",
+			"Orphan Nodes deleted by the reaper, by cluster.", "cluster"),
 	}
-	for _, c := range []prometheus.Collector{m.orphans, m.deleted} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register orphan metrics: %w", err)
-		}
+	if err := r.Err("orphan metrics"); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

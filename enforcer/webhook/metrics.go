@@ -1,10 +1,11 @@
 package webhook
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // Metrics are the review routes' Prometheus metrics.
@@ -16,26 +17,20 @@ type Metrics struct {
 // NewMetrics registers nodeguard_decisions_total and
 // nodeguard_decision_duration_seconds on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	r := registrar.New(reg)
 	m := &Metrics{
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nodeguard_decisions_total",
-			Help: "Admission reviews answered, by result (allowed, denied, error), reason and route.",
-		}, []string{"result", "reason", "route"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "nodeguard_decision_duration_seconds",
-			Help: "Time to answer one admission review, fresh reads included.",
-			// From the cache path (~0.5 ms) to the request deadline (4 s).
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
-		}, []string{"route"}),
+		decisions: r.CounterVec("nodeguard_decisions_total",
+			"Admission reviews answered, by result (allowed, denied, error), reason and route.", "result", "reason", "route"),
+		latency: r.HistogramVec("nodeguard_decision_duration_seconds",
+			"Time to answer one admission review, fresh reads included.",
+			registrar.LatencyBuckets(), "route"),
 	}
 	// Both routes' histograms exist from the start, at zero.
 	for _, route := range []string{RouteSelf, RouteCluster} {
 		m.latency.WithLabelValues(route)
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.latency} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register metrics: %w", err)
-		}
+	if err := r.Err("review metrics"); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
