@@ -76,9 +76,6 @@ func (s *schedule) shrink() {
 	}
 }
 
-// len is the number of Nodes waiting.
-func (s *schedule) len() int { return len(s.at) }
-
 // entries is a min-heap by time.
 type entries []entry
 

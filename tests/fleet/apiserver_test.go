@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -194,8 +193,4 @@ func (s *nodeServer) watching() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.watchers)
-}
-
-func (s *nodeServer) String() string {
-	return fmt.Sprintf("nodeServer(%s, %d Nodes)", s.srv.URL, len(s.names))
 }
