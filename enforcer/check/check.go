@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
@@ -104,15 +106,43 @@ func offline(ctx context.Context, opts Options, params map[string]any, eval *eng
 	if err != nil {
 		return decision.Decision{}, err
 	}
+	// CRDs among the manifests add the kinds the contract finds, as the
+	// informers do in a cluster: their objects are then all in the files.
+	for _, o := range objs {
+		if o.GroupVersionKind().GroupKind() != crdKind() {
+			continue
+		}
+		if k, ok := inventory.ContractKindOf(o); ok {
+			switch gk := k.GVK.GroupKind(); {
+			case k.Role == inventory.InfraMachinePool && !slices.Contains(pools, gk):
+				pools = append(pools, gk)
+			case k.Role == inventory.InfraMachine && !slices.Contains(infra, gk):
+				infra = append(infra, gk)
+			}
+		}
+	}
 	inv, err := inventory.FromObjects(eval.Model(), objs, infra, pools)
 	if err != nil {
 		return decision.Decision{}, err
 	}
-	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Engine: eval})
+	synced := func() (machines, pooled []schema.GroupVersionKind) {
+		for _, gk := range infra {
+			machines = append(machines, gk.WithVersion(""))
+		}
+		for _, gk := range pools {
+			pooled = append(pooled, gk.WithVersion(""))
+		}
+		return machines, pooled
+	}
+	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Engine: eval, SyncedKinds: synced})
 	if err != nil {
 		return decision.Decision{}, err
 	}
 	return g.Decide(ctx, request(opts, node))
+}
+
+func crdKind() schema.GroupKind {
+	return schema.GroupKind{Group: "apiextensions.k8s.io", Kind: "CustomResourceDefinition"}
 }
 
 func request(opts Options, node *unstructured.Unstructured) guard.Request {

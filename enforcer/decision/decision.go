@@ -22,6 +22,9 @@ type Input struct {
 type Link struct {
 	Type    string `json:"type"`
 	Machine string `json:"machine,omitempty"`
+	// MachinePool names the MachinePool ("namespace/name") through which a
+	// pool is linked.
+	MachinePool string `json:"machine_pool,omitempty"`
 }
 
 // Blocker is a linked InfraMachine (or pool) that still exists.

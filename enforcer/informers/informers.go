@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -29,10 +30,6 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 )
 
-// Contract labels on provider CRDs, newest first: the value lists the CRD's
-// versions that implement the contract, joined by "_"; the last is used.
-var contractLabels = []string{"cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1beta1"}
-
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // Options configure a Syncer.
@@ -47,6 +44,10 @@ type Options struct {
 	// RetryInterval is how often kinds that could not be resolved are tried
 	// again (default 10s).
 	RetryInterval time.Duration
+	// Contract watches CRDs and every kind Cluster API's contract says is an
+	// InfraMachine or InfraMachinePool (contract.go), from when its CRD is
+	// established.
+	Contract bool
 }
 
 // Syncer starts informers and reports readiness.
@@ -56,8 +57,11 @@ type Syncer struct {
 
 	mu         sync.Mutex
 	informers  map[schema.GroupKind]tracked
-	referenced map[schema.GroupKind]bool // kinds cached Machines reference
+	referenced map[schema.GroupKind]inventory.Role // kinds cached referrers reference, as the role they name
 	failed     map[schema.GroupKind]error
+	// contract is the CRD informer that finds kinds by the contract (nil
+	// when not asked for).
+	contract cache.SharedIndexInformer
 	ctx        context.Context
 	pending    chan schema.GroupKind
 	subs       []func(Change)
@@ -102,14 +106,18 @@ func handler(role inventory.Role, f func(Change)) cache.ResourceEventHandler {
 }
 
 type tracked struct {
-	gvk      schema.GroupVersionKind
-	role     inventory.Role
+	gvk  schema.GroupVersionKind
+	role inventory.Role
+	// sources say why the kind is watched (Source*), each once.
+	sources  []string
+	stop     context.CancelFunc
 	informer cache.SharedIndexInformer
 	health   *health
 	lw       *watchedLW
 	list     func(context.Context, metav1.ListOptions) (runtime.Object, error)
-	// references, for Machines, is the handler that learns the kinds they
-	// reference: synced only once it has seen every listed Machine.
+	// references, for referrers (Machines, MachinePools), is the handler
+	// that learns the kinds they reference: synced only once it has seen
+	// every listed object.
 	references cache.ResourceEventHandlerRegistration
 }
 
@@ -122,7 +130,7 @@ func New(inv *inventory.Inventory, opts Options) *Syncer {
 		opts:       opts,
 		inv:        inv,
 		informers:  map[schema.GroupKind]tracked{},
-		referenced: map[schema.GroupKind]bool{},
+		referenced: map[schema.GroupKind]inventory.Role{},
 		failed:     map[schema.GroupKind]error{},
 		pending:    make(chan schema.GroupKind, 64),
 	}
@@ -134,53 +142,88 @@ func (s *Syncer) Start(ctx context.Context) error {
 	s.mu.Lock()
 	s.ctx = ctx
 	s.mu.Unlock()
-	machine, err := s.preferred(s.inv.Model().MachineKind)
+	model := s.inv.Model()
+	machine, err := s.preferred(model.MachineKind)
 	if err != nil {
 		return fmt.Errorf("find the served version of Cluster API Machines: %w", err)
 	}
-	if err := s.track(machine, inventory.Machine); err != nil {
+	if err := s.track(machine, inventory.Machine, SourceReferrer, nil); err != nil {
 		return err
 	}
+	// Other referrers (MachinePools) are optional: Cluster API serves them
+	// only with its MachinePool feature.
+	for _, role := range inventory.Roles() {
+		if r, ok := model.Referrers[role]; ok && role != inventory.Machine {
+			s.trackIfServed(r.GroupKind(), role, SourceReferrer)
+		}
+	}
 	for _, gk := range s.opts.InfraKinds {
-		s.trackIfServed(gk, inventory.InfraMachine)
+		s.trackIfServed(gk, inventory.InfraMachine, SourceParameter)
 	}
 	for _, gk := range s.opts.PoolKinds {
-		s.trackIfServed(gk, inventory.InfraMachinePool)
+		s.trackIfServed(gk, inventory.InfraMachinePool, SourceParameter)
+	}
+	if s.opts.Contract {
+		if err := s.startContract(); err != nil {
+			return err
+		}
 	}
 	go s.resolveLoop(ctx)
 	return nil
 }
 
-func (s *Syncer) trackIfServed(gk schema.GroupKind, role inventory.Role) {
+// Why a kind is watched.
+const (
+	// SourceReferrer: a kind of the rule's referrers (Machine, MachinePool).
+	SourceReferrer = "referrer"
+	// SourceParameter: infraMachineKinds or infraMachinePoolKinds lists it.
+	SourceParameter = "parameter"
+	// SourceReferenced: a cached Machine or MachinePool references it.
+	SourceReferenced = "referenced"
+	// SourceContract: its CRD carries a Cluster API contract label and its
+	// schema has spec.providerID or spec.providerIDList.
+	SourceContract = "contract"
+)
+
+func (s *Syncer) trackIfServed(gk schema.GroupKind, role inventory.Role, source string) {
 	gvk, err := s.preferred(gk)
 	if err != nil {
 		return // not served here: a Machine referencing it stays unverified
 	}
-	if err := s.track(gvk, role); err != nil {
+	if err := s.track(gvk, role, source, nil); err != nil {
 		s.mu.Lock()
 		s.failed[gk] = err
 		s.mu.Unlock()
 	}
 }
 
-// track starts the informer of one kind, once.
-func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role) error {
+// track starts the informer of one kind, once; a kind already watched only
+// notes the new source. resource, when set, is the kind's resource (a CRD
+// says it), else the mapper finds it.
+func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role, source string, resource *schema.GroupVersionResource) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.informers[gvk.GroupKind()]; ok {
+	if t, ok := s.informers[gvk.GroupKind()]; ok {
+		if !slices.Contains(t.sources, source) {
+			t.sources = append(t.sources, source)
+			s.informers[gvk.GroupKind()] = t
+		}
 		return nil
 	}
-	mapping, err := s.mapping(gvk.GroupKind(), gvk.Version)
-	if err != nil {
-		return fmt.Errorf("map %s to a resource: %w", gvk, err)
+	if resource == nil {
+		mapping, err := s.mapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			return fmt.Errorf("map %s to a resource: %w", gvk, err)
+		}
+		resource = &mapping.Resource
 	}
-	resource := s.opts.Client.Resource(mapping.Resource)
-	t := tracked{gvk: gvk, role: role, health: &health{}, list: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-		return resource.List(ctx, opts)
+	client := s.opts.Client.Resource(*resource)
+	t := tracked{gvk: gvk, role: role, sources: []string{source}, health: &health{}, list: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		return client.List(ctx, opts)
 	}}
 	lw := &watchedLW{inner: &cache.ListWatch{ListWithContextFunc: t.list,
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			return resource.Watch(ctx, opts)
+			return client.Watch(ctx, opts)
 		}}, h: t.health, noWatchList: watchlist.DoesClientNotSupportWatchListSemantics(s.opts.Client)}
 	informer := cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{Indexers: s.inv.Indexers(role)})
 	t.informer, t.lw = informer, lw
@@ -193,21 +236,38 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role) error {
 			return fmt.Errorf("watch %s changes: %w", gvk, err)
 		}
 	}
-	if role == inventory.Machine {
+	if r, ok := s.inv.Model().Referrers[role]; ok {
+		onReferrer := func(obj any) { s.onReferrer(obj, r.Names) }
 		reg, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    s.onMachine,
-			UpdateFunc: func(_, obj any) { s.onMachine(obj) },
+			AddFunc:    onReferrer,
+			UpdateFunc: func(_, obj any) { onReferrer(obj) },
 		})
 		if err != nil {
 			return fmt.Errorf("watch %s references: %w", gvk, err)
 		}
 		t.references = reg
 	}
+	ctx, stop := context.WithCancel(s.ctx)
+	t.stop = stop
 	s.informers[gvk.GroupKind()] = t
 	delete(s.failed, gvk.GroupKind())
 	s.inv.AddKind(gvk, role, informer.GetIndexer())
-	go informer.RunWithContext(s.ctx)
+	go informer.RunWithContext(ctx)
 	return nil
+}
+
+// untrack stops the informer of a kind whose CRD is gone (its objects went
+// with it) and drops its store.
+func (s *Syncer) untrack(gk schema.GroupKind) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.informers[gk]
+	if !ok {
+		return
+	}
+	t.stop()
+	delete(s.informers, gk)
+	s.inv.RemoveKind(t.gvk)
 }
 
 // verify checks t's cache against a fresh LIST once its watch is back after
@@ -260,8 +320,9 @@ func (s *Syncer) Recovering() error {
 	return fmt.Errorf("the cache of %s is catching up after its watch of the API server broke", strings.Join(broken, "; "))
 }
 
-// onMachine notes the kind a Machine references and queues it if new.
-func (s *Syncer) onMachine(obj any) {
+// onReferrer notes the kind a Machine or MachinePool references (as the role
+// its reference names) and queues it if new.
+func (s *Syncer) onReferrer(obj any, names inventory.Role) {
 	r, ok := obj.(*inventory.Record)
 	if !ok {
 		return
@@ -272,8 +333,10 @@ func (s *Syncer) onMachine(obj any) {
 	}
 	gk := ref.GVK.GroupKind()
 	s.mu.Lock()
-	known := s.referenced[gk]
-	s.referenced[gk] = true
+	_, known := s.referenced[gk]
+	if !known {
+		s.referenced[gk] = names
+	}
 	_, tracked := s.informers[gk]
 	s.mu.Unlock()
 	if !known && !tracked {
@@ -316,9 +379,12 @@ func (s *Syncer) untracked() []schema.GroupKind {
 }
 
 func (s *Syncer) resolve(ctx context.Context, gk schema.GroupKind) {
+	s.mu.Lock()
+	role := s.referenced[gk]
+	s.mu.Unlock()
 	gvk, err := s.contractVersion(ctx, gk)
 	if err == nil {
-		err = s.track(gvk, inventory.InfraMachine)
+		err = s.track(gvk, role, SourceReferenced, nil)
 	}
 	if err != nil {
 		s.mu.Lock()
@@ -339,12 +405,8 @@ func (s *Syncer) contractVersion(ctx context.Context, gk schema.GroupKind) (sche
 	if err != nil {
 		return schema.GroupVersionKind{}, fmt.Errorf("read CRD of %s: %w", gk, err)
 	}
-	labels := crd.GetLabels()
-	for _, l := range contractLabels {
-		if v := labels[l]; v != "" {
-			versions := strings.Split(v, "_")
-			return gk.WithVersion(versions[len(versions)-1]), nil
-		}
+	if v, ok := inventory.ContractVersion(crd.GetLabels()); ok {
+		return gk.WithVersion(v), nil
 	}
 	return mapping.GroupVersionKind, nil
 }
@@ -391,6 +453,9 @@ func (s *Syncer) Ready() error {
 		if _, ok := s.informers[gk]; !ok && s.failed[gk] == nil {
 			waiting = append(waiting, gk.String()+" (resolving)")
 		}
+	}
+	if s.contract != nil && !s.contract.HasSynced() {
+		waiting = append(waiting, "CustomResourceDefinitions (kinds by contract)")
 	}
 	if len(s.informers) == 0 {
 		return errors.New("not started")

@@ -7,6 +7,7 @@ package inventory
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -21,9 +22,13 @@ import (
 // Role says what a kind is to the rule (see linkmodel).
 type Role = linkmodel.Role
 
+// Roles returns every role, in a fixed order.
+func Roles() []Role { return linkmodel.Roles() }
+
 // The roles a kind can have.
 const (
 	Machine          = linkmodel.Machine
+	MachinePool      = linkmodel.MachinePool
 	InfraMachine     = linkmodel.InfraMachine
 	InfraMachinePool = linkmodel.InfraMachinePool
 )
@@ -110,8 +115,7 @@ func (inv *Inventory) NewStore(role Role) cache.Indexer {
 // Inventory is the set of stores, one per kind. Kinds can be added while it
 // is in use (a new InfraMachine kind appears); it is safe for concurrent use.
 type Inventory struct {
-	model   *linkmodel.Model
-	refSlot [5]int // the Machine reference's keys in the Machine shape
+	model *linkmodel.Model
 
 	mu     sync.RWMutex
 	stores map[schema.GroupVersionKind]kindStore
@@ -126,9 +130,8 @@ type kindStore struct {
 // New returns an empty inventory following model.
 func New(model *linkmodel.Model) *Inventory {
 	return &Inventory{
-		model:   model,
-		refSlot: model.ReferenceSlots(model.Shape(Machine)),
-		stores:  map[schema.GroupVersionKind]kindStore{},
+		model:  model,
+		stores: map[schema.GroupVersionKind]kindStore{},
 	}
 }
 
@@ -172,6 +175,18 @@ func (inv *Inventory) AddKind(gvk schema.GroupVersionKind, role Role, indexer ca
 	inv.order = append(inv.order, gvk)
 	sort.Slice(inv.order, func(i, j int) bool { return inv.order[i].String() < inv.order[j].String() })
 	return true
+}
+
+// RemoveKind drops the store of one kind (its CRD is gone, and its objects
+// with it).
+func (inv *Inventory) RemoveKind(gvk schema.GroupVersionKind) {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	if _, ok := inv.stores[gvk]; !ok {
+		return
+	}
+	delete(inv.stores, gvk)
+	inv.order = slices.DeleteFunc(inv.order, func(g schema.GroupVersionKind) bool { return g == gvk })
 }
 
 // Kinds returns the registered kinds of one role, sorted.
@@ -273,7 +288,7 @@ func (p *picker) each(role Role, f func(schema.GroupVersionKind, cache.Indexer) 
 	return found
 }
 
-// add picks stored items of kind gvk not picked yet; a Machine's reference
+// add picks stored items of kind gvk not picked yet; a referrer's reference
 // becomes a ref, and the object it names, in every version cached, is picked
 // too.
 func (p *picker) add(gvk schema.GroupVersionKind, items ...any) {
@@ -305,18 +320,22 @@ func (p *picker) add(gvk schema.GroupVersionKind, items ...any) {
 	}
 }
 
-// Reference reads what a Machine references, in either shape of Cluster
-// API's refs (see Record.reference), from a full object.
-func (inv *Inventory) Reference(machine *unstructured.Unstructured) (Ref, bool) {
-	return inv.Record(machine, Machine).reference(inv.refSlot)
+// Reference reads what a referrer of role (a Machine, a MachinePool)
+// references, in either shape of Cluster API's refs (see Record.reference),
+// from a full object.
+func (inv *Inventory) Reference(obj *unstructured.Unstructured, role Role) (Ref, bool) {
+	return inv.ReferenceOf(inv.Record(obj, role))
 }
 
-// ReferenceOf is Reference for a cached record.
+// ReferenceOf is Reference for a cached record; false for a record of a role
+// that references nothing.
 func (inv *Inventory) ReferenceOf(r *Record) (Ref, bool) {
-	if r.shape != inv.model.Shape(Machine) {
+	role, ok := inv.model.ReferrerOf(r.shape)
+	if !ok {
 		return Ref{}, false
 	}
-	return r.reference(inv.refSlot)
+	slots, _ := inv.model.ReferenceSlots(role)
+	return r.reference(slots)
 }
 
 // Layout arranges objects as Gatekeeper's inventory:

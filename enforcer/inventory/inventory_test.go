@@ -119,7 +119,7 @@ func TestReferenceShapes(t *testing.T) {
 	m := obj(machineV1beta2, "ns", "m", map[string]any{"spec": map[string]any{"infrastructureRef": map[string]any{
 		"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "AWSMachine", "name": "a",
 	}}})
-	ref, ok := inv.Reference(m)
+	ref, ok := inv.Reference(m, inventory.Machine)
 	require.True(t, ok)
 	assert.Equal(t, inventory.Ref{GVK: schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Kind: "AWSMachine"}, Namespace: "ns", Name: "a"}, ref)
 
@@ -127,11 +127,11 @@ func TestReferenceShapes(t *testing.T) {
 		map[string]any{"spec": map[string]any{"infrastructureRef": map[string]any{
 			"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "AWSMachine", "name": "a", "namespace": "other",
 		}}})
-	ref, ok = inv.Reference(old)
+	ref, ok = inv.Reference(old, inventory.Machine)
 	require.True(t, ok)
 	assert.Equal(t, inventory.Ref{GVK: schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "AWSMachine"}, Namespace: "other", Name: "a"}, ref)
 
-	_, ok = inv.Reference(obj(machineV1beta2, "ns", "m", nil))
+	_, ok = inv.Reference(obj(machineV1beta2, "ns", "m", nil), inventory.Machine)
 	assert.False(t, ok)
 }
 

@@ -10,9 +10,10 @@ import (
 )
 
 // FromObjects builds an inventory from objects read from files: they are the
-// whole inventory. It keeps Machines, the kinds named in infraKinds and
-// poolKinds (group and kind), and any kind a Machine references; everything
-// else (Nodes, Clusters, ...) is ignored. Objects without a namespace are
+// whole inventory. It keeps Machines and MachinePools (the referrers), the
+// kinds named in infraKinds and poolKinds (group and kind), and any kind a
+// referrer references, as the role its reference names; everything else
+// (Nodes, Clusters, ...) is ignored. Objects without a namespace are
 // taken to be in "default", as kubectl would create them.
 func FromObjects(model *linkmodel.Model, objs []*unstructured.Unstructured, infraKinds, poolKinds []schema.GroupKind) (*Inventory, error) {
 	inv := New(model)
@@ -23,21 +24,25 @@ func FromObjects(model *linkmodel.Model, objs []*unstructured.Unstructured, infr
 	for _, gk := range poolKinds {
 		roles[gk] = InfraMachinePool
 	}
+	referrers := map[schema.GroupKind]Role{}
+	for role, r := range model.Referrers {
+		referrers[r.GroupKind()] = role
+	}
 	for _, o := range objs {
-		if o.GroupVersionKind().GroupKind() == model.MachineKind {
-			if ref, ok := inv.Reference(o); ok {
+		if role, ok := referrers[o.GroupVersionKind().GroupKind()]; ok {
+			if ref, ok := inv.Reference(o, role); ok {
 				gk := ref.GVK.GroupKind()
 				if _, known := roles[gk]; !known {
-					roles[gk] = InfraMachine
+					roles[gk] = model.Referrers[role].Names
 				}
 			}
 		}
 	}
 	for _, o := range objs {
 		gvk := o.GroupVersionKind()
-		role, ok := roles[gvk.GroupKind()]
-		if gvk.GroupKind() == model.MachineKind {
-			role, ok = Machine, true
+		role, ok := referrers[gvk.GroupKind()]
+		if !ok {
+			role, ok = roles[gvk.GroupKind()]
 		}
 		if !ok {
 			continue

@@ -28,16 +28,35 @@ const Query = "data.lib.nodeguard.link_model"
 // Role is what an object is to the rule.
 type Role string
 
-// The roles the rule knows. A Machine blocks the InfraMachine its reference
-// names; an InfraMachine or InfraMachinePool blocks itself.
+// The roles the rule knows. A Machine or MachinePool (a referrer) blocks
+// what its reference names; an InfraMachine or InfraMachinePool blocks
+// itself.
 const (
 	Machine          Role = "Machine"
+	MachinePool      Role = "MachinePool"
 	InfraMachine     Role = "InfraMachine"
 	InfraMachinePool Role = "InfraMachinePool"
 )
 
 // Roles returns every role the rule knows, in a fixed order.
-func Roles() []Role { return []Role{Machine, InfraMachine, InfraMachinePool} }
+func Roles() []Role { return []Role{Machine, MachinePool, InfraMachine, InfraMachinePool} }
+
+// Referrer is a role whose objects block what their reference names, as the
+// policy declares it (referrers in links.rego).
+type Referrer struct {
+	Group string `json:"group"`
+	Kind  string `json:"kind"`
+	// Reference is the field naming the referenced object.
+	Reference Path `json:"reference"`
+	// Names is the role of the objects the reference names: a referenced
+	// kind is watched as that role.
+	Names Role `json:"names"`
+	// Kinds is the parameter listing the synced kinds a reference names.
+	Kinds string `json:"kinds"`
+}
+
+// GroupKind is the referrer's kind.
+func (r Referrer) GroupKind() schema.GroupKind { return schema.GroupKind{Group: r.Group, Kind: r.Kind} }
 
 // Match says how an object's fields are compared with the Node's.
 type Match string
@@ -91,21 +110,30 @@ type Model struct {
 	Links []Link `json:"links"`
 	// NodeFields are the fields the rule reads of a Node: its name and
 	// every link's Node fields.
-	NodeFields        []Path           `json:"node_fields"`
+	NodeFields []Path `json:"node_fields"`
+	// Referrers are the roles that block what they reference, by role.
+	Referrers map[Role]Referrer `json:"referrers"`
+	// MachineKind and Reference are the Machine referrer's kind and
+	// reference.
 	MachineKind       schema.GroupKind `json:"-"`
-	Reference         Path             `json:"reference"`
+	Reference         Path             `json:"-"`
 	DeletionTimestamp Path             `json:"deletion_timestamp"`
 	ClusterLabel      Path             `json:"cluster_label"`
 	ClusterName       Path             `json:"cluster_name"`
-	// ProviderID is kept of every InfraMachine: the orphan criteria read its
-	// scheme whether or not a link compares it.
+	// ProviderID is kept of every InfraMachine and referrer: the orphan
+	// criteria read an InfraMachine's scheme, and a Machine of a pool speaks
+	// for its instance, whether or not a link compares them.
 	ProviderID Path `json:"provider_id"`
+	// PoolName is kept of every referrer: the MachinePool a Machine belongs
+	// to (Cluster API's MachinePool Machines).
+	PoolName Path `json:"pool_name"`
 	// GroupParameters name the parameters whose values are the group names
 	// the rule compares a requesting user's groups with (see Groups).
 	GroupParameters []string `json:"group_parameters"`
 
-	shapes map[Role]*Shape
-	node   nodeDecoder
+	shapes  map[Role]*Shape
+	refSlot map[Role][5]int // each referrer's reference keys in its shape
+	node    nodeDecoder
 	// stripped are apiVersion, kind and NodePaths: what StripNode keeps,
 	// derived once rather than on every decision.
 	stripped []Path
@@ -161,28 +189,27 @@ func Embedded(ctx context.Context) (*Model, error) {
 // Parse reads the declaration's JSON and derives the model from it.
 func Parse(raw []byte) (*Model, error) {
 	var m Model
-	var kind struct {
-		MachineKind struct {
-			Group string `json:"group"`
-			Kind  string `json:"kind"`
-		} `json:"machine_kind"`
-	}
 	if err := json.Unmarshal(raw, &m); err != nil {
 		return nil, fmt.Errorf("decode %s: %w", Query, err)
 	}
-	if err := json.Unmarshal(raw, &kind); err != nil {
-		return nil, fmt.Errorf("decode %s machine_kind: %w", Query, err)
-	}
-	m.MachineKind = schema.GroupKind{Group: kind.MachineKind.Group, Kind: kind.MachineKind.Kind}
+	machine := m.Referrers[Machine]
+	m.MachineKind, m.Reference = machine.GroupKind(), machine.Reference
 	if err := m.check(); err != nil {
 		return nil, fmt.Errorf("%s: %w", Query, err)
 	}
-	m.shapes = map[Role]*Shape{}
+	m.shapes, m.refSlot = map[Role]*Shape{}, map[Role][5]int{}
 	for _, role := range Roles() {
 		m.shapes[role] = m.shape(role)
 		if n := len(m.shapes[role].Scalars); n > MaxScalars {
 			return nil, fmt.Errorf("%s: %d string fields of a %s, at most %d", Query, n, role, MaxScalars)
 		}
+	}
+	for role, r := range m.Referrers {
+		var slots [5]int
+		for i, k := range referenceKeys() {
+			slots[i] = m.shapes[role].Slot(append(slices.Clone(r.Reference), k))
+		}
+		m.refSlot[role] = slots
 	}
 	m.stripped = append([]Path{{"apiVersion"}, {"kind"}}, m.NodePaths()...)
 	node, err := newNodeDecoder(m.NodePaths())
@@ -197,10 +224,21 @@ func Parse(raw []byte) (*Model, error) {
 // fail loudly at start-up, never judge with half a model.
 func (m *Model) check() error {
 	if m.MachineKind.Kind == "" {
-		return fmt.Errorf("machine_kind has no kind")
+		return fmt.Errorf("referrers: no Machine with a kind")
 	}
-	for name, p := range map[string]Path{"reference": m.Reference, "deletion_timestamp": m.DeletionTimestamp,
-		"cluster_label": m.ClusterLabel, "cluster_name": m.ClusterName, "provider_id": m.ProviderID} {
+	for role, r := range m.Referrers {
+		if !slices.Contains(Roles(), role) || role == r.Names || r.Kind == "" {
+			return fmt.Errorf("referrer %s: not a known role, or without a kind", role)
+		}
+		if r.Names != InfraMachine && r.Names != InfraMachinePool {
+			return fmt.Errorf("referrer %s: names %q, want %q or %q", role, r.Names, InfraMachine, InfraMachinePool)
+		}
+		if err := checkPath(r.Reference); err != nil {
+			return fmt.Errorf("referrer %s reference: %w", role, err)
+		}
+	}
+	for name, p := range map[string]Path{"deletion_timestamp": m.DeletionTimestamp, "cluster_label": m.ClusterLabel,
+		"cluster_name": m.ClusterName, "provider_id": m.ProviderID, "pool_name": m.PoolName} {
 		if err := checkPath(p); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -288,14 +326,22 @@ func (s *Shape) ListSlot(p Path) int {
 	return slices.IndexFunc(s.Lists, func(have Path) bool { return slices.Equal(have, p) })
 }
 
-// ReferenceSlots returns the scalar positions of the reference's keys
-// (apiGroup, apiVersion, kind, name, namespace), -1 where not kept.
-func (m *Model) ReferenceSlots(s *Shape) [5]int {
-	var out [5]int
-	for i, k := range referenceKeys() {
-		out[i] = s.Slot(append(slices.Clone(m.Reference), k))
+// ReferenceSlots returns the scalar positions of a referrer's reference keys
+// (apiGroup, apiVersion, kind, name, namespace) in its shape; false for a
+// role that references nothing.
+func (m *Model) ReferenceSlots(role Role) ([5]int, bool) {
+	slots, ok := m.refSlot[role]
+	return slots, ok
+}
+
+// ReferrerOf returns the role of the referrer whose objects have shape s.
+func (m *Model) ReferrerOf(s *Shape) (Role, bool) {
+	for role := range m.Referrers {
+		if m.shapes[role] == s {
+			return role, true
+		}
 	}
-	return out
+	return "", false
 }
 
 // Shape returns the fields kept of objects of role.
@@ -319,10 +365,12 @@ func (m *Model) shape(role Role) *Shape {
 	if role == InfraMachine {
 		add(&s.Scalars, m.ProviderID)
 	}
-	if role == Machine {
+	if r, ok := m.Referrers[role]; ok {
 		add(&s.Scalars, m.ClusterName)
+		add(&s.Scalars, m.ProviderID)
+		add(&s.Scalars, m.PoolName)
 		for _, k := range referenceKeys() {
-			add(&s.Scalars, append(slices.Clone(m.Reference), k))
+			add(&s.Scalars, append(slices.Clone(r.Reference), k))
 		}
 	}
 	for _, l := range m.Links {
@@ -382,8 +430,8 @@ func (m *Model) Equal(other *Model) bool {
 		}
 		return out
 	}
-	return reflect.DeepEqual(structure(m.Links), structure(other.Links)) && m.MachineKind == other.MachineKind &&
-		slices.Equal(m.Reference, other.Reference) && slices.Equal(m.DeletionTimestamp, other.DeletionTimestamp) &&
+	return reflect.DeepEqual(structure(m.Links), structure(other.Links)) && reflect.DeepEqual(m.Referrers, other.Referrers) &&
+		slices.Equal(m.PoolName, other.PoolName) && slices.Equal(m.DeletionTimestamp, other.DeletionTimestamp) &&
 		slices.Equal(m.ClusterLabel, other.ClusterLabel) && slices.Equal(m.ClusterName, other.ClusterName) &&
 		slices.Equal(m.ProviderID, other.ProviderID) && slices.Equal(m.GroupParameters, other.GroupParameters)
 }

@@ -124,7 +124,8 @@ func TestModelHoldsEveryDeclaredLink(t *testing.T) {
 
 // What the enforcer keeps of each role follows from the declaration alone:
 // every object's namespace, name, deletion_timestamp and cluster_label; a
-// Machine's cluster_name and reference keys; an InfraMachine's provider_id;
+// referrer's cluster_name, provider_id, pool_name and reference keys; an
+// InfraMachine's provider_id;
 // and the fields of the links of that role (a contains link's as a list).
 func TestShapesKeepTheDeclaredFields(t *testing.T) {
 	for name, decl := range declarations(t) {
@@ -133,13 +134,15 @@ func TestShapesKeepTheDeclaredFields(t *testing.T) {
 			for _, role := range linkmodel.Roles() {
 				want := map[string]bool{"metadata.namespace": true, "metadata.name": true,
 					path(decl["deletion_timestamp"]).String(): true, path(decl["cluster_label"]).String(): true}
-				switch role {
-				case linkmodel.Machine:
-					want[path(decl["cluster_name"]).String()] = true
-					for _, k := range []string{"apiGroup", "apiVersion", "kind", "name", "namespace"} {
-						want[path(decl["reference"]).String()+"."+k] = true
+				if r, ok := decl["referrers"].(map[string]any)[string(role)].(map[string]any); ok {
+					for _, k := range []string{"cluster_name", "provider_id", "pool_name"} {
+						want[path(decl[k]).String()] = true
 					}
-				case linkmodel.InfraMachine:
+					for _, k := range []string{"apiGroup", "apiVersion", "kind", "name", "namespace"} {
+						want[path(r["reference"]).String()+"."+k] = true
+					}
+				}
+				if role == linkmodel.InfraMachine {
 					want[path(decl["provider_id"]).String()] = true
 				}
 				for _, l := range decl["links"].([]any) {
@@ -173,10 +176,11 @@ func TestShapesKeepTheDeclaredFields(t *testing.T) {
 func TestParseRefusesWhatTheEnforcerCannotFollow(t *testing.T) {
 	valid := func() map[string]any {
 		return map[string]any{
-			"machine_kind": map[string]any{"group": "cluster.x-k8s.io", "kind": "Machine"},
-			"reference":    []any{"spec", "infrastructureRef"}, "deletion_timestamp": []any{"metadata", "deletionTimestamp"},
-			"cluster_label": []any{"metadata", "labels", "c"}, "cluster_name": []any{"spec", "clusterName"},
-			"provider_id": []any{"spec", "providerID"},
+			"referrers": map[string]any{"Machine": map[string]any{"group": "cluster.x-k8s.io", "kind": "Machine",
+				"reference": []any{"spec", "infrastructureRef"}, "names": "InfraMachine", "kinds": "infraMachineKinds"}},
+			"deletion_timestamp": []any{"metadata", "deletionTimestamp"},
+			"cluster_label":      []any{"metadata", "labels", "c"}, "cluster_name": []any{"spec", "clusterName"},
+			"provider_id": []any{"spec", "providerID"}, "pool_name": []any{"metadata", "labels", "p"},
 			"links": []any{map[string]any{"type": "a", "role": "InfraMachine", "node": []any{[]any{"spec", "providerID"}},
 				"fields": []any{[]any{"spec", "providerID"}}, "match": "equal"}},
 			"node_fields": []any{[]any{"metadata", "name"}, []any{"spec", "providerID"}},
@@ -201,6 +205,9 @@ func TestParseRefusesWhatTheEnforcerCannotFollow(t *testing.T) {
 	}
 	require.NoError(t, parse(func(map[string]any) {}))
 	link := func(m map[string]any) map[string]any { return m["links"].([]any)[0].(map[string]any) }
+	referrer := func(m map[string]any) map[string]any {
+		return m["referrers"].(map[string]any)["Machine"].(map[string]any)
+	}
 	for name, edit := range map[string]func(m map[string]any){
 		"unknown role":        func(m map[string]any) { link(m)["role"] = "Cluster" },
 		"unknown match":       func(m map[string]any) { link(m)["match"] = "prefix" },
@@ -209,10 +216,20 @@ func TestParseRefusesWhatTheEnforcerCannotFollow(t *testing.T) {
 			link(m)["match"] = "contains"
 			link(m)["fields"] = []any{[]any{"a"}, []any{"b"}}
 		},
-		"empty path segment": func(m map[string]any) { link(m)["fields"] = []any{[]any{"spec", ""}} },
-		"repeated type":      func(m map[string]any) { m["links"] = append(m["links"].([]any), link(m)) },
-		"no machine kind":    func(m map[string]any) { delete(m, "machine_kind") },
-		"no reference":       func(m map[string]any) { delete(m, "reference") },
+		"empty path segment":    func(m map[string]any) { link(m)["fields"] = []any{[]any{"spec", ""}} },
+		"repeated type":         func(m map[string]any) { m["links"] = append(m["links"].([]any), link(m)) },
+		"no machine referrer":   func(m map[string]any) { delete(m, "referrers") },
+		"no reference":          func(m map[string]any) { delete(referrer(m), "reference") },
+		"referrer names itself": func(m map[string]any) { referrer(m)["names"] = "Machine" },
+		"referrer names a referrer": func(m map[string]any) {
+			m["referrers"].(map[string]any)["MachinePool"] = map[string]any{"group": "g", "kind": "MachinePool",
+				"reference": []any{"spec", "r"}, "names": "Machine"}
+		},
+		"unknown referrer role": func(m map[string]any) {
+			m["referrers"].(map[string]any)["Cluster"] = map[string]any{"group": "g", "kind": "Cluster",
+				"reference": []any{"spec", "r"}, "names": "InfraMachine"}
+		},
+		"no pool_name": func(m map[string]any) { delete(m, "pool_name") },
 		"node field in string": func(m map[string]any) {
 			nodeFields(m, []any{"spec", "providerID"}, []any{"spec", "providerID", "x"})
 			link(m)["fields"] = []any{[]any{"a"}, []any{"b"}}

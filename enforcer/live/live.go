@@ -60,7 +60,9 @@ func Start(ctx context.Context, c kubeclient.Clients, opts Options) (*Enforcer, 
 		return nil, err
 	}
 	inv := inventory.New(eval.Model())
-	syncer := informers.New(inv, informers.Options{Client: c.Dynamic, Mapper: c.Mapper, InfraKinds: infraKinds, PoolKinds: poolKinds})
+	// Kinds are found by the contract too, so a provider kind no parameter
+	// lists still blocks (informers/contract.go).
+	syncer := informers.New(inv, informers.Options{Client: c.Dynamic, Mapper: c.Mapper, InfraKinds: infraKinds, PoolKinds: poolKinds, Contract: true})
 	if opts.OnChange != nil {
 		if err := syncer.Subscribe(opts.OnChange); err != nil {
 			return nil, err

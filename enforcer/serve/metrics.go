@@ -9,6 +9,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
+	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/version"
@@ -19,7 +20,9 @@ import (
 type Sources struct {
 	Policy func() engine.Policy
 	Cached func() map[schema.GroupVersionKind]int
-	Ready  func() error
+	// Watched says which kinds the informers watch and why.
+	Watched func() []informers.Watched
+	Ready   func() error
 }
 
 // Metrics are the series of every part of nodeguard serve.
@@ -74,6 +77,14 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 			return nil, fmt.Errorf("register nodeguard_cached_objects: %w", err)
 		}
 	}
+	if src.Watched != nil {
+		watched := watchedKinds{watched: src.Watched, desc: prometheus.NewDesc("nodeguard_watched_kinds",
+			"Kinds the informers watch (1: synced, 0: not yet, so an absence of them proves nothing), by role and why: referrer (Machine, MachinePool), parameter (infraMachineKinds, infraMachinePoolKinds), referenced (by a cached Machine or MachinePool), contract (a CRD with a Cluster API contract label and spec.providerID or spec.providerIDList).",
+			[]string{"group", "version", "kind", "role", "source"}, nil)}
+		if err := reg.Register(watched); err != nil {
+			return nil, fmt.Errorf("register nodeguard_watched_kinds: %w", err)
+		}
+	}
 	if m.Orphans, err = registerOrphanMetrics(reg); err != nil {
 		return nil, err
 	}
@@ -90,6 +101,25 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 type cachedObjects struct {
 	count func() map[schema.GroupVersionKind]int
 	desc  *prometheus.Desc
+}
+
+type watchedKinds struct {
+	watched func() []informers.Watched
+	desc    *prometheus.Desc
+}
+
+func (c watchedKinds) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c watchedKinds) Collect(ch chan<- prometheus.Metric) {
+	for _, w := range c.watched() {
+		synced := 0.0
+		if w.Synced {
+			synced = 1
+		}
+		for _, source := range w.Sources {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, synced, w.GVK.Group, w.GVK.Version, w.GVK.Kind, string(w.Role), source)
+		}
+	}
 }
 
 func (c cachedObjects) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }

@@ -153,7 +153,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	metrics, err := Register(reg, Sources{Policy: eval.Policy, Cached: e.Inventory.Count, Ready: e.Syncer.Ready})
+	metrics, err := Register(reg, Sources{Policy: eval.Policy, Cached: e.Inventory.Count, Watched: e.Syncer.Watched, Ready: e.Syncer.Ready})
 	if err != nil {
 		return err
 	}

@@ -342,9 +342,13 @@ func projectInventory(inv *inventory.Inventory, model *linkmodel.Model, v any, p
 					u := &unstructured.Unstructured{Object: o}
 					gk := schema.FromAPIVersionAndKind(gv, kind).GroupKind()
 					role := inventory.InfraMachine
+					for r, ref := range model.Referrers {
+						if gk == ref.GroupKind() {
+							role = r
+						}
+					}
 					switch {
-					case gk == model.MachineKind:
-						role = inventory.Machine
+					case role != inventory.InfraMachine:
 					case pools[kind]:
 						role = inventory.InfraMachinePool
 					}

@@ -210,7 +210,12 @@ var (
 		{"vmware.infrastructure.cluster.x-k8s.io", "v1beta1", "VSphereMachine"},
 		{"infrastructure.example.com", "v1", "FooMachine"}, // not in the default kinds: unverified
 	}
-	poolKind = infraKind{"infrastructure.cluster.x-k8s.io", "v1beta2", "DockerMachinePool"}
+	poolKinds = []infraKind{
+		{"infrastructure.cluster.x-k8s.io", "v1beta2", "DockerMachinePool"},
+		{"infrastructure.cluster.x-k8s.io", "v1beta2", "AWSManagedMachinePool"},
+		{"infrastructure.example.com", "v1", "FooMachinePool"}, // not in the default kinds: unverified
+	}
+	poolNames = []string{"mp0", "mp1"}
 )
 
 func pick[T any](rng *rand.Rand, xs []T) T { return xs[rng.IntN(len(xs))] }
@@ -264,6 +269,14 @@ func generate(rng *rand.Rand) scenario {
 		if rng.IntN(2) == 0 {
 			m.SetLabels(map[string]string{"cluster.x-k8s.io/cluster-name": cluster, "unrelated": "x"})
 		}
+		if rng.IntN(4) == 0 { // a MachinePool Machine
+			labels := m.GetLabels()
+			if labels == nil {
+				labels = map[string]string{}
+			}
+			labels["cluster.x-k8s.io/pool-name"] = pick(rng, poolNames)
+			m.SetLabels(labels)
+		}
 		objs = append(objs, m)
 		machineNames = append(machineNames, [2]string{ns, name})
 		if rng.IntN(5) < 3 { // the InfraMachine still exists
@@ -273,15 +286,33 @@ func generate(rng *rand.Rand) scenario {
 	for i := range rng.IntN(3) { // orphans, linked by providerID at most
 		objs = append(objs, infra(rng, pick(rng, infraKinds), pick(rng, namespaces), fmt.Sprintf("orphan%d", i), pick(rng, clusters)))
 	}
-	if rng.IntN(3) == 0 {
-		p := newObject(poolKind.group+"/"+poolKind.version, poolKind.kind, pick(rng, namespaces), "pool")
+	providerIDs := func() []any {
 		var ids []any
 		for range rng.IntN(3) {
 			ids = append(ids, providerID(rng))
 		}
-		p.Object["spec"] = map[string]any{"providerIDList": ids}
-		labelCluster(rng, p, pick(rng, clusters))
-		objs = append(objs, p)
+		return ids
+	}
+	for _, name := range poolNames[:rng.IntN(len(poolNames)+1)] {
+		ns, cluster, kind := pick(rng, namespaces), pick(rng, clusters), pick(rng, poolKinds)
+		if rng.IntN(3) > 0 { // a MachinePool naming the pool, listing what it lists or lagging it
+			mp := newObject("cluster.x-k8s.io/v1beta2", "MachinePool", ns, name)
+			ref := map[string]any{"apiGroup": kind.group, "kind": kind.kind, "name": name}
+			if rng.IntN(2) == 0 {
+				mp.SetAPIVersion("cluster.x-k8s.io/v1beta1")
+				ref = map[string]any{"apiVersion": kind.group + "/" + kind.version, "kind": kind.kind, "name": name, "namespace": ns}
+			}
+			mp.Object["spec"] = map[string]any{"clusterName": cluster, "providerIDList": providerIDs(),
+				"template": map[string]any{"spec": map[string]any{"clusterName": cluster, "infrastructureRef": ref}}}
+			labelCluster(rng, mp, cluster)
+			objs = append(objs, mp)
+		}
+		if rng.IntN(3) > 0 { // the pool still exists
+			p := newObject(kind.group+"/"+kind.version, kind.kind, ns, name)
+			p.Object["spec"] = map[string]any{"providerIDList": providerIDs()}
+			labelCluster(rng, p, cluster)
+			objs = append(objs, p)
+		}
 	}
 	objs = dedupe(objs)
 

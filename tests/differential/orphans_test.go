@@ -98,7 +98,7 @@ type history struct {
 var (
 	machineV1beta2 = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}
 	machineV1beta1 = schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta1", Kind: "Machine"}
-	poolGVK        = schema.GroupVersionKind{Group: poolKind.group, Version: poolKind.version, Kind: poolKind.kind}
+	poolGVK        = schema.GroupVersionKind{Group: poolKinds[0].group, Version: poolKinds[0].version, Kind: poolKinds[0].kind}
 )
 
 func newHistory(t *testing.T, eval *engine.Engine, shape *nodecache.Shape, matchProviderID bool, rng *rand.Rand) *history {
@@ -279,7 +279,7 @@ func (h *history) putInfra(name string) {
 }
 
 func (h *history) putPool() {
-	p := newObject(poolKind.group+"/"+poolKind.version, poolKind.kind, pick(h.rng, namespaces), "pool")
+	p := newObject(poolKinds[0].group+"/"+poolKinds[0].version, poolKinds[0].kind, pick(h.rng, namespaces), "pool")
 	var ids []any
 	for range h.rng.IntN(3) {
 		ids = append(ids, providerID(h.rng))

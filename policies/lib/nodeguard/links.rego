@@ -11,10 +11,11 @@ package lib.nodeguard
 #   Each link holds when every node field of the Node is a non-empty string and
 #   the object's fields match it, pairwise: "equal" (each object field equals
 #   the Node field in the same position) or "contains" (the one object field is
-#   a list holding the Node field). role is what the object is: a Machine (it
-#   blocks the InfraMachine its reference names), an InfraMachine or an
-#   InfraMachinePool of a synced kind (it blocks itself). when, blocks and
-#   phrase are what people read: docs/policy.md and the denial messages.
+#   a list holding the Node field). role is what the object is: a Machine or a
+#   MachinePool (a referrer: it blocks what its reference names), an
+#   InfraMachine or an InfraMachinePool of a synced kind (it blocks itself).
+#   when, blocks and phrase are what people read: docs/policy.md and the
+#   denial messages.
 links := [
 	# One literal, paths written out: OPA hands it out as written instead of
 	# building it on every decision (about 200 allocations of a decision's
@@ -74,18 +75,57 @@ links := [
 		"blocks": "that pool, until it stops listing the Node",
 		"phrase": "its spec.providerIDList",
 	},
+	{
+		# A managed pool (EKS, AKS, GKE node groups) has no Machine per
+		# instance by default: the MachinePool and its pool are the only
+		# objects that know the Node.
+		"type": "machinePoolProviderIDList",
+		"role": "MachinePool",
+		"node": [["spec", "providerID"]],
+		"fields": [["spec", "providerIDList"]],
+		"match": "contains",
+		"when": "a MachinePool's spec.providerIDList lists the Node's spec.providerID",
+		"blocks": "the InfraMachinePool the MachinePool's spec.template.spec.infrastructureRef names, until the MachinePool stops listing the Node",
+		"phrase": "spec.providerIDList",
+	},
 ]
+
+# METADATA
+# title: Referrers
+# description: |
+#   The Cluster API kinds that block what their reference names, by role: a
+#   Machine the InfraMachine of spec.infrastructureRef, a MachinePool the
+#   InfraMachinePool of spec.template.spec.infrastructureRef. names is the
+#   role of what the reference names (the enforcer watches a referenced kind
+#   as that role); kinds the parameter that lists such kinds (the denial's
+#   advice); by the key naming the referrer in a blocker's links. A
+#   referenced object of a kind no parameter lists as synced proves nothing
+#   by its absence.
+referrers := {
+	"Machine": {
+		"group": "cluster.x-k8s.io", "kind": "Machine",
+		"reference": ["spec", "infrastructureRef"],
+		"names": "InfraMachine", "kinds": "infraMachineKinds", "by": "machine",
+	},
+	"MachinePool": {
+		"group": "cluster.x-k8s.io", "kind": "MachinePool",
+		"reference": ["spec", "template", "spec", "infrastructureRef"],
+		"names": "InfraMachinePool", "kinds": "infraMachinePoolKinds", "by": "machine_pool",
+	},
+}
 
 # METADATA
 # title: Link model
 # description: |
 #   Everything the rule reads of Nodes, of the objects linked to them and of
-#   the requesting user: links, machine_kind (the Machines' group and kind),
-#   node_fields, object_fields and group_parameters (parameters.rego). The
+#   the requesting user: links, referrers, machine_kind (the Machines' group
+#   and kind), node_fields, object_fields and group_parameters
+#   (parameters.rego). The
 #   enforcer reads this document, from the policy it runs, and keeps exactly
 #   these fields and the groups those parameters list.
 link_model := object.union(object_fields, {
 	"links": links,
+	"referrers": referrers,
 	"machine_kind": machine_kind,
 	"node_fields": node_fields,
 	"group_parameters": group_parameters,
@@ -120,21 +160,23 @@ node_fields := sort({path |
 # METADATA
 # title: Object fields
 # description: |
-#   The fields the rules name of linked objects: reference, the Machine field
-#   naming its InfraMachine (an object reference: apiGroup or apiVersion, kind,
-#   name, optional namespace); deletion_timestamp (being deleted still blocks);
-#   cluster_label and cluster_name (the cluster scope; cluster_name of Machines
-#   only); provider_id (the links compare it, and the orphan criteria read an
-#   InfraMachine's for its scheme).
+#   The fields the rules name of linked objects, besides a referrer's
+#   reference (referrers: an object reference, apiGroup or apiVersion, kind,
+#   name, optional namespace): deletion_timestamp (being deleted still
+#   blocks); cluster_label and cluster_name (the cluster scope; cluster_name of
+#   referrers only); provider_id (the links compare it, the orphan criteria
+#   read an InfraMachine's for its scheme, and a pool member's is its
+#   instance); pool_name (the MachinePool a Machine belongs to, when Cluster
+#   API's MachinePool Machines are on).
 object_fields := {
-	"reference": ["spec", "infrastructureRef"],
 	"deletion_timestamp": ["metadata", "deletionTimestamp"],
 	"cluster_label": ["metadata", "labels", "cluster.x-k8s.io/cluster-name"],
 	"cluster_name": ["spec", "clusterName"],
 	"provider_id": ["spec", "providerID"],
+	"pool_name": ["metadata", "labels", "cluster.x-k8s.io/pool-name"],
 }
 
 # METADATA
 # title: Machine kind
 # description: The group and kind of Cluster API's Machines.
-machine_kind := {"group": "cluster.x-k8s.io", "kind": "Machine"}
+machine_kind := {"group": referrers.Machine.group, "kind": referrers.Machine.kind}

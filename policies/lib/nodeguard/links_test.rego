@@ -19,7 +19,7 @@ test_contains_matches_only_a_list if {
 test_every_link_has_a_known_role if {
 	count(nodeguard.links) > 0
 	every link in nodeguard.links {
-		link.role in {"Machine", "InfraMachine", "InfraMachinePool"}
+		link.role in {"Machine", "MachinePool", "InfraMachine", "InfraMachinePool"}
 	}
 	count({link.type | some link in nodeguard.links}) == count(nodeguard.links)
 }
@@ -34,7 +34,7 @@ test_link_model_holds_what_the_enforcer_reads if {
 	every name, path in nodeguard.object_fields {
 		nodeguard.link_model[name] == path
 	}
-	object.keys(nodeguard.link_model) == {"links", "machine_kind", "node_fields", "group_parameters"} | object.keys(nodeguard.object_fields)
+	object.keys(nodeguard.link_model) == {"links", "referrers", "machine_kind", "node_fields", "group_parameters"} | object.keys(nodeguard.object_fields)
 }
 
 # The Node fields are the named Node paths and every link's Node fields, each

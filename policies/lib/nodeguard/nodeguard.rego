@@ -55,7 +55,12 @@ decide(review, inventory, parameters) := {
 	# Links are found once and shared: they are the expensive part. Each is
 	# [key, how]: the key names an InfraMachine or pool, how says by which link.
 	active := _active_links(node)
-	links := _links_through_machines(active, inventory, params) | _links_to_objects(active, inventory, params)
+	referring := _referring(active, inventory, params)
+	members := _pool_members(node, referring, inventory)
+	links := {[key, how] |
+		some [key, how] in (_links_through_referrers(referring, inventory) | _links_to_objects(active, inventory, params))
+		not _yields(key, how, members)
+	}
 	found := {key: _lookup(inventory, key) | some [key, _] in links}
 	blockers := [_blocker(key, obj, links) | some key, [obj] in found]
 	unverified := _unverified(found, links, params)
@@ -134,8 +139,8 @@ _node(review) := review.oldObject if {
 #   they reference an InfraMachine. The orphan criteria use it: a Node with a
 #   linked Machine is CAPI's to delete, not nodeguard's.
 linked_machines(node, inventory, parameters) := {{"machine": concat("/", [ns, name]), "types": sort(types), "deleting": _deleting(machine)} |
-	some [ns, gv, name], types in _machines(_active_links(node), inventory, _effective(parameters))
-	machine := inventory.namespace[ns][gv][machine_kind.kind][name]
+	some ["Machine", ns, gv, name], types in _referring(_active_links(node), inventory, _effective(parameters))
+	machine := inventory.namespace[ns][gv][referrers.Machine.kind][name]
 }
 
 # --- Links -------------------------------------------------------------------
@@ -164,24 +169,28 @@ _matches(link, values, obj) if {
 	values[0] in list
 }
 
-# The Machines in scope that the active Machine links match, by [namespace,
-# groupVersion, name], with the types of the links that match each.
-_machines(active, inventory, params) := {[ns, gv, name]: types |
-	machine_links := [[link, values] | some [link, values] in active; link.role == "Machine"]
+# The referrers (Machines, MachinePools) in scope that the active links of
+# their role match, by [role, namespace, groupVersion, name], with the types
+# of the links that match each.
+_referring(active, inventory, params) := {[role, ns, gv, name]: types |
+	some role, referrer in referrers
+	role_links := [[link, values] | some [link, values] in active; link.role == role]
+	count(role_links) > 0
 	some ns, gv, name
-	machine := inventory.namespace[ns][gv][machine_kind.kind][name]
+	obj := inventory.namespace[ns][gv][referrer.kind][name]
 
 	# Gatekeeper scans every Machine: the selective test goes first.
-	types := {link.type | some [link, values] in machine_links; _matches(link, values, machine)}
+	types := {link.type | some [link, values] in role_links; _matches(link, values, obj)}
 	count(types) > 0
-	_group(gv) == machine_kind.group
-	_machine_in_scope(ns, machine, params)
+	_group(gv) == referrer.group
+	_machine_in_scope(ns, obj, params)
 }
 
-# A Machine link goes through the Machine to the InfraMachine it references.
-_links_through_machines(active, inventory, params) := {[key, {"type": type, "machine": concat("/", [ns, name])}] |
-	some [ns, gv, name], types in _machines(active, inventory, params)
-	key := _infra_ref(ns, inventory.namespace[ns][gv][machine_kind.kind][name])
+# A referrer's link goes through it to the object its reference names.
+_links_through_referrers(referring, inventory) := {[key, {"type": type, referrer.by: concat("/", [ns, name])}] |
+	some [role, ns, gv, name], types in referring
+	referrer := referrers[role]
+	key := _infra_ref(ns, inventory.namespace[ns][gv][referrer.kind][name], referrer.reference)
 	some type in types
 }
 
@@ -200,15 +209,36 @@ _links_to_objects(active, inventory, params) := {[key, {"type": link.type}] |
 
 _synced_kinds := {"InfraMachine": "infraMachineKinds", "InfraMachinePool": "infraMachinePoolKinds"}
 
-# v1beta2 refs carry apiGroup and live in the Machine's namespace; v1beta1
+# With Cluster API's MachinePool Machines on, an instance of a pool has a
+# Machine and an InfraMachine of its own, and Cluster API deletes its Node
+# once that InfraMachine is gone, while the pools' providerIDLists still list
+# it until their next reconcile. So in a namespace where a Machine of a pool
+# (its pool_name label set) carries the Node's providerID, that Machine's
+# links decide and the pool links yield: the namespaces where they do.
+_pool_members(node, referring, inventory) := {ns |
+	pid := object.get(node, node_paths.provider_id, "")
+	pid != ""
+	some ["Machine", ns, gv, name], _ in referring
+	machine := inventory.namespace[ns][gv][referrers.Machine.kind][name]
+	object.get(machine, object_fields.provider_id, "") == pid
+	object.get(machine, object_fields.pool_name, "") != ""
+}
+
+# A pool link (of a MachinePool or an InfraMachinePool) in such a namespace.
+_yields(key, how, members) if {
+	key.namespace in members
+	_link_role[how.type] in {"MachinePool", "InfraMachinePool"}
+}
+
+# v1beta2 refs carry apiGroup and live in the referrer's namespace; v1beta1
 # refs carry apiVersion and may name a namespace.
-_infra_ref(machine_ns, machine) := {
+_infra_ref(referrer_ns, obj, path) := {
 	"group": _ref_group(ref),
 	"kind": ref.kind,
-	"namespace": _ref_namespace(ref, machine_ns),
+	"namespace": _ref_namespace(ref, referrer_ns),
 	"name": ref.name,
 } if {
-	ref := object.get(machine, object_fields.reference, null)
+	ref := object.get(obj, path, null)
 }
 
 _ref_group(ref) := ref.apiGroup if {
@@ -226,7 +256,7 @@ _group(gv) := split(gv, "/")[0] if {
 
 # --- Cluster scope -------------------------------------------------------------
 
-# A Machine counts when it is in the cluster's namespace and names the
+# A referrer counts when it is in the cluster's namespace and names the
 # cluster in spec.clusterName or its cluster-name label.
 _machine_in_scope(ns, machine, params) if {
 	params.clusterNamespace in {"", ns}
@@ -274,15 +304,17 @@ _version(gv) := split(gv, "/")[1] if {
 	contains(gv, "/")
 } else := gv
 
-# An InfraMachine a Machine references that is absent proves nothing when its
-# kind is not synced: deny unless the parameters opt out. (Only a Machine link
-# can name an object that is absent: the others found it.)
+# An object a referrer references that is absent proves nothing when its
+# kind is not synced (as an InfraMachine or a pool kind): deny unless the
+# parameters opt out. (Only a referrer's link can name an object that is
+# absent: the others found it.)
 _unverified(found, links, params) := [] if {
 	params.allowUnverifiedKinds == true
 } else := [object.union(key, {"links": _links_of(links, key)}) |
 	some key, hits in found
 	hits == []
 	not _synced(key, params.infraMachineKinds)
+	not _synced(key, params.infraMachinePoolKinds)
 ]
 
 # Sets iterate in sorted order, so the links of a key come out stable.
@@ -314,10 +346,21 @@ _advice(pid, b) := "its host may still be running: wait until it is gone, then d
 	# Several Machines may reference one InfraMachine: name them all, in order.
 	machines := {link.machine | some link in b.links; link.machine}
 	count(machines) > 0
-} else := sprintf("scale the MachinePool down instead; the delete is allowed once the %s no longer lists providerID %q", [b.kind, pid]) if {
+} else := sprintf("scale the MachinePool down instead; the delete is allowed once %s providerID %q", [_no_longer_listed(b), pid]) if {
 	some link in b.links
-	_link_role[link.type] == "InfraMachinePool"
+	_link_role[link.type] in {"MachinePool", "InfraMachinePool"}
 } else := sprintf("delete the %s first, then the Node", [b.kind])
+
+# Who lists the Node: the MachinePools that do, then the pool itself if it does.
+_no_longer_listed(b) := sprintf("the %s no longer lists", [listers[0]]) if {
+	listers := _pool_listers(b)
+	count(listers) == 1
+} else := sprintf("neither the %s lists", [concat(" nor the ", _pool_listers(b))])
+
+_pool_listers(b) := array.concat(
+	[sprintf("MachinePool %s", [mp]) | some mp in {link.machine_pool | some link in b.links; link.machine_pool}],
+	[b.kind | some link in b.links; _link_role[link.type] == "InfraMachinePool"],
+)
 
 _unverified_sentence(node_name, u) := sprintf(
 	"Node %q cannot be deleted: it is linked by %s to %s %s/%s of group %q, a kind nodeguard does not see, so nodeguard cannot prove that host is gone; %s.",
@@ -325,16 +368,18 @@ _unverified_sentence(node_name, u) := sprintf(
 )
 
 _unverified_advice(u) := sprintf(
-	"add {group: %q, kind: %q} to infraMachineKinds and to the sync config, or set allowUnverifiedKinds: true",
-	[u.group, u.kind],
+	"add {group: %q, kind: %q} to %s and to the sync config, or set allowUnverifiedKinds: true",
+	[u.group, u.kind, concat(" or ", sort({r.kinds | some l in u.links; some r in referrers; l[r.by]}))],
 )
 
-# One phrase per Machine (naming each of its links), then the direct links.
+# One phrase per referrer (naming each of its links; Machines first), then the
+# direct links.
 _links_phrase(links) := concat(" and ", array.concat(
-	[sprintf("Machine %s (%s)", [machine, concat(", ", [_link_phrase[l.type] | some l in links; l.machine == machine])]) |
-		some machine in {l.machine | some l in links; l.machine}
+	[sprintf("%s %s (%s)", [r.kind, owner, concat(", ", [_link_phrase[l.type] | some l in links; l[r.by] == owner])]) |
+		some r in referrers
+		some owner in {l[r.by] | some l in links; l[r.by]}
 	],
-	[_link_phrase[l.type] | some l in links; not l.machine],
+	[_link_phrase[l.type] | some l in links; object.keys(l) == {"type"}],
 ))
 
 # Complete rules, so each is built once per decision, not once per lookup.

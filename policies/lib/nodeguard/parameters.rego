@@ -63,8 +63,17 @@ declared_parameters := {
 			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "AzureMachinePool"},
 			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "GCPMachinePool"},
 			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "DockerMachinePool"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "DevMachinePool"},
+			# Managed pools (EKS, ROSA, GKE, AKS): no Machine per instance unless
+			# MachinePool Machines are on. Versions are those the providers'
+			# contract labels resolve to (CAPA v2.13.0, CAPG v1.13.1, CAPZ v1.21.0).
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "AWSManagedMachinePool"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "kind": "ROSAMachinePool"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "GCPManagedMachinePool"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "AzureManagedMachinePool"},
+			{"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta1", "kind": "AzureASOManagedMachinePool"},
 		],
-		"description": "InfraMachinePool kinds whose spec.providerIDList links Nodes; must be synced.",
+		"description": "InfraMachinePool kinds whose spec.providerIDList links Nodes (self-managed and managed pools); must be synced. A MachinePool's spec.template.spec.infrastructureRef names one.",
 	},
 	"allowUnverifiedKinds": {
 		"schema": {"type": "boolean"},
