@@ -62,9 +62,9 @@ type Syncer struct {
 	// contract is the CRD informer that finds kinds by the contract (nil
 	// when not asked for).
 	contract cache.SharedIndexInformer
-	ctx        context.Context
-	pending    chan schema.GroupKind
-	subs       []func(Change)
+	ctx      context.Context
+	pending  chan schema.GroupKind
+	subs     []func(Change)
 }
 
 // Change is one event of a cached object: Old is nil for an add, New for a

@@ -18,7 +18,9 @@ import (
 // ContractLabels are the contract labels of provider CRDs, newest contract
 // first: the value lists the CRD's versions that implement the contract,
 // joined by "_".
-func ContractLabels() []string { return []string{"cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1beta1"} }
+func ContractLabels() []string {
+	return []string{"cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1beta1"}
+}
 
 // ContractVersion reads a CRD's contract labels as Cluster API does
 // (internal/contract): the newest contract's label that is set, and the
@@ -76,4 +78,3 @@ func ContractKindOf(crd *unstructured.Unstructured) (ContractKind, bool) {
 	}
 	return ContractKind{}, false
 }
-
