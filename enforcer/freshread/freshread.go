@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 )
 
 // Reader implements guard.FreshReader with a dynamic client.
@@ -57,7 +59,7 @@ func (r *Reader) Get(ctx context.Context, gvk schema.GroupVersionKind, namespace
 }
 
 func (r *Reader) get(ctx context.Context, gvk schema.GroupVersionKind, namespace, name string) (*unstructured.Unstructured, error) {
-	mapping, err := r.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	mapping, err := kubeclient.RESTMapping(r.mapper, gvk.GroupKind(), gvk.Version)
 	if err != nil {
 		return nil, fmt.Errorf("map %s to a resource: %w", gvk, err)
 	}

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/util/watchlist"
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 )
 
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
@@ -424,14 +425,7 @@ func (s *Syncer) mapping(gk schema.GroupKind, version string) (*meta.RESTMapping
 	if version != "" {
 		versions = []string{version}
 	}
-	m, err := s.opts.Mapper.RESTMapping(gk, versions...)
-	if err != nil && meta.IsNoMatchError(err) {
-		if r, ok := s.opts.Mapper.(meta.ResettableRESTMapper); ok {
-			r.Reset()
-			m, err = s.opts.Mapper.RESTMapping(gk, versions...)
-		}
-	}
-	return m, err
+	return kubeclient.RESTMapping(s.opts.Mapper, gk, versions...)
 }
 
 // Ready returns nil once every informer has synced and every kind that

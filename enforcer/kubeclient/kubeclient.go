@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -94,4 +95,19 @@ func Protobuf(cfg *rest.Config) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("create protobuf client: %w", err)
 	}
 	return kube, nil
+}
+
+// RESTMapping maps a kind to its resource; when the mapper can reset (a
+// deferred discovery mapper) and does not know the kind, it resets once, so a
+// CRD installed after start is found (the informers watch such kinds by the
+// contract, and fresh reads must read them).
+func RESTMapping(m meta.RESTMapper, gk schema.GroupKind, versions ...string) (*meta.RESTMapping, error) {
+	mapping, err := m.RESTMapping(gk, versions...)
+	if err != nil && meta.IsNoMatchError(err) {
+		if r, ok := m.(meta.ResettableRESTMapper); ok {
+			r.Reset()
+			mapping, err = m.RESTMapping(gk, versions...)
+		}
+	}
+	return mapping, err
 }
