@@ -61,14 +61,12 @@ func reduceCRD(obj any) (any, error) {
 			conditions = append(conditions, map[string]any{"type": c["type"], "status": c["status"]})
 		}
 	}
-	group, _, _ := unstructured.NestedString(crd.Object, "spec", "group")
-	kind, _, _ := unstructured.NestedString(crd.Object, "spec", "names", "kind")
-	plural, _, _ := unstructured.NestedString(crd.Object, "spec", "names", "plural")
+	gk, plural := inventory.CRDNames(crd)
 	out := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": crd.GetAPIVersion(), "kind": crd.GetKind(),
 		"metadata": map[string]any{"name": crd.GetName(), "resourceVersion": crd.GetResourceVersion()},
-		"spec": map[string]any{"group": group,
-			"names": map[string]any{"kind": kind, "plural": plural}, "versions": versions},
+		"spec": map[string]any{"group": gk.Group,
+			"names": map[string]any{"kind": gk.Kind, "plural": plural}, "versions": versions},
 		"status": map[string]any{"conditions": conditions},
 	}}
 	if labels := crd.GetLabels(); len(labels) > 0 {
@@ -89,10 +87,10 @@ func (s *Syncer) startContract() error {
 	}
 	onCRD := func(obj any) {
 		crd, ok := obj.(*unstructured.Unstructured)
-		if !ok {
+		if !ok || !established(crd) {
 			return
 		}
-		if k, ok := inventory.ContractKindOf(crd); ok && established(crd) {
+		if k, ok := inventory.ContractKindOf(crd); ok {
 			if err := s.track(k.GVK, k.Role, SourceContract, &k.Resource); err != nil {
 				s.mu.Lock()
 				s.failed[k.GVK.GroupKind()] = err
@@ -110,9 +108,8 @@ func (s *Syncer) startContract() error {
 				obj = d.Obj
 			}
 			if crd, ok := obj.(*unstructured.Unstructured); ok {
-				group, _, _ := unstructured.NestedString(crd.Object, "spec", "group")
-				kind, _, _ := unstructured.NestedString(crd.Object, "spec", "names", "kind")
-				s.untrack(schema.GroupKind{Group: group, Kind: kind})
+				gk, _ := inventory.CRDNames(crd)
+				s.untrack(gk)
 			}
 		},
 	}); err != nil {
@@ -128,12 +125,7 @@ func (s *Syncer) startContract() error {
 // trackParameterKind watches a kind the parameters list once its CRD is
 // established, at the served version the mapper prefers.
 func (s *Syncer) trackParameterKind(crd *unstructured.Unstructured) {
-	if !established(crd) {
-		return
-	}
-	group, _, _ := unstructured.NestedString(crd.Object, "spec", "group")
-	kind, _, _ := unstructured.NestedString(crd.Object, "spec", "names", "kind")
-	gk := schema.GroupKind{Group: group, Kind: kind}
+	gk, _ := inventory.CRDNames(crd)
 	switch {
 	case slices.Contains(s.opts.InfraKinds, gk):
 		s.trackIfServed(gk, inventory.InfraMachine, SourceParameter)

@@ -51,9 +51,8 @@ func ContractKindOf(crd *unstructured.Unstructured) (ContractKind, bool) {
 	if !ok {
 		return ContractKind{}, false
 	}
-	group, _, _ := unstructured.NestedString(crd.Object, "spec", "group")
-	kind, _, _ := unstructured.NestedString(crd.Object, "spec", "names", "kind")
-	plural, _, _ := unstructured.NestedString(crd.Object, "spec", "names", "plural")
+	gk, plural := CRDNames(crd)
+	group, kind := gk.Group, gk.Kind
 	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
 	for _, item := range versions {
 		ver, _ := item.(map[string]any)
@@ -77,4 +76,12 @@ func ContractKindOf(crd *unstructured.Unstructured) (ContractKind, bool) {
 		return out, kind != "" && plural != ""
 	}
 	return ContractKind{}, false
+}
+
+// CRDNames returns the kind a CRD defines and its plural resource name.
+func CRDNames(crd *unstructured.Unstructured) (schema.GroupKind, string) {
+	group, _, _ := unstructured.NestedString(crd.Object, "spec", "group")
+	kind, _, _ := unstructured.NestedString(crd.Object, "spec", "names", "kind")
+	plural, _, _ := unstructured.NestedString(crd.Object, "spec", "names", "plural")
+	return schema.GroupKind{Group: group, Kind: kind}, plural
 }

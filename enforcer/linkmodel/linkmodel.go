@@ -133,7 +133,10 @@ type Model struct {
 
 	shapes  map[Role]*Shape
 	refSlot map[Role][5]int // each referrer's reference keys in its shape
-	node    nodeDecoder
+	// referrer is the role of each referrer's shape: a record's role is
+	// looked up on every candidate a decision follows.
+	referrer map[*Shape]Role
+	node     nodeDecoder
 	// stripped are apiVersion, kind and NodePaths: what StripNode keeps,
 	// derived once rather than on every decision.
 	stripped []Path
@@ -197,7 +200,7 @@ func Parse(raw []byte) (*Model, error) {
 	if err := m.check(); err != nil {
 		return nil, fmt.Errorf("%s: %w", Query, err)
 	}
-	m.shapes, m.refSlot = map[Role]*Shape{}, map[Role][5]int{}
+	m.shapes, m.refSlot, m.referrer = map[Role]*Shape{}, map[Role][5]int{}, map[*Shape]Role{}
 	for _, role := range Roles() {
 		m.shapes[role] = m.shape(role)
 		if n := len(m.shapes[role].Scalars); n > MaxScalars {
@@ -210,6 +213,7 @@ func Parse(raw []byte) (*Model, error) {
 			slots[i] = m.shapes[role].Slot(append(slices.Clone(r.Reference), k))
 		}
 		m.refSlot[role] = slots
+		m.referrer[m.shapes[role]] = role
 	}
 	m.stripped = append([]Path{{"apiVersion"}, {"kind"}}, m.NodePaths()...)
 	node, err := newNodeDecoder(m.NodePaths())
@@ -336,12 +340,8 @@ func (m *Model) ReferenceSlots(role Role) ([5]int, bool) {
 
 // ReferrerOf returns the role of the referrer whose objects have shape s.
 func (m *Model) ReferrerOf(s *Shape) (Role, bool) {
-	for role := range m.Referrers {
-		if m.shapes[role] == s {
-			return role, true
-		}
-	}
-	return "", false
+	role, ok := m.referrer[s]
+	return role, ok
 }
 
 // Shape returns the fields kept of objects of role.
