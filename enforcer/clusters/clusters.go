@@ -16,7 +16,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -70,6 +74,10 @@ type Options struct {
 	// Stopped, when set, is called after a session of key has returned
 	// (the Cluster or its Secret went, or the kubeconfig changed).
 	Stopped func(key string)
+	// Changed, when set, is called (it must not block) when a Cluster
+	// appears, goes, or changes its Meta, and when its session starts or
+	// stops.
+	Changed func(key string)
 	Log     *slog.Logger
 	// Metrics, when set, counts failures by cluster.
 	Metrics *Metrics
@@ -87,8 +95,30 @@ type Set struct {
 	kubeconfigs *Cache[*Cluster]
 
 	mu       sync.Mutex
-	clusters map[string]bool // Clusters that exist
+	clusters map[string]Meta // Clusters that exist
 	sessions map[string]*session
+	failures map[string]error // why a Cluster has no session
+}
+
+// Meta is what the Set keeps of a Cluster: what says whether, and how, a
+// caller acts on it.
+type Meta struct {
+	// APIVersion and UID name the Cluster object, for an Event on it.
+	APIVersion string
+	UID        types.UID
+	Labels     map[string]string
+	// Annotations holds only the keys under AnnotationPrefix: a Cluster's
+	// other annotations (kubectl's last-applied configuration) can be large.
+	Annotations map[string]string
+	// Deleting is set once the Cluster has a deletionTimestamp.
+	Deleting bool
+}
+
+// AnnotationPrefix starts the annotations of a Cluster that Meta keeps.
+const AnnotationPrefix = "nodeguard.io/"
+
+func (m Meta) equal(o Meta) bool {
+	return m.Deleting == o.Deleting && m.UID == o.UID && maps.Equal(m.Labels, o.Labels) && maps.Equal(m.Annotations, o.Annotations)
 }
 
 type session struct {
@@ -112,8 +142,9 @@ func New(opts Options) (*Set, error) {
 	s := &Set{
 		opts:     opts,
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{}),
-		clusters: map[string]bool{},
+		clusters: map[string]Meta{},
 		sessions: map[string]*session{},
+		failures: map[string]error{},
 	}
 	s.kubeconfigs = NewCache(opts.Secrets, s.build)
 	return s, nil
@@ -127,6 +158,29 @@ func (s *Set) Get(key string) (*Cluster, bool) {
 		return ss.cluster, true
 	}
 	return nil, false
+}
+
+// Meta returns what the Set keeps of the Cluster key, and whether it exists.
+func (s *Set) Meta(key string) (Meta, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.clusters[key]
+	return m, ok
+}
+
+// Clusters returns every Cluster that exists, sorted.
+func (s *Set) Clusters() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Sorted(maps.Keys(s.clusters))
+}
+
+// Failure is why the Cluster key has no session (its kubeconfig Secret is
+// missing, unreadable or invalid), or nil.
+func (s *Set) Failure(key string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failures[key]
 }
 
 // Keys returns the Clusters with a running session, sorted.
@@ -150,13 +204,14 @@ func (s *Set) Run(ctx context.Context) error {
 	}
 	factory := dynamicinformer.NewDynamicSharedInformerFactory(s.opts.Management.Dynamic, 0)
 	informer := factory.ForResource(mapping.Resource).Informer()
-	// Only the name is read: keep nothing else of a Cluster.
-	if err := informer.SetTransform(keyOnly); err != nil {
+	// Only the key and Meta are read: keep nothing else of a Cluster.
+	if err := informer.SetTransform(reduce); err != nil {
 		return fmt.Errorf("clusters: set transform: %w", err)
 	}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { s.clusterEvent(obj, true) },
-		UpdateFunc: func(_, obj any) {}, // a Cluster's status changes often; its key never does
+		AddFunc: func(obj any) { s.clusterEvent(obj, true) },
+		// A Cluster's status changes often: only a changed Meta counts.
+		UpdateFunc: func(_, obj any) { s.clusterEvent(obj, true) },
 		DeleteFunc: func(obj any) { s.clusterEvent(obj, false) },
 	}); err != nil {
 		return fmt.Errorf("clusters: watch Clusters: %w", err)
@@ -203,8 +258,8 @@ func (s *Set) clusterResource(ctx context.Context) (*meta.RESTMapping, error) {
 	}
 }
 
-// keyOnly reduces a Cluster to its namespace and name.
-func keyOnly(obj any) (any, error) {
+// reduce keeps of a Cluster its key and what Meta reads.
+func reduce(obj any) (any, error) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
 		return obj, nil
@@ -215,6 +270,19 @@ func keyOnly(obj any) (any, error) {
 	out.SetNamespace(u.GetNamespace())
 	out.SetName(u.GetName())
 	out.SetResourceVersion(u.GetResourceVersion())
+	out.SetUID(u.GetUID())
+	out.SetLabels(u.GetLabels())
+	out.SetDeletionTimestamp(u.GetDeletionTimestamp())
+	var kept map[string]string
+	for k, v := range u.GetAnnotations() {
+		if strings.HasPrefix(k, AnnotationPrefix) {
+			if kept == nil {
+				kept = map[string]string{}
+			}
+			kept[k] = v
+		}
+	}
+	out.SetAnnotations(kept)
 	return out, nil
 }
 
@@ -227,14 +295,29 @@ func (s *Set) clusterEvent(obj any, exists bool) {
 		return
 	}
 	key := m.GetNamespace() + "/" + m.GetName()
+	meta := Meta{UID: m.GetUID(), Labels: m.GetLabels(), Annotations: m.GetAnnotations(), Deleting: m.GetDeletionTimestamp() != nil}
+	if u, ok := obj.(*unstructured.Unstructured); ok {
+		meta.APIVersion = u.GetAPIVersion()
+	}
 	s.mu.Lock()
+	had, existed := s.clusters[key]
 	if exists {
-		s.clusters[key] = true
+		s.clusters[key] = meta
 	} else {
 		delete(s.clusters, key)
 	}
 	s.mu.Unlock()
+	if existed == exists && had.equal(meta) {
+		return // a status update
+	}
 	s.queue.Add(key)
+	s.changed(key)
+}
+
+func (s *Set) changed(key string) {
+	if s.opts.Changed != nil {
+		s.opts.Changed(key)
+	}
 }
 
 // recheck queues every Cluster, to see rotated kubeconfigs.
@@ -256,7 +339,19 @@ func (s *Set) work(ctx context.Context) bool {
 		return false
 	}
 	defer s.queue.Done(key)
-	if err := s.reconcile(ctx, key); err != nil {
+	err := s.reconcile(ctx, key)
+	s.mu.Lock()
+	before := s.failures[key]
+	if err != nil && ctx.Err() == nil {
+		s.failures[key] = err
+	} else {
+		delete(s.failures, key)
+	}
+	s.mu.Unlock()
+	if (before == nil) != (err == nil) {
+		s.changed(key)
+	}
+	if err != nil {
 		if ctx.Err() == nil {
 			s.opts.Metrics.failed(key, "kubeconfig")
 			s.opts.Log.Error("workload cluster: cannot build its clients; retrying", "cluster", key, "error", err.Error(),
@@ -272,7 +367,7 @@ func (s *Set) work(ctx context.Context) bool {
 // reconcile makes the session of key match the Cluster and its Secret.
 func (s *Set) reconcile(ctx context.Context, key string) error {
 	s.mu.Lock()
-	exists := s.clusters[key]
+	_, exists := s.clusters[key]
 	s.mu.Unlock()
 	if !exists {
 		s.stop(key)
@@ -328,6 +423,7 @@ func (s *Set) start(ctx context.Context, c *Cluster) {
 		defer close(ss.done)
 		s.opts.Start(ctx, c)
 	}()
+	s.changed(c.Key)
 }
 
 // stop ends the session of key, if any, and waits for it.
@@ -346,6 +442,7 @@ func (s *Set) stop(key string) {
 	if s.opts.Stopped != nil {
 		s.opts.Stopped(key)
 	}
+	s.changed(key)
 }
 
 func (s *Set) stopAll() {

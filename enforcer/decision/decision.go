@@ -50,7 +50,7 @@ type Unverified struct {
 
 // Reasons say in one word why a request was answered as it was: the
 // reason label of nodeguard_decisions_total and of the decision log line.
-// The first six are the rule's own (its decision's reason); the others name
+// The first seven are the rule's own (its decision's reason); the others name
 // denials made outside Rego (Deny) and requests answered with an HTTP error.
 const (
 	ReasonNoLink      = "no-link"     // allowed: nothing linked still exists
@@ -58,6 +58,7 @@ const (
 	ReasonNotJudged   = "not-judged"  // allowed: the rule judges only DELETE of a core Node
 	ReasonBlocked     = "blocked"     // denied: a linked InfraMachine or pool still exists
 	ReasonUnverified  = "unverified"  // denied: a linked kind is not synced
+	ReasonMisrouted   = "misrouted"   // denied: the Node's CAPI annotations name another Cluster than the route's
 	ReasonUnjudgeable = "unjudgeable" // denied: the review carries no Node (or, in Gatekeeper, the provider gave no facts)
 
 	ReasonNotReady        = "not-ready"         // denied: caches not synced yet
@@ -99,8 +100,8 @@ func Evaluate(ctx context.Context, e *engine.Engine, in Input) (Decision, error)
 	// The rule says why; a policy that does not (or contradicts itself) gets
 	// no decision, which every caller turns into a denial.
 	if allowed, known := ruleVerdict(d.Reason); !known || allowed != d.Allowed {
-		return Decision{}, fmt.Errorf("evaluate %s: the decision (allowed %t) gives reason %q; the rule's reasons are %s, %s, %s (allowed) and %s, %s, %s (denied)",
-			engine.Decision.Query(), d.Allowed, d.Reason, ReasonNoLink, ReasonExempt, ReasonNotJudged, ReasonBlocked, ReasonUnverified, ReasonUnjudgeable)
+		return Decision{}, fmt.Errorf("evaluate %s: the decision (allowed %t) gives reason %q; the rule's reasons are %s, %s, %s (allowed) and %s, %s, %s, %s (denied)",
+			engine.Decision.Query(), d.Allowed, d.Reason, ReasonNoLink, ReasonExempt, ReasonNotJudged, ReasonBlocked, ReasonUnverified, ReasonMisrouted, ReasonUnjudgeable)
 	}
 	return d, nil
 }
@@ -111,7 +112,7 @@ func ruleVerdict(reason string) (allowed, known bool) {
 	switch reason {
 	case ReasonNoLink, ReasonExempt, ReasonNotJudged:
 		return true, true
-	case ReasonBlocked, ReasonUnverified, ReasonUnjudgeable:
+	case ReasonBlocked, ReasonUnverified, ReasonMisrouted, ReasonUnjudgeable:
 		return false, true
 	}
 	return false, false

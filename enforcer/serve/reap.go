@@ -71,14 +71,14 @@ func LeaseNamespace() string {
 // scanner (nil when the scan is off), so a reloaded policy can have every
 // Node judged again.
 func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, changes *informers.Relay, reg prometheus.Registerer,
-	metrics *OrphanMetrics, opts ReapOptions, log *slog.Logger) (*orphanscan.Scanner, error) {
+	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, log *slog.Logger) (*orphanscan.Scanner, error) {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
 			return nil, fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
 		}
 		return nil, nil
 	}
-	scan := OrphanScan{Management: c, Enforcer: e, Changes: changes, Registry: reg, Metrics: metrics, Options: opts, Log: log}
+	scan := OrphanScan{Management: c, Enforcer: e, Changes: changes, Registry: reg, Metrics: metrics, Options: opts, Sessions: sessions, Log: log}
 	if c.Config != nil {
 		var err error
 		if scan.Kube, err = kubernetes.NewForConfig(c.Config); err != nil {
@@ -115,7 +115,11 @@ type OrphanScan struct {
 	// QPS and Burst limit the workload clusters' clients (0: kubeclient's).
 	QPS   float32
 	Burst int
-	Log   *slog.Logger
+	// Sessions, when set, are the workload-cluster sessions the scan's Node
+	// watches join (the caller runs them); else, with WorkloadClusters, the
+	// scan runs sessions of its own.
+	Sessions *WorkloadSessions
+	Log      *slog.Logger
 }
 
 // Start runs the scan until ctx is done: a reduced Node cache per cluster,
@@ -188,30 +192,27 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		return nil, err
 	}
 	if opts.WorkloadClusters {
-		set, err := clusters.New(clusters.Options{Management: c, Secrets: mgmt, Recheck: opts.KubeconfigRecheck,
-			QPS: o.QPS, Burst: o.Burst, Log: log, Metrics: m.Clusters, Stopped: scanner.RemoveCluster,
-			Start: func(ctx context.Context, cl *clusters.Cluster) {
-				t := reaper.Target{Nodes: cl.Dynamic}
-				if opts.Enabled {
-					typed, err := kubernetes.NewForConfig(cl.Config)
-					if err != nil {
-						log.Error("workload cluster: no Event client; deleting without Events", "cluster", cl.Key, "error", err.Error())
-					} else {
-						t.Recorder = recorder(ctx, typed)
-					}
-				}
-				if err := watchNodes(ctx, scanner, shape, cl.Key, cl.Kube, cl.Dynamic, t, watchErrors, true); err != nil {
-					log.Error("workload cluster: cannot watch its Nodes", "cluster", cl.Key, "error", err.Error())
-				}
-			}})
-		if err != nil {
-			return nil, err
-		}
-		go func() {
-			if err := set.Run(ctx); err != nil && ctx.Err() == nil {
-				log.Error("workload clusters: not watched; their Nodes are not scanned", "error", err.Error())
+		sessions := o.Sessions
+		if sessions == nil {
+			if sessions, err = NewWorkloadSessions(c, mgmt, opts, o.QPS, o.Burst, m.Clusters, log); err != nil {
+				return nil, err
 			}
-		}()
+			defer sessions.Run(ctx, log)
+		}
+		sessions.Add(func(ctx context.Context, cl *clusters.Cluster) {
+			t := reaper.Target{Nodes: cl.Dynamic}
+			if opts.Enabled {
+				typed, err := kubernetes.NewForConfig(cl.Config)
+				if err != nil {
+					log.Error("workload cluster: no Event client; deleting without Events", "cluster", cl.Key, "error", err.Error())
+				} else {
+					t.Recorder = recorder(ctx, typed)
+				}
+			}
+			if err := watchNodes(ctx, scanner, shape, cl.Key, cl.Kube, cl.Dynamic, t, watchErrors, true); err != nil {
+				log.Error("workload cluster: cannot watch its Nodes", "cluster", cl.Key, "error", err.Error())
+			}
+		}, scanner.RemoveCluster, nil)
 	}
 	log.Info("orphan node scan", "reap", opts.Enabled, "dryRun", opts.DryRun, "grace", finder.Grace().String(),
 		"fullScanInterval", opts.Interval.String(), "workloadClusters", opts.WorkloadClusters, "matchProviderID", opts.MatchProviderID)

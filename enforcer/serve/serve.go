@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
@@ -83,6 +84,9 @@ type Options struct {
 	// GatekeeperProvider, when its URL or Service is set, keeps Gatekeeper's
 	// Provider in this cluster pointing at this nodeguard.
 	GatekeeperProvider ProviderOptions
+	// Fleet guards the CAPI workload clusters, each through nodeguard's
+	// configuration there, kept and proven.
+	Fleet FleetOptions
 }
 
 // ProviderOptions say where Gatekeeper reaches nodeguard, for the Provider
@@ -157,9 +161,19 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if err != nil {
 		return err
 	}
-	scanner, err := startReaper(ctx, c, e, changes, reg, metrics.Orphans, opts.Orphans, log)
+	sessions, err := workloadSessions(c, opts, metrics, log)
 	if err != nil {
 		return err
+	}
+	scanner, err := startReaper(ctx, c, e, changes, reg, metrics.Orphans, opts.Orphans, sessions, log)
+	if err != nil {
+		return err
+	}
+	if _, err := startFleet(ctx, c, opts, sessions, reg, log); err != nil {
+		return err
+	}
+	if sessions != nil {
+		sessions.Run(ctx, log)
 	}
 	if opts.Bundle.Path != "" {
 		go func() {
@@ -223,6 +237,20 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 		grace = DefaultShutdownGrace
 	}
 	return srv.Serve(ctx, l, grace)
+}
+
+// workloadSessions are the one set of workload-cluster sessions, when any
+// part works inside workload clusters.
+func workloadSessions(c kubeclient.Clients, opts Options, metrics *Metrics, log *slog.Logger) (*WorkloadSessions, error) {
+	scan := opts.Orphans.WorkloadClusters && opts.Orphans.Interval > 0
+	if (!scan && !opts.Fleet.Enabled) || c.Config == nil {
+		return nil, nil
+	}
+	secrets, err := kubernetes.NewForConfig(c.Config)
+	if err != nil {
+		return nil, fmt.Errorf("create client: %w", err)
+	}
+	return NewWorkloadSessions(c, secrets, opts.Orphans, c.Config.QPS, c.Config.Burst, metrics.Orphans.Clusters, log)
 }
 
 // routes are the review port's: the webhook's review routes and, with a

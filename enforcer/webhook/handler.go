@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -158,7 +159,14 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 		return
 	}
 	d := h.decide(r.Context(), req, review.Request.UserInfo.Groups.digest())
-	resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: d.Allowed, Warnings: d.Warnings}
+	dryRun := review.Request.DryRun != nil && *review.Request.DryRun
+	warnings := d.Warnings
+	if dryRun {
+		// The fleet's proof that this cluster's reviews arrive, on any
+		// replica; on a dry run a person sees which route judged too.
+		warnings = append(slices.Clip(warnings), DryRunWarning(cluster))
+	}
+	resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: d.Allowed, Warnings: warnings}
 	if !d.Allowed {
 		code := int32(http.StatusForbidden)
 		if d.Reason == decision.ReasonError || d.Reason == decision.ReasonBusy {
@@ -179,11 +187,20 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)
 	// A dry run must have no side effects (the webhook says NoneOnDryRun).
-	dryRun := review.Request.DryRun != nil && *review.Request.DryRun
 	if !d.Allowed && !dryRun && h.opts.Denied != nil && isNodeDelete(req) {
 		h.opts.Denied(denialevents.Denial{Cluster: cluster, Node: req.Name, NodeUID: uidOf(review.Request.OldObject.bytes()), User: req.UserInfo.Username,
 			Reason: d.Reason, Messages: d.Messages, Blockers: d.Blockers, Unverified: d.Unverified})
 	}
+}
+
+// DryRunWarning is the warning every dry-run review's answer carries: it
+// names the route (and so the cluster) that judged it.
+func DryRunWarning(cluster string) string {
+	route := RouteSelf
+	if cluster != "" {
+		route += "/clusters/" + cluster
+	}
+	return "nodeguard: dry run judged on route " + route
 }
 
 // isNodeDelete says whether a request deletes a core Node: the only kind a

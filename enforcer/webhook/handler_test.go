@@ -153,7 +153,16 @@ func TestClusterRoute(t *testing.T) {
 	_, _, out := s.post(t, "/validate/clusters/default/dev", "application/json", body)
 	assert.False(t, out.Response.Allowed, "the Machine belongs to default/dev")
 
+	// The Node's CAPI annotations name Cluster default/dev: on other's
+	// route it is misrouted, not judged against other's Machines.
 	_, _, out = s.post(t, "/validate/clusters/default/other", "application/json", body)
+	assert.False(t, out.Response.Allowed, "misrouted")
+	assert.Contains(t, out.Response.Result.Message, "this review came on the route of Cluster default/other")
+
+	// Without the annotations, only Cluster default/other's Machines count.
+	bare := nodes[linkedNode].DeepCopy()
+	bare.SetAnnotations(nil)
+	_, _, out = s.post(t, "/validate/clusters/default/other", "application/json", review(admissionv1.Delete, "Node", bare.Object))
 	assert.True(t, out.Response.Allowed, "only Cluster default/other's Machines count")
 
 	_, _, out = s.post(t, "/validate/clusters/default/typo", "application/json", body)
@@ -284,7 +293,7 @@ func TestMetrics(t *testing.T) {
 	text := string(raw)
 	for _, want := range []string{
 		`nodeguard_decisions_total{reason="blocked",result="denied",route="/validate"} 2`,
-		`nodeguard_decisions_total{reason="no-link",result="allowed",route="/validate/clusters/{namespace}/{name}"} 1`,
+		`nodeguard_decisions_total{reason="misrouted",result="denied",route="/validate/clusters/{namespace}/{name}"} 1`,
 		`nodeguard_decisions_total{reason="not-judged",result="allowed",route="/validate"} 1`,
 		`nodeguard_decisions_total{reason="unjudgeable",result="denied",route="/validate"} 1`,
 		`nodeguard_decisions_total{reason="bad-request",result="error",route="/validate"} 1`,
@@ -439,5 +448,31 @@ func BenchmarkDeniedReview(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A dry run's answer names the route that judged it, allowed or denied: the
+// fleet's proof that a workload cluster's reviews arrive, whichever replica
+// answers. A review that is not a dry run carries no such warning.
+func TestDryRunAnswerNamesTheRoute(t *testing.T) {
+	g, _, nodes := example(t)
+	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
+	dryRun := func(body []byte) []byte {
+		return bytes.Replace(body, []byte(`"request":{`), []byte(`"request":{"dryRun":true,`), 1)
+	}
+	bare := nodes[linkedNode].DeepCopy()
+	bare.SetAnnotations(nil)
+	for path, want := range map[string]string{
+		"/validate":                      "nodeguard: dry run judged on route /validate",
+		"/validate/clusters/default/dev": "nodeguard: dry run judged on route /validate/clusters/default/dev",
+	} {
+		_, _, out := s.post(t, path, "application/json", dryRun(review(admissionv1.Delete, "Node", nodes[linkedNode].Object)))
+		assert.False(t, out.Response.Allowed, path)
+		assert.Contains(t, out.Response.Warnings, want, "a denied dry run on %s", path)
+		_, _, out = s.post(t, path, "application/json", dryRun(review(admissionv1.Delete, "Node", bare.Object)))
+		assert.Contains(t, out.Response.Warnings, want, "a dry run on %s", path)
+		assert.Equal(t, want, webhook.DryRunWarning(strings.TrimPrefix(strings.TrimPrefix(path, "/validate"), "/clusters/")))
+		_, _, out = s.post(t, path, "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
+		assert.Empty(t, out.Response.Warnings, "not a dry run")
 	}
 }

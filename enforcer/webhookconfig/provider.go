@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -20,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nodeguard/nodeguard/enforcer/owned"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -31,9 +31,6 @@ const ProviderTimeoutSeconds = 2
 
 // ProviderGVR is Gatekeeper's external data Provider.
 var ProviderGVR = schema.GroupVersionResource{Group: "externaldata.gatekeeper.sh", Version: "v1beta1", Resource: "providers"}
-
-// fieldManager owns the Provider's fields nodeguard writes.
-const fieldManager = "nodeguard"
 
 // BuildProvider returns the Gatekeeper Provider named name that sends the
 // K8sNodeGuardExternal template's keys to nodeguard serve: its external data
@@ -67,7 +64,7 @@ func BuildProvider(name string, opts Options) (*unstructured.Unstructured, error
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": ProviderGVR.GroupVersion().String(),
 		"kind":       "Provider",
-		"metadata":   map[string]any{"name": name, "labels": map[string]any{"app.kubernetes.io/name": "nodeguard"}},
+		"metadata":   map[string]any{"name": name, "labels": map[string]any{"app.kubernetes.io/name": "nodeguard", owned.Label: "nodeguard"}},
 		"spec": map[string]any{
 			"url":      u.String(),
 			"timeout":  int64(ProviderTimeoutSeconds),
@@ -98,10 +95,8 @@ func ProviderYAML(p *unstructured.Unstructured) ([]byte, error) {
 // ApplyProvider creates or updates the Provider in the cluster of client
 // (server-side apply: nodeguard owns url, timeout and caBundle).
 func ApplyProvider(ctx context.Context, client dynamic.Interface, p *unstructured.Unstructured) error {
-	if _, err := client.Resource(ProviderGVR).Apply(ctx, p.GetName(), p, metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
-		return fmt.Errorf("apply Provider %s: %w", p.GetName(), err)
-	}
-	return nil
+	_, err := owned.Apply(ctx, client, owned.Object{Resource: ProviderGVR, Object: p})
+	return err
 }
 
 // InstallProvider applies p into the workload cluster named by cluster

@@ -13,15 +13,24 @@ import (
 	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/owned"
 )
+
+// GVR is the ValidatingWebhookConfiguration resource.
+var GVR = schema.GroupVersionResource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "validatingwebhookconfigurations"}
+
+// ClusterAnnotation, on a configuration nodeguard keeps in a workload
+// cluster, names the CAPI Cluster ("namespace/name") it routes to.
+const ClusterAnnotation = "nodeguard.io/cluster"
 
 // Name is the configuration's name, and WebhookName the webhook's.
 const (
@@ -95,12 +104,21 @@ func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguratio
 	equivalent := admissionregistrationv1.Equivalent
 	clusterScope := admissionregistrationv1.ClusterScope
 	timeout := int32(TimeoutSeconds)
+	meta := metav1.ObjectMeta{Name: Name, Labels: map[string]string{"app.kubernetes.io/name": "nodeguard", owned.Label: "nodeguard"}}
+	if opts.Cluster != "" {
+		meta.Annotations = map[string]string{ClusterAnnotation: opts.Cluster}
+	}
 	return &admissionregistrationv1.ValidatingWebhookConfiguration{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
-		ObjectMeta: metav1.ObjectMeta{Name: Name, Labels: map[string]string{"app.kubernetes.io/name": "nodeguard"}},
+		ObjectMeta: meta,
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
 			Name:         WebhookName,
 			ClientConfig: client,
+			// Set, though empty, as the API server would default them: the
+			// stored configuration then equals this one field for field, so
+			// any foreign change to it shows (owned.Holds).
+			NamespaceSelector: &metav1.LabelSelector{},
+			ObjectSelector:    &metav1.LabelSelector{},
 			Rules: []admissionregistrationv1.RuleWithOperations{{
 				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Delete},
 				Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"},
@@ -149,44 +167,39 @@ func YAML(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) ([]byte, 
 	return out, nil
 }
 
-// Apply creates the configuration in the cluster of client, or replaces the
-// one there.
-func Apply(ctx context.Context, client kubernetes.Interface, cfg *admissionregistrationv1.ValidatingWebhookConfiguration) error {
-	api := client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	existing, err := api.Get(ctx, cfg.Name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		if _, err := api.Create(ctx, cfg, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("create ValidatingWebhookConfiguration %s: %w", cfg.Name, err)
-		}
-		return nil
-	case err != nil:
-		return fmt.Errorf("get ValidatingWebhookConfiguration %s: %w", cfg.Name, err)
+// Object is the configuration as owned writes it.
+func Object(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) (owned.Object, error) {
+	return owned.From(GVR, cfg)
+}
+
+// Apply writes the configuration into the cluster of client (server-side
+// apply, nodeguard's field manager), replacing it whole where another
+// manager added fields to it.
+func Apply(ctx context.Context, client dynamic.Interface, cfg *admissionregistrationv1.ValidatingWebhookConfiguration) error {
+	o, err := Object(cfg)
+	if err != nil {
+		return err
 	}
-	cfg = cfg.DeepCopy()
-	cfg.ResourceVersion = existing.ResourceVersion
-	if _, err := api.Update(ctx, cfg, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("update ValidatingWebhookConfiguration %s: %w", cfg.Name, err)
-	}
-	return nil
+	_, _, err = owned.Restore(ctx, client, o, "webhooks")
+	return err
 }
 
 // ClientFromKubeconfig is a client for the cluster of a kubeconfig (a
 // workload cluster's, as Install reads it from CAPI's Secret).
-func ClientFromKubeconfig(kubeconfig []byte) (kubernetes.Interface, error) {
+func ClientFromKubeconfig(kubeconfig []byte) (dynamic.Interface, error) {
 	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("load the workload kubeconfig: %w", err)
 	}
-	return kubernetes.NewForConfig(rc)
+	return dynamic.NewForConfig(rc)
 }
 
 // Install applies cfg into the workload cluster named by cluster, reached
 // through its kubeconfig Secret in the management cluster mgmt; with no
-// cluster, into mgmt's own cluster (self-hosted). It returns where it went.
-func Install(ctx context.Context, mgmt kubernetes.Interface, cluster string, cfg *admissionregistrationv1.ValidatingWebhookConfiguration,
-	workload func(kubeconfig []byte) (kubernetes.Interface, error)) (string, error) {
-	client, where, err := target(ctx, mgmt, cluster, mgmt, workload)
+// cluster, into self, mgmt's own cluster (self-hosted). It returns where it went.
+func Install(ctx context.Context, mgmt kubernetes.Interface, self dynamic.Interface, cluster string,
+	cfg *admissionregistrationv1.ValidatingWebhookConfiguration, workload func(kubeconfig []byte) (dynamic.Interface, error)) (string, error) {
+	client, where, err := target(ctx, mgmt, cluster, self, workload)
 	if err != nil {
 		return "", err
 	}

@@ -11,8 +11,13 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -83,28 +88,39 @@ func TestInstallIntoAWorkloadClusterThroughItsKubeconfigSecret(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "fleet", Name: "prod-1-kubeconfig"},
 		Data:       map[string][]byte{"value": []byte("kubeconfig of prod-1")},
 	})
-	workload := fake.NewClientset()
+	self := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())
+	workload := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())
+	// The fake tracker has no server-side apply: record what is applied.
+	var applied []*admissionregistrationv1.ValidatingWebhookConfiguration
+	workload.PrependReactor("patch", "validatingwebhookconfigurations", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		patch := a.(clienttesting.PatchAction)
+		assert.Equal(t, types.ApplyPatchType, patch.GetPatchType())
+		var u unstructured.Unstructured
+		require.NoError(t, u.UnmarshalJSON(patch.GetPatch()))
+		var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &vwc))
+		applied = append(applied, &vwc)
+		return true, &u, nil
+	})
 	var got []byte
-	connect := func(kubeconfig []byte) (kubernetes.Interface, error) { got = kubeconfig; return workload, nil }
+	connect := func(kubeconfig []byte) (dynamic.Interface, error) { got = kubeconfig; return workload, nil }
 
-	where, err := webhookconfig.Install(ctx, mgmt, "fleet/prod-1", cfg, connect)
+	where, err := webhookconfig.Install(ctx, mgmt, self, "fleet/prod-1", cfg, connect)
 	require.NoError(t, err)
 	assert.Equal(t, "workload cluster fleet/prod-1", where)
 	assert.Equal(t, "kubeconfig of prod-1", string(got))
-	installed, err := workload.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
-	require.NoError(t, err)
-	assert.Equal(t, *cfg.Webhooks[0].ClientConfig.URL, *installed.Webhooks[0].ClientConfig.URL)
-	_, err = mgmt.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
-	assert.Error(t, err, "nothing is installed into the management cluster")
+	require.Len(t, applied, 1)
+	assert.Equal(t, *cfg.Webhooks[0].ClientConfig.URL, *applied[0].Webhooks[0].ClientConfig.URL)
+	assert.Equal(t, "fleet/prod-1", applied[0].Annotations[webhookconfig.ClusterAnnotation])
+	assert.Empty(t, self.Actions(), "nothing is installed into the management cluster")
 
-	// Applying again replaces it (a renewed CA bundle).
+	// Applying again writes the renewed CA bundle.
 	cfg.Webhooks[0].ClientConfig.CABundle = caBundle(t)
-	_, err = webhookconfig.Install(ctx, mgmt, "fleet/prod-1", cfg, connect)
+	_, err = webhookconfig.Install(ctx, mgmt, self, "fleet/prod-1", cfg, connect)
 	require.NoError(t, err)
-	installed, err = workload.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
-	require.NoError(t, err)
-	assert.Equal(t, cfg.Webhooks[0].ClientConfig.CABundle, installed.Webhooks[0].ClientConfig.CABundle)
+	require.Len(t, applied, 2)
+	assert.Equal(t, cfg.Webhooks[0].ClientConfig.CABundle, applied[1].Webhooks[0].ClientConfig.CABundle)
 
-	_, err = webhookconfig.Install(ctx, mgmt, "fleet/missing", cfg, connect)
+	_, err = webhookconfig.Install(ctx, mgmt, self, "fleet/missing", cfg, connect)
 	assert.ErrorContains(t, err, "read the kubeconfig of Cluster fleet/missing")
 }

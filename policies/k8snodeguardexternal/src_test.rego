@@ -69,6 +69,7 @@ asked(request) := answered([fixtures.capd_machine, fixtures.capd_infra], synced)
 		"metadata": {
 			"name": "dev-md-0-abcde",
 			"annotations": {
+				"cluster.x-k8s.io/cluster-name": "dev",
 				"cluster.x-k8s.io/cluster-namespace": "default",
 				"cluster.x-k8s.io/machine": "dev-md-0-abcde",
 			},
@@ -166,8 +167,25 @@ other_cluster(_) := answered(
 # nodeguard's route names the cluster: its Machines alone count.
 test_the_provided_cluster_scope_applies if {
 	# The DockerMachine is labelled for dev, so it is out of scope too.
-	violations := k8snodeguardexternal.violation with input as gk_input(review, {}) with external_data as other_cluster
+	bare := object.union(fixtures.delete_review(fixtures.without_annotations(fixtures.capd_node)), {"uid": review.uid})
+	violations := k8snodeguardexternal.violation with input as gk_input(bare, {}) with external_data as other_cluster_bare
 	count(violations) == 0
+}
+
+other_cluster_bare(request) := {
+	"responses": [[request.keys[0], {
+		"inventory": fixtures.inventory([fixtures.capd_machine, fixtures.capd_infra]),
+		"parameters": object.union(synced, {"clusterNamespace": "default", "clusterName": "other"}),
+	}]],
+	"errors": [], "status_code": 200, "system_error": "",
+}
+
+# A Node whose annotations name Cluster dev, on Cluster other's route: denied.
+test_a_misrouted_node_is_a_violation if {
+	violations := k8snodeguardexternal.violation with input as gk_input(review, {}) with external_data as other_cluster
+	count(violations) == 1
+	some v in violations
+	contains(v.msg, "this review came on the route of Cluster default/other")
 }
 
 exempting(_) := answered(

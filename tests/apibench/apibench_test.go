@@ -494,7 +494,7 @@ func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Inte
 	if register {
 		vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
 		require.NoError(b, err)
-		require.NoError(b, webhookconfig.Apply(ctx, kube, vwc))
+		require.NoError(b, webhookconfig.Apply(ctx, dynamic.NewForConfigOrDie(localcluster.Config(env)), vwc))
 	}
 	return webhook{stop: stop, ready: ready, rssMiB: rss}
 }

@@ -143,9 +143,7 @@ func nodeguardWith(t *testing.T, cfg *rest.Config, opts serve.Options) running {
 	require.NoError(t, err)
 	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
 	require.NoError(t, err)
-	kube, err := kubernetes.NewForConfig(cfg)
-	require.NoError(t, err)
-	require.NoError(t, webhookconfig.Apply(context.Background(), kube, vwc))
+	require.NoError(t, webhookconfig.Apply(context.Background(), dynamic.NewForConfigOrDie(cfg), vwc))
 	return running{url: url, ca: ca, clients: clients, stop: stop}
 }
 
@@ -301,7 +299,7 @@ func TestManagementAndWorkloadClusters(t *testing.T) {
 	install := func(cluster string) {
 		vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: cluster})
 		require.NoError(t, err)
-		where, err := webhookconfig.Install(ctx, mgmtKube, cluster, vwc, webhookconfig.ClientFromKubeconfig)
+		where, err := webhookconfig.Install(ctx, mgmtKube, dyn, cluster, vwc, webhookconfig.ClientFromKubeconfig)
 		require.NoError(t, err)
 		assert.Equal(t, "workload cluster "+cluster, where)
 	}

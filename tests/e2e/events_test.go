@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
@@ -143,7 +144,7 @@ func TestDenialEventsOfAWorkloadCluster(t *testing.T) {
 	route := func(url string) {
 		vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: "default/dev"})
 		require.NoError(t, err)
-		require.NoError(t, webhookconfig.Apply(ctx, workloadKube, vwc))
+		require.NoError(t, webhookconfig.Apply(ctx, dynamic.NewForConfigOrDie(workload), vwc))
 	}
 
 	route(toWorkload)

@@ -24,7 +24,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -73,9 +73,7 @@ func nodeguardProcess(t *testing.T, env *envtest.Environment, register bool) pro
 		require.NoError(t, err)
 		vwc, err := webhookconfig.Build(webhookconfig.Options{URL: p.url, CABundle: caPEM})
 		require.NoError(t, err)
-		kube, err := kubernetes.NewForConfig(env.Config)
-		require.NoError(t, err)
-		require.NoError(t, webhookconfig.Apply(context.Background(), kube, vwc))
+		require.NoError(t, webhookconfig.Apply(context.Background(), dynamic.NewForConfigOrDie(env.Config), vwc))
 	}
 	return p
 }

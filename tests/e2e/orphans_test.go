@@ -199,7 +199,7 @@ func TestOrphanNodesAreReapedInAWorkloadCluster(t *testing.T) {
 	require.NoError(t, err)
 	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: "default/dev"})
 	require.NoError(t, err)
-	require.NoError(t, webhookconfig.Apply(ctx, workloadKube, vwc))
+	require.NoError(t, webhookconfig.Apply(ctx, dynamic.NewForConfigOrDie(workload), vwc))
 
 	for _, name := range []string{"control-plane-0", "left-behind", "still-ready"} {
 		workloadMachine(t, dyn, mgmtKube, workloadKube, name)

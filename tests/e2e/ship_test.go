@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -205,5 +206,5 @@ func bundleServe(t *testing.T, cfg *rest.Config, kube kubernetes.Interface, bund
 	require.NoError(t, err)
 	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
 	require.NoError(t, err)
-	require.NoError(t, webhookconfig.Apply(context.Background(), kube, vwc))
+	require.NoError(t, webhookconfig.Apply(context.Background(), dynamic.NewForConfigOrDie(cfg), vwc))
 }

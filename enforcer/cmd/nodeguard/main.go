@@ -22,6 +22,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/nodeguard/nodeguard/enforcer/check"
+	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
@@ -65,7 +66,7 @@ func rootCommand(code *int, stderr io.Writer) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(checkCommand(code), serveCommand(stderr), webhookConfigCommand(), orphansCommand(code))
+	root.AddCommand(checkCommand(code), serveCommand(stderr), webhookConfigCommand(), orphansCommand(code), clustersCommand(code))
 	root.AddCommand(versionCommand())
 	return root
 }
@@ -193,6 +194,12 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.BoolVar(&opts.DenialEventsWorkloadClusters, "denial-events-workload-clusters", false, "record the Events of /validate/clusters/NS/NAME in that workload cluster, through its <name>-kubeconfig Secret (needs Secret get); otherwise on the Machine in this cluster")
 	f.StringVar(&opts.TLSMinVersion, "tls-min-version", tlsserver.DefaultMinVersion, "lowest TLS version accepted: VersionTLS12 or VersionTLS13")
 	f.StringSliceVar(&opts.TLSCipherSuites, "tls-cipher-suites", tlsserver.DefaultCipherSuites(), "TLS 1.2 cipher suites accepted, comma-separated IANA names (TLS 1.3 suites are always AEAD)")
+	f.BoolVar(&opts.Fleet.Enabled, "fleet", false, "guard every selected CAPI workload cluster: keep nodeguard's ValidatingWebhookConfiguration there (through its <name>-kubeconfig Secret) and prove it with dry-run Node deletes; one replica acts, holding a Lease")
+	f.StringVar(&opts.Fleet.URL, "fleet-url", "", "with --fleet: base https URL where the workload API servers reach this nodeguard")
+	f.StringSliceVar(&opts.Fleet.CAFiles, "fleet-ca-file", nil, "with --fleet: PEM files whose certificates together form the workload clusters' CA bundle, read again every 5s (default: ca.crt beside --tls-cert-file); list the CA Secret's tls.crt too, so a CA rotation is trusted before the serving certificate changes")
+	f.StringVar(&opts.Fleet.Selector, "fleet-cluster-selector", "", "with --fleet: label selector on Clusters (default: all); Clusters annotated nodeguard.io/opt-out=true are left out")
+	f.DurationVar(&opts.Fleet.ProofInterval, "fleet-proof-interval", fleet.DefaultProofInterval, "with --fleet: how often each guarded workload cluster is proven again by a dry-run Node delete")
+	f.StringVar(&opts.Fleet.Namespace, "fleet-namespace", "", "with --fleet: namespace of the status ConfigMap nodeguard-fleet and the Lease (default: $POD_NAMESPACE, else nodeguard-system)")
 	return cmd
 }
 
@@ -342,7 +349,7 @@ func configManifest(ctx context.Context, opts webhookconfig.Options, gatekeeperP
 		return manifest{}, err
 	}
 	return manifest{what: "ValidatingWebhookConfiguration " + cfg.Name, render: func() ([]byte, error) { return webhookconfig.YAML(cfg) },
-		install: func(ctx context.Context, mgmt kubernetes.Interface, _ kubeclient.Clients) (string, error) {
-			return webhookconfig.Install(ctx, mgmt, opts.Cluster, cfg, webhookconfig.ClientFromKubeconfig)
+		install: func(ctx context.Context, mgmt kubernetes.Interface, c kubeclient.Clients) (string, error) {
+			return webhookconfig.Install(ctx, mgmt, c.Dynamic, opts.Cluster, cfg, webhookconfig.ClientFromKubeconfig)
 		}}, nil
 }

@@ -96,11 +96,15 @@ func run(ctx context.Context, bin string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("client: %w", err)
 	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
 	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
 	if err != nil {
 		return err
 	}
-	if err := webhookconfig.Apply(ctx, kube, vwc); err != nil {
+	if err := webhookconfig.Apply(ctx, dyn, vwc); err != nil {
 		return err
 	}
 	say("   ValidatingWebhookConfiguration %q sends every Node DELETE to it (failurePolicy: Fail)", vwc.Name)
@@ -109,10 +113,6 @@ func run(ctx context.Context, bin string, out io.Writer) error {
 	}
 	say("   nodeguard reports ready: its informers have synced Machines and InfraMachines")
 
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("client: %w", err)
-	}
 	kubeconfig := filepath.Join(work, "kubeconfig")
 	if err := localcluster.AdminKubeconfig(env, kubeconfig); err != nil {
 		return err

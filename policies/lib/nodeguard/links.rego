@@ -135,8 +135,9 @@ link_model := object.union(object_fields, {
 # title: Node paths
 # description: |
 #   The Node fields the rules name: the Node's name, its spec.providerID, and
-#   the annotations Cluster API writes naming its Machine (machine) and that
-#   Machine's namespace (cluster_namespace). The rules read these by name
+#   the annotations Cluster API writes naming its Machine (machine), that
+#   Machine's namespace (cluster_namespace) and its Cluster's name
+#   (cluster_name). The rules read these by name
 #   where they read a Node outside a link; links (the declaration itself)
 #   write their paths out.
 node_paths := {
@@ -144,6 +145,7 @@ node_paths := {
 	"provider_id": ["spec", "providerID"],
 	"machine": ["metadata", "annotations", "cluster.x-k8s.io/machine"],
 	"cluster_namespace": ["metadata", "annotations", "cluster.x-k8s.io/cluster-namespace"],
+	"cluster_name": ["metadata", "annotations", "cluster.x-k8s.io/cluster-name"],
 }
 
 # METADATA

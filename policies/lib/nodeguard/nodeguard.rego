@@ -21,7 +21,9 @@
 #     - title: Cluster scope
 #       text: >-
 #         With clusterName/clusterNamespace set, only Machines and InfraMachines of that CAPI Cluster count;
-#         an InfraMachine without a cluster-name label still counts (fail closed).
+#         an InfraMachine without a cluster-name label still counts (fail closed). A Node whose
+#         cluster.x-k8s.io/cluster-name or cluster-namespace annotation names another Cluster is denied
+#         (misrouted): its Machines are not this Cluster's, so their absence here proves nothing.
 #     - title: MachinePools and managed pools
 #       text: >-
 #         A MachinePool listing the Node's providerID in spec.providerIDList blocks the pool its
@@ -44,8 +46,8 @@ package lib.nodeguard
 # title: Decide
 # description: |
 #   The decision for one admission review: allowed; reason, one word for why
-#   (no-link, exempt or not-judged when allowed; blocked, unverified or
-#   unjudgeable when denied); blockers (linked InfraMachines or pools that
+#   (no-link, exempt or not-judged when allowed; blocked, unverified,
+#   misrouted or unjudgeable when denied); blockers (linked InfraMachines or pools that
 #   still exist); unverified (linked Machines' InfraMachines of a kind not
 #   synced); messages (one sentence per blocker and unverified kind, when
 #   denied); warnings (what an exempt user bypassed). Read top to bottom: a
@@ -58,12 +60,25 @@ decide(review, inventory, parameters) := {
 	"blockers": [], "unverified": [], "messages": [], "warnings": [],
 } if {
 	not judged(review)
-} else := verdict if {
+} else := _judge(review, node, name, inventory, _effective(parameters)) if {
 	node := _node(review)
 	name := object.get(node, node_paths.name, null)
 	is_string(name)
-	params := _effective(parameters)
+} else := {
+	# Fail closed: a Node we cannot see might be linked to anything.
+	"allowed": false, "reason": "unjudgeable",
+	"blockers": [], "unverified": [], "warnings": [],
+	"messages": [sprintf(
+		"Node %q cannot be judged: the DELETE request carries no oldObject, so nodeguard cannot tell which InfraMachines are linked to it; retry the delete.",
+		[object.get(review, "name", "")],
+	)],
+}
 
+# A Node on the wrong Cluster's route is misrouted; any other is judged by
+# its links.
+_judge(review, node, name, inventory, params) := _misrouted_verdict(name, sentence, object.get(review, "userInfo", {}), params) if {
+	sentence := _misrouted(name, node, params)
+} else := verdict if {
 	# Links are found once and shared: they are the expensive part. Each is
 	# [key, how]: the key names an InfraMachine or pool, how says by which link.
 	links := _links(node, _active_links(node), inventory, params)
@@ -75,14 +90,6 @@ decide(review, inventory, parameters) := {
 		[_unverified_sentence(name, u) | some u in unverified],
 	)
 	verdict := _verdict(name, blockers, unverified, reasons, object.get(review, "userInfo", {}), params)
-} else := {
-	# Fail closed: a Node we cannot see might be linked to anything.
-	"allowed": false, "reason": "unjudgeable",
-	"blockers": [], "unverified": [], "warnings": [],
-	"messages": [sprintf(
-		"Node %q cannot be judged: the DELETE request carries no oldObject, so nodeguard cannot tell which InfraMachines are linked to it; retry the delete.",
-		[object.get(review, "name", "")],
-	)],
 }
 
 # METADATA
@@ -120,6 +127,33 @@ _verdict(name, blockers, unverified, reasons, user, params) := {
 }
 
 _denied_because := {true: "blocked", false: "unverified"}
+
+# A Node judged on a Cluster's route whose Cluster API annotations name
+# another Cluster: the webhook configuration sends it to the wrong Machines.
+_misrouted(name, node, params) := sentence if {
+	params.clusterName != ""
+	namespace := object.get(node, node_paths.cluster_namespace, params.clusterNamespace)
+	cluster := object.get(node, node_paths.cluster_name, params.clusterName)
+	_another_cluster(namespace, cluster, params)
+	sentence := concat("", [
+		sprintf("Node %q is Cluster %s/%s's (its cluster.x-k8s.io annotations say so), ", [name, namespace, cluster]),
+		sprintf("but this review came on the route of Cluster %s/%s, whose Machines are not its own; ", [params.clusterNamespace, params.clusterName]),
+		"fix that workload cluster's webhook configuration (nodeguard serve --fleet keeps it right).",
+	])
+}
+
+_another_cluster(_, cluster, params) if cluster != params.clusterName
+
+_another_cluster(namespace, _, params) if {
+	params.clusterNamespace != ""
+	namespace != params.clusterNamespace
+}
+
+# Misrouted is denied as blocked is: an exempt user still passes, warned.
+_misrouted_verdict(name, sentence, user, params) := v if {
+	v := _verdict(name, [], [], [sentence], user, params)
+	v.allowed
+} else := object.union(_verdict(name, [], [], [sentence], user, params), {"reason": "misrouted"})
 
 _exempt_by(user, params) := sprintf("user %q", [user.username]) if {
 	user.username in params.exemptUsers

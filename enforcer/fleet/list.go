@@ -1,0 +1,114 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+)
+
+// ReasonNotReported is shown for a Cluster the reconciler has not reported
+// (the fleet reconciler is off, or has not reached it yet).
+const ReasonNotReported = "not-reported"
+
+// List is every Cluster of the management cluster c with the State the
+// fleet reconciler reported for it (in namespace ns), sorted by key.
+func List(ctx context.Context, c kubeclient.Clients, ns string) ([]State, error) {
+	mapping, err := kubeclient.RESTMapping(c.Mapper, clusters.ClusterKind)
+	if err != nil {
+		return nil, fmt.Errorf("the Cluster resource: %w", err)
+	}
+	list, err := c.Dynamic.Resource(mapping.Resource).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list Clusters: %w", err)
+	}
+	reported, err := ReadStatus(ctx, c.Dynamic, ns)
+	if apierrors.IsNotFound(err) {
+		reported, err = map[string]State{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]State, 0, len(list.Items))
+	for _, cl := range list.Items {
+		key := cl.GetNamespace() + "/" + cl.GetName()
+		st, ok := reported[key]
+		if !ok {
+			st = State{Cluster: key, Reason: ReasonNotReported,
+				Message: "nodeguard serve --fleet has not reported this Cluster (" + ns + "/" + StatusName + ")"}
+		}
+		out = append(out, st)
+	}
+	slices.SortFunc(out, func(a, b State) int {
+		switch {
+		case a.Cluster < b.Cluster:
+			return -1
+		case a.Cluster > b.Cluster:
+			return 1
+		}
+		return 0
+	})
+	return out, nil
+}
+
+// Unguarded counts the states that are not guarded for a fault (not for an
+// opt-out, a deselection or a deletion).
+func Unguarded(states []State) int {
+	n := 0
+	for _, s := range states {
+		if !s.Guarded && !Excluded(s.Reason) {
+			n++
+		}
+	}
+	return n
+}
+
+// Print writes states as a table, or as JSON (output "json").
+func Print(out io.Writer, states []State, output string, now time.Time) error {
+	switch output {
+	case "json":
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(states)
+	case "", "text":
+	default:
+		return fmt.Errorf("-o %q: want text or json", output)
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CLUSTER\tMODE\tGUARDED\tWIRED\tCA CURRENT\tLAST PROOF\tREASON")
+	for _, s := range states {
+		proof := "never"
+		if !s.LastProof.IsZero() {
+			proof = now.Sub(s.LastProof).Round(time.Second).String() + " ago"
+		}
+		reason := s.Reason
+		if reason == "" {
+			reason = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Cluster, dash(s.Mode), yes(s.Guarded), yes(s.Wired), yes(s.CACurrent), proof, reason)
+	}
+	return w.Flush()
+}
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,147 @@
+// Package owned writes the objects nodeguard owns in any cluster (the
+// webhook configurations, Gatekeeper's Provider, the fleet's status) one
+// way: server-side apply under one field manager, so `kubectl get
+// --show-managed-fields` names nodeguard for every field it set and another
+// manager's change to one of them is taken back on the next apply.
+package owned
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+)
+
+// FieldManager owns every field nodeguard writes.
+const FieldManager = "nodeguard"
+
+// Label marks an object as nodeguard's, and its value says which component
+// keeps it.
+const Label = "app.kubernetes.io/managed-by"
+
+// Object is what Apply writes: the resource and the object, cluster-scoped
+// when it has no namespace.
+type Object struct {
+	Resource schema.GroupVersionResource
+	Object   *unstructured.Unstructured
+}
+
+// From converts a typed object (with its TypeMeta set) for Apply.
+func From(gvr schema.GroupVersionResource, obj runtime.Object) (Object, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return Object{}, fmt.Errorf("convert %s: %w", gvr.Resource, err)
+	}
+	return Object{Resource: gvr, Object: &unstructured.Unstructured{Object: m}}, nil
+}
+
+func (o Object) client(c dynamic.Interface) dynamic.ResourceInterface {
+	if ns := o.Object.GetNamespace(); ns != "" {
+		return c.Resource(o.Resource).Namespace(ns)
+	}
+	return c.Resource(o.Resource)
+}
+
+func (o Object) String() string {
+	if ns := o.Object.GetNamespace(); ns != "" {
+		return fmt.Sprintf("%s %s/%s", o.Object.GetKind(), ns, o.Object.GetName())
+	}
+	return o.Object.GetKind() + " " + o.Object.GetName()
+}
+
+// Apply writes o with server-side apply, forcing nodeguard's ownership of
+// the fields it sets, and returns the object as the API server stored it.
+func Apply(ctx context.Context, c dynamic.Interface, o Object) (*unstructured.Unstructured, error) {
+	out, err := o.client(c).Apply(ctx, o.Object.GetName(), o.Object, metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
+	if err != nil {
+		return nil, fmt.Errorf("apply %s: %w", o, err)
+	}
+	return out, nil
+}
+
+// Restore makes the object in the cluster hold what o says and nothing else
+// in the fields o sets: an apply takes back the fields another manager
+// changed, but it cannot remove a field another manager added (an
+// objectSelector that would let Nodes pass, say), so where the applied
+// object still differs from o, the object is replaced by o as a whole.
+// It returns the stored object and whether it was replaced.
+func Restore(ctx context.Context, c dynamic.Interface, o Object, fields ...string) (*unstructured.Unstructured, bool, error) {
+	out, err := Apply(ctx, c, o)
+	if err != nil {
+		return nil, false, err
+	}
+	if Holds(out, o.Object, fields...) {
+		return out, false, nil
+	}
+	replace := o.Object.DeepCopy()
+	replace.SetResourceVersion(out.GetResourceVersion())
+	out, err = o.client(c).Update(ctx, replace, metav1.UpdateOptions{FieldManager: FieldManager})
+	if err != nil {
+		return nil, false, fmt.Errorf("replace %s: %w", o, err)
+	}
+	return out, true, nil
+}
+
+// Holds says whether have's fields (top-level keys, e.g. "webhooks") equal
+// want's exactly, as JSON, and have carries every label of want's.
+func Holds(have, want *unstructured.Unstructured, fields ...string) bool {
+	if have == nil {
+		return false
+	}
+	labels := have.GetLabels()
+	for k, v := range want.GetLabels() {
+		if labels[k] != v {
+			return false
+		}
+	}
+	for _, f := range fields {
+		if !sameJSON(have.Object[f], want.Object[f]) {
+			return false
+		}
+	}
+	return true
+}
+
+// sameJSON compares two values as JSON: an int64 from the API server and an
+// int32 from a typed object are the same number.
+func sameJSON(a, b any) bool {
+	norm := func(v any) any {
+		raw, err := json.Marshal(v)
+		if err != nil {
+			return err.Error()
+		}
+		var out any
+		_ = json.Unmarshal(raw, &out)
+		return out
+	}
+	return reflect.DeepEqual(norm(a), norm(b))
+}
+
+// Delete removes the object name of gvr if it carries Label (nodeguard's):
+// one it does not own is left alone. A missing object is no error.
+func Delete(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionResource, name string) (bool, error) {
+	r := c.Resource(gvr)
+	have, err := r.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get %s %s: %w", gvr.Resource, name, err)
+	}
+	if _, ok := have.GetLabels()[Label]; !ok {
+		return false, nil
+	}
+	uid := have.GetUID()
+	err = r.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return false, fmt.Errorf("delete %s %s: %w", gvr.Resource, name, err)
+	}
+	return err == nil, nil
+}

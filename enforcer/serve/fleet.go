@@ -1,0 +1,122 @@
+package serve
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/nodeguard/nodeguard/enforcer/fleet"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/reaper"
+)
+
+// FleetOptions are the fleet reconciler's flags of `nodeguard serve`.
+type FleetOptions struct {
+	// Enabled guards every selected CAPI workload cluster (--fleet).
+	Enabled bool
+	// URL is where the workload API servers reach this nodeguard
+	// (--fleet-url, https).
+	URL string
+	// CAFiles hold the CA bundle given to the workload clusters (default:
+	// ca.crt beside the serving certificate).
+	CAFiles []string
+	// Selector is a label selector on Clusters (default: all).
+	Selector string
+	// ProofInterval: how often each guarded cluster is proven again.
+	ProofInterval time.Duration
+	// Namespace holds the status ConfigMap and the Lease (default: the
+	// pod's, as LeaseNamespace).
+	Namespace string
+}
+
+// Event reasons on a Cluster whose guard changed.
+const (
+	EventGuarded   = "WorkloadClusterGuarded"
+	EventUnguarded = "WorkloadClusterUnguarded"
+)
+
+// fleetLease is the Lease the replicas compete for to run the fleet.
+const fleetLease = "nodeguard-fleet"
+
+// startFleet runs the fleet reconciler when asked to, its sessions joining
+// sessions (which the caller runs).
+func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, sessions *WorkloadSessions, reg prometheus.Registerer,
+	log *slog.Logger) (*fleet.Reconciler, error) {
+	f := opts.Fleet
+	if !f.Enabled {
+		return nil, nil
+	}
+	if c.Config == nil || sessions == nil {
+		return nil, fmt.Errorf("--fleet needs a kubeconfig or in-cluster config")
+	}
+	selector := labels.Everything()
+	if f.Selector != "" {
+		var err error
+		if selector, err = labels.Parse(f.Selector); err != nil {
+			return nil, fmt.Errorf("--fleet-cluster-selector %q: %w", f.Selector, err)
+		}
+	}
+	caFiles := f.CAFiles
+	if len(caFiles) == 0 {
+		caFiles = []string{filepath.Join(filepath.Dir(opts.CertFile), "ca.crt")}
+	}
+	ns := f.Namespace
+	if ns == "" {
+		ns = LeaseNamespace()
+	}
+	kube, err := kubernetes.NewForConfig(c.Config)
+	if err != nil {
+		return nil, fmt.Errorf("create client: %w", err)
+	}
+	metrics, err := fleet.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	host, _ := os.Hostname()
+	leader, err := reaper.Elect(ctx, reaper.LeaseOptions{Client: kube, Namespace: ns, Name: fleetLease, Identity: host + "_" + uuid.NewString(), Log: log})
+	if err != nil {
+		return nil, err
+	}
+	status := &fleet.Status{Client: c.Dynamic, Namespace: ns, Log: log}
+	events := recorder(ctx, kube)
+	r, err := fleet.New(fleet.Options{Clusters: sessions.Set, URL: f.URL, CAFiles: caFiles, Selector: selector,
+		ProofInterval: f.ProofInterval, IsLeader: leader, Log: log,
+		Report:    func(s fleet.State) { metrics.Report(s); status.Report(s) },
+		Forgotten: func(key string) { metrics.Forget(key); status.Forget(key) },
+		Recorded: func(_, s fleet.State) {
+			meta, ok := sessions.Set.Meta(s.Cluster)
+			if !ok {
+				return
+			}
+			ns, name, _ := cache.SplitMetaNamespaceKey(s.Cluster)
+			ref := &corev1.ObjectReference{APIVersion: meta.APIVersion, Kind: "Cluster", Namespace: ns, Name: name, UID: meta.UID}
+			if s.Guarded {
+				events.Eventf(ref, nil, corev1.EventTypeNormal, EventGuarded, "Guard", "nodeguard guards this workload cluster: a dry-run Node delete reached its route")
+				return
+			}
+			kind := corev1.EventTypeWarning
+			if fleet.Excluded(s.Reason) {
+				kind = corev1.EventTypeNormal
+			}
+			events.Eventf(ref, nil, kind, EventUnguarded, "Guard", "nodeguard does not guard this workload cluster (%s): %s", s.Reason, s.Message)
+		}})
+	if err != nil {
+		return nil, err
+	}
+	sessions.Add(r.Session, nil, r.Changed)
+	go status.Run(ctx)
+	go r.Run(ctx)
+	log.Info("fleet: guarding workload clusters", "url", f.URL, "selector", selector.String(), "caFiles", caFiles,
+		"proofInterval", f.ProofInterval.String(), "statusConfigMap", ns+"/"+fleet.StatusName)
+	return r, nil
+}

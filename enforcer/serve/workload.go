@@ -1,0 +1,94 @@
+package serve
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+)
+
+// WorkloadSessions is the one set of workload-cluster sessions serve runs:
+// every part that works inside workload clusters (the orphan scan's Node
+// watch, the fleet's configuration watch) adds itself before Run, and each
+// cluster's session runs them all on one kubeconfig.
+type WorkloadSessions struct {
+	Set *clusters.Set
+
+	mu      sync.Mutex
+	starts  []func(context.Context, *clusters.Cluster)
+	stopped []func(string)
+	changed []func(string)
+}
+
+// NewWorkloadSessions watches the Clusters of c; Secrets reads their
+// kubeconfig Secrets.
+func NewWorkloadSessions(c kubeclient.Clients, secrets kubernetes.Interface, opts ReapOptions, qps float32, burst int,
+	metrics *clusters.Metrics, log *slog.Logger) (*WorkloadSessions, error) {
+	w := &WorkloadSessions{}
+	set, err := clusters.New(clusters.Options{Management: c, Secrets: secrets, Recheck: opts.KubeconfigRecheck,
+		QPS: qps, Burst: burst, Log: log, Metrics: metrics, Start: w.start, Stopped: w.stop, Changed: w.change})
+	if err != nil {
+		return nil, err
+	}
+	w.Set = set
+	return w, nil
+}
+
+// Add registers a part: start runs in each session (until its ctx is done),
+// stopped after a session ended, changed (it must not block) when a Cluster
+// or its session changed. Any may be nil.
+func (w *WorkloadSessions) Add(start func(context.Context, *clusters.Cluster), stopped, changed func(string)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if start != nil {
+		w.starts = append(w.starts, start)
+	}
+	if stopped != nil {
+		w.stopped = append(w.stopped, stopped)
+	}
+	if changed != nil {
+		w.changed = append(w.changed, changed)
+	}
+}
+
+// Run runs the sessions in the background until ctx is done.
+func (w *WorkloadSessions) Run(ctx context.Context, log *slog.Logger) {
+	go func() {
+		if err := w.Set.Run(ctx); err != nil && ctx.Err() == nil {
+			log.Error("workload clusters: not watched", "error", err.Error())
+		}
+	}()
+}
+
+func (w *WorkloadSessions) start(ctx context.Context, c *clusters.Cluster) {
+	w.mu.Lock()
+	starts := w.starts
+	w.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, s := range starts {
+		wg.Go(func() { s(ctx, c) })
+	}
+	wg.Wait()
+}
+
+func (w *WorkloadSessions) stop(key string) {
+	w.mu.Lock()
+	stopped := w.stopped
+	w.mu.Unlock()
+	for _, f := range stopped {
+		f(key)
+	}
+}
+
+func (w *WorkloadSessions) change(key string) {
+	w.mu.Lock()
+	changed := w.changed
+	w.mu.Unlock()
+	for _, f := range changed {
+		f(key)
+	}
+}

@@ -1,0 +1,366 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nodeguard/nodeguard/enforcer/fleet"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/serve"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+	"github.com/nodeguard/nodeguard/internal/localcluster"
+	"github.com/nodeguard/nodeguard/internal/testpki"
+)
+
+var clustersGVR = schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "clusters"}
+
+// fleetProof is the proof period of these tests: short, so "within one
+// proof period" is seconds.
+const fleetProof = 3 * time.Second
+
+// A management and two workload kube-apiservers, each its own process and
+// CA, Clusters and kubeconfig Secrets as CAPI writes them, and `nodeguard
+// serve --fleet`: nothing is installed by hand.
+func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
+	mgmt := apiServer(t)
+	w1, w1Env := apiServerEnv(t)
+	w2, w2Env := apiServerEnv(t)
+	mgmtKube, dyn := clientsFor(t, mgmt)
+	kube1, _ := clientsFor(t, w1)
+	kube2, _ := clientsFor(t, w2)
+	ctx := context.Background()
+
+	// The workload API servers reach nodeguard through a relay the test can
+	// cut: the network path between the clusters.
+	ca := testpki.New(t)
+	certFile, keyFile := ca.ServerFiles(t, "nodeguard")
+	servingCA := ca.CAFile(t)
+	// The CA Secret's certificate, which a cert-manager CA rotation changes
+	// before the serving certificate is re-issued.
+	nextCA := filepath.Join(t.TempDir(), "ca-secret-tls.crt")
+	copyFile(t, servingCA, nextCA)
+	listen := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	path := startRelay(t, listen)
+	clients, err := kubeclient.FromConfig(mgmt)
+	require.NoError(t, err)
+	t.Setenv("POD_NAMESPACE", "default")
+	_, stop, err := localcluster.Serve(ctx, clients, serve.Options{Listen: listen, CertFile: certFile, KeyFile: keyFile,
+		Fleet: serve.FleetOptions{Enabled: true, URL: "https://" + path.addr, CAFiles: []string{servingCA, nextCA}, ProofInterval: fleetProof}},
+		slog.New(slog.NewJSONHandler(os.Stderr, nil)))
+	require.NoError(t, err)
+	t.Cleanup(stop)
+
+	// Cluster dev's Machine lives in the management cluster, its Node in w1.
+	workloadMachine(t, dyn, mgmtKube, kube1, "md-0-a")
+	// Unlinked Nodes, whose dry-run deletes are allowed.
+	for _, k := range []kubernetes.Interface{kube1, kube2} {
+		_, err := k.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "free"}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	for _, name := range []string{"dev", "two"} {
+		apply(t, dyn, clustersGVR, map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+			"metadata": map[string]any{"namespace": "default", "name": name}, "spec": map[string]any{"paused": true}})
+	}
+	secretsAt := time.Now()
+	workloadAdmin(t, ctx, w1Env, mgmtKube, "default", "dev")
+	workloadAdmin(t, ctx, w2Env, mgmtKube, "default", "two")
+
+	states := func(c require.TestingT) map[string]fleet.State {
+		list, err := fleet.List(ctx, clients, "default")
+		require.NoError(c, err)
+		out := map[string]fleet.State{}
+		for _, s := range list {
+			out[s.Cluster] = s
+		}
+		return out
+	}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		s := states(c)
+		assert.True(c, s["default/dev"].Guarded, "dev: %+v", s["default/dev"])
+		assert.True(c, s["default/two"].Guarded, "two: %+v", s["default/two"])
+	}, 60*time.Second, 200*time.Millisecond, "both clusters guarded and proven")
+	t.Logf("both workload clusters guarded and proven %s after their kubeconfig Secrets appeared (as nodeguard clusters reads it)",
+		time.Since(secretsAt).Round(100*time.Millisecond))
+	s := states(t)
+	for _, key := range []string{"default/dev", "default/two"} {
+		assert.True(t, s[key].Wired && s[key].CACurrent, "%s: %+v", key, s[key])
+		assert.WithinDuration(t, time.Now(), s[key].LastProof, time.Minute)
+	}
+
+	denied := func(c require.TestingT, kube kubernetes.Interface, node, want string) {
+		err := kube.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		require.Error(c, err)
+		assert.Contains(c, err.Error(), want)
+	}
+	t.Run("a linked Node's delete is denied in its workload cluster", func(t *testing.T) {
+		denied(t, kube1, "md-0-a", "DockerMachine default/md-0-a")
+	})
+
+	t.Run("a deleted configuration is restored and the delete still denied", func(t *testing.T) {
+		require.NoError(t, kube1.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, webhookconfig.Name, metav1.DeleteOptions{}))
+		deleted := time.Now()
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			_, err := kube1.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+			assert.NoError(c, err)
+		}, 10*time.Second, 50*time.Millisecond, "restored within 10 s")
+		t.Logf("deleted configuration restored after %s", time.Since(deleted).Round(10*time.Millisecond))
+		require.EventuallyWithT(t, func(c *assert.CollectT) { denied(c, kube1, "md-0-a", "DockerMachine default/md-0-a") },
+			10*time.Second, 100*time.Millisecond)
+	})
+
+	t.Run("another manager's edits are taken back", func(t *testing.T) {
+		api := kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+		vwc, err := api.Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+		require.NoError(t, err)
+		want := vwc.Webhooks[0].ClientConfig.CABundle
+		// A foreign CA, and an objectSelector that would let every Node pass.
+		vwc.Webhooks[0].ClientConfig.CABundle = mustRead(t, testpki.New(t).CAFile(t))
+		vwc.Webhooks[0].ObjectSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"never": "matches"}}
+		_, err = api.Update(ctx, vwc, metav1.UpdateOptions{FieldManager: "someone-else"})
+		require.NoError(t, err)
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			got, err := api.Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+			require.NoError(c, err)
+			assert.Equal(c, want, got.Webhooks[0].ClientConfig.CABundle)
+			assert.Empty(c, got.Webhooks[0].ObjectSelector.MatchLabels)
+		}, 10*time.Second, 50*time.Millisecond, "the configuration is nodeguard's again")
+	})
+
+	t.Run("a misrouted review is denied", func(t *testing.T) {
+		// A Node of Cluster dev (its CAPI annotations say so) in two's API
+		// server: two's route must not judge it against two's Machines.
+		_, err := kube2.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "md-0-a",
+			Annotations: map[string]string{"cluster.x-k8s.io/cluster-name": "dev", "cluster.x-k8s.io/cluster-namespace": "default", "cluster.x-k8s.io/machine": "md-0-a"}}},
+			metav1.CreateOptions{})
+		require.NoError(t, err)
+		denied(t, kube2, "md-0-a", "Cluster default/dev")
+	})
+
+	t.Run("the CA rotates under a stream of deletes with no wrong denial", func(t *testing.T) {
+		next := testpki.New(t)
+		var allowed, wrong atomic.Int64
+		var firstWrong atomic.Value
+		streamCtx, stopStream := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		for _, k := range []kubernetes.Interface{kube1, kube2} {
+			wg.Go(func() {
+				for streamCtx.Err() == nil {
+					err := dryRunDelete(streamCtx, k, "free")
+					switch {
+					case err == nil:
+						allowed.Add(1)
+					case streamCtx.Err() == nil:
+						wrong.Add(1)
+						firstWrong.CompareAndSwap(nil, err.Error())
+					}
+				}
+			})
+		}
+		oldPEM, nextPEM := mustRead(t, servingCA), mustRead(t, next.CAFile(t))
+		bundleHas := func(c *assert.CollectT, k kubernetes.Interface, caPEM []byte, want bool) {
+			vwc, err := k.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+			require.NoError(c, err)
+			assert.Equal(c, want, bytes.Contains(vwc.Webhooks[0].ClientConfig.CABundle, caPEM), "bundle trusts the CA")
+		}
+		// 1. cert-manager renews the CA: its Secret changes first.
+		copyFile(t, next.CAFile(t), nextCA)
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			bundleHas(c, kube1, nextPEM, true)
+			bundleHas(c, kube2, nextPEM, true)
+			bundleHas(c, kube1, oldPEM, true)
+		}, 20*time.Second, 100*time.Millisecond, "both CAs trusted everywhere")
+		// 2. The serving certificate is re-issued by the new CA, and the
+		// serving Secret's ca.crt with it.
+		cert, key := next.Issue(t, 99, x509.ExtKeyUsageServerAuth)
+		require.NoError(t, os.WriteFile(keyFile, key, 0o600))
+		require.NoError(t, os.WriteFile(certFile, cert, 0o600))
+		copyFile(t, next.CAFile(t), servingCA)
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			bundleHas(c, kube1, oldPEM, false)
+			bundleHas(c, kube2, oldPEM, false)
+			bundleHas(c, kube1, nextPEM, true)
+		}, 20*time.Second, 100*time.Millisecond, "the old CA is dropped once nothing it signed is served")
+		// The new certificate is served (certwatcher reloads it).
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			serial, err := servedSerial(listen)
+			require.NoError(c, err)
+			assert.Equal(c, int64(99), serial)
+		}, 20*time.Second, 100*time.Millisecond)
+		// The stream goes on against the new certificate alone for a while.
+		onNew := allowed.Load()
+		require.EventuallyWithT(t, func(c *assert.CollectT) { assert.Greater(c, allowed.Load(), onNew+50) }, 30*time.Second, 50*time.Millisecond)
+		stopStream()
+		wg.Wait()
+		first, _ := firstWrong.Load().(string)
+		assert.Zero(t, wrong.Load(), "wrongly denied dry-run deletes during the rotation (first: %s)", first)
+		t.Logf("CA rotation: %d allowed dry-run deletes, %d wrongly denied", allowed.Load(), wrong.Load())
+		assert.Positive(t, allowed.Load())
+	})
+
+	t.Run("a cut network path is reported within one proof period", func(t *testing.T) {
+		path.cut(true)
+		cut := time.Now()
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			s := states(c)
+			assert.Equal(c, fleet.ReasonReviewNotReceived, s["default/dev"].Reason)
+			assert.Equal(c, fleet.ReasonReviewNotReceived, s["default/two"].Reason)
+		}, fleetProof+30*time.Second, 200*time.Millisecond)
+		t.Logf("cut path reported after %s (proof period %s)", time.Since(cut).Round(100*time.Millisecond), fleetProof)
+		path.cut(false)
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			s := states(c)
+			assert.True(c, s["default/dev"].Guarded)
+			assert.True(c, s["default/two"].Guarded)
+		}, 60*time.Second, 200*time.Millisecond, "guarded again once the path is back")
+	})
+
+	t.Run("an unreachable workload API server is reported", func(t *testing.T) {
+		apply(t, dyn, clustersGVR, map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+			"metadata": map[string]any{"namespace": "default", "name": "gone"}, "spec": map[string]any{"paused": true}})
+		// Two's kubeconfig, pointed at a port nothing listens on.
+		kc, err := clientcmd.Load(mustSecret(t, mgmtKube, "two-kubeconfig"))
+		require.NoError(t, err)
+		for _, c := range kc.Clusters {
+			c.Server = "https://127.0.0.1:" + strconv.Itoa(freePort(t))
+		}
+		kubeconfig, err := clientcmd.Write(*kc)
+		require.NoError(t, err)
+		_, err = mgmtKube.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "gone-kubeconfig"},
+			Data: map[string][]byte{"value": kubeconfig}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			assert.Equal(c, fleet.ReasonUnreachable, states(c)["default/gone"].Reason)
+		}, 60*time.Second, 200*time.Millisecond)
+	})
+
+	t.Run("a Cluster that opts out loses its configuration", func(t *testing.T) {
+		patch := `{"metadata":{"annotations":{"` + fleet.OptOutAnnotation + `":"true"}}}`
+		_, err := dyn.Resource(clustersGVR).Namespace("default").Patch(ctx, "two", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		require.NoError(t, err)
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			_, err := kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+			assert.True(c, apierrors.IsNotFound(err), "removed: %v", err)
+			assert.Equal(c, fleet.ReasonOptedOut, states(c)["default/two"].Reason)
+		}, 30*time.Second, 200*time.Millisecond)
+		require.NoError(t, dryRunDelete(ctx, kube2, "md-0-a"), "nodeguard no longer judges cluster two")
+		// Cluster dev is untouched.
+		denied(t, kube1, "md-0-a", "DockerMachine default/md-0-a")
+	})
+}
+
+// servedSerial is the serial of the certificate served at addr.
+func servedSerial(addr string) (int64, error) {
+	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // reads which certificate is served
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0].SerialNumber.Int64(), nil
+}
+
+// relay forwards TCP from addr to nodeguard's port; cut refuses new
+// connections and drops open ones: the network path between the clusters.
+type relay struct {
+	addr string
+	mu   sync.Mutex
+	down bool
+	open map[net.Conn]bool
+}
+
+func startRelay(t *testing.T, target string) *relay {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	r := &relay{addr: l.Addr().String(), open: map[net.Conn]bool{}}
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			r.mu.Lock()
+			down := r.down
+			if !down {
+				r.open[in] = true
+			}
+			r.mu.Unlock()
+			if down {
+				_ = in.Close()
+				continue
+			}
+			go r.pipe(in, target)
+		}
+	}()
+	return r
+}
+
+func (r *relay) pipe(in net.Conn, target string) {
+	defer func() {
+		r.mu.Lock()
+		delete(r.open, in)
+		r.mu.Unlock()
+		_ = in.Close()
+	}()
+	out, err := net.Dial("tcp", target)
+	if err != nil {
+		return
+	}
+	defer out.Close()
+	go func() { _, _ = io.Copy(out, in); _ = out.Close() }()
+	_, _ = io.Copy(in, out)
+}
+
+func (r *relay) cut(down bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.down = down
+	if down {
+		for c := range r.open {
+			_ = c.Close()
+		}
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(to, mustRead(t, from), 0o600))
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b
+}
+
+func mustSecret(t *testing.T, kube kubernetes.Interface, name string) []byte {
+	t.Helper()
+	s, err := kube.CoreV1().Secrets("default").Get(context.Background(), name, metav1.GetOptions{})
+	require.NoError(t, err)
+	return s.Data["value"]
+}
