@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"runtime"
 	"runtime/pprof"
 	"strings"
@@ -27,8 +26,6 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
@@ -43,28 +40,10 @@ var (
 	clusterGVR = clusterGVK.GroupVersion().WithResource("clusters")
 )
 
-// kubeconfig for a cluster at server, as CAPI writes it.
-func kubeconfig(t testing.TB, server string) []byte {
-	t.Helper()
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["workload"] = &clientcmdapi.Cluster{Server: server}
-	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: "t"}
-	cfg.Contexts["admin@workload"] = &clientcmdapi.Context{Cluster: "workload", AuthInfo: "admin"}
-	cfg.CurrentContext = "admin@workload"
-	b, err := clientcmd.Write(*cfg)
-	require.NoError(t, err)
-	return b
-}
-
-// closedPort is an address nothing listens on: an unreachable API server.
-func closedPort(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return "https://" + addr
-}
+var (
+	kubeconfig = testcluster.Kubeconfig
+	closedPort = testcluster.ClosedPort
+)
 
 // management is a management cluster: Clusters through a fake dynamic
 // client, kubeconfig Secrets through a fake typed one.

@@ -47,7 +47,8 @@ type Options struct {
 	// URL is the base https URL where the workload API servers reach
 	// nodeguard serve; each cluster's route is appended.
 	URL string
-	// CAFiles hold the CA bundle the configurations carry (CABundle).
+	// CAFiles hold the CA bundle the configurations carry: every
+	// certificate in them (cabundle.go).
 	CAFiles []string
 	// Selector picks the Clusters guarded (nil: all).
 	Selector labels.Selector
@@ -57,6 +58,10 @@ type Options struct {
 	ProofInterval time.Duration
 	// CAInterval is how often the CA files are read (default 5s).
 	CAInterval time.Duration
+	// CARetention is how long a CA that left the files stays in the bundle
+	// (default DefaultCARetention): longer than kubelet takes to update every
+	// replica's copy of the serving Secret.
+	CARetention time.Duration
 	// ProofTimeout bounds one cluster's apply and proof (default 10s).
 	ProofTimeout time.Duration
 	// Workers reconcile that many clusters at once (default 16): an
@@ -78,6 +83,7 @@ type Options struct {
 // Defaults.
 const (
 	DefaultProofInterval = 5 * time.Minute
+	DefaultCARetention   = 10 * time.Minute
 	defaultCAInterval    = 5 * time.Second
 	defaultProofTimeout  = 10 * time.Second
 	defaultWorkers       = 16
@@ -95,6 +101,7 @@ type Reconciler struct {
 	watches  map[string]*watch
 	states   map[string]State
 	caBundle []byte
+	ca       retainer
 }
 
 // watch is one workload cluster's session: the configuration as its API
@@ -112,10 +119,15 @@ func New(opts Options) (*Reconciler, error) {
 	if opts.Clusters == nil {
 		return nil, errors.New("fleet: the workload clusters' Set is required")
 	}
-	ca, err := CABundle(opts.CAFiles)
+	certs, err := readCerts(opts.CAFiles)
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
+	if opts.CARetention <= 0 {
+		opts.CARetention = DefaultCARetention
+	}
+	kept := retainer{keep: opts.CARetention}
+	ca := kept.bundle(time.Now(), certs)
 	if _, err := webhookconfig.Build(webhookconfig.Options{URL: opts.URL, CABundle: ca, Cluster: "a/b"}); err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
@@ -144,6 +156,7 @@ func New(opts Options) (*Reconciler, error) {
 		watches:  map[string]*watch{},
 		states:   map[string]State{},
 		caBundle: ca,
+		ca:       kept,
 	}, nil
 }
 
@@ -219,13 +232,14 @@ func (r *Reconciler) Run(ctx context.Context) {
 
 // readCA reads the CA files again; a changed bundle is written everywhere.
 func (r *Reconciler) readCA(context.Context) {
-	ca, err := CABundle(r.opts.CAFiles)
+	certs, err := readCerts(r.opts.CAFiles)
 	if err != nil {
 		// The bundle in place stays: an empty one would reject everything.
 		r.opts.Log.Error("fleet: cannot read the CA bundle; the workload clusters keep the one they have", "error", err.Error())
 		return
 	}
 	r.mu.Lock()
+	ca := r.ca.bundle(time.Now(), certs)
 	changed := string(ca) != string(r.caBundle)
 	r.caBundle = ca
 	r.mu.Unlock()

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
@@ -34,6 +33,8 @@ type FleetOptions struct {
 	Selector string
 	// ProofInterval: how often each guarded cluster is proven again.
 	ProofInterval time.Duration
+	// CARetention: how long a CA that left CAFiles stays trusted.
+	CARetention time.Duration
 	// Namespace holds the status ConfigMap and the Lease (default: the
 	// pod's, as LeaseNamespace).
 	Namespace string
@@ -50,7 +51,7 @@ const fleetLease = "nodeguard-fleet"
 
 // startFleet runs the fleet reconciler when asked to, its sessions joining
 // sessions (which the caller runs).
-func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, sessions *WorkloadSessions, reg prometheus.Registerer,
+func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, sessions *WorkloadSessions, metrics *fleet.Metrics,
 	log *slog.Logger) (*fleet.Reconciler, error) {
 	f := opts.Fleet
 	if !f.Enabled {
@@ -78,10 +79,6 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, session
 	if err != nil {
 		return nil, fmt.Errorf("create client: %w", err)
 	}
-	metrics, err := fleet.NewMetrics(reg)
-	if err != nil {
-		return nil, err
-	}
 	host, _ := os.Hostname()
 	leader, err := reaper.Elect(ctx, reaper.LeaseOptions{Client: kube, Namespace: ns, Name: fleetLease, Identity: host + "_" + uuid.NewString(), Log: log})
 	if err != nil {
@@ -90,7 +87,7 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, session
 	status := &fleet.Status{Client: c.Dynamic, Namespace: ns, Log: log}
 	events := recorder(ctx, kube)
 	r, err := fleet.New(fleet.Options{Clusters: sessions.Set, URL: f.URL, CAFiles: caFiles, Selector: selector,
-		ProofInterval: f.ProofInterval, IsLeader: leader, Log: log,
+		ProofInterval: f.ProofInterval, CARetention: f.CARetention, IsLeader: leader, Log: log,
 		Report:    func(s fleet.State) { metrics.Report(s); status.Report(s) },
 		Forgotten: func(key string) { metrics.Forget(key); status.Forget(key) },
 		Recorded: func(_, s fleet.State) {

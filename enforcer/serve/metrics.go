@@ -9,6 +9,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
+	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
@@ -36,6 +37,8 @@ type Metrics struct {
 	DenialEvents *denialevents.Metrics
 	// Provider counts Gatekeeper's external data requests.
 	Provider *provider.Metrics
+	// Fleet holds each workload cluster's guard.
+	Fleet *fleet.Metrics
 }
 
 // Register registers on reg every series nodeguard serve exports, whether or
@@ -92,6 +95,9 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 		return nil, err
 	}
 	if m.Provider, err = provider.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	if m.Fleet, err = fleet.NewMetrics(reg); err != nil {
 		return nil, err
 	}
 	return &m, nil

@@ -169,7 +169,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if err != nil {
 		return err
 	}
-	if _, err := startFleet(ctx, c, opts, sessions, reg, log); err != nil {
+	if _, err := startFleet(ctx, c, opts, sessions, metrics.Fleet, log); err != nil {
 		return err
 	}
 	if sessions != nil {

@@ -86,6 +86,10 @@ func renderDashboard() ([]byte, error) {
 		WithPanel(series("Cached objects by kind", "short",
 			"Objects in the informer caches (Machines, InfraMachines, pools), per kind; the largest replica.",
 			query(`max by (group, kind) (nodeguard_cached_objects{`+sel+`})`, "{{kind}}.{{group}}"))).
+		WithPanel(series("Workload clusters guarded", "short",
+			`Workload clusters the fleet reconciler proved guarded and those it did not, by reason (nodeguard clusters lists them).`,
+			query(`sum(max by (cluster_namespace, cluster_name) (nodeguard_workload_cluster_guarded{`+sel+`}))`, `guarded`),
+			query(`sum by (reason) (max by (cluster_namespace, cluster_name, reason) (nodeguard_workload_cluster_unguarded_reason{`+sel+`}))`, `unguarded: {{reason}}`))).
 		WithPanel(series("Orphan Nodes by cluster", "short",
 			`Nodes Cluster API managed whose Machine and InfraMachine are gone, by cluster ("" is the one nodeguard runs in), and those deleted by the reaper.`,
 			query(`max by (cluster) (nodeguard_orphan_nodes{`+sel+`})`, `orphans "{{cluster}}"`),

@@ -20,6 +20,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
@@ -312,12 +313,13 @@ func TestQueriesReadExportedMetrics(t *testing.T) {
 	}
 	reasons := map[string][]string{
 		"nodeguard_decisions_total": {decision.ReasonNoLink, decision.ReasonExempt, decision.ReasonNotJudged, decision.ReasonBlocked,
-			decision.ReasonUnverified, decision.ReasonUnjudgeable, decision.ReasonNotReady, decision.ReasonCacheRecovering, decision.ReasonFreshReadFailed,
+			decision.ReasonUnverified, decision.ReasonMisrouted, decision.ReasonUnjudgeable, decision.ReasonNotReady, decision.ReasonCacheRecovering, decision.ReasonFreshReadFailed,
 			decision.ReasonError, decision.ReasonBusy, decision.ReasonBadRequest},
 		"nodeguard_rejected_requests_total": {intake.RejectMethod, intake.RejectClientCert, intake.RejectContentType, intake.RejectTooLarge,
 			intake.RejectNoLength, intake.RejectRead, intake.RejectBusy, webhook.RejectMalformed, webhook.RejectNotReview,
 			webhook.RejectNoRequest, webhook.RejectNoUID, webhook.RejectBadOldObject, provider.RejectMalformed, provider.RejectNotRequest,
 			provider.RejectKeys},
+		"nodeguard_workload_cluster_unguarded_reason": fleet.Reasons(),
 		"nodeguard_denial_events_dropped_total": {denialevents.DropQueueFull, denialevents.DropPerObject, denialevents.DropSeries, denialevents.DropWriteFailed},
 	}
 	used := map[string]bool{}

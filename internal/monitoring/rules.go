@@ -37,6 +37,7 @@ func Params() []Param {
 		{"thresholds.policyReloadErrorWindow", "1h", "NodeguardPolicyReloadFailing: fires while a refused bundle update is this recent"},
 		{"thresholds.orphanNodesFor", "30m", "NodeguardOrphanNodes: how long orphans may stay (the reaper's grace is 5m)"},
 		{"thresholds.orphansDeletedWindow", "1h", "NodeguardOrphanNodesDeleted: fires while a deletion is this recent"},
+		{"thresholds.workloadClusterUnguardedFor", "10m", "NodeguardWorkloadClusterUnguarded: how long a workload cluster stays unproven (two proof periods at the default 5m)"},
 	}
 }
 

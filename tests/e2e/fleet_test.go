@@ -69,7 +69,10 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 	require.NoError(t, err)
 	t.Setenv("POD_NAMESPACE", "default")
 	_, stop, err := localcluster.Serve(ctx, clients, serve.Options{Listen: listen, CertFile: certFile, KeyFile: keyFile,
-		Fleet: serve.FleetOptions{Enabled: true, URL: "https://" + path.addr, CAFiles: []string{servingCA, nextCA}, ProofInterval: fleetProof}},
+		// Kubeconfig Secrets read again every 2 s: a rotation shows at once.
+		Orphans: serve.ReapOptions{KubeconfigRecheck: 2 * time.Second},
+		Fleet: serve.FleetOptions{Enabled: true, URL: "https://" + path.addr, CAFiles: []string{servingCA, nextCA}, ProofInterval: fleetProof,
+			CARetention: 3 * time.Second}},
 		slog.New(slog.NewJSONHandler(os.Stderr, nil)))
 	require.NoError(t, err)
 	t.Cleanup(stop)
@@ -203,7 +206,7 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 			bundleHas(c, kube1, oldPEM, false)
 			bundleHas(c, kube2, oldPEM, false)
 			bundleHas(c, kube1, nextPEM, true)
-		}, 20*time.Second, 100*time.Millisecond, "the old CA is dropped once nothing it signed is served")
+		}, 20*time.Second, 100*time.Millisecond, "the old CA is dropped once nothing it signed is served (and its retention passed)")
 		// The new certificate is served (certwatcher reloads it).
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
 			serial, err := servedSerial(listen)
@@ -242,19 +245,31 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		apply(t, dyn, clustersGVR, map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
 			"metadata": map[string]any{"namespace": "default", "name": "gone"}, "spec": map[string]any{"paused": true}})
 		// Two's kubeconfig, pointed at a port nothing listens on.
-		kc, err := clientcmd.Load(mustSecret(t, mgmtKube, "two-kubeconfig"))
-		require.NoError(t, err)
-		for _, c := range kc.Clusters {
-			c.Server = "https://127.0.0.1:" + strconv.Itoa(freePort(t))
-		}
-		kubeconfig, err := clientcmd.Write(*kc)
-		require.NoError(t, err)
-		_, err = mgmtKube.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "gone-kubeconfig"},
+		kubeconfig := pointedAt(t, mustSecret(t, mgmtKube, "two-kubeconfig"), "https://127.0.0.1:"+strconv.Itoa(freePort(t)))
+		_, err := mgmtKube.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "gone-kubeconfig"},
 			Data: map[string][]byte{"value": kubeconfig}}, metav1.CreateOptions{})
 		require.NoError(t, err)
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
 			assert.Equal(c, fleet.ReasonUnreachable, states(c)["default/gone"].Reason)
 		}, 60*time.Second, 200*time.Millisecond)
+	})
+
+	t.Run("a rotated kubeconfig Secret is followed", func(t *testing.T) {
+		good := mustSecret(t, mgmtKube, "two-kubeconfig")
+		setKubeconfig := func(value []byte) {
+			s, err := mgmtKube.CoreV1().Secrets("default").Get(ctx, "two-kubeconfig", metav1.GetOptions{})
+			require.NoError(t, err)
+			s.Data["value"] = value
+			_, err = mgmtKube.CoreV1().Secrets("default").Update(ctx, s, metav1.UpdateOptions{})
+			require.NoError(t, err)
+		}
+		setKubeconfig(pointedAt(t, good, "https://127.0.0.1:"+strconv.Itoa(freePort(t))))
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			assert.Equal(c, fleet.ReasonUnreachable, states(c)["default/two"].Reason)
+		}, 30*time.Second, 200*time.Millisecond, "the new kubeconfig is used")
+		setKubeconfig(good)
+		require.EventuallyWithT(t, func(c *assert.CollectT) { assert.True(c, states(c)["default/two"].Guarded) },
+			30*time.Second, 200*time.Millisecond, "and the good one again")
 	})
 
 	t.Run("a Cluster that opts out loses its configuration", func(t *testing.T) {
@@ -269,6 +284,25 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		require.NoError(t, dryRunDelete(ctx, kube2, "md-0-a"), "nodeguard no longer judges cluster two")
 		// Cluster dev is untouched.
 		denied(t, kube1, "md-0-a", "DockerMachine default/md-0-a")
+	})
+
+	t.Run("a Cluster renamed by delete and create takes the configuration over", func(t *testing.T) {
+		require.NoError(t, dyn.Resource(clustersGVR).Namespace("default").Delete(ctx, "dev", metav1.DeleteOptions{}))
+		apply(t, dyn, clustersGVR, map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+			"metadata": map[string]any{"namespace": "default", "name": "dev2"}, "spec": map[string]any{"paused": true}})
+		_, err := mgmtKube.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "dev2-kubeconfig"},
+			Data: map[string][]byte{"value": mustSecret(t, mgmtKube, "dev-kubeconfig")}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			s := states(c)
+			assert.True(c, s["default/dev2"].Guarded, "%+v", s["default/dev2"])
+			assert.NotContains(c, s, "default/dev", "the deleted Cluster is forgotten")
+			vwc, err := kube1.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+			require.NoError(c, err)
+			assert.Equal(c, "default/dev2", vwc.Annotations[webhookconfig.ClusterAnnotation])
+		}, 30*time.Second, 200*time.Millisecond)
+		// The Node's annotations still name Cluster dev: misrouted on dev2's route.
+		denied(t, kube1, "md-0-a", "the route of Cluster default/dev2")
 	})
 }
 
@@ -356,6 +390,19 @@ func mustRead(t *testing.T, path string) []byte {
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	return b
+}
+
+// pointedAt is kubeconfig with every cluster's server set to server.
+func pointedAt(t *testing.T, kubeconfig []byte, server string) []byte {
+	t.Helper()
+	kc, err := clientcmd.Load(kubeconfig)
+	require.NoError(t, err)
+	for _, c := range kc.Clusters {
+		c.Server = server
+	}
+	out, err := clientcmd.Write(*kc)
+	require.NoError(t, err)
+	return out
 }
 
 func mustSecret(t *testing.T, kube kubernetes.Interface, name string) []byte {

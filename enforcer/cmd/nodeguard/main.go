@@ -199,6 +199,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.StringSliceVar(&opts.Fleet.CAFiles, "fleet-ca-file", nil, "with --fleet: PEM files whose certificates together form the workload clusters' CA bundle, read again every 5s (default: ca.crt beside --tls-cert-file); list the CA Secret's tls.crt too, so a CA rotation is trusted before the serving certificate changes")
 	f.StringVar(&opts.Fleet.Selector, "fleet-cluster-selector", "", "with --fleet: label selector on Clusters (default: all); Clusters annotated nodeguard.io/opt-out=true are left out")
 	f.DurationVar(&opts.Fleet.ProofInterval, "fleet-proof-interval", fleet.DefaultProofInterval, "with --fleet: how often each guarded workload cluster is proven again by a dry-run Node delete")
+	f.DurationVar(&opts.Fleet.CARetention, "fleet-ca-retention", fleet.DefaultCARetention, "with --fleet: how long a CA that left the CA files stays in the bundle, so every replica's serving certificate stays trusted while kubelet updates their Secrets")
 	f.StringVar(&opts.Fleet.Namespace, "fleet-namespace", "", "with --fleet: namespace of the status ConfigMap nodeguard-fleet and the Lease (default: $POD_NAMESPACE, else nodeguard-system)")
 	return cmd
 }
