@@ -34,7 +34,8 @@ import (
 
 const namespace = "nodeguard-system"
 
-// objects are rendered manifests by "Kind/name".
+// objects are rendered manifests by "Kind/name", and namespaced ones also
+// by "Kind/name@namespace".
 type objects map[string][]byte
 
 func (o objects) decode(t *testing.T, key string, into any) {
@@ -68,6 +69,9 @@ func split(t *testing.T, stream []byte) objects {
 		raw, err := yaml.Marshal(u.Object)
 		require.NoError(t, err)
 		out[u.GetKind()+"/"+u.GetName()] = raw
+		if ns := u.GetNamespace(); ns != "" {
+			out[u.GetKind()+"/"+u.GetName()+"@"+ns] = raw // same-named objects of several namespaces
+		}
 	}
 }
 
@@ -214,6 +218,49 @@ func TestChartOrphanReaperIsTheKustomizeComponents(t *testing.T) {
 		})
 	}
 	_, ok := chart(t)["ClusterRole/nodeguard-orphan-reaper"]
+	assert.False(t, ok, "off by default")
+}
+
+// fleet in the chart deploys what the fleet component adds to the kustomize
+// deployment (with cert-manager): the flags, POD_NAMESPACE, the CA
+// Secret's certificate and the RBAC; with fleet.secretNamespaces the
+// Secret read moves from the ClusterRole to a Role in each.
+func TestChartFleetIsTheKustomizeComponent(t *testing.T) {
+	h, k := chart(t, "fleet.enabled=true", "fleet.url=https://nodeguard.example.com"), kustomizeAll(t, "fleet")
+	var hd, kd appsv1.Deployment
+	h.decode(t, "Deployment/nodeguard", &hd)
+	k.decode(t, "Deployment/nodeguard", &kd)
+	hp, kp := hd.Spec.Template.Spec, kd.Spec.Template.Spec
+	assert.ElementsMatch(t, kp.Containers[0].Args, hp.Containers[0].Args, "the same serve flags")
+	assert.ElementsMatch(t, kp.Containers[0].Env, hp.Containers[0].Env)
+	assert.ElementsMatch(t, kp.Containers[0].VolumeMounts, hp.Containers[0].VolumeMounts)
+	assert.ElementsMatch(t, kp.Volumes, hp.Volumes)
+	for _, name := range []string{"ClusterRole/nodeguard-fleet", "Role/nodeguard-fleet"} {
+		var hr, kr rbacv1.ClusterRole
+		h.decode(t, name, &hr)
+		k.decode(t, name, &kr)
+		assert.Equal(t, kr.Rules, hr.Rules, name)
+		assert.Equal(t, kr.Namespace, hr.Namespace, name)
+	}
+	for _, name := range []string{"Certificate/nodeguard-ca", "Issuer/nodeguard-ca", "Issuer/nodeguard-selfsigned"} {
+		var hc, kc map[string]any
+		h.decode(t, name, &hc)
+		k.decode(t, name, &kc)
+		assert.Equal(t, kc["spec"], hc["spec"], name)
+	}
+
+	scoped := chart(t, "fleet.enabled=true", "fleet.url=https://nodeguard.example.com", "fleet.secretNamespaces={fleet-a,fleet-b}")
+	var cr rbacv1.ClusterRole
+	scoped.decode(t, "ClusterRole/nodeguard-fleet", &cr)
+	for _, r := range cr.Rules {
+		assert.NotContains(t, r.Resources, "secrets", "no cluster-wide Secret read")
+	}
+	for _, ns := range []string{"fleet-a", "fleet-b"} {
+		var role rbacv1.Role
+		scoped.decode(t, "Role/nodeguard-fleet-kubeconfigs@"+ns, &role)
+		assert.Equal(t, []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}}}, role.Rules)
+	}
+	_, ok := chart(t)["ClusterRole/nodeguard-fleet"]
 	assert.False(t, ok, "off by default")
 }
 
