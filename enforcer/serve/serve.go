@@ -84,6 +84,9 @@ type Options struct {
 	// GatekeeperProvider, when its URL or Service is set, keeps Gatekeeper's
 	// Provider in this cluster pointing at this nodeguard.
 	GatekeeperProvider ProviderOptions
+	// SelfCluster, "namespace/name", scopes /validate to that CAPI Cluster:
+	// the management cluster's own, when it is CAPI-managed.
+	SelfCluster string
 	// Fleet guards the CAPI workload clusters, each through nodeguard's
 	// configuration there, kept and proven.
 	Fleet FleetOptions
@@ -277,7 +280,7 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics
 	// Each package's handler routes its own paths; this one only sends each
 	// prefix there.
 	mux := http.NewServeMux()
-	reviews := webhook.New(webhook.Options{Decider: e.Guard, ClusterExists: clusterExists, ClientCAs: reviewCAs,
+	reviews := webhook.New(webhook.Options{Decider: e.Guard, ClusterExists: clusterExists, ClientCAs: reviewCAs, SelfCluster: opts.SelfCluster,
 		Intake: in, Metrics: metrics.Webhook, Log: log, Denied: denied})
 	mux.Handle(webhook.RouteSelf, reviews)
 	mux.Handle(webhook.RouteSelf+"/", reviews)

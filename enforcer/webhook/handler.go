@@ -90,6 +90,10 @@ type Options struct {
 	// LogInterval is the least time between two log lines about rejected
 	// requests (default 1s); the lines between are counted, not written.
 	LogInterval time.Duration
+	// SelfCluster, "namespace/name", scopes /validate to that CAPI Cluster's
+	// Machines, as its cluster route is: for a management cluster that is
+	// itself a CAPI Cluster, whose Node names other clusters reuse.
+	SelfCluster string
 	// Denied, when set, is told of each denied Node delete that is not a
 	// dry run, after its answer is written. It must not block: a
 	// denialevents.Recorder's Record only queues.
@@ -121,9 +125,12 @@ func New(opts Options) http.Handler {
 		h.keepGroup = k.KeepGroup
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc(RouteSelf, func(w http.ResponseWriter, r *http.Request) { h.validate(w, r, RouteSelf, "") })
+	mux.HandleFunc(RouteSelf, func(w http.ResponseWriter, r *http.Request) {
+		h.validate(w, r, RouteSelf, opts.SelfCluster, DryRunWarning(""))
+	})
 	mux.HandleFunc(RouteCluster, func(w http.ResponseWriter, r *http.Request) {
-		h.validate(w, r, RouteCluster, r.PathValue("namespace")+"/"+r.PathValue("name"))
+		cluster := r.PathValue("namespace") + "/" + r.PathValue("name")
+		h.validate(w, r, RouteCluster, cluster, DryRunWarning(cluster))
 	})
 	return mux
 }
@@ -145,7 +152,9 @@ func nodeModel(opts Options) *linkmodel.Model {
 	return m
 }
 
-func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluster string) {
+// validate answers one review on route, judged for cluster's Machines ("":
+// all of them); a dry run's answer carries proof.
+func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluster, proof string) {
 	start := time.Now()
 	review, release, herr := h.read(w, r)
 	if herr != nil {
@@ -164,7 +173,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	if dryRun {
 		// The fleet's proof that this cluster's reviews arrive, on any
 		// replica; on a dry run a person sees which route judged too.
-		warnings = append(slices.Clip(warnings), DryRunWarning(cluster))
+		warnings = append(slices.Clip(warnings), proof)
 	}
 	resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: d.Allowed, Warnings: warnings}
 	if !d.Allowed {
@@ -176,7 +185,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 			Message: strings.Join(d.Messages, " ")}
 	}
 	elapsed := time.Since(start)
-	h.opts.Metrics.observe(route, result(d.Allowed), d.Reason, elapsed)
+	h.opts.Metrics.observe(route, cluster, result(d.Allowed), d.Reason, elapsed)
 	h.opts.Log.Info("decision", "node", req.Name, "cluster", cluster, "user", req.UserInfo.Username,
 		"allowed", d.Allowed, "reason", d.Reason, "blockers", blockerNames(d), "duration", elapsed)
 	body, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: review.APIVersion, Kind: review.Kind}, Response: resp})
@@ -188,7 +197,11 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	_, _ = w.Write(body)
 	// A dry run must have no side effects (the webhook says NoneOnDryRun).
 	if !d.Allowed && !dryRun && h.opts.Denied != nil && isNodeDelete(req) {
-		h.opts.Denied(denialevents.Denial{Cluster: cluster, Node: req.Name, NodeUID: uidOf(review.Request.OldObject.bytes()), User: req.UserInfo.Username,
+		where := cluster // the workload cluster the Node lives in; /validate's is this one
+		if route == RouteSelf {
+			where = ""
+		}
+		h.opts.Denied(denialevents.Denial{Cluster: where, Node: req.Name, NodeUID: uidOf(review.Request.OldObject.bytes()), User: req.UserInfo.Username,
 			Reason: d.Reason, Messages: d.Messages, Blockers: d.Blockers, Unverified: d.Unverified})
 	}
 }
@@ -248,7 +261,7 @@ func jsonField(dec *json.Decoder, key string) bool {
 // API server then applies the webhook's failurePolicy (Fail: denied).
 func (h *handler) reject(w http.ResponseWriter, herr *intake.Error, route, cluster string, start time.Time) {
 	h.intake.Reject(w, herr, "admission request", route, cluster)
-	h.opts.Metrics.observe(route, "error", decision.ReasonBadRequest, time.Since(start))
+	h.opts.Metrics.observe(route, cluster, "error", decision.ReasonBadRequest, time.Since(start))
 }
 
 // read checks the transport and decodes the AdmissionReview; the caller runs

@@ -292,11 +292,11 @@ func TestMetrics(t *testing.T) {
 	raw, _ := io.ReadAll(resp.Body)
 	text := string(raw)
 	for _, want := range []string{
-		`nodeguard_decisions_total{reason="blocked",result="denied",route="/validate"} 2`,
-		`nodeguard_decisions_total{reason="misrouted",result="denied",route="/validate/clusters/{namespace}/{name}"} 1`,
-		`nodeguard_decisions_total{reason="not-judged",result="allowed",route="/validate"} 1`,
-		`nodeguard_decisions_total{reason="unjudgeable",result="denied",route="/validate"} 1`,
-		`nodeguard_decisions_total{reason="bad-request",result="error",route="/validate"} 1`,
+		`nodeguard_decisions_total{cluster="",reason="blocked",result="denied",route="/validate"} 2`,
+		`nodeguard_decisions_total{cluster="default/other",reason="misrouted",result="denied",route="/validate/clusters/{namespace}/{name}"} 1`,
+		`nodeguard_decisions_total{cluster="",reason="not-judged",result="allowed",route="/validate"} 1`,
+		`nodeguard_decisions_total{cluster="",reason="unjudgeable",result="denied",route="/validate"} 1`,
+		`nodeguard_decisions_total{cluster="",reason="bad-request",result="error",route="/validate"} 1`,
 		`nodeguard_decision_duration_seconds_count{route="/validate"} 5`,
 		`nodeguard_rejected_requests_total{reason="content-type"} 1`,
 	} {
@@ -317,9 +317,9 @@ func TestFreshReadErrorsAreCountedByTheirReason(t *testing.T) {
 	s := serve(t, webhook.New(webhook.Options{Decider: failing, Metrics: m}), tlsserver.Options{}, nil)
 	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP nodeguard_decisions_total Admission reviews answered, by result (allowed, denied, error), reason and route.
+# HELP nodeguard_decisions_total Admission reviews answered, by result (allowed, denied, error), reason, route and cluster (the CAPI Cluster NAMESPACE/NAME of a cluster route, "" on /validate): as many clusters as the fleet has.
 # TYPE nodeguard_decisions_total counter
-nodeguard_decisions_total{reason="fresh-read-failed",result="denied",route="/validate"} 1
+nodeguard_decisions_total{cluster="",reason="fresh-read-failed",result="denied",route="/validate"} 1
 `), "nodeguard_decisions_total", "nodeguard_fresh_read_errors_total"))
 }
 
@@ -474,5 +474,18 @@ func TestDryRunAnswerNamesTheRoute(t *testing.T) {
 		assert.Equal(t, want, webhook.DryRunWarning(strings.TrimPrefix(strings.TrimPrefix(path, "/validate"), "/clusters/")))
 		_, _, out = s.post(t, path, "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 		assert.Empty(t, out.Response.Warnings, "not a dry run")
+	}
+}
+
+// --self-cluster scopes /validate as a cluster route is scoped: a Node of
+// another Cluster is misrouted there, one of its own judged by its Machines.
+func TestSelfClusterScopesTheSelfRoute(t *testing.T) {
+	g, _, nodes := example(t)
+	exists := func(context.Context, string, string) (bool, error) { return true, nil }
+	for cluster, want := range map[string]string{"default/dev": "DockerMachine", "default/mgmt": "this review came on the route of Cluster default/mgmt"} {
+		s := serve(t, webhook.New(webhook.Options{Decider: g, ClusterExists: exists, SelfCluster: cluster}), tlsserver.Options{}, nil)
+		_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
+		assert.False(t, out.Response.Allowed, cluster)
+		assert.Contains(t, out.Response.Result.Message, want, cluster)
 	}
 }

@@ -20,7 +20,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	r := registrar.New(reg)
 	m := &Metrics{
 		decisions: r.CounterVec("nodeguard_decisions_total",
-			"Admission reviews answered, by result (allowed, denied, error), reason and route.", "result", "reason", "route"),
+			"Admission reviews answered, by result (allowed, denied, error), reason, route and cluster (the CAPI Cluster NAMESPACE/NAME of a cluster route, \"\" on /validate): as many clusters as the fleet has.",
+			"result", "reason", "route", "cluster"),
 		latency: r.HistogramVec("nodeguard_decision_duration_seconds",
 			"Time to answer one admission review, fresh reads included.",
 			registrar.LatencyBuckets(), "route"),
@@ -36,10 +37,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // observe counts one answer; a nil Metrics counts nothing.
-func (m *Metrics) observe(route, result, reason string, took time.Duration) {
+func (m *Metrics) observe(route, cluster, result, reason string, took time.Duration) {
 	if m == nil {
 		return
 	}
-	m.decisions.WithLabelValues(result, reason, route).Inc()
+	m.decisions.WithLabelValues(result, reason, route, cluster).Inc()
 	m.latency.WithLabelValues(route).Observe(took.Seconds())
 }
