@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -297,15 +298,21 @@ func TestCAPIGivesUpOnANodeDeleteWhileNodeguardIsDown(t *testing.T) {
 
 // Real CAPI, scenario 4: Machines and the CAPI manager on the management
 // API server, Nodes on the workload one; the webhook is installed into the
-// workload cluster through the kubeconfig Secret and routes to the Cluster.
+// workload cluster through the kubeconfig Secret and routes to the Cluster;
+// nothing is installed by hand: serve --fleet keeps and proves it.
 func TestCAPIManagementAndWorkloadClusters(t *testing.T) {
 	_, mgmtEnv := apiServerEnv(t)
 	_, workloadEnv := apiServerEnv(t)
 	c := startCAPI(t, mgmtEnv, workloadEnv)
 	clients, err := kubeclient.FromConfig(localcluster.Config(mgmtEnv))
 	require.NoError(t, err)
-	url, caPEM := serveOn(t, clients, "")
-	c.installWebhook(t, url, caPEM)
+	serveFleet(t, clients, serve.FleetOptions{})
+	require.EventuallyWithT(t, func(col *assert.CollectT) {
+		states, err := fleet.List(context.Background(), clients, "default")
+		require.NoError(col, err)
+		require.Len(col, states, 1)
+		assert.True(col, states[0].Guarded, "%+v", states[0])
+	}, 60*time.Second, 200*time.Millisecond, "the fleet guards and proves Cluster default/dev")
 
 	c.machine(t, "dev-md-0-abcde", localcluster.MachineOptions{})
 	require.EventuallyWithT(t, func(col *assert.CollectT) {

@@ -67,15 +67,8 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 	path := startRelay(t, listen)
 	clients, err := kubeclient.FromConfig(mgmt)
 	require.NoError(t, err)
-	t.Setenv("POD_NAMESPACE", "default")
-	_, stop, err := localcluster.Serve(ctx, clients, serve.Options{Listen: listen, CertFile: certFile, KeyFile: keyFile,
-		// Kubeconfig Secrets read again every 2 s: a rotation shows at once.
-		Orphans: serve.ReapOptions{KubeconfigRecheck: 2 * time.Second},
-		Fleet: serve.FleetOptions{Enabled: true, URL: "https://" + path.addr, CAFiles: []string{servingCA, nextCA}, ProofInterval: fleetProof,
-			CARetention: 3 * time.Second}},
-		slog.New(slog.NewJSONHandler(os.Stderr, nil)))
-	require.NoError(t, err)
-	t.Cleanup(stop)
+	serveFleetAt(t, clients, listen, certFile, keyFile, serve.FleetOptions{URL: "https://" + path.addr, CAFiles: []string{servingCA, nextCA},
+		CARetention: 3 * time.Second})
 
 	// Cluster dev's Machine lives in the management cluster, its Node in w1.
 	workloadMachine(t, dyn, mgmtKube, kube1, "md-0-a")
@@ -304,6 +297,33 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		// The Node's annotations still name Cluster dev: misrouted on dev2's route.
 		denied(t, kube1, "md-0-a", "the route of Cluster default/dev2")
 	})
+}
+
+// serveFleet runs `nodeguard serve --fleet` over the management cluster of
+// clients, with a certificate of its own CA, its status in namespace
+// default, proofs every fleetProof and kubeconfig Secrets read again every
+// 2 s (a rotation shows at once).
+func serveFleet(t *testing.T, clients kubeclient.Clients, f serve.FleetOptions) {
+	t.Helper()
+	ca := testpki.New(t)
+	certFile, keyFile := ca.ServerFiles(t, "nodeguard")
+	listen := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	f.URL, f.CAFiles = "https://"+listen, []string{ca.CAFile(t)}
+	serveFleetAt(t, clients, listen, certFile, keyFile, f)
+}
+
+func serveFleetAt(t *testing.T, clients kubeclient.Clients, listen, certFile, keyFile string, f serve.FleetOptions) {
+	t.Helper()
+	t.Setenv("POD_NAMESPACE", "default")
+	f.Enabled = true
+	if f.ProofInterval == 0 {
+		f.ProofInterval = fleetProof
+	}
+	_, stop, err := localcluster.Serve(context.Background(), clients, serve.Options{Listen: listen, CertFile: certFile, KeyFile: keyFile,
+		Orphans: serve.ReapOptions{KubeconfigRecheck: 2 * time.Second}, Fleet: f},
+		slog.New(slog.NewJSONHandler(os.Stderr, nil)))
+	require.NoError(t, err)
+	t.Cleanup(stop)
 }
 
 // servedSerial is the serial of the certificate served at addr.
