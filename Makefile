@@ -85,9 +85,9 @@ go-test:
 # The concurrent paths (webhook under parallel reviews, informers, guard)
 # again under the race detector.
 race:
-	@echo "== go test -race (webhook, tlsserver, provider, serve, guard, informers, freshread, policybundle, reaper, webhookconfig, denialevents, orphanscan, nodecache, clusters)"
+	@echo "== go test -race (webhook, tlsserver, provider, serve, guard, informers, freshread, policybundle, reaper, webhookconfig, denialevents, orphanscan, nodecache, clusters, fleet)"
 	CGO_ENABLED=1 $(GO) test -race ./enforcer/webhook/ ./enforcer/tlsserver/ ./enforcer/provider/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/freshread/ ./enforcer/policybundle/ ./enforcer/reaper/ \
-		./enforcer/webhookconfig/ ./enforcer/denialevents/ ./enforcer/orphanscan/ ./enforcer/nodecache/ ./enforcer/clusters/
+		./enforcer/webhookconfig/ ./enforcer/denialevents/ ./enforcer/orphanscan/ ./enforcer/nodecache/ ./enforcer/clusters/ ./enforcer/fleet/
 
 differential:
 	@echo "== differential: enforcer vs Gatekeeper's engine (synced data, and nodeguard as its external data provider); the narrowed orphan judge vs full passes"
@@ -165,7 +165,7 @@ bench:
 # nothing changing (11m holds the scan's own full pass), ~3 minutes plus it.
 FLEET_WINDOW ?= 2m
 bench-fleet:
-	$(GO) test ./tests/fleet/ -run '^$$' -bench OrphanFleet -benchtime 1x -timeout 60m -v -args -window $(FLEET_WINDOW)
+	$(GO) test ./tests/fleet/ -run '^$$' -bench 'OrphanFleet|FleetGuard' -benchtime 1x -timeout 60m -v -args -window $(FLEET_WINDOW)
 
 # The container image, built without a Docker daemon (internal/cmd/image):
 # an OCI layout in build/image holding one index for linux/amd64 and
