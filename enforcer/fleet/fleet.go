@@ -111,6 +111,11 @@ type watch struct {
 	kube   kubernetes.Interface // collects warnings per request (proofs)
 	store  cache.Store
 	synced func() bool
+	// written is the resourceVersion of the configuration as nodeguard last
+	// wrote it: an object that differs at that very version was changed by
+	// the API server itself (a field it defaults that nodeguard does not
+	// set), and writing again would loop.
+	written string
 }
 
 // New checks opts and reads the CA bundle once: without one, nothing can be
@@ -394,6 +399,11 @@ func (r *Reconciler) guard(ctx context.Context, key string, w *watch, ca []byte,
 	}
 	applied := false
 	if !owned.Holds(have, want.Object, "webhooks") {
+		if have != nil && have.GetResourceVersion() == w.written {
+			st.Reason, st.Message = ReasonNotInstalled, "the API server stores nodeguard's configuration otherwise than written "+
+				"(a field it defaults?); not writing it again"
+			return
+		}
 		stored, replaced, err := owned.Restore(ctx, w.dyn, want, "webhooks")
 		if err != nil {
 			st.Reason, st.Message = failure(err, ReasonNotInstalled), err.Error()
@@ -403,7 +413,7 @@ func (r *Reconciler) guard(ctx context.Context, key string, w *watch, ca []byte,
 			}
 			return
 		}
-		applied, have = true, stored
+		applied, have, w.written = true, stored, stored.GetResourceVersion()
 		what := "installed"
 		switch {
 		case replaced:

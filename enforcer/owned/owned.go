@@ -109,6 +109,22 @@ func Holds(have, want *unstructured.Unstructured, fields ...string) bool {
 	return true
 }
 
+// Sets says whether have's field (e.g. "spec") holds every key of want's
+// with want's value, and have carries every label of want's: fields others
+// set beside them do not count.
+func Sets(have, want *unstructured.Unstructured, field string) bool {
+	if have == nil || !Holds(have, want) {
+		return false
+	}
+	h, _ := have.Object[field].(map[string]any)
+	for k, v := range want.Object[field].(map[string]any) {
+		if !sameJSON(h[k], v) {
+			return false
+		}
+	}
+	return true
+}
+
 // sameJSON compares two values as JSON: an int64 from the API server and an
 // int32 from a typed object are the same number.
 func sameJSON(a, b any) bool {

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
@@ -99,8 +100,6 @@ type ProviderOptions struct {
 	// CAFile is the CA of nodeguard's serving certificate (default: ca.crt
 	// beside the certificate, as cert-manager writes it).
 	CAFile string
-	// Interval between two applies (default 30s).
-	Interval time.Duration
 }
 
 // Defaults for the flags; the request deadline stays below the 5s
@@ -113,9 +112,6 @@ const (
 	// The ports controller-runtime components conventionally use.
 	DefaultMetricsBindAddress     = ":8080"
 	DefaultHealthProbeBindAddress = ":8081"
-	// DefaultProviderInterval is how often the kept Provider is applied
-	// again: how long a renewed CA takes to reach Gatekeeper at most.
-	DefaultProviderInterval = 30 * time.Second
 )
 
 // clusterGVK is Cluster API's Cluster, which the cluster route names.
@@ -322,11 +318,13 @@ func keepProvider(ctx context.Context, c kubeclient.Clients, opts Options, log *
 	if caFile == "" {
 		caFile = filepath.Join(filepath.Dir(opts.CertFile), "ca.crt")
 	}
-	interval := p.Interval
-	if interval == 0 {
-		interval = DefaultProviderInterval
-	}
-	go webhookconfig.KeepProvider(ctx, c.Dynamic, name, webhookconfig.Options{URL: p.URL, Service: p.Service}, caFile, interval, log)
+	keeper := &fleet.ProviderKeeper{Client: c.Dynamic, Name: name, Options: webhookconfig.Options{URL: p.URL, Service: p.Service},
+		CAFiles: []string{caFile}, Log: log}
+	go func() {
+		if err := keeper.Run(ctx); err != nil {
+			log.Error("Gatekeeper's Provider is not kept", "error", err.Error())
+		}
+	}()
 	return nil
 }
 

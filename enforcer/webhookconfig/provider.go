@@ -5,15 +5,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/url"
-	"os"
 	"strings"
-	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -115,33 +111,4 @@ func dynamicFromKubeconfig(kubeconfig []byte) (dynamic.Interface, error) {
 		return nil, fmt.Errorf("load the workload kubeconfig: %w", err)
 	}
 	return dynamic.NewForConfig(rc)
-}
-
-// KeepProvider keeps Provider name in client's cluster pointing at nodeguard
-// (opts.URL or opts.Service) with the CA in caFile, until ctx is done: it
-// applies it now and every interval, reading the file again, so a renewed
-// certificate whose CA changed (cert-manager's self-signed issuer renews
-// both) reaches Gatekeeper without a restart. Failures are logged and
-// retried; Gatekeeper denies meanwhile, naming the provider.
-func KeepProvider(ctx context.Context, client dynamic.Interface, name string, opts Options, caFile string, interval time.Duration, log *slog.Logger) {
-	var last string
-	wait.UntilWithContext(ctx, func(ctx context.Context) {
-		ca, err := os.ReadFile(caFile)
-		if err == nil {
-			opts.CABundle = ca
-			var p *unstructured.Unstructured
-			if p, err = BuildProvider(name, opts); err == nil {
-				err = ApplyProvider(ctx, client, p)
-			}
-		}
-		switch {
-		case err != nil:
-			log.Error("keep Gatekeeper's Provider", "provider", name, "error", err)
-		case last != string(ca):
-			log.Info("Gatekeeper's Provider points at nodeguard", "provider", name, "caFile", caFile)
-		}
-		if err == nil {
-			last = string(ca)
-		}
-	}, interval)
 }

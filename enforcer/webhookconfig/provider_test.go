@@ -3,22 +3,13 @@ package webhookconfig_test
 import (
 	"context"
 	"encoding/base64"
-	"log/slog"
-	"os"
-	"path/filepath"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/open-policy-agent/frameworks/constraint/pkg/apis/externaldata/unversioned"
 	"github.com/open-policy-agent/frameworks/constraint/pkg/externaldata"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	dynamicfake "k8s.io/client-go/dynamic/fake"
-	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -57,49 +48,4 @@ func TestBuildProviderIsOneGatekeeperAccepts(t *testing.T) {
 		_, err := webhookconfig.BuildProvider(name, opts)
 		assert.ErrorContains(t, err, wantErr)
 	}
-}
-
-// KeepProvider applies the Provider at once, and again with the new CA when
-// the file changes (a renewed self-signed certificate).
-func TestKeepProviderFollowsTheCAFile(t *testing.T) {
-	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	first := caBundle(t)
-	require.NoError(t, os.WriteFile(caFile, first, 0o600))
-	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{webhookconfig.ProviderGVR: "ProviderList"})
-	var mu sync.Mutex
-	var applied []string // each apply's caBundle
-	client.PrependReactor("patch", "providers", func(a clienttesting.Action) (bool, runtime.Object, error) {
-		patch := a.(clienttesting.PatchAction)
-		var p unstructured.Unstructured
-		if err := p.UnmarshalJSON(patch.GetPatch()); err != nil {
-			return true, nil, err
-		}
-		ca, _, _ := unstructured.NestedString(p.Object, "spec", "caBundle")
-		mu.Lock()
-		applied = append(applied, ca)
-		mu.Unlock()
-		return true, &p, nil
-	})
-	last := func() string {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(applied) == 0 {
-			return ""
-		}
-		return applied[len(applied)-1]
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		webhookconfig.KeepProvider(ctx, client, "nodeguard", webhookconfig.Options{URL: "https://127.0.0.1:8443"}, caFile, 20*time.Millisecond,
-			slog.New(slog.DiscardHandler))
-		close(done)
-	}()
-	defer func() { cancel(); <-done }()
-	require.Eventually(t, func() bool { return last() == base64.StdEncoding.EncodeToString(first) }, 5*time.Second, 10*time.Millisecond)
-	renewed := caBundle(t)
-	require.NoError(t, os.WriteFile(caFile, renewed, 0o600))
-	require.Eventually(t, func() bool { return last() == base64.StdEncoding.EncodeToString(renewed) }, 5*time.Second, 10*time.Millisecond,
-		"the renewed CA reaches the Provider")
 }

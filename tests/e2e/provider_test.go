@@ -68,7 +68,7 @@ func nodeguardProvider(t *testing.T, cfg *rest.Config, gatekeeperCA string, keep
 	require.NoError(t, err)
 	p.opts = serve.Options{Listen: addr, ExternalDataClientCAFile: gatekeeperCA}
 	if keep {
-		p.opts.GatekeeperProvider = serve.ProviderOptions{URL: p.url, CAFile: p.ca.CAFile(t), Interval: time.Second}
+		p.opts.GatekeeperProvider = serve.ProviderOptions{URL: p.url, CAFile: p.ca.CAFile(t)}
 	}
 	_, p.stop = serveWith(t, clients, p.ca, p.opts)
 	return p

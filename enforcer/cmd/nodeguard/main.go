@@ -169,7 +169,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 		"keep Gatekeeper's Provider in this cluster pointing at this Service NAMESPACE/NAME (port 443) with nodeguard's CA")
 	f.StringVar(&opts.GatekeeperProvider.URL, "gatekeeper-provider-url", "", "like --gatekeeper-provider-service, at a base https URL")
 	f.StringVar(&opts.GatekeeperProvider.CAFile, "gatekeeper-provider-ca-file", "",
-		"CA of nodeguard's serving certificate for the Provider's caBundle, read again every 30s (default: ca.crt beside --tls-cert-file)")
+		"CA of nodeguard's serving certificate for the Provider's caBundle, read again every 5s; the Provider is written when Gatekeeper's Provider CRD appears and whenever it or the CA changes (default: ca.crt beside --tls-cert-file)")
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster whose Machines count (default: in-cluster)")
 	f.StringVar(&opts.Context, "context", "", "kubeconfig context")
 	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the rule's defaults)")
