@@ -23,12 +23,7 @@ import (
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
-func caPEM(t *testing.T) []byte {
-	t.Helper()
-	b, err := os.ReadFile(testpki.New(t).CAFile(t))
-	require.NoError(t, err)
-	return b
-}
+var caPEM = testpki.CAPEM
 
 // A CA that leaves the files stays in the bundle for the retention, so a
 // replica still serving a certificate it signed stays trusted; a CA that

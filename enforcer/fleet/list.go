@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -48,15 +49,7 @@ func List(ctx context.Context, c kubeclient.Clients, ns string) ([]State, error)
 		}
 		out = append(out, st)
 	}
-	slices.SortFunc(out, func(a, b State) int {
-		switch {
-		case a.Cluster < b.Cluster:
-			return -1
-		case a.Cluster > b.Cluster:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b State) int { return strings.Compare(a.Cluster, b.Cluster) })
 	return out, nil
 }
 

@@ -75,20 +75,15 @@ func (w *WorkloadSessions) start(ctx context.Context, c *clusters.Cluster) {
 	wg.Wait()
 }
 
-func (w *WorkloadSessions) stop(key string) {
-	w.mu.Lock()
-	stopped := w.stopped
-	w.mu.Unlock()
-	for _, f := range stopped {
-		f(key)
-	}
-}
+func (w *WorkloadSessions) stop(key string)   { w.tell(&w.stopped, key) }
+func (w *WorkloadSessions) change(key string) { w.tell(&w.changed, key) }
 
-func (w *WorkloadSessions) change(key string) {
+// tell calls each function of the list fs points to with key.
+func (w *WorkloadSessions) tell(fs *[]func(string), key string) {
 	w.mu.Lock()
-	changed := w.changed
+	list := *fs
 	w.mu.Unlock()
-	for _, f := range changed {
+	for _, f := range list {
 		f(key)
 	}
 }

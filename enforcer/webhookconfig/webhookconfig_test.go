@@ -3,7 +3,6 @@ package webhookconfig_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -23,12 +22,7 @@ import (
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
-func caBundle(t *testing.T) []byte {
-	t.Helper()
-	b, err := os.ReadFile(testpki.New(t).CAFile(t))
-	require.NoError(t, err)
-	return b
-}
+var caBundle = testpki.CAPEM
 
 func TestBuildSendsOnlyNodeDeletesAndFailsClosed(t *testing.T) {
 	ca := caBundle(t)

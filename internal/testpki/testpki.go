@@ -86,3 +86,10 @@ func (p *CA) CAFile(t testing.TB) string {
 	require.NoError(t, os.WriteFile(f, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: p.cert.Raw}), 0o600))
 	return f
 }
+
+// CAPEM is the PEM certificate of a new CA: a CA bundle for tests that
+// need one and never serve with it.
+func CAPEM(t testing.TB) []byte {
+	t.Helper()
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: New(t).cert.Raw})
+}

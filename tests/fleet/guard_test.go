@@ -234,9 +234,7 @@ func startGuardFleet(t testing.TB, ctx context.Context, n int) *guardFleet {
 	}
 	dyn, mapper := testcluster.Serve([]testcluster.Kind{{GVK: clusterGVK, Resource: "clusters"}}, objs...)
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	ca, err := os.ReadFile(testpki.New(t).CAFile(t))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(caFile, ca, 0o600))
+	require.NoError(t, os.WriteFile(caFile, testpki.CAPEM(t), 0o600))
 	set, err := clusters.New(clusters.Options{Management: kubeclient.Clients{Dynamic: dyn, Mapper: mapper}, Secrets: secrets,
 		Start:   func(ctx context.Context, c *clusters.Cluster) { f.r.Session(ctx, c) },
 		Changed: func(key string) { f.r.Changed(key) }})
