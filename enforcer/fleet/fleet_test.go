@@ -118,3 +118,26 @@ func TestUnreachableClustersLeakNothing(t *testing.T) {
 		t.Log(b.String())
 	}
 }
+
+// `nodeguard clusters` prints a row per Cluster, and counts as faults only
+// the Clusters unguarded for a reason that is not an opt-out.
+func TestPrintAndUnguarded(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	states := []State{
+		{Cluster: "fleet/a", Mode: ModeWebhook, Guarded: true, Wired: true, CACurrent: true, LastProof: now.Add(-41 * time.Second)},
+		{Cluster: "fleet/b", Reason: ReasonOptedOut},
+		{Cluster: "fleet/c", Mode: ModeWebhook, Wired: true, Reason: ReasonStaleCABundle},
+	}
+	var out bytes.Buffer
+	require.NoError(t, Print(&out, states, "text", now))
+	assert.Equal(t, `CLUSTER  MODE     GUARDED  WIRED  CA CURRENT  LAST PROOF  REASON
+fleet/a  webhook  yes      yes    yes         41s ago     -
+fleet/b  -        no       no     no          never       opted-out
+fleet/c  webhook  no       yes    no          never       stale-ca-bundle
+`, out.String())
+	assert.Equal(t, 1, Unguarded(states), "only fleet/c is a fault")
+	out.Reset()
+	require.NoError(t, Print(&out, states, "json", now))
+	assert.Contains(t, out.String(), `"reason": "stale-ca-bundle"`)
+	assert.ErrorContains(t, Print(&out, states, "yaml", now), `want text or json`)
+}
