@@ -112,10 +112,12 @@ type watch struct {
 	store  cache.Store
 	synced func() bool
 	// written is the resourceVersion of the configuration as nodeguard last
-	// wrote it: an object that differs at that very version was changed by
-	// the API server itself (a field it defaults that nodeguard does not
-	// set), and writing again would loop.
-	written string
+	// wrote it, and wrote what it wrote then: an object that differs from
+	// that same want at that very version was changed by the API server
+	// itself (a field it defaults that nodeguard does not set), and writing
+	// again would loop.
+	written     string
+	wroteWanted *unstructured.Unstructured
 }
 
 // New checks opts and reads the CA bundle once: without one, nothing can be
@@ -399,7 +401,7 @@ func (r *Reconciler) guard(ctx context.Context, key string, w *watch, ca []byte,
 	}
 	applied := false
 	if !owned.Holds(have, want.Object, "webhooks") {
-		if have != nil && have.GetResourceVersion() == w.written {
+		if have != nil && have.GetResourceVersion() == w.written && owned.Holds(w.wroteWanted, want.Object, "webhooks") {
 			st.Reason, st.Message = ReasonNotInstalled, "the API server stores nodeguard's configuration otherwise than written "+
 				"(a field it defaults?); not writing it again"
 			return
@@ -413,7 +415,7 @@ func (r *Reconciler) guard(ctx context.Context, key string, w *watch, ca []byte,
 			}
 			return
 		}
-		applied, have, w.written = true, stored, stored.GetResourceVersion()
+		applied, have, w.written, w.wroteWanted = true, stored, stored.GetResourceVersion(), want.Object
 		what := "installed"
 		switch {
 		case replaced:

@@ -1,14 +1,17 @@
 package webhook_test
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
 
+	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -41,4 +44,48 @@ func TestClientCertificateRequiredForReviews(t *testing.T) {
 	other := serveWith(t, p, h, opts, &foreign)
 	_, err = other.client.Post(other.url+"/validate", "application/json", nil)
 	assert.Error(t, err, "a certificate from another CA fails the handshake")
+}
+
+// A cluster route's denial is recorded as an Event only for a caller the
+// client CA authenticated: anyone reaching an exposed port could otherwise
+// have Events written naming any Node and user. /validate's is recorded
+// either way (the in-cluster API server's route).
+func TestClusterRouteEventsOnlyForAuthenticatedReviews(t *testing.T) {
+	g, _, nodes := example(t)
+	p := testpki.New(t)
+	certFile, keyFile := p.ServerFiles(t, "server")
+	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
+	exists := func(context.Context, string, string) (bool, error) { return true, nil }
+	var mu sync.Mutex
+	var told []string
+	denied := func(d denialevents.Denial) {
+		mu.Lock()
+		defer mu.Unlock()
+		told = append(told, d.Cluster+"|"+d.Node)
+	}
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(told)
+	}
+
+	open := serveWith(t, p, webhook.New(webhook.Options{Decider: g, ClusterExists: exists, Denied: denied}),
+		tlsserver.Options{CertFile: certFile, KeyFile: keyFile}, nil)
+	_, _, out := open.post(t, "/validate/clusters/default/dev", "application/json", body)
+	assert.False(t, out.Response.Allowed, "denied all the same")
+	_, _, out = open.post(t, "/validate", "application/json", body)
+	assert.False(t, out.Response.Allowed)
+	assert.Equal(t, 1, count(), "only /validate's denial is told without a client CA")
+
+	certPEM, keyPEM := p.Issue(t, 9, x509.ExtKeyUsageClientAuth)
+	clientCert, err := tls.X509KeyPair(certPEM, keyPEM)
+	require.NoError(t, err)
+	authenticated := serveWith(t, p, webhook.New(webhook.Options{Decider: g, ClusterExists: exists, Denied: denied, ClientCAs: p.Pool()}),
+		tlsserver.Options{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}, &clientCert)
+	_, _, out = authenticated.post(t, "/validate/clusters/default/dev", "application/json", body)
+	assert.False(t, out.Response.Allowed)
+	assert.Equal(t, 2, count(), "an authenticated cluster route's denial is told")
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, "default/dev|x", told[1], "the review names Node x")
 }

@@ -96,7 +96,10 @@ type Options struct {
 	SelfCluster string
 	// Denied, when set, is told of each denied Node delete that is not a
 	// dry run, after its answer is written. It must not block: a
-	// denialevents.Recorder's Record only queues.
+	// denialevents.Recorder's Record only queues. A cluster route's denial
+	// is told only when ClientCAs authenticated the caller: those routes are
+	// the ones exposed beyond the cluster, where anyone reaching the port
+	// could otherwise have Events written naming any Node and any user.
 	Denied func(denialevents.Denial)
 }
 
@@ -196,7 +199,8 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)
 	// A dry run must have no side effects (the webhook says NoneOnDryRun).
-	if !d.Allowed && !dryRun && h.opts.Denied != nil && isNodeDelete(req) {
+	authenticated := h.opts.ClientCAs != nil // intake refused any other caller
+	if !d.Allowed && !dryRun && h.opts.Denied != nil && isNodeDelete(req) && (route == RouteSelf || authenticated) {
 		where := cluster // the workload cluster the Node lives in; /validate's is this one
 		if route == RouteSelf {
 			where = ""

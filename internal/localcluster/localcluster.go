@@ -253,3 +253,38 @@ func Serve(ctx context.Context, clients kubeclient.Clients, opts serve.Options, 
 		return "", func() {}, fmt.Errorf("nodeguard serve: %w", err)
 	}
 }
+
+// AuthenticateToWebhooks makes env's API server present the client
+// certificate certPEM/keyPEM to every admission webhook it calls, as a
+// kubeadm control plane does through --admission-control-config-file (a
+// WebhookAdmissionConfiguration whose kubeconfig names the webhook's host,
+// here "*", any). Call it before Start; dir holds the files.
+func AuthenticateToWebhooks(env *envtest.Environment, dir string, certPEM, keyPEM []byte) error {
+	kubeconfig := filepath.Join(dir, "webhook-client.kubeconfig")
+	admission := filepath.Join(dir, "admission-config.yaml")
+	kc, err := yaml.Marshal(map[string]any{
+		"apiVersion": "v1", "kind": "Config",
+		"users": []any{map[string]any{"name": "*", "user": map[string]any{
+			"client-certificate-data": certPEM, "client-key-data": keyPEM}}},
+	})
+	if err != nil {
+		return fmt.Errorf("webhook client kubeconfig: %w", err)
+	}
+	cfg := fmt.Sprintf(`apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+  - name: ValidatingAdmissionWebhook
+    configuration:
+      apiVersion: apiserver.config.k8s.io/v1
+      kind: WebhookAdmissionConfiguration
+      kubeConfigFile: %q
+`, kubeconfig)
+	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", kubeconfig, err)
+	}
+	if err := os.WriteFile(admission, []byte(cfg), 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", admission, err)
+	}
+	env.ControlPlane.GetAPIServer().Configure().Set("admission-control-config-file", admission)
+	return nil
+}

@@ -7,6 +7,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/x509"
 	"flag"
 	"io"
 	"maps"
@@ -76,12 +77,33 @@ func apiServerEnv(t *testing.T) (*rest.Config, *envtest.Environment) {
 
 // apiServerFor is apiServerEnv with the CRDs of release r.
 func apiServerFor(t *testing.T, r localcluster.Release) (*rest.Config, *envtest.Environment) {
+	return apiServerWith(t, r, nil)
+}
+
+// authenticatingAPIServer is apiServerEnv whose API server presents a
+// client certificate of the returned CA to the webhooks it calls.
+func authenticatingAPIServer(t *testing.T) (*rest.Config, *envtest.Environment, *testpki.CA) {
+	t.Helper()
+	clientCA := testpki.New(t)
+	certPEM, keyPEM := clientCA.Issue(t, 1, x509.ExtKeyUsageClientAuth)
+	cfg, env := apiServerWith(t, current, func(env *envtest.Environment) {
+		require.NoError(t, localcluster.AuthenticateToWebhooks(env, t.TempDir(), certPEM, keyPEM))
+	})
+	return cfg, env, clientCA
+}
+
+// apiServerWith is apiServerFor, configure changing the environment before
+// it starts.
+func apiServerWith(t *testing.T, r localcluster.Release, configure func(*envtest.Environment)) (*rest.Config, *envtest.Environment) {
 	t.Helper()
 	if *binDir == "" {
 		t.Skip("no kube-apiserver/etcd: run `make e2e` (it builds them with tests/e2e/tools/build.sh)")
 	}
 	env, err := localcluster.Environment(*binDir, t.TempDir(), r)
 	require.NoError(t, err)
+	if configure != nil {
+		configure(env)
+	}
 	keepLog(t, "kube-apiserver", &env.ControlPlane.GetAPIServer().Out, &env.ControlPlane.GetAPIServer().Err)
 	env.ControlPlane.Etcd = &envtest.Etcd{}
 	keepLog(t, "etcd", &env.ControlPlane.Etcd.Out, &env.ControlPlane.Etcd.Err)

@@ -125,12 +125,14 @@ func TestDenialEvents(t *testing.T) {
 // management cluster.
 func TestDenialEventsOfAWorkloadCluster(t *testing.T) {
 	mgmt := apiServer(t)
-	workload, workloadEnv := apiServerEnv(t)
+	// A cluster route's Events are written only for reviews whose caller
+	// the client CA authenticated: the workload API server presents one.
+	workload, workloadEnv, clientCA := authenticatingAPIServer(t)
 	clients, err := kubeclient.FromConfig(mgmt)
 	require.NoError(t, err)
 	ca := testpki.New(t)
-	toWorkload, _ := serveWith(t, clients, ca, serve.Options{Listen: "127.0.0.1:0", DenialEventsWorkloadClusters: true})
-	toMgmt, _ := serveWith(t, clients, ca, serve.Options{Listen: "127.0.0.1:0"})
+	toWorkload, _ := serveWith(t, clients, ca, serve.Options{Listen: "127.0.0.1:0", DenialEventsWorkloadClusters: true, ClientCAFile: clientCA.CAFile(t)})
+	toMgmt, _ := serveWith(t, clients, ca, serve.Options{Listen: "127.0.0.1:0", ClientCAFile: clientCA.CAFile(t)})
 	mgmtKube, dyn := clientsFor(t, mgmt)
 	workloadKube, err := kubernetes.NewForConfig(workload)
 	require.NoError(t, err)

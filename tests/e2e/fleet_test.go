@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -47,8 +48,13 @@ const fleetProof = 3 * time.Second
 // serve --fleet`: nothing is installed by hand.
 func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 	mgmt := apiServer(t)
-	w1, w1Env := apiServerEnv(t)
-	w2, w2Env := apiServerEnv(t)
+	// The workload API servers authenticate to nodeguard's exposed port
+	// with client certificates, as the fleet path documents.
+	w1, w1Env, clientCA := authenticatingAPIServer(t)
+	w2, w2Env := apiServerWith(t, current, func(env *envtest.Environment) {
+		certPEM, keyPEM := clientCA.Issue(t, 2, x509.ExtKeyUsageClientAuth)
+		require.NoError(t, localcluster.AuthenticateToWebhooks(env, t.TempDir(), certPEM, keyPEM))
+	})
 	mgmtKube, dyn := clientsFor(t, mgmt)
 	kube1, _ := clientsFor(t, w1)
 	kube2, _ := clientsFor(t, w2)
@@ -67,8 +73,8 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 	path := startRelay(t, listen)
 	clients, err := kubeclient.FromConfig(mgmt)
 	require.NoError(t, err)
-	serveFleetAt(t, clients, listen, certFile, keyFile, serve.FleetOptions{URL: "https://" + path.addr, CAFiles: []string{servingCA, nextCA},
-		CARetention: 3 * time.Second})
+	serveFleetAt(t, clients, listen, certFile, keyFile, clientCA.CAFile(t), serve.FleetOptions{URL: "https://" + path.addr,
+		CAFiles: []string{servingCA, nextCA}, CARetention: 3 * time.Second})
 
 	// Cluster dev's Machine lives in the management cluster, its Node in w1.
 	workloadMachine(t, dyn, mgmtKube, kube1, "md-0-a")
@@ -309,17 +315,19 @@ func serveFleet(t *testing.T, clients kubeclient.Clients, f serve.FleetOptions) 
 	certFile, keyFile := ca.ServerFiles(t, "nodeguard")
 	listen := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	f.URL, f.CAFiles = "https://"+listen, []string{ca.CAFile(t)}
-	serveFleetAt(t, clients, listen, certFile, keyFile, f)
+	serveFleetAt(t, clients, listen, certFile, keyFile, "", f)
 }
 
-func serveFleetAt(t *testing.T, clients kubeclient.Clients, listen, certFile, keyFile string, f serve.FleetOptions) {
+// serveFleetAt is serveFleet on listen with the given serving files and,
+// when set, the CA whose client certificates the review routes require.
+func serveFleetAt(t *testing.T, clients kubeclient.Clients, listen, certFile, keyFile, clientCAFile string, f serve.FleetOptions) {
 	t.Helper()
 	t.Setenv("POD_NAMESPACE", "default")
 	f.Enabled = true
 	if f.ProofInterval == 0 {
 		f.ProofInterval = fleetProof
 	}
-	_, stop, err := localcluster.Serve(context.Background(), clients, serve.Options{Listen: listen, CertFile: certFile, KeyFile: keyFile,
+	_, stop, err := localcluster.Serve(context.Background(), clients, serve.Options{Listen: listen, CertFile: certFile, KeyFile: keyFile, ClientCAFile: clientCAFile,
 		Orphans: serve.ReapOptions{KubeconfigRecheck: 2 * time.Second}, Fleet: f},
 		slog.New(slog.NewJSONHandler(os.Stderr, nil)))
 	require.NoError(t, err)
