@@ -264,6 +264,23 @@ func TestChartFleetIsTheKustomizeComponent(t *testing.T) {
 	assert.False(t, ok, "off by default")
 }
 
+// tls.clientCA makes every review route require a client certificate of
+// that CA: its ConfigMap, mounted, passed as --client-ca-file.
+func TestChartClientCA(t *testing.T) {
+	h := chart(t, "tls.clientCA=-----BEGIN CERTIFICATE-----")
+	var d appsv1.Deployment
+	h.decode(t, "Deployment/nodeguard", &d)
+	c := d.Spec.Template.Spec.Containers[0]
+	assert.Contains(t, c.Args, "--client-ca-file=/etc/nodeguard/client-ca/ca.crt")
+	assert.Contains(t, c.VolumeMounts, corev1.VolumeMount{Name: "client-ca", MountPath: "/etc/nodeguard/client-ca", ReadOnly: true})
+	var cm corev1.ConfigMap
+	h.decode(t, "ConfigMap/nodeguard-client-ca", &cm)
+	assert.Equal(t, "-----BEGIN CERTIFICATE-----", cm.Data["ca.crt"])
+	assert.NotEmpty(t, d.Spec.Template.Annotations["checksum/config"], "a new CA rolls the Pods")
+	_, ok := chart(t)["ConfigMap/nodeguard-client-ca"]
+	assert.False(t, ok, "off by default")
+}
+
 // externalData in the chart deploys what the external-data component adds
 // to the kustomize deployment: the flags, the Gatekeeper CA's volume and the
 // RBAC to keep the Provider.
