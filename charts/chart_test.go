@@ -226,7 +226,7 @@ func TestChartOrphanReaperIsTheKustomizeComponents(t *testing.T) {
 // Secret's certificate and the RBAC; with fleet.secretNamespaces the
 // Secret read moves from the ClusterRole to a Role in each.
 func TestChartFleetIsTheKustomizeComponent(t *testing.T) {
-	h, k := chart(t, "fleet.enabled=true", "fleet.url=https://nodeguard.example.com"), kustomizeAll(t, "fleet")
+	h, k := chart(t, "fleet.enabled=true", "fleet.url=https://nodeguard.example.com", "fleet.allowUnauthenticatedReviews=true"), kustomizeAll(t, "fleet")
 	var hd, kd appsv1.Deployment
 	h.decode(t, "Deployment/nodeguard", &hd)
 	k.decode(t, "Deployment/nodeguard", &kd)
@@ -249,7 +249,8 @@ func TestChartFleetIsTheKustomizeComponent(t *testing.T) {
 		assert.Equal(t, kc["spec"], hc["spec"], name)
 	}
 
-	scoped := chart(t, "fleet.enabled=true", "fleet.url=https://nodeguard.example.com", "fleet.secretNamespaces={fleet-a,fleet-b}")
+	scoped := chart(t, "fleet.enabled=true", "fleet.url=https://nodeguard.example.com", "fleet.allowUnauthenticatedReviews=true",
+		"fleet.secretNamespaces={fleet-a,fleet-b}")
 	var cr rbacv1.ClusterRole
 	scoped.decode(t, "ClusterRole/nodeguard-fleet", &cr)
 	for _, r := range cr.Rules {
@@ -279,6 +280,25 @@ func TestChartClientCA(t *testing.T) {
 	assert.NotEmpty(t, d.Spec.Template.Annotations["checksum/config"], "a new CA rolls the Pods")
 	_, ok := chart(t)["ConfigMap/nodeguard-client-ca"]
 	assert.False(t, ok, "off by default")
+}
+
+// fleet.clientCA makes the cluster routes alone require client
+// certificates; without it (or tls.clientCA) fleet.enabled does not render.
+func TestChartFleetRequiresAuthenticatedReviews(t *testing.T) {
+	h := chart(t, "fleet.enabled=true", "fleet.url=https://nodeguard.example.com", "fleet.clientCA=-----BEGIN CERTIFICATE-----")
+	var d appsv1.Deployment
+	h.decode(t, "Deployment/nodeguard", &d)
+	assert.Contains(t, d.Spec.Template.Spec.Containers[0].Args, "--cluster-routes-client-ca-file=/etc/nodeguard/cluster-client-ca/ca.crt")
+	var cm corev1.ConfigMap
+	h.decode(t, "ConfigMap/nodeguard-cluster-client-ca", &cm)
+	assert.Equal(t, "-----BEGIN CERTIFICATE-----", cm.Data["ca.crt"])
+
+	cmd := exec.Command("go", "tool", "-modfile=tools/helm/go.mod", "helm", "template", "nodeguard", "charts/nodeguard", "--namespace", namespace,
+		"--set", "fleet.enabled=true", "--set", "fleet.url=https://nodeguard.example.com")
+	cmd.Dir = ".."
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "renders without a client CA")
+	assert.Contains(t, string(out), "fleet.clientCA (or tls.clientCA) is required with fleet.enabled")
 }
 
 // externalData in the chart deploys what the external-data component adds

@@ -85,6 +85,10 @@ type Options struct {
 	// GatekeeperProvider, when its URL or Service is set, keeps Gatekeeper's
 	// Provider in this cluster pointing at this nodeguard.
 	GatekeeperProvider ProviderOptions
+	// ClusterRoutesClientCAFile, when set, makes the cluster routes (the
+	// ones workload API servers call) require a client certificate of this
+	// CA, /validate not (ClientCAFile covers every route).
+	ClusterRoutesClientCAFile string
 	// SelfCluster, "namespace/name", scopes /validate to that CAPI Cluster:
 	// the management cluster's own, when it is CAPI-managed.
 	SelfCluster string
@@ -273,10 +277,18 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics
 		}
 		caFiles = append(caFiles, opts.ClientCAFile)
 	}
+	var clusterCAs *x509.CertPool
+	if opts.ClusterRoutesClientCAFile != "" {
+		var err error
+		if clusterCAs, err = tlsserver.LoadCAs(opts.ClusterRoutesClientCAFile); err != nil {
+			return nil, nil, err
+		}
+		caFiles = append(caFiles, opts.ClusterRoutesClientCAFile)
+	}
 	// Each package's handler routes its own paths; this one only sends each
 	// prefix there.
 	mux := http.NewServeMux()
-	reviews := webhook.New(webhook.Options{Decider: e.Guard, ClusterExists: clusterExists, ClientCAs: reviewCAs, SelfCluster: opts.SelfCluster,
+	reviews := webhook.New(webhook.Options{Decider: e.Guard, ClusterExists: clusterExists, ClientCAs: reviewCAs, ClusterClientCAs: clusterCAs, SelfCluster: opts.SelfCluster,
 		Intake: in, Metrics: metrics.Webhook, Log: log, Denied: denied})
 	mux.Handle(webhook.RouteSelf, reviews)
 	mux.Handle(webhook.RouteSelf+"/", reviews)

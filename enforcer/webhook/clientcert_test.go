@@ -89,3 +89,30 @@ func TestClusterRouteEventsOnlyForAuthenticatedReviews(t *testing.T) {
 	defer mu.Unlock()
 	assert.Equal(t, "default/dev|x", told[1], "the review names Node x")
 }
+
+// The cluster routes alone can require client certificates: the workload
+// API servers present one, the cluster's own API server (/validate) need
+// not.
+func TestClusterRoutesAloneRequireClientCertificates(t *testing.T) {
+	g, _, nodes := example(t)
+	p := testpki.New(t)
+	certFile, keyFile := p.ServerFiles(t, "server")
+	exists := func(context.Context, string, string) (bool, error) { return true, nil }
+	h := webhook.New(webhook.Options{Decider: g, ClusterExists: exists, ClusterClientCAs: p.Pool()})
+	opts := tlsserver.Options{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
+	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
+	anonymous := serveWith(t, p, h, opts, nil)
+	code, msg, _ := anonymous.post(t, "/validate/clusters/default/dev", "application/json", body)
+	assert.Equal(t, 401, code, msg)
+	code, _, out := anonymous.post(t, "/validate", "application/json", body)
+	assert.Equal(t, 200, code, "the self route takes the cluster's own API server without one")
+	assert.False(t, out.Response.Allowed)
+
+	certPEM, keyPEM := p.Issue(t, 10, x509.ExtKeyUsageClientAuth)
+	clientCert, err := tls.X509KeyPair(certPEM, keyPEM)
+	require.NoError(t, err)
+	workload := serveWith(t, p, h, opts, &clientCert)
+	code, _, out = workload.post(t, "/validate/clusters/default/dev", "application/json", body)
+	assert.Equal(t, 200, code)
+	assert.False(t, out.Response.Allowed)
+}

@@ -70,6 +70,12 @@ type Options struct {
 	// ClientCAs, when set, is the CA whose client certificates the review
 	// routes require (--client-ca-file).
 	ClientCAs *x509.CertPool
+	// ClusterClientCAs, when set, is the CA whose client certificates the
+	// cluster routes require (--cluster-routes-client-ca-file) where
+	// ClientCAs is not set: the routes exposed to workload API servers
+	// authenticated, /validate left to the cluster's own API server, which
+	// on a managed control plane cannot present one.
+	ClusterClientCAs *x509.CertPool
 	// Intake bounds the work of the review routes, shared with the other
 	// routes of the port (and counts what it rejects); when nil, one is
 	// built from Timeout, MaxConcurrentDecisions, Log and LogInterval.
@@ -159,7 +165,7 @@ func nodeModel(opts Options) *linkmodel.Model {
 // all of them); a dry run's answer carries proof.
 func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluster, proof string) {
 	start := time.Now()
-	review, release, herr := h.read(w, r)
+	review, release, herr := h.read(w, r, h.clientCAs(route))
 	if herr != nil {
 		h.reject(w, herr, route, cluster, start)
 		return
@@ -199,7 +205,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)
 	// A dry run must have no side effects (the webhook says NoneOnDryRun).
-	authenticated := h.opts.ClientCAs != nil // intake refused any other caller
+	authenticated := h.clientCAs(route) != nil // intake refused any other caller
 	if !d.Allowed && !dryRun && h.opts.Denied != nil && isNodeDelete(req) && (route == RouteSelf || authenticated) {
 		where := cluster // the workload cluster the Node lives in; /validate's is this one
 		if route == RouteSelf {
@@ -268,10 +274,18 @@ func (h *handler) reject(w http.ResponseWriter, herr *intake.Error, route, clust
 	h.opts.Metrics.observe(route, cluster, "error", decision.ReasonBadRequest, time.Since(start))
 }
 
+// clientCAs is the CA whose client certificates route requires, or nil.
+func (h *handler) clientCAs(route string) *x509.CertPool {
+	if h.opts.ClientCAs == nil && route == RouteCluster {
+		return h.opts.ClusterClientCAs
+	}
+	return h.opts.ClientCAs
+}
+
 // read checks the transport and decodes the AdmissionReview; the caller runs
 // the returned func once it has answered.
-func (h *handler) read(w http.ResponseWriter, r *http.Request) (*admissionReview, func(), *intake.Error) {
-	body, release, herr := h.intake.Read(w, r, h.opts.ClientCAs)
+func (h *handler) read(w http.ResponseWriter, r *http.Request, clients *x509.CertPool) (*admissionReview, func(), *intake.Error) {
+	body, release, herr := h.intake.Read(w, r, clients)
 	if herr != nil {
 		return nil, nil, herr
 	}

@@ -327,7 +327,7 @@ func serveFleetAt(t *testing.T, clients kubeclient.Clients, listen, certFile, ke
 	if f.ProofInterval == 0 {
 		f.ProofInterval = fleetProof
 	}
-	_, stop, err := localcluster.Serve(context.Background(), clients, serve.Options{Listen: listen, CertFile: certFile, KeyFile: keyFile, ClientCAFile: clientCAFile,
+	_, stop, err := localcluster.Serve(context.Background(), clients, serve.Options{Listen: listen, CertFile: certFile, KeyFile: keyFile, ClusterRoutesClientCAFile: clientCAFile,
 		Orphans: serve.ReapOptions{KubeconfigRecheck: 2 * time.Second}, Fleet: f},
 		slog.New(slog.NewJSONHandler(os.Stderr, nil)))
 	require.NoError(t, err)

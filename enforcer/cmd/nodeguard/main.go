@@ -163,6 +163,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.StringVar(&opts.CertFile, "tls-cert-file", "", "serving certificate (PEM); reloaded when the file changes")
 	f.StringVar(&opts.KeyFile, "tls-private-key-file", "", "serving private key (PEM); reloaded when the file changes")
 	f.StringVar(&opts.ClientCAFile, "client-ca-file", "", "if set, reviews must come with a client certificate signed by this CA")
+	f.StringVar(&opts.ClusterRoutesClientCAFile, "cluster-routes-client-ca-file", "", "if set (and --client-ca-file not), reviews on /validate/clusters/NS/NAME must come with a client certificate signed by this CA, /validate not: the routes workload API servers call from outside the cluster")
 	f.StringVar(&opts.ExternalDataClientCAFile, "externaldata-client-ca-file", "",
 		"serve Gatekeeper's external data routes to clients with a certificate signed by this CA (Gatekeeper's: ca.crt of its webhook certificate Secret)")
 	f.StringVar(&opts.GatekeeperProvider.Service, "gatekeeper-provider-service", "",
