@@ -2,13 +2,13 @@ package fleet
 
 import (
 	"bytes"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"time"
+
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // The CA bundle the workload clusters are given is every certificate of
@@ -36,25 +36,11 @@ func readCerts(files []string) ([][]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read CA file: %w", err)
 		}
-		n := 0
-		for {
-			var block *pem.Block
-			block, b = pem.Decode(b)
-			if block == nil {
-				break
-			}
-			if block.Type != "CERTIFICATE" {
-				continue
-			}
-			if _, err := x509.ParseCertificate(block.Bytes); err != nil {
-				return nil, fmt.Errorf("CA file %s: %w", f, err)
-			}
-			certs = append(certs, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: block.Bytes}))
-			n++
+		in, err := webhookconfig.Certificates(b)
+		if err != nil {
+			return nil, fmt.Errorf("CA file %s: %w", f, err)
 		}
-		if n == 0 {
-			return nil, fmt.Errorf("CA file %s holds no PEM certificate", f)
-		}
+		certs = append(certs, in...)
 	}
 	return certs, nil
 }

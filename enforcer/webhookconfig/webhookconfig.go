@@ -137,8 +137,18 @@ func checkCABundle(bundle []byte) error {
 	if len(bundle) == 0 {
 		return errors.New("--ca-bundle-file is required: the API server must trust nodeguard's serving certificate")
 	}
-	rest, n := bundle, 0
-	for {
+	if _, err := Certificates(bundle); err != nil {
+		return fmt.Errorf("CA bundle: %w", err)
+	}
+	return nil
+}
+
+// Certificates are the certificates of a PEM bundle, each re-encoded as
+// PEM alone: other blocks are skipped, a certificate that does not parse is
+// an error, and so is a bundle without one.
+func Certificates(bundle []byte) ([][]byte, error) {
+	var certs [][]byte
+	for rest := bundle; ; {
 		var block *pem.Block
 		block, rest = pem.Decode(rest)
 		if block == nil {
@@ -148,14 +158,14 @@ func checkCABundle(bundle []byte) error {
 			continue
 		}
 		if _, err := x509.ParseCertificate(block.Bytes); err != nil {
-			return fmt.Errorf("CA bundle: %w", err)
+			return nil, err
 		}
-		n++
+		certs = append(certs, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: block.Bytes}))
 	}
-	if n == 0 {
-		return errors.New("CA bundle holds no PEM certificate")
+	if len(certs) == 0 {
+		return nil, errors.New("holds no PEM certificate")
 	}
-	return nil
+	return certs, nil
 }
 
 // YAML renders the configuration for kubectl apply.
