@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -125,14 +126,7 @@ func (k *ProviderKeeper) established(f dynamicinformer.DynamicSharedInformerFact
 		return false
 	}
 	u, _ := obj.(*unstructured.Unstructured)
-	conditions, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-	for _, c := range conditions {
-		m, _ := c.(map[string]any)
-		if m["type"] == "Established" && m["status"] == "True" {
-			return true
-		}
-	}
-	return false
+	return u != nil && inventory.CRDEstablished(u)
 }
 
 // keep writes the Provider when the stored one differs; it returns the CA

@@ -21,17 +21,6 @@ import (
 // pool), is still watched, from the moment its CRD is established: one CRD
 // informer, no poll.
 
-func established(crd *unstructured.Unstructured) bool {
-	conditions, _, _ := unstructured.NestedSlice(crd.Object, "status", "conditions")
-	for _, c := range conditions {
-		c, _ := c.(map[string]any)
-		if c["type"] == "Established" && c["status"] == "True" {
-			return true
-		}
-	}
-	return false
-}
-
 // reduceCRD keeps what ContractKindOf and the parameter kinds read of a
 // CRD: provider CRDs are large (a schema of hundreds of KiB each), and the
 // informer holds every CRD of the cluster.
@@ -87,7 +76,7 @@ func (s *Syncer) startContract() error {
 	}
 	onCRD := func(obj any) {
 		crd, ok := obj.(*unstructured.Unstructured)
-		if !ok || !established(crd) {
+		if !ok || !inventory.CRDEstablished(crd) {
 			return
 		}
 		if k, ok := inventory.ContractKindOf(crd); ok {

@@ -78,6 +78,19 @@ func ContractKindOf(crd *unstructured.Unstructured) (ContractKind, bool) {
 	return ContractKind{}, false
 }
 
+// CRDEstablished says whether a CRD's resource is served: its Established
+// condition is True.
+func CRDEstablished(crd *unstructured.Unstructured) bool {
+	conditions, _, _ := unstructured.NestedSlice(crd.Object, "status", "conditions")
+	for _, c := range conditions {
+		c, _ := c.(map[string]any)
+		if c["type"] == "Established" && c["status"] == "True" {
+			return true
+		}
+	}
+	return false
+}
+
 // CRDNames returns the kind a CRD defines and its plural resource name.
 func CRDNames(crd *unstructured.Unstructured) (schema.GroupKind, string) {
 	group, _, _ := unstructured.NestedString(crd.Object, "spec", "group")
