@@ -15,6 +15,13 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
+// KubeconfigSecret is the Secret where CAPI keeps the kubeconfig of the
+// workload Cluster key ("namespace/name"), in the Cluster's namespace: the
+// Cluster's name with -kubeconfig, so its key is the Cluster's with it.
+func KubeconfigSecret(key string) string { return key + kubeconfigSuffix }
+
+const kubeconfigSuffix = "-kubeconfig"
+
 // ReadKubeconfig reads the kubeconfig CAPI keeps for the workload Cluster key
 // ("namespace/name"): Secret <name>-kubeconfig, key "value", in the
 // Cluster's namespace. A missing Secret is an error apierrors.IsNotFound
@@ -24,13 +31,13 @@ func ReadKubeconfig(ctx context.Context, secrets kubernetes.Interface, key strin
 	if err != nil || ns == "" || name == "" {
 		return nil, fmt.Errorf("cluster %q: want NAMESPACE/NAME", key)
 	}
-	secret, err := secrets.CoreV1().Secrets(ns).Get(ctx, name+"-kubeconfig", metav1.GetOptions{})
+	secret, err := secrets.CoreV1().Secrets(ns).Get(ctx, name+kubeconfigSuffix, metav1.GetOptions{})
 	if err != nil {
 		return nil, &readError{key: key, err: err}
 	}
 	value := secret.Data["value"]
 	if len(value) == 0 {
-		return nil, fmt.Errorf("Secret %s/%s-kubeconfig has no key \"value\"", ns, name)
+		return nil, fmt.Errorf("Secret %s has no key \"value\"", KubeconfigSecret(key))
 	}
 	return value, nil
 }

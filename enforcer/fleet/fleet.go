@@ -322,7 +322,7 @@ func (r *Reconciler) reconcile(ctx context.Context, key string) (State, bool) {
 	case st.Mode != ModeWebhook:
 		st.Reason, st.Message = ReasonModeUnsupported, fmt.Sprintf("mode %q is not supported; use %q", st.Mode, ModeWebhook)
 	case w == nil:
-		st.Reason, st.Message = ReasonNoKubeconfig, "no working kubeconfig Secret "+kubeconfigName(key)
+		st.Reason, st.Message = ReasonNoKubeconfig, "no working kubeconfig Secret "+clusters.KubeconfigSecret(key)
 		if err := r.opts.Clusters.Failure(key); err != nil {
 			st.Message = err.Error()
 		}
@@ -347,11 +347,6 @@ func (r *Reconciler) reconcile(ctx context.Context, key string) (State, bool) {
 		r.opts.Report(st)
 	}
 	return st, false
-}
-
-func kubeconfigName(key string) string {
-	ns, name := split(key)
-	return ns + "/" + name + "-kubeconfig"
 }
 
 // remove deletes nodeguard's configuration from a cluster that opted out.
