@@ -11,7 +11,6 @@ import (
 	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
@@ -57,7 +56,7 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, session
 	if !f.Enabled {
 		return nil, nil
 	}
-	if c.Config == nil || sessions == nil {
+	if sessions == nil {
 		return nil, fmt.Errorf("--fleet needs a kubeconfig or in-cluster config")
 	}
 	selector := labels.Everything()
@@ -75,10 +74,7 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, session
 	if ns == "" {
 		ns = LeaseNamespace()
 	}
-	kube, err := kubernetes.NewForConfig(c.Config)
-	if err != nil {
-		return nil, fmt.Errorf("create client: %w", err)
-	}
+	kube := sessions.Management
 	host, _ := os.Hostname()
 	leader, err := reaper.Elect(ctx, reaper.LeaseOptions{Client: kube, Namespace: ns, Name: fleetLease, Identity: host + "_" + uuid.NewString(), Log: log})
 	if err != nil {

@@ -191,13 +191,14 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 	if err := watchNodes(ctx, scanner, shape, "", o.Nodes, c.Dynamic, self, watchErrors, false); err != nil {
 		return nil, err
 	}
+	var own *WorkloadSessions // sessions the scan runs itself
 	if opts.WorkloadClusters {
 		sessions := o.Sessions
 		if sessions == nil {
-			if sessions, err = NewWorkloadSessions(c, mgmt, opts, o.QPS, o.Burst, m.Clusters, log); err != nil {
+			if own, err = NewWorkloadSessions(c, mgmt, opts, o.QPS, o.Burst, m.Clusters, log); err != nil {
 				return nil, err
 			}
-			defer sessions.Run(ctx, log)
+			sessions = own
 		}
 		sessions.Add(func(ctx context.Context, cl *clusters.Cluster) {
 			t := reaper.Target{Nodes: cl.Dynamic}
@@ -216,6 +217,9 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 	}
 	log.Info("orphan node scan", "reap", opts.Enabled, "dryRun", opts.DryRun, "grace", finder.Grace().String(),
 		"fullScanInterval", opts.Interval.String(), "workloadClusters", opts.WorkloadClusters, "matchProviderID", opts.MatchProviderID)
+	if own != nil {
+		own.Run(ctx, log)
+	}
 	go scanner.Run(ctx)
 	return scanner, nil
 }

@@ -268,22 +268,23 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics
 		obj, err := clusters.Get(ctx, clusterGVK(), namespace, name)
 		return obj != nil, err
 	}
+	// Each CA file a route requires client certificates of: loaded here, and
+	// asked for by the TLS server.
 	var caFiles []string
-	var reviewCAs *x509.CertPool
-	if opts.ClientCAFile != "" {
-		var err error
-		if reviewCAs, err = tlsserver.LoadCAs(opts.ClientCAFile); err != nil {
-			return nil, nil, err
+	clientCAs := func(file string) (*x509.CertPool, error) {
+		if file == "" {
+			return nil, nil
 		}
-		caFiles = append(caFiles, opts.ClientCAFile)
+		caFiles = append(caFiles, file)
+		return tlsserver.LoadCAs(file)
 	}
-	var clusterCAs *x509.CertPool
-	if opts.ClusterRoutesClientCAFile != "" {
-		var err error
-		if clusterCAs, err = tlsserver.LoadCAs(opts.ClusterRoutesClientCAFile); err != nil {
-			return nil, nil, err
-		}
-		caFiles = append(caFiles, opts.ClusterRoutesClientCAFile)
+	reviewCAs, err := clientCAs(opts.ClientCAFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	clusterCAs, err := clientCAs(opts.ClusterRoutesClientCAFile)
+	if err != nil {
+		return nil, nil, err
 	}
 	// Each package's handler routes its own paths; this one only sends each
 	// prefix there.
@@ -295,7 +296,7 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics
 	if opts.ExternalDataClientCAFile == "" {
 		return mux, caFiles, nil
 	}
-	gatekeeperCAs, err := tlsserver.LoadCAs(opts.ExternalDataClientCAFile)
+	gatekeeperCAs, err := clientCAs(opts.ExternalDataClientCAFile)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -308,7 +309,7 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics
 	mux.Handle(provider.RouteSelf, facts)
 	mux.Handle(provider.RouteSelf+"/", facts)
 	log.Info("serving Gatekeeper's external data", "routes", []string{provider.RouteSelf, provider.RouteCluster})
-	return mux, append(caFiles, opts.ExternalDataClientCAFile), nil
+	return mux, caFiles, nil
 }
 
 // keepProvider keeps Gatekeeper's Provider pointing at this nodeguard, when

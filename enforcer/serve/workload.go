@@ -17,6 +17,9 @@ import (
 // cluster's session runs them all on one kubeconfig.
 type WorkloadSessions struct {
 	Set *clusters.Set
+	// Management is the management cluster's typed client the Set reads
+	// kubeconfig Secrets with, for the parts' own reads and writes there.
+	Management kubernetes.Interface
 
 	mu      sync.Mutex
 	starts  []func(context.Context, *clusters.Cluster)
@@ -28,7 +31,7 @@ type WorkloadSessions struct {
 // kubeconfig Secrets.
 func NewWorkloadSessions(c kubeclient.Clients, secrets kubernetes.Interface, opts ReapOptions, qps float32, burst int,
 	metrics *clusters.Metrics, log *slog.Logger) (*WorkloadSessions, error) {
-	w := &WorkloadSessions{}
+	w := &WorkloadSessions{Management: secrets}
 	set, err := clusters.New(clusters.Options{Management: c, Secrets: secrets, Recheck: opts.KubeconfigRecheck,
 		QPS: qps, Burst: burst, Log: log, Metrics: metrics, Start: w.start, Stopped: w.stop, Changed: w.change})
 	if err != nil {
