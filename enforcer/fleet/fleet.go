@@ -410,7 +410,7 @@ func (r *Reconciler) guard(ctx context.Context, key string, w *watch, ca []byte,
 			}
 			return
 		}
-		applied, have, w.written, w.wroteWanted = true, stored, stored.GetResourceVersion(), want.Object
+		applied, w.written, w.wroteWanted = true, stored.GetResourceVersion(), want.Object
 		what := "installed"
 		switch {
 		case replaced:
@@ -420,7 +420,9 @@ func (r *Reconciler) guard(ctx context.Context, key string, w *watch, ca []byte,
 		}
 		r.opts.Log.Info("fleet: nodeguard's configuration "+what, "cluster", key)
 	}
-	st.Wired, st.CACurrent = true, trusts(have, ca)
+	// The stored configuration holds want (it did, or the write made it),
+	// and want carries ca.
+	st.Wired, st.CACurrent = true, true
 	due := applied || !before.Guarded || time.Since(before.LastProof) >= r.opts.ProofInterval
 	if !due {
 		st.Guarded, st.Reason, st.Message = true, "", ""

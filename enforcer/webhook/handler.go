@@ -165,7 +165,8 @@ func nodeModel(opts Options) *linkmodel.Model {
 // all of them); a dry run's answer carries proof.
 func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluster, proof string) {
 	start := time.Now()
-	review, release, herr := h.read(w, r, h.clientCAs(route))
+	clients := h.clientCAs(route)
+	review, release, herr := h.read(w, r, clients)
 	if herr != nil {
 		h.reject(w, herr, route, cluster, start)
 		return
@@ -205,7 +206,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)
 	// A dry run must have no side effects (the webhook says NoneOnDryRun).
-	authenticated := h.clientCAs(route) != nil // intake refused any other caller
+	authenticated := clients != nil // intake refused any other caller
 	if !d.Allowed && !dryRun && h.opts.Denied != nil && isNodeDelete(req) && (route == RouteSelf || authenticated) {
 		where := cluster // the workload cluster the Node lives in; /validate's is this one
 		if route == RouteSelf {
