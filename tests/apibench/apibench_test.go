@@ -9,7 +9,6 @@
 package apibench
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -42,6 +41,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
+	"github.com/nodeguard/nodeguard/internal/procstatus"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -508,17 +508,7 @@ func freeAddr(b *testing.B) string {
 
 // rssMiB reads a process's resident set size from /proc.
 func rssMiB(b *testing.B, pid int) float64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	kb, err := procstatus.KiB(pid, "VmRSS")
 	require.NoError(b, err)
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if rest, ok := strings.CutPrefix(s.Text(), "VmRSS:"); ok {
-			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
-			require.NoError(b, err)
-			return float64(kb) / 1024
-		}
-	}
-	b.Fatalf("no VmRSS in /proc/%d/status", pid)
-	return 0
+	return float64(kb) / 1024
 }

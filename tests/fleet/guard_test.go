@@ -28,6 +28,7 @@ import (
 	ngfleet "github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
+	"github.com/nodeguard/nodeguard/internal/procstatus"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -289,7 +290,7 @@ func BenchmarkFleetGuard(b *testing.B) {
 		b.ReportMetric(other, "req/cluster/min-besides-proofs")
 		b.Logf("proof interval %s; %d clusters: all guarded and proven %s after a cold start (%s CPU); nothing changing: %s CPU/min, %.3f requests/cluster/min besides the proofs (%d proofs in the %s window), heap %.0f MiB (simulated servers included), RSS %.0f MiB",
 			*guardProofFlag, n, took.Round(100*time.Millisecond), coldCPU.Round(10*time.Millisecond), time.Duration(float64(idleCPU)*perMin).Round(10*time.Millisecond),
-			other, proofs1-proofs0, *guardWindowFlag, float64(heapGuarded)/(1<<20), rssMiB())
+			other, proofs1-proofs0, *guardWindowFlag, float64(heapGuarded)/(1<<20), rssMiB(b))
 		cancel()
 	}
 }
@@ -320,15 +321,8 @@ func TestSmallFleetIsGuarded(t *testing.T) {
 }
 
 // rssMiB is the process's resident set.
-func rssMiB() float64 {
-	b, err := os.ReadFile("/proc/self/statm")
-	if err != nil {
-		return 0
-	}
-	fields := strings.Fields(string(b))
-	if len(fields) < 2 {
-		return 0
-	}
-	pages, _ := strconv.ParseFloat(fields[1], 64)
-	return pages * float64(os.Getpagesize()) / (1 << 20)
+func rssMiB(t testing.TB) float64 {
+	kb, err := procstatus.KiB(os.Getpid(), "VmRSS")
+	require.NoError(t, err)
+	return float64(kb) / 1024
 }
