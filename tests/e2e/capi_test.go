@@ -306,7 +306,7 @@ func TestCAPIManagementAndWorkloadClusters(t *testing.T) {
 	c := startCAPI(t, mgmtEnv, workloadEnv)
 	clients, err := kubeclient.FromConfig(localcluster.Config(mgmtEnv))
 	require.NoError(t, err)
-	serveFleet(t, clients, serve.FleetOptions{})
+	serveFleet(t, clients, testpki.New(t), serve.Options{})
 	require.EventuallyWithT(t, func(col *assert.CollectT) {
 		states, err := fleet.List(context.Background(), clients, "default")
 		require.NoError(col, err)

@@ -8,7 +8,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -73,8 +72,8 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 	path := startRelay(t, listen)
 	clients, err := kubeclient.FromConfig(mgmt)
 	require.NoError(t, err)
-	serveFleetAt(t, clients, listen, certFile, keyFile, clientCA.CAFile(t), serve.FleetOptions{URL: "https://" + path.addr,
-		CAFiles: []string{servingCA, nextCA}, CARetention: 3 * time.Second})
+	serveFleet(t, clients, ca, serve.Options{Listen: listen, CertFile: certFile, KeyFile: keyFile, ClusterRoutesClientCAFile: clientCA.CAFile(t),
+		Fleet: serve.FleetOptions{URL: "https://" + path.addr, CAFiles: []string{servingCA, nextCA}, CARetention: 3 * time.Second}})
 
 	// Cluster dev's Machine lives in the management cluster, its Node in w1.
 	workloadMachine(t, dyn, mgmtKube, kube1, "md-0-a")
@@ -305,33 +304,24 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 	})
 }
 
-// serveFleet runs `nodeguard serve --fleet` over the management cluster of
-// clients, with a certificate of its own CA, its status in namespace
+// serveFleet runs `nodeguard serve --fleet` (serveWith) over the
+// management cluster of clients, on a free port with a certificate of ca
+// unless opts name a port and serving files, its status in namespace
 // default, proofs every fleetProof and kubeconfig Secrets read again every
 // 2 s (a rotation shows at once).
-func serveFleet(t *testing.T, clients kubeclient.Clients, f serve.FleetOptions) {
-	t.Helper()
-	ca := testpki.New(t)
-	certFile, keyFile := ca.ServerFiles(t, "nodeguard")
-	listen := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	f.URL, f.CAFiles = "https://"+listen, []string{ca.CAFile(t)}
-	serveFleetAt(t, clients, listen, certFile, keyFile, "", f)
-}
-
-// serveFleetAt is serveFleet on listen with the given serving files and,
-// when set, the CA whose client certificates the review routes require.
-func serveFleetAt(t *testing.T, clients kubeclient.Clients, listen, certFile, keyFile, clientCAFile string, f serve.FleetOptions) {
+func serveFleet(t *testing.T, clients kubeclient.Clients, ca *testpki.CA, opts serve.Options) {
 	t.Helper()
 	t.Setenv("POD_NAMESPACE", "default")
-	f.Enabled = true
-	if f.ProofInterval == 0 {
-		f.ProofInterval = fleetProof
+	if opts.Listen == "" {
+		opts.Listen = "127.0.0.1:" + strconv.Itoa(freePort(t))
+		opts.Fleet.URL, opts.Fleet.CAFiles = "https://"+opts.Listen, []string{ca.CAFile(t)}
 	}
-	_, stop, err := localcluster.Serve(context.Background(), clients, serve.Options{Listen: listen, CertFile: certFile, KeyFile: keyFile, ClusterRoutesClientCAFile: clientCAFile,
-		Orphans: serve.ReapOptions{KubeconfigRecheck: 2 * time.Second}, Fleet: f},
-		slog.New(slog.NewJSONHandler(os.Stderr, nil)))
-	require.NoError(t, err)
-	t.Cleanup(stop)
+	opts.Fleet.Enabled = true
+	if opts.Fleet.ProofInterval == 0 {
+		opts.Fleet.ProofInterval = fleetProof
+	}
+	opts.Orphans.KubeconfigRecheck = 2 * time.Second
+	serveWith(t, clients, ca, opts)
 }
 
 // servedSerial is the serial of the certificate served at addr.

@@ -48,11 +48,14 @@ func nodeguardReaping(t *testing.T, cfg *rest.Config, reap serve.ReapOptions) ru
 	return nodeguardWith(t, cfg, serve.Options{Orphans: reap})
 }
 
-// serveWith runs `nodeguard serve` with opts (certificate from ca) and
-// returns its URL and a function that stops it (also run at cleanup).
+// serveWith runs `nodeguard serve` with opts (a certificate from ca unless
+// opts name one) and returns its URL and a function that stops it (also run
+// at cleanup).
 func serveWith(t *testing.T, clients kubeclient.Clients, ca *testpki.CA, opts serve.Options) (string, func()) {
 	t.Helper()
-	opts.CertFile, opts.KeyFile = ca.ServerFiles(t, "nodeguard")
+	if opts.CertFile == "" {
+		opts.CertFile, opts.KeyFile = ca.ServerFiles(t, "nodeguard")
+	}
 	url, stop, err := localcluster.Serve(context.Background(), clients, opts, slog.New(slog.NewJSONHandler(os.Stderr, nil)))
 	require.NoError(t, err)
 	t.Cleanup(stop)
