@@ -36,6 +36,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
@@ -53,6 +54,10 @@ type Cluster struct {
 	// times faster than as JSON); Dynamic reads and deletes as JSON.
 	Kube    kubernetes.Interface
 	Dynamic dynamic.Interface
+	// Identity, when the Set installs one (Options.Identity), is
+	// nodeguard's own ServiceAccount there, which Config authenticates as;
+	// a part refused as unauthorized or forbidden has it Repair.
+	Identity *identity.Session
 }
 
 // Options configure a Set.
@@ -79,6 +84,11 @@ type Options struct {
 	// stops.
 	Changed func(key string)
 	Log     *slog.Logger
+	// Identity, when set, has each session run as nodeguard's own
+	// ServiceAccount in the workload cluster (package identity), installed
+	// with the kubeconfig's credentials when the session starts; a cluster
+	// where that fails has no session, and the failure is retried.
+	Identity *identity.Options
 	// Metrics, when set, counts failures by cluster.
 	Metrics *Metrics
 }
@@ -122,6 +132,9 @@ func (m Meta) equal(o Meta) bool {
 }
 
 type session struct {
+	// source is the kubeconfig's Cluster the session was started from,
+	// cluster what it runs with (source, or nodeguard's identity there).
+	source  *Cluster
 	cluster *Cluster
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -389,12 +402,37 @@ func (s *Set) reconcile(ctx context.Context, key string) error {
 	s.mu.Lock()
 	current, running := s.sessions[key]
 	s.mu.Unlock()
-	if running && current.cluster == c {
+	if running && current.source == c {
 		return nil
 	}
 	s.stop(key)
-	s.start(ctx, c)
+	run := c
+	if s.opts.Identity != nil {
+		if run, err = s.identity(ctx, c); err != nil {
+			return err
+		}
+	}
+	s.start(ctx, c, run)
 	return nil
+}
+
+// identity installs nodeguard's ServiceAccount in c's cluster and returns
+// the clients that authenticate as it.
+func (s *Set) identity(ctx context.Context, c *Cluster) (*Cluster, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	opts := *s.opts.Identity
+	opts.Log = s.opts.Log.With("cluster", c.Key)
+	id, err := identity.Ensure(ctx, c.Config, opts)
+	if err != nil {
+		return nil, fmt.Errorf("workload cluster %s: nodeguard's own identity: %w", c.Key, err)
+	}
+	run, err := s.build(c.Key, id.Config)
+	if err != nil {
+		return nil, err
+	}
+	run.Identity = id
+	return run, nil
 }
 
 // build makes a Cluster's clients from its kubeconfig.
@@ -411,14 +449,14 @@ func (s *Set) build(key string, cfg *rest.Config) (*Cluster, error) {
 	return &Cluster{Key: key, Config: clients.Config, Kube: kube, Dynamic: clients.Dynamic}, nil
 }
 
-func (s *Set) start(ctx context.Context, c *Cluster) {
+func (s *Set) start(ctx context.Context, source, c *Cluster) {
 	ctx, cancel := context.WithCancel(ctx)
-	ss := &session{cluster: c, cancel: cancel, done: make(chan struct{})}
+	ss := &session{source: source, cluster: c, cancel: cancel, done: make(chan struct{})}
 	s.mu.Lock()
 	s.sessions[c.Key] = ss
 	s.mu.Unlock()
 	s.opts.Metrics.running(c.Key, true)
-	s.opts.Log.Info("workload cluster: session started", "cluster", c.Key, "server", c.Config.Host)
+	s.opts.Log.Info("workload cluster: session started", "cluster", c.Key, "server", c.Config.Host, "ownIdentity", c.Identity != nil)
 	go func() {
 		defer close(ss.done)
 		s.opts.Start(ctx, c)

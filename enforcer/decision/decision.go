@@ -66,6 +66,7 @@ const (
 	ReasonFreshReadFailed = "fresh-read-failed" // denied: the API server did not answer in time
 	ReasonError           = "error"             // denied: no decision could be made
 	ReasonBusy            = "busy"              // denied: no decision slot within the deadline
+	ReasonDryRunOnly      = "dry-run-only"      // denied: nodeguard's own workload identity may only dry-run a Node delete
 	ReasonBadRequest      = "bad-request"       // no decision: answered with an HTTP error
 )
 

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -111,6 +112,11 @@ type watch struct {
 	kube   kubernetes.Interface // collects warnings per request (proofs)
 	store  cache.Store
 	synced func() bool
+	// user is who the session's credentials are there (asked once, by the
+	// first proof: one worker has a key at a time); repair, when set,
+	// installs nodeguard's own identity again after a refusal.
+	user   string
+	repair func(context.Context) error
 	// written is the resourceVersion of the configuration as nodeguard last
 	// wrote it, and wrote what it wrote then: an object that differs from
 	// that same want at that very version was changed by the API server
@@ -206,6 +212,9 @@ func (r *Reconciler) Session(ctx context.Context, c *clusters.Cluster) {
 	// reconcile reports it, this only keeps the log quiet.
 	_ = informer.SetWatchErrorHandlerWithContext(func(context.Context, *cache.Reflector, error) {})
 	w := &watch{dyn: c.Dynamic, kube: kube, store: informer.GetStore(), synced: informer.HasSynced}
+	if c.Identity != nil {
+		w.repair = c.Identity.Repair
+	}
 	r.mu.Lock()
 	r.watches[c.Key] = w
 	r.mu.Unlock()
@@ -307,6 +316,9 @@ func (r *Reconciler) reconcile(ctx context.Context, key string) (State, bool) {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.ProofTimeout)
 	defer cancel()
 	st := State{Cluster: key, Mode: meta.Annotations[ModeAnnotation], LastProof: before.LastProof}
+	if w != nil {
+		st.Identity = w.user
+	}
 	if st.Mode == "" {
 		st.Mode = ModeWebhook
 	}
@@ -403,7 +415,7 @@ func (r *Reconciler) guard(ctx context.Context, key string, w *watch, ca []byte,
 		}
 		stored, replaced, err := owned.Restore(ctx, w.dyn, want, "webhooks")
 		if err != nil {
-			st.Reason, st.Message = failure(err, ReasonNotInstalled), err.Error()
+			st.Reason, st.Message = failure(err, ReasonNotInstalled), err.Error()+r.repaired(ctx, key, w, err)
 			st.CACurrent = have != nil && trusts(have, ca)
 			if !st.CACurrent && have != nil && st.Reason == ReasonNotInstalled {
 				st.Reason = ReasonStaleCABundle
@@ -458,7 +470,7 @@ func trusts(have *unstructured.Unstructured, ca []byte) bool {
 func (r *Reconciler) prove(ctx context.Context, key string, w *watch, st *State) {
 	nodes, err := w.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1})
 	if err != nil {
-		st.Reason, st.Message = failure(err, ReasonUnreachable), "list Nodes: "+err.Error()
+		st.Reason, st.Message = failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, w, err)
 		return
 	}
 	if len(nodes.Items) == 0 {
@@ -466,6 +478,10 @@ func (r *Reconciler) prove(ctx context.Context, key string, w *watch, st *State)
 		return
 	}
 	node := nodes.Items[0]
+	if w.user == "" {
+		w.user = whoAmI(ctx, w.kube)
+		st.Identity = w.user
+	}
 	var warnings []string
 	pctx := withWarnings(ctx, &warnings)
 	uid := node.UID
@@ -489,6 +505,33 @@ func (r *Reconciler) prove(ctx context.Context, key string, w *watch, st *State)
 	default:
 		st.Reason, st.Message = failure(err, ReasonReviewNotReceived), fmt.Sprintf("dry-run delete of Node %s: %v", node.Name, err)
 	}
+}
+
+// repaired installs nodeguard's identity again when err is a refusal of
+// it (someone deleted its ServiceAccount or bindings): the next reconcile
+// (soon: the cluster is unguarded) runs with it. It says what it did.
+func (r *Reconciler) repaired(ctx context.Context, key string, w *watch, err error) string {
+	if w.repair == nil || !(apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)) || isWebhookCallFailure(err) {
+		return ""
+	}
+	if rerr := w.repair(ctx); rerr != nil {
+		r.opts.Log.Error("fleet: cannot install nodeguard's identity again", "cluster", key, "error", rerr.Error())
+		return "; installing nodeguard's identity again failed: " + rerr.Error()
+	}
+	r.opts.Log.Info("fleet: nodeguard's identity was refused; installed it again", "cluster", key, "error", err.Error())
+	return "; nodeguard's identity was refused and is installed again"
+}
+
+// whoAmI is the user the API server sees kube's credentials as ("" when
+// it cannot say).
+func whoAmI(ctx context.Context, kube kubernetes.Interface) string {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	r, err := kube.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		return ""
+	}
+	return r.Status.UserInfo.Username
 }
 
 // failure is the reason for an error talking to a workload API server:

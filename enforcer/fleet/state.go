@@ -65,6 +65,9 @@ type State struct {
 	CACurrent bool   `json:"caCurrent"`
 	Reason    string `json:"reason,omitempty"`
 	Message   string `json:"message,omitempty"`
+	// Identity is the user nodeguard writes and proves as there, as the
+	// workload API server names it (a SelfSubjectReview).
+	Identity string `json:"identity,omitempty"`
 	// LastProof is when a dry-run Node delete last reached the route.
 	LastProof time.Time `json:"lastProof,omitzero"`
 	// Since is when Guarded and Reason took their values.

@@ -79,6 +79,11 @@ type Options struct {
 	Log *slog.Logger
 	// Metrics, when set, exports the gauge and the counter.
 	Metrics *Metrics
+	// Permitted, when set, is asked right before every delete, in any
+	// cluster: an error (the operator's switch is off) leaves the Node,
+	// and the sighting is tried again later. It is what makes one object
+	// stop every Node delete at once (serve: SwitchPermits).
+	Permitted func(ctx context.Context) error
 }
 
 // Reaper remembers, per Node, when it first saw it an orphan.
@@ -265,6 +270,11 @@ func (r *Reaper) act(ctx context.Context, t Target, seen orphans.Verdict) (Outco
 	if r.opts.DryRun {
 		log.Info("dry run: would delete orphan node", attrs...)
 		return WouldDelete, nil
+	}
+	if r.opts.Permitted != nil {
+		if err := r.opts.Permitted(ctx); err != nil {
+			return Failed, fmt.Errorf("not deleting orphan Node %q: %w", v.Node, err)
+		}
 	}
 	if err := orphans.DeleteNode(ctx, t.Nodes, v); err != nil {
 		// A precondition failure (re-registered, changed) or a denial by

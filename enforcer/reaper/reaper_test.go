@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -401,4 +403,43 @@ func TestNotTheLeaderOnlyObserves(t *testing.T) {
 	assert.Equal(t, Observed, outcome)
 	assert.True(t, next.IsZero(), "judged again when leadership comes (orphanscan), not polled")
 	assert.False(t, f.reaper.Leading())
+}
+
+// The switch (Options.Permitted) is asked right before each delete: off, no
+// Node goes and the sighting stays, so turning it on again deletes at the
+// next pass without waiting a new grace.
+func TestNeverDeletesWhileTheSwitchIsOff(t *testing.T) {
+	var on atomic.Bool
+	f := newFixture(t, Options{Delete: true, IsLeader: leader, Permitted: func(context.Context) error {
+		if on.Load() {
+			return nil
+		}
+		return errors.New("switch off")
+	}})
+	observe := func() (errs []error) {
+		ctx := context.Background()
+		list, err := f.client.Resource(orphans.NodeGVR).List(ctx, metav1.ListOptions{})
+		require.NoError(t, err)
+		nodes := make([]*unstructured.Unstructured, len(list.Items))
+		for i := range list.Items {
+			nodes[i] = &list.Items[i]
+		}
+		verdicts, err := f.finder.Scan(ctx, nodes, "", f.clock.Now())
+		require.NoError(t, err)
+		for _, v := range verdicts {
+			if _, _, err := f.reaper.Observe(ctx, f.target(), v, f.clock.Now()); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		return errs
+	}
+	assert.Empty(t, observe())
+	f.clock.Step(5 * time.Minute)
+	errs := observe()
+	require.Len(t, errs, 1)
+	assert.ErrorContains(t, errs[0], `not deleting orphan Node "dev-md-0-left": switch off`)
+	assert.Empty(t, f.deleted())
+	on.Store(true)
+	assert.Empty(t, observe())
+	assert.Equal(t, []string{"dev-md-0-left"}, f.deleted())
 }

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -162,6 +165,7 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 			return nil, err
 		}
 		self.Recorder = recorder(ctx, mgmt)
+		ropts.Permitted = SwitchPermits(mgmt)
 	}
 	r, err := reaper.New(ropts)
 	if err != nil {
@@ -195,7 +199,7 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 	if opts.WorkloadClusters {
 		sessions := o.Sessions
 		if sessions == nil {
-			if own, err = NewWorkloadSessions(c, mgmt, opts, o.QPS, o.Burst, m.Clusters, log); err != nil {
+			if own, err = NewWorkloadSessions(c, mgmt, opts, false, o.QPS, o.Burst, m.Clusters, log); err != nil {
 				return nil, err
 			}
 			sessions = own
@@ -305,6 +309,27 @@ func (w *watchErrors) report(ctx context.Context, cluster string, err error) {
 
 // recorder records Events through the events.k8s.io API of one cluster
 // until ctx is done.
+// SwitchPermits is the one switch over every Node delete nodeguard makes:
+// before each, in the management cluster or any workload cluster, it asks
+// the management API server whether nodeguard may delete Nodes there,
+// which only the reaper's ClusterRoleBinding (nodeguard-orphan-reaper)
+// grants. Delete that binding and the next delete anywhere is refused.
+func SwitchPermits(mgmt kubernetes.Interface) func(context.Context) error {
+	return func(ctx context.Context) error {
+		review, err := mgmt.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "delete", Resource: "nodes"}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("ask the management cluster whether nodeguard may delete Nodes: %w", err)
+		}
+		if !review.Status.Allowed {
+			return errors.New("the management cluster no longer lets nodeguard delete Nodes (the reaper's ClusterRoleBinding " +
+				"nodeguard-orphan-reaper is gone): nodeguard deletes no Node in any cluster")
+		}
+		return nil
+	}
+}
+
 func recorder(ctx context.Context, client kubernetes.Interface) events.EventRecorder {
 	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
 	_ = b.StartRecordingToSinkWithContext(ctx) // errors only when started twice

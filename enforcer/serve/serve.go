@@ -21,6 +21,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
+	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -253,7 +254,7 @@ func workloadSessions(c kubeclient.Clients, opts Options, metrics *Metrics, log 
 	if err != nil {
 		return nil, fmt.Errorf("create client: %w", err)
 	}
-	return NewWorkloadSessions(c, secrets, opts.Orphans, c.Config.QPS, c.Config.Burst, metrics.Orphans.Clusters, log)
+	return NewWorkloadSessions(c, secrets, opts.Orphans, opts.Fleet.Enabled, c.Config.QPS, c.Config.Burst, metrics.Orphans.Clusters, log)
 }
 
 // routes are the review port's: the webhook's review routes and, with a
@@ -290,7 +291,7 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics
 	// prefix there.
 	mux := http.NewServeMux()
 	reviews := webhook.New(webhook.Options{Decider: e.Guard, ClusterExists: clusterExists, ClientCAs: reviewCAs, ClusterClientCAs: clusterCAs, SelfCluster: opts.SelfCluster,
-		Intake: in, Metrics: metrics.Webhook, Log: log, Denied: denied})
+		DryRunOnlyUser: dryRunOnly(opts), Intake: in, Metrics: metrics.Webhook, Log: log, Denied: denied})
 	mux.Handle(webhook.RouteSelf, reviews)
 	mux.Handle(webhook.RouteSelf+"/", reviews)
 	if opts.ExternalDataClientCAFile == "" {
@@ -377,4 +378,14 @@ func (s sideServer) start(ctx context.Context, log *slog.Logger, listening func(
 		listening(s.name, l.Addr())
 	}
 	return nil
+}
+
+// dryRunOnly is the user whose real Node deletes the cluster routes deny:
+// nodeguard's own identity in workload clusters, unless its reaper works
+// there.
+func dryRunOnly(opts Options) string {
+	if opts.Orphans.Enabled && opts.Orphans.WorkloadClusters && !opts.Orphans.DryRun {
+		return ""
+	}
+	return identity.Username
 }

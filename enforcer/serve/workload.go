@@ -8,7 +8,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // WorkloadSessions is the one set of workload-cluster sessions serve runs:
@@ -28,11 +30,17 @@ type WorkloadSessions struct {
 }
 
 // NewWorkloadSessions watches the Clusters of c; Secrets reads their
-// kubeconfig Secrets.
-func NewWorkloadSessions(c kubeclient.Clients, secrets kubernetes.Interface, opts ReapOptions, qps float32, burst int,
+// kubeconfig Secrets. Every session runs as nodeguard's own ServiceAccount
+// in its cluster (package identity), allowed Node deletes when fleet
+// (its proofs are dry-run deletes) or the reaper needs them.
+func NewWorkloadSessions(c kubeclient.Clients, secrets kubernetes.Interface, opts ReapOptions, fleet bool, qps float32, burst int,
 	metrics *clusters.Metrics, log *slog.Logger) (*WorkloadSessions, error) {
 	w := &WorkloadSessions{Management: secrets}
-	set, err := clusters.New(clusters.Options{Management: c, Secrets: secrets, Recheck: opts.KubeconfigRecheck,
+	id := &identity.Options{Delete: fleet || opts.Enabled}
+	if fleet {
+		id.Owns = webhookconfig.Rules()
+	}
+	set, err := clusters.New(clusters.Options{Management: c, Secrets: secrets, Recheck: opts.KubeconfigRecheck, Identity: id,
 		QPS: qps, Burst: burst, Log: log, Metrics: metrics, Start: w.start, Stopped: w.stop, Changed: w.change})
 	if err != nil {
 		return nil, err

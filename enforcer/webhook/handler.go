@@ -100,6 +100,11 @@ type Options struct {
 	// Machines, as its cluster route is: for a management cluster that is
 	// itself a CAPI Cluster, whose Node names other clusters reuse.
 	SelfCluster string
+	// DryRunOnlyUser, when set, may only dry-run Node deletes on a cluster
+	// route: nodeguard's own identity in workload clusters while the
+	// reaper is off there. RBAC cannot grant a dry-run delete without the
+	// delete (the fleet's proofs are dry runs), so the webhook holds it.
+	DryRunOnlyUser string
 	// Denied, when set, is told of each denied Node delete that is not a
 	// dry run, after its answer is written. It must not block: a
 	// denialevents.Recorder's Record only queues. A cluster route's denial
@@ -177,8 +182,15 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 		h.reject(w, herr, route, cluster, start)
 		return
 	}
-	d := h.decide(r.Context(), req, review.Request.UserInfo.Groups.digest())
 	dryRun := review.Request.DryRun != nil && *review.Request.DryRun
+	var d decision.Decision
+	if route == RouteCluster && !dryRun && h.opts.DryRunOnlyUser != "" && req.UserInfo.Username == h.opts.DryRunOnlyUser && isNodeDelete(req) {
+		d = decision.Deny(decision.ReasonDryRunOnly, fmt.Sprintf("Node %q cannot be deleted by %s: nodeguard's own identity "+
+			"deletes workload Nodes only when its orphan reaper works there (--reap-orphan-nodes with --orphan-workload-clusters); "+
+			"it may dry-run deletes, which prove the cluster guarded.", req.Name, req.UserInfo.Username))
+	} else {
+		d = h.decide(r.Context(), req, review.Request.UserInfo.Groups.digest())
+	}
 	warnings := d.Warnings
 	if dryRun {
 		// The fleet's proof that this cluster's reviews arrive, on any

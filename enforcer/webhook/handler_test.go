@@ -479,6 +479,37 @@ func TestDryRunAnswerNamesTheRoute(t *testing.T) {
 	}
 }
 
+// nodeguard's own workload identity may dry-run a Node delete on a cluster
+// route (the fleet's proofs) but not delete: RBAC cannot tell the two
+// apart. Others, and /validate, are judged as ever.
+func TestDryRunOnlyUserMayNotDelete(t *testing.T) {
+	g, _, nodes := example(t)
+	s := serve(t, webhook.New(webhook.Options{Decider: g, DryRunOnlyUser: "system:serviceaccount:nodeguard-system:nodeguard"}), tlsserver.Options{}, nil)
+	bare := nodes[linkedNode].DeepCopy()
+	bare.SetAnnotations(nil)
+	bare.SetName("unlinked")
+	require.NoError(t, unstructured.SetNestedField(bare.Object, "docker:////unlinked", "spec", "providerID"))
+	as := func(user string, dryRun bool) []byte {
+		body := bytes.Replace(review(admissionv1.Delete, "Node", bare.Object), []byte(`"username":"alice"`), []byte(`"username":"`+user+`"`), 1)
+		if dryRun {
+			body = bytes.Replace(body, []byte(`"request":{`), []byte(`"request":{"dryRun":true,`), 1)
+		}
+		return body
+	}
+	const route = "/validate/clusters/default/dev"
+	self := "system:serviceaccount:nodeguard-system:nodeguard"
+	_, _, out := s.post(t, route, "application/json", as(self, false))
+	require.False(t, out.Response.Allowed)
+	assert.Contains(t, out.Response.Result.Message, "nodeguard's own identity deletes workload Nodes only when its orphan reaper works there")
+	assert.EqualValues(t, http.StatusForbidden, out.Response.Result.Code)
+	_, _, out = s.post(t, route, "application/json", as(self, true))
+	assert.True(t, out.Response.Allowed, "its dry run is judged: the Node links nothing")
+	_, _, out = s.post(t, route, "application/json", as("alice", false))
+	assert.True(t, out.Response.Allowed, "another user's delete is judged")
+	_, _, out = s.post(t, "/validate", "application/json", as(self, false))
+	assert.True(t, out.Response.Allowed, "/validate is the management cluster's, where that name is not nodeguard's workload identity")
+}
+
 // --self-cluster scopes /validate as a cluster route is scoped: a Node of
 // another Cluster is misrouted there, one of its own judged by its Machines.
 func TestSelfClusterScopesTheSelfRoute(t *testing.T) {

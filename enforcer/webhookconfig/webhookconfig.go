@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
@@ -39,6 +40,18 @@ const (
 	// TimeoutSeconds leaves the server's 4s request deadline room to answer.
 	TimeoutSeconds = 5
 )
+
+// Rules are the RBAC rules for keeping the configuration named Name: to
+// an identity of nodeguard's in a workload cluster (package identity).
+// Create cannot be limited to a name (RBAC does not know it before), so
+// that identity can create any configuration; everything else only Name.
+func Rules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{GVR.Group}, Resources: []string{GVR.Resource}, Verbs: []string{"create"}},
+		{APIGroups: []string{GVR.Group}, Resources: []string{GVR.Resource}, ResourceNames: []string{Name},
+			Verbs: []string{"get", "list", "watch", "patch", "update", "delete"}},
+	}
+}
 
 // Options say where the webhook is and which Machines count.
 type Options struct {

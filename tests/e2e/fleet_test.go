@@ -19,16 +19,19 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
+	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -119,6 +122,37 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 	}
 	t.Run("a linked Node's delete is denied in its workload cluster", func(t *testing.T) {
 		denied(t, kube1, "md-0-a", "DockerMachine default/md-0-a")
+	})
+
+	t.Run("nodeguard works there as its own ServiceAccount, which may only dry-run deletes", func(t *testing.T) {
+		for _, key := range []string{"default/dev", "default/two"} {
+			assert.Equal(t, identity.Username, states(t)[key].Identity, key)
+		}
+		ttl := int64(600)
+		tok, err := kube1.CoreV1().ServiceAccounts(identity.Namespace).CreateToken(ctx, identity.Name,
+			&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &ttl}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		cfg := rest.AnonymousClientConfig(w1)
+		cfg.BearerToken = tok.Status.Token
+		self, err := kubernetes.NewForConfig(cfg)
+		require.NoError(t, err)
+		_, err = self.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+		assert.True(t, apierrors.IsForbidden(err), "it reads no Secrets: %v", err)
+		assert.NoError(t, self.CoreV1().Nodes().Delete(ctx, "free", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}), "a dry run is allowed")
+		err = self.CoreV1().Nodes().Delete(ctx, "free", metav1.DeleteOptions{})
+		require.Error(t, err, "a real delete is not: the reaper is off")
+		assert.Contains(t, err.Error(), "nodeguard's own identity deletes workload Nodes only when its orphan reaper works there")
+
+		// Its ClusterRoleBinding deleted: the next proof is refused, and
+		// the identity is installed again with the kubeconfig.
+		rbac := kube1.RbacV1().ClusterRoleBindings()
+		require.NoError(t, rbac.Delete(ctx, identity.Name, metav1.DeleteOptions{}))
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			_, err := rbac.Get(ctx, identity.Name, metav1.GetOptions{})
+			assert.NoError(c, err)
+		}, 4*fleetProof, 100*time.Millisecond, "installed again within a proof period or two")
+		require.EventuallyWithT(t, func(c *assert.CollectT) { assert.True(c, states(c)["default/dev"].Guarded) },
+			4*fleetProof, 100*time.Millisecond)
 	})
 
 	t.Run("a deleted configuration is restored and the delete still denied", func(t *testing.T) {
