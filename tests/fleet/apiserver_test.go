@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -16,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/nodeguard/nodeguard/enforcer/identity"
 )
 
 // nodeServer is a simulated workload API server: it serves one cluster's
@@ -31,7 +34,7 @@ type nodeServer struct {
 	// collection counts in the CPU measured).
 	encoded [][]byte
 
-	requests map[string]*atomic.Int64 // list, watch, get, other
+	requests map[string]*atomic.Int64 // list, watch, get, identity, other
 
 	mu       sync.Mutex
 	watchers map[chan []byte]bool
@@ -51,7 +54,7 @@ var (
 
 func newNodeServer(nodes func(yield func(*corev1.Node) bool)) *nodeServer {
 	s := &nodeServer{requests: map[string]*atomic.Int64{}, watchers: map[chan []byte]bool{}}
-	for _, k := range []string{"list", "watch", "get", "other"} {
+	for _, k := range []string{"list", "watch", "get", "identity", "other"} {
 		s.requests[k] = &atomic.Int64{}
 	}
 	for n := range nodes {
@@ -102,6 +105,8 @@ func (s *nodeServer) serve(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		http.Error(w, "not found", http.StatusNotFound)
+	case serveIdentity(w, r, "workload"):
+		s.requests["identity"].Add(1)
 	default:
 		s.requests["other"].Add(1)
 		http.Error(w, "not served here", http.StatusNotFound)
@@ -193,4 +198,30 @@ func (s *nodeServer) watching() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.watchers)
+}
+
+// serveIdentity answers what nodeguard asks a workload API server to work
+// there as its own ServiceAccount (package identity): the applies of its
+// objects (echoed as sent), a TokenRequest and a SelfSubjectReview. It
+// reports whether the request was one of those.
+func serveIdentity(w http.ResponseWriter, r *http.Request, cluster string) bool {
+	switch {
+	case r.Method == http.MethodPatch && !strings.HasPrefix(r.URL.Path, "/api/v1/nodes") && !strings.Contains(r.URL.Path, "webhookconfigurations"):
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return true
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(body)
+	case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/serviceaccounts/nodeguard/token"):
+		writeJSON(w, http.StatusCreated, map[string]any{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+			"status": map[string]any{"token": "token-of-" + cluster, "expirationTimestamp": time.Now().Add(time.Hour).UTC().Format(time.RFC3339)}})
+	case r.Method == http.MethodPost && r.URL.Path == "/apis/authentication.k8s.io/v1/selfsubjectreviews":
+		writeJSON(w, http.StatusCreated, map[string]any{"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+			"status": map[string]any{"userInfo": map[string]any{"username": identity.Username}}})
+	default:
+		return false
+	}
+	return true
 }

@@ -26,8 +26,10 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	ngfleet "github.com/nodeguard/nodeguard/enforcer/fleet"
+	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/procstatus"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -62,7 +64,7 @@ type guardServer struct {
 
 func newGuardServer(cluster string) *guardServer {
 	s := &guardServer{cluster: cluster, requests: map[string]*atomic.Int64{}, watchers: map[chan []byte]bool{}}
-	for _, k := range []string{"vwc-read", "vwc-write", "watch", "proof", "other"} {
+	for _, k := range []string{"vwc-read", "vwc-write", "watch", "proof", "identity", "other"} {
 		s.requests[k] = &atomic.Int64{}
 	}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
@@ -103,6 +105,8 @@ func (s *guardServer) serve(w http.ResponseWriter, r *http.Request) {
 			w.Header().Add("Warning", `299 - "`+webhook.DryRunWarning(s.cluster)+`"`)
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"apiVersion": "v1", "kind": "Status", "status": "Success"})
+	case serveIdentity(w, r, s.cluster):
+		s.requests["identity"].Add(1)
 	default:
 		s.requests["other"].Add(1)
 		http.Error(w, "not served here", http.StatusNotFound)
@@ -237,8 +241,9 @@ func startGuardFleet(t testing.TB, ctx context.Context, n int) *guardFleet {
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	require.NoError(t, os.WriteFile(caFile, testpki.CAPEM(t), 0o600))
 	set, err := clusters.New(clusters.Options{Management: kubeclient.Clients{Dynamic: dyn, Mapper: mapper}, Secrets: secrets,
-		Start:   func(ctx context.Context, c *clusters.Cluster) { f.r.Session(ctx, c) },
-		Changed: func(key string) { f.r.Changed(key) }})
+		Identity: &identity.Options{Delete: true, Owns: webhookconfig.Rules()},
+		Start:    func(ctx context.Context, c *clusters.Cluster) { f.r.Session(ctx, c) },
+		Changed:  func(key string) { f.r.Changed(key) }})
 	require.NoError(t, err)
 	f.r, err = ngfleet.New(ngfleet.Options{Clusters: set, URL: "https://nodeguard.example.com", CAFiles: []string{caFile}, ProofInterval: *guardProofFlag})
 	require.NoError(t, err)
@@ -303,6 +308,9 @@ func TestSmallFleetIsGuarded(t *testing.T) {
 	defer cancel()
 	f := startGuardFleet(t, ctx, 20)
 	require.Eventually(t, func() bool { return f.guarded() == 20 }, time.Minute, 50*time.Millisecond)
+	for _, st := range f.r.States() {
+		assert.Equal(t, identity.Username, st.Identity, "%s: proven as nodeguard's own identity", st.Cluster)
+	}
 	s := f.servers["fleet/prod-0007"]
 	writes := s.requests["vwc-write"].Load()
 	s.mu.Lock()
