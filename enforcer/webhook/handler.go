@@ -186,7 +186,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	var d decision.Decision
 	if route == RouteCluster && !dryRun && h.opts.DryRunOnlyUser != "" && req.UserInfo.Username == h.opts.DryRunOnlyUser && isNodeDelete(req) {
 		d = decision.Deny(decision.ReasonDryRunOnly, fmt.Sprintf("Node %q cannot be deleted by %s: nodeguard's own identity "+
-			"deletes workload Nodes only when its orphan reaper works there (--reap-orphan-nodes with --orphan-workload-clusters); "+
+			"deletes workload Nodes only when its orphan reaper works there (--reap-orphan-nodes with --reap-workload-clusters); "+
 			"it may dry-run deletes, which prove the cluster guarded.", req.Name, req.UserInfo.Username))
 	} else {
 		d = h.decide(r.Context(), req, review.Request.UserInfo.Groups.digest())
