@@ -361,7 +361,9 @@ func (s *Set) work(ctx context.Context) bool {
 		delete(s.failures, key)
 	}
 	s.mu.Unlock()
-	if (before == nil) != (err == nil) {
+	// A different failure is a change too: a missing Secret that appears
+	// pointing at an API server that does not answer, say.
+	if (before == nil) != (err == nil) || (before != nil && err != nil && before.Error() != err.Error()) {
 		s.changed(key)
 	}
 	if err != nil {

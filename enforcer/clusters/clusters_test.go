@@ -29,6 +29,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
+	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
@@ -312,4 +313,36 @@ func TestCacheBuildsOncePerKubeconfig(t *testing.T) {
 	assert.ErrorContains(t, err, `Secret fleet/prod-1-kubeconfig has no key "value"`)
 	_, err = c.Get(ctx, "prod-1")
 	assert.ErrorContains(t, err, "want NAMESPACE/NAME")
+}
+
+// A failure that turns into another is a change its watchers are told of:
+// the fleet reports a Cluster whose Secret was missing as unreachable once
+// the Secret points at an API server that does not answer.
+func TestChangedWhenTheFailureChanges(t *testing.T) {
+	m := newManagement()
+	changed := make(chan string, 100)
+	set, err := clusters.New(clusters.Options{Management: m.clients, Secrets: m.secrets, Recheck: time.Hour,
+		Identity: &identity.Options{}, Start: func(ctx context.Context, _ *clusters.Cluster) { <-ctx.Done() },
+		Changed: func(key string) { changed <- key }})
+	require.NoError(t, err)
+	run(t, set)
+	failure := func() string {
+		if err := set.Failure("fleet/prod-1"); err != nil {
+			return err.Error()
+		}
+		return ""
+	}
+	m.cluster(t, "prod-1")
+	require.Eventually(t, func() bool { return strings.Contains(failure(), "not found") }, 5*time.Second, 10*time.Millisecond)
+	for len(changed) > 0 {
+		<-changed
+	}
+	m.secret(t, "prod-1", kubeconfig(t, closedPort(t)))
+	select {
+	case key := <-changed:
+		assert.Equal(t, "fleet/prod-1", key)
+		assert.Contains(t, failure(), "connection refused")
+	case <-time.After(10 * time.Second):
+		t.Fatalf("not told of the new failure: %s", failure())
+	}
 }

@@ -336,7 +336,9 @@ func (r *Reconciler) reconcile(ctx context.Context, key string) (State, bool) {
 	case w == nil:
 		st.Reason, st.Message = ReasonNoKubeconfig, "no working kubeconfig Secret "+clusters.KubeconfigSecret(key)
 		if err := r.opts.Clusters.Failure(key); err != nil {
-			st.Message = err.Error()
+			// A session starts by installing nodeguard's identity there, so
+			// an API server that does not answer fails it.
+			st.Reason, st.Message = failure(err, ReasonNoKubeconfig), err.Error()
 		}
 	default:
 		r.guard(ctx, key, w, ca, before, &st)
