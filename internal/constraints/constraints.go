@@ -26,6 +26,7 @@ import (
 	"k8s.io/apiextensions-apiserver/pkg/apiserver/schema/pruning"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -195,6 +196,9 @@ func Render(ctx context.Context) (map[string][]byte, error) {
 				return nil, fmt.Errorf("encode %s: %w", name, err)
 			}
 		}
+	}
+	if err := admissionPolicy(out, declared); err != nil {
+		return nil, err
 	}
 	files := make(map[string][]byte, len(out))
 	for name, doc := range out {
@@ -451,4 +455,52 @@ func encode(doc map[string]any) ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// AdmissionPolicyDir holds the ValidatingAdmissionPolicy and binding of mode
+// admission-policy, as the declared parameters' defaults render them (the
+// fleet renders them with the live parameters).
+const AdmissionPolicyDir = "admission-policy"
+
+func admissionPolicy(out map[string]map[string]any, declared map[string]policies.Parameter) error {
+	info, err := admissionpolicy.LoadInfo()
+	if err != nil {
+		return err
+	}
+	users, err := stringsOf(declared, "exemptUsers")
+	if err != nil {
+		return err
+	}
+	groups, err := stringsOf(declared, "exemptGroups")
+	if err != nil {
+		return err
+	}
+	policy, binding, err := admissionpolicy.Build(info, admissionpolicy.Options{ExemptUsers: users, ExemptGroups: groups})
+	if err != nil {
+		return err
+	}
+	for name, doc := range map[string]any{"policy.yaml": policy, "binding.yaml": binding} {
+		if out[path.Join(AdmissionPolicyDir, name)], err = unstructured(doc); err != nil {
+			return fmt.Errorf("encode the admission policy's %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// stringsOf is a declared list parameter's default.
+func stringsOf(declared map[string]policies.Parameter, name string) ([]string, error) {
+	p, ok := declared[name]
+	if !ok {
+		return nil, fmt.Errorf("the rule declares no parameter %s", name)
+	}
+	values, _ := p.Default.([]any)
+	out := make([]string, 0, len(values))
+	for _, v := range values {
+		s, ok := v.(string)
+		if !ok {
+			return nil, fmt.Errorf("parameter %s: default %v is not a list of strings", name, p.Default)
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }

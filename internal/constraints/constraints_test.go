@@ -27,7 +27,8 @@ func TestCommittedManifestsAreGenerated(t *testing.T) {
 	files, err := constraints.Render(context.Background())
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"template.yaml", "constraint.yaml", "syncset.yaml", "config.yaml",
-		"external-data/template.yaml", "external-data/constraint.yaml"}, slices.Collect(maps.Keys(files)))
+		"external-data/template.yaml", "external-data/constraint.yaml",
+		"admission-policy/policy.yaml", "admission-policy/binding.yaml"}, slices.Collect(maps.Keys(files)))
 	for name, want := range files {
 		have, err := os.ReadFile(filepath.Join(constraintsDir, name))
 		require.NoError(t, err)

@@ -41,6 +41,18 @@ func (l Ledger) Render(kind string) ([]byte, error) {
 		"# refuses to change an existing entry: a changed decision needs a new version.\n"), out...), nil
 }
 
+// RenderManifests writes back a ledger whose entries digest generated
+// manifests rather than decision snapshots (the admission policy's).
+func (l Ledger) RenderManifests(kind, dir string) ([]byte, error) {
+	out, err := yaml.Marshal(l)
+	if err != nil {
+		return nil, fmt.Errorf("render the %s ledger: %w", kind, err)
+	}
+	return append([]byte("# One entry per "+kind+" version: the digest of the manifests generated from it\n"+
+		"# ("+dir+"/, as `decisions`). Written by `make generate`, which refuses to change an\n"+
+		"# existing entry: a changed manifest needs a new version.\n"), out...), nil
+}
+
 // Record checks cur against the ledger and returns the ledger with cur in
 // it. The rules (CONTRIBUTING.md): the same version must decide the same;
 // a new version must be higher; changed decisions need at least a minor bump;

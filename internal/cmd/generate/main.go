@@ -10,6 +10,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,7 +19,9 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 
+	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/internal/monitoring"
 	"github.com/nodeguard/nodeguard/internal/policydoc"
@@ -61,6 +64,11 @@ func run(ctx context.Context, root string, check bool) error {
 	for name, b := range docs {
 		files[name] = b
 	}
+	ledger, err := admissionPolicyLedger(root, rendered, check)
+	if err != nil {
+		return err
+	}
+	maps.Copy(files, ledger)
 	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {
 		return fmt.Errorf("read README.md: %w", err)
@@ -176,6 +184,58 @@ func reviewDocs(ctx context.Context, root string, check bool) (map[string][]byte
 		}
 	}
 	return out, nil
+}
+
+// admissionPolicyLedger records the admission policy's version against the
+// digest of its generated manifests: a changed policy or binding needs a new
+// version (and its CHANGELOG section), as a changed decision does.
+func admissionPolicyLedger(root string, rendered map[string][]byte, check bool) (map[string][]byte, error) {
+	info, err := admissionpolicy.LoadInfo()
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join("constraints", constraints.AdmissionPolicyDir)
+	var manifests []string
+	for name := range rendered {
+		if filepath.Dir(name) == constraints.AdmissionPolicyDir {
+			manifests = append(manifests, name)
+		}
+	}
+	sort.Strings(manifests)
+	h := sha256.New()
+	for _, name := range manifests {
+		h.Write([]byte(name + "\n"))
+		h.Write(rendered[name])
+	}
+	path := filepath.Join(dir, "versions.yaml")
+	raw, err := readOptional(filepath.Join(root, path))
+	if err != nil {
+		return nil, err
+	}
+	ledger, err := policydoc.ParseLedger(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	cur := policydoc.Entry{Version: info.Version, Decisions: fmt.Sprintf("sha256:%x", h.Sum(nil)), Sync: []string{}}
+	updated, err := ledger.Record(admissionpolicy.Entry, cur, []string{"the generated " + strings.Join(manifests, " and ")})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", info.Kind, err)
+	}
+	if check && len(updated) != len(ledger) {
+		return nil, fmt.Errorf("%s version %s has no entry in %s: run `make generate` and commit the result", info.Kind, info.Version, path)
+	}
+	changelog, err := os.ReadFile(filepath.Join(root, "CHANGELOG.md"))
+	if err != nil {
+		return nil, fmt.Errorf("read CHANGELOG.md: %w", err)
+	}
+	if err := policydoc.CheckChangelog(changelog, info.Kind, info.Version); err != nil {
+		return nil, err
+	}
+	b, err := updated.RenderManifests(info.Kind, dir)
+	if err != nil {
+		return nil, err
+	}
+	return map[string][]byte{path: b}, nil
 }
 
 // readOptional reads a file that may not exist yet; any other error stops

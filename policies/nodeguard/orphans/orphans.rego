@@ -20,7 +20,7 @@
 #         or spec.providerID (a Machine being deleted still exists: the Node is CAPI's to delete).
 #     - title: The rule allows deleting it
 #       text: >-
-#         decide/3 allows the delete for a user with no exemption: no linked InfraMachine or pool exists (being
+#         anyone.decide/3 allows the delete for a user with no exemption: no linked InfraMachine or pool exists (being
 #         deleted still counts) and no linked kind is unverified. And since, with the Machine gone, nothing says
 #         which kind the InfraMachine was, the Node has a spec.providerID whose scheme an InfraMachine of a synced
 #         kind in the cluster uses (labelled for it when a cluster is named): else an InfraMachine of a kind
@@ -38,6 +38,7 @@
 package nodeguard.orphans
 
 import data.lib.nodeguard
+import data.nodeguard.anyone
 
 # METADATA
 # title: Default grace period
@@ -182,7 +183,7 @@ kept_because(node, inventory, parameters, now, grace, match_provider_id) := arra
 	_other_cluster(node, parameters),
 	_ready_reason(node),
 	[_machine_reason(m) | some m in nodeguard.linked_machines(node, inventory, parameters)],
-	_rule_reasons(_decision(node, inventory, parameters)),
+	_rule_reasons(anyone.decide(node, inventory, parameters)),
 	_no_provider_id(node),
 	_scheme_unused(node, inventory, parameters),
 	_grace_reason(not_ready_since(node), now, grace),
@@ -298,20 +299,6 @@ _ready_reason(node) := ["its Ready condition is True"] if {
 _machine_reason(m) := sprintf("Machine %s is being deleted but still exists (linked by %s)", [m.machine, concat(", ", m.types)]) if {
 	m.deleting
 } else := sprintf("Machine %s exists (linked by %s)", [m.machine, concat(", ", m.types)])
-
-# The rule, judged for a user with no exemption: an exemption says who may
-# delete, not whether the host is gone.
-_decision(node, inventory, parameters) := nodeguard.decide(
-	{
-		"operation": "DELETE",
-		"kind": {"group": "", "version": "v1", "kind": "Node"},
-		"name": object.get(node, nodeguard.node_paths.name, ""),
-		"oldObject": node,
-		"userInfo": {"username": "", "groups": []},
-	},
-	inventory,
-	object.union(parameters, {"exemptUsers": [], "exemptGroups": []}),
-)
 
 _rule_reasons(d) := array.concat(
 	[sprintf("%s %s/%s %s", [b.kind, b.namespace, b.name, _state[b.deleting]]) | some b in d.blockers],
