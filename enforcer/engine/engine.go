@@ -34,6 +34,9 @@ const (
 	Orphan
 	// Screen is the orphan criteria that read only the Node.
 	Screen
+	// Release is a Node's release verdict (policies/nodeguard/released), for
+	// mode admission-policy; optional: a bundle built before it has none.
+	Release
 	entries
 )
 
@@ -46,6 +49,8 @@ func (e Entry) Query() string {
 		return "data.nodeguard.orphan"
 	case Screen:
 		return "data.nodeguard.orphan_screen"
+	case Release:
+		return "data.nodeguard.release"
 	}
 	return fmt.Sprintf("entry(%d)", int(e))
 }
@@ -128,7 +133,7 @@ func For(ctx context.Context, c *ast.Compiler, data map[string]any, policy Polic
 	}
 	p := &compiled{policy: policy}
 	for entry := range entries {
-		if entry != Decision && !orphans {
+		if entry != Decision && !orphans || entry == Release && !has(Release.Query()) {
 			continue
 		}
 		q, err := prepare(ctx, c, store, entry.Query())

@@ -250,3 +250,41 @@ func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, 
 	}
 	return out, nil
 }
+
+// Release says whether the rule lets anyone delete a Node (policies/nodeguard/
+// released), for a workload cluster in mode admission-policy.
+type Release struct {
+	Released bool   `json:"released"`
+	Blocker  string `json:"blocker"`
+	// The Node judged: a release holds for this UID only.
+	UID types.UID `json:"-"`
+}
+
+// Releases judges each Node's release on cluster's route, from the caches,
+// or with fresh from fresh reads of everything the rule reads for it (when
+// the Guard has fresh reads): release only what fresh reads confirm. An
+// error means no verdict at all.
+func (f *Finder) Releases(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, fresh bool) ([]Release, error) {
+	r, err := f.Route(cluster)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Release, 0, len(nodes))
+	for _, node := range nodes {
+		objs, err := f.opts.Guard.Objects(ctx, node, fresh)
+		if err != nil {
+			return nil, err
+		}
+		input, err := engine.Input(map[string]any{"node": node.Object, "inventory": inventory.Layout(objs), "parameters": r.params})
+		if err != nil {
+			return nil, err
+		}
+		var v Release
+		if err := f.eval.engine.Eval(ctx, engine.Release, input, &v); err != nil {
+			return nil, fmt.Errorf("judge the release of Node %q: %w", node.GetName(), err)
+		}
+		v.UID = node.GetUID()
+		out = append(out, v)
+	}
+	return out, nil
+}

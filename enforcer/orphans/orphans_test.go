@@ -206,3 +206,22 @@ func TestScreenSaysWhatTheNodeAloneDecides(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, s.Passes)
 }
+
+// A Node is released exactly when the rule lets anyone delete it, with the
+// rule's text for one in teardown; on the Guard's policy, as orphans are.
+func TestReleasesAreTheRulesVerdictForAnyone(t *testing.T) {
+	ctx := context.Background()
+	_, f, nodes, _ := embeddedFinder(t)
+	rs, err := f.Releases(ctx, nodes, "", false)
+	require.NoError(t, err)
+	got := map[string]orphans.Release{}
+	for i, n := range nodes {
+		got[n.GetName()] = rs[i]
+		assert.Equal(t, n.GetUID(), rs[i].UID)
+	}
+	assert.True(t, got["dev-md-0-left"].Released, "nothing linked is left")
+	assert.False(t, got["dev-md-0-infra"].Released, "its DockerMachine exists")
+	assert.Empty(t, got["dev-md-0-infra"].Blocker, "a running Node publishes no text")
+	assert.False(t, got["dev-md-0-deleting"].Released)
+	assert.Contains(t, got["dev-md-0-deleting"].Blocker, "DockerMachine default/dev-md-0-deleting")
+}

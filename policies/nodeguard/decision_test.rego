@@ -52,3 +52,13 @@ test_decision_judges_a_node_delete_without_old_object if {
 	d.reason == "unjudgeable"
 	contains(d.messages[0], "carries no oldObject")
 }
+
+test_release_entry_point_reads_everything_from_input if {
+	r := nodeguard.release with input as {
+		"node": fixtures.capd_node,
+		"inventory": fixtures.inventory([fixtures.capd_machine, fixtures.capd_infra]),
+	}
+	not r.released
+	released := nodeguard.release with input as {"node": fixtures.capd_node}
+	released.released
+}

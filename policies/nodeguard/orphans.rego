@@ -2,6 +2,7 @@
 package nodeguard
 
 import data.nodeguard.orphans
+import data.nodeguard.released
 
 # METADATA
 # title: Orphan verdict
@@ -38,3 +39,13 @@ orphan_screen := {
 	grace := object.get(input, "grace", orphans.default_grace)
 	match := object.get(input, "matchProviderID", false) == true
 }
+
+# METADATA
+# title: Release verdict
+# description: |
+#   The verdict of nodeguard.released for input.node (with input.inventory and
+#   input.parameters, as for orphan): released, whether the rule lets anyone
+#   delete it, and blocker, the text published for a Node in teardown. The
+#   enforcer publishes it into workload clusters in mode admission-policy.
+# entrypoint: true
+release := released.verdict(input.node, object.get(input, "inventory", {}), object.get(input, "parameters", {}))
