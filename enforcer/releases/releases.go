@@ -1,0 +1,238 @@
+// Package releases publishes, for each workload cluster in mode
+// admission-policy, the Nodes the rule releases (the rule judged for
+// anyone lets them be deleted) into the ConfigMap its
+// ValidatingAdmissionPolicy reads (package admissionpolicy). The orphan
+// scan's triggers drive it: every change of a Node, or of anything that
+// could link one, has the Node judged again (Judge).
+//
+// A Node is released only when fresh reads of everything the rule reads for
+// it confirm the caches' verdict; a release is revoked on the first verdict
+// that does not release, from the caches alone. While the management
+// cluster's caches are not ready nothing new is released. Writes are
+// batched per cluster (Flush), and a cluster is written only once every
+// one of its Nodes was judged (Synced), so a restart never publishes a
+// partial list over a whole one.
+package releases
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/orphans"
+)
+
+// Options configure a Publisher.
+type Options struct {
+	// Judge is the rule's release verdict for Nodes of a cluster, from the
+	// caches or, with fresh, from fresh reads (orphans.Finder.Releases).
+	Judge func(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, fresh bool) ([]orphans.Release, error)
+	// Ready is nil once the management cluster's caches can be trusted
+	// (synced, not recovering).
+	Ready func() error
+	// Limit bounds the published data (default admissionpolicy.MaxParamsBytes).
+	Limit int
+	Log   *slog.Logger
+}
+
+// Write stores the released Nodes in one workload cluster.
+type Write func(ctx context.Context, cm *corev1.ConfigMap) error
+
+// Publisher keeps the released Nodes of the clusters enrolled; safe for
+// concurrent use.
+type Publisher struct {
+	opts Options
+
+	mu       sync.Mutex
+	clusters map[string]*cluster
+}
+
+type cluster struct {
+	write    Write
+	verdicts map[string]admissionpolicy.Verdict // by Node name
+	synced   bool                               // every Node judged once
+	dirty    bool
+}
+
+// New returns a Publisher with no cluster enrolled.
+func New(opts Options) (*Publisher, error) {
+	if opts.Judge == nil || opts.Ready == nil {
+		return nil, fmt.Errorf("releases: a Judge and the caches' readiness are required")
+	}
+	if opts.Limit <= 0 {
+		opts.Limit = admissionpolicy.MaxParamsBytes
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Publisher{opts: opts, clusters: map[string]*cluster{}}, nil
+}
+
+// Enroll publishes the releases of a cluster with write, from scratch: its
+// Nodes are judged again before anything is written.
+func (p *Publisher) Enroll(name string, write Write) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.clusters[name] = &cluster{write: write, verdicts: map[string]admissionpolicy.Verdict{}}
+}
+
+// Remove stops publishing for a cluster (what it published stays: the
+// fleet removes the policy and its ConfigMap together).
+func (p *Publisher) Remove(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.clusters, name)
+}
+
+// Enrolled says whether a cluster's releases are published.
+func (p *Publisher) Enrolled(name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.clusters[name] != nil
+}
+
+// Judge judges one Node of an enrolled cluster again (a no-op for others).
+func (p *Publisher) Judge(ctx context.Context, name string, node *unstructured.Unstructured) error {
+	if !p.Enrolled(name) {
+		return nil
+	}
+	nodes := []*unstructured.Unstructured{node}
+	rs, err := p.opts.Judge(ctx, nodes, name, false)
+	if err != nil {
+		p.revoke(name, node.GetName(), "")
+		return fmt.Errorf("judge the release of Node %q: %w", node.GetName(), err)
+	}
+	v := admissionpolicy.Verdict{Node: node.GetName(), UID: string(rs[0].UID), Released: rs[0].Released, Blocker: rs[0].Blocker}
+	if v.Released && !p.holds(name, v) {
+		// New: confirm on fresh reads, and only while the caches are sound.
+		if err := p.opts.Ready(); err != nil {
+			p.revoke(name, v.Node, "")
+			return nil
+		}
+		fresh, err := p.opts.Judge(ctx, nodes, name, true)
+		if err != nil {
+			p.revoke(name, v.Node, "")
+			return fmt.Errorf("confirm the release of Node %q: %w", v.Node, err)
+		}
+		v.Released, v.Blocker = fresh[0].Released, fresh[0].Blocker
+	}
+	p.set(name, v)
+	return nil
+}
+
+// holds says whether v's Node is released already, for its UID.
+func (p *Publisher) holds(name string, v admissionpolicy.Verdict) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.clusters[name]
+	if c == nil {
+		return false
+	}
+	have, ok := c.verdicts[v.Node]
+	return ok && have.Released && have.UID == v.UID
+}
+
+func (p *Publisher) set(name string, v admissionpolicy.Verdict) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.clusters[name]
+	if c == nil {
+		return
+	}
+	if have, ok := c.verdicts[v.Node]; ok && have == v {
+		return
+	}
+	c.verdicts[v.Node], c.dirty = v, true
+}
+
+// revoke records a Node as not released (blocker: its text, if any).
+func (p *Publisher) revoke(name, node, blocker string) {
+	p.set(name, admissionpolicy.Verdict{Node: node, Blocker: blocker})
+}
+
+// Forget drops a Node that is gone.
+func (p *Publisher) Forget(name, node string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.clusters[name]; c != nil {
+		if _, ok := c.verdicts[node]; ok {
+			delete(c.verdicts, node)
+			c.dirty = true
+		}
+	}
+}
+
+// Synced says every Node of a cluster has been judged once: from now on
+// its releases are written.
+func (p *Publisher) Synced(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.clusters[name]; c != nil && !c.synced {
+		c.synced, c.dirty = true, true
+	}
+}
+
+// Flush writes every synced cluster whose releases changed since its last
+// write; a failed write is tried again at the next Flush.
+func (p *Publisher) Flush(ctx context.Context) {
+	type job struct {
+		name     string
+		c        *cluster
+		verdicts []admissionpolicy.Verdict
+	}
+	var jobs []job
+	p.mu.Lock()
+	for name, c := range p.clusters {
+		if c.synced && c.dirty {
+			c.dirty = false
+			jobs = append(jobs, job{name: name, c: c, verdicts: valuesOf(c.verdicts)})
+		}
+	}
+	p.mu.Unlock()
+	for _, j := range jobs {
+		cm, omitted, err := admissionpolicy.Params(j.verdicts, p.opts.Limit)
+		if err == nil {
+			err = j.c.write(ctx, cm)
+		}
+		if err != nil {
+			p.mu.Lock()
+			j.c.dirty = true
+			p.mu.Unlock()
+			p.opts.Log.Error("releases: cannot publish the released Nodes; trying again", "cluster", j.name, "error", err.Error())
+			continue
+		}
+		if omitted > 0 {
+			p.opts.Log.Warn("releases: too many released Nodes for one ConfigMap; those left out stay denied", "cluster", j.name, "omitted", omitted)
+		}
+	}
+}
+
+func valuesOf(m map[string]admissionpolicy.Verdict) []admissionpolicy.Verdict {
+	out := make([]admissionpolicy.Verdict, 0, len(m))
+	for v := range maps.Values(m) {
+		out = append(out, v)
+	}
+	return out
+}
+
+// Run flushes every interval until ctx is done: the bound on the write rate
+// per cluster, and on how long a verdict waits to be published.
+func (p *Publisher) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			p.Flush(ctx)
+		}
+	}
+}
