@@ -31,6 +31,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
+	"github.com/nodeguard/nodeguard/enforcer/releases"
 )
 
 // Nodes is one cluster's Node cache (nodecache.Watch, or nodecache.Nodes
@@ -67,6 +68,10 @@ type Options struct {
 	Log   *slog.Logger
 	// Metrics, when set, counts judgments.
 	Metrics *Metrics
+	// Releases, when set, is given every Node judged, for the clusters
+	// enrolled there (mode admission-policy): the scan's triggers are the
+	// changes that can release a Node or revoke its release.
+	Releases *releases.Publisher
 }
 
 // retryDelay is how long a Node whose judgment failed waits to be judged
@@ -264,6 +269,9 @@ func (s *Scanner) RunDue(ctx context.Context, now time.Time) Result {
 		}
 		if w.all {
 			s.opts.Reaper.Report(name)
+			if s.opts.Releases != nil {
+				s.opts.Releases.Synced(name)
+			}
 		}
 	}
 	return res
@@ -274,6 +282,9 @@ func (s *Scanner) judge(ctx context.Context, c *cluster, name string, now time.T
 	node, ok := c.nodes.Get(name)
 	if !ok {
 		s.opts.Reaper.Forget(c.name, name)
+		if s.opts.Releases != nil {
+			s.opts.Releases.Forget(c.name, name)
+		}
 		return
 	}
 	res.Judged++
@@ -283,6 +294,12 @@ func (s *Scanner) judge(ctx context.Context, c *cluster, name string, now time.T
 		return
 	}
 	u := c.nodes.Shape().Unstructured(node)
+	if s.opts.Releases != nil {
+		if err := s.opts.Releases.Judge(ctx, c.name, u); err != nil && ctx.Err() == nil {
+			s.logError("releases: judging a Node failed; it is not released", c.name, name, err)
+			res.Errors++
+		}
+	}
 	screen, err := s.opts.Finder.Screen(ctx, route, u, now)
 	s.opts.Metrics.judged(stageScreen)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
@@ -20,6 +21,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
+	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -40,6 +42,9 @@ type fixture struct {
 	// untrusted, when set, is what Ready answers: a cache recovering from a
 	// broken watch (serve passes Syncer.Recovering through Ready).
 	untrusted error
+	// published is what the release publisher last wrote of the cluster.
+	releases  *releases.Publisher
+	published atomic.Pointer[map[string]string]
 }
 
 func newFixture(t *testing.T, del bool) *fixture {
@@ -59,7 +64,13 @@ func newFixture(t *testing.T, del bool) *fixture {
 	require.NoError(t, err)
 	f.reaper, err = reaper.New(reaper.Options{Finder: finder, Delete: del, IsLeader: func() bool { return f.leading }, Clock: f.clock})
 	require.NoError(t, err)
-	f.scanner, err = orphanscan.New(orphanscan.Options{Finder: finder, Evidence: evidence, Reaper: f.reaper, Model: model,
+	f.releases, err = releases.New(releases.Options{Judge: finder.Releases, Ready: e.Syncer.Ready})
+	require.NoError(t, err)
+	f.releases.Enroll("", func(_ context.Context, cm *corev1.ConfigMap) error {
+		f.published.Store(&cm.Data)
+		return nil
+	})
+	f.scanner, err = orphanscan.New(orphanscan.Options{Finder: finder, Evidence: evidence, Reaper: f.reaper, Model: model, Releases: f.releases,
 		Ready: func() error {
 			if f.untrusted != nil {
 				return f.untrusted
@@ -245,4 +256,37 @@ func TestAClusterThatSyncsWithoutAnEventIsJudgedWithinASecond(t *testing.T) {
 		f.clock.Step(time.Second)
 		return len(f.reaper.Orphans("default/dev")) == 1
 	}, 5*time.Second, 100*time.Millisecond, "judged within a few fake seconds (the full pass is %s away)", interval)
+}
+
+// The scan's triggers drive the releases of a cluster in mode
+// admission-policy: every Node judged once, then published; an
+// InfraMachine that goes releases its Node.
+func TestTheScanPublishesTheReleasedNodes(t *testing.T) {
+	f := newFixture(t, false)
+	f.settle(t)
+	f.releases.Flush(context.Background())
+	published := func() map[string]string {
+		if p := f.published.Load(); p != nil {
+			return *p
+		}
+		return nil
+	}
+	have := published()
+	require.NotNil(t, have, "published once every Node was judged")
+	for _, n := range []string{"dev-md-0-left", "dev-md-0-unannotated", "dev-md-0-owned"} {
+		assert.Contains(t, have, n, "nothing linked to %s exists", n)
+	}
+	for _, n := range []string{"dev-md-0-infra", "dev-md-0-deleting", "dev-md-0-infra-deleting"} {
+		assert.NotContains(t, have, n, "its DockerMachine exists")
+	}
+	assert.Contains(t, have["blocker_dev-md-0-infra-deleting"], "being deleted")
+
+	dockers := schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Resource: "dockermachines"}
+	require.NoError(t, f.client.Resource(dockers).Namespace("default").Delete(context.Background(), "dev-md-0-infra", metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool {
+		f.scanner.RunDue(context.Background(), f.clock.Now())
+		f.releases.Flush(context.Background())
+		_, ok := published()["dev-md-0-infra"]
+		return ok
+	}, 5*time.Second, 20*time.Millisecond, "released once its DockerMachine is gone")
 }
