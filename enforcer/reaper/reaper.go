@@ -37,6 +37,9 @@ type Target struct {
 	Nodes dynamic.Interface
 	// Recorder records Events on those Nodes; nil records none.
 	Recorder events.EventRecorder
+	// ObserveOnly: the Nodes are watched for another reason (their releases,
+	// mode admission-policy) and never deleted, whatever Options.Delete says.
+	ObserveOnly bool
 }
 
 // Metrics are the reaper's Prometheus series.
@@ -162,7 +165,7 @@ func (r *Reaper) Observe(ctx context.Context, t Target, v orphans.Verdict, now t
 		return Waiting, s.first.Add(grace), nil
 	}
 	// Checked per Node: a lease lost mid-way stops the deletes.
-	if !r.opts.Delete || !r.Leading() {
+	if !r.opts.Delete || t.ObserveOnly || !r.Leading() {
 		return Observed, time.Time{}, nil
 	}
 	outcome, err := r.act(ctx, t, v)

@@ -443,3 +443,29 @@ func TestNeverDeletesWhileTheSwitchIsOff(t *testing.T) {
 	assert.Empty(t, observe())
 	assert.Equal(t, []string{"dev-md-0-left"}, f.deleted())
 }
+
+// A cluster watched only for its releases is never reaped, whatever the
+// reaper may do elsewhere.
+func TestAnObservedOnlyClusterIsNeverReaped(t *testing.T) {
+	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	ctx := context.Background()
+	list, err := f.client.Resource(orphans.NodeGVR).List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	nodes := make([]*unstructured.Unstructured, len(list.Items))
+	for i := range list.Items {
+		nodes[i] = &list.Items[i]
+	}
+	observed := f.target()
+	observed.ObserveOnly = true
+	for range 2 {
+		verdicts, err := f.finder.Scan(ctx, nodes, "", f.clock.Now())
+		require.NoError(t, err)
+		for _, v := range verdicts {
+			_, _, err := f.reaper.Observe(ctx, observed, v, f.clock.Now())
+			require.NoError(t, err)
+		}
+		f.clock.Step(5 * time.Minute)
+	}
+	assert.Contains(t, f.reaper.Orphans(""), "dev-md-0-left", "seen and counted")
+	assert.Empty(t, f.deleted())
+}

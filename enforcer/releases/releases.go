@@ -179,6 +179,16 @@ func (p *Publisher) Synced(name string) {
 	}
 }
 
+// Rewrite has a cluster's releases written again at the next Flush (the
+// ConfigMap was deleted or edited there).
+func (p *Publisher) Rewrite(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.clusters[name]; c != nil {
+		c.dirty = true
+	}
+}
+
 // Flush writes every synced cluster whose releases changed since its last
 // write; a failed write is tried again at the next Flush.
 func (p *Publisher) Flush(ctx context.Context) {
