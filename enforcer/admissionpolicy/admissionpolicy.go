@@ -187,15 +187,19 @@ func list(values []string) string {
 
 // Rules are what nodeguard's identity needs in a workload cluster to keep
 // the guard (identity.Options.Owns): the policy and binding by name (create
-// cannot be limited by name), and the ConfigMap of released Nodes, which is
-// in nodeguard's own namespace.
+// cannot be limited by name), the ConfigMap of released Nodes, and get on
+// every ConfigMap, which the API server requires of whoever writes a policy
+// whose paramKind is ConfigMap.
 func Rules(info Info) []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"validatingadmissionpolicies", "validatingadmissionpolicybindings"},
 			Verbs: []string{"create"}},
 		{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"validatingadmissionpolicies", "validatingadmissionpolicybindings"},
 			ResourceNames: []string{info.Name}, Verbs: []string{"get", "list", "watch", "patch", "update", "delete"}},
-		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
+		// The API server lets a user write a policy whose paramKind is
+		// ConfigMap only if it may get every ConfigMap (no escalation
+		// through the policy's reads): get, not list or watch.
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create", "get"}},
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{ParamsName},
 			Verbs: []string{"get", "list", "watch", "patch", "update", "delete"}},
 	}

@@ -33,8 +33,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -78,7 +80,12 @@ type Options struct {
 	Report   func(State)
 	// Forgotten, when set, is told of a Cluster that is gone.
 	Forgotten func(key string)
-	Log       *slog.Logger
+	// Releases, when set, publishes the released Nodes of the Clusters in
+	// mode admission-policy (without it the mode is reported unsupported);
+	// AdmissionPolicy says how their policy is built.
+	Releases        *releases.Publisher
+	AdmissionPolicy admissionpolicy.Options
+	Log             *slog.Logger
 }
 
 // Defaults.
@@ -103,6 +110,8 @@ type Reconciler struct {
 	states   map[string]State
 	caBundle []byte
 	ca       retainer
+	// policyInfo names and versions the policy of mode admission-policy.
+	policyInfo admissionpolicy.Info
 }
 
 // watch is one workload cluster's session: the configuration as its API
@@ -124,6 +133,12 @@ type watch struct {
 	// again would loop.
 	written     string
 	wroteWanted *unstructured.Unstructured
+	// done ends with the session; the watches of mode admission-policy
+	// (policy) start the first time the Cluster is in it.
+	done           <-chan struct{}
+	policy         *policyWatch
+	servesPolicies *bool
+	policyRemoved  bool
 }
 
 // New checks opts and reads the CA bundle once: without one, nothing can be
@@ -162,14 +177,22 @@ func New(opts Options) (*Reconciler, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
+	info, err := admissionpolicy.LoadInfo()
+	if err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
+	}
+	if _, _, err := admissionpolicy.Build(info, opts.AdmissionPolicy); err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
+	}
 	limiter := workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, opts.ProofInterval)
 	return &Reconciler{
-		opts:     opts,
-		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{Name: "fleet"}),
-		watches:  map[string]*watch{},
-		states:   map[string]State{},
-		caBundle: ca,
-		ca:       kept,
+		policyInfo: info,
+		opts:       opts,
+		queue:      workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{Name: "fleet"}),
+		watches:    map[string]*watch{},
+		states:     map[string]State{},
+		caBundle:   ca,
+		ca:         kept,
 	}, nil
 }
 
@@ -211,7 +234,7 @@ func (r *Reconciler) Session(ctx context.Context, c *clusters.Cluster) {
 	// An unreachable API server: client-go's reflector backs off; the
 	// reconcile reports it, this only keeps the log quiet.
 	_ = informer.SetWatchErrorHandlerWithContext(func(context.Context, *cache.Reflector, error) {})
-	w := &watch{dyn: c.Dynamic, kube: kube, store: informer.GetStore(), synced: informer.HasSynced}
+	w := &watch{dyn: c.Dynamic, kube: kube, store: informer.GetStore(), synced: informer.HasSynced, done: ctx.Done()}
 	if c.Identity != nil {
 		w.repair = c.Identity.Repair
 	}
@@ -331,8 +354,11 @@ func (r *Reconciler) reconcile(ctx context.Context, key string) (State, bool) {
 	case !r.opts.Selector.Matches(labels.Set(meta.Labels)):
 		st.Reason, st.Message = ReasonNotSelected, "the Cluster's labels do not match the fleet's selector "+r.opts.Selector.String()
 		r.remove(ctx, key, w, &st)
-	case st.Mode != ModeWebhook:
+	case st.Mode != ModeWebhook && (st.Mode != ModeAdmissionPolicy || r.opts.Releases == nil):
 		st.Reason, st.Message = ReasonModeUnsupported, fmt.Sprintf("mode %q is not supported; use %q", st.Mode, ModeWebhook)
+		if st.Mode == ModeAdmissionPolicy {
+			st.Message += " (mode " + ModeAdmissionPolicy + " needs nodeguard serve --fleet-admission-policy)"
+		}
 	case w == nil:
 		st.Reason, st.Message = ReasonNoKubeconfig, "no working kubeconfig Secret "+clusters.KubeconfigSecret(key)
 		if err := r.opts.Clusters.Failure(key); err != nil {
@@ -340,7 +366,13 @@ func (r *Reconciler) reconcile(ctx context.Context, key string) (State, bool) {
 			// an API server that does not answer fails it.
 			st.Reason, st.Message = failure(err, ReasonNoKubeconfig), err.Error()
 		}
+	case st.Mode == ModeAdmissionPolicy:
+		w.policyRemoved = false
+		r.guardPolicy(ctx, key, w, before, &st)
 	default:
+		if err := r.removePolicy(ctx, key, w); err != nil {
+			r.opts.Log.Error("fleet: cannot remove nodeguard's admission policy", "cluster", key, "error", err.Error())
+		}
 		r.guard(ctx, key, w, ca, before, &st)
 	}
 	if st.Guarded == before.Guarded && st.Reason == before.Reason && !before.Since.IsZero() {
@@ -367,6 +399,10 @@ func (r *Reconciler) reconcile(ctx context.Context, key string) (State, bool) {
 func (r *Reconciler) remove(ctx context.Context, key string, w *watch, st *State) {
 	if w == nil {
 		return // no client; a session starting queues the Cluster again
+	}
+	if err := r.removePolicy(ctx, key, w); err != nil {
+		st.Message += "; " + err.Error()
+		r.opts.Log.Error("fleet: cannot remove nodeguard's admission policy", "cluster", key, "error", err.Error())
 	}
 	if _, ok, _ := w.store.GetByKey(webhookconfig.Name); !ok && w.synced() {
 		return // nothing there: no request

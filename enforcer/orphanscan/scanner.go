@@ -180,6 +180,20 @@ func (s *Scanner) ObjectChanged(c informers.Change) {
 	s.signal()
 }
 
+// Releases is the publisher the scan judges Nodes for (nil: none).
+func (s *Scanner) Releases() *releases.Publisher { return s.opts.Releases }
+
+// JudgeCluster asks for every Node of one cluster to be judged again (a
+// cluster just enrolled for its releases).
+func (s *Scanner) JudgeCluster(name string) {
+	s.mu.Lock()
+	if c := s.clusters[name]; c != nil {
+		c.judged = false
+	}
+	s.mu.Unlock()
+	s.signal()
+}
+
 // JudgeAll asks for every Node to be judged again (a policy reloaded, the
 // evidence changed).
 func (s *Scanner) JudgeAll() {

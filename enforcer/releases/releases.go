@@ -37,6 +37,10 @@ type Options struct {
 	// Ready is nil once the management cluster's caches can be trusted
 	// (synced, not recovering).
 	Ready func() error
+	// Rejudge, when set, asks for every Node of a cluster to be judged
+	// again (orphanscan.Scanner.JudgeCluster): an enrolled cluster's
+	// releases are written only after that.
+	Rejudge func(cluster string)
 	// Limit bounds the published data (default admissionpolicy.MaxParamsBytes).
 	Limit int
 	Log   *slog.Logger
@@ -79,8 +83,11 @@ func New(opts Options) (*Publisher, error) {
 // Nodes are judged again before anything is written.
 func (p *Publisher) Enroll(name string, write Write) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.clusters[name] = &cluster{write: write, verdicts: map[string]admissionpolicy.Verdict{}}
+	p.mu.Unlock()
+	if p.opts.Rejudge != nil {
+		p.opts.Rejudge(name)
+	}
 }
 
 // Remove stops publishing for a cluster (what it published stays: the

@@ -13,9 +13,11 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
+	"github.com/nodeguard/nodeguard/enforcer/releases"
 )
 
 // FleetOptions are the fleet reconciler's flags of `nodeguard serve`.
@@ -37,6 +39,10 @@ type FleetOptions struct {
 	// Namespace holds the status ConfigMap and the Lease (default: the
 	// pod's, as LeaseNamespace).
 	Namespace string
+	// AdmissionPolicy supports mode admission-policy (--fleet-admission-policy):
+	// the orphan scan watches every workload cluster's Nodes and their
+	// releases are published where a Cluster is in that mode.
+	AdmissionPolicy bool
 }
 
 // Event reasons on a Cluster whose guard changed.
@@ -50,8 +56,8 @@ const fleetLease = "nodeguard-fleet"
 
 // startFleet runs the fleet reconciler when asked to, its sessions joining
 // sessions (which the caller runs).
-func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, sessions *WorkloadSessions, metrics *fleet.Metrics,
-	log *slog.Logger) (*fleet.Reconciler, error) {
+func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, params map[string]any, sessions *WorkloadSessions,
+	published *releases.Publisher, metrics *fleet.Metrics, log *slog.Logger) (*fleet.Reconciler, error) {
 	f := opts.Fleet
 	if !f.Enabled {
 		return nil, nil
@@ -84,6 +90,7 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, session
 	events := recorder(ctx, kube)
 	r, err := fleet.New(fleet.Options{Clusters: sessions.Set, URL: f.URL, CAFiles: caFiles, Selector: selector,
 		ProofInterval: f.ProofInterval, CARetention: f.CARetention, IsLeader: leader, Log: log,
+		Releases: published, AdmissionPolicy: admissionpolicy.Options{ExemptUsers: stringsParam(params, "exemptUsers"), ExemptGroups: stringsParam(params, "exemptGroups")},
 		Report:    func(s fleet.State) { metrics.Report(s); status.Report(s) },
 		Forgotten: func(key string) { metrics.Forget(key); status.Forget(key) },
 		Recorded: func(_, s fleet.State) {
@@ -112,4 +119,16 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, session
 	log.Info("fleet: guarding workload clusters", "url", f.URL, "selector", selector.String(), "caFiles", caFiles,
 		"proofInterval", f.ProofInterval.String(), "statusConfigMap", ns+"/"+fleet.StatusName)
 	return r, nil
+}
+
+// stringsParam is a list parameter of the Constraint (--constraint).
+func stringsParam(params map[string]any, name string) []string {
+	var out []string
+	values, _ := params[name].([]any)
+	for _, v := range values {
+		if s, ok := v.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
 }

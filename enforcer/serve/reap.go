@@ -26,6 +26,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
+	"github.com/nodeguard/nodeguard/enforcer/releases"
 )
 
 // ReapOptions are the orphan-Node flags of `nodeguard serve`.
@@ -74,14 +75,15 @@ func LeaseNamespace() string {
 // scanner (nil when the scan is off), so a reloaded policy can have every
 // Node judged again.
 func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, changes *informers.Relay, reg prometheus.Registerer,
-	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, log *slog.Logger) (*orphanscan.Scanner, error) {
+	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, releases bool, log *slog.Logger) (*orphanscan.Scanner, error) {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
 			return nil, fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
 		}
 		return nil, nil
 	}
-	scan := OrphanScan{Management: c, Enforcer: e, Changes: changes, Registry: reg, Metrics: metrics, Options: opts, Sessions: sessions, Log: log}
+	scan := OrphanScan{Management: c, Enforcer: e, Changes: changes, Registry: reg, Metrics: metrics, Options: opts, Sessions: sessions,
+		Releases: releases, Log: log}
 	if c.Config != nil {
 		var err error
 		if scan.Kube, err = kubernetes.NewForConfig(c.Config); err != nil {
@@ -96,6 +98,10 @@ func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, ch
 	}
 	return scan.Start(ctx)
 }
+
+// releaseFlushInterval bounds how often the released Nodes of one workload
+// cluster are written, and how long a verdict waits to be.
+const releaseFlushInterval = 200 * time.Millisecond
 
 // OrphanScan is the orphan scan of `nodeguard serve` and what it runs on.
 type OrphanScan struct {
@@ -122,6 +128,10 @@ type OrphanScan struct {
 	// watches join (the caller runs them); else, with WorkloadClusters, the
 	// scan runs sessions of its own.
 	Sessions *WorkloadSessions
+	// Releases has the scan judge the workload clusters' Nodes for release
+	// too (mode admission-policy; Scanner.Releases publishes them), watching
+	// them in every session; without WorkloadClusters they are never reaped.
+	Releases bool
 	Log      *slog.Logger
 }
 
@@ -171,15 +181,24 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 	if err != nil {
 		return nil, err
 	}
-	scanner, err := orphanscan.New(orphanscan.Options{Finder: finder, Evidence: evidence, Reaper: r, Model: model,
-		Ready: func() error {
-			// A cache recovering from a broken watch may lack a new link:
-			// no Node is judged an orphan until it caught up.
-			if err := e.Syncer.Ready(); err != nil {
-				return err
-			}
-			return e.Syncer.Recovering()
-		}, SyncedKinds: e.Syncer.SyncedKinds, Interval: opts.Interval, Log: log, Metrics: m.Scan})
+	ready := func() error {
+		// A cache recovering from a broken watch may lack a new link: no
+		// Node is judged an orphan, nor released, until it caught up.
+		if err := e.Syncer.Ready(); err != nil {
+			return err
+		}
+		return e.Syncer.Recovering()
+	}
+	var scanner *orphanscan.Scanner
+	var published *releases.Publisher
+	if o.Releases {
+		if published, err = releases.New(releases.Options{Judge: finder.Releases, Ready: ready, Log: log,
+			Rejudge: func(cluster string) { scanner.JudgeCluster(cluster) }}); err != nil {
+			return nil, err
+		}
+	}
+	scanner, err = orphanscan.New(orphanscan.Options{Finder: finder, Evidence: evidence, Reaper: r, Model: model,
+		Ready: ready, SyncedKinds: e.Syncer.SyncedKinds, Interval: opts.Interval, Log: log, Metrics: m.Scan, Releases: published})
 	if err != nil {
 		return nil, err
 	}
@@ -196,17 +215,17 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		return nil, err
 	}
 	var own *WorkloadSessions // sessions the scan runs itself
-	if opts.WorkloadClusters {
+	if opts.WorkloadClusters || o.Releases {
 		sessions := o.Sessions
 		if sessions == nil {
-			if own, err = NewWorkloadSessions(c, mgmt, opts, false, o.QPS, o.Burst, m.Clusters, log); err != nil {
+			if own, err = NewWorkloadSessions(c, mgmt, opts, FleetOptions{}, o.QPS, o.Burst, m.Clusters, log); err != nil {
 				return nil, err
 			}
 			sessions = own
 		}
 		sessions.Add(func(ctx context.Context, cl *clusters.Cluster) {
-			t := reaper.Target{Nodes: cl.Dynamic}
-			if opts.Enabled {
+			t := reaper.Target{Nodes: cl.Dynamic, ObserveOnly: !opts.WorkloadClusters}
+			if opts.Enabled && opts.WorkloadClusters {
 				typed, err := kubernetes.NewForConfig(cl.Config)
 				if err != nil {
 					log.Error("workload cluster: no Event client; deleting without Events", "cluster", cl.Key, "error", err.Error())
@@ -223,6 +242,9 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		"fullScanInterval", opts.Interval.String(), "workloadClusters", opts.WorkloadClusters, "matchProviderID", opts.MatchProviderID)
 	if own != nil {
 		own.Run(ctx, log)
+	}
+	if published != nil {
+		go published.Run(ctx, releaseFlushInterval)
 	}
 	go scanner.Run(ctx)
 	return scanner, nil

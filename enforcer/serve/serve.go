@@ -30,6 +30,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/probes"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
+	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -169,11 +170,19 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if err != nil {
 		return err
 	}
-	scanner, err := startReaper(ctx, c, e, changes, reg, metrics.Orphans, opts.Orphans, sessions, log)
+	publish := opts.Fleet.Enabled && opts.Fleet.AdmissionPolicy
+	if publish && opts.Orphans.Interval <= 0 {
+		return fmt.Errorf("--fleet-admission-policy judges workload Nodes with the orphan scan: it needs a positive --orphan-scan-interval")
+	}
+	scanner, err := startReaper(ctx, c, e, changes, reg, metrics.Orphans, opts.Orphans, sessions, publish, log)
 	if err != nil {
 		return err
 	}
-	if _, err := startFleet(ctx, c, opts, sessions, metrics.Fleet, log); err != nil {
+	var published *releases.Publisher
+	if publish {
+		published = scanner.Releases()
+	}
+	if _, err := startFleet(ctx, c, opts, params, sessions, published, metrics.Fleet, log); err != nil {
 		return err
 	}
 	if sessions != nil {
@@ -246,7 +255,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 // workloadSessions are the one set of workload-cluster sessions, when any
 // part works inside workload clusters.
 func workloadSessions(c kubeclient.Clients, opts Options, metrics *Metrics, log *slog.Logger) (*WorkloadSessions, error) {
-	scan := opts.Orphans.WorkloadClusters && opts.Orphans.Interval > 0
+	scan := (opts.Orphans.WorkloadClusters || opts.Fleet.AdmissionPolicy) && opts.Orphans.Interval > 0
 	if (!scan && !opts.Fleet.Enabled) || c.Config == nil {
 		return nil, nil
 	}
@@ -254,7 +263,7 @@ func workloadSessions(c kubeclient.Clients, opts Options, metrics *Metrics, log 
 	if err != nil {
 		return nil, fmt.Errorf("create client: %w", err)
 	}
-	return NewWorkloadSessions(c, secrets, opts.Orphans, opts.Fleet.Enabled, c.Config.QPS, c.Config.Burst, metrics.Orphans.Clusters, log)
+	return NewWorkloadSessions(c, secrets, opts.Orphans, opts.Fleet, c.Config.QPS, c.Config.Burst, metrics.Orphans.Clusters, log)
 }
 
 // routes are the review port's: the webhook's review routes and, with a

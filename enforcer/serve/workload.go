@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -31,14 +32,22 @@ type WorkloadSessions struct {
 
 // NewWorkloadSessions watches the Clusters of c; Secrets reads their
 // kubeconfig Secrets. Every session runs as nodeguard's own ServiceAccount
-// in its cluster (package identity), allowed Node deletes when fleet
-// (its proofs are dry-run deletes) or the reaper needs them.
-func NewWorkloadSessions(c kubeclient.Clients, secrets kubernetes.Interface, opts ReapOptions, fleet bool, qps float32, burst int,
+// in its cluster (package identity), allowed Node deletes when the fleet
+// (its proofs are dry-run deletes) or the reaper needs them, and what the
+// fleet installs.
+func NewWorkloadSessions(c kubeclient.Clients, secrets kubernetes.Interface, opts ReapOptions, fleet FleetOptions, qps float32, burst int,
 	metrics *clusters.Metrics, log *slog.Logger) (*WorkloadSessions, error) {
 	w := &WorkloadSessions{Management: secrets}
-	id := &identity.Options{Delete: fleet || opts.Enabled}
-	if fleet {
+	id := &identity.Options{Delete: fleet.Enabled || opts.Enabled}
+	if fleet.Enabled {
 		id.Owns = webhookconfig.Rules()
+	}
+	if fleet.Enabled && fleet.AdmissionPolicy {
+		info, err := admissionpolicy.LoadInfo()
+		if err != nil {
+			return nil, err
+		}
+		id.Owns = append(id.Owns, admissionpolicy.Rules(info)...)
 	}
 	set, err := clusters.New(clusters.Options{Management: c, Secrets: secrets, Recheck: opts.KubeconfigRecheck, Identity: id,
 		QPS: qps, Burst: burst, Log: log, Metrics: metrics, Start: w.start, Stopped: w.stop, Changed: w.change})

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -26,8 +27,13 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/fleet"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/serve"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/constraints"
+	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
 // put applies obj as nodeguard does (server-side apply, its field manager).
@@ -168,4 +174,92 @@ func mustInfo(t *testing.T) admissionpolicy.Info {
 	info, err := admissionpolicy.LoadInfo()
 	require.NoError(t, err, fmt.Sprintf("METADATA of policies/%s", admissionpolicy.Entry))
 	return info
+}
+
+// Mode admission-policy end to end: a management and a workload
+// kube-apiserver, `nodeguard serve --fleet --fleet-admission-policy`, a
+// Cluster annotated for the mode. The workload API server decides Node
+// deletes itself, from the Nodes nodeguard released, and goes on doing so
+// with nodeguard stopped.
+func TestFleetAdmissionPolicyModeNeedsNoPathToNodeguard(t *testing.T) {
+	mgmt := apiServer(t)
+	w, wEnv := apiServerEnv(t)
+	mgmtKube, dyn := clientsFor(t, mgmt)
+	kube, _ := clientsFor(t, w)
+	ctx := context.Background()
+	ca := testpki.New(t)
+	clients, err := kubeclient.FromConfig(mgmt)
+	require.NoError(t, err)
+	t.Setenv("POD_NAMESPACE", "default")
+	// The URL is never reached in this mode: nothing listens for the
+	// workload API server.
+	opts := serve.Options{Fleet: serve.FleetOptions{Enabled: true, AdmissionPolicy: true, URL: "https://127.0.0.1:" + strconv.Itoa(freePort(t)),
+		CAFiles: []string{ca.CAFile(t)}, ProofInterval: fleetProof}}
+	opts.Orphans.Interval, opts.Orphans.KubeconfigRecheck = serve.DefaultOrphanScanInterval, 2*time.Second
+	_, stop := serveWith(t, clients, ca, opts)
+
+	workloadMachine(t, dyn, mgmtKube, kube, "md-0-a")
+	workloadMachine(t, dyn, mgmtKube, kube, "md-0-b")
+	_, err = kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "free"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	apply(t, dyn, clustersGVR, map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+		"metadata": map[string]any{"namespace": "default", "name": "dev", "annotations": map[string]any{fleet.ModeAnnotation: fleet.ModeAdmissionPolicy}},
+		"spec":     map[string]any{"paused": true}})
+	secretAt := time.Now()
+	workloadAdmin(t, ctx, wEnv, mgmtKube, "default", "dev")
+	state := func(c require.TestingT) fleet.State {
+		list, err := fleet.List(ctx, clients, "default")
+		require.NoError(c, err)
+		for _, s := range list {
+			if s.Cluster == "default/dev" {
+				return s
+			}
+		}
+		return fleet.State{}
+	}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		s := state(c)
+		assert.True(c, s.Guarded, "%+v", s)
+		assert.Equal(c, fleet.ModeAdmissionPolicy, s.Mode)
+	}, 60*time.Second, 200*time.Millisecond, "guarded and proven by the policy's denial")
+	t.Logf("guarded and proven %s after the kubeconfig Secret appeared", time.Since(secretAt).Round(100*time.Millisecond))
+	_, err = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "no webhook in this mode: %v", err)
+
+	policyDenies := func(c require.TestingT, node string) {
+		err := dryRunDelete(ctx, kube, node)
+		require.Error(c, err)
+		assert.True(c, apierrors.IsForbidden(err), "%v", err)
+		assert.Contains(c, err.Error(), "ValidatingAdmissionPolicy 'nodeguard'")
+	}
+	t.Run("a linked Node's delete is denied in the API server", func(t *testing.T) {
+		policyDenies(t, "md-0-a")
+	})
+	t.Run("an unlinked Node is released", func(t *testing.T) {
+		require.EventuallyWithT(t, func(c *assert.CollectT) { assert.NoError(c, dryRunDelete(ctx, kube, "free")) },
+			10*time.Second, 50*time.Millisecond)
+	})
+	t.Run("deleted released Nodes are published again", func(t *testing.T) {
+		require.NoError(t, kube.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Delete(ctx, admissionpolicy.ParamsName, metav1.DeleteOptions{}))
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			cm, err := kube.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Get(ctx, admissionpolicy.ParamsName, metav1.GetOptions{})
+			require.NoError(c, err)
+			assert.Contains(c, cm.Data, "free")
+		}, 10*time.Second, 50*time.Millisecond)
+		require.NoError(t, dryRunDelete(ctx, kube, "free"))
+	})
+	t.Run("the InfraMachine gone releases its Node", func(t *testing.T) {
+		dockers := schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Resource: "dockermachines"}
+		gone := time.Now()
+		require.NoError(t, dyn.Resource(dockers).Namespace("default").Delete(ctx, "md-0-a", metav1.DeleteOptions{}))
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			assert.NoError(c, kube.CoreV1().Nodes().Delete(ctx, "md-0-a", metav1.DeleteOptions{}))
+		}, 10*time.Second, 10*time.Millisecond)
+		t.Logf("DockerMachine gone to Node deleted: %s (loopback)", time.Since(gone).Round(10*time.Millisecond))
+	})
+	t.Run("with nodeguard stopped, what was released stays deletable and nothing else is", func(t *testing.T) {
+		stop()
+		require.NoError(t, dryRunDelete(ctx, kube, "free"))
+		policyDenies(t, "md-0-b")
+	})
 }
