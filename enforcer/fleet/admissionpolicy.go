@@ -221,6 +221,10 @@ func (r *Reconciler) provePolicy(ctx context.Context, key string, w *watch, pw *
 			return
 		}
 	}
+	if err == nil && r.opts.AdmissionPolicy.Action == admissionpolicy.Audit {
+		st.Reason, st.Message = ReasonReviewNotReceived, "the policy's binding only audits (action dryrun): no Node delete is denied there"
+		return
+	}
 	if err == nil {
 		st.Reason, st.Message = ReasonReviewNotReceived, fmt.Sprintf("a dry-run delete of Node %s, which nodeguard has not released, was admitted: the policy does not decide there (yet)", node.Name)
 		return

@@ -43,6 +43,9 @@ type FleetOptions struct {
 	// the orphan scan watches every workload cluster's Nodes and their
 	// releases are published where a Cluster is in that mode.
 	AdmissionPolicy bool
+	// AdmissionPolicyAction is the binding's action: deny (default), warn
+	// (allowed, the denial as a warning) or dryrun (audited only).
+	AdmissionPolicyAction string
 }
 
 // Event reasons on a Cluster whose guard changed.
@@ -90,7 +93,8 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, params 
 	events := recorder(ctx, kube)
 	r, err := fleet.New(fleet.Options{Clusters: sessions.Set, URL: f.URL, CAFiles: caFiles, Selector: selector,
 		ProofInterval: f.ProofInterval, CARetention: f.CARetention, IsLeader: leader, Log: log,
-		Releases: published, AdmissionPolicy: admissionpolicy.Options{ExemptUsers: stringsParam(params, "exemptUsers"), ExemptGroups: stringsParam(params, "exemptGroups")},
+		Releases: published, AdmissionPolicy: admissionpolicy.Options{ExemptUsers: stringsParam(params, "exemptUsers"), ExemptGroups: stringsParam(params, "exemptGroups"),
+			Action: admissionpolicy.Action(f.AdmissionPolicyAction)},
 		Report:    func(s fleet.State) { metrics.Report(s); status.Report(s) },
 		Forgotten: func(key string) { metrics.Forget(key); status.Forget(key) },
 		Recorded: func(_, s fleet.State) {
