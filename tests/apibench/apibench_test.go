@@ -28,9 +28,11 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
@@ -38,8 +40,12 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/yaml"
 
+	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/owned"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/procstatus"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -48,7 +54,7 @@ import (
 var (
 	binDir    = flag.String("bin", os.Getenv("NODEGUARD_E2E_BIN"), "directory with kube-apiserver, etcd, kubectl and gatekeeper (tests/e2e/tools/build.sh prints it)")
 	sizesFlag = flag.String("sizes", "1000", "Machine counts (each with as many DockerMachines)")
-	modesFlag = flag.String("modes", "none,reads,nodeguard,nodeguard-no-fresh-reads,gatekeeper,gatekeeper-provider",
+	modesFlag = flag.String("modes", "none,reads,admission-policy,nodeguard,nodeguard-no-fresh-reads,gatekeeper,gatekeeper-provider",
 		"what to measure, in order: a webhook (none, nodeguard, nodeguard-no-fresh-reads, gatekeeper: the sync-based template, "+
 			"gatekeeper-provider: Gatekeeper with the K8sNodeGuardExternal template asking nodeguard), or reads: the two GETs of a "+
 			"blocked Node's fresh reads, at once, from the client")
@@ -377,6 +383,8 @@ func startWebhook(b *testing.B, env *envtest.Environment, kube kubernetes.Interf
 			args = append(args, "--no-fresh-reads")
 		}
 		w = startNodeguard(b, env, kube, nodeguardBin, args, true)
+	case "admission-policy":
+		w.stop = startAdmissionPolicy(b, env, kube)
 	case "gatekeeper", "gatekeeper-provider":
 		start := time.Now()
 		log, err := os.Create(filepath.Join(b.TempDir(), "gatekeeper.log"))
@@ -511,4 +519,43 @@ func rssMiB(b *testing.B, pid int) float64 {
 	kb, err := procstatus.KiB(pid, "VmRSS")
 	require.NoError(b, err)
 	return float64(kb) / 1024
+}
+
+// startAdmissionPolicy installs mode admission-policy's generated policy
+// and binding, with the allowed Node released, as the fleet does; the API
+// server then decides alone. It returns what removes them.
+func startAdmissionPolicy(b *testing.B, env *envtest.Environment, kube kubernetes.Interface) func() {
+	ctx := context.Background()
+	dyn, err := dynamic.NewForConfig(env.Config)
+	require.NoError(b, err)
+	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: admissionpolicy.ParamsNamespace}}, metav1.CreateOptions{})
+	if !apierrors.IsAlreadyExists(err) {
+		require.NoError(b, err)
+	}
+	free, err := kube.CoreV1().Nodes().Get(ctx, allowedNode, metav1.GetOptions{})
+	require.NoError(b, err)
+	cm, _, err := admissionpolicy.Params([]admissionpolicy.Verdict{{Node: allowedNode, UID: string(free.UID), Released: true}}, admissionpolicy.MaxParamsBytes)
+	require.NoError(b, err)
+	var policy admissionregistrationv1.ValidatingAdmissionPolicy
+	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	for name, into := range map[string]runtime.Object{"policy.yaml": &policy, "binding.yaml": &binding} {
+		raw, err := os.ReadFile(filepath.Join("..", "..", "constraints", constraints.AdmissionPolicyDir, name))
+		require.NoError(b, err)
+		require.NoError(b, yaml.Unmarshal(raw, into))
+	}
+	type object struct {
+		gvr schema.GroupVersionResource
+		obj runtime.Object
+	}
+	objs := []object{{admissionpolicy.ParamsGVR, cm}, {admissionpolicy.PolicyGVR, &policy}, {admissionpolicy.BindingGVR, &binding}}
+	for _, o := range objs {
+		applied, err := owned.From(o.gvr, o.obj)
+		require.NoError(b, err)
+		_, err = owned.Apply(ctx, dyn, applied)
+		require.NoError(b, err)
+	}
+	return func() {
+		_ = dyn.Resource(admissionpolicy.BindingGVR).Delete(ctx, binding.Name, metav1.DeleteOptions{})
+		_ = dyn.Resource(admissionpolicy.PolicyGVR).Delete(ctx, policy.Name, metav1.DeleteOptions{})
+	}
 }
