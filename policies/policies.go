@@ -74,6 +74,35 @@ func WithTests() ([]File, error) {
 	return collectAll(true, "lib", "k8snodeguard", "k8snodeguardexternal", "nodeguard")
 }
 
+// PackageMetadata returns the package METADATA of one embedded file: its
+// title and its custom fields (a template's or a policy's name, kind and
+// version), each of custom required.
+func PackageMetadata(path string, custom ...string) (title, description string, fields map[string]string, err error) {
+	f, err := Read(path)
+	if err != nil {
+		return "", "", nil, err
+	}
+	m, err := ast.ParseModuleWithOpts(f.Path, f.Source, ast.ParserOptions{ProcessAnnotation: true})
+	if err != nil {
+		return "", "", nil, fmt.Errorf("parse %s: %w", f.Path, err)
+	}
+	for _, a := range m.Annotations {
+		if a.Scope != "package" {
+			continue
+		}
+		fields = map[string]string{}
+		for _, k := range custom {
+			v, _ := a.Custom[k].(string)
+			if v == "" || a.Title == "" {
+				return "", "", nil, fmt.Errorf("%s: package METADATA needs title and custom %s", f.Path, strings.Join(custom, ", "))
+			}
+			fields[k] = v
+		}
+		return a.Title, a.Description, fields, nil
+	}
+	return "", "", nil, fmt.Errorf("%s: no package METADATA", f.Path)
+}
+
 // Read returns one embedded file.
 func Read(path string) (File, error) {
 	b, err := sources.ReadFile(path)

@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/open-policy-agent/opa/v1/ast"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -57,28 +56,11 @@ type Info struct {
 
 // LoadInfo reads the METADATA of Entry.
 func LoadInfo() (Info, error) {
-	f, err := policies.Read(Entry)
+	title, _, custom, err := policies.PackageMetadata(Entry, "policy", "kind", "version")
 	if err != nil {
 		return Info{}, err
 	}
-	m, err := ast.ParseModuleWithOpts(f.Path, f.Source, ast.ParserOptions{ProcessAnnotation: true})
-	if err != nil {
-		return Info{}, fmt.Errorf("parse %s: %w", f.Path, err)
-	}
-	for _, a := range m.Annotations {
-		if a.Scope != "package" {
-			continue
-		}
-		info := Info{Title: a.Title}
-		info.Name, _ = a.Custom["policy"].(string)
-		info.Kind, _ = a.Custom["kind"].(string)
-		info.Version, _ = a.Custom["version"].(string)
-		if info.Name == "" || info.Kind == "" || info.Version == "" || info.Title == "" {
-			return Info{}, fmt.Errorf("%s: package METADATA needs title and custom policy, kind and version", f.Path)
-		}
-		return info, nil
-	}
-	return Info{}, fmt.Errorf("%s: no package METADATA", f.Path)
+	return Info{Title: title, Name: custom["policy"], Kind: custom["kind"], Version: custom["version"]}, nil
 }
 
 // Action is how the binding enforces: a rollout starts with Warn or Audit.

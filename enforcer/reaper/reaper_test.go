@@ -416,23 +416,7 @@ func TestNeverDeletesWhileTheSwitchIsOff(t *testing.T) {
 		}
 		return errors.New("switch off")
 	}})
-	observe := func() (errs []error) {
-		ctx := context.Background()
-		list, err := f.client.Resource(orphans.NodeGVR).List(ctx, metav1.ListOptions{})
-		require.NoError(t, err)
-		nodes := make([]*unstructured.Unstructured, len(list.Items))
-		for i := range list.Items {
-			nodes[i] = &list.Items[i]
-		}
-		verdicts, err := f.finder.Scan(ctx, nodes, "", f.clock.Now())
-		require.NoError(t, err)
-		for _, v := range verdicts {
-			if _, _, err := f.reaper.Observe(ctx, f.target(), v, f.clock.Now()); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		return errs
-	}
+	observe := func() []error { return f.observeAll(t, f.target()) }
 	assert.Empty(t, observe())
 	f.clock.Step(5 * time.Minute)
 	errs := observe()
@@ -448,6 +432,20 @@ func TestNeverDeletesWhileTheSwitchIsOff(t *testing.T) {
 // reaper may do elsewhere.
 func TestAnObservedOnlyClusterIsNeverReaped(t *testing.T) {
 	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	observed := f.target()
+	observed.ObserveOnly = true
+	for range 2 {
+		assert.Empty(t, f.observeAll(t, observed))
+		f.clock.Step(5 * time.Minute)
+	}
+	assert.Contains(t, f.reaper.Orphans(""), "dev-md-0-left", "seen and counted")
+	assert.Empty(t, f.deleted())
+}
+
+// observeAll tells the reaper the verdict of every Node, judged from the
+// caches, against t, and returns what failed.
+func (f *fixture) observeAll(t *testing.T, target Target) (errs []error) {
+	t.Helper()
 	ctx := context.Background()
 	list, err := f.client.Resource(orphans.NodeGVR).List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
@@ -455,17 +453,12 @@ func TestAnObservedOnlyClusterIsNeverReaped(t *testing.T) {
 	for i := range list.Items {
 		nodes[i] = &list.Items[i]
 	}
-	observed := f.target()
-	observed.ObserveOnly = true
-	for range 2 {
-		verdicts, err := f.finder.Scan(ctx, nodes, "", f.clock.Now())
-		require.NoError(t, err)
-		for _, v := range verdicts {
-			_, _, err := f.reaper.Observe(ctx, observed, v, f.clock.Now())
-			require.NoError(t, err)
+	verdicts, err := f.finder.Scan(ctx, nodes, "", f.clock.Now())
+	require.NoError(t, err)
+	for _, v := range verdicts {
+		if _, _, err := f.reaper.Observe(ctx, target, v, f.clock.Now()); err != nil {
+			errs = append(errs, err)
 		}
-		f.clock.Step(5 * time.Minute)
 	}
-	assert.Contains(t, f.reaper.Orphans(""), "dev-md-0-left", "seen and counted")
-	assert.Empty(t, f.deleted())
+	return errs
 }

@@ -123,28 +123,11 @@ func LoadInfo() (Info, error) {
 
 // LoadInfoOf reads the package METADATA of a Gatekeeper entry point.
 func LoadInfoOf(entry string) (Info, error) {
-	f, err := policies.Read(entry)
+	title, description, custom, err := policies.PackageMetadata(entry, "template", "kind", "version")
 	if err != nil {
 		return Info{}, err
 	}
-	m, err := ast.ParseModuleWithOpts(f.Path, f.Source, ast.ParserOptions{ProcessAnnotation: true})
-	if err != nil {
-		return Info{}, fmt.Errorf("parse %s: %w", f.Path, err)
-	}
-	for _, a := range m.Annotations {
-		if a.Scope != "package" {
-			continue
-		}
-		info := Info{Title: a.Title, Description: a.Description}
-		info.Name, _ = a.Custom["template"].(string)
-		info.Kind, _ = a.Custom["kind"].(string)
-		info.Version, _ = a.Custom["version"].(string)
-		if info.Name == "" || info.Kind == "" || info.Version == "" || info.Title == "" {
-			return Info{}, fmt.Errorf("%s: package METADATA needs title and custom template, kind and version", f.Path)
-		}
-		return info, nil
-	}
-	return Info{}, fmt.Errorf("%s: no package METADATA", f.Path)
+	return Info{Title: title, Description: description, Name: custom["template"], Kind: custom["kind"], Version: custom["version"]}, nil
 }
 
 // Render returns every generated file of constraints/, by path under it.
