@@ -97,12 +97,20 @@ func Build(info Info, opts Options) (*admissionregistrationv1.ValidatingAdmissio
 		ObjectMeta: meta,
 		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
 			ParamKind: &admissionregistrationv1.ParamKind{APIVersion: "v1", Kind: "ConfigMap"},
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
-				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
-					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Delete},
-					Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"}},
-				},
-			}}},
+			// Every field the API server would default is set, so the stored
+			// policy equals what is built and the fleet writes it only when
+			// it differs.
+			MatchConstraints: &admissionregistrationv1.MatchResources{
+				MatchPolicy:       ptr(admissionregistrationv1.Equivalent),
+				NamespaceSelector: &metav1.LabelSelector{}, ObjectSelector: &metav1.LabelSelector{},
+				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+					RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Delete},
+						Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"},
+							Scope: ptr(admissionregistrationv1.AllScopes)},
+					},
+				}},
+			},
 			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "not-exempt", Expression: notExempt(opts.ExemptUsers, opts.ExemptGroups)}},
 			FailurePolicy:   &fail,
 			Variables: []admissionregistrationv1.Variable{

@@ -82,7 +82,21 @@ func TestAdmissionPolicyDecidesFromTheReleasedNodes(t *testing.T) {
 	}
 	put(t, dyn, admissionpolicy.PolicyGVR, &policy)
 	put(t, dyn, admissionpolicy.BindingGVR, &binding)
-	_, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: admissionpolicy.ParamsNamespace}}, metav1.CreateOptions{})
+	// As the fleet builds them (the committed files leave out empty
+	// selectors): stored exactly as built, with nothing the API server
+	// defaults left unset.
+	built, builtBinding, err := admissionpolicy.Build(mustInfo(t), admissionpolicy.Options{})
+	require.NoError(t, err)
+	for gvr, obj := range map[schema.GroupVersionResource]runtime.Object{admissionpolicy.PolicyGVR: built, admissionpolicy.BindingGVR: builtBinding} {
+		put(t, dyn, gvr, obj)
+		want, err := owned.From(gvr, obj)
+		require.NoError(t, err)
+		have, err := dyn.Resource(gvr).Get(ctx, want.Object.GetName(), metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.True(t, owned.Holds(have, want.Object, "spec"), "%s stored as built, else the fleet writes it at every reconcile: %v",
+			gvr.Resource, have.Object["spec"])
+	}
+	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: admissionpolicy.ParamsNamespace}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	node := func(name string) *corev1.Node {
 		n, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
