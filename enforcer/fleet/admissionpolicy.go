@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
@@ -134,17 +135,23 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, w *watch, befo
 	applied := false
 	for _, want := range []struct {
 		store cache.Store
-		obj   owned.Object
-	}{{pw.policy, must(owned.From(admissionpolicy.PolicyGVR, policy))}, {pw.binding, must(owned.From(admissionpolicy.BindingGVR, binding))}} {
+		gvr   schema.GroupVersionResource
+		obj   runtime.Object
+	}{{pw.policy, admissionpolicy.PolicyGVR, policy}, {pw.binding, admissionpolicy.BindingGVR, binding}} {
+		o, err := owned.From(want.gvr, want.obj)
+		if err != nil {
+			st.Reason, st.Message = ReasonNotInstalled, err.Error()
+			return
+		}
 		var have *unstructured.Unstructured
 		if obj, ok, _ := want.store.GetByKey(r.policyInfo.Name); ok {
 			have, _ = obj.(*unstructured.Unstructured)
 		}
-		if owned.Holds(have, want.obj.Object, "spec") {
+		if owned.Holds(have, o.Object, "spec") {
 			continue
 		}
-		if _, _, err := owned.Restore(ctx, w.dyn, want.obj, "spec"); err != nil {
-			st.Reason, st.Message = failure(err, ReasonNotInstalled), fmt.Sprintf("install %s: %v%s", want.obj, err, r.repaired(ctx, key, w, err))
+		if _, _, err := owned.Restore(ctx, w.dyn, o, "spec"); err != nil {
+			st.Reason, st.Message = failure(err, ReasonNotInstalled), fmt.Sprintf("install %s: %v%s", o, err, r.repaired(ctx, key, w, err))
 			return
 		}
 		applied = true
@@ -168,13 +175,6 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, w *watch, befo
 		return
 	}
 	r.provePolicy(ctx, key, w, pw, st)
-}
-
-func must(o owned.Object, err error) owned.Object {
-	if err != nil {
-		panic(err) // From fails only on a type that does not convert: a bug
-	}
-	return o
 }
 
 // provePolicy makes a dry-run delete of a Node that is not released, as

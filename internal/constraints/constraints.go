@@ -10,7 +10,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"os"
 	"path"
+	"path/filepath"
 
 	templatesv1 "github.com/open-policy-agent/frameworks/constraint/pkg/apis/templates/v1"
 	regoschema "github.com/open-policy-agent/frameworks/constraint/pkg/client/drivers/rego/schema"
@@ -25,6 +27,7 @@ import (
 	structuralschema "k8s.io/apiextensions-apiserver/pkg/apiserver/schema"
 	"k8s.io/apiextensions-apiserver/pkg/apiserver/schema/pruning"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/policies"
@@ -468,6 +471,24 @@ func admissionPolicy(out map[string]map[string]any, declared map[string]policies
 		}
 	}
 	return nil
+}
+
+// AdmissionPolicyManifests reads the committed policy and binding of
+// AdmissionPolicyDir under the constraints/ directory dir.
+func AdmissionPolicyManifests(dir string) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, error) {
+	var policy admissionregistrationv1.ValidatingAdmissionPolicy
+	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	for name, into := range map[string]any{"policy.yaml": &policy, "binding.yaml": &binding} {
+		path := filepath.Join(dir, AdmissionPolicyDir, name)
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return nil, nil, fmt.Errorf("read %s: %w", path, err)
+		}
+		if err := sigsyaml.Unmarshal(raw, into); err != nil {
+			return nil, nil, fmt.Errorf("parse %s: %w", path, err)
+		}
+	}
+	return &policy, &binding, nil
 }
 
 // stringsOf is a declared list parameter's default.

@@ -28,7 +28,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -40,7 +39,6 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
@@ -536,18 +534,13 @@ func startAdmissionPolicy(b *testing.B, env *envtest.Environment, kube kubernete
 	require.NoError(b, err)
 	cm, _, err := admissionpolicy.Params([]admissionpolicy.Verdict{{Node: allowedNode, UID: string(free.UID), Released: true}}, admissionpolicy.MaxParamsBytes)
 	require.NoError(b, err)
-	var policy admissionregistrationv1.ValidatingAdmissionPolicy
-	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
-	for name, into := range map[string]runtime.Object{"policy.yaml": &policy, "binding.yaml": &binding} {
-		raw, err := os.ReadFile(filepath.Join("..", "..", "constraints", constraints.AdmissionPolicyDir, name))
-		require.NoError(b, err)
-		require.NoError(b, yaml.Unmarshal(raw, into))
-	}
+	policy, binding, err := constraints.AdmissionPolicyManifests(filepath.Join("..", "..", "constraints"))
+	require.NoError(b, err)
 	type object struct {
 		gvr schema.GroupVersionResource
 		obj runtime.Object
 	}
-	objs := []object{{admissionpolicy.ParamsGVR, cm}, {admissionpolicy.PolicyGVR, &policy}, {admissionpolicy.BindingGVR, &binding}}
+	objs := []object{{admissionpolicy.ParamsGVR, cm}, {admissionpolicy.PolicyGVR, policy}, {admissionpolicy.BindingGVR, binding}}
 	for _, o := range objs {
 		applied, err := owned.From(o.gvr, o.obj)
 		require.NoError(b, err)

@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,7 +22,6 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
@@ -73,15 +70,10 @@ func TestAdmissionPolicyDecidesFromTheReleasedNodes(t *testing.T) {
 	ctx := context.Background()
 	kube, dyn := clientsFor(t, cfg)
 
-	var policy admissionregistrationv1.ValidatingAdmissionPolicy
-	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
-	for name, into := range map[string]any{"policy.yaml": &policy, "binding.yaml": &binding} {
-		raw, err := os.ReadFile(filepath.Join("..", "..", "constraints", constraints.AdmissionPolicyDir, name))
-		require.NoError(t, err)
-		require.NoError(t, yaml.Unmarshal(raw, into))
-	}
-	put(t, dyn, admissionpolicy.PolicyGVR, &policy)
-	put(t, dyn, admissionpolicy.BindingGVR, &binding)
+	policy, binding, err := constraints.AdmissionPolicyManifests(filepath.Join("..", "..", "constraints"))
+	require.NoError(t, err)
+	put(t, dyn, admissionpolicy.PolicyGVR, policy)
+	put(t, dyn, admissionpolicy.BindingGVR, binding)
 	// As the fleet builds them (the committed files leave out empty
 	// selectors): stored exactly as built, with nothing the API server
 	// defaults left unset.
