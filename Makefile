@@ -90,7 +90,7 @@ race:
 		./enforcer/webhookconfig/ ./enforcer/denialevents/ ./enforcer/orphanscan/ ./enforcer/nodecache/ ./enforcer/clusters/ ./enforcer/fleet/
 
 differential:
-	@echo "== differential: enforcer vs Gatekeeper's engine (synced data, and nodeguard as its external data provider); the narrowed orphan judge vs full passes"
+	@echo "== differential: enforcer vs Gatekeeper's engine (synced data, and nodeguard as its external data provider); the narrowed orphan judge and the published releases vs full passes"
 	$(GO) test -count=1 -v ./tests/differential/ -args -scenarios $(SCENARIOS)
 
 # A bounded fuzz run of the webhook's request decoding. Minimizing each new

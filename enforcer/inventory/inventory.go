@@ -47,6 +47,19 @@ const keySep = "\x00"
 func (inv *Inventory) Indexers(role Role) cache.Indexers {
 	out := cache.Indexers{}
 	shape := inv.model.Shape(role)
+	if slots, ok := inv.model.ReferenceSlots(role); ok {
+		out[referenceIndex] = func(obj any) ([]string, error) {
+			r, err := recordOf(obj)
+			if err != nil {
+				return nil, fmt.Errorf("index %s: %w", referenceIndex, err)
+			}
+			ref, ok := r.reference(slots)
+			if !ok {
+				return nil, nil
+			}
+			return []string{referenceKey(ref.GVK.Group, ref.GVK.Kind, ref.Namespace, ref.Name)}, nil
+		}
+	}
 	for _, l := range inv.model.LinksOf(role) {
 		if _, _, keyed := l.Keyed(); keyed {
 			continue
@@ -86,6 +99,16 @@ func (inv *Inventory) Indexers(role Role) cache.Indexers {
 		}
 	}
 	return out
+}
+
+// referenceIndex indexes a referrer's records by the object their reference
+// names, so that a change of that object finds the Nodes the referrers link
+// it to. It leaves out the version: a v1beta2 ref names none, and a v1beta1
+// one need not name the version cached.
+const referenceIndex = "nodeguard.reference"
+
+func referenceKey(group, kind, namespace, name string) string {
+	return strings.Join([]string{group, kind, namespace, name}, keySep)
 }
 
 // key joins the record's values in slots; false when one is empty (a link
@@ -318,6 +341,38 @@ func (p *picker) add(gvk schema.GroupVersionKind, items ...any) {
 			}
 		}
 	}
+}
+
+// Referring returns, by role, the cached referrers (Machines, MachinePools)
+// whose reference names r, an object of role: what links r to a Node when
+// r is linked through them. An InfraMachine that appears after its Machine
+// (created late, or moved between management clusters) blocks the Machine's
+// Node, which must then be judged again.
+func (inv *Inventory) Referring(role Role, r *Record) map[Role][]*Record {
+	gv, err := schema.ParseGroupVersion(r.apiVersion)
+	if err != nil {
+		return nil
+	}
+	key := referenceKey(gv.Group, r.kind, r.namespace, r.name)
+	inv.mu.RLock()
+	defer inv.mu.RUnlock()
+	var out map[Role][]*Record
+	for _, gvk := range inv.order {
+		s := inv.stores[gvk]
+		if ref, ok := inv.model.Referrers[s.role]; !ok || ref.Names != role {
+			continue
+		}
+		items, _ := s.indexer.ByIndex(referenceIndex, key)
+		for _, item := range items {
+			if rec, err := recordOf(item); err == nil {
+				if out == nil {
+					out = map[Role][]*Record{}
+				}
+				out[s.role] = append(out[s.role], rec)
+			}
+		}
+	}
+	return out
 }
 
 // Reference reads what a referrer of role (a Machine, a MachinePool)

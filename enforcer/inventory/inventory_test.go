@@ -241,3 +241,28 @@ func TestCandidatesFollowAVersionedReference(t *testing.T) {
 		assert.Equal(t, inventory.Ref{GVK: v1beta1, Namespace: "default", Name: "d"}, refs[0])
 	}
 }
+
+// An InfraMachine finds the Machines that reference it, in either shape of
+// ref, and nothing else: its Node is linked through them.
+func TestReferringFindsTheMachinesThatNameAnInfraMachine(t *testing.T) {
+	inv := newInventory()
+	machines, infras := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
+	inv.AddKind(machineV1beta2, inventory.Machine, machines)
+	inv.AddKind(dockerMachine, inventory.InfraMachine, infras)
+	add(t, inv, machines, inventory.Machine, machine("default", "m", "n", "", "dm"))
+	add(t, inv, machines, inventory.Machine, machine("other", "m", "n2", "", "dm"))
+	add(t, inv, machines, inventory.Machine, machine("default", "m2", "n3", "", "dm2"))
+	v1beta1 := obj(schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta1", Kind: "Machine"}, "default", "old", map[string]any{
+		"spec": map[string]any{"infrastructureRef": map[string]any{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachine", "name": "dm", "namespace": "default"}}})
+	add(t, inv, machines, inventory.Machine, v1beta1)
+
+	dm := inv.Record(obj(dockerMachine, "default", "dm", nil), inventory.InfraMachine)
+	got := inv.Referring(inventory.InfraMachine, dm)
+	var names []string
+	for _, r := range got[inventory.Machine] {
+		names = append(names, r.Namespace()+"/"+r.Name())
+	}
+	assert.ElementsMatch(t, []string{"default/m", "default/old"}, names)
+	assert.Len(t, got, 1, "only Machines reference DockerMachines")
+	assert.Empty(t, inv.Referring(inventory.InfraMachine, inv.Record(obj(dockerMachine, "default", "none", nil), inventory.InfraMachine)))
+}

@@ -172,6 +172,9 @@ func NewFinder(opts Options) (*Finder, error) {
 	return &Finder{eval: eval, opts: opts}, nil
 }
 
+// Inventory is the inventory the Finder judges from.
+func (f *Finder) Inventory() *inventory.Inventory { return f.opts.Inventory }
+
 // Grace is the grace period the Finder judges with.
 func (f *Finder) Grace() time.Duration { return f.opts.Grace }
 

@@ -157,21 +157,32 @@ func (s *Scanner) ObjectChanged(c informers.Change) {
 	if c.Role == inventory.InfraMachine && s.opts.Evidence.Update(c.Old, c.New) {
 		s.JudgeAll()
 	}
-	links := s.opts.Model.LinksOf(c.Role)
-	now := s.opts.Clock.Now()
-	s.mu.Lock()
+	// The Nodes the object links, directly or through the referrers that
+	// name it (an InfraMachine through its Machine).
+	linked := map[inventory.Role][]*inventory.Record{}
+	inv := s.opts.Finder.Inventory()
 	for _, r := range []*inventory.Record{c.Old, c.New} {
 		if r == nil {
 			continue
 		}
-		for _, l := range links {
-			values := r.LinkValues(l)
-			if len(values) == 0 {
-				continue
-			}
-			for _, cl := range s.clusters {
-				for _, node := range cl.nodes.Linked(l, values) {
-					s.due.add(key{cluster: cl.name, node: node}, now)
+		linked[c.Role] = append(linked[c.Role], r)
+		for role, refs := range inv.Referring(c.Role, r) {
+			linked[role] = append(linked[role], refs...)
+		}
+	}
+	now := s.opts.Clock.Now()
+	s.mu.Lock()
+	for role, records := range linked {
+		for _, l := range s.opts.Model.LinksOf(role) {
+			for _, r := range records {
+				values := r.LinkValues(l)
+				if len(values) == 0 {
+					continue
+				}
+				for _, cl := range s.clusters {
+					for _, node := range cl.nodes.Linked(l, values) {
+						s.due.add(key{cluster: cl.name, node: node}, now)
+					}
 				}
 			}
 		}

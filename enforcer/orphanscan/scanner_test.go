@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -289,4 +290,18 @@ func TestTheScanPublishesTheReleasedNodes(t *testing.T) {
 		_, ok := published()["dev-md-0-infra"]
 		return ok
 	}, 5*time.Second, 20*time.Millisecond, "released once its DockerMachine is gone")
+
+	// Linked only through its Machine's infrastructureRef (no providerID
+	// yet): the DockerMachine appearing after its Machine revokes the Node's
+	// release.
+	late := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DockerMachine",
+		"metadata": map[string]any{"namespace": "default", "name": "dev-md-0-owned"}}}
+	_, err := f.client.Resource(dockers).Namespace("default").Create(context.Background(), late, metav1.CreateOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		f.scanner.RunDue(context.Background(), f.clock.Now())
+		f.releases.Flush(context.Background())
+		_, ok := published()["dev-md-0-owned"]
+		return !ok
+	}, 5*time.Second, 20*time.Millisecond, "revoked once its Machine's DockerMachine exists")
 }

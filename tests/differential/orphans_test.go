@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -26,6 +27,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
+	"github.com/nodeguard/nodeguard/enforcer/releases"
 )
 
 var (
@@ -49,7 +51,7 @@ func TestNarrowedOrphanJudgeAgreesWithAFullPass(t *testing.T) {
 	var judged, full, found, checks int
 	for i := range *orphanScenarios {
 		rng := rand.New(rand.NewPCG(*seed, uint64(i)+1))
-		h := newHistory(t, eval, shape, i%2 == 1, rng)
+		h := newHistory(t, eval, shape, i%2 == 1, rng, false)
 		for step := 0; step <= *orphanSteps; step++ {
 			if step > 0 {
 				h.change()
@@ -93,6 +95,10 @@ type history struct {
 	objects         map[string]*unstructured.Unstructured
 	matchProviderID bool
 	log             []string
+	// releases, when set, publishes each route's released Nodes into
+	// published (by route: the ConfigMap's data last written).
+	releases  *releases.Publisher
+	published map[string]map[string]string
 }
 
 var (
@@ -101,7 +107,7 @@ var (
 	poolGVK        = schema.GroupVersionKind{Group: poolKinds[0].group, Version: poolKinds[0].version, Kind: poolKinds[0].kind}
 )
 
-func newHistory(t *testing.T, eval *engine.Engine, shape *nodecache.Shape, matchProviderID bool, rng *rand.Rand) *history {
+func newHistory(t *testing.T, eval *engine.Engine, shape *nodecache.Shape, matchProviderID bool, rng *rand.Rand, publish bool) *history {
 	t.Helper()
 	ctx := context.Background()
 	model := eval.Model()
@@ -120,14 +126,28 @@ func newHistory(t *testing.T, eval *engine.Engine, shape *nodecache.Shape, match
 	clock := clocktesting.NewFakeClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	r, err := reaper.New(reaper.Options{Finder: finder, Clock: clock})
 	require.NoError(t, err)
-	scanner, err := orphanscan.New(orphanscan.Options{Finder: finder, Evidence: evidence, Reaper: r, Model: model,
-		Ready: func() error { return nil }, Interval: 1000 * time.Hour, Clock: clock})
+	var scanner *orphanscan.Scanner
+	var pub *releases.Publisher
+	if publish {
+		pub, err = releases.New(releases.Options{Judge: finder.Releases, Ready: func() error { return nil },
+			Rejudge: func(c string) { scanner.JudgeCluster(c) }})
+		require.NoError(t, err)
+	}
+	scanner, err = orphanscan.New(orphanscan.Options{Finder: finder, Evidence: evidence, Reaper: r, Model: model,
+		Ready: func() error { return nil }, Interval: 1000 * time.Hour, Clock: clock, Releases: pub})
 	require.NoError(t, err)
 	h := &history{t: t, rng: rng, inv: inv, shape: shape, finder: finder, scanner: scanner, reaper: r, clock: clock,
-		nodes: map[string]*nodecache.Nodes{}, objects: map[string]*unstructured.Unstructured{}, matchProviderID: matchProviderID}
+		nodes: map[string]*nodecache.Nodes{}, objects: map[string]*unstructured.Unstructured{}, matchProviderID: matchProviderID,
+		releases: pub, published: map[string]map[string]string{}}
 	for _, route := range routes {
 		h.nodes[route] = nodecache.NewNodes(shape, nil, func(n string) { scanner.NodeChanged(route, n) })
 		scanner.AddCluster(route, synced{h.nodes[route]}, reaper.Target{})
+		if pub != nil {
+			pub.Enroll(route, func(_ context.Context, cm *corev1.ConfigMap) error {
+				h.published[route] = cm.Data
+				return nil
+			})
+		}
 	}
 	for i := range 1 + rng.IntN(5) {
 		h.putMachine(fmt.Sprintf("m%d", i))
@@ -240,8 +260,10 @@ func (h *history) store(gvk schema.GroupVersionKind) cache.Store {
 func (h *history) putMachine(name string) {
 	rng := h.rng
 	ns, cl, kind := pick(rng, namespaces), pick(rng, clusters), pick(rng, infraKinds)
+	// Half the time naming an InfraMachine the history makes (i0..i3), so
+	// that one appearing or going changes its Machine's Node.
 	infraName := name
-	if rng.IntN(4) == 0 {
+	if rng.IntN(2) == 0 {
 		infraName = fmt.Sprintf("i%d", rng.IntN(4))
 	}
 	m := newObject("cluster.x-k8s.io/v1beta2", "Machine", ns, name)
