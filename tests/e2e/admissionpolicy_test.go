@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -30,6 +31,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/constraints"
+	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -182,90 +184,148 @@ func mustInfo(t *testing.T) admissionpolicy.Info {
 	return info
 }
 
-// Mode admission-policy end to end: a management and a workload
-// kube-apiserver, `nodeguard serve --fleet --fleet-admission-policy`, a
-// Cluster annotated for the mode. The workload API server decides Node
-// deletes itself, from the Nodes nodeguard released, and goes on doing so
-// with nodeguard stopped.
-func TestFleetAdmissionPolicyModeNeedsNoPathToNodeguard(t *testing.T) {
-	mgmt := apiServer(t)
-	w, wEnv := apiServerEnv(t)
-	mgmtKube, dyn := clientsFor(t, mgmt)
-	kube, _ := clientsFor(t, w)
-	ctx := context.Background()
-	ca := testpki.New(t)
-	clients, err := kubeclient.FromConfig(mgmt)
+// policyDenials is how many requests the workload API server's
+// ValidatingAdmissionPolicy nodeguard denied so far (its own metric), which
+// counts the Node deletes it refused, whoever made them.
+func policyDenials(t require.TestingT, ctx context.Context, kube kubernetes.Interface) int {
+	raw, err := kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	require.NoError(t, err)
-	t.Setenv("POD_NAMESPACE", "default")
-	// The URL is never reached in this mode: nothing listens for the
-	// workload API server.
-	opts := serve.Options{Fleet: serve.FleetOptions{Enabled: true, AdmissionPolicy: true, URL: "https://127.0.0.1:" + strconv.Itoa(freePort(t)),
-		CAFiles: []string{ca.CAFile(t)}, ProofInterval: fleetProof}}
-	opts.Orphans.Interval, opts.Orphans.KubeconfigRecheck = serve.DefaultOrphanScanInterval, 2*time.Second
-	_, stop := serveWith(t, clients, ca, opts)
-
-	workloadMachine(t, dyn, mgmtKube, kube, "md-0-a")
-	workloadMachine(t, dyn, mgmtKube, kube, "md-0-b")
-	_, err = kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "free"}}, metav1.CreateOptions{})
-	require.NoError(t, err)
-	apply(t, dyn, clustersGVR, map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-		"metadata": map[string]any{"namespace": "default", "name": "dev", "annotations": map[string]any{fleet.ModeAnnotation: fleet.ModeAdmissionPolicy}},
-		"spec":     map[string]any{"paused": true}})
-	secretAt := time.Now()
-	workloadAdmin(t, ctx, wEnv, mgmtKube, "default", "dev")
-	state := func(c require.TestingT) fleet.State {
-		list, err := fleet.List(ctx, clients, "default")
-		require.NoError(c, err)
-		for _, s := range list {
-			if s.Cluster == "default/dev" {
-				return s
-			}
+	n := 0
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(line, "apiserver_validating_admission_policy_check_total{") &&
+			strings.Contains(line, `enforcement_action="deny"`) && strings.Contains(line, `policy="nodeguard"`) {
+			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			require.NoError(t, err, line)
+			n += int(v)
 		}
-		return fleet.State{}
 	}
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		s := state(c)
-		assert.True(c, s.Guarded, "%+v", s)
-		assert.Equal(c, fleet.ModeAdmissionPolicy, s.Mode)
+	return n
+}
+
+// Mode admission-policy end to end with the real Cluster API manager:
+// Machines on the management API server, Nodes on the workload one, which
+// decides Node deletes itself from the Nodes nodeguard released. The URL
+// nodeguard is given is never reached: nothing listens for the workload
+// API server. CAPI's order holds, a third party's delete is denied, and
+// with nodeguard stopped what was released stays deletable and nothing
+// else is.
+func TestCAPIAdmissionPolicyMode(t *testing.T) {
+	_, mgmtEnv := apiServerEnv(t)
+	_, workloadEnv := apiServerEnv(t)
+	c := startCAPI(t, mgmtEnv, workloadEnv)
+	ctx := context.Background()
+	kube := c.nodes
+	_, err := c.dyn.Resource(clustersGVR).Namespace("default").Patch(ctx, "dev", types.MergePatchType,
+		[]byte(`{"metadata":{"annotations":{"`+fleet.ModeAnnotation+`":"`+fleet.ModeAdmissionPolicy+`"}}}`), metav1.PatchOptions{})
+	require.NoError(t, err)
+	clients, err := kubeclient.FromConfig(localcluster.Config(mgmtEnv))
+	require.NoError(t, err)
+	ca := testpki.New(t)
+	t.Setenv("POD_NAMESPACE", "default")
+	// An hour between proofs: the policy's denials counted below are then
+	// the test's and CAPI's alone.
+	opts := serve.Options{Fleet: serve.FleetOptions{Enabled: true, AdmissionPolicy: true, URL: "https://127.0.0.1:" + strconv.Itoa(freePort(t)),
+		CAFiles: []string{ca.CAFile(t)}, ProofInterval: time.Hour}}
+	opts.Orphans.Interval, opts.Orphans.KubeconfigRecheck = serve.DefaultOrphanScanInterval, 2*time.Second
+	started := time.Now()
+	_, stop := serveWith(t, clients, ca, opts)
+	require.EventuallyWithT(t, func(col *assert.CollectT) {
+		states, err := fleet.List(ctx, clients, "default")
+		require.NoError(col, err)
+		require.Len(col, states, 1)
+		assert.True(col, states[0].Guarded, "%+v", states[0])
+		assert.Equal(col, fleet.ModeAdmissionPolicy, states[0].Mode)
 	}, 60*time.Second, 200*time.Millisecond, "guarded and proven by the policy's denial")
-	t.Logf("guarded and proven %s after the kubeconfig Secret appeared", time.Since(secretAt).Round(100*time.Millisecond))
+	t.Logf("guarded and proven %s after nodeguard started", time.Since(started).Round(100*time.Millisecond))
 	_, err = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "no webhook in this mode: %v", err)
 
-	policyDenies := func(c require.TestingT, node string) {
+	policyDenies := func(c require.TestingT, node, want string) {
 		err := dryRunDelete(ctx, kube, node)
 		require.Error(c, err)
-		assert.True(c, apierrors.IsForbidden(err), "%v", err)
 		assert.Contains(c, err.Error(), "ValidatingAdmissionPolicy 'nodeguard'")
+		assert.Contains(c, err.Error(), want)
 	}
-	t.Run("a linked Node's delete is denied in the API server", func(t *testing.T) {
-		policyDenies(t, "md-0-a")
-	})
-	t.Run("an unlinked Node is released", func(t *testing.T) {
+	released := func(c require.TestingT, node string) {
+		cm, err := kube.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Get(ctx, admissionpolicy.ParamsName, metav1.GetOptions{})
+		require.NoError(c, err)
+		n, err := kube.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		require.NoError(c, err)
+		assert.Equal(c, string(n.UID), cm.Data[node], "Node %s released with its UID", node)
+	}
+	_, err = kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "free"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Run("an unlinked Node is released, a linked one is not", func(t *testing.T) {
 		require.EventuallyWithT(t, func(c *assert.CollectT) { assert.NoError(c, dryRunDelete(ctx, kube, "free")) },
 			10*time.Second, 50*time.Millisecond)
+		policyDenies(t, "dev-cp-0", "nodeguard has not released it")
 	})
-	t.Run("deleted released Nodes are published again", func(t *testing.T) {
+	t.Run("the released Nodes deleted are published again", func(t *testing.T) {
 		require.NoError(t, kube.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Delete(ctx, admissionpolicy.ParamsName, metav1.DeleteOptions{}))
-		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			cm, err := kube.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Get(ctx, admissionpolicy.ParamsName, metav1.GetOptions{})
-			require.NoError(c, err)
-			assert.Contains(c, cm.Data, "free")
-		}, 10*time.Second, 50*time.Millisecond)
-		require.NoError(t, dryRunDelete(ctx, kube, "free"))
+		require.EventuallyWithT(t, func(c *assert.CollectT) { released(c, "free") }, 10*time.Second, 50*time.Millisecond)
 	})
-	t.Run("the InfraMachine gone releases its Node", func(t *testing.T) {
-		dockers := schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Resource: "dockermachines"}
-		gone := time.Now()
-		require.NoError(t, dyn.Resource(dockers).Namespace("default").Delete(ctx, "md-0-a", metav1.DeleteOptions{}))
-		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			assert.NoError(c, kube.CoreV1().Nodes().Delete(ctx, "md-0-a", metav1.DeleteOptions{}))
-		}, 10*time.Second, 10*time.Millisecond)
-		t.Logf("DockerMachine gone to Node deleted: %s (loopback)", time.Since(gone).Round(10*time.Millisecond))
+
+	t.Run("CAPI deletes a Machine in order; a third party's Node delete is denied", func(t *testing.T) {
+		const name = "dev-md-0-abcde"
+		c.machine(t, name, localcluster.MachineOptions{})
+		policyDenies(t, name, "nodeguard has not released it")
+		// When the release became visible to a client of the workload API
+		// server, polled every 10 ms from here on.
+		visible := make(chan time.Time, 1)
+		pollCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			for pollCtx.Err() == nil {
+				cm, err := kube.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Get(pollCtx, admissionpolicy.ParamsName, metav1.GetOptions{})
+				if err == nil && cm.Data[name] != "" {
+					visible <- time.Now()
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
+		before := policyDenials(t, ctx, kube)
+		c.deletesInOrder(t, name, "ValidatingAdmissionPolicy 'nodeguard'", capiWindow)
+		d, _ := c.capd.Deleted(name)
+		select {
+		case at := <-visible:
+			t.Logf("release visible %s after the DockerMachine was gone", at.Sub(d.At).Round(time.Millisecond))
+		default:
+			t.Error("the Node was deleted before its release was seen")
+		}
+		// The third party's delete is one denial; every other one is an
+		// attempt of CAPI's, which tries every 2 s.
+		denied := policyDenials(t, ctx, kube) - before
+		require.GreaterOrEqual(t, denied, 1, "the metric counts the third party's denied delete")
+		t.Logf("CAPI's Node delete denied %d time(s) before it was admitted", denied-1)
+		assert.LessOrEqual(t, denied-1, 1, "CAPI's Node delete admitted within its first two tries")
 	})
+
 	t.Run("with nodeguard stopped, what was released stays deletable and nothing else is", func(t *testing.T) {
 		stop()
 		require.NoError(t, dryRunDelete(ctx, kube, "free"))
-		policyDenies(t, "md-0-b")
+		policyDenies(t, "dev-cp-0", "nodeguard has not released it")
+		old, err := kube.CoreV1().Nodes().Get(ctx, "free", metav1.GetOptions{})
+		require.NoError(t, err)
+		require.NoError(t, kube.CoreV1().Nodes().Delete(ctx, "free", metav1.DeleteOptions{}))
+		again, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "free"}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		require.NotEqual(t, old.UID, again.UID)
+		policyDenies(t, "free", "re-created under its name")
+
+		require.NoError(t, kube.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Delete(ctx, admissionpolicy.ParamsName, metav1.DeleteOptions{}))
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			policyDenies(c, "dev-cp-0", "no params found for policy binding")
+		}, 10*time.Second, 50*time.Millisecond, "without the released Nodes every delete is denied")
+	})
+
+	t.Run("nodeguard back publishes the released Nodes again", func(t *testing.T) {
+		back := time.Now()
+		serveWith(t, clients, ca, opts)
+		require.EventuallyWithT(t, func(c *assert.CollectT) { released(c, "free") }, 30*time.Second, 50*time.Millisecond)
+		require.EventuallyWithT(t, func(c *assert.CollectT) { assert.NoError(c, dryRunDelete(ctx, kube, "free")) },
+			10*time.Second, 50*time.Millisecond)
+		t.Logf("the re-created Node released %s after nodeguard restarted", time.Since(back).Round(100*time.Millisecond))
+		policyDenies(t, "dev-cp-0", "nodeguard has not released it")
 	})
 }
