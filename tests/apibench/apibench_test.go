@@ -380,7 +380,7 @@ func startWebhook(b *testing.B, env *envtest.Environment, kube kubernetes.Interf
 		if mode == "nodeguard-no-fresh-reads" {
 			args = append(args, "--no-fresh-reads")
 		}
-		w = startNodeguard(b, env, kube, nodeguardBin, args, true)
+		w = startNodeguard(b, env, kube, nodeguardBin, args, asWebhook)
 	case "admission-policy":
 		w.stop = startAdmissionPolicy(b, env, kube)
 	case "gatekeeper", "gatekeeper-provider":
@@ -404,7 +404,7 @@ func startWebhook(b *testing.B, env *envtest.Environment, kube kubernetes.Interf
 		if mode == "gatekeeper-provider" {
 			// nodeguard as Gatekeeper's provider only: no webhook of its own;
 			// it writes the Provider Gatekeeper calls.
-			ng := startNodeguard(b, env, kube, nodeguardBin, append(strings.Fields(*nodeguardArgs), "--externaldata-client-ca-file", gk.CAFile), false)
+			ng := startNodeguard(b, env, kube, nodeguardBin, append(strings.Fields(*nodeguardArgs), "--externaldata-client-ca-file", gk.CAFile), asProvider)
 			stopGatekeeper := w.stop
 			w = ng
 			w.stop = func() { ng.stop(); stopGatekeeper() }
@@ -447,10 +447,19 @@ func removeGatekeeperPolicy(ctx context.Context, env *envtest.Environment) error
 	return nil
 }
 
+// role is what nodeguard serve is started as.
+type role int
+
+const (
+	asWebhook  role = iota // its webhook registered for Node deletes
+	asProvider             // Gatekeeper's external data provider, no webhook of its own
+	asFleet                // --fleet --fleet-admission-policy: it guards the workload clusters
+)
+
 // startNodeguard runs `nodeguard serve` as its own process, measures the
 // time from start to /readyz OK and its RSS then, and registers its webhook,
-// or, without one, keeps Gatekeeper's Provider pointing at it.
-func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Interface, bin string, extra []string, register bool) webhook {
+// or keeps Gatekeeper's Provider pointing at it, or guards the fleet.
+func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Interface, bin string, extra []string, as role) webhook {
 	ctx := context.Background()
 	dir := b.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
@@ -460,11 +469,15 @@ func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Inte
 	addr, probes := freeAddr(b), freeAddr(b)
 	args := append([]string{"serve", "--kubeconfig", kubeconfig, "--tls-cert-file", cert, "--tls-private-key-file", key,
 		"--listen-address", addr, "--health-probe-bind-address", probes, "--metrics-bind-address", "0"}, extra...)
-	if !register {
+	switch as {
+	case asProvider:
 		args = append(args, "--gatekeeper-provider-url", "https://"+addr, "--gatekeeper-provider-ca-file", ca.CAFile(b))
+	case asFleet:
+		args = append(args, "--fleet", "--fleet-admission-policy", "--fleet-url", "https://"+addr, "--fleet-ca-file", ca.CAFile(b))
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), strings.Fields(*nodeguardEnv)...)
+	cmd.Env = append(cmd.Env, "POD_NAMESPACE=default")
 	log, err := os.Create(filepath.Join(dir, "nodeguard.log"))
 	require.NoError(b, err)
 	cmd.Stdout, cmd.Stderr = log, log
@@ -497,7 +510,7 @@ func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Inte
 	}
 	rss := rssMiB(b, cmd.Process.Pid)
 	b.Logf("nodeguard serve %v: ready %s after start, RSS %.0f MiB", extra, ready.Round(time.Millisecond), rss)
-	if register {
+	if as == asWebhook {
 		vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
 		require.NoError(b, err)
 		require.NoError(b, webhookconfig.Apply(ctx, dynamic.NewForConfigOrDie(localcluster.Config(env)), vwc))
