@@ -63,7 +63,8 @@ var (
 	// server itself (measured 1.6 -> 3.9 ms p50 with 25 ms pauses), so the
 	// loop runs back to back; `make bench-apiserver` raises nodeguard's client
 	// rate limit instead (see docs/performance.md).
-	interval = flag.Duration("interval", 0, "pause between two measured deletes")
+	interval      = flag.Duration("interval", 0, "pause between two measured deletes")
+	releasedNodes = flag.Int("released-nodes", 0, "mode admission-policy: other released Nodes published beside the allowed one")
 )
 
 const (
@@ -545,8 +546,15 @@ func startAdmissionPolicy(b *testing.B, env *envtest.Environment, kube kubernete
 	}
 	free, err := kube.CoreV1().Nodes().Get(ctx, allowedNode, metav1.GetOptions{})
 	require.NoError(b, err)
-	cm, _, err := admissionpolicy.Params([]admissionpolicy.Verdict{{Node: allowedNode, UID: string(free.UID), Released: true}}, admissionpolicy.MaxParamsBytes)
+	verdicts := []admissionpolicy.Verdict{{Node: allowedNode, UID: string(free.UID), Released: true}}
+	// Other released Nodes, as a large cluster scaling down publishes them
+	// (the API server converts the whole ConfigMap for each request).
+	for i := range *releasedNodes {
+		verdicts = append(verdicts, admissionpolicy.Verdict{Node: fmt.Sprintf("gone-%06d", i), UID: fmt.Sprintf("00000000-0000-4000-8000-%012d", i), Released: true})
+	}
+	cm, omitted, err := admissionpolicy.Params(verdicts, admissionpolicy.MaxParamsBytes)
 	require.NoError(b, err)
+	require.Zero(b, omitted, "-released-nodes beyond what one ConfigMap holds")
 	policy, binding, err := constraints.AdmissionPolicyManifests(filepath.Join("..", "..", "constraints"))
 	require.NoError(b, err)
 	type object struct {
