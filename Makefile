@@ -110,7 +110,7 @@ e2e:
 	@start=$$(date +%s); bin=$$(bash tests/e2e/tools/build.sh) && echo "e2e tools ready in $$(( $$(date +%s) - start )) s: $$bin" && \
 	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/ ./internal/cmd/demo/ && \
 	echo "== e2e: API-server benchmark, smoke size" && \
-	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 ./tests/apibench/ -run '^$$' -bench . -benchtime 5x -args -sizes 100 -release-nodes 20 -revoke-nodes 10
+	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 ./tests/apibench/ -run '^$$' -bench . -benchtime 5x -args -sizes 100 -release-nodes 20 -revoke-nodes 10 -policy-rounds 2 -policy-requests 5
 
 # The README's "Try it": a narrated replay of scenarios 2 and 9 on a local
 # kube-apiserver with nodeguard as its webhook and the real CAPI manager
@@ -148,7 +148,7 @@ APIBENCH_REQUESTS ?= 200
 APIBENCH_NODEGUARD_ARGS ?= --kube-api-qps=2000 --kube-api-burst=4000
 bench-apiserver:
 	@bin=$$(bash tests/e2e/tools/build.sh) && \
-	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 ./tests/apibench/ -run '^$$' -bench 'NodeDelete|ReleaseLatency' -benchtime $(APIBENCH_REQUESTS)x -timeout 120m \
+	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 ./tests/apibench/ -run '^$$' -bench 'NodeDelete|ReleaseLatency|AdmissionPolicyAdded' -benchtime $(APIBENCH_REQUESTS)x -timeout 120m \
 		-args -sizes $(APIBENCH_SIZES) -nodeguard-args "$(APIBENCH_NODEGUARD_ARGS)"
 
 # Decision latency and cache memory, enforcer next to Gatekeeper's engine
