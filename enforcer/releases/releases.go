@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,6 +45,8 @@ type Options struct {
 	// Limit bounds the published data (default admissionpolicy.MaxParamsBytes).
 	Limit int
 	Log   *slog.Logger
+	// Metrics, when set, counts the writes and what they listed.
+	Metrics *Metrics
 }
 
 // Write stores the released Nodes in one workload cluster.
@@ -96,6 +99,7 @@ func (p *Publisher) Remove(name string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.clusters, name)
+	p.opts.Metrics.forget(name)
 }
 
 // Enrolled says whether a cluster's releases are published.
@@ -218,6 +222,7 @@ func (p *Publisher) Flush(ctx context.Context) {
 		if err == nil {
 			err = j.c.write(ctx, cm)
 		}
+		p.opts.Metrics.wrote(j.name, released(cm), omitted, err)
 		if err != nil {
 			p.mu.Lock()
 			j.c.dirty = true
@@ -229,6 +234,20 @@ func (p *Publisher) Flush(ctx context.Context) {
 			p.opts.Log.Warn("releases: too many released Nodes for one ConfigMap; those left out stay denied", "cluster", j.name, "omitted", omitted)
 		}
 	}
+}
+
+// released counts the Nodes a ConfigMap lists as released.
+func released(cm *corev1.ConfigMap) int {
+	if cm == nil {
+		return 0
+	}
+	n := 0
+	for k := range cm.Data {
+		if !strings.HasPrefix(k, admissionpolicy.BlockerPrefix) {
+			n++
+		}
+	}
+	return n
 }
 
 func valuesOf(m map[string]admissionpolicy.Verdict) []admissionpolicy.Verdict {

@@ -3,9 +3,12 @@ package releases_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -174,4 +177,44 @@ func TestOnlyEnrolledClustersAreJudged(t *testing.T) {
 	assert.Zero(t, w.freshN)
 	p.Remove("fleet/prod")
 	assert.False(t, p.Enrolled("fleet/prod"))
+}
+
+// The writes, the Nodes listed and those a full ConfigMap left out are
+// counted by cluster, and dropped with the cluster.
+func TestWritesAndOmissionsAreCounted(t *testing.T) {
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	m, err := releases.NewMetrics(reg)
+	require.NoError(t, err)
+	w := &world{cached: map[string]orphans.Release{}, fresh: map[string]orphans.Release{}}
+	// Room for two of the three released Nodes (name and UID: 4 bytes each).
+	p, err := releases.New(releases.Options{Judge: w.judge, Ready: func() error { return nil }, Limit: 8, Metrics: m})
+	require.NoError(t, err)
+	p.Enroll("fleet/prod", w.write)
+	for _, n := range []string{"a", "b", "c"} {
+		w.cached[n], w.fresh[n] = orphans.Release{Released: true}, orphans.Release{Released: true}
+		require.NoError(t, p.Judge(ctx, "fleet/prod", node(n, "u-"+n)))
+	}
+	p.Synced("fleet/prod")
+	w.failing = true
+	p.Flush(ctx)
+	w.failing = false
+	p.Flush(ctx)
+	assert.Len(t, w.last(), 2)
+	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP nodeguard_release_omitted_nodes Released Nodes left out of a workload cluster's last write because the ConfigMap was full: their deletes are denied there.
+# TYPE nodeguard_release_omitted_nodes gauge
+nodeguard_release_omitted_nodes{cluster="fleet/prod"} 1
+# HELP nodeguard_release_writes_total Writes of the released Nodes into a workload cluster in mode admission-policy, by result: ok, error (tried again at the next batch).
+# TYPE nodeguard_release_writes_total counter
+nodeguard_release_writes_total{cluster="fleet/prod",result="error"} 1
+nodeguard_release_writes_total{cluster="fleet/prod",result="ok"} 1
+# HELP nodeguard_released_nodes Nodes listed as released in a workload cluster at its last write.
+# TYPE nodeguard_released_nodes gauge
+nodeguard_released_nodes{cluster="fleet/prod"} 2
+`)))
+	p.Remove("fleet/prod")
+	n, err := testutil.GatherAndCount(reg)
+	require.NoError(t, err)
+	assert.Zero(t, n, "a removed cluster leaves no series")
 }

@@ -192,7 +192,7 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 	var scanner *orphanscan.Scanner
 	var published *releases.Publisher
 	if o.Releases {
-		if published, err = releases.New(releases.Options{Judge: finder.Releases, Ready: ready, Log: log,
+		if published, err = releases.New(releases.Options{Judge: finder.Releases, Ready: ready, Log: log, Metrics: m.Releases,
 			Rejudge: func(cluster string) { scanner.JudgeCluster(cluster) }}); err != nil {
 			return nil, err
 		}
@@ -256,6 +256,7 @@ type OrphanMetrics struct {
 	Reaper   *reaper.Metrics
 	Scan     *orphanscan.Metrics
 	Clusters *clusters.Metrics
+	Releases *releases.Metrics
 }
 
 func registerOrphanMetrics(reg prometheus.Registerer) (*OrphanMetrics, error) {
@@ -268,6 +269,9 @@ func registerOrphanMetrics(reg prometheus.Registerer) (*OrphanMetrics, error) {
 		return nil, err
 	}
 	if m.Clusters, err = clusters.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	if m.Releases, err = releases.NewMetrics(reg); err != nil {
 		return nil, err
 	}
 	return &m, nil
