@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/policies"
 )
@@ -63,23 +64,14 @@ func LoadInfo() (Info, error) {
 	return Info{Title: title, Name: custom["policy"], Kind: custom["kind"], Version: custom["version"]}, nil
 }
 
-// Action is how the binding enforces: a rollout starts with Warn or Audit.
-type Action string
-
-// Actions.
-const (
-	Deny  Action = "deny"
-	Warn  Action = "warn"
-	Audit Action = "dryrun"
-)
-
 // Options say what to build.
 type Options struct {
 	// ExemptUsers and ExemptGroups may delete any Node (the rule's declared
 	// parameters of those names).
 	ExemptUsers, ExemptGroups []string
-	// Action is Deny unless set.
-	Action Action
+	// Action is how the binding enforces (validationActions): Deny unless
+	// set; a rollout starts with DryRun (Audit) or Warn.
+	Action enforcement.Action
 }
 
 // Build returns the policy and its binding.
@@ -145,16 +137,16 @@ func Build(info Info, opts Options) (*admissionregistrationv1.ValidatingAdmissio
 
 func ptr[T any](v T) *T { return &v }
 
-func validationActions(a Action) ([]admissionregistrationv1.ValidationAction, error) {
+func validationActions(a enforcement.Action) ([]admissionregistrationv1.ValidationAction, error) {
 	switch a {
-	case "", Deny:
+	case "", enforcement.Deny:
 		return []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}, nil
-	case Warn:
+	case enforcement.Warn:
 		return []admissionregistrationv1.ValidationAction{admissionregistrationv1.Warn}, nil
-	case Audit:
+	case enforcement.DryRun:
 		return []admissionregistrationv1.ValidationAction{admissionregistrationv1.Audit}, nil
 	}
-	return nil, fmt.Errorf("admission policy: action %q is none of %s, %s, %s", a, Deny, Warn, Audit)
+	return nil, fmt.Errorf("admission policy: action %q is none of %s, %s, %s", a, enforcement.Deny, enforcement.Warn, enforcement.DryRun)
 }
 
 // notExempt is the match condition: the policy applies to every user who is

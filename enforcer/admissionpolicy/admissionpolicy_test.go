@@ -10,6 +10,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 )
 
 func info(t *testing.T) admissionpolicy.Info {
@@ -38,9 +39,9 @@ func TestExemptionsAreRenderedAsLiterals(t *testing.T) {
 }
 
 func TestActionsAreTheBindingsValidationActions(t *testing.T) {
-	for action, want := range map[admissionpolicy.Action]admissionregistrationv1.ValidationAction{
-		"": admissionregistrationv1.Deny, admissionpolicy.Deny: admissionregistrationv1.Deny,
-		admissionpolicy.Warn: admissionregistrationv1.Warn, admissionpolicy.Audit: admissionregistrationv1.Audit,
+	for action, want := range map[enforcement.Action]admissionregistrationv1.ValidationAction{
+		"": admissionregistrationv1.Deny, enforcement.Deny: admissionregistrationv1.Deny,
+		enforcement.Warn: admissionregistrationv1.Warn, enforcement.DryRun: admissionregistrationv1.Audit,
 	} {
 		_, b, err := admissionpolicy.Build(info(t), admissionpolicy.Options{Action: action})
 		require.NoError(t, err)

@@ -53,9 +53,11 @@ import (
 
 // What every Event this package writes says.
 const (
-	Reason     = "NodeDeleteDenied"
-	Action     = "Delete"
-	Controller = "nodeguard"
+	Reason = "NodeDeleteDenied"
+	// ReasonWouldBeDenied is a denial the enforcement action warn admitted.
+	ReasonWouldBeDenied = "NodeDeleteWouldBeDenied"
+	Action              = "Delete"
+	Controller          = "nodeguard"
 	// NoteMax is the API server's limit on an Event's note, in bytes.
 	NoteMax = 1024
 )
@@ -73,6 +75,9 @@ type Denial struct {
 	Blockers []decision.Blocker
 	// Unverified are linked Machines' InfraMachines of kinds not synced.
 	Unverified []decision.Unverified
+	// Admitted: the enforcement action warn let the delete through; the
+	// Event says it would have been denied (ReasonWouldBeDenied).
+	Admitted bool
 }
 
 // WorkloadEvents returns the events client of a workload cluster
@@ -372,7 +377,7 @@ func (r *Recorder) create(ctx context.Context, t *target, s *series, w write) er
 		ReportingController: Controller,
 		ReportingInstance:   r.opts.Instance,
 		Action:              Action,
-		Reason:              Reason,
+		Reason:              reasonOf(s.denial),
 		Regarding:           t.regarding,
 		Related:             t.related,
 		Note:                t.note,
@@ -465,7 +470,18 @@ func related(d Denial) *corev1.ObjectReference {
 // Note is what the Event says: who asked, why it was denied, and the rule's
 // message (which names each blocker and what to do), cut to NoteMax.
 func Note(d Denial) string {
-	return truncate(fmt.Sprintf("Delete by %q denied (%s): %s", d.User, d.Reason, strings.Join(d.Messages, " ")))
+	verdict := "denied"
+	if d.Admitted {
+		verdict = "admitted under enforcement action warn, would be denied"
+	}
+	return truncate(fmt.Sprintf("Delete by %q %s (%s): %s", d.User, verdict, d.Reason, strings.Join(d.Messages, " ")))
+}
+
+func reasonOf(d Denial) string {
+	if d.Admitted {
+		return ReasonWouldBeDenied
+	}
+	return Reason
 }
 
 func truncate(s string) string {

@@ -331,3 +331,21 @@ func BenchmarkRecord(b *testing.B) {
 		}
 	})
 }
+
+// A denial the enforcement action warn admitted is its own Event, saying so.
+func TestAWarnAdmittedDenialSaysItWouldBeDenied(t *testing.T) {
+	f := newFixture(t, Options{})
+	d := blocked("md-0-a", "alice")
+	f.r.observe(d)
+	d.Admitted = true
+	f.r.observe(d)
+	f.r.flush(f.ctx)
+	got := events(t, f.kube.EventsV1(), "default")
+	require.Len(t, got, 2, "a denial and an admitted one are two series")
+	reasons := map[string]string{}
+	for _, ev := range got {
+		reasons[ev.Reason] = ev.Note
+	}
+	assert.Contains(t, reasons[ReasonWouldBeDenied], `Delete by "alice" admitted under enforcement action warn, would be denied (blocked): Node "md-0-a"`)
+	assert.Contains(t, reasons, Reason)
+}

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -93,7 +94,7 @@ func servesPolicies(w *watch) (bool, error) {
 // guardPolicy installs the policy and its binding where missing or
 // different, has the released Nodes published, removes a webhook
 // configuration left from mode webhook, and proves the cluster guarded.
-func (r *Reconciler) guardPolicy(ctx context.Context, key string, w *watch, before State, st *State) {
+func (r *Reconciler) guardPolicy(ctx context.Context, key string, w *watch, before State, st *State, action enforcement.Action) {
 	if w.servesPolicies == nil {
 		ok, err := servesPolicies(w)
 		if err != nil {
@@ -127,7 +128,9 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, w *watch, befo
 		st.Reason, st.Message = ReasonNotInstalled, "reading the policy, its binding and the released Nodes there"
 		return
 	}
-	policy, binding, err := admissionpolicy.Build(r.policyInfo, r.opts.AdmissionPolicy)
+	opts := r.opts.AdmissionPolicy
+	opts.Action = action
+	policy, binding, err := admissionpolicy.Build(r.policyInfo, opts)
 	if err != nil {
 		st.Reason, st.Message = ReasonNotInstalled, err.Error()
 		return
@@ -174,12 +177,12 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, w *watch, befo
 		st.Guarded, st.Reason, st.Message = true, "", ""
 		return
 	}
-	r.provePolicy(ctx, key, w, pw, st)
+	r.provePolicy(ctx, key, w, pw, st, action)
 }
 
 // provePolicy makes a dry-run delete of a Node that is not released, as
 // nodeguard: the cluster is guarded when the policy denies it.
-func (r *Reconciler) provePolicy(ctx context.Context, key string, w *watch, pw *policyWatch, st *State) {
+func (r *Reconciler) provePolicy(ctx context.Context, key string, w *watch, pw *policyWatch, st *State, action enforcement.Action) {
 	nodes, err := w.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 100})
 	if err != nil {
 		st.Reason, st.Message = failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, w, err)
@@ -221,7 +224,7 @@ func (r *Reconciler) provePolicy(ctx context.Context, key string, w *watch, pw *
 			return
 		}
 	}
-	if err == nil && r.opts.AdmissionPolicy.Action == admissionpolicy.Audit {
+	if err == nil && action == enforcement.DryRun {
 		st.Reason, st.Message = ReasonReviewNotReceived, "the policy's binding only audits (action dryrun): no Node delete is denied there"
 		return
 	}

@@ -35,6 +35,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
@@ -368,7 +369,14 @@ func (r *Reconciler) reconcile(ctx context.Context, key string) (State, bool) {
 		}
 	case st.Mode == ModeAdmissionPolicy:
 		w.policyRemoved = false
-		r.guardPolicy(ctx, key, w, before, &st)
+		action, err := enforcement.Of(meta.Annotations, r.opts.AdmissionPolicy.Action)
+		if err != nil {
+			// Not guessed: the policy there stays as it is, and the Cluster
+			// is reported until the annotation is fixed.
+			st.Reason, st.Message = ReasonNotInstalled, err.Error()
+			break
+		}
+		r.guardPolicy(ctx, key, w, before, &st, action)
 	default:
 		if err := r.removePolicy(ctx, key, w); err != nil {
 			r.opts.Log.Error("fleet: cannot remove nodeguard's admission policy", "cluster", key, "error", err.Error())

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
 	"github.com/nodeguard/nodeguard/enforcer/identity"
@@ -47,6 +48,10 @@ type Options struct {
 	FreshReadTimeout    time.Duration
 	RequestTimeout      time.Duration
 	ShutdownGrace       time.Duration
+	// EnforcementAction is what a denied Node delete becomes on the review
+	// routes (deny, warn, dryrun; "" is deny); a Cluster's
+	// nodeguard.io/enforcement-action annotation overrides it on its route.
+	EnforcementAction enforcement.Action
 	// Bundle, when its Path is set, is a signed policy bundle to run instead
 	// of the embedded rule, reloaded when the file changes.
 	Bundle policybundle.Options
@@ -274,9 +279,22 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics
 	opts Options, log *slog.Logger) (http.Handler, []string, error) {
 	in := intake.New(intake.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
 	clusters := freshread.New(c.Dynamic, c.Mapper)
-	clusterExists := func(ctx context.Context, namespace, name string) (bool, error) {
+	cluster := func(ctx context.Context, namespace, name string) (bool, enforcement.Action, error) {
 		obj, err := clusters.Get(ctx, clusterGVK(), namespace, name)
-		return obj != nil, err
+		if obj == nil || err != nil {
+			return false, "", err
+		}
+		a, err := enforcement.Of(obj.GetAnnotations(), "")
+		if err != nil {
+			// The route keeps the default action; say why on each review
+			// until the annotation is fixed.
+			log.Warn("Cluster's enforcement action ignored", "cluster", namespace+"/"+name, "error", err.Error())
+		}
+		return true, a, nil
+	}
+	clusterExists := func(ctx context.Context, namespace, name string) (bool, error) {
+		ok, _, err := cluster(ctx, namespace, name)
+		return ok, err
 	}
 	// Each CA file a route requires client certificates of: loaded here, and
 	// asked for by the TLS server.
@@ -299,7 +317,7 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics
 	// Each package's handler routes its own paths; this one only sends each
 	// prefix there.
 	mux := http.NewServeMux()
-	reviews := webhook.New(webhook.Options{Decider: e.Guard, ClusterExists: clusterExists, ClientCAs: reviewCAs, ClusterClientCAs: clusterCAs, SelfCluster: opts.SelfCluster,
+	reviews := webhook.New(webhook.Options{Decider: e.Guard, Cluster: cluster, Action: opts.EnforcementAction, ClientCAs: reviewCAs, ClusterClientCAs: clusterCAs, SelfCluster: opts.SelfCluster,
 		DryRunOnlyUser: dryRunOnly(opts), Intake: in, Metrics: metrics.Webhook, Log: log, Denied: denied})
 	mux.Handle(webhook.RouteSelf, reviews)
 	mux.Handle(webhook.RouteSelf+"/", reviews)

@@ -46,7 +46,7 @@ func TestServeJudgesAgainstTheAPIServer(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "metrics are not on the review port")
 	metrics := s.metrics(t)
-	assert.Contains(t, metrics, `nodeguard_decisions_total{cluster="",reason="blocked",result="denied",route="/validate"} 1`)
+	assert.Contains(t, metrics, `nodeguard_decisions_total{cluster="",enforcement_action="deny",reason="blocked",result="denied",route="/validate"} 1`)
 	assert.Contains(t, metrics, `nodeguard_cached_objects{group="cluster.x-k8s.io",kind="Machine",version="v1beta2"} 1`)
 	assert.Contains(t, metrics, "go_goroutines")
 	// The orphan scan runs without --reap-orphan-nodes: the Node's Machine exists.

@@ -12,6 +12,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -55,7 +56,7 @@ func TestClusterRouteEventsOnlyForAuthenticatedReviews(t *testing.T) {
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
-	exists := func(context.Context, string, string) (bool, error) { return true, nil }
+	exists := func(context.Context, string, string) (bool, enforcement.Action, error) { return true, "", nil }
 	var mu sync.Mutex
 	var told []string
 	denied := func(d denialevents.Denial) {
@@ -69,7 +70,7 @@ func TestClusterRouteEventsOnlyForAuthenticatedReviews(t *testing.T) {
 		return len(told)
 	}
 
-	open := serveWith(t, p, webhook.New(webhook.Options{Decider: g, ClusterExists: exists, Denied: denied}),
+	open := serveWith(t, p, webhook.New(webhook.Options{Decider: g, Cluster: exists, Denied: denied}),
 		tlsserver.Options{CertFile: certFile, KeyFile: keyFile}, nil)
 	_, _, out := open.post(t, "/validate/clusters/default/dev", "application/json", body)
 	assert.False(t, out.Response.Allowed, "denied all the same")
@@ -80,7 +81,7 @@ func TestClusterRouteEventsOnlyForAuthenticatedReviews(t *testing.T) {
 	certPEM, keyPEM := p.Issue(t, 9, x509.ExtKeyUsageClientAuth)
 	clientCert, err := tls.X509KeyPair(certPEM, keyPEM)
 	require.NoError(t, err)
-	authenticated := serveWith(t, p, webhook.New(webhook.Options{Decider: g, ClusterExists: exists, Denied: denied, ClientCAs: p.Pool()}),
+	authenticated := serveWith(t, p, webhook.New(webhook.Options{Decider: g, Cluster: exists, Denied: denied, ClientCAs: p.Pool()}),
 		tlsserver.Options{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}, &clientCert)
 	_, _, out = authenticated.post(t, "/validate/clusters/default/dev", "application/json", body)
 	assert.False(t, out.Response.Allowed)
@@ -97,8 +98,8 @@ func TestClusterRoutesAloneRequireClientCertificates(t *testing.T) {
 	g, _, nodes := example(t)
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
-	exists := func(context.Context, string, string) (bool, error) { return true, nil }
-	h := webhook.New(webhook.Options{Decider: g, ClusterExists: exists, ClusterClientCAs: p.Pool()})
+	exists := func(context.Context, string, string) (bool, enforcement.Action, error) { return true, "", nil }
+	h := webhook.New(webhook.Options{Decider: g, Cluster: exists, ClusterClientCAs: p.Pool()})
 	opts := tlsserver.Options{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 	anonymous := serveWith(t, p, h, opts, nil)

@@ -28,6 +28,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
@@ -64,9 +65,16 @@ type Decider interface {
 // Options configure the handler.
 type Options struct {
 	Decider Decider
-	// ClusterExists, when set, is asked on the cluster route: a Cluster the
-	// management cluster does not know is a wrong URL, and is denied.
-	ClusterExists func(ctx context.Context, namespace, name string) (bool, error)
+	// Cluster, when set, is asked on the cluster route: whether the
+	// management cluster has the Cluster (one it does not know is a wrong
+	// URL, and is denied), and the enforcement action its annotation sets
+	// ("": none, Action holds).
+	Cluster func(ctx context.Context, namespace, name string) (exists bool, action enforcement.Action, err error)
+	// Action is what a denial becomes on every route a Cluster does not
+	// override (default enforcement.Deny): warn and dryrun admit the
+	// delete, warn with the denial as a warning. nodeguard's own identity's
+	// dry-run-only rule is always enforced.
+	Action enforcement.Action
 	// ClientCAs, when set, is the CA whose client certificates the review
 	// routes require (--client-ca-file).
 	ClientCAs *x509.CertPool
@@ -183,22 +191,30 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 		return
 	}
 	dryRun := review.Request.DryRun != nil && *review.Request.DryRun
-	var d decision.Decision
+	var v verdict
 	if route == RouteCluster && !dryRun && h.opts.DryRunOnlyUser != "" && req.UserInfo.Username == h.opts.DryRunOnlyUser && isNodeDelete(req) {
-		d = decision.Deny(decision.ReasonDryRunOnly, fmt.Sprintf("Node %q cannot be deleted by %s: nodeguard's own identity "+
+		v = verdict{Decision: decision.Deny(decision.ReasonDryRunOnly, fmt.Sprintf("Node %q cannot be deleted by %s: nodeguard's own identity "+
 			"deletes workload Nodes only when its orphan reaper works there (--reap-orphan-nodes with --reap-workload-clusters); "+
-			"it may dry-run deletes, which prove the cluster guarded.", req.Name, req.UserInfo.Username))
+			"it may dry-run deletes, which prove the cluster guarded.", req.Name, req.UserInfo.Username)), action: enforcement.Deny}
 	} else {
-		d = h.decide(r.Context(), req, review.Request.UserInfo.Groups.digest())
+		v = h.decide(r.Context(), req, review.Request.UserInfo.Groups.digest())
 	}
+	d := v.Decision
 	warnings := d.Warnings
+	// What the answer is: the rule's, or, under warn or dryrun, a denial
+	// admitted (warn says what would have been denied).
+	allowed := d.Allowed || !v.action.Enforced()
+	if !d.Allowed && v.action == enforcement.Warn {
+		warnings = append(slices.Clip(warnings), fmt.Sprintf("nodeguard (enforcement action warn, %s): this delete would be denied: %s",
+			d.Reason, strings.Join(d.Messages, " ")))
+	}
 	if dryRun {
 		// The fleet's proof that this cluster's reviews arrive, on any
 		// replica; on a dry run a person sees which route judged too.
 		warnings = append(slices.Clip(warnings), proof)
 	}
-	resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: d.Allowed, Warnings: warnings}
-	if !d.Allowed {
+	resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: allowed, Warnings: warnings}
+	if !allowed {
 		code := int32(http.StatusForbidden)
 		if d.Reason == decision.ReasonError || d.Reason == decision.ReasonBusy {
 			code = http.StatusInternalServerError
@@ -207,9 +223,9 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 			Message: strings.Join(d.Messages, " ")}
 	}
 	elapsed := time.Since(start)
-	h.opts.Metrics.observe(route, cluster, result(d.Allowed), d.Reason, elapsed)
+	h.opts.Metrics.observe(route, cluster, result(allowed), d.Reason, v.action, elapsed)
 	h.opts.Log.Info("decision", "node", req.Name, "cluster", cluster, "user", req.UserInfo.Username,
-		"allowed", d.Allowed, "reason", d.Reason, "blockers", blockerNames(d), "duration", elapsed)
+		"allowed", allowed, "reason", d.Reason, "enforcementAction", v.action, "blockers", blockerNames(d), "duration", elapsed)
 	body, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: review.APIVersion, Kind: review.Kind}, Response: resp})
 	if err != nil {
 		http.Error(w, "nodeguard: encode response: "+err.Error(), http.StatusInternalServerError)
@@ -219,13 +235,14 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	_, _ = w.Write(body)
 	// A dry run must have no side effects (the webhook says NoneOnDryRun).
 	authenticated := clients != nil // intake refused any other caller
-	if !d.Allowed && !dryRun && h.opts.Denied != nil && isNodeDelete(req) && (route == RouteSelf || authenticated) {
+	// dryrun is silent: logged and counted, no Event.
+	if !d.Allowed && v.action != enforcement.DryRun && !dryRun && h.opts.Denied != nil && isNodeDelete(req) && (route == RouteSelf || authenticated) {
 		where := cluster // the workload cluster the Node lives in; /validate's is this one
 		if route == RouteSelf {
 			where = ""
 		}
 		h.opts.Denied(denialevents.Denial{Cluster: where, Node: req.Name, NodeUID: uidOf(review.Request.OldObject.bytes()), User: req.UserInfo.Username,
-			Reason: d.Reason, Messages: d.Messages, Blockers: d.Blockers, Unverified: d.Unverified})
+			Reason: d.Reason, Messages: d.Messages, Blockers: d.Blockers, Unverified: d.Unverified, Admitted: allowed})
 	}
 }
 
@@ -284,7 +301,7 @@ func jsonField(dec *json.Decoder, key string) bool {
 // API server then applies the webhook's failurePolicy (Fail: denied).
 func (h *handler) reject(w http.ResponseWriter, herr *intake.Error, route, cluster string, start time.Time) {
 	h.intake.Reject(w, herr, "admission request", route, cluster)
-	h.opts.Metrics.observe(route, cluster, "error", decision.ReasonBadRequest, time.Since(start))
+	h.opts.Metrics.observe(route, cluster, "error", decision.ReasonBadRequest, h.action(""), time.Since(start))
 }
 
 // clientCAs is the CA whose client certificates route requires, or nil.
@@ -364,16 +381,38 @@ func request(req *admissionRequest, cluster string) (guard.Request, *intake.Erro
 // same input (route, request and Node as the rule reads them, user and
 // groups) share one decision; at most MaxConcurrentDecisions are made at
 // once, the others queue for a slot until their deadline.
-func (h *handler) decide(ctx context.Context, req guard.Request, groups []byte) decision.Decision {
+func (h *handler) decide(ctx context.Context, req guard.Request, groups []byte) verdict {
 	key, err := flightKey(req, groups)
 	if err != nil {
-		return decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
+		return h.fallback(decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err)))
 	}
-	busy := func() decision.Decision {
-		return decision.Deny(decision.ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
-			"(--max-concurrent-decisions) and none finished in time; retry shortly.", req.Name))
+	busy := func() verdict {
+		return h.fallback(decision.Deny(decision.ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
+			"(--max-concurrent-decisions) and none finished in time; retry shortly.", req.Name)))
 	}
-	return intake.Do(ctx, h.intake, key, busy, func(ctx context.Context) decision.Decision { return h.decideNow(ctx, req) })
+	return intake.Do(ctx, h.intake, key, busy, func(ctx context.Context) verdict { return h.decideNow(ctx, req) })
+}
+
+// verdict is a decision and the enforcement action it is answered under.
+type verdict struct {
+	decision.Decision
+	action enforcement.Action
+}
+
+// fallback answers d under the default action: no Cluster was read.
+func (h *handler) fallback(d decision.Decision) verdict {
+	return verdict{Decision: d, action: h.action("")}
+}
+
+// action is a Cluster's action, else the default.
+func (h *handler) action(cluster enforcement.Action) enforcement.Action {
+	if cluster != "" {
+		return cluster
+	}
+	if h.opts.Action == "" {
+		return enforcement.Deny
+	}
+	return h.opts.Action
 }
 
 // flightKey is everything a decision reads from the review, hashed: the
@@ -408,25 +447,30 @@ func flightKey(req guard.Request, groups []byte) (string, error) {
 	return string(h.Sum(nil)), nil
 }
 
-func (h *handler) decideNow(ctx context.Context, req guard.Request) decision.Decision {
-	if req.Cluster != "" && h.opts.ClusterExists != nil {
+func (h *handler) decideNow(ctx context.Context, req guard.Request) verdict {
+	var clusterAction enforcement.Action
+	if req.Cluster != "" && h.opts.Cluster != nil {
 		ns, name, err := cache.SplitMetaNamespaceKey(req.Cluster)
 		if err != nil {
-			return decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
+			return h.fallback(decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err)))
 		}
-		ok, err := h.opts.ClusterExists(ctx, ns, name)
+		ok, a, err := h.opts.Cluster(ctx, ns, name)
 		if err != nil {
-			return decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not read Cluster %s (%v); retry shortly.", req.Name, req.Cluster, err))
+			return h.fallback(decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not read Cluster %s (%v); retry shortly.", req.Name, req.Cluster, err)))
 		}
 		if !ok {
-			return decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: this webhook's URL names Cluster %s, which the management cluster does not have; fix the ValidatingWebhookConfiguration (nodeguard webhook-config --cluster).", req.Name, req.Cluster))
+			return h.fallback(decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: this webhook's URL names Cluster %s, which the management cluster does not have; fix the ValidatingWebhookConfiguration (nodeguard webhook-config --cluster).", req.Name, req.Cluster)))
 		}
+		clusterAction = a
 	}
+	v := verdict{action: h.action(clusterAction)}
 	d, err := h.opts.Decider.Decide(ctx, req)
 	if err != nil {
-		return decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
+		v.Decision = decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
+		return v
 	}
-	return d
+	v.Decision = d
+	return v
 }
 
 func result(allowed bool) string {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
@@ -141,13 +142,13 @@ func TestDecisions(t *testing.T) {
 func TestClusterRoute(t *testing.T) {
 	g, _, nodes := example(t)
 	known := map[string]bool{"default/dev": true, "default/other": true}
-	exists := func(_ context.Context, ns, name string) (bool, error) {
+	exists := func(_ context.Context, ns, name string) (bool, enforcement.Action, error) {
 		if ns == "broken" {
-			return false, errors.New("connection refused")
+			return false, "", errors.New("connection refused")
 		}
-		return known[ns+"/"+name], nil
+		return known[ns+"/"+name], "", nil
 	}
-	s := serve(t, webhook.New(webhook.Options{Decider: g, ClusterExists: exists}), tlsserver.Options{}, nil)
+	s := serve(t, webhook.New(webhook.Options{Decider: g, Cluster: exists}), tlsserver.Options{}, nil)
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 
 	_, _, out := s.post(t, "/validate/clusters/default/dev", "application/json", body)
@@ -292,11 +293,11 @@ func TestMetrics(t *testing.T) {
 	raw, _ := io.ReadAll(resp.Body)
 	text := string(raw)
 	for _, want := range []string{
-		`nodeguard_decisions_total{cluster="",reason="blocked",result="denied",route="/validate"} 2`,
-		`nodeguard_decisions_total{cluster="default/other",reason="misrouted",result="denied",route="/validate/clusters/{namespace}/{name}"} 1`,
-		`nodeguard_decisions_total{cluster="",reason="not-judged",result="allowed",route="/validate"} 1`,
-		`nodeguard_decisions_total{cluster="",reason="unjudgeable",result="denied",route="/validate"} 1`,
-		`nodeguard_decisions_total{cluster="",reason="bad-request",result="error",route="/validate"} 1`,
+		`nodeguard_decisions_total{cluster="",enforcement_action="deny",reason="blocked",result="denied",route="/validate"} 2`,
+		`nodeguard_decisions_total{cluster="default/other",enforcement_action="deny",reason="misrouted",result="denied",route="/validate/clusters/{namespace}/{name}"} 1`,
+		`nodeguard_decisions_total{cluster="",enforcement_action="deny",reason="not-judged",result="allowed",route="/validate"} 1`,
+		`nodeguard_decisions_total{cluster="",enforcement_action="deny",reason="unjudgeable",result="denied",route="/validate"} 1`,
+		`nodeguard_decisions_total{cluster="",enforcement_action="deny",reason="bad-request",result="error",route="/validate"} 1`,
 		`nodeguard_decision_duration_seconds_count{route="/validate"} 5`,
 		`nodeguard_rejected_requests_total{reason="content-type"} 1`,
 	} {
@@ -317,9 +318,9 @@ func TestFreshReadErrorsAreCountedByTheirReason(t *testing.T) {
 	s := serve(t, webhook.New(webhook.Options{Decider: failing, Metrics: m}), tlsserver.Options{}, nil)
 	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP nodeguard_decisions_total Admission reviews answered, by result (allowed, denied, error), reason, route and cluster (the CAPI Cluster NAMESPACE/NAME of a cluster route, "" on /validate): as many clusters as the fleet has.
+# HELP nodeguard_decisions_total Admission reviews answered, by result (allowed, denied, error: the answer given), reason (the rule's), route, cluster (the CAPI Cluster NAMESPACE/NAME of a cluster route, "" on /validate: as many clusters as the fleet has) and enforcement_action (deny, warn, dryrun: a reason that denies, answered allowed, is a denial warn or dryrun admitted).
 # TYPE nodeguard_decisions_total counter
-nodeguard_decisions_total{cluster="",reason="fresh-read-failed",result="denied",route="/validate"} 1
+nodeguard_decisions_total{cluster="",enforcement_action="deny",reason="fresh-read-failed",result="denied",route="/validate"} 1
 `), "nodeguard_decisions_total", "nodeguard_fresh_read_errors_total"))
 }
 
@@ -366,7 +367,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 	g, _, nodes := example(t)
 	var mu sync.Mutex
 	var got []denialevents.Denial
-	h := webhook.New(webhook.Options{Decider: g, ClusterExists: func(context.Context, string, string) (bool, error) { return true, nil },
+	h := webhook.New(webhook.Options{Decider: g, Cluster: func(context.Context, string, string) (bool, enforcement.Action, error) { return true, "", nil },
 		Denied: func(d denialevents.Denial) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -406,7 +407,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 	}
 	// A denial of another kind (here: a Pod on a route naming no Cluster
 	// the management cluster has) is not a Node's.
-	h = webhook.New(webhook.Options{Decider: g, ClusterExists: func(context.Context, string, string) (bool, error) { return false, nil },
+	h = webhook.New(webhook.Options{Decider: g, Cluster: func(context.Context, string, string) (bool, enforcement.Action, error) { return false, "", nil },
 		Denied: func(d denialevents.Denial) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -514,11 +515,72 @@ func TestDryRunOnlyUserMayNotDelete(t *testing.T) {
 // another Cluster is misrouted there, one of its own judged by its Machines.
 func TestSelfClusterScopesTheSelfRoute(t *testing.T) {
 	g, _, nodes := example(t)
-	exists := func(context.Context, string, string) (bool, error) { return true, nil }
+	exists := func(context.Context, string, string) (bool, enforcement.Action, error) { return true, "", nil }
 	for cluster, want := range map[string]string{"default/dev": "DockerMachine", "default/mgmt": "this review came on the route of Cluster default/mgmt"} {
-		s := serve(t, webhook.New(webhook.Options{Decider: g, ClusterExists: exists, SelfCluster: cluster}), tlsserver.Options{}, nil)
+		s := serve(t, webhook.New(webhook.Options{Decider: g, Cluster: exists, SelfCluster: cluster}), tlsserver.Options{}, nil)
 		_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 		assert.False(t, out.Response.Allowed, cluster)
 		assert.Contains(t, out.Response.Result.Message, want, cluster)
 	}
+}
+
+// Under warn a denial is admitted with the denial as a warning and told as
+// one that would be denied; under dryrun it is admitted silently; both are
+// counted by their action. A Cluster's annotation overrides the default on
+// its route; nodeguard's own dry-run-only rule is enforced under any.
+func TestEnforcementActions(t *testing.T) {
+	g, _, nodes := example(t)
+	var mu sync.Mutex
+	var told []denialevents.Denial
+	reg := prometheus.NewRegistry()
+	m, err := webhook.NewMetrics(reg)
+	require.NoError(t, err)
+	actions := map[string]enforcement.Action{"default/dev": "", "default/audit": enforcement.DryRun, "default/strict": enforcement.Deny}
+	h := webhook.New(webhook.Options{Decider: g, Action: enforcement.Warn, Metrics: m, DryRunOnlyUser: "alice",
+		Cluster: func(_ context.Context, ns, name string) (bool, enforcement.Action, error) {
+			a, ok := actions[ns+"/"+name]
+			return ok, a, nil
+		},
+		Denied: func(d denialevents.Denial) {
+			mu.Lock()
+			defer mu.Unlock()
+			told = append(told, d)
+		}})
+	s := serve(t, h, tlsserver.Options{}, nil)
+	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
+	would := "nodeguard (enforcement action warn, blocked): this delete would be denied: "
+
+	_, _, out := s.post(t, "/validate", "application/json", body)
+	require.True(t, out.Response.Allowed, "warn admits")
+	require.Len(t, out.Response.Warnings, 1)
+	assert.True(t, strings.HasPrefix(out.Response.Warnings[0], would), out.Response.Warnings[0])
+	assert.Contains(t, out.Response.Warnings[0], "DockerMachine")
+	mu.Lock()
+	require.Len(t, told, 1)
+	assert.True(t, told[0].Admitted, "told as a denial warn admitted")
+	mu.Unlock()
+
+	dryRun := bytes.Replace(body, []byte(`"operation"`), []byte(`"dryRun":true,"operation"`), 1)
+	_, _, out = s.post(t, "/validate/clusters/default/audit", "application/json", dryRun)
+	require.True(t, out.Response.Allowed, "dryrun admits")
+	assert.Equal(t, []string{webhook.DryRunWarning("default/audit")}, out.Response.Warnings, "dryrun adds no warning")
+
+	_, _, out = s.post(t, "/validate/clusters/default/strict", "application/json", dryRun)
+	assert.False(t, out.Response.Allowed, "the Cluster's deny overrides the default warn")
+
+	// (The Node names Cluster default/dev: on the other routes it is
+	// misrouted, a denial like any.) alice may only dry-run on a cluster
+	// route: enforced under warn too.
+	_, _, out = s.post(t, "/validate/clusters/default/dev", "application/json", body)
+	assert.False(t, out.Response.Allowed)
+	assert.Contains(t, out.Response.Result.Message, "nodeguard's own identity")
+
+	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP nodeguard_decisions_total Admission reviews answered, by result (allowed, denied, error: the answer given), reason (the rule's), route, cluster (the CAPI Cluster NAMESPACE/NAME of a cluster route, "" on /validate: as many clusters as the fleet has) and enforcement_action (deny, warn, dryrun: a reason that denies, answered allowed, is a denial warn or dryrun admitted).
+# TYPE nodeguard_decisions_total counter
+nodeguard_decisions_total{cluster="",enforcement_action="warn",reason="blocked",result="allowed",route="/validate"} 1
+nodeguard_decisions_total{cluster="default/audit",enforcement_action="dryrun",reason="misrouted",result="allowed",route="/validate/clusters/{namespace}/{name}"} 1
+nodeguard_decisions_total{cluster="default/dev",enforcement_action="deny",reason="dry-run-only",result="denied",route="/validate/clusters/{namespace}/{name}"} 1
+nodeguard_decisions_total{cluster="default/strict",enforcement_action="deny",reason="misrouted",result="denied",route="/validate/clusters/{namespace}/{name}"} 1
+`), "nodeguard_decisions_total"))
 }

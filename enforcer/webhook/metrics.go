@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
@@ -20,8 +21,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	r := registrar.New(reg)
 	m := &Metrics{
 		decisions: r.CounterVec("nodeguard_decisions_total",
-			"Admission reviews answered, by result (allowed, denied, error), reason, route and cluster (the CAPI Cluster NAMESPACE/NAME of a cluster route, \"\" on /validate): as many clusters as the fleet has.",
-			"result", "reason", "route", "cluster"),
+			"Admission reviews answered, by result (allowed, denied, error: the answer given), reason (the rule's), route, cluster (the CAPI Cluster NAMESPACE/NAME of a cluster route, \"\" on /validate: as many clusters as the fleet has) "+
+				"and enforcement_action (deny, warn, dryrun: a reason that denies, answered allowed, is a denial warn or dryrun admitted).",
+			"result", "reason", "route", "cluster", "enforcement_action"),
 		latency: r.HistogramVec("nodeguard_decision_duration_seconds",
 			"Time to answer one admission review, fresh reads included.",
 			registrar.LatencyBuckets(), "route"),
@@ -37,10 +39,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // observe counts one answer; a nil Metrics counts nothing.
-func (m *Metrics) observe(route, cluster, result, reason string, took time.Duration) {
+func (m *Metrics) observe(route, cluster, result, reason string, action enforcement.Action, took time.Duration) {
 	if m == nil {
 		return
 	}
-	m.decisions.WithLabelValues(result, reason, route, cluster).Inc()
+	m.decisions.WithLabelValues(result, reason, route, cluster, string(action)).Inc()
 	m.latency.WithLabelValues(route).Observe(took.Seconds())
 }

@@ -22,6 +22,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/nodeguard/nodeguard/enforcer/check"
+	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
@@ -177,6 +178,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.BoolVar(&opts.NoFreshReads, "no-fresh-reads", false, "answer from the informer caches alone (a lagging cache can then decide)")
 	f.DurationVar(&opts.FreshReadTimeout, "fresh-read-timeout", serve.DefaultFreshTimeout, "bound on the fresh reads of one review; past it the delete is denied")
 	f.DurationVar(&opts.RequestTimeout, "request-timeout", serve.DefaultRequestTimeout, "deadline of one review; keep it below the webhook's timeoutSeconds")
+	f.Var(&actionFlag{&opts.EnforcementAction}, "enforcement-action", "what a Node delete the rule denies becomes on the review routes: deny, warn (admitted, with the denial as a warning and a NodeDeleteWouldBeDenied Event) or dryrun (admitted, logged and counted); a Cluster's nodeguard.io/enforcement-action annotation overrides it on its route")
 	f.DurationVar(&opts.ShutdownGrace, "shutdown-grace", serve.DefaultShutdownGrace, "how long in-flight reviews may finish after SIGTERM")
 	bundleFlags(f, &opts.Bundle)
 	f.BoolVar(&opts.Orphans.Enabled, "reap-orphan-nodes", false, "delete orphan Nodes (see nodeguard orphans); one replica acts, holding a Lease")
@@ -358,3 +360,24 @@ func configManifest(ctx context.Context, opts webhookconfig.Options, gatekeeperP
 			return webhookconfig.Install(ctx, mgmt, c.Dynamic, opts.Cluster, cfg, webhookconfig.ClientFromKubeconfig)
 		}}, nil
 }
+
+// actionFlag is an enforcement action flag: a misspelt one fails at start.
+type actionFlag struct{ a *enforcement.Action }
+
+func (f *actionFlag) String() string {
+	if f.a == nil || *f.a == "" {
+		return string(enforcement.Deny)
+	}
+	return string(*f.a)
+}
+
+func (f *actionFlag) Set(s string) error {
+	a, err := enforcement.Parse(s)
+	if err != nil {
+		return err
+	}
+	*f.a = a
+	return nil
+}
+
+func (*actionFlag) Type() string { return "action" }

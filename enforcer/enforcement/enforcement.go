@@ -1,0 +1,51 @@
+// Package enforcement says what nodeguard does with a Node delete the rule
+// denies, as Gatekeeper's enforcementAction does: deny it (the default),
+// allow it with the denial as an admission warning (warn), or allow it
+// silently, logged and counted (dryrun). A rollout goes dryrun, warn, deny.
+package enforcement
+
+import "fmt"
+
+// Action is one enforcement action.
+type Action string
+
+// The actions, named as Gatekeeper names them.
+const (
+	Deny   Action = "deny"
+	Warn   Action = "warn"
+	DryRun Action = "dryrun"
+)
+
+// Annotation on a CAPI Cluster sets the action for its route (and, in mode
+// admission-policy, its policy's binding), over serve's
+// --enforcement-action.
+const Annotation = "nodeguard.io/enforcement-action"
+
+// Parse reads an action; "" is Deny.
+func Parse(s string) (Action, error) {
+	switch a := Action(s); a {
+	case "":
+		return Deny, nil
+	case Deny, Warn, DryRun:
+		return a, nil
+	}
+	return "", fmt.Errorf("enforcement action %q: want deny, warn or dryrun", s)
+}
+
+// Of is the action a Cluster's annotations set, else fallback. An action
+// the annotation misspells is an error: the caller keeps fallback, and
+// says so, rather than guess.
+func Of(annotations map[string]string, fallback Action) (Action, error) {
+	v, ok := annotations[Annotation]
+	if !ok {
+		return fallback, nil
+	}
+	a, err := Parse(v)
+	if err != nil {
+		return fallback, fmt.Errorf("annotation %s: %w", Annotation, err)
+	}
+	return a, nil
+}
+
+// Enforced says whether a denial under a is answered as one.
+func (a Action) Enforced() bool { return a == Deny || a == "" }
