@@ -533,3 +533,19 @@ func sameClusterRole(t *testing.T, h, k objects, name string) {
 	assert.Equal(t, kb.RoleRef, hb.RoleRef)
 	assert.Equal(t, kb.Subjects, hb.Subjects)
 }
+
+// The enforcement actions are the serve flags, left out at their default.
+func TestChartEnforcementActions(t *testing.T) {
+	args := func(values ...string) []string {
+		var d appsv1.Deployment
+		chart(t, values...).decode(t, "Deployment/nodeguard", &d)
+		return d.Spec.Template.Spec.Containers[0].Args
+	}
+	for _, a := range args() {
+		assert.NotContains(t, a, "enforcement-action")
+		assert.NotContains(t, a, "admission-policy-action")
+	}
+	assert.Contains(t, args("enforcementAction=warn"), "--enforcement-action=warn")
+	assert.Contains(t, args("fleet.enabled=true", "fleet.url=https://nodeguard.example", "fleet.allowUnauthenticatedReviews=true",
+		"fleet.admissionPolicy=true", "fleet.admissionPolicyAction=dryrun"), "--fleet-admission-policy-action=dryrun")
+}

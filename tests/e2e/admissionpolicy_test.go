@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
@@ -161,7 +163,7 @@ func TestAdmissionPolicyDecidesFromTheReleasedNodes(t *testing.T) {
 	})
 
 	t.Run("warn allows with the denial as a warning", func(t *testing.T) {
-		p, b, err := admissionpolicy.Build(mustInfo(t), admissionpolicy.Options{Action: admissionpolicy.Warn})
+		p, b, err := admissionpolicy.Build(mustInfo(t), admissionpolicy.Options{Action: enforcement.Warn})
 		require.NoError(t, err)
 		put(t, dyn, admissionpolicy.PolicyGVR, p)
 		put(t, dyn, admissionpolicy.BindingGVR, b)
@@ -319,13 +321,32 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 		}, 10*time.Second, 50*time.Millisecond, "without the released Nodes every delete is denied")
 	})
 
+	parent := t // nodeguard started again runs to the test's end, not the subtest's
 	t.Run("nodeguard back publishes the released Nodes again", func(t *testing.T) {
 		back := time.Now()
-		serveWith(t, clients, ca, opts)
+		serveWith(parent, clients, ca, opts)
 		require.EventuallyWithT(t, func(c *assert.CollectT) { released(c, "free") }, 30*time.Second, 50*time.Millisecond)
 		require.EventuallyWithT(t, func(c *assert.CollectT) { assert.NoError(c, dryRunDelete(ctx, kube, "free")) },
 			10*time.Second, 50*time.Millisecond)
 		t.Logf("the re-created Node released %s after nodeguard restarted", time.Since(back).Round(100*time.Millisecond))
 		policyDenies(t, "dev-cp-0", "nodeguard has not released it")
+	})
+
+	t.Run("the Cluster's enforcement action sets its binding's", func(t *testing.T) {
+		_, err := c.dyn.Resource(clustersGVR).Namespace("default").Patch(ctx, "dev", types.MergePatchType,
+			[]byte(`{"metadata":{"annotations":{"`+enforcement.Annotation+`":"warn"}}}`), metav1.PatchOptions{})
+		require.NoError(t, err)
+		seen := &warnings{}
+		cfg := rest.CopyConfig(localcluster.Config(workloadEnv))
+		cfg.WarningHandlerWithContext = seen
+		warned, err := kubernetes.NewForConfig(cfg)
+		require.NoError(t, err)
+		require.EventuallyWithT(t, func(col *assert.CollectT) {
+			assert.NoError(col, dryRunDelete(ctx, warned, "dev-cp-0"), "warn admits")
+		}, 30*time.Second, 100*time.Millisecond)
+		assert.Contains(t, strings.Join(seen.take(), "\n"), "nodeguard has not released it")
+		b, err := kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, "nodeguard", metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Warn}, b.Spec.ValidationActions)
 	})
 }
