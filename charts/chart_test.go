@@ -549,3 +549,29 @@ func TestChartEnforcementActions(t *testing.T) {
 	assert.Contains(t, args("fleet.enabled=true", "fleet.url=https://nodeguard.example", "fleet.allowUnauthenticatedReviews=true",
 		"fleet.admissionPolicy=true", "fleet.admissionPolicyAction=dryrun"), "--fleet-admission-policy-action=dryrun")
 }
+
+// The schema refuses what would otherwise be ignored or crash the Pod.
+func TestChartSchemaRejectsTypos(t *testing.T) {
+	for set, want := range map[string]string{
+		"replica=3":                 "additional properties 'replica' not allowed",
+		"enforcementAction=warnn":   "value must be one of 'deny', 'warn', 'dryrun'",
+		"fleet.proofInterval=5 min": "fleet/proofInterval",
+		"orphanReaper.enable=true":  "additional properties 'enable' not allowed",
+		"replicas=0":                "minimum",
+	} {
+		cmd := exec.Command("go", "tool", "-modfile=tools/helm/go.mod", "helm", "template", "nodeguard", "charts/nodeguard", "--set", set)
+		cmd.Dir = ".."
+		out, err := cmd.CombinedOutput()
+		require.Error(t, err, "--set %s renders", set)
+		assert.Contains(t, string(out), want, set)
+	}
+	chart(t, "flags.request-timeout=3s", "env.FOO=bar") // free-form maps stay free
+}
+
+// With one replica no PDB is rendered: minAvailable 1 would block drains.
+func TestChartPDBOnlyWithReplicas(t *testing.T) {
+	_, ok := chart(t)["PodDisruptionBudget/nodeguard"]
+	assert.True(t, ok)
+	_, ok = chart(t, "replicas=1")["PodDisruptionBudget/nodeguard"]
+	assert.False(t, ok)
+}
