@@ -21,18 +21,27 @@ type Entry struct {
 // when its version first appears, and never rewritten.
 type Ledger []Entry
 
+// ledgerFile is versions.yaml: an object, not a bare list, so tools that
+// read every YAML file under constraints/ as objects (gator verify
+// ./constraints/...) can read it.
+type ledgerFile struct {
+	Versions Ledger `json:"versions"`
+}
+
 // ParseLedger reads versions.yaml (empty: no versions yet).
 func ParseLedger(raw []byte) (Ledger, error) {
-	var l Ledger
-	if err := yaml.Unmarshal(raw, &l); err != nil {
+	var f ledgerFile
+	if err := yaml.UnmarshalStrict(raw, &f); err != nil {
 		return nil, fmt.Errorf("parse versions.yaml: %w", err)
 	}
-	return l, nil
+	return f.Versions, nil
 }
+
+func (l Ledger) marshal() ([]byte, error) { return yaml.Marshal(ledgerFile{Versions: l}) }
 
 // Render writes the ledger back; kind names the template it is for.
 func (l Ledger) Render(kind string) ([]byte, error) {
-	out, err := yaml.Marshal(l)
+	out, err := l.marshal()
 	if err != nil {
 		return nil, fmt.Errorf("render the %s ledger: %w", kind, err)
 	}
@@ -44,7 +53,7 @@ func (l Ledger) Render(kind string) ([]byte, error) {
 // RenderManifests writes back a ledger whose entries digest generated
 // manifests rather than decision snapshots (the admission policy's).
 func (l Ledger) RenderManifests(kind, dir string) ([]byte, error) {
-	out, err := yaml.Marshal(l)
+	out, err := l.marshal()
 	if err != nil {
 		return nil, fmt.Errorf("render the %s ledger: %w", kind, err)
 	}
