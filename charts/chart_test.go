@@ -143,6 +143,8 @@ func TestChartAndKustomizeAgree(t *testing.T) {
 	hp, kp := hd.Spec.Template.Spec, kd.Spec.Template.Spec
 	assert.Equal(t, kp.SecurityContext, hp.SecurityContext)
 	assert.Equal(t, kp.Affinity, hp.Affinity)
+	assert.Equal(t, kp.PriorityClassName, hp.PriorityClassName)
+	assert.Equal(t, kp.TopologySpreadConstraints, hp.TopologySpreadConstraints)
 	assert.Equal(t, kp.ServiceAccountName, hp.ServiceAccountName)
 	assert.Equal(t, kp.Volumes, hp.Volumes)
 	require.Len(t, hp.Containers, 1)
@@ -574,4 +576,21 @@ func TestChartPDBOnlyWithReplicas(t *testing.T) {
 	assert.True(t, ok)
 	_, ok = chart(t, "replicas=1")["PodDisruptionBudget/nodeguard"]
 	assert.False(t, ok)
+}
+
+// The Pod values render where they belong.
+func TestChartPodValues(t *testing.T) {
+	var d appsv1.Deployment
+	chart(t, "podAnnotations.team=infra", "podLabels.tier=control", "imagePullSecrets[0].name=regcred", "extraArgs[0]=--shutdown-grace=20s",
+		"extraVolumes[0].name=ca", "extraVolumes[0].secret.secretName=my-ca", "extraVolumeMounts[0].name=ca", "extraVolumeMounts[0].mountPath=/etc/my-ca",
+		"priorityClassName=").decode(t, "Deployment/nodeguard", &d)
+	p := d.Spec.Template
+	assert.Equal(t, "infra", p.Annotations["team"])
+	assert.Equal(t, "control", p.Labels["tier"])
+	assert.Equal(t, "nodeguard", p.Labels["app.kubernetes.io/name"], "the chart's labels stay")
+	assert.Equal(t, "regcred", p.Spec.ImagePullSecrets[0].Name)
+	assert.Contains(t, p.Spec.Containers[0].Args, "--shutdown-grace=20s")
+	assert.Equal(t, "my-ca", p.Spec.Volumes[len(p.Spec.Volumes)-1].Secret.SecretName)
+	assert.Equal(t, "/etc/my-ca", p.Spec.Containers[0].VolumeMounts[len(p.Spec.Containers[0].VolumeMounts)-1].MountPath)
+	assert.Empty(t, p.Spec.PriorityClassName, "an empty priorityClassName leaves it out")
 }
