@@ -153,6 +153,8 @@ func TestChartAndKustomizeAgree(t *testing.T) {
 	assert.ElementsMatch(t, kc.Args, hc.Args, "the same serve flags")
 	assert.ElementsMatch(t, kc.Env, hc.Env)
 	assert.Equal(t, kc.Ports, hc.Ports)
+	assert.Equal(t, kc.Lifecycle, hc.Lifecycle)
+	require.NotNil(t, hc.Lifecycle)
 	assert.Equal(t, kc.ReadinessProbe, hc.ReadinessProbe)
 	assert.Equal(t, kc.LivenessProbe, hc.LivenessProbe)
 	assert.Equal(t, kc.Resources, hc.Resources)

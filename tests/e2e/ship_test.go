@@ -129,6 +129,17 @@ func TestChartPassesServerSideDryRun(t *testing.T) {
 			}
 		})
 	}
+	t.Run("NOTES", func(t *testing.T) {
+		cmd := exec.Command("go", "tool", "-modfile=tools/helm/go.mod", "helm", "install", "--dry-run=client", "nodeguard", "charts/nodeguard",
+			"--namespace", "nodeguard-system", "--kubeconfig", adminKubeconfig(t, env), "--set", "enforcementAction=warn")
+		cmd.Dir = "../.."
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		notes := string(out[bytes.Index(out, []byte("NOTES:")):])
+		assert.Contains(t, notes, "kubectl -n nodeguard-system get pods")
+		assert.Contains(t, notes, "enforcement action warn (they are admitted")
+		t.Logf("%s", notes)
+	})
 	// Nothing was stored.
 	_, err = kube.AppsV1().Deployments("nodeguard-system").Get(ctx, "nodeguard", metav1.GetOptions{})
 	assert.True(t, err != nil, "dry-run stores nothing")
