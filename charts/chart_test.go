@@ -6,6 +6,7 @@ package charts_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -362,6 +363,31 @@ func TestChartWebhookIsWhatWebhookConfigBuilds(t *testing.T) {
 	assert.Empty(t, got.Webhooks[0].ClientConfig.CABundle)
 
 	assert.NotContains(t, chart(t, "webhook.enabled=false"), "ValidatingWebhookConfiguration/nodeguard")
+
+	// The webhook's settings, as webhook-config builds them.
+	h = chart(t, "tls.certManager.enabled=false", "tls.caBundle="+string(ca), "webhook.failurePolicy=Ignore", "webhook.timeoutSeconds=3",
+		"webhook.objectSelector.matchLabels.tier=worker", "webhook.matchConditions[0].name=not-ops",
+		"webhook.matchConditions[0].expression=request.userInfo.username != 'ops'")
+	got = admissionregistrationv1.ValidatingWebhookConfiguration{}
+	h.decode(t, "ValidatingWebhookConfiguration/nodeguard", &got)
+	want, err = webhookconfig.Build(webhookconfig.Options{Service: namespace + "/nodeguard", CABundle: ca, Webhook: webhookconfig.Settings{
+		FailurePolicy: admissionregistrationv1.Ignore, TimeoutSeconds: 3, ObjectSelector: "tier=worker",
+		MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "not-ops", Expression: "request.userInfo.username != 'ops'"}}}})
+	require.NoError(t, err)
+	wj, _ := json.Marshal(want.Webhooks[0])
+	gj, _ := json.Marshal(got.Webhooks[0])
+	assert.JSONEq(t, string(wj), string(gj))
+
+	// And the fleet's, as serve flags.
+	var d appsv1.Deployment
+	chart(t, "fleet.enabled=true", "fleet.url=https://nodeguard.example", "fleet.allowUnauthenticatedReviews=true", "fleet.webhook.failurePolicy=Ignore",
+		"fleet.webhook.timeoutSeconds=3", "fleet.webhook.objectSelector=tier=worker", "fleet.webhook.matchConditions[0].name=a",
+		"fleet.webhook.matchConditions[0].expression=1 == 1").decode(t, "Deployment/nodeguard", &d)
+	args := d.Spec.Template.Spec.Containers[0].Args
+	for _, a := range []string{"--fleet-webhook-failure-policy=Ignore", "--fleet-webhook-timeout-seconds=3", "--fleet-webhook-object-selector=tier=worker",
+		"--fleet-webhook-match-condition=a=1 == 1"} {
+		assert.Contains(t, args, a)
+	}
 }
 
 func TestChartValues(t *testing.T) {

@@ -56,6 +56,9 @@ type Options struct {
 	CAFiles []string
 	// Selector picks the Clusters guarded (nil: all).
 	Selector labels.Selector
+	// Webhook are the configuration's own settings (failure policy,
+	// timeout, which Nodes); a proof dry-runs a Node its selector picks.
+	Webhook webhookconfig.Settings
 	// ProofInterval is how often a guarded cluster is proven again
 	// (default DefaultProofInterval); an unguarded one is looked at again
 	// sooner, with a bounded backoff while it cannot be reached.
@@ -157,7 +160,7 @@ func New(opts Options) (*Reconciler, error) {
 	}
 	kept := retainer{keep: opts.CARetention}
 	ca := kept.bundle(time.Now(), certs)
-	if _, err := webhookconfig.Build(webhookconfig.Options{URL: opts.URL, CABundle: ca, Cluster: "a/b"}); err != nil {
+	if _, err := webhookconfig.Build(webhookconfig.Options{URL: opts.URL, CABundle: ca, Cluster: "a/b", Webhook: opts.Webhook}); err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
 	if opts.Selector == nil {
@@ -429,7 +432,7 @@ func (r *Reconciler) remove(ctx context.Context, key string, w *watch, st *State
 // guard installs the configuration where it is missing or differs, then
 // proves the cluster guarded when a proof is due.
 func (r *Reconciler) guard(ctx context.Context, key string, w *watch, ca []byte, before State, st *State) {
-	cfg, err := webhookconfig.Build(webhookconfig.Options{URL: r.opts.URL, CABundle: ca, Cluster: key})
+	cfg, err := webhookconfig.Build(webhookconfig.Options{URL: r.opts.URL, CABundle: ca, Cluster: key, Webhook: r.opts.Webhook})
 	if err != nil {
 		st.Reason, st.Message = ReasonNotInstalled, err.Error()
 		return
@@ -514,7 +517,8 @@ func trusts(have *unstructured.Unstructured, ca []byte) bool {
 // the cluster is guarded when the answer carries the warning of
 // nodeguard's route for this Cluster, allowed or denied.
 func (r *Reconciler) prove(ctx context.Context, key string, w *watch, st *State) {
-	nodes, err := w.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1})
+	// A Node the webhook is sent: its object selector's.
+	nodes, err := w.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1, LabelSelector: r.opts.Webhook.ObjectSelector})
 	if err != nil {
 		st.Reason, st.Message = failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, w, err)
 		return

@@ -19,6 +19,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // FleetOptions are the fleet reconciler's flags of `nodeguard serve`.
@@ -47,6 +48,9 @@ type FleetOptions struct {
 	// AdmissionPolicyAction is the binding's action: deny (default), warn
 	// (allowed, the denial as a warning) or dryrun (audited only).
 	AdmissionPolicyAction string
+	// Webhook are the settings of the configuration kept in each workload
+	// cluster (--fleet-webhook-*): failure policy, timeout, which Nodes.
+	Webhook webhookconfig.Settings
 }
 
 // Event reasons on a Cluster whose guard changed.
@@ -92,7 +96,7 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, params 
 	}
 	status := &fleet.Status{Client: c.Dynamic, Namespace: ns, Log: log}
 	events := recorder(ctx, kube)
-	r, err := fleet.New(fleet.Options{Clusters: sessions.Set, URL: f.URL, CAFiles: caFiles, Selector: selector,
+	r, err := fleet.New(fleet.Options{Clusters: sessions.Set, URL: f.URL, CAFiles: caFiles, Selector: selector, Webhook: f.Webhook,
 		ProofInterval: f.ProofInterval, CARetention: f.CARetention, IsLeader: leader, Log: log,
 		Releases: published, AdmissionPolicy: admissionpolicy.Options{ExemptUsers: stringsParam(params, "exemptUsers"), ExemptGroups: stringsParam(params, "exemptGroups"),
 			Action: enforcement.Action(f.AdmissionPolicyAction)},

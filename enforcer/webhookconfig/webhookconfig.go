@@ -65,6 +65,59 @@ type Options struct {
 	// Cluster, "namespace/name", routes to /validate/clusters/NS/NAME: only
 	// that CAPI Cluster's Machines count.
 	Cluster string
+	// Webhook are the webhook's own settings; zero: Fail, 5 s, every Node.
+	Webhook Settings
+}
+
+// Settings are what the API server does with the webhook: the failure
+// policy, the timeout, and which Node deletes it sends at all. Nodes are
+// cluster-scoped, so an object selector on Node labels and CEL match
+// conditions are what narrow it (no namespace selector applies).
+type Settings struct {
+	// FailurePolicy is Fail unless set. Ignore admits every Node delete
+	// while nodeguard cannot be reached: the rule then holds only while it
+	// answers.
+	FailurePolicy admissionregistrationv1.FailurePolicyType
+	// TimeoutSeconds is TimeoutSeconds unless set (1-30); keep serve's
+	// --request-timeout below it.
+	TimeoutSeconds int32
+	// ObjectSelector is a label selector on the Node ("" : every Node).
+	ObjectSelector string
+	// MatchConditions are CEL conditions a request must meet to be sent.
+	MatchConditions []admissionregistrationv1.MatchCondition
+}
+
+// webhookFields checks the settings and returns them as the webhook's
+// fields, defaults filled in as the API server would fill them.
+func (s Settings) webhookFields() (admissionregistrationv1.FailurePolicyType, int32, *metav1.LabelSelector, error) {
+	policy := s.FailurePolicy
+	switch policy {
+	case "":
+		policy = admissionregistrationv1.Fail
+	case admissionregistrationv1.Fail, admissionregistrationv1.Ignore:
+	default:
+		return "", 0, nil, fmt.Errorf("failure policy %q: want Fail or Ignore", policy)
+	}
+	timeout := s.TimeoutSeconds
+	if timeout == 0 {
+		timeout = TimeoutSeconds
+	}
+	if timeout < 1 || timeout > 30 {
+		return "", 0, nil, fmt.Errorf("timeout %ds: the API server takes 1 to 30", timeout)
+	}
+	selector := &metav1.LabelSelector{}
+	if s.ObjectSelector != "" {
+		var err error
+		if selector, err = metav1.ParseToLabelSelector(s.ObjectSelector); err != nil {
+			return "", 0, nil, fmt.Errorf("object selector %q: %w", s.ObjectSelector, err)
+		}
+	}
+	for _, c := range s.MatchConditions {
+		if c.Name == "" || c.Expression == "" {
+			return "", 0, nil, fmt.Errorf("match condition %q: a name and an expression are required", c.Name)
+		}
+	}
+	return policy, timeout, selector, nil
 }
 
 // checked checks opts' CA bundle and returns the path of route (a webhook's
@@ -84,7 +137,8 @@ func checked(opts Options, route string) (string, error) {
 	return route + "/clusters/" + ns + "/" + name, nil
 }
 
-// Build returns the configuration: Node DELETE only, failurePolicy Fail.
+// Build returns the configuration: Node DELETE only, failurePolicy Fail
+// (opts.Webhook changes that).
 func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
 	path, err := checked(opts, "/validate")
 	if err != nil {
@@ -111,12 +165,14 @@ func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguratio
 	default:
 		return nil, errors.New("--url (or --service) is required: where the API server reaches nodeguard serve")
 	}
-	fail := admissionregistrationv1.Fail
+	fail, timeout, selector, err := opts.Webhook.webhookFields()
+	if err != nil {
+		return nil, err
+	}
 	// A denied delete records an Event (a side effect), never on a dry run.
 	noneOnDryRun := admissionregistrationv1.SideEffectClassNoneOnDryRun
 	equivalent := admissionregistrationv1.Equivalent
 	clusterScope := admissionregistrationv1.ClusterScope
-	timeout := int32(TimeoutSeconds)
 	meta := metav1.ObjectMeta{Name: Name, Labels: map[string]string{"app.kubernetes.io/name": "nodeguard", owned.Label: "nodeguard"}}
 	if opts.Cluster != "" {
 		meta.Annotations = map[string]string{ClusterAnnotation: opts.Cluster}
@@ -131,7 +187,8 @@ func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguratio
 			// stored configuration then equals this one field for field, so
 			// any foreign change to it shows (owned.Holds).
 			NamespaceSelector: &metav1.LabelSelector{},
-			ObjectSelector:    &metav1.LabelSelector{},
+			ObjectSelector:    selector,
+			MatchConditions:   opts.Webhook.MatchConditions,
 			Rules: []admissionregistrationv1.RuleWithOperations{{
 				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Delete},
 				Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"},

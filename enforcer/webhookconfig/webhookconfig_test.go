@@ -118,3 +118,37 @@ func TestInstallIntoAWorkloadClusterThroughItsKubeconfigSecret(t *testing.T) {
 	_, err = webhookconfig.Install(ctx, mgmt, self, "fleet/missing", cfg, connect)
 	assert.ErrorContains(t, err, "read the kubeconfig of Cluster fleet/missing")
 }
+
+// The webhook's settings reach the configuration, defaults as the API
+// server fills them; what it would refuse is refused here.
+func TestWebhookSettings(t *testing.T) {
+	ca := caBundle(t)
+	cfg, err := webhookconfig.Build(webhookconfig.Options{URL: "https://ng", CABundle: ca})
+	require.NoError(t, err)
+	w := cfg.Webhooks[0]
+	assert.Equal(t, admissionregistrationv1.Fail, *w.FailurePolicy)
+	assert.EqualValues(t, webhookconfig.TimeoutSeconds, *w.TimeoutSeconds)
+	assert.Equal(t, &metav1.LabelSelector{}, w.ObjectSelector)
+	assert.Empty(t, w.MatchConditions)
+
+	cond := admissionregistrationv1.MatchCondition{Name: "not-ops", Expression: "request.userInfo.username != 'ops'"}
+	cfg, err = webhookconfig.Build(webhookconfig.Options{URL: "https://ng", CABundle: ca, Webhook: webhookconfig.Settings{
+		FailurePolicy: admissionregistrationv1.Ignore, TimeoutSeconds: 2, ObjectSelector: "tier=worker,!control-plane", MatchConditions: []admissionregistrationv1.MatchCondition{cond}}})
+	require.NoError(t, err)
+	w = cfg.Webhooks[0]
+	assert.Equal(t, admissionregistrationv1.Ignore, *w.FailurePolicy)
+	assert.EqualValues(t, 2, *w.TimeoutSeconds)
+	assert.Equal(t, map[string]string{"tier": "worker"}, w.ObjectSelector.MatchLabels)
+	require.Len(t, w.ObjectSelector.MatchExpressions, 1)
+	assert.Equal(t, []admissionregistrationv1.MatchCondition{cond}, w.MatchConditions)
+
+	for want, s := range map[string]webhookconfig.Settings{
+		"want Fail or Ignore":                   {FailurePolicy: "Never"},
+		"the API server takes 1 to 30":          {TimeoutSeconds: 31},
+		"object selector":                       {ObjectSelector: "a in (b"},
+		"a name and an expression are required": {MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "x"}}},
+	} {
+		_, err := webhookconfig.Build(webhookconfig.Options{URL: "https://ng", CABundle: ca, Webhook: s})
+		assert.ErrorContains(t, err, want)
+	}
+}

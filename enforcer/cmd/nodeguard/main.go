@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -204,6 +205,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.StringVar(&opts.Fleet.Selector, "fleet-cluster-selector", "", "with --fleet: label selector on Clusters (default: all); Clusters annotated nodeguard.io/opt-out=true are left out")
 	f.BoolVar(&opts.Fleet.AdmissionPolicy, "fleet-admission-policy", false, "with --fleet: support mode admission-policy (a Cluster annotated nodeguard.io/mode: admission-policy): a ValidatingAdmissionPolicy there decides Node deletes from the Nodes nodeguard released; watches every workload cluster's Nodes")
 	f.StringVar(&opts.Fleet.AdmissionPolicyAction, "fleet-admission-policy-action", "deny", "with --fleet-admission-policy: what the policy does with a Node that is not released: deny, warn (allowed, with the denial as a warning; the cluster still proven) or dryrun (audited only; the cluster reported unguarded)")
+	webhookFlags(f, "fleet-webhook-", &opts.Fleet.Webhook)
 	f.DurationVar(&opts.Fleet.ProofInterval, "fleet-proof-interval", fleet.DefaultProofInterval, "with --fleet: how often each guarded workload cluster is proven again by a dry-run Node delete")
 	f.DurationVar(&opts.Fleet.CARetention, "fleet-ca-retention", fleet.DefaultCARetention, "with --fleet: how long a CA that left the CA files stays in the bundle, so every replica's serving certificate stays trusted while kubelet updates their Secrets")
 	f.StringVar(&opts.Fleet.Namespace, "fleet-namespace", "", "with --fleet: namespace of the status ConfigMap nodeguard-fleet and the Lease (default: $POD_NAMESPACE, else nodeguard-system)")
@@ -325,8 +327,69 @@ func webhookConfigCommand() *cobra.Command {
 	f.BoolVar(&gatekeeperProvider, "gatekeeper-provider", false, "Gatekeeper's external data Provider instead of a ValidatingWebhookConfiguration")
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the management (or self-hosted) cluster, for --apply")
 	f.StringVar(&kcContext, "context", "", "kubeconfig context, for --apply")
+	webhookFlags(f, "", &opts.Webhook)
 	return cmd
 }
+
+// webhookFlags are the webhook's own settings, named prefix+NAME.
+func webhookFlags(f *pflag.FlagSet, prefix string, s *webhookconfig.Settings) {
+	f.Var(&failurePolicyFlag{&s.FailurePolicy}, prefix+"failure-policy", "what the API server does when nodeguard cannot be reached: Fail (deny the Node delete) or Ignore (admit it: the rule then holds only while nodeguard answers)")
+	f.Int32Var(&s.TimeoutSeconds, prefix+"timeout-seconds", webhookconfig.TimeoutSeconds, "how long the API server waits for nodeguard (1-30); keep serve's --request-timeout below it")
+	f.StringVar(&s.ObjectSelector, prefix+"object-selector", "", "label selector on the Nodes whose deletes are sent (default: every Node)")
+	f.Var(&matchConditionsFlag{&s.MatchConditions}, prefix+"match-condition", "NAME=CEL: a condition a Node delete must meet to be sent (repeatable), e.g. 'not-break-glass=!(\"break-glass\" in request.userInfo.groups)'")
+}
+
+// failurePolicyFlag is a webhook's failure policy, checked when the
+// configuration is built.
+type failurePolicyFlag struct {
+	p *admissionregistrationv1.FailurePolicyType
+}
+
+func (f *failurePolicyFlag) String() string {
+	if f.p == nil || *f.p == "" {
+		return string(admissionregistrationv1.Fail)
+	}
+	return string(*f.p)
+}
+
+func (f *failurePolicyFlag) Set(s string) error {
+	switch p := admissionregistrationv1.FailurePolicyType(s); p {
+	case admissionregistrationv1.Fail, admissionregistrationv1.Ignore:
+		*f.p = p
+		return nil
+	}
+	return fmt.Errorf("want Fail or Ignore, not %q", s)
+}
+
+func (*failurePolicyFlag) Type() string { return "policy" }
+
+// matchConditionsFlag collects NAME=EXPRESSION, one per use: an
+// expression may hold commas.
+type matchConditionsFlag struct {
+	c *[]admissionregistrationv1.MatchCondition
+}
+
+func (f *matchConditionsFlag) String() string {
+	if f.c == nil {
+		return ""
+	}
+	var parts []string
+	for _, c := range *f.c {
+		parts = append(parts, c.Name+"="+c.Expression)
+	}
+	return strings.Join(parts, " ")
+}
+
+func (f *matchConditionsFlag) Set(s string) error {
+	name, expr, ok := strings.Cut(s, "=")
+	if !ok || name == "" || expr == "" {
+		return fmt.Errorf("want NAME=CEL, not %q", s)
+	}
+	*f.c = append(*f.c, admissionregistrationv1.MatchCondition{Name: name, Expression: expr})
+	return nil
+}
+
+func (*matchConditionsFlag) Type() string { return "NAME=CEL" }
 
 // manifest is what webhook-config prints or installs: the
 // ValidatingWebhookConfiguration, or Gatekeeper's Provider.

@@ -115,6 +115,26 @@ func TestWebhookConfigPrintsTheConfiguration(t *testing.T) {
 	assert.Contains(t, out, "url: https://nodeguard.example.com/externaldata/clusters/fleet/prod-1")
 }
 
+// The webhook's settings are flags; a wrong one fails before anything is
+// printed.
+func TestWebhookConfigSettings(t *testing.T) {
+	ca := testpki.New(t).CAFile(t)
+	code, out, errOut := nodeguard(t, "webhook-config", "--url", "https://nodeguard.example.com", "--ca-bundle-file", ca,
+		"--failure-policy", "Ignore", "--timeout-seconds", "3", "--object-selector", "tier=worker",
+		"--match-condition", "not-ops=request.userInfo.username != 'ops'", "--match-condition", "any=1 == 1")
+	require.Equal(t, 0, code, errOut)
+	for _, want := range []string{"failurePolicy: Ignore", "timeoutSeconds: 3", "tier: worker", "name: not-ops",
+		"expression: request.userInfo.username != 'ops'", "name: any"} {
+		assert.Contains(t, out, want)
+	}
+	code, _, errOut = nodeguard(t, "webhook-config", "--url", "https://nodeguard.example.com", "--ca-bundle-file", ca, "--failure-policy", "Never")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "want Fail or Ignore")
+	code, _, errOut = nodeguard(t, "webhook-config", "--url", "https://nodeguard.example.com", "--ca-bundle-file", ca, "--match-condition", "no-expression")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "want NAME=CEL")
+}
+
 func TestOrphansOfflineText(t *testing.T) {
 	code, out, errOut := nodeguard(t, "orphans", "-f", "../../orphans/testdata", "--now", "2026-11-30T12:00:00Z")
 	require.Equal(t, 0, code, errOut)
