@@ -21,7 +21,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -292,41 +291,17 @@ func populate(b *testing.B, cfg *rest.Config, n int) {
 	}
 	r := localcluster.Current()
 	machines, infra := r.GVR("cluster.x-k8s.io", "machines"), r.GVR("infrastructure.cluster.x-k8s.io", "dockermachines")
-	work := make(chan int)
-	errs := make(chan error, 16)
-	var wg sync.WaitGroup
-	for range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				m, d := objects(i)
-				if i == 0 {
-					m["status"] = map[string]any{"nodeRef": map[string]any{"name": blockedNode}}
-				}
-				if _, err := localcluster.Apply(ctx, dyn, infra, d); err != nil {
-					errs <- err
-					return
-				}
-				if _, err := localcluster.Apply(ctx, dyn, machines, m); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	for i := range n {
-		select {
-		case work <- i:
-		case err := <-errs:
-			close(work)
-			b.Fatal(err)
+	each(b, n, 0, func(i int) error {
+		m, d := objects(i)
+		if i == 0 {
+			m["status"] = map[string]any{"nodeRef": map[string]any{"name": blockedNode}}
 		}
-	}
-	close(work)
-	wg.Wait()
-	close(errs)
-	require.NoError(b, <-errs)
+		if _, err := localcluster.Apply(ctx, dyn, infra, d); err != nil {
+			return err
+		}
+		_, err := localcluster.Apply(ctx, dyn, machines, m)
+		return err
+	})
 	for _, node := range []map[string]any{
 		{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": blockedNode, "annotations": map[string]any{
 			"cluster.x-k8s.io/cluster-name": "team-0", "cluster.x-k8s.io/cluster-namespace": "team-0", "cluster.x-k8s.io/machine": blockedNode}},
@@ -557,19 +532,21 @@ func startAdmissionPolicy(b *testing.B, env *envtest.Environment, kube kubernete
 	require.Zero(b, omitted, "-released-nodes beyond what one ConfigMap holds")
 	policy, binding, err := constraints.AdmissionPolicyManifests(filepath.Join("..", "..", "constraints"))
 	require.NoError(b, err)
-	type object struct {
-		gvr schema.GroupVersionResource
-		obj runtime.Object
-	}
-	objs := []object{{admissionpolicy.ParamsGVR, cm}, {admissionpolicy.PolicyGVR, policy}, {admissionpolicy.BindingGVR, binding}}
-	for _, o := range objs {
-		applied, err := owned.From(o.gvr, o.obj)
-		require.NoError(b, err)
-		_, err = owned.Apply(ctx, dyn, applied)
-		require.NoError(b, err)
-	}
+	applyOwned(b, dyn, admissionpolicy.ParamsGVR, cm)
+	applyOwned(b, dyn, admissionpolicy.PolicyGVR, policy)
+	applyOwned(b, dyn, admissionpolicy.BindingGVR, binding)
 	return func() {
 		_ = dyn.Resource(admissionpolicy.BindingGVR).Delete(ctx, binding.Name, metav1.DeleteOptions{})
 		_ = dyn.Resource(admissionpolicy.PolicyGVR).Delete(ctx, policy.Name, metav1.DeleteOptions{})
 	}
+}
+
+// applyOwned applies obj as nodeguard does (server-side apply, its field
+// manager).
+func applyOwned(b *testing.B, dyn dynamic.Interface, gvr schema.GroupVersionResource, obj runtime.Object) {
+	b.Helper()
+	applied, err := owned.From(gvr, obj)
+	require.NoError(b, err)
+	_, err = owned.Apply(context.Background(), dyn, applied)
+	require.NoError(b, err)
 }

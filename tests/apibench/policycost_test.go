@@ -20,7 +20,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
 	"github.com/nodeguard/nodeguard/internal/constraints"
 )
 
@@ -57,17 +56,11 @@ func BenchmarkAdmissionPolicyAdded(b *testing.B) {
 		policy.Spec.ParamKind, policy.Spec.MatchConditions, policy.Spec.Variables = nil, nil, nil
 		policy.Spec.Validations = []admissionregistrationv1.Validation{{Expression: fmt.Sprintf("oldObject.metadata.name != %q", blockedNode), Reason: &forbidden}}
 		binding.Spec.ParamRef = nil
-		applied, err := owned.From(admissionpolicy.PolicyGVR, policy)
-		require.NoError(b, err)
-		_, err = owned.Apply(ctx, dyn, applied)
-		require.NoError(b, err)
+		applyOwned(b, dyn, admissionpolicy.PolicyGVR, policy)
 	}
 	bind := func(on bool) {
 		if on {
-			applied, err := owned.From(admissionpolicy.BindingGVR, binding)
-			require.NoError(b, err)
-			_, err = owned.Apply(ctx, dyn, applied)
-			require.NoError(b, err)
+			applyOwned(b, dyn, admissionpolicy.BindingGVR, binding)
 		} else {
 			err := dyn.Resource(admissionpolicy.BindingGVR).Delete(ctx, binding.Name, metav1.DeleteOptions{})
 			require.True(b, err == nil || apierrors.IsNotFound(err), "%v", err)

@@ -174,7 +174,8 @@ type done struct {
 }
 
 // each calls f for 0..n-1, rate a second (0: 16 at a time, at once), and
-// returns when each call returned, in order of i.
+// returns when each call returned, in order of i; it fails b on the first
+// error.
 func each(b *testing.B, n, rate int, f func(i int) error) []done {
 	out := make([]done, n)
 	var wg sync.WaitGroup
