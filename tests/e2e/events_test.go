@@ -50,6 +50,13 @@ func TestDenialEvents(t *testing.T) {
 	for _, name := range []string{"md-0-kubectl", "md-0-burst", "md-0-dry-run"} {
 		capdMachine(t, dyn, name, false)
 	}
+	// A real delete only once the API server sends deletes to nodeguard
+	// (see TestDenialEventsOfAWorkloadCluster).
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		err := dryRunDelete(ctx, kube, "md-0-kubectl")
+		require.Error(c, err)
+		assert.Contains(c, err.Error(), "DockerMachine default/md-0-kubectl")
+	}, 30*time.Second, 100*time.Millisecond, "the webhook decides")
 	var out string
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var err error
@@ -150,6 +157,14 @@ func TestDenialEventsOfAWorkloadCluster(t *testing.T) {
 	}
 
 	route(toWorkload)
+	// Delete for real only once the API server sends deletes to nodeguard:
+	// before it has loaded the configuration, a delete goes through and the
+	// Node is gone (seen in CI).
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		err := dryRunDelete(ctx, workloadKube, "md-0-a")
+		require.Error(c, err)
+		assert.Contains(c, err.Error(), "DockerMachine default/md-0-a")
+	}, 30*time.Second, 100*time.Millisecond, "the webhook decides in the workload cluster")
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		err := workloadKube.CoreV1().Nodes().Delete(ctx, "md-0-a", metav1.DeleteOptions{})
 		require.Error(c, err)
