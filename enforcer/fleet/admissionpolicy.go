@@ -128,7 +128,7 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, w *watch, befo
 		st.Reason, st.Message = ReasonNotInstalled, "reading the policy, its binding and the released Nodes there"
 		return
 	}
-	opts := r.opts.AdmissionPolicy
+	opts := r.policyOptions()
 	opts.Action = action
 	policy, binding, err := admissionpolicy.Build(r.policyInfo, opts)
 	if err != nil {

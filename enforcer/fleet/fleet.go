@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -114,8 +115,10 @@ type Reconciler struct {
 	states   map[string]State
 	caBundle []byte
 	ca       retainer
-	// policyInfo names and versions the policy of mode admission-policy.
+	// policyInfo names and versions the policy of mode admission-policy;
+	// policy is how it is built (SetExempt changes the exemptions).
 	policyInfo admissionpolicy.Info
+	policy     admissionpolicy.Options
 }
 
 // watch is one workload cluster's session: the configuration as its API
@@ -197,7 +200,38 @@ func New(opts Options) (*Reconciler, error) {
 		states:     map[string]State{},
 		caBundle:   ca,
 		ca:         kept,
+		policy:     opts.AdmissionPolicy,
 	}, nil
+}
+
+// SetExempt replaces the users and groups the admission policy exempts (a
+// live edit of the Constraint's exemptUsers and exemptGroups) and writes the
+// policy again into every workload cluster of mode admission-policy. A
+// policy that cannot be built with them changes nothing.
+func (r *Reconciler) SetExempt(users, groups []string) error {
+	r.mu.Lock()
+	next := r.policy
+	next.ExemptUsers, next.ExemptGroups = users, groups
+	if _, _, err := admissionpolicy.Build(r.policyInfo, next); err != nil {
+		r.mu.Unlock()
+		return fmt.Errorf("fleet: %w", err)
+	}
+	changed := !slices.Equal(users, r.policy.ExemptUsers) || !slices.Equal(groups, r.policy.ExemptGroups)
+	r.policy = next
+	r.mu.Unlock()
+	if changed {
+		for _, k := range r.opts.Clusters.Clusters() {
+			r.queue.Add(k)
+		}
+	}
+	return nil
+}
+
+// policyOptions is how the admission policy is built now.
+func (r *Reconciler) policyOptions() admissionpolicy.Options {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.policy
 }
 
 // Changed queues a Cluster whose Meta or session changed (clusters.Options.Changed).

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -76,20 +77,29 @@ type Options struct {
 type Guard struct {
 	engine *engine.Engine
 	inv    *inventory.Inventory
-	params map[string]any
 	opts   Options
-	// groups are the groups of a user the rule can read: those the group
-	// parameters list (linkmodel.Model.Groups); nil for all.
-	groups map[string]bool
+	// set is the parameters in force; SetParameters swaps it whole, so a
+	// decision reads one set from start to end.
+	set atomic.Pointer[paramSet]
 
-	// Converted parameters per cluster route, with the synced kinds they
-	// were built from: converting them is a fair share of a decision's cost.
+	// Converted parameters per cluster route, with the synced kinds and the
+	// set they were built from: converting them is a fair share of a
+	// decision's cost.
 	mu     sync.Mutex
 	routes map[string]route
 }
 
+// paramSet is one version of the effective parameters.
+type paramSet struct {
+	params map[string]any
+	// groups are the groups of a user the rule can read: those the group
+	// parameters list (linkmodel.Model.Groups); nil for all.
+	groups map[string]bool
+}
+
 type route struct {
 	kinds  string
+	set    *paramSet
 	params engine.Parameters
 }
 
@@ -106,14 +116,30 @@ func New(ctx context.Context, inv *inventory.Inventory, opts Options) (*Guard, e
 			return nil, err
 		}
 	}
-	params := eng.DefaultParameters()
-	maps.Copy(params, opts.Parameters)
 	if opts.FreshTimeout == 0 {
 		opts.FreshTimeout = 2 * time.Second
 	}
-	g := &Guard{engine: eng, inv: inv, params: params, opts: opts, routes: map[string]route{},
-		groups: inv.Model().Groups(params)}
+	g := &Guard{engine: eng, inv: inv, opts: opts, routes: map[string]route{}}
+	if err := g.SetParameters(opts.Parameters); err != nil {
+		return nil, err
+	}
 	return g, nil
+}
+
+// SetParameters replaces the Constraint's parameters (nil: the rule's
+// defaults) for every decision from now on: a live Constraint edit. They are
+// converted first, so parameters the rule cannot take change nothing.
+func (g *Guard) SetParameters(constraint map[string]any) error {
+	params := g.engine.DefaultParameters()
+	maps.Copy(params, constraint)
+	if _, err := engine.NewParameters(params); err != nil {
+		return err
+	}
+	g.set.Store(&paramSet{params: params, groups: g.inv.Model().Groups(params)})
+	g.mu.Lock()
+	clear(g.routes)
+	g.mu.Unlock()
+	return nil
 }
 
 // KeepGroup says whether the rule reads group of a requesting user: only
@@ -121,7 +147,8 @@ func New(ctx context.Context, inv *inventory.Inventory, opts Options) (*Guard, e
 // parameters those are; all groups when one is not a list). The webhook keeps
 // no other group of a review.
 func (g *Guard) KeepGroup(group string) bool {
-	return g.groups == nil || g.groups[group]
+	groups := g.set.Load().groups
+	return groups == nil || groups[group]
 }
 
 // user keeps what the rule reads of the requesting user: the username, and
@@ -129,12 +156,13 @@ func (g *Guard) KeepGroup(group string) bool {
 // them. A forged review with ~100,000 groups would otherwise cost ~17 MB of
 // rule input; the decision is the same either way.
 func (g *Guard) user(u authenticationv1.UserInfo) authenticationv1.UserInfo {
-	if g.groups == nil {
+	groups := g.set.Load().groups
+	if groups == nil {
 		return u
 	}
 	out := authenticationv1.UserInfo{Username: u.Username}
 	for _, group := range u.Groups {
-		if g.groups[group] {
+		if groups[group] {
 			out.Groups = append(out.Groups, group)
 		}
 	}
@@ -144,7 +172,7 @@ func (g *Guard) user(u authenticationv1.UserInfo) authenticationv1.UserInfo {
 // Parameters returns the effective parameters (defaults merged with the
 // Constraint's), before synced kinds and cluster scope are applied.
 func (g *Guard) Parameters() map[string]any {
-	return maps.Clone(g.params)
+	return maps.Clone(g.set.Load().params)
 }
 
 // Decide judges req with the rule: the candidates linked to req.Node (none
@@ -224,13 +252,14 @@ func (g *Guard) RouteParameters(cluster string) (engine.Parameters, error) {
 		machines, pools = g.opts.SyncedKinds()
 	}
 	kinds := fmt.Sprint(machines, pools)
+	set := g.set.Load()
 	g.mu.Lock()
 	r, ok := g.routes[cluster]
 	g.mu.Unlock()
-	if ok && r.kinds == kinds {
+	if ok && r.kinds == kinds && r.set == set {
 		return r.params, nil
 	}
-	params := g.Parameters()
+	params := maps.Clone(set.params)
 	if name != "" {
 		params["clusterNamespace"], params["clusterName"] = ns, name
 	}
@@ -243,7 +272,7 @@ func (g *Guard) RouteParameters(cluster string) (engine.Parameters, error) {
 	}
 	g.mu.Lock()
 	if _, known := g.routes[cluster]; known || len(g.routes) < maxRoutes {
-		g.routes[cluster] = route{kinds: kinds, params: converted}
+		g.routes[cluster] = route{kinds: kinds, set: set, params: converted}
 	}
 	g.mu.Unlock()
 	return converted, nil

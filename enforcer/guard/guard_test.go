@@ -308,6 +308,33 @@ func TestClusterScopeAndExemptions(t *testing.T) {
 	assert.Contains(t, d.Warnings[0], `group "ops" is exempt`)
 }
 
+// A live Constraint edit: the next decision reads the new parameters, on
+// every cluster route, and the groups kept of a review follow them.
+func TestSetParametersChangesTheNextDecision(t *testing.T) {
+	ctx := context.Background()
+	m := capdMachine()
+	m.SetLabels(map[string]string{"cluster.x-k8s.io/cluster-name": "dev"})
+	g, err := guard.New(ctx, cache(t, m, capdInfra()), guard.Options{})
+	require.NoError(t, err)
+	ops := guard.Request{Node: capdNode(), Cluster: "default/dev", UserInfo: authenticationv1.UserInfo{Username: "bob", Groups: []string{"ops"}}}
+	d, err := g.Decide(ctx, ops)
+	require.NoError(t, err)
+	require.False(t, d.Allowed, "converted and kept for the route")
+	assert.False(t, g.KeepGroup("ops"))
+
+	require.NoError(t, g.SetParameters(map[string]any{"exemptGroups": []any{"ops"}}))
+	assert.True(t, g.KeepGroup("ops"))
+	d, err = g.Decide(ctx, ops)
+	require.NoError(t, err)
+	assert.True(t, d.Allowed, "the route's converted parameters were built from the set before")
+
+	require.NoError(t, g.SetParameters(nil))
+	d, err = g.Decide(ctx, ops)
+	require.NoError(t, err)
+	assert.False(t, d.Allowed, "nil: the rule's defaults again")
+	assert.Empty(t, g.Parameters()["exemptGroups"])
+}
+
 // The guard passes the rule only a user's exempt groups (a forged review may
 // carry 100,000): the decision and its warning stay the rule's own.
 func TestManyGroupsDecideAsFew(t *testing.T) {

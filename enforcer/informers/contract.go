@@ -115,10 +115,13 @@ func (s *Syncer) startContract() error {
 // established, at the served version the mapper prefers.
 func (s *Syncer) trackParameterKind(crd *unstructured.Unstructured) {
 	gk, _ := inventory.CRDNames(crd)
+	s.mu.Lock()
+	infra, pool := slices.Contains(s.opts.InfraKinds, gk), slices.Contains(s.opts.PoolKinds, gk)
+	s.mu.Unlock()
 	switch {
-	case slices.Contains(s.opts.InfraKinds, gk):
+	case infra:
 		s.trackIfServed(gk, inventory.InfraMachine, SourceParameter)
-	case slices.Contains(s.opts.PoolKinds, gk):
+	case pool:
 		s.trackIfServed(gk, inventory.InfraMachinePool, SourceParameter)
 	}
 }

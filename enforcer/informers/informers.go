@@ -173,6 +173,30 @@ func (s *Syncer) Start(ctx context.Context) error {
 	return nil
 }
 
+// AddParameterKinds watches the kinds the parameters list that it did not
+// yet (a live Constraint edit): those served now at once, the others when
+// their CRD is established. A kind no longer listed stays watched until a
+// restart; its objects then keep blocking, never the other way round.
+func (s *Syncer) AddParameterKinds(infra, pools []schema.GroupKind) {
+	for _, k := range []struct {
+		kinds []schema.GroupKind
+		role  inventory.Role
+		list  *[]schema.GroupKind
+	}{{infra, inventory.InfraMachine, &s.opts.InfraKinds}, {pools, inventory.InfraMachinePool, &s.opts.PoolKinds}} {
+		for _, gk := range k.kinds {
+			s.mu.Lock()
+			known := slices.Contains(*k.list, gk)
+			if !known {
+				*k.list = append(*k.list, gk)
+			}
+			s.mu.Unlock()
+			if !known {
+				s.trackIfServed(gk, k.role, SourceParameter)
+			}
+		}
+	}
+}
+
 // Why a kind is watched.
 const (
 	// SourceReferrer: a kind of the rule's referrers (Machine, MachinePool).

@@ -207,3 +207,34 @@ func TestACacheWhoseWatchBrokeIsNotTrustedUntilItCaughtUp(t *testing.T) {
 	require.Eventually(t, func() bool { return s.Recovering() == nil }, 30*time.Second, 20*time.Millisecond, "trusted again once caught up")
 	assert.Equal(t, 1, linkedTo("docker:////m2"), "trusted only once it holds what was made meanwhile")
 }
+
+// A kind a live Constraint edit adds is watched from then on: its objects
+// are found, and it is reported with its source.
+func TestAddParameterKindsWatchesANewKind(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pool := object(testcluster.DockerMachinePoolGVK, "default", "p1", map[string]any{"spec": map[string]any{"providerIDList": []any{"docker:////p1-0"}}})
+	client, mapper := setup(t, pool)
+	inv := inventory.New(linkmodel.MustEmbedded())
+	s := informers.New(inv, informers.Options{Client: client, Mapper: mapper})
+	require.NoError(t, s.Start(ctx))
+	require.Eventually(t, func() bool { return s.Ready() == nil }, 5*time.Second, 10*time.Millisecond)
+	_, pools := s.SyncedKinds()
+	require.Empty(t, pools, "no parameter lists a pool kind yet")
+
+	s.AddParameterKinds(nil, []schema.GroupKind{testcluster.DockerMachinePoolGVK.GroupKind()})
+	require.Eventually(t, func() bool {
+		_, pools := s.SyncedKinds()
+		return len(pools) == 1 && s.Ready() == nil
+	}, 5*time.Second, 10*time.Millisecond)
+	node := object(schema.GroupVersionKind{Version: "v1", Kind: "Node"}, "", "p1-0", map[string]any{"spec": map[string]any{"providerID": "docker:////p1-0"}})
+	objs, _ := inv.Candidates(node)
+	require.Len(t, objs, 1, "the pool listing the Node is a candidate")
+	var sources []string
+	for _, w := range s.Watched() {
+		if w.GVK.Kind == "DockerMachinePool" {
+			sources = w.Sources
+		}
+	}
+	assert.Equal(t, []string{informers.SourceParameter}, sources)
+}

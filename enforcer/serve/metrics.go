@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
@@ -39,6 +40,8 @@ type Metrics struct {
 	Provider *provider.Metrics
 	// Fleet holds each workload cluster's guard.
 	Fleet *fleet.Metrics
+	// Constraint counts the Constraint edits applied and refused.
+	Constraint *constraintwatch.Metrics
 }
 
 // Register registers on reg every series nodeguard serve exports, whether or
@@ -98,6 +101,9 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 		return nil, err
 	}
 	if m.Fleet, err = fleet.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	if m.Constraint, err = constraintwatch.NewMetrics(reg); err != nil {
 		return nil, err
 	}
 	return &m, nil

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
@@ -27,7 +28,6 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/probes"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
@@ -43,7 +43,11 @@ type Options struct {
 	CertFile, KeyFile   string
 	ClientCAFile        string
 	Kubeconfig, Context string
-	Constraint          string
+	// Constraint is a K8sNodeGuard Constraint file (parameters only, read
+	// once); without it, ConstraintName is the Constraint read from the
+	// cluster and followed while serving ("": none, the rule's defaults).
+	Constraint     string
+	ConstraintName string
 	NoFreshReads        bool
 	FreshReadTimeout    time.Duration
 	RequestTimeout      time.Duration
@@ -145,16 +149,17 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	// Whatever started here (informers, side servers) stops when it returns.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	params, err := manifest.ConstraintParameters(opts.Constraint)
-	if err != nil {
-		return err
-	}
 	// A bundle is verified and compiled before anything starts: a bad one
 	// stops nodeguard here.
 	eval, err := policybundle.Engine(ctx, opts.Bundle)
 	if err != nil {
 		return err
 	}
+	spec, follow, err := initialConstraint(ctx, c, opts)
+	if err != nil {
+		return err
+	}
+	params := spec.Parameters
 	lopts := live.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Engine: eval}
 	// The orphan scan hears of every inventory change from the first.
 	var changes *informers.Relay
@@ -187,8 +192,15 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if publish {
 		published = scanner.Releases()
 	}
-	if _, err := startFleet(ctx, c, opts, params, sessions, published, metrics.Fleet, log); err != nil {
+	reconciler, err := startFleet(ctx, c, opts, params, sessions, published, metrics.Fleet, log)
+	if err != nil {
 		return err
+	}
+	constraint := newLiveConstraint(e, spec, opts.EnforcementAction, log)
+	constraint.fleet, constraint.scanner = reconciler, scanner
+	if follow {
+		go constraintwatch.Watch(ctx, constraintwatch.Options{Client: c.Dynamic, Mapper: c.Mapper, Name: opts.ConstraintName,
+			Applied: spec, Apply: constraint.Apply, Metrics: metrics.Constraint, Log: log})
 	}
 	if sessions != nil {
 		sessions.Run(ctx, log)
@@ -212,7 +224,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if err != nil {
 		return err
 	}
-	handler, clientCAs, err := routes(ctx, c, e, metrics, denied, opts, log)
+	handler, clientCAs, err := routes(ctx, c, e, metrics, denied, constraint.Action, opts, log)
 	if err != nil {
 		return err
 	}
@@ -246,7 +258,8 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	}
 	pol := eval.Policy()
 	log.Info("serving", "address", l.Addr().String(), "freshReads", !opts.NoFreshReads,
-		"policy", pol.Source, "policyVersion", pol.Version, "bundleRevision", pol.Revision)
+		"policy", pol.Source, "policyVersion", pol.Version, "bundleRevision", pol.Revision,
+		"constraint", spec.From, "enforcementAction", string(constraint.Action()))
 	if listening != nil {
 		listening(l.Addr())
 	}
@@ -276,7 +289,7 @@ func workloadSessions(c kubeclient.Clients, opts Options, metrics *Metrics, log 
 // intake. It returns the CA files whose client certificates the TLS server
 // asks for.
 func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics *Metrics, denied func(denialevents.Denial),
-	opts Options, log *slog.Logger) (http.Handler, []string, error) {
+	action func() enforcement.Action, opts Options, log *slog.Logger) (http.Handler, []string, error) {
 	in := intake.New(intake.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
 	clusters := freshread.New(c.Dynamic, c.Mapper)
 	cluster := func(ctx context.Context, namespace, name string) (bool, enforcement.Action, error) {
@@ -317,7 +330,7 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics
 	// Each package's handler routes its own paths; this one only sends each
 	// prefix there.
 	mux := http.NewServeMux()
-	reviews := webhook.New(webhook.Options{Decider: e.Guard, Cluster: cluster, Action: opts.EnforcementAction, ClientCAs: reviewCAs, ClusterClientCAs: clusterCAs, SelfCluster: opts.SelfCluster,
+	reviews := webhook.New(webhook.Options{Decider: e.Guard, Cluster: cluster, Action: action, ClientCAs: reviewCAs, ClusterClientCAs: clusterCAs, SelfCluster: opts.SelfCluster,
 		DryRunOnlyUser: dryRunOnly(opts), Intake: in, Metrics: metrics.Webhook, Log: log, Denied: denied})
 	mux.Handle(webhook.RouteSelf, reviews)
 	mux.Handle(webhook.RouteSelf+"/", reviews)

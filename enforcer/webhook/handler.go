@@ -73,8 +73,9 @@ type Options struct {
 	// Action is what a denial becomes on every route a Cluster does not
 	// override (default enforcement.Deny): warn and dryrun admit the
 	// delete, warn with the denial as a warning. nodeguard's own identity's
-	// dry-run-only rule is always enforced.
-	Action enforcement.Action
+	// dry-run-only rule is always enforced. It is asked on each review: the
+	// Constraint's spec.enforcementAction may change while serving.
+	Action func() enforcement.Action
 	// ClientCAs, when set, is the CA whose client certificates the review
 	// routes require (--client-ca-file).
 	ClientCAs *x509.CertPool
@@ -409,10 +410,13 @@ func (h *handler) action(cluster enforcement.Action) enforcement.Action {
 	if cluster != "" {
 		return cluster
 	}
-	if h.opts.Action == "" {
+	if h.opts.Action == nil {
 		return enforcement.Deny
 	}
-	return h.opts.Action
+	if a := h.opts.Action(); a != "" {
+		return a
+	}
+	return enforcement.Deny
 }
 
 // flightKey is everything a decision reads from the review, hashed: the

@@ -536,7 +536,7 @@ func TestEnforcementActions(t *testing.T) {
 	m, err := webhook.NewMetrics(reg)
 	require.NoError(t, err)
 	actions := map[string]enforcement.Action{"default/dev": "", "default/audit": enforcement.DryRun, "default/strict": enforcement.Deny}
-	h := webhook.New(webhook.Options{Decider: g, Action: enforcement.Warn, Metrics: m, DryRunOnlyUser: "alice",
+	h := webhook.New(webhook.Options{Decider: g, Action: func() enforcement.Action { return enforcement.Warn }, Metrics: m, DryRunOnlyUser: "alice",
 		Cluster: func(_ context.Context, ns, name string) (bool, enforcement.Action, error) {
 			a, ok := actions[ns+"/"+name]
 			return ok, a, nil

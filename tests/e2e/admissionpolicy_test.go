@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -222,12 +223,13 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 	require.NoError(t, err)
 	clients, err := kubeclient.FromConfig(localcluster.Config(mgmtEnv))
 	require.NoError(t, err)
+	installConstraintCRD(t, clients.Config)
 	ca := testpki.New(t)
 	t.Setenv("POD_NAMESPACE", "default")
 	// An hour between proofs: the policy's denials counted below are then
 	// the test's and CAPI's alone.
-	opts := serve.Options{Fleet: serve.FleetOptions{Enabled: true, AdmissionPolicy: true, URL: "https://127.0.0.1:" + strconv.Itoa(freePort(t)),
-		CAFiles: []string{ca.CAFile(t)}, ProofInterval: time.Hour}}
+	opts := serve.Options{ConstraintName: constraintwatch.DefaultName, Fleet: serve.FleetOptions{Enabled: true, AdmissionPolicy: true,
+		URL: "https://127.0.0.1:" + strconv.Itoa(freePort(t)), CAFiles: []string{ca.CAFile(t)}, ProofInterval: time.Hour}}
 	opts.Orphans.Interval, opts.Orphans.KubeconfigRecheck = serve.DefaultOrphanScanInterval, 2*time.Second
 	started := time.Now()
 	_, stop := serveWith(t, clients, ca, opts)
@@ -301,6 +303,25 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 		require.GreaterOrEqual(t, denied, 1, "the metric counts the third party's denied delete")
 		t.Logf("CAPI's Node delete denied %d time(s) before it was admitted", denied-1)
 		assert.LessOrEqual(t, denied-1, 1, "CAPI's Node delete admitted within its first two tries")
+	})
+
+	t.Run("a Constraint edit reaches the workload cluster's policy", func(t *testing.T) {
+		as := rest.CopyConfig(localcluster.Config(workloadEnv))
+		as.Impersonate = rest.ImpersonationConfig{UserName: "alice", Groups: []string{"system:masters"}}
+		alice, err := kubernetes.NewForConfig(as)
+		require.NoError(t, err)
+		policyDenies(t, "dev-cp-0", "nodeguard has not released it")
+		edited := time.Now()
+		setConstraint(t, c.dyn, "", "alice")
+		require.EventuallyWithT(t, func(c *assert.CollectT) { assert.NoError(c, dryRunDelete(ctx, alice, "dev-cp-0")) },
+			30*time.Second, 20*time.Millisecond, "alice exempt in the workload cluster's policy")
+		t.Logf("exemptUsers [alice] in force in the workload cluster %s after the edit", time.Since(edited).Round(time.Millisecond))
+		require.NoError(t, c.dyn.Resource(constraintGVR).Delete(ctx, constraintwatch.DefaultName, metav1.DeleteOptions{}))
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			err := dryRunDelete(ctx, alice, "dev-cp-0")
+			require.Error(c, err)
+			assert.Contains(c, err.Error(), "nodeguard has not released it")
+		}, 30*time.Second, 20*time.Millisecond, "the Constraint deleted: no exemptions")
 	})
 
 	t.Run("with nodeguard stopped, what was released stays deletable and nothing else is", func(t *testing.T) {

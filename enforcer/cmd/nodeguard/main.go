@@ -23,6 +23,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/nodeguard/nodeguard/enforcer/check"
+	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -175,11 +176,12 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 		"CA of nodeguard's serving certificate for the Provider's caBundle, read again every 5s; the Provider is written when Gatekeeper's Provider CRD appears and whenever it or the CA changes (default: ca.crt beside --tls-cert-file)")
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster whose Machines count (default: in-cluster)")
 	f.StringVar(&opts.Context, "context", "", "kubeconfig context")
-	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the rule's defaults)")
+	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from, read once (default: the cluster's Constraint, --constraint-name)")
+	f.StringVar(&opts.ConstraintName, "constraint-name", constraintwatch.DefaultName, "without --constraint: the K8sNodeGuard Constraint in the cluster whose spec.parameters and spec.enforcementAction are in force, edits applied while serving; none there (or no Gatekeeper CRD): the rule's defaults; \"\": do not read it")
 	f.BoolVar(&opts.NoFreshReads, "no-fresh-reads", false, "answer from the informer caches alone (a lagging cache can then decide)")
 	f.DurationVar(&opts.FreshReadTimeout, "fresh-read-timeout", serve.DefaultFreshTimeout, "bound on the fresh reads of one review; past it the delete is denied")
 	f.DurationVar(&opts.RequestTimeout, "request-timeout", serve.DefaultRequestTimeout, "deadline of one review; keep it below the webhook's timeoutSeconds")
-	f.Var(&actionFlag{&opts.EnforcementAction}, "enforcement-action", "what a Node delete the rule denies becomes on the review routes: deny, warn (admitted, with the denial as a warning and a NodeDeleteWouldBeDenied Event) or dryrun (admitted, logged and counted); a Cluster's nodeguard.io/enforcement-action annotation overrides it on its route")
+	f.Var(&actionFlag{&opts.EnforcementAction}, "enforcement-action", "what a Node delete the rule denies becomes on the review routes: deny, warn (admitted, with the denial as a warning and a NodeDeleteWouldBeDenied Event) or dryrun (admitted, logged and counted); the Constraint's spec.enforcementAction, when set, overrides it, and a Cluster's nodeguard.io/enforcement-action annotation on its route")
 	f.DurationVar(&opts.ShutdownGrace, "shutdown-grace", serve.DefaultShutdownGrace, "how long in-flight reviews may finish after SIGTERM")
 	bundleFlags(f, &opts.Bundle)
 	f.BoolVar(&opts.Orphans.Enabled, "reap-orphan-nodes", false, "delete orphan Nodes (see nodeguard orphans); one replica acts, holding a Lease")

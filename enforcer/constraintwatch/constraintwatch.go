@@ -1,0 +1,212 @@
+// Package constraintwatch reads nodeguard's K8sNodeGuard Constraint from the
+// cluster, as Gatekeeper users write it, and follows its edits: the
+// parameters and spec.enforcementAction are applied while serving, without a
+// restart. A cluster without the Constraint's CRD (no Gatekeeper, or its
+// template not applied yet) is looked at again until it has one.
+package constraintwatch
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/nodeguard/nodeguard/enforcer/enforcement"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/manifest"
+)
+
+// DefaultName is the Constraint constraints/constraint.yaml applies.
+const DefaultName = "node-deletion-guard"
+
+// GroupKind is the Constraint's: Gatekeeper serves a CRD of this kind once
+// the K8sNodeGuard ConstraintTemplate is applied.
+func GroupKind() schema.GroupKind {
+	return schema.GroupKind{Group: "constraints.gatekeeper.sh", Kind: manifest.ConstraintKind}
+}
+
+// Spec is what nodeguard takes from the Constraint.
+type Spec struct {
+	// Parameters are spec.parameters (nil: none, the rule's defaults).
+	Parameters map[string]any
+	// Action is spec.enforcementAction; "" when the Constraint sets none or
+	// there is no Constraint.
+	Action enforcement.Action
+	// From says where the spec came from, for logs: the Constraint and its
+	// resourceVersion, or why there is none.
+	From string
+}
+
+// Same says whether s and o would decide alike.
+func (s Spec) Same(o Spec) bool {
+	return s.Action == o.Action && reflect.DeepEqual(s.Parameters, o.Parameters)
+}
+
+// FromObject reads a Constraint. An action nodeguard does not take (e.g.
+// Gatekeeper's "scoped") is an error: guessing one would be wrong either way.
+func FromObject(obj *unstructured.Unstructured) (Spec, error) {
+	name := fmt.Sprintf("%s %s", manifest.ConstraintKind, obj.GetName())
+	params, _, err := unstructured.NestedMap(obj.Object, "spec", "parameters")
+	if err != nil {
+		return Spec{}, fmt.Errorf("%s: spec.parameters: %w", name, err)
+	}
+	raw, _, err := unstructured.NestedString(obj.Object, "spec", "enforcementAction")
+	if err != nil {
+		return Spec{}, fmt.Errorf("%s: spec.enforcementAction: %w", name, err)
+	}
+	s := Spec{Parameters: params, From: fmt.Sprintf("%s (resourceVersion %s)", name, obj.GetResourceVersion())}
+	if raw != "" {
+		if s.Action, err = enforcement.Parse(raw); err != nil {
+			return Spec{}, fmt.Errorf("%s: spec.enforcementAction: %w", name, err)
+		}
+	}
+	return s, nil
+}
+
+// Read returns the Constraint's spec as the API server has it now. No CRD
+// or no Constraint is no error: the Spec is empty and From says which.
+func Read(ctx context.Context, client dynamic.Interface, mapper meta.RESTMapper, name string) (Spec, error) {
+	mapping, err := kubeclient.RESTMapping(mapper, GroupKind())
+	if meta.IsNoMatchError(err) {
+		return Spec{From: "no " + GroupKind().String() + " CRD"}, nil
+	}
+	if err != nil {
+		return Spec{}, fmt.Errorf("find the %s resource: %w", GroupKind(), err)
+	}
+	obj, err := client.Resource(mapping.Resource).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return Spec{From: "no " + manifest.ConstraintKind + " " + name}, nil
+	}
+	if err != nil {
+		return Spec{}, fmt.Errorf("read %s %s: %w", manifest.ConstraintKind, name, err)
+	}
+	return FromObject(obj)
+}
+
+// Options configure Watch.
+type Options struct {
+	Client dynamic.Interface
+	Mapper meta.RESTMapper
+	Name   string
+	// Applied is the spec already in force (Read's, at start); the watch
+	// applies only what differs from it.
+	Applied Spec
+	// Apply puts a changed spec in force; an error leaves the spec before it
+	// in force (the caller must not half-apply), and is logged and counted.
+	Apply func(context.Context, Spec) error
+	// Recheck is how often a cluster without the CRD is looked at again
+	// (default 30s).
+	Recheck time.Duration
+	Metrics *Metrics
+	Log     *slog.Logger
+}
+
+// Watch follows the Constraint until ctx is done: each change is applied
+// once, a deleted Constraint puts the defaults back in force.
+func Watch(ctx context.Context, opts Options) {
+	if opts.Recheck <= 0 {
+		opts.Recheck = 30 * time.Second
+	}
+	var mapping *meta.RESTMapping
+	err := wait.PollUntilContextCancel(ctx, opts.Recheck, true, func(context.Context) (bool, error) {
+		m, err := kubeclient.RESTMapping(opts.Mapper, GroupKind())
+		if err != nil {
+			return false, nil // not served yet: Gatekeeper or its template comes later
+		}
+		mapping = m
+		return true, nil
+	})
+	if err != nil {
+		return
+	}
+	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(opts.Client, 0, "", func(o *metav1.ListOptions) {
+		o.FieldSelector = "metadata.name=" + opts.Name
+	})
+	informer := factory.ForResource(mapping.Resource).Informer()
+	w := &watcher{opts: opts, applied: opts.Applied}
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { w.changed(ctx, obj) },
+		UpdateFunc: func(_, obj any) { w.changed(ctx, obj) },
+		DeleteFunc: func(any) {
+			w.apply(ctx, Spec{From: manifest.ConstraintKind + " " + opts.Name + " deleted"})
+		},
+	}); err != nil {
+		opts.Log.Error("the Constraint is not followed: its edits need a restart", "error", err.Error())
+		return
+	}
+	opts.Log.Info("following the Constraint", "constraint", opts.Name, "resource", mapping.Resource.String())
+	factory.Start(ctx.Done())
+	<-ctx.Done()
+	factory.Shutdown()
+}
+
+// watcher applies changes one at a time (the informer's one goroutine).
+type watcher struct {
+	opts    Options
+	applied Spec
+}
+
+func (w *watcher) changed(ctx context.Context, obj any) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok || u.GetName() != w.opts.Name {
+		return
+	}
+	s, err := FromObject(u)
+	if err != nil {
+		w.refused(err)
+		return
+	}
+	w.apply(ctx, s)
+}
+
+func (w *watcher) apply(ctx context.Context, s Spec) {
+	if s.Same(w.applied) {
+		return
+	}
+	if err := w.opts.Apply(ctx, s); err != nil {
+		w.refused(fmt.Errorf("%s: %w", s.From, err))
+		return
+	}
+	w.applied = s
+	w.opts.Metrics.reloads.Inc()
+	w.opts.Log.Info("Constraint applied", "from", s.From, "enforcementAction", string(s.Action))
+}
+
+func (w *watcher) refused(err error) {
+	w.opts.Metrics.errors.Inc()
+	w.opts.Log.Error("Constraint refused: the parameters before it stay in force", "from", w.applied.From, "error", err.Error())
+}
+
+// Metrics count the Constraint's reloads.
+type Metrics struct {
+	reloads, errors prometheus.Counter
+}
+
+// NewMetrics registers nodeguard_constraint_reloads_total and
+// nodeguard_constraint_reload_errors_total with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		reloads: prometheus.NewCounter(prometheus.CounterOpts{Name: "nodeguard_constraint_reloads_total",
+			Help: "Edits of the K8sNodeGuard Constraint put in force while serving."}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "nodeguard_constraint_reload_errors_total",
+			Help: "Edits of the K8sNodeGuard Constraint refused (the parameters before them stay in force)."}),
+	}
+	for _, c := range []prometheus.Collector{m.reloads, m.errors} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register the Constraint's metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,98 @@
+package serve
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
+	"github.com/nodeguard/nodeguard/enforcer/enforcement"
+	"github.com/nodeguard/nodeguard/enforcer/fleet"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
+)
+
+// initialConstraint is the Constraint nodeguard starts with: the file's
+// (--constraint), else the cluster's (--constraint-name), else none (the
+// rule's defaults). follow says whether its edits are followed.
+func initialConstraint(ctx context.Context, c kubeclient.Clients, opts Options) (spec constraintwatch.Spec, follow bool, err error) {
+	if opts.Constraint != "" {
+		params, err := manifest.ConstraintParameters(opts.Constraint)
+		return constraintwatch.Spec{Parameters: params, From: opts.Constraint}, false, err
+	}
+	if opts.ConstraintName == "" || c.Dynamic == nil || c.Mapper == nil {
+		return constraintwatch.Spec{From: "no Constraint asked for"}, false, nil
+	}
+	spec, err = constraintwatch.Read(ctx, c.Dynamic, c.Mapper, opts.ConstraintName)
+	if err != nil {
+		return spec, false, fmt.Errorf("%w (nodeguard reads its parameters there; grant it get, list and watch on "+
+			"k8snodeguard.constraints.gatekeeper.sh, pass --constraint FILE, or --constraint-name=\"\" for the rule's defaults)", err)
+	}
+	return spec, true, nil
+}
+
+// liveConstraint puts the Constraint's edits in force: the guard's
+// parameters, the kinds watched, the fleet's admission policy exemptions and
+// the enforcement action, all or none.
+type liveConstraint struct {
+	enforcer *live.Enforcer
+	fleet    *fleet.Reconciler
+	scanner  *orphanscan.Scanner
+	// flag is --enforcement-action, in force where the Constraint sets none.
+	flag   enforcement.Action
+	action atomic.Value // enforcement.Action
+}
+
+func newLiveConstraint(e *live.Enforcer, spec constraintwatch.Spec, flag enforcement.Action, log *slog.Logger) *liveConstraint {
+	l := &liveConstraint{enforcer: e, flag: flag}
+	l.setAction(spec)
+	if spec.Action != "" && flag != "" && spec.Action != flag {
+		log.Warn("the Constraint's spec.enforcementAction overrides --enforcement-action", "from", spec.From,
+			"enforcementAction", string(spec.Action), "flag", string(flag))
+	}
+	return l
+}
+
+// Action is the enforcement action in force.
+func (l *liveConstraint) Action() enforcement.Action { return l.action.Load().(enforcement.Action) }
+
+func (l *liveConstraint) setAction(spec constraintwatch.Spec) {
+	a := spec.Action
+	if a == "" {
+		a = l.flag
+	}
+	if a == "" {
+		a = enforcement.Deny
+	}
+	l.action.Store(a)
+}
+
+// Apply is constraintwatch.Options.Apply.
+func (l *liveConstraint) Apply(_ context.Context, spec constraintwatch.Spec) error {
+	e := l.enforcer
+	infra, pools, err := e.Engine.Kinds(spec.Parameters)
+	if err != nil {
+		return err
+	}
+	before := e.Guard.Parameters()
+	if err := e.Guard.SetParameters(spec.Parameters); err != nil {
+		return err
+	}
+	if l.fleet != nil {
+		if err := l.fleet.SetExempt(stringsParam(spec.Parameters, "exemptUsers"), stringsParam(spec.Parameters, "exemptGroups")); err != nil {
+			if rerr := e.Guard.SetParameters(before); rerr != nil {
+				return fmt.Errorf("%w; and the parameters before could not be put back: %v", err, rerr)
+			}
+			return err
+		}
+	}
+	e.Syncer.AddParameterKinds(infra, pools)
+	l.setAction(spec)
+	if l.scanner != nil {
+		l.scanner.JudgeAll() // the orphan criteria read the parameters too
+	}
+	return nil
+}
