@@ -7,7 +7,10 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 
+	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -21,18 +24,40 @@ var nodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 
 // judgeLive judges against the cluster of the kubeconfig: Machines and
 // InfraMachines through the same informers and indexes as the webhook, with
-// fresh reads of the candidates.
+// fresh reads of the candidates. With --cluster the Node is read from that
+// workload cluster, through its kubeconfig Secret, as the cluster route
+// judges a Node of it. Without --constraint the parameters are the
+// cluster's Constraint, as serve's are.
 func judgeLive(ctx context.Context, opts Options, params map[string]any, eval *engine.Engine) (decision.Decision, error) {
 	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
 		return decision.Decision{}, err
 	}
-	return judgeWith(ctx, c, opts, params, eval)
+	if opts.Constraint == "" {
+		if params, err = constraintwatch.Parameters(ctx, c.Dynamic, c.Mapper); err != nil {
+			return decision.Decision{}, err
+		}
+	}
+	nodes := func(context.Context) (dynamic.ResourceInterface, error) { return c.Dynamic.Resource(nodeGVR), nil }
+	if opts.Cluster != "" {
+		nodes = func(ctx context.Context) (dynamic.ResourceInterface, error) {
+			return clusters.Nodes(ctx, c.Config, opts.Cluster)
+		}
+	}
+	return judgeWith(ctx, c, nodes, opts, params, eval)
 }
 
-func judgeWith(ctx context.Context, c kubeclient.Clients, opts Options, params map[string]any, eval *engine.Engine) (decision.Decision, error) {
-	node, err := c.Dynamic.Resource(nodeGVR).Get(ctx, opts.Node, metav1.GetOptions{})
+func judgeWith(ctx context.Context, c kubeclient.Clients, nodes func(context.Context) (dynamic.ResourceInterface, error), opts Options,
+	params map[string]any, eval *engine.Engine) (decision.Decision, error) {
+	where, err := nodes(ctx)
 	if err != nil {
+		return decision.Decision{}, err
+	}
+	node, err := where.Get(ctx, opts.Node, metav1.GetOptions{})
+	if err != nil {
+		if opts.Cluster != "" {
+			return decision.Decision{}, fmt.Errorf("get node %q in the workload cluster of %s: %w", opts.Node, opts.Cluster, err)
+		}
 		return decision.Decision{}, fmt.Errorf("get node %q: %w", opts.Node, err)
 	}
 	ctx, cancel := context.WithCancel(ctx)

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
@@ -19,7 +20,8 @@ func TestLiveCheckAgainstAnAPIServer(t *testing.T) {
 	opts := Options{Node: "dev-md-0-x7k2p-abcde", Output: "text"}
 
 	c := kubeclient.Clients{Dynamic: client, Mapper: mapper}
-	d, err := judgeWith(ctx, c, opts, nil, nil)
+	nodes := func(context.Context) (dynamic.ResourceInterface, error) { return client.Resource(nodeGVR), nil }
+	d, err := judgeWith(ctx, c, nodes, opts, nil, nil)
 	require.NoError(t, err)
 	assert.False(t, d.Allowed)
 	require.Len(t, d.Blockers, 1)
@@ -28,11 +30,11 @@ func TestLiveCheckAgainstAnAPIServer(t *testing.T) {
 	// CAPI deletes the DockerMachine: the Node may go.
 	gvr := schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Resource: "dockermachines"}
 	require.NoError(t, client.Resource(gvr).Namespace("default").Delete(ctx, "dev-md-0-x7k2p-abcde", metav1.DeleteOptions{}))
-	d, err = judgeWith(ctx, c, opts, nil, nil)
+	d, err = judgeWith(ctx, c, nodes, opts, nil, nil)
 	require.NoError(t, err)
 	assert.True(t, d.Allowed, "%v", d.Messages)
 
-	_, err = judgeWith(ctx, c, Options{Node: "missing"}, nil, nil)
+	_, err = judgeWith(ctx, c, nodes, Options{Node: "missing"}, nil, nil)
 	assert.ErrorContains(t, err, `get node "missing"`)
 }
 

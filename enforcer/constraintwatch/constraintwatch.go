@@ -95,6 +95,17 @@ func Read(ctx context.Context, client dynamic.Interface, mapper meta.RESTMapper,
 	return FromObject(obj)
 }
 
+// Parameters are the spec.parameters of the Constraint DefaultName as the
+// API server has it now (none without one, or without Gatekeeper's CRD: the
+// rule's defaults): what serve starts with, for the commands that judge live.
+func Parameters(ctx context.Context, client dynamic.Interface, mapper meta.RESTMapper) (map[string]any, error) {
+	spec, err := Read(ctx, client, mapper, DefaultName)
+	if err != nil {
+		return nil, fmt.Errorf("%w (or pass --constraint FILE)", err)
+	}
+	return spec.Parameters, nil
+}
+
 // Options configure Watch.
 type Options struct {
 	Client dynamic.Interface

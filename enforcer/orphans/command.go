@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
@@ -154,6 +155,11 @@ func runLive(ctx context.Context, opts CommandOptions, params map[string]any, no
 	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
 		return Report{}, err
+	}
+	if opts.Constraint == "" {
+		if params, err = constraintwatch.Parameters(ctx, c.Dynamic, c.Mapper); err != nil {
+			return Report{}, err
+		}
 	}
 	return runLiveWith(ctx, c, opts, params, now)
 }

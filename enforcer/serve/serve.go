@@ -46,12 +46,12 @@ type Options struct {
 	// Constraint is a K8sNodeGuard Constraint file (parameters only, read
 	// once); without it, ConstraintName is the Constraint read from the
 	// cluster and followed while serving ("": none, the rule's defaults).
-	Constraint     string
-	ConstraintName string
-	NoFreshReads        bool
-	FreshReadTimeout    time.Duration
-	RequestTimeout      time.Duration
-	ShutdownGrace       time.Duration
+	Constraint       string
+	ConstraintName   string
+	NoFreshReads     bool
+	FreshReadTimeout time.Duration
+	RequestTimeout   time.Duration
+	ShutdownGrace    time.Duration
 	// EnforcementAction is what a denied Node delete becomes on the review
 	// routes (deny, warn, dryrun; "" is deny); a Cluster's
 	// nodeguard.io/enforcement-action annotation overrides it on its route.

@@ -117,7 +117,7 @@ func RenderPolicyOf(ctx context.Context, c *ast.Compiler) ([]byte, error) {
 	}
 	p("\nBesides the links' own fields, the rule reads of a linked object `%s` (being deleted still blocks) and `%s`\n", model.DeletionTimestamp, model.ClusterLabel)
 	p("(the cluster scope), of a Machine also `%s` and what `%s` names. That is all the enforcer keeps of each object.\n", model.ClusterName, model.Reference)
-	p("\n## Parameters\n\nA K8sNodeGuard Constraint's `spec.parameters` (also `nodeguard serve --constraint`), declared once in\n")
+	p("\n## Parameters\n\nA K8sNodeGuard Constraint's `spec.parameters` (`nodeguard serve` reads and follows the Constraint in the cluster, or `--constraint FILE`), declared once in\n")
 	p("`declared_parameters` (`policies/lib/nodeguard/parameters.rego`); the template's schema and this table come from it.\n\n")
 	p("| name | type | default | effect |\n|---|---|---|---|\n")
 	declared, err := policies.DeclaredParameters(ctx, c)

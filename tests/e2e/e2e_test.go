@@ -6,6 +6,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"flag"
@@ -33,6 +34,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/nodeguard/nodeguard/enforcer/audit"
+	"github.com/nodeguard/nodeguard/enforcer/check"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -285,7 +288,7 @@ func TestKubectl(t *testing.T) {
 // whose webhook routes to /validate/clusters/NS/NAME, installed through CAPI's
 // kubeconfig Secret as `nodeguard webhook-config --apply --cluster` does.
 func TestManagementAndWorkloadClusters(t *testing.T) {
-	mgmt := apiServer(t)
+	mgmt, mgmtEnv := apiServerEnv(t)
 	workload, workloadEnv := apiServerEnv(t)
 	clients, err := kubeclient.FromConfig(mgmt)
 	require.NoError(t, err)
@@ -352,6 +355,38 @@ func TestManagementAndWorkloadClusters(t *testing.T) {
 		}
 		assert.NoError(c, err)
 	}, 30*time.Second, 200*time.Millisecond, "cluster other's Node is not blocked by cluster dev's Machines")
+
+	// `nodeguard check --cluster` and `nodeguard audit` read the workload
+	// Node through the kubeconfig Secret (the management cluster has no Node
+	// of that name) and judge it as each Cluster's route does.
+	node()
+	kc := adminKubeconfig(t, mgmtEnv)
+	var out bytes.Buffer
+	code, err := check.Run(ctx, check.Options{Node: "dev-md-0-abcde", Cluster: "default/dev", Kubeconfig: kc, Output: "text"}, &out)
+	require.NoError(t, err)
+	assert.Equal(t, check.ExitDenied, code, out.String())
+	assert.Contains(t, out.String(), "DockerMachine default/dev-md-0-abcde")
+	out.Reset()
+	code, err = check.Run(ctx, check.Options{Node: "dev-md-0-abcde", Cluster: "default/other", Kubeconfig: kc, Output: "text"}, &out)
+	require.NoError(t, err)
+	assert.Equal(t, check.ExitAllowed, code, out.String())
+	out.Reset()
+	code, err = audit.Run(ctx, audit.Options{Kubeconfig: kc, Output: "text"}, &out)
+	require.NoError(t, err)
+	assert.Equal(t, 0, code, out.String())
+	t.Logf("nodeguard audit:\n%s", out.String())
+	assert.Regexp(t, `default/dev\s+1\s+denied: 1 blocked\n`, out.String())
+	assert.Regexp(t, `default/other\s+1\s+allowed: 1 no-link\n`, out.String())
+	assert.Regexp(t, `default/dev\s+dev-md-0-abcde\s+denied\s+blocked\s+DockerMachine default/dev-md-0-abcde\n`, out.String())
+
+	// A Cluster whose kubeconfig cannot be read is reported, the others audited.
+	require.NoError(t, mgmtKube.CoreV1().Secrets("default").Delete(ctx, "other-kubeconfig", metav1.DeleteOptions{}))
+	out.Reset()
+	code, err = audit.Run(ctx, audit.Options{Kubeconfig: kc, Output: "text"}, &out)
+	require.NoError(t, err)
+	assert.Equal(t, 1, code, out.String())
+	assert.Regexp(t, `default/other\s+-\s+not audited: read the kubeconfig of Cluster default/other: secrets "other-kubeconfig" not found`, out.String())
+	assert.Regexp(t, `default/dev\s+1\s+denied: 1 blocked\n`, out.String())
 }
 
 // serveOn runs `nodeguard serve` over clients and returns its URL and CA.

@@ -22,6 +22,7 @@ import (
 	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/nodeguard/nodeguard/enforcer/audit"
 	"github.com/nodeguard/nodeguard/enforcer/check"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
@@ -69,9 +70,33 @@ func rootCommand(code *int, stderr io.Writer) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(checkCommand(code), serveCommand(stderr), webhookConfigCommand(), orphansCommand(code), clustersCommand(code))
+	root.AddCommand(checkCommand(code), auditCommand(code), serveCommand(stderr), webhookConfigCommand(), orphansCommand(code), clustersCommand(code))
 	root.AddCommand(versionCommand())
 	return root
+}
+
+func auditCommand(code *int) *cobra.Command {
+	var opts audit.Options
+	cmd := &cobra.Command{
+		Use:   "audit [--cluster NAMESPACE/NAME] [-o text|json]",
+		Short: "For every CAPI Cluster, what a delete of each workload Node would get now, and why (exit 0; 1 when a Cluster could not be audited)",
+		Long: "Reads the Machines and InfraMachines of the management cluster of the kubeconfig, each Cluster's Nodes through\n" +
+			"its kubeconfig Secret, and judges every Node as that Cluster's route would, from the caches (a delete re-reads\n" +
+			"fresh): a preview before --enforcement-action warn or deny, and a check that no Node is unverified or misrouted.\n" +
+			"Parameters: the cluster's K8sNodeGuard Constraint node-deletion-guard, unless --constraint is given.",
+		Args: cobra.NoArgs,
+		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return audit.Run(ctx, opts, out) }),
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Cluster, "cluster", "", "audit only this CAPI Cluster, NAMESPACE/NAME")
+	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the cluster's node-deletion-guard)")
+	f.StringVarP(&opts.Output, "output", "o", "text", "output format: text or json")
+	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig of the management cluster")
+	f.StringVar(&opts.Context, "context", "", "kubeconfig context")
+	f.StringVar(&opts.User, "user", "", "user the deletes are judged for (exemptions)")
+	f.StringArrayVar(&opts.Groups, "group", nil, "group of that user; repeatable")
+	bundleFlags(f, &opts.Bundle)
+	return cmd
 }
 
 func checkCommand(code *int) *cobra.Command {
@@ -80,7 +105,9 @@ func checkCommand(code *int) *cobra.Command {
 		Use:   "check --node NAME [-f PATH ...]",
 		Short: "Say whether deleting a Node would be allowed (exit 0 allowed, 2 denied, 1 error)",
 		Long: "With -f, judge offline: the files or directories of manifests are the whole inventory and hold the Node.\n" +
-			"Without -f, judge live against the cluster of the kubeconfig, reading objects fresh from the API server.",
+			"Without -f, judge live against the cluster of the kubeconfig, reading objects fresh from the API server, with\n" +
+			"the parameters of its K8sNodeGuard Constraint node-deletion-guard unless --constraint is given; with --cluster\n" +
+			"the Node is read from that Cluster's workload cluster, through its kubeconfig Secret, as its route judges it.",
 		Args: cobra.NoArgs,
 		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return check.Run(ctx, opts, out) }),
 	}
@@ -108,8 +135,8 @@ func withCode(code *int, run func(context.Context, io.Writer) (int, error)) func
 // Cluster whose Machines count, the Constraint, and the output format.
 func judgeFlags(f *pflag.FlagSet, files *[]string, cluster, constraint, output, kubeconfig, kcContext *string) {
 	f.StringArrayVarP(files, "filename", "f", nil, "manifest file or directory (YAML, JSON, Lists); repeatable")
-	f.StringVar(cluster, "cluster", "", "only count Machines of this CAPI Cluster, NAMESPACE/NAME")
-	f.StringVar(constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the rule's defaults)")
+	f.StringVar(cluster, "cluster", "", "only count Machines of this CAPI Cluster, NAMESPACE/NAME (live check: and read the Node from its workload cluster)")
+	f.StringVar(constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: offline the rule's defaults, live the cluster's node-deletion-guard)")
 	f.StringVarP(output, "output", "o", "text", "output format: text or json")
 	f.StringVar(kubeconfig, "kubeconfig", "", "kubeconfig file (live mode)")
 	f.StringVar(kcContext, "context", "", "kubeconfig context (live mode)")

@@ -1,0 +1,261 @@
+// Package audit implements `nodeguard audit`: for every CAPI Cluster (or
+// one), each Node of its workload cluster and what a delete of it would get
+// right now, as that Cluster's route judges it: a rollout preview before
+// warn or deny, and a check that no Node is unverified or misrouted.
+package audit
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
+	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+)
+
+// Options are the flags of `nodeguard audit`.
+type Options struct {
+	// Cluster, "namespace/name", audits that Cluster only; "" every one.
+	Cluster             string
+	Kubeconfig, Context string
+	// Constraint is a Constraint file; "" the cluster's, as serve reads it.
+	Constraint string
+	// User is who the deletes are judged for (exemptions).
+	User   string
+	Groups []string
+	Output string
+	Bundle policybundle.Options
+}
+
+// Node is one Node's verdict.
+type Node struct {
+	Cluster  string   `json:"cluster"`
+	Node     string   `json:"node"`
+	Allowed  bool     `json:"allowed"`
+	Reason   string   `json:"reason"`
+	Blockers []string `json:"blockers,omitempty"`
+	Messages []string `json:"messages,omitempty"`
+}
+
+// Cluster is one Cluster's audit: its Nodes, or why they could not be read.
+type Cluster struct {
+	Cluster string         `json:"cluster"`
+	Nodes   []Node         `json:"nodes"`
+	Reasons map[string]int `json:"reasons"`
+	Error   string         `json:"error,omitempty"`
+}
+
+// syncTimeout bounds the wait for the management cluster's caches.
+const syncTimeout = 60 * time.Second
+
+// Run audits and prints; the int is the exit code: 0, or 1 when a Cluster
+// could not be audited (the others are printed).
+func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
+	if opts.Output != "text" && opts.Output != "json" {
+		return 1, fmt.Errorf("-o %q: want text or json", opts.Output)
+	}
+	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
+	if err != nil {
+		return 1, err
+	}
+	params, err := manifest.ConstraintParameters(opts.Constraint)
+	if err != nil {
+		return 1, err
+	}
+	if opts.Constraint == "" {
+		if params, err = constraintwatch.Parameters(ctx, c.Dynamic, c.Mapper); err != nil {
+			return 1, err
+		}
+	}
+	eval, err := policybundle.Engine(ctx, opts.Bundle)
+	if err != nil {
+		return 1, err
+	}
+	keys, err := clusterKeys(ctx, c, opts.Cluster)
+	if err != nil {
+		return 1, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the informers
+	// From the caches alone: an audit judges every Node, and a delete
+	// re-reads its candidates fresh anyway.
+	e, err := live.Start(ctx, c, live.Options{Parameters: params, Engine: eval, NoFreshReads: true})
+	if err != nil {
+		return 1, err
+	}
+	if err := live.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
+		return 1, err
+	}
+	user := authenticationv1.UserInfo{Username: opts.User, Groups: opts.Groups}
+	results := make([]Cluster, 0, len(keys))
+	code := 0
+	for _, key := range keys {
+		r := auditCluster(ctx, c, e.Guard, key, user)
+		if r.Error != "" {
+			code = 1
+		}
+		results = append(results, r)
+	}
+	if err := print(out, opts.Output, results); err != nil {
+		return 1, err
+	}
+	return code, nil
+}
+
+// clusterKeys are the Clusters to audit: one, checked to exist, or all.
+func clusterKeys(ctx context.Context, c kubeclient.Clients, one string) ([]string, error) {
+	mapping, err := kubeclient.RESTMapping(c.Mapper, schema.GroupKind{Group: "cluster.x-k8s.io", Kind: "Cluster"})
+	if err != nil {
+		return nil, fmt.Errorf("find Cluster API's Clusters: %w", err)
+	}
+	res := c.Dynamic.Resource(mapping.Resource)
+	if one != "" {
+		ns, name, ok := strings.Cut(one, "/")
+		if !ok || ns == "" || name == "" {
+			return nil, fmt.Errorf("--cluster %q: want NAMESPACE/NAME", one)
+		}
+		if _, err := res.Namespace(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return nil, fmt.Errorf("get Cluster %s: %w", one, err)
+		}
+		return []string{one}, nil
+	}
+	list, err := res.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list Clusters: %w", err)
+	}
+	keys := make([]string, 0, len(list.Items))
+	for _, cl := range list.Items {
+		keys = append(keys, cl.GetNamespace()+"/"+cl.GetName())
+	}
+	sort.Strings(keys)
+	return keys, nil
+}
+
+func auditCluster(ctx context.Context, c kubeclient.Clients, g *guard.Guard, key string, user authenticationv1.UserInfo) Cluster {
+	r := Cluster{Cluster: key, Nodes: []Node{}, Reasons: map[string]int{}}
+	nodes, err := clusters.Nodes(ctx, c.Config, key)
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	list, err := listNodes(ctx, nodes)
+	if err != nil {
+		r.Error = fmt.Sprintf("list the Nodes of the workload cluster: %v", err)
+		return r
+	}
+	for i := range list.Items {
+		n := &list.Items[i]
+		d, err := g.Decide(ctx, guard.Request{Node: n, Cluster: key, UserInfo: user})
+		if err != nil {
+			d = decision.Deny(decision.ReasonError, err.Error())
+		}
+		v := Node{Cluster: key, Node: n.GetName(), Allowed: d.Allowed, Reason: d.Reason, Messages: d.Messages}
+		for _, b := range d.Blockers {
+			v.Blockers = append(v.Blockers, fmt.Sprintf("%s %s/%s", b.Kind, b.Namespace, b.Name))
+		}
+		r.Nodes = append(r.Nodes, v)
+		r.Reasons[d.Reason]++
+	}
+	return r
+}
+
+func listNodes(ctx context.Context, nodes dynamic.ResourceInterface) (*unstructured.UnstructuredList, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	list, err := nodes.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].GetName() < list.Items[j].GetName() })
+	return list, nil
+}
+
+func print(out io.Writer, format string, results []Cluster) error {
+	if format == "json" {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(results); err != nil {
+			return fmt.Errorf("write result: %w", err)
+		}
+		return nil
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CLUSTER\tNODES\tA DELETE WOULD BE")
+	for _, r := range results {
+		if r.Error != "" {
+			fmt.Fprintf(w, "%s\t-\tnot audited: %s\n", r.Cluster, r.Error)
+			continue
+		}
+		fmt.Fprintf(w, "%s\t%d\t%s\n", r.Cluster, len(r.Nodes), summary(r))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "CLUSTER\tNODE\tVERDICT\tREASON\tBLOCKERS")
+	for _, r := range results {
+		for _, n := range r.Nodes {
+			verdict := "denied"
+			if n.Allowed {
+				verdict = "allowed"
+			}
+			blockers := strings.Join(n.Blockers, ", ")
+			if blockers == "" {
+				blockers = "-"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Cluster, n.Node, verdict, n.Reason, blockers)
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return fmt.Errorf("write result: %w", err)
+	}
+	return nil
+}
+
+// summary counts a Cluster's verdicts by reason, e.g. "denied: 3 blocked;
+// allowed: 1 no-link".
+func summary(r Cluster) string {
+	var denied, allowed []string
+	reasons := make([]string, 0, len(r.Reasons))
+	for reason := range r.Reasons {
+		reasons = append(reasons, reason)
+	}
+	sort.Strings(reasons)
+	allowedReason := map[string]bool{}
+	for _, n := range r.Nodes {
+		allowedReason[n.Reason] = n.Allowed
+	}
+	for _, reason := range reasons {
+		item := fmt.Sprintf("%d %s", r.Reasons[reason], reason)
+		if allowedReason[reason] {
+			allowed = append(allowed, item)
+		} else {
+			denied = append(denied, item)
+		}
+	}
+	var parts []string
+	if len(denied) > 0 {
+		parts = append(parts, "denied: "+strings.Join(denied, ", "))
+	}
+	if len(allowed) > 0 {
+		parts = append(parts, "allowed: "+strings.Join(allowed, ", "))
+	}
+	if len(parts) == 0 {
+		return "(no Nodes)"
+	}
+	return strings.Join(parts, "; ")
+}
