@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -621,4 +623,41 @@ func TestChartPodValues(t *testing.T) {
 	assert.Equal(t, "my-ca", p.Spec.Volumes[len(p.Spec.Volumes)-1].Secret.SecretName)
 	assert.Equal(t, "/etc/my-ca", p.Spec.Containers[0].VolumeMounts[len(p.Spec.Containers[0].VolumeMounts)-1].MountPath)
 	assert.Empty(t, p.Spec.PriorityClassName, "an empty priorityClassName leaves it out")
+}
+
+// helm uninstall runs `nodeguard cleanup` first when nodeguard writes
+// outside the chart (fleet, external data), with only the rights it needs.
+func TestChartCleanupHook(t *testing.T) {
+	fleetOn := []string{"fleet.enabled=true", "fleet.url=https://nodeguard.example.com", "fleet.allowUnauthenticatedReviews=true"}
+	h := chart(t, fleetOn...)
+	var job batchv1.Job
+	h.decode(t, "Job/nodeguard-cleanup", &job)
+	assert.Equal(t, "pre-delete", job.Annotations["helm.sh/hook"])
+	c := job.Spec.Template.Spec.Containers[0]
+	assert.Equal(t, []string{"cleanup", "--namespace=" + namespace, "--deployment=nodeguard"}, c.Args)
+	assert.Equal(t, "nodeguard-cleanup", job.Spec.Template.Spec.ServiceAccountName)
+	var cr rbacv1.ClusterRole
+	h.decode(t, "ClusterRole/nodeguard-cleanup", &cr)
+	assert.Equal(t, "-5", cr.Annotations["helm.sh/hook-weight"], "its rights exist before the Job runs")
+	var secrets bool
+	for _, r := range cr.Rules {
+		secrets = secrets || slices.Contains(r.Resources, "secrets")
+	}
+	assert.True(t, secrets, "the kubeconfig Secrets, as the fleet reads them")
+
+	scoped := chart(t, append(fleetOn, "fleet.secretNamespaces={fleet-a}")...)
+	scoped.decode(t, "ClusterRole/nodeguard-cleanup", &cr)
+	for _, r := range cr.Rules {
+		assert.NotContains(t, r.Resources, "secrets", "no cluster-wide Secret read")
+	}
+	var rb rbacv1.RoleBinding
+	scoped.decode(t, "RoleBinding/nodeguard-cleanup-kubeconfigs@fleet-a", &rb)
+	assert.Equal(t, "nodeguard-fleet-kubeconfigs", rb.RoleRef.Name)
+
+	_, ok := chart(t)["Job/nodeguard-cleanup"]
+	assert.False(t, ok, "nothing to clean without the fleet or external data")
+	_, ok = chart(t, append(fleetOn, "cleanup.enabled=false")...)["Job/nodeguard-cleanup"]
+	assert.False(t, ok, "cleanup.enabled=false")
+	_, ok = chart(t, "externalData.enabled=true")["Job/nodeguard-cleanup"]
+	assert.True(t, ok, "Gatekeeper's Provider is nodeguard's to remove")
 }

@@ -17,7 +17,6 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
@@ -88,7 +87,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	keys, err := clusterKeys(ctx, c, opts.Cluster)
+	keys, err := clusters.Keys(ctx, c, opts.Cluster)
 	if err != nil {
 		return 1, err
 	}
@@ -117,35 +116,6 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 		return 1, err
 	}
 	return code, nil
-}
-
-// clusterKeys are the Clusters to audit: one, checked to exist, or all.
-func clusterKeys(ctx context.Context, c kubeclient.Clients, one string) ([]string, error) {
-	mapping, err := kubeclient.RESTMapping(c.Mapper, schema.GroupKind{Group: "cluster.x-k8s.io", Kind: "Cluster"})
-	if err != nil {
-		return nil, fmt.Errorf("find Cluster API's Clusters: %w", err)
-	}
-	res := c.Dynamic.Resource(mapping.Resource)
-	if one != "" {
-		ns, name, ok := strings.Cut(one, "/")
-		if !ok || ns == "" || name == "" {
-			return nil, fmt.Errorf("--cluster %q: want NAMESPACE/NAME", one)
-		}
-		if _, err := res.Namespace(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
-			return nil, fmt.Errorf("get Cluster %s: %w", one, err)
-		}
-		return []string{one}, nil
-	}
-	list, err := res.List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("list Clusters: %w", err)
-	}
-	keys := make([]string, 0, len(list.Items))
-	for _, cl := range list.Items {
-		keys = append(keys, cl.GetNamespace()+"/"+cl.GetName())
-	}
-	sort.Strings(keys)
-	return keys, nil
 }
 
 func auditCluster(ctx context.Context, c kubeclient.Clients, g *guard.Guard, key string, user authenticationv1.UserInfo) Cluster {

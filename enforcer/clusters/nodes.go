@@ -3,19 +3,35 @@ package clusters
 import (
 	"context"
 	"fmt"
+	"sort"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 )
 
 // Nodes is the Nodes resource of the workload cluster of CAPI Cluster key
-// ("namespace/name"), reached through its kubeconfig Secret, read with
-// management's config: for the commands that judge a workload cluster's
-// Nodes once (check, audit), where serve keeps sessions (Set).
+// ("namespace/name"): Dynamic's.
 func Nodes(ctx context.Context, management *rest.Config, key string) (dynamic.ResourceInterface, error) {
+	dyn, err := Dynamic(ctx, management, key)
+	if err != nil {
+		return nil, err
+	}
+	return dyn.Resource(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}), nil
+}
+
+// Dynamic is a client of the workload cluster of CAPI Cluster key
+// ("namespace/name"), reached through its kubeconfig Secret, read with
+// management's config: for the commands that reach a workload cluster once
+// (check, audit, cleanup), where serve keeps sessions (Set).
+func Dynamic(ctx context.Context, management *rest.Config, key string) (dynamic.Interface, error) {
 	if management == nil {
 		return nil, fmt.Errorf("cluster %s: no REST config to read its kubeconfig Secret with", key)
 	}
@@ -35,5 +51,35 @@ func Nodes(ctx context.Context, management *rest.Config, key string) (dynamic.Re
 	if err != nil {
 		return nil, fmt.Errorf("client for Cluster %s: %w", key, err)
 	}
-	return dyn.Resource(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}), nil
+	return dyn, nil
+}
+
+// Keys are CAPI Clusters of the cluster of c, "namespace/name", sorted:
+// one, checked to exist, or all ("").
+func Keys(ctx context.Context, c kubeclient.Clients, one string) ([]string, error) {
+	mapping, err := kubeclient.RESTMapping(c.Mapper, schema.GroupKind{Group: "cluster.x-k8s.io", Kind: "Cluster"})
+	if err != nil {
+		return nil, fmt.Errorf("find Cluster API's Clusters: %w", err)
+	}
+	res := c.Dynamic.Resource(mapping.Resource)
+	if one != "" {
+		ns, name, ok := strings.Cut(one, "/")
+		if !ok || ns == "" || name == "" {
+			return nil, fmt.Errorf("--cluster %q: want NAMESPACE/NAME", one)
+		}
+		if _, err := res.Namespace(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return nil, fmt.Errorf("get Cluster %s: %w", one, err)
+		}
+		return []string{one}, nil
+	}
+	list, err := res.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list Clusters: %w", err)
+	}
+	keys := make([]string, 0, len(list.Items))
+	for _, cl := range list.Items {
+		keys = append(keys, cl.GetNamespace()+"/"+cl.GetName())
+	}
+	sort.Strings(keys)
+	return keys, nil
 }

@@ -108,7 +108,7 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, w *watch, befo
 		return
 	}
 	if _, ok, _ := w.store.GetByKey(webhookconfig.Name); ok {
-		if _, err := owned.Delete(ctx, w.dyn, webhookconfig.GVR, webhookconfig.Name); err != nil {
+		if _, err := owned.Delete(ctx, w.dyn, webhookconfig.GVR, "", webhookconfig.Name); err != nil {
 			st.Reason, st.Message = failure(err, ReasonNotInstalled), "remove the webhook configuration of mode webhook: "+err.Error()
 			return
 		}
@@ -256,7 +256,7 @@ func (r *Reconciler) removePolicy(ctx context.Context, key string, w *watch) err
 	} {
 		var err error
 		if o.namespace == "" {
-			_, err = owned.Delete(ctx, w.dyn, o.gvr, o.name)
+			_, err = owned.Delete(ctx, w.dyn, o.gvr, "", o.name)
 		} else {
 			err = w.dyn.Resource(o.gvr).Namespace(o.namespace).Delete(ctx, o.name, metav1.DeleteOptions{})
 			if apierrors.IsNotFound(err) {

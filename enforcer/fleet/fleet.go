@@ -452,7 +452,7 @@ func (r *Reconciler) remove(ctx context.Context, key string, w *watch, st *State
 	if _, ok, _ := w.store.GetByKey(webhookconfig.Name); !ok && w.synced() {
 		return // nothing there: no request
 	}
-	deleted, err := owned.Delete(ctx, w.dyn, webhookconfig.GVR, webhookconfig.Name)
+	deleted, err := owned.Delete(ctx, w.dyn, webhookconfig.GVR, "", webhookconfig.Name)
 	if err != nil {
 		st.Message += "; removing nodeguard's configuration failed: " + err.Error()
 		r.opts.Log.Error("fleet: cannot remove nodeguard's configuration", "cluster", key, "error", err.Error())

@@ -140,10 +140,18 @@ func sameJSON(a, b any) bool {
 	return reflect.DeepEqual(norm(a), norm(b))
 }
 
-// Delete removes the object name of gvr if it carries Label (nodeguard's):
-// one it does not own is left alone. A missing object is no error.
-func Delete(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionResource, name string) (bool, error) {
-	r := c.Resource(gvr)
+// Owner is Label's value on what nodeguard keeps; an object whose Label
+// says another manager (Helm, kustomize) is not nodeguard's to delete.
+const Owner = "nodeguard"
+
+// Delete removes the object name of gvr (in namespace, "" when
+// cluster-scoped) if Label says nodeguard keeps it: one it does not own is
+// left alone. A missing object is no error.
+func Delete(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionResource, namespace, name string) (bool, error) {
+	var r dynamic.ResourceInterface = c.Resource(gvr)
+	if namespace != "" {
+		r = c.Resource(gvr).Namespace(namespace)
+	}
 	have, err := r.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return false, nil
@@ -151,7 +159,7 @@ func Delete(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionRes
 	if err != nil {
 		return false, fmt.Errorf("get %s %s: %w", gvr.Resource, name, err)
 	}
-	if _, ok := have.GetLabels()[Label]; !ok {
+	if have.GetLabels()[Label] != Owner {
 		return false, nil
 	}
 	uid := have.GetUID()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -30,9 +31,11 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/nodeguard/nodeguard/enforcer/cleanup"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/owned"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
@@ -49,7 +52,7 @@ const fleetProof = 3 * time.Second
 // CA, Clusters and kubeconfig Secrets as CAPI writes them, and `nodeguard
 // serve --fleet`: nothing is installed by hand.
 func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
-	mgmt := apiServer(t)
+	mgmt, mgmtEnv := apiServerEnv(t)
 	// The workload API servers authenticate to nodeguard's exposed port
 	// with client certificates, as the fleet path documents.
 	w1, w1Env, clientCA := authenticatingAPIServer(t)
@@ -75,7 +78,7 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 	path := startRelay(t, listen)
 	clients, err := kubeclient.FromConfig(mgmt)
 	require.NoError(t, err)
-	serveFleet(t, clients, ca, serve.Options{Listen: listen, CertFile: certFile, KeyFile: keyFile, ClusterRoutesClientCAFile: clientCA.CAFile(t),
+	stop := serveFleet(t, clients, ca, serve.Options{Listen: listen, CertFile: certFile, KeyFile: keyFile, ClusterRoutesClientCAFile: clientCA.CAFile(t),
 		Fleet: serve.FleetOptions{URL: "https://" + path.addr, CAFiles: []string{servingCA, nextCA}, CARetention: 3 * time.Second}})
 
 	// Cluster dev's Machine lives in the management cluster, its Node in w1.
@@ -336,6 +339,38 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		// The Node's annotations still name Cluster dev: misrouted on dev2's route.
 		denied(t, kube1, "md-0-a", "the route of Cluster default/dev2")
 	})
+
+	t.Run("cleanup removes what nodeguard wrote there, and nothing another manager keeps", func(t *testing.T) {
+		stop() // the chart's hook scales nodeguard to 0 first: the fleet would restore what it removes
+		// Cluster two opted out: a configuration of the same name that Helm keeps there stays.
+		_, err := kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{
+			ObjectMeta: metav1.ObjectMeta{Name: webhookconfig.Name, Labels: map[string]string{owned.Label: "Helm"}}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		// Cluster gone's API server does not answer: what it may still hold
+		// is reported, and the uninstall stops there.
+		var out bytes.Buffer
+		kc := adminKubeconfig(t, mgmtEnv)
+		code, err := cleanup.Run(ctx, cleanup.Options{Kubeconfig: kc, Namespace: "default"}, &out)
+		require.NoError(t, err)
+		assert.Equal(t, 1, code, out.String())
+		assert.Contains(t, out.String(), "not everything could be removed:\nCluster default/gone: get validatingwebhookconfigurations nodeguard:")
+		t.Logf("nodeguard cleanup --namespace default, Cluster default/gone unreachable:\n%s", out.String())
+		require.NoError(t, dyn.Resource(clustersGVR).Namespace("default").Delete(ctx, "gone", metav1.DeleteOptions{}))
+		out.Reset()
+		code, err = cleanup.Run(ctx, cleanup.Options{Kubeconfig: kc, Namespace: "default"}, &out)
+		require.NoError(t, err)
+		assert.Equal(t, 0, code, out.String())
+		t.Logf("again, Cluster default/gone deleted:\n%s", out.String())
+		_, err = kube1.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "the fleet's configuration is gone: %v", err)
+		_, err = kube1.RbacV1().ClusterRoles().Get(ctx, identity.Name, metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "and nodeguard's identity there: %v", err)
+		_, err = kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+		assert.NoError(t, err, "Helm's stays")
+		_, err = mgmtKube.CoreV1().ConfigMaps("default").Get(ctx, fleet.StatusName, metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "the fleet's status is gone: %v", err)
+		require.NoError(t, dryRunDelete(ctx, kube1, "md-0-a"), "no configuration left to deny it")
+	})
 }
 
 // serveFleet runs `nodeguard serve --fleet` (serveWith) over the
@@ -343,7 +378,7 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 // unless opts name a port and serving files, its status in namespace
 // default, proofs every fleetProof and kubeconfig Secrets read again every
 // 2 s (a rotation shows at once).
-func serveFleet(t *testing.T, clients kubeclient.Clients, ca *testpki.CA, opts serve.Options) {
+func serveFleet(t *testing.T, clients kubeclient.Clients, ca *testpki.CA, opts serve.Options) (stop func()) {
 	t.Helper()
 	t.Setenv("POD_NAMESPACE", "default")
 	if opts.Listen == "" {
@@ -355,7 +390,8 @@ func serveFleet(t *testing.T, clients kubeclient.Clients, ca *testpki.CA, opts s
 		opts.Fleet.ProofInterval = fleetProof
 	}
 	opts.Orphans.KubeconfigRecheck = 2 * time.Second
-	serveWith(t, clients, ca, opts)
+	_, stop = serveWith(t, clients, ca, opts)
+	return stop
 }
 
 // servedSerial is the serial of the certificate served at addr.

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/audit"
 	"github.com/nodeguard/nodeguard/enforcer/check"
+	"github.com/nodeguard/nodeguard/enforcer/cleanup"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
@@ -70,7 +72,7 @@ func rootCommand(code *int, stderr io.Writer) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(checkCommand(code), auditCommand(code), serveCommand(stderr), webhookConfigCommand(), orphansCommand(code), clustersCommand(code))
+	root.AddCommand(checkCommand(code), auditCommand(code), cleanupCommand(code), serveCommand(stderr), webhookConfigCommand(), orphansCommand(code), clustersCommand(code))
 	root.AddCommand(versionCommand())
 	return root
 }
@@ -96,6 +98,29 @@ func auditCommand(code *int) *cobra.Command {
 	f.StringVar(&opts.User, "user", "", "user the deletes are judged for (exemptions)")
 	f.StringArrayVar(&opts.Groups, "group", nil, "group of that user; repeatable")
 	bundleFlags(f, &opts.Bundle)
+	return cmd
+}
+
+func cleanupCommand(code *int) *cobra.Command {
+	var opts cleanup.Options
+	cmd := &cobra.Command{
+		Use:   "cleanup --namespace NS [--deployment NAME]",
+		Short: "Remove what nodeguard wrote outside its install: the fleet's configuration in every workload cluster, Gatekeeper's Provider (exit 0; 1 when something stays)",
+		Long: "The chart's pre-delete hook. With --deployment it first scales nodeguard to 0 and waits for its Pods (the fleet\n" +
+			"restores what it keeps), then removes, where nodeguard's label marks them: in each CAPI Cluster's workload\n" +
+			"cluster (through its kubeconfig Secret) the webhook configuration, the admission policy, its binding and released\n" +
+			"Nodes, and nodeguard's identity; here Gatekeeper's Provider nodeguard and the fleet's status ConfigMap. When\n" +
+			"something cannot be removed it says what, scales the Deployment back and exits 1.",
+		Args: cobra.NoArgs,
+		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return cleanup.Run(ctx, opts, out) }),
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Namespace, "namespace", "", "nodeguard's namespace (required)")
+	f.StringVar(&opts.Deployment, "deployment", "", "nodeguard's Deployment there, scaled to 0 first")
+	f.DurationVar(&opts.Timeout, "timeout", 2*time.Minute, "how long to wait for the Deployment's Pods to go")
+	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster)")
+	f.StringVar(&opts.Context, "context", "", "kubeconfig context")
+	_ = cmd.MarkFlagRequired("namespace")
 	return cmd
 }
 

@@ -1,0 +1,173 @@
+// Package cleanup implements `nodeguard cleanup`, the chart's pre-delete
+// hook: it removes what nodeguard itself wrote outside the chart, so an
+// uninstall leaves no webhook configuration pointing at nothing (with
+// failurePolicy Fail, one would deny every Node delete there, Cluster API's
+// included). The fleet restores what it keeps, so it stops nodeguard first.
+package cleanup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/fleet"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+)
+
+// Options are the flags of `nodeguard cleanup`.
+type Options struct {
+	Kubeconfig, Context string
+	// Namespace is nodeguard's: its Deployment and the fleet's status.
+	Namespace string
+	// Deployment, when set, is scaled to 0 first, and back when something
+	// could not be removed (nodeguard then keeps guarding).
+	Deployment string
+	// Timeout bounds the wait for its Pods to go.
+	Timeout time.Duration
+}
+
+// Run cleans up and prints what it removed; the int is the exit code: 1 when
+// something could not be removed (said which, and the Deployment scaled
+// back), else 0.
+func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
+	if opts.Namespace == "" {
+		return 1, fmt.Errorf("--namespace is required")
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 2 * time.Minute
+	}
+	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
+	if err != nil {
+		return 1, err
+	}
+	kube, err := kubernetes.NewForConfig(c.Config)
+	if err != nil {
+		return 1, fmt.Errorf("create client: %w", err)
+	}
+	var replicas int32
+	if opts.Deployment != "" {
+		if replicas, err = stop(ctx, kube, opts, out); err != nil {
+			return 1, err
+		}
+	}
+	errs := remove(ctx, c, opts.Namespace, out)
+	if errs == nil {
+		fmt.Fprintln(out, "cleanup: done")
+		return 0, nil
+	}
+	fmt.Fprintf(out, "cleanup: not everything could be removed:\n%v\n", errs)
+	if opts.Deployment != "" {
+		if err := scale(ctx, kube, opts, replicas); err != nil {
+			return 1, fmt.Errorf("%w; and Deployment %s/%s could not be scaled back to %d: %v", errs, opts.Namespace, opts.Deployment, replicas, err)
+		}
+		fmt.Fprintf(out, "cleanup: Deployment %s/%s scaled back to %d: nodeguard guards as before\n", opts.Namespace, opts.Deployment, replicas)
+	}
+	return 1, nil
+}
+
+// stop scales the Deployment to 0 and waits for its Pods to go; it returns
+// the replicas it had.
+func stop(ctx context.Context, kube kubernetes.Interface, opts Options, out io.Writer) (int32, error) {
+	deployments := kube.AppsV1().Deployments(opts.Namespace)
+	d, err := deployments.Get(ctx, opts.Deployment, metav1.GetOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("get Deployment %s/%s: %w", opts.Namespace, opts.Deployment, err)
+	}
+	replicas := int32(1)
+	if d.Spec.Replicas != nil {
+		replicas = *d.Spec.Replicas
+	}
+	if err := scale(ctx, kube, opts, 0); err != nil {
+		return 0, err
+	}
+	selector, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil {
+		return replicas, fmt.Errorf("Deployment %s/%s selector: %w", opts.Namespace, opts.Deployment, err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, time.Second, opts.Timeout, true, func(ctx context.Context) (bool, error) {
+		pods, err := kube.CoreV1().Pods(opts.Namespace).List(ctx, metav1.ListOptions{LabelSelector: selector.String()})
+		if err != nil {
+			return false, nil //nolint:nilerr // a failed list is tried again until the timeout
+		}
+		return len(pods.Items) == 0, nil
+	})
+	if err != nil {
+		if serr := scale(ctx, kube, opts, replicas); serr != nil {
+			err = fmt.Errorf("%w; and scaling back failed: %v", err, serr)
+		}
+		return replicas, fmt.Errorf("wait for the Pods of Deployment %s/%s to go: %w", opts.Namespace, opts.Deployment, err)
+	}
+	fmt.Fprintf(out, "cleanup: Deployment %s/%s scaled from %d to 0; its Pods are gone\n", opts.Namespace, opts.Deployment, replicas)
+	return replicas, nil
+}
+
+func scale(ctx context.Context, kube kubernetes.Interface, opts Options, replicas int32) error {
+	_, err := kube.AppsV1().Deployments(opts.Namespace).UpdateScale(ctx, opts.Deployment, &autoscalingv1.Scale{
+		ObjectMeta: metav1.ObjectMeta{Namespace: opts.Namespace, Name: opts.Deployment},
+		Spec:       autoscalingv1.ScaleSpec{Replicas: replicas},
+	}, metav1.UpdateOptions{})
+	if err != nil {
+		return fmt.Errorf("scale Deployment %s/%s to %d: %w", opts.Namespace, opts.Deployment, replicas, err)
+	}
+	return nil
+}
+
+// remove deletes what nodeguard owns: Gatekeeper's Provider and the fleet's
+// status here, and what the fleet installed in each workload cluster.
+func remove(ctx context.Context, c kubeclient.Clients, namespace string, out io.Writer) error {
+	var errs []error
+	here := []struct {
+		what   string
+		delete func() (bool, error)
+	}{
+		{"Gatekeeper Provider nodeguard", func() (bool, error) {
+			return owned.Delete(ctx, c.Dynamic, webhookconfig.ProviderGVR, "", "nodeguard")
+		}},
+		{"ConfigMap " + namespace + "/" + fleet.StatusName, func() (bool, error) {
+			return owned.Delete(ctx, c.Dynamic, schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, namespace, fleet.StatusName)
+		}},
+	}
+	for _, h := range here {
+		deleted, err := h.delete()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", h.what, err))
+		} else if deleted {
+			fmt.Fprintf(out, "cleanup: removed %s\n", h.what)
+		}
+	}
+	keys, err := clusters.Keys(ctx, c, "")
+	if meta.IsNoMatchError(err) || meta.IsNoMatchError(errors.Unwrap(err)) {
+		return errors.Join(errs...) // no Cluster API here: no workload cluster to clean
+	}
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for _, key := range keys {
+		dyn, err := clusters.Dynamic(ctx, c.Config, key)
+		if err != nil {
+			// No kubeconfig, no fleet there either: nothing it could have installed.
+			fmt.Fprintf(out, "cleanup: Cluster %s skipped: %v\n", key, err)
+			continue
+		}
+		removed, err := fleet.Uninstall(ctx, dyn)
+		for _, r := range removed {
+			fmt.Fprintf(out, "cleanup: Cluster %s: removed %s\n", key, r)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("Cluster %s: %w", key, err))
+		}
+	}
+	return errors.Join(errs...)
+}

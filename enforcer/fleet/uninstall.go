@@ -1,0 +1,59 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/identity"
+	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+)
+
+// Uninstall removes from a workload cluster what the fleet installs there:
+// the webhook configuration, the admission policy with its binding and the
+// released Nodes, and nodeguard's identity, each only where nodeguard's
+// label marks it. The identity's Namespace stays: others may keep things in
+// it. It returns what it removed, and the first object it could not.
+func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
+	info, err := admissionpolicy.LoadInfo()
+	if err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
+	}
+	type object struct {
+		gvr             schema.GroupVersionResource
+		namespace, name string
+	}
+	objs := []object{
+		{webhookconfig.GVR, "", webhookconfig.Name},
+		{admissionpolicy.BindingGVR, "", info.Name},
+		{admissionpolicy.PolicyGVR, "", info.Name},
+		{admissionpolicy.ParamsGVR, admissionpolicy.ParamsNamespace, admissionpolicy.ParamsName},
+	}
+	ident, err := identity.Objects(identity.Options{})
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range ident {
+		if o.Object.GetKind() != "Namespace" {
+			objs = append(objs, object{o.Resource, o.Object.GetNamespace(), o.Object.GetName()})
+		}
+	}
+	var removed []string
+	for _, o := range objs {
+		deleted, err := owned.Delete(ctx, dyn, o.gvr, o.namespace, o.name)
+		switch {
+		case err != nil && !isNotServed(err):
+			// The rest would fail alike (an API server that does not answer).
+			return removed, err
+		case deleted && o.namespace != "":
+			removed = append(removed, fmt.Sprintf("%s %s/%s", o.gvr.Resource, o.namespace, o.name))
+		case deleted:
+			removed = append(removed, o.gvr.Resource+" "+o.name)
+		}
+	}
+	return removed, nil
+}
