@@ -56,7 +56,12 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if err != nil {
 		return 1, fmt.Errorf("create client: %w", err)
 	}
+	return run(ctx, c, kube, opts, out)
+}
+
+func run(ctx context.Context, c kubeclient.Clients, kube kubernetes.Interface, opts Options, out io.Writer) (int, error) {
 	var replicas int32
+	var err error
 	if opts.Deployment != "" {
 		if replicas, err = stop(ctx, kube, opts, out); err != nil {
 			return 1, err

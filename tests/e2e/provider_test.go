@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -160,6 +161,32 @@ func TestGatekeeperAsksNodeguard(t *testing.T) {
 	// nothing in the Nodes that remain.
 	capdMachine(t, dyn, "linked-b", false)
 	auditFindsNothing(t, dyn, externalConstraintGVR)
+
+	// A rollout on this route is the Constraint's enforcementAction, which
+	// Gatekeeper applies to the verdict it reaches on nodeguard's facts:
+	// warn admits with the denial as Gatekeeper's warning, dryrun silently.
+	seen := &warnings{}
+	wc := rest.CopyConfig(cfg)
+	wc.WarningHandlerWithContext = seen
+	warned, err := kubernetes.NewForConfig(wc)
+	require.NoError(t, err)
+	for _, action := range []string{"warn", "dryrun"} {
+		_, err := dyn.Resource(externalConstraintGVR).Patch(ctx, "node-deletion-guard", types.MergePatchType,
+			[]byte(`{"spec":{"enforcementAction":"`+action+`"}}`), metav1.PatchOptions{})
+		require.NoError(t, err)
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			seen.take()
+			require.NoError(c, dryRunDelete(ctx, warned, "linked-b"))
+			w := strings.Join(seen.take(), "\n")
+			if action == "warn" {
+				assert.Contains(c, w, "[node-deletion-guard]")
+				assert.Contains(c, w, "DockerMachine default/linked-b")
+			} else {
+				assert.Empty(c, w)
+			}
+		}, 60*time.Second, 250*time.Millisecond, "enforcementAction %s", action)
+		t.Logf("K8sNodeGuardExternal with enforcementAction %s: the blocked delete is admitted", action)
+	}
 }
 
 // Real CAPI in a management cluster, Gatekeeper in the workload cluster with

@@ -1,0 +1,78 @@
+package cleanup
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+)
+
+// scales records the replicas each scale update asks for (the fake
+// clientset keeps no scale subresource of its own).
+func scales(kube *fake.Clientset) *[]int32 {
+	var asked []int32
+	kube.PrependReactor("update", "deployments", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "scale" {
+			return false, nil, nil
+		}
+		s := a.(clienttesting.UpdateAction).GetObject().(*autoscalingv1.Scale)
+		asked = append(asked, s.Spec.Replicas)
+		return true, s, nil
+	})
+	return &asked
+}
+
+func deployment() *appsv1.Deployment {
+	return &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "nodeguard-system", Name: "nodeguard"},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](2), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "nodeguard"}}}}
+}
+
+func clients(dyn *dynamicfake.FakeDynamicClient) kubeclient.Clients {
+	return kubeclient.Clients{Dynamic: dyn, Mapper: meta.NewDefaultRESTMapper(nil)}
+}
+
+// Nothing to keep it from cleaning: nodeguard is scaled to 0 (the fleet
+// would restore what is removed) and stays there for helm to delete.
+func TestCleanupStopsNodeguardFirst(t *testing.T) {
+	kube := fake.NewClientset(deployment())
+	asked := scales(kube)
+	var out bytes.Buffer
+	code, err := run(context.Background(), clients(dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())), kube,
+		Options{Namespace: "nodeguard-system", Deployment: "nodeguard", Timeout: 5 * time.Second}, &out)
+	require.NoError(t, err)
+	assert.Equal(t, 0, code, out.String())
+	assert.Equal(t, []int32{0}, *asked)
+	assert.Contains(t, out.String(), "Deployment nodeguard-system/nodeguard scaled from 2 to 0")
+}
+
+// What cannot be removed keeps nodeguard guarding: scaled back, exit 1.
+func TestCleanupScalesBackWhenSomethingStays(t *testing.T) {
+	kube := fake.NewClientset(deployment())
+	asked := scales(kube)
+	dyn := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())
+	dyn.PrependReactor("get", "providers", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("the API server said no")
+	})
+	var out bytes.Buffer
+	code, err := run(context.Background(), clients(dyn), kube, Options{Namespace: "nodeguard-system", Deployment: "nodeguard", Timeout: 5 * time.Second}, &out)
+	require.NoError(t, err)
+	assert.Equal(t, 1, code)
+	assert.Equal(t, []int32{0, 2}, *asked)
+	assert.Contains(t, out.String(), "Gatekeeper Provider nodeguard: get providers nodeguard: the API server said no")
+	assert.Contains(t, out.String(), "scaled back to 2: nodeguard guards as before")
+}
