@@ -193,11 +193,23 @@ func defaultText(v any) string {
 }
 
 // orphanSection renders the orphan criteria from the METADATA of package
-// nodeguard.orphans (description and custom.criteria).
+// nodeguard.orphans (description and custom.criteria), and the ghost
+// criteria from nodeguard.ghosts'.
 func orphanSection(c *ast.Compiler, p func(string, ...any)) error {
+	if err := criteriaSection(c, p, "nodeguard.orphans", "Orphan Nodes", "an orphan",
+		"Evaluated by `nodeguard orphans` and `nodeguard serve --reap-orphan-nodes` through `data.nodeguard.orphan`."); err != nil {
+		return err
+	}
+	return criteriaSection(c, p, "nodeguard.ghosts", "Ghost Nodes", "a ghost",
+		"The entry point is `data.nodeguard.ghost`, with the tombstone of the Node's providerID as input; "+
+			"the enforcer does not keep tombstones or evaluate it yet.")
+}
+
+// criteriaSection renders a package's description and custom.criteria.
+func criteriaSection(c *ast.Compiler, p func(string, ...any), pkg, heading, what, tail string) error {
 	as := c.GetAnnotationSet()
 	for _, m := range c.Modules {
-		if m.Package.Path.String() != "data.nodeguard.orphans" {
+		if m.Package.Path.String() != "data."+pkg {
 			continue
 		}
 		a := as.GetPackageScope(m.Package)
@@ -209,22 +221,22 @@ func orphanSection(c *ast.Compiler, p func(string, ...any)) error {
 		}
 		raw, err := json.Marshal(a.Custom)
 		if err != nil {
-			return fmt.Errorf("encode nodeguard.orphans METADATA custom: %w", err)
+			return fmt.Errorf("encode %s METADATA custom: %w", pkg, err)
 		}
 		if err := json.Unmarshal(raw, &custom); err != nil {
-			return fmt.Errorf("decode nodeguard.orphans METADATA custom: %w", err)
+			return fmt.Errorf("decode %s METADATA custom: %w", pkg, err)
 		}
 		if len(custom.Criteria) == 0 {
-			return fmt.Errorf("package nodeguard.orphans METADATA has no custom.criteria")
+			return fmt.Errorf("package %s METADATA has no custom.criteria", pkg)
 		}
-		p("\n## Orphan Nodes\n\n%s\n\nA Node is an orphan when all of these hold:\n\n", strings.TrimSpace(a.Description))
+		p("\n## %s\n\n%s\n\nA Node is %s when all of these hold:\n\n", heading, strings.TrimSpace(a.Description), what)
 		for i, cr := range custom.Criteria {
 			p("%d. **%s.** %s\n", i+1, cr.Title, strings.TrimSpace(cr.Text))
 		}
-		p("\nEvaluated by `nodeguard orphans` and `nodeguard serve --reap-orphan-nodes` through `data.nodeguard.orphan`.\n")
+		p("\n%s\n", tail)
 		return nil
 	}
-	return fmt.Errorf("package nodeguard.orphans has no METADATA")
+	return fmt.Errorf("package %s has no METADATA", pkg)
 }
 
 // Markers around the README's generated link list.

@@ -1,6 +1,7 @@
 # The enforcer's second entry point (see decision.rego for the package).
 package nodeguard
 
+import data.nodeguard.ghosts
 import data.nodeguard.orphans
 import data.nodeguard.released
 
@@ -49,3 +50,18 @@ orphan_screen := {
 #   enforcer publishes it into workload clusters in mode admission-policy.
 # entrypoint: true
 release := released.verdict(input.node, object.get(input, "inventory", {}), object.get(input, "parameters", {}))
+
+# METADATA
+# title: Ghost verdict
+# description: |
+#   The verdict of nodeguard.ghosts for input.node (with input.inventory and
+#   input.parameters, as for orphan), input.tombstone (the enforcer's
+#   tombstone of the Node's providerID, or none) and input.now (RFC 3339).
+# entrypoint: true
+ghost := ghosts.verdict(
+	input.node,
+	object.get(input, "inventory", {}),
+	object.get(input, "parameters", {}),
+	object.get(input, "tombstone", null),
+	input.now,
+)
