@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/x509"
 	"flag"
+	"fmt"
 	"io"
 	"maps"
 	"net"
@@ -55,7 +56,21 @@ func TestMain(m *testing.M) {
 	// envtest logs through controller-runtime; without a logger it prints a
 	// stack trace instead. The processes' own logs are kept by keepLog.
 	ctrllog.SetLogger(logr.Discard())
+	flag.Parse()
+	// Asked for the e2e tests without their binaries, every test would skip
+	// and the package pass having run nothing.
+	if *binDir == "" && !listing() {
+		fmt.Fprintln(os.Stderr, "e2e: no kube-apiserver/etcd: set NODEGUARD_E2E_BIN or -bin to the directory tests/e2e/tools/build.sh prints (make e2e does both)")
+		os.Exit(1)
+	}
 	os.Exit(m.Run())
+}
+
+// listing says whether the run only lists tests (-test.list), which needs
+// no binaries.
+func listing() bool {
+	f := flag.Lookup("test.list")
+	return f != nil && f.Value.String() != ""
 }
 
 func moduleDir(t *testing.T, module string) string {
