@@ -21,6 +21,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 )
 
 // Exit codes of `nodeguard orphans`: finding orphans is not an error.
@@ -41,6 +42,9 @@ type CommandOptions struct {
 	Output          string
 	Kubeconfig      string
 	Context         string
+	// Bundle, when its Path is set, is the signed policy bundle to judge
+	// with instead of the embedded rule, as serve --bundle's reaper does.
+	Bundle policybundle.Options
 }
 
 // Report is what -o json prints.
@@ -95,7 +99,12 @@ func Run(ctx context.Context, opts CommandOptions, out io.Writer) (int, error) {
 	if err != nil {
 		return ExitError, err
 	}
-	report, err := find(ctx, opts, params, now)
+	// The policy is chosen here, once: the bundle's or the embedded rule.
+	eval, err := policybundle.Engine(ctx, opts.Bundle)
+	if err != nil {
+		return ExitError, err
+	}
+	report, err := find(ctx, opts, params, eval, now)
 	if err != nil {
 		return ExitError, err
 	}
@@ -106,14 +115,14 @@ func Run(ctx context.Context, opts CommandOptions, out io.Writer) (int, error) {
 }
 
 // find judges the Nodes of the -f files, or without them the live cluster's.
-func find(ctx context.Context, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {
+func find(ctx context.Context, opts CommandOptions, params map[string]any, eval *engine.Engine, now time.Time) (Report, error) {
 	if len(opts.Files) > 0 {
-		return offline(ctx, opts, params, now)
+		return offline(ctx, opts, params, eval, now)
 	}
-	return runLive(ctx, opts, params, now)
+	return runLive(ctx, opts, params, eval, now)
 }
 
-func offline(ctx context.Context, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {
+func offline(ctx context.Context, opts CommandOptions, params map[string]any, eval *engine.Engine, now time.Time) (Report, error) {
 	objs, err := manifest.Load(opts.Files...)
 	if err != nil {
 		return Report{}, err
@@ -123,10 +132,6 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, no
 		if o.GetAPIVersion() == "v1" && o.GetKind() == "Node" {
 			nodes = append(nodes, o)
 		}
-	}
-	eval, err := engine.New(ctx)
-	if err != nil {
-		return Report{}, err
 	}
 	infra, pools, err := eval.Kinds(params)
 	if err != nil {
@@ -151,7 +156,7 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, no
 	return NewReport(verdicts), nil
 }
 
-func runLive(ctx context.Context, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {
+func runLive(ctx context.Context, opts CommandOptions, params map[string]any, eval *engine.Engine, now time.Time) (Report, error) {
 	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
 		return Report{}, err
@@ -161,13 +166,13 @@ func runLive(ctx context.Context, opts CommandOptions, params map[string]any, no
 			return Report{}, err
 		}
 	}
-	return runLiveWith(ctx, c, opts, params, now)
+	return runLiveWith(ctx, c, opts, params, eval, now)
 }
 
-func runLiveWith(ctx context.Context, c kubeclient.Clients, opts CommandOptions, params map[string]any, now time.Time) (Report, error) {
+func runLiveWith(ctx context.Context, c kubeclient.Clients, opts CommandOptions, params map[string]any, eval *engine.Engine, now time.Time) (Report, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
-	e, err := live.Start(ctx, c, live.Options{Parameters: params})
+	e, err := live.Start(ctx, c, live.Options{Parameters: params, Engine: eval})
 	if err != nil {
 		return Report{}, err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
@@ -18,15 +19,17 @@ func TestLiveListAndDelete(t *testing.T) {
 	client, mapper := testcluster.CAPD(t, "../reaper/testdata")
 	c := kubeclient.Clients{Dynamic: client, Mapper: mapper}
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	eval, err := engine.New(ctx)
+	require.NoError(t, err)
 
-	r, err := runLiveWith(ctx, c, CommandOptions{Output: "json"}, nil, now)
+	r, err := runLiveWith(ctx, c, CommandOptions{Output: "json"}, nil, eval, now)
 	require.NoError(t, err)
 	require.Len(t, r.Orphans, 1)
 	assert.Equal(t, "dev-md-0-left", r.Orphans[0].Node)
 	assert.Len(t, r.Kept, 6)
 	assert.Empty(t, r.Deleted)
 
-	r, err = runLiveWith(ctx, c, CommandOptions{Output: "json", Delete: true}, nil, now)
+	r, err = runLiveWith(ctx, c, CommandOptions{Output: "json", Delete: true}, nil, eval, now)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"dev-md-0-left"}, r.Deleted)
 	list, err := client.Resource(NodeGVR).List(ctx, metav1.ListOptions{})

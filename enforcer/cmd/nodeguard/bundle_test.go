@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -56,6 +57,37 @@ func TestCheckWithASignedBundle(t *testing.T) {
 		assert.Equal(t, 1, code)
 		assert.Contains(t, errOut, "--bundle-verification-key is required")
 	})
+}
+
+// `nodeguard orphans` judges with the bundle too, as serve --bundle's reaper
+// does: a policy that finds no orphans finds none, a tampered one is refused.
+func TestOrphansWithASignedBundle(t *testing.T) {
+	key := testbundle.NewKey(t)
+	dir := t.TempDir()
+	orphans := []string{"orphans", "-f", "../../reaper/testdata", "--now", "2026-11-30T12:00:00Z", "--bundle-verification-key", key.PublicKeyFile}
+	code, out, errOut := nodeguard(t, orphans[:5]...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "dev-md-0-left", "the embedded rule finds the orphan")
+
+	signed := testbundle.Nodeguard(t, "0.1.1+test", key.Private)
+	code, out, errOut = nodeguard(t, append(orphans, "--bundle", testbundle.WriteFile(t, dir, "ok.tar.gz", signed))...)
+	assert.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "dev-md-0-left", "the same rule in a bundle finds it too")
+
+	none := testbundle.Sources(t)
+	none["nodeguard/orphans.rego"] = strings.Replace(none["nodeguard/orphans.rego"],
+		"orphan := orphans.verdict(", "orphan := object.union(orphans.verdict(", 1)
+	none["nodeguard/orphans.rego"] = strings.Replace(none["nodeguard/orphans.rego"],
+		"\tobject.get(input, \"matchProviderID\", false) == true,\n)", "\tobject.get(input, \"matchProviderID\", false) == true,\n), {\"orphan\": false, \"kept\": [\"a policy that keeps every Node\"]})", 1)
+	code, out, errOut = nodeguard(t, append(orphans, "--bundle", testbundle.WriteFile(t, dir, "none.tar.gz", testbundle.Signed(t, none, "n1", key.Private)))...)
+	assert.Equal(t, 0, code, errOut)
+	assert.NotContains(t, out, "ORPHAN", "the bundle's policy decides")
+	assert.Contains(t, out, "a policy that keeps every Node")
+
+	code, out, errOut = nodeguard(t, append(orphans, "--bundle", testbundle.WriteFile(t, dir, "bad.tar.gz", testbundle.Tamper(t, signed)))...)
+	assert.Equal(t, 1, code)
+	assert.Empty(t, out)
+	assert.Contains(t, errOut, "digest mismatch")
 }
 
 func TestVersion(t *testing.T) {

@@ -186,6 +186,7 @@ func orphansCommand(code *int) *cobra.Command {
 	f.StringVar(&opts.Now, "now", "", "judge at this time (RFC 3339) instead of now, for reproducible output")
 	f.BoolVar(&opts.MatchProviderID, "match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
 	f.BoolVar(&opts.Delete, "delete", false, "delete the orphans found (live only)")
+	bundleFlags(f, &opts.Bundle)
 	return cmd
 }
 
