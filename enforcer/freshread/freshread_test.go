@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -22,6 +23,12 @@ var machineGVK = testcluster.MachineGVK
 // Concurrent reads of one object share one GET while it is in flight; a read
 // after it returns makes a GET of its own (nothing is cached).
 func TestConcurrentReadsOfOneObjectShareOneGet(t *testing.T) {
+	// In a bubble: synctest.Wait returns once every reader is blocked, the
+	// first in its GET and the others waiting for it, with no sleep.
+	synctest.Test(t, concurrentReads)
+}
+
+func concurrentReads(t *testing.T) {
 	client, mapper := testcluster.Serve([]testcluster.Kind{{GVK: machineGVK, Resource: "machines"}},
 		testcluster.Object(machineGVK, "default", "m1", nil))
 	var gets atomic.Int64
@@ -46,8 +53,8 @@ func TestConcurrentReadsOfOneObjectShareOneGet(t *testing.T) {
 			results[i] = obj
 		}()
 	}
-	require.Eventually(t, func() bool { return gets.Load() == 1 }, 5*time.Second, time.Millisecond)
-	time.Sleep(100 * time.Millisecond) // let the others join
+	synctest.Wait()
+	require.EqualValues(t, 1, gets.Load(), "one GET in flight, the other readers waiting for it")
 	close(release)
 	wg.Wait()
 	assert.EqualValues(t, 1, gets.Load())
