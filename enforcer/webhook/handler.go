@@ -58,8 +58,13 @@ const (
 )
 
 // Decider judges one admission request with the rule; *guard.Guard is one.
+// The handler reduces a review to what the rule reads before anything else:
+// the Node to the fields of the Decider's link model, the user's groups to
+// those KeepGroup keeps.
 type Decider interface {
 	Decide(ctx context.Context, req guard.Request) (decision.Decision, error)
+	KeepGroup(group string) bool
+	Model() *linkmodel.Model
 }
 
 // Options configure the handler.
@@ -98,10 +103,6 @@ type Options struct {
 	MaxConcurrentDecisions int
 	Metrics                *Metrics
 	Log                    *slog.Logger
-	// Model is the link model the Decider follows: a Node is reduced to
-	// the fields it declares before anything else reads it. When nil, the
-	// Decider's own (a *guard.Guard has one), else the embedded policy's.
-	Model *linkmodel.Model
 	// LogInterval is the least time between two log lines about rejected
 	// requests (default 1s); the lines between are counted, not written.
 	LogInterval time.Duration
@@ -127,7 +128,7 @@ type handler struct {
 	opts   Options
 	model  *linkmodel.Model
 	intake *intake.Intake
-	// keepGroup says which of a user's groups the Decider reads; nil: all.
+	// keepGroup says which of a user's groups the Decider reads.
 	keepGroup func(string) bool
 }
 
@@ -143,10 +144,7 @@ func New(opts Options) http.Handler {
 		in = intake.New(intake.Options{Timeout: opts.Timeout, MaxConcurrent: opts.MaxConcurrentDecisions,
 			Log: opts.Log, LogInterval: opts.LogInterval})
 	}
-	h := &handler{opts: opts, model: nodeModel(opts), intake: in}
-	if k, ok := opts.Decider.(interface{ KeepGroup(string) bool }); ok {
-		h.keepGroup = k.KeepGroup
-	}
+	h := &handler{opts: opts, model: opts.Decider.Model(), intake: in, keepGroup: opts.Decider.KeepGroup}
 	mux := http.NewServeMux()
 	mux.HandleFunc(RouteSelf, func(w http.ResponseWriter, r *http.Request) {
 		h.validate(w, r, RouteSelf, opts.SelfCluster, DryRunWarning(""))
@@ -156,23 +154,6 @@ func New(opts Options) http.Handler {
 		h.validate(w, r, RouteCluster, cluster, DryRunWarning(cluster))
 	})
 	return mux
-}
-
-// nodeModel is the link model the handler reduces Nodes with; see
-// Options.Model.
-func nodeModel(opts Options) *linkmodel.Model {
-	if opts.Model != nil {
-		return opts.Model
-	}
-	if d, ok := opts.Decider.(interface{ Model() *linkmodel.Model }); ok {
-		return d.Model()
-	}
-	// The embedded policy compiles: its own tests and every build prove it.
-	m, err := linkmodel.Embedded(context.Background())
-	if err != nil {
-		panic(fmt.Sprintf("nodeguard: the embedded link model does not load: %v", err))
-	}
-	return m
 }
 
 // validate answers one review on route, judged for cluster's Machines ("":

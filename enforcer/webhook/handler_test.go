@@ -28,6 +28,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
@@ -229,6 +230,12 @@ type deciderFunc func(ctx context.Context, req guard.Request) (decision.Decision
 func (f deciderFunc) Decide(ctx context.Context, req guard.Request) (decision.Decision, error) {
 	return f(ctx, req)
 }
+
+// KeepGroup keeps every group: these deciders read none.
+func (deciderFunc) KeepGroup(string) bool { return true }
+
+// Model is the embedded policy's link model.
+func (deciderFunc) Model() *linkmodel.Model { return linkmodel.MustEmbedded() }
 
 func TestNoDecisionDenies(t *testing.T) {
 	_, _, nodes := example(t)
