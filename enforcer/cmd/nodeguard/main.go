@@ -446,34 +446,34 @@ func (f *matchConditionsFlag) Set(s string) error {
 
 func (*matchConditionsFlag) Type() string { return "NAME=CEL" }
 
-// manifest is what webhook-config prints or installs: the
+// configObject is what webhook-config prints or installs: the
 // ValidatingWebhookConfiguration, or Gatekeeper's Provider.
-type manifest struct {
+type configObject struct {
 	what    string
 	render  func() ([]byte, error)
 	install func(ctx context.Context, mgmt kubernetes.Interface, c kubeclient.Clients) (string, error)
 }
 
-func configManifest(ctx context.Context, opts webhookconfig.Options, gatekeeperProvider bool) (manifest, error) {
+func configManifest(ctx context.Context, opts webhookconfig.Options, gatekeeperProvider bool) (configObject, error) {
 	if gatekeeperProvider {
 		name, err := webhookconfig.ProviderName(ctx)
 		if err != nil {
-			return manifest{}, err
+			return configObject{}, err
 		}
 		p, err := webhookconfig.BuildProvider(name, opts)
 		if err != nil {
-			return manifest{}, err
+			return configObject{}, err
 		}
-		return manifest{what: "Provider " + name, render: func() ([]byte, error) { return webhookconfig.ProviderYAML(p) },
+		return configObject{what: "Provider " + name, render: func() ([]byte, error) { return webhookconfig.ProviderYAML(p) },
 			install: func(ctx context.Context, mgmt kubernetes.Interface, c kubeclient.Clients) (string, error) {
 				return webhookconfig.InstallProvider(ctx, mgmt, opts.Cluster, p, c.Dynamic)
 			}}, nil
 	}
 	cfg, err := webhookconfig.Build(opts)
 	if err != nil {
-		return manifest{}, err
+		return configObject{}, err
 	}
-	return manifest{what: "ValidatingWebhookConfiguration " + cfg.Name, render: func() ([]byte, error) { return webhookconfig.YAML(cfg) },
+	return configObject{what: "ValidatingWebhookConfiguration " + cfg.Name, render: func() ([]byte, error) { return webhookconfig.YAML(cfg) },
 		install: func(ctx context.Context, mgmt kubernetes.Interface, c kubeclient.Clients) (string, error) {
 			return webhookconfig.Install(ctx, mgmt, c.Dynamic, opts.Cluster, cfg, webhookconfig.ClientFromKubeconfig)
 		}}, nil
