@@ -21,7 +21,7 @@ func TestLiveCheckAgainstAnAPIServer(t *testing.T) {
 
 	c := kubeclient.Clients{Dynamic: client, Mapper: mapper}
 	nodes := func(context.Context) (dynamic.ResourceInterface, error) { return client.Resource(nodeGVR), nil }
-	d, err := judgeWith(ctx, c, nodes, opts, nil, nil)
+	d, err := judgeWith(ctx, c, nodes, opts, nil, testcluster.Engine(t))
 	require.NoError(t, err)
 	assert.False(t, d.Allowed)
 	require.Len(t, d.Blockers, 1)
@@ -30,11 +30,11 @@ func TestLiveCheckAgainstAnAPIServer(t *testing.T) {
 	// CAPI deletes the DockerMachine: the Node may go.
 	gvr := schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Resource: "dockermachines"}
 	require.NoError(t, client.Resource(gvr).Namespace("default").Delete(ctx, "dev-md-0-x7k2p-abcde", metav1.DeleteOptions{}))
-	d, err = judgeWith(ctx, c, nodes, opts, nil, nil)
+	d, err = judgeWith(ctx, c, nodes, opts, nil, testcluster.Engine(t))
 	require.NoError(t, err)
 	assert.True(t, d.Allowed, "%v", d.Messages)
 
-	_, err = judgeWith(ctx, c, nodes, Options{Node: "missing"}, nil, nil)
+	_, err = judgeWith(ctx, c, nodes, Options{Node: "missing"}, nil, testcluster.Engine(t))
 	assert.ErrorContains(t, err, `get node "missing"`)
 }
 

@@ -5,6 +5,7 @@ package guard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"sync"
@@ -69,7 +70,8 @@ type Options struct {
 	Fresh FreshReader
 	// FreshTimeout bounds all fresh reads of one decision (default 2s).
 	FreshTimeout time.Duration
-	// Engine, when set, is shared instead of compiling the rule again.
+	// Engine runs the policy (required): the embedded rule or a bundle's,
+	// chosen once by the caller (policybundle.Engine).
 	Engine *engine.Engine
 }
 
@@ -109,17 +111,13 @@ const maxRoutes = 1024
 
 // New prepares the rule once.
 func New(ctx context.Context, inv *inventory.Inventory, opts Options) (*Guard, error) {
-	eng := opts.Engine
-	if eng == nil {
-		var err error
-		if eng, err = engine.New(ctx); err != nil {
-			return nil, err
-		}
+	if opts.Engine == nil {
+		return nil, errors.New("guard: no policy engine: the caller chooses the policy (policybundle.Engine)")
 	}
 	if opts.FreshTimeout == 0 {
 		opts.FreshTimeout = 2 * time.Second
 	}
-	g := &Guard{engine: eng, inv: inv, opts: opts, routes: map[string]route{}}
+	g := &Guard{engine: opts.Engine, inv: inv, opts: opts, routes: map[string]route{}}
 	if err := g.SetParameters(opts.Parameters); err != nil {
 		return nil, err
 	}

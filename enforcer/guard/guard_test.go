@@ -21,6 +21,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
@@ -85,7 +86,7 @@ func decide(t *testing.T, inv *inventory.Inventory, opts guard.Options, req guar
 
 func decideFull(t *testing.T, inv *inventory.Inventory, opts guard.Options, req guard.Request) decision.Decision {
 	t.Helper()
-	g, err := guard.New(context.Background(), inv, opts)
+	g, err := newGuard(context.Background(), inv, opts)
 	require.NoError(t, err)
 	d, err := g.Decide(context.Background(), req)
 	require.NoError(t, err)
@@ -195,7 +196,7 @@ func TestNotReadyDenies(t *testing.T) {
 func TestARecoveringCacheCannotProveAnAbsence(t *testing.T) {
 	recovering := guard.Options{Recovering: func() error { return errors.New("the cache of DockerMachine is catching up") },
 		Parameters: map[string]any{"exemptUsers": []any{"oncall"}}}
-	g, err := guard.New(context.Background(), cache(t, capdMachine()), recovering)
+	g, err := newGuard(context.Background(), cache(t, capdMachine()), recovering)
 	require.NoError(t, err)
 	d, err := g.Decide(context.Background(), guard.Request{Node: capdNode()})
 	require.NoError(t, err)
@@ -203,7 +204,7 @@ func TestARecoveringCacheCannotProveAnAbsence(t *testing.T) {
 	assert.Equal(t, decision.ReasonCacheRecovering, d.Reason)
 	assert.Contains(t, d.Messages[0], "the cache of DockerMachine is catching up, so nodeguard cannot prove nothing links to the Node")
 
-	g, err = guard.New(context.Background(), cache(t, capdMachine(), capdInfra()), recovering)
+	g, err = newGuard(context.Background(), cache(t, capdMachine(), capdInfra()), recovering)
 	require.NoError(t, err)
 	d, err = g.Decide(context.Background(), guard.Request{Node: capdNode()})
 	require.NoError(t, err)
@@ -234,7 +235,7 @@ func TestOneGuardFollowsSyncedKindsAndRoutes(t *testing.T) {
 	var synced []schema.GroupVersionKind
 	m := capdMachine()
 	m.SetLabels(map[string]string{"cluster.x-k8s.io/cluster-name": "dev"})
-	g, err := guard.New(context.Background(), cache(t, m), guard.Options{
+	g, err := newGuard(context.Background(), cache(t, m), guard.Options{
 		SyncedKinds: func() ([]schema.GroupVersionKind, []schema.GroupVersionKind) { return synced, nil },
 	})
 	require.NoError(t, err)
@@ -257,7 +258,7 @@ func TestConcurrentDecisionsShareConvertedParameters(t *testing.T) {
 	var dockerSynced atomic.Bool
 	m := capdMachine()
 	m.SetLabels(map[string]string{"cluster.x-k8s.io/cluster-name": "dev"})
-	g, err := guard.New(context.Background(), cache(t, m), guard.Options{
+	g, err := newGuard(context.Background(), cache(t, m), guard.Options{
 		SyncedKinds: func() ([]schema.GroupVersionKind, []schema.GroupVersionKind) {
 			if dockerSynced.Load() {
 				return []schema.GroupVersionKind{dockerGVK}, nil
@@ -299,7 +300,7 @@ func TestClusterScopeAndExemptions(t *testing.T) {
 	allowed, _ = decide(t, cache(t, m, capdInfra()), guard.Options{}, guard.Request{Node: capdNode(), Cluster: "default/other"})
 	assert.False(t, allowed)
 
-	g, err := guard.New(context.Background(), cache(t, capdMachine(), capdInfra()), guard.Options{Parameters: map[string]any{"exemptGroups": []any{"ops"}}})
+	g, err := newGuard(context.Background(), cache(t, capdMachine(), capdInfra()), guard.Options{Parameters: map[string]any{"exemptGroups": []any{"ops"}}})
 	require.NoError(t, err)
 	d, err := g.Decide(context.Background(), guard.Request{Node: capdNode(), UserInfo: authenticationv1.UserInfo{Username: "bob", Groups: []string{"ops"}}})
 	require.NoError(t, err)
@@ -314,7 +315,7 @@ func TestSetParametersChangesTheNextDecision(t *testing.T) {
 	ctx := context.Background()
 	m := capdMachine()
 	m.SetLabels(map[string]string{"cluster.x-k8s.io/cluster-name": "dev"})
-	g, err := guard.New(ctx, cache(t, m, capdInfra()), guard.Options{})
+	g, err := newGuard(ctx, cache(t, m, capdInfra()), guard.Options{})
 	require.NoError(t, err)
 	ops := guard.Request{Node: capdNode(), Cluster: "default/dev", UserInfo: authenticationv1.UserInfo{Username: "bob", Groups: []string{"ops"}}}
 	d, err := g.Decide(ctx, ops)
@@ -338,7 +339,7 @@ func TestSetParametersChangesTheNextDecision(t *testing.T) {
 // The guard passes the rule only a user's exempt groups (a forged review may
 // carry 100,000): the decision and its warning stay the rule's own.
 func TestManyGroupsDecideAsFew(t *testing.T) {
-	g, err := guard.New(context.Background(), cache(t, capdMachine(), capdInfra()),
+	g, err := newGuard(context.Background(), cache(t, capdMachine(), capdInfra()),
 		guard.Options{Parameters: map[string]any{"exemptGroups": []any{"ops", "break-glass"}}})
 	require.NoError(t, err)
 	many := make([]string, 0, 10_002)
@@ -357,7 +358,7 @@ func TestManyGroupsDecideAsFew(t *testing.T) {
 }
 
 func TestBadRequests(t *testing.T) {
-	g, err := guard.New(context.Background(), cache(t), guard.Options{})
+	g, err := newGuard(context.Background(), cache(t), guard.Options{})
 	require.NoError(t, err)
 	for _, cluster := range []string{"no-slash", "/name", "ns/", "a/b/c"} {
 		_, err = g.Decide(context.Background(), guard.Request{Node: capdNode(), Cluster: cluster})
@@ -368,7 +369,7 @@ func TestBadRequests(t *testing.T) {
 // A request without a Node is the rule's to decide: it denies a Node delete
 // it cannot see, exempt user or not, and allows what it does not judge.
 func TestRequestsWithoutANodeAreTheRulesToDecide(t *testing.T) {
-	g, err := guard.New(context.Background(), cache(t, capdMachine(), capdInfra()),
+	g, err := newGuard(context.Background(), cache(t, capdMachine(), capdInfra()),
 		guard.Options{Parameters: map[string]any{"exemptUsers": []any{"ops"}}})
 	require.NoError(t, err)
 	for _, user := range []string{"bob", "ops"} {
@@ -409,4 +410,16 @@ func TestFreshReadsOfOneDecisionRunConcurrently(t *testing.T) {
 	assert.False(t, allowed)
 	assert.Contains(t, msgs[0], "DockerMachine default/m1")
 	assert.Equal(t, int32(2), reads.most.Load(), "both candidates read at once")
+}
+
+// newGuard is guard.New with the embedded policy when opts names none.
+func newGuard(ctx context.Context, inv *inventory.Inventory, opts guard.Options) (*guard.Guard, error) {
+	if opts.Engine == nil {
+		e, err := engine.New(ctx)
+		if err != nil {
+			return nil, err
+		}
+		opts.Engine = e
+	}
+	return guard.New(ctx, inv, opts)
 }

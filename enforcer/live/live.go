@@ -7,6 +7,7 @@ package live
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -28,8 +29,8 @@ type Options struct {
 	NoFreshReads bool
 	// FreshTimeout bounds the fresh reads of one decision (default 2s).
 	FreshTimeout time.Duration
-	// Engine, when set, runs instead of the embedded rule (e.g. a
-	// verified bundle's policy).
+	// Engine runs the policy (required): the embedded rule or a verified
+	// bundle's, chosen once by the caller (policybundle.Engine).
 	Engine *engine.Engine
 	// OnChange, when set, gets every change of the inventory from the
 	// informers' first objects on (the orphan scan's informers.Relay).
@@ -50,10 +51,7 @@ type Enforcer struct {
 func Start(ctx context.Context, c kubeclient.Clients, opts Options) (*Enforcer, error) {
 	eval := opts.Engine
 	if eval == nil {
-		var err error
-		if eval, err = engine.New(ctx); err != nil {
-			return nil, err
-		}
+		return nil, errors.New("live: no policy engine: the caller chooses the policy (policybundle.Engine)")
 	}
 	infraKinds, poolKinds, err := eval.Kinds(opts.Parameters)
 	if err != nil {

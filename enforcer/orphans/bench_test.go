@@ -13,6 +13,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
 // BenchmarkScan measures one scan pass over n Nodes, each with its Machine
@@ -47,7 +48,7 @@ func BenchmarkScan(b *testing.B) {
 			}
 			inv, err := inventory.FromObjects(linkmodel.MustEmbedded(), objs, []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"}}, nil)
 			require.NoError(b, err)
-			g, err := guard.New(ctx, inv, guard.Options{})
+			g, err := guard.New(ctx, inv, guard.Options{Engine: testcluster.Engine(b)})
 			require.NoError(b, err)
 			f, err := NewFinder(Options{Guard: g, Inventory: inv})
 			require.NoError(b, err)

@@ -54,7 +54,7 @@ func newFixture(t *testing.T, del bool) *fixture {
 	t.Cleanup(cancel)
 	client, mapper := testcluster.CAPD(t, "../reaper/testdata")
 	f := &fixture{client: client, clock: clocktesting.NewFakeClock(t0), leading: true}
-	e, err := live.Start(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper}, live.Options{})
+	e, err := live.Start(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper}, live.Options{Engine: testcluster.Engine(t)})
 	require.NoError(t, err)
 	require.NoError(t, live.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
 	model := e.Inventory.Model()

@@ -77,7 +77,7 @@ func newFixture(t *testing.T, opts Options) *fixture {
 		f.mu.Unlock()
 		return false, nil, nil // the tracker deletes it
 	})
-	e, err := live.Start(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper}, live.Options{})
+	e, err := live.Start(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper}, live.Options{Engine: testcluster.Engine(t)})
 	require.NoError(t, err)
 	require.NoError(t, live.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
 	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Grace: 5 * time.Minute})

@@ -7,6 +7,7 @@ package testcluster
 import (
 	"context"
 	"maps"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
@@ -112,7 +114,21 @@ func ExampleGuard(t testing.TB, dir string, opts guard.Options) (*guard.Guard, *
 	}
 	inv, err := inventory.FromObjects(linkmodel.MustEmbedded(), objs, []schema.GroupKind{DockerMachineGVK.GroupKind()}, nil)
 	require.NoError(t, err)
+	if opts.Engine == nil {
+		opts.Engine = Engine(t)
+	}
 	g, err := guard.New(context.Background(), inv, opts)
 	require.NoError(t, err)
 	return g, inv, nodes
 }
+
+// Engine is the embedded policy, compiled once per test binary: what a
+// caller with no bundle passes to guard.New and live.Start.
+func Engine(t testing.TB) *engine.Engine {
+	t.Helper()
+	e, err := embedded()
+	require.NoError(t, err)
+	return e
+}
+
+var embedded = sync.OnceValues(func() (*engine.Engine, error) { return engine.New(context.Background()) })

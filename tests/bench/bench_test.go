@@ -25,6 +25,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/internal/gatekeeper"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
 var (
@@ -151,7 +152,7 @@ func BenchmarkDecision(b *testing.B) {
 	for _, n := range sizes(b) {
 		node, objs := objects(n)
 		b.Run(fmt.Sprintf("enforcer/machines=%d", n), func(b *testing.B) {
-			g, err := guard.New(ctx, enforcerInventory(b, objs), guard.Options{})
+			g, err := guard.New(ctx, enforcerInventory(b, objs), guard.Options{Engine: testcluster.Engine(b)})
 			require.NoError(b, err)
 			req := guard.Request{Node: node, UserInfo: user}
 			loop(b, func() bool {
@@ -181,7 +182,7 @@ func TestDumpDecisionInput(t *testing.T) {
 	}
 	node, objs := objects(100)
 	inv := enforcerInventory(t, objs)
-	g, err := guard.New(context.Background(), inv, guard.Options{})
+	g, err := guard.New(context.Background(), inv, guard.Options{Engine: testcluster.Engine(t)})
 	require.NoError(t, err)
 	candidates, _ := inv.Candidates(node)
 	raw, err := json.MarshalIndent(map[string]any{

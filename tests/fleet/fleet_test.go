@@ -193,7 +193,7 @@ func (f *fleet) secret(t testing.TB, cluster, server string) {
 func (f *fleet) inventory(t testing.TB, ctx context.Context) *live.Enforcer {
 	t.Helper()
 	f.changes = &informers.Relay{}
-	e, err := live.Start(ctx, kubeclient.Clients{Dynamic: f.mgmt, Mapper: f.mapper}, live.Options{OnChange: f.changes.Send})
+	e, err := live.Start(ctx, kubeclient.Clients{Dynamic: f.mgmt, Mapper: f.mapper}, live.Options{OnChange: f.changes.Send, Engine: testcluster.Engine(t)})
 	require.NoError(t, err)
 	require.NoError(t, live.WaitReady(ctx, e.Syncer.Ready, 5*time.Minute))
 	return e

@@ -41,6 +41,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -108,7 +109,7 @@ func TestMain(m *testing.M) {
 
 func BenchmarkWebhook(b *testing.B) {
 	inv, reviews := fleet(b, *machines)
-	g, err := guard.New(context.Background(), inv, guard.Options{})
+	g, err := guard.New(context.Background(), inv, guard.Options{Engine: testcluster.Engine(b)})
 	require.NoError(b, err)
 	ca := testpki.New(b)
 	url, _ := ca.Serve(b, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{})
