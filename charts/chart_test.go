@@ -633,6 +633,10 @@ func TestChartCleanupHook(t *testing.T) {
 	var job batchv1.Job
 	h.decode(t, "Job/nodeguard-cleanup", &job)
 	assert.Equal(t, "pre-delete", job.Annotations["helm.sh/hook"])
+	for _, key := range []string{"Job/nodeguard-cleanup", "ServiceAccount/nodeguard-cleanup", "Role/nodeguard-cleanup", "RoleBinding/nodeguard-cleanup"} {
+		_, ok := h[key+"@"+namespace]
+		assert.True(t, ok, "%s in the release's namespace", key)
+	}
 	c := job.Spec.Template.Spec.Containers[0]
 	assert.Equal(t, []string{"cleanup", "--namespace=" + namespace, "--deployment=nodeguard"}, c.Args)
 	assert.Equal(t, "nodeguard-cleanup", job.Spec.Template.Spec.ServiceAccountName)
