@@ -134,18 +134,15 @@ func scale(ctx context.Context, kube kubernetes.Interface, opts Options, replica
 func remove(ctx context.Context, c kubeclient.Clients, namespace string, out io.Writer) error {
 	var errs []error
 	here := []struct {
-		what   string
-		delete func() (bool, error)
+		what            string
+		gvr             schema.GroupVersionResource
+		namespace, name string
 	}{
-		{"Gatekeeper Provider nodeguard", func() (bool, error) {
-			return owned.Delete(ctx, c.Dynamic, webhookconfig.ProviderGVR, "", "nodeguard")
-		}},
-		{"ConfigMap " + namespace + "/" + fleet.StatusName, func() (bool, error) {
-			return owned.Delete(ctx, c.Dynamic, schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, namespace, fleet.StatusName)
-		}},
+		{"Gatekeeper Provider nodeguard", webhookconfig.ProviderGVR, "", "nodeguard"},
+		{"ConfigMap " + namespace + "/" + fleet.StatusName, schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, namespace, fleet.StatusName},
 	}
 	for _, h := range here {
-		deleted, err := h.delete()
+		deleted, err := owned.Delete(ctx, c.Dynamic, h.gvr, h.namespace, h.name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", h.what, err))
 		} else if deleted {
