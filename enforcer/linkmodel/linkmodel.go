@@ -127,6 +127,10 @@ type Model struct {
 	// PoolName is kept of every referrer: the MachinePool a Machine belongs
 	// to (Cluster API's MachinePool Machines).
 	PoolName Path `json:"pool_name"`
+	// NodeProviderID is the Node field naming its host: a link on it alone
+	// names the host too (ProviderIDLinks), which is what a tombstone
+	// remembers when the linked object goes.
+	NodeProviderID Path `json:"node_provider_id"`
 	// GroupParameters name the parameters whose values are the group names
 	// the rule compares a requesting user's groups with (see Groups).
 	GroupParameters []string `json:"group_parameters"`
@@ -242,7 +246,7 @@ func (m *Model) check() error {
 		}
 	}
 	for name, p := range map[string]Path{"deletion_timestamp": m.DeletionTimestamp, "cluster_label": m.ClusterLabel,
-		"cluster_name": m.ClusterName, "provider_id": m.ProviderID, "pool_name": m.PoolName} {
+		"cluster_name": m.ClusterName, "provider_id": m.ProviderID, "pool_name": m.PoolName, "node_provider_id": m.NodeProviderID} {
 		if err := checkPath(p); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -281,6 +285,9 @@ func (m *Model) check() error {
 	}
 	if !m.readsNode(Path{"metadata", "name"}) {
 		return fmt.Errorf("node_fields lacks metadata.name")
+	}
+	if !m.readsNode(m.NodeProviderID) {
+		return fmt.Errorf("node_provider_id %s is not in node_fields", m.NodeProviderID)
 	}
 	for _, p := range m.NodeFields {
 		if err := checkPath(p); err != nil {
@@ -419,6 +426,19 @@ func (m *Model) LinksOf(role Role) []Link {
 	return out
 }
 
+// ProviderIDLinks returns the links whose objects have role and that
+// compare the Node's providerID alone: what such an object carries in that
+// link names a host.
+func (m *Model) ProviderIDLinks(role Role) []Link {
+	var out []Link
+	for _, l := range m.LinksOf(role) {
+		if len(l.Node) == 1 && slices.Equal(l.Node[0], m.NodeProviderID) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // Equal reports whether two models need the same cache: the same links
 // (type, role, fields, match) and object fields. Words for people (when,
 // blocks, phrase) may differ.
@@ -433,7 +453,8 @@ func (m *Model) Equal(other *Model) bool {
 	return reflect.DeepEqual(structure(m.Links), structure(other.Links)) && reflect.DeepEqual(m.Referrers, other.Referrers) &&
 		slices.Equal(m.PoolName, other.PoolName) && slices.Equal(m.DeletionTimestamp, other.DeletionTimestamp) &&
 		slices.Equal(m.ClusterLabel, other.ClusterLabel) && slices.Equal(m.ClusterName, other.ClusterName) &&
-		slices.Equal(m.ProviderID, other.ProviderID) && slices.Equal(m.GroupParameters, other.GroupParameters)
+		slices.Equal(m.ProviderID, other.ProviderID) && slices.Equal(m.GroupParameters, other.GroupParameters) &&
+		slices.Equal(m.NodeProviderID, other.NodeProviderID)
 }
 
 // Groups returns the groups of a requesting user the rule can read under

@@ -183,7 +183,8 @@ func TestParseRefusesWhatTheEnforcerCannotFollow(t *testing.T) {
 			"provider_id": []any{"spec", "providerID"}, "pool_name": []any{"metadata", "labels", "p"},
 			"links": []any{map[string]any{"type": "a", "role": "InfraMachine", "node": []any{[]any{"spec", "providerID"}},
 				"fields": []any{[]any{"spec", "providerID"}}, "match": "equal"}},
-			"node_fields": []any{[]any{"metadata", "name"}, []any{"spec", "providerID"}},
+			"node_fields":      []any{[]any{"metadata", "name"}, []any{"spec", "providerID"}},
+			"node_provider_id": []any{"spec", "providerID"},
 		}
 	}
 	// nodeFields sets the link's Node fields, declared in node_fields too.
@@ -237,6 +238,8 @@ func TestParseRefusesWhatTheEnforcerCannotFollow(t *testing.T) {
 		"undecodable key":           func(m map[string]any) { nodeFields(m, []any{"metadata", "labels", "a,b"}) },
 		"node field not declared":   func(m map[string]any) { link(m)["node"] = []any{[]any{"metadata", "labels", "a"}} },
 		"node_fields without name":  func(m map[string]any) { m["node_fields"] = []any{[]any{"spec", "providerID"}} },
+		"no node_provider_id":       func(m map[string]any) { delete(m, "node_provider_id") },
+		"node_provider_id not read": func(m map[string]any) { m["node_provider_id"] = []any{"spec", "externalID"} },
 		"empty node_fields segment": func(m map[string]any) { m["node_fields"] = append(m["node_fields"].([]any), []any{"spec", ""}) },
 	} {
 		assert.Error(t, parse(edit), name)
@@ -298,4 +301,22 @@ func toAny(s []string) []any {
 		out = append(out, x)
 	}
 	return out
+}
+
+// The links that name a host are those on the Node's providerID alone: what
+// a tombstone remembers when the object carrying it goes.
+func TestProviderIDLinksAreTheLinksOnTheNodesProviderID(t *testing.T) {
+	m := linkmodel.MustEmbedded()
+	types := func(role linkmodel.Role) []string {
+		var out []string
+		for _, l := range m.ProviderIDLinks(role) {
+			out = append(out, l.Type)
+		}
+		return out
+	}
+	assert.Equal(t, linkmodel.Path{"spec", "providerID"}, m.NodeProviderID)
+	assert.Equal(t, []string{"machineProviderID"}, types(linkmodel.Machine))
+	assert.Equal(t, []string{"infraProviderID"}, types(linkmodel.InfraMachine))
+	assert.Equal(t, []string{"poolProviderIDList"}, types(linkmodel.InfraMachinePool))
+	assert.Equal(t, []string{"machinePoolProviderIDList"}, types(linkmodel.MachinePool))
 }

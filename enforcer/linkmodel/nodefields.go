@@ -13,7 +13,7 @@ import (
 
 // NodeFieldsQuery is the orphan criteria's declaration of what they read of
 // a Node besides the link model's Node fields.
-const NodeFieldsQuery = "data.nodeguard.orphans.node_fields"
+const NodeFieldsQuery = "data.nodeguard.nodes.node_fields"
 
 // NodeFields is that declaration: Paths to strings (declared by name, which
 // only the criteria read; sorted by it), and Conditions, the entries of a list

@@ -11,8 +11,10 @@ import data.nodeguard.released
 #   The verdict of nodeguard.orphans for input.node, taking everything from
 #   input so one prepared query (data.nodeguard.orphan) judges every Node:
 #   input.node, input.inventory (Gatekeeper's layout), input.parameters,
-#   input.now (RFC 3339), input.grace (a Go duration, default 5m) and
-#   input.matchProviderID (default false).
+#   input.now (RFC 3339), input.grace (a Go duration, default 5m),
+#   input.matchProviderID (default false) and input.tombstone (the
+#   enforcer's tombstone of the Node's providerID, or none: a ghost is never
+#   an orphan).
 # entrypoint: true
 orphan := orphans.verdict(
 	input.node,
@@ -21,6 +23,7 @@ orphan := orphans.verdict(
 	input.now,
 	object.get(input, "grace", orphans.default_grace),
 	object.get(input, "matchProviderID", false) == true,
+	object.get(input, "tombstone", null),
 )
 
 # METADATA
@@ -60,6 +63,24 @@ release := released.verdict(input.node, object.get(input, "inventory", {}), obje
 # entrypoint: true
 ghost := ghosts.verdict(
 	input.node,
+	object.get(input, "inventory", {}),
+	object.get(input, "parameters", {}),
+	object.get(input, "tombstone", null),
+	input.now,
+)
+
+# METADATA
+# title: Registration verdict
+# description: |
+#   The verdict of nodeguard.ghosts.registration for a Node CREATE or UPDATE:
+#   input.operation, input.node (the object), input.oldNode (before an
+#   UPDATE), input.inventory, input.parameters, input.tombstone and input.now,
+#   as for ghost. The enforcer's registration route answers with it.
+# entrypoint: true
+registration := ghosts.registration(
+	input.operation,
+	input.node,
+	object.get(input, "oldNode", null),
 	object.get(input, "inventory", {}),
 	object.get(input, "parameters", {}),
 	object.get(input, "tombstone", null),

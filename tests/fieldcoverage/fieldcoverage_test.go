@@ -70,7 +70,7 @@ import data.nodeguard.orphans
 
 test_control_plane_node_is_kept if {
 	node := object.union(fixtures.capd_node, {"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}})
-	"it is a control-plane Node" in orphans.verdict(node, {}, {}, "2026-11-30T12:00:00Z", "5m", false).kept
+	"it is a control-plane Node" in orphans.verdict(node, {}, {}, "2026-11-30T12:00:00Z", "5m", false, null).kept
 }
 `
 	})

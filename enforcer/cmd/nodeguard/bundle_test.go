@@ -78,7 +78,7 @@ func TestOrphansWithASignedBundle(t *testing.T) {
 	none["nodeguard/orphans.rego"] = strings.Replace(none["nodeguard/orphans.rego"],
 		"orphan := orphans.verdict(", "orphan := object.union(orphans.verdict(", 1)
 	none["nodeguard/orphans.rego"] = strings.Replace(none["nodeguard/orphans.rego"],
-		"\tobject.get(input, \"matchProviderID\", false) == true,\n)", "\tobject.get(input, \"matchProviderID\", false) == true,\n), {\"orphan\": false, \"kept\": [\"a policy that keeps every Node\"]})", 1)
+		"\tobject.get(input, \"tombstone\", null),\n)", "\tobject.get(input, \"tombstone\", null),\n), {\"orphan\": false, \"kept\": [\"a policy that keeps every Node\"]})", 1)
 	code, out, errOut = nodeguard(t, append(orphans, "--bundle", testbundle.WriteFile(t, dir, "none.tar.gz", testbundle.Signed(t, none, "n1", key.Private)))...)
 	assert.Equal(t, 0, code, errOut)
 	assert.NotContains(t, out, "ORPHAN", "the bundle's policy decides")

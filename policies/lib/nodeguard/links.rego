@@ -119,8 +119,9 @@ referrers := {
 # description: |
 #   Everything the rule reads of Nodes, of the objects linked to them and of
 #   the requesting user: links, referrers, machine_kind (the Machines' group
-#   and kind), node_fields, object_fields and group_parameters
-#   (parameters.rego). The
+#   and kind), node_fields, node_provider_id (the Node field naming its host:
+#   a link on it names the host too, which is what a tombstone remembers),
+#   object_fields and group_parameters (parameters.rego). The
 #   enforcer reads this document, from the policy it runs, and keeps exactly
 #   these fields and the groups those parameters list.
 link_model := object.union(object_fields, {
@@ -128,6 +129,7 @@ link_model := object.union(object_fields, {
 	"referrers": referrers,
 	"machine_kind": machine_kind,
 	"node_fields": node_fields,
+	"node_provider_id": node_paths.provider_id,
 	"group_parameters": group_parameters,
 })
 

@@ -34,7 +34,7 @@ test_link_model_holds_what_the_enforcer_reads if {
 	every name, path in nodeguard.object_fields {
 		nodeguard.link_model[name] == path
 	}
-	object.keys(nodeguard.link_model) == {"links", "referrers", "machine_kind", "node_fields", "group_parameters"} | object.keys(nodeguard.object_fields)
+	object.keys(nodeguard.link_model) == {"links", "referrers", "machine_kind", "node_fields", "node_provider_id", "group_parameters"} | object.keys(nodeguard.object_fields)
 }
 
 # The Node fields are the named Node paths and every link's Node fields, each

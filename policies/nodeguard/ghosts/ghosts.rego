@@ -8,8 +8,9 @@
 #   process it replaces would duplicate a StatefulSet identity. The caller
 #   passes the tombstone of the Node's providerID (a record that what carried
 #   it went away), if it holds one; these pure functions say whether the Node
-#   is such a ghost. A ghost is never an orphan to delete: deleting it again
-#   frees its Pods' identities while the host runs.
+#   is such a ghost, and whether a Node's registration is one. A ghost is
+#   never an orphan to delete: deleting it again frees its Pods' identities
+#   while the host runs.
 # custom:
 #   criteria:
 #     - title: Its providerID was tombstoned
@@ -21,14 +22,16 @@
 #       text: >-
 #         No Machine links the Node, and the rule allows its delete with nothing linked (no-link): a Machine or
 #         InfraMachine carrying the providerID again is a legitimate reuse, not a ghost.
-#     - title: It is alive
+#     - title: It is alive again
 #       text: >-
-#         Its Ready condition is True, or it was created at or after the tombstone (a re-registration not yet Ready).
+#         It was created at or after the tombstone's deletedAt (a re-registration), or its Ready condition turned True
+#         at or after it (Ready again). A Node Ready since before then is the Node whose deletion was under way, not
+#         yet marked NotReady; an unknown or unreadable time proves nothing.
 package nodeguard.ghosts
 
 import data.lib.nodeguard
 import data.nodeguard.anyone
-import data.nodeguard.orphans
+import data.nodeguard.nodes
 
 # METADATA
 # title: Default window
@@ -45,7 +48,7 @@ default_window := "24h"
 #   being one (empty for a ghost); now is RFC 3339.
 verdict(node, inventory, parameters, tombstone, now) := {
 	"node": object.get(node, nodeguard.node_paths.name, ""),
-	"providerID": object.get(node, nodeguard.node_paths.provider_id, ""),
+	"providerID": _pid(node),
 	"ghost": count(kept) == 0,
 	"tombstone": tombstone,
 	"kept": kept,
@@ -57,11 +60,70 @@ verdict(node, inventory, parameters, tombstone, now) := {
 # METADATA
 # title: Kept because
 # description: Every criterion that keeps the Node from being a ghost, one sentence each; empty for a ghost.
-kept_because(node, inventory, parameters, tombstone, now) := array.flatten([
+kept_because(node, inventory, parameters, tombstone, now) := array.concat(
+	_kept_but_alive(node, inventory, parameters, tombstone, now),
+	_not_alive(node, tombstone),
+)
+
+# METADATA
+# scope: document
+# title: Ghost
+# description: |
+#   The Node is a ghost (verdict's ghost), the criteria tried cheapest first:
+#   the orphan criteria ask it of every Node they judge with a tombstone.
+default ghost(_, _, _, _, _) := false
+
+ghost(node, inventory, parameters, tombstone, now) if {
+	count(_not_tombstoned(node, tombstone, now)) == 0
+	count(_not_alive(node, tombstone)) == 0
+	count(_kept_but_alive(node, inventory, parameters, tombstone, now)) == 0
+}
+
+# METADATA
+# title: Registration
+# description: |
+#   Whether a Node may register: {allowed, registers, message, verdict}. A
+#   registration is a CREATE, or an UPDATE that sets spec.providerID on a Node
+#   that had none (an external cloud-controller-manager sets it after the
+#   kubelet registered); it is a ghost's when the Node's providerID is
+#   tombstoned and nothing links it (a registration is alive by definition).
+#   Any other operation registers nothing and is allowed. old is the Node
+#   before an UPDATE (null for a CREATE).
+registration(operation, node, old, inventory, parameters, tombstone, now) := {
+	"allowed": count(kept) > 0,
+	"registers": registers,
+	"message": _registration_message(node, tombstone, kept),
+	"verdict": verdict(node, inventory, parameters, tombstone, now),
+} if {
+	registers := _registers(operation, node, old)
+	kept := _registration_kept(registers, node, inventory, parameters, tombstone, now)
+}
+
+default _registers(_, _, _) := false
+
+_registers("CREATE", _, _)
+
+_registers("UPDATE", node, old) if {
+	object.get(old, nodeguard.node_paths.provider_id, "") == ""
+	_pid(node) != ""
+}
+
+_registration_kept(false, _, _, _, _, _) := ["it registers nothing: not a CREATE, nor an UPDATE setting spec.providerID"]
+
+_registration_kept(true, node, inventory, parameters, tombstone, now) := _kept_but_alive(node, inventory, parameters, tombstone, now)
+
+_registration_message(node, tombstone, kept) := "" if {
+	count(kept) > 0
+} else := sprintf(
+	"nodeguard: Node %q may not register: %s, and nothing links it: Cluster API believes its host destroyed, yet a kubelet runs there. Stop the host; if it is meant to rejoin, clear the tombstone (nodeguard ghosts --clear %s).",
+	[object.get(node, nodeguard.node_paths.name, ""), _evidence(tombstone), tombstone.providerID],
+)
+
+# The criteria but "alive": a registration is alive by definition.
+_kept_but_alive(node, inventory, parameters, tombstone, now) := array.flatten([
 	_not_tombstoned(node, tombstone, now),
 	[sprintf("Machine %s links it", [m.machine]) | some m in nodeguard.linked_machines(node, inventory, parameters)],
 	_linked(anyone.decide(node, inventory, parameters)),
-	_not_alive(node, tombstone),
 ])
 
 _pid(node) := object.get(node, nodeguard.node_paths.provider_id, "")
@@ -69,34 +131,38 @@ _pid(node) := object.get(node, nodeguard.node_paths.provider_id, "")
 _not_tombstoned(node, tombstone, now) := ["it has no spec.providerID"] if {
 	_pid(node) == ""
 } else := ["no tombstone holds its providerID"] if {
-	not _is_object(tombstone)
+	not is_object(tombstone)
 } else := [sprintf("the tombstone is of providerID %q, not the Node's", [tombstone.providerID])] if {
 	tombstone.providerID != _pid(node)
 } else := [sprintf("the tombstone of %s ended at %s", [tombstone.object, tombstone.until])] if {
 	not _before(now, tombstone.until)
 } else := []
 
-_is_object(x) if is_object(x)
-
 # Undefined when a time cannot be parsed: an unreadable window ends nothing
 # early and starts nothing; the caller's tombstone is then kept.
 _before(a, b) if time.parse_rfc3339_ns(a) < time.parse_rfc3339_ns(b)
+
+# Undefined when a time cannot be parsed: an unknown time proves nothing alive.
+_at_or_after(a, b) if time.parse_rfc3339_ns(a) >= time.parse_rfc3339_ns(b)
 
 _linked(d) := [sprintf("the rule would not allow deleting it (%s): something links it", [d.reason])] if {
 	d.reason != "no-link"
 } else := []
 
+# Without a tombstone there is no time to be alive after: criterion 1 says so.
 _not_alive(node, tombstone) := [] if {
-	orphans.ready(node)
+	not is_object(tombstone)
 } else := [] if {
-	created := object.get(node, orphans.node_fields.fields.created, "")
-	not _before(created, tombstone.deletedAt)
-	created != ""
-} else := ["it is not Ready and was not created after the tombstone"]
+	_at_or_after(nodes.created(node), tombstone.deletedAt)
+} else := [] if {
+	_at_or_after(nodes.ready_since(node), tombstone.deletedAt)
+} else := ["it was created before the tombstone and has not turned Ready since"]
 
 _reason(tombstone, kept) := "" if {
 	count(kept) > 0
-} else := sprintf(
-	"providerID %q was carried by %s, gone since %s (the Node was %q then), and a Node with it is alive again with nothing linking it: its host was not destroyed",
+} else := sprintf("%s, and a Node with it is alive again with nothing linking it: its host was not destroyed", [_evidence(tombstone)])
+
+_evidence(tombstone) := sprintf(
+	"providerID %q was carried by %s, gone since %s (the Node was %q then)",
 	[tombstone.providerID, tombstone.object, tombstone.deletedAt, tombstone.node],
 )

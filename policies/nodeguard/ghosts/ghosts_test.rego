@@ -115,12 +115,101 @@ test_a_node_left_behind_not_ready_since_before_the_tombstone_is_no_ghost if {
 	# The Node CAPI failed to delete, its host gone: an orphan, not a ghost.
 	v := verdict(not_ready(fixtures.capd_node, "2026-12-01T00:00:00Z"), [], tombstone)
 	not v.ghost
-	v.kept == ["it is not Ready and was not created after the tombstone"]
+	v.kept == ["it was created before the tombstone and has not turned Ready since"]
 }
 
 test_a_node_without_conditions_or_creation_time_is_no_ghost if {
 	v := verdict(fixtures.capd_node, [], tombstone)
 	not v.ghost
+}
+
+test_a_node_ready_since_before_the_tombstone_is_no_ghost if {
+	# The Node whose deletion was under way, its host torn down but not yet
+	# marked NotReady (the node lifecycle controller takes ~40 s): no ghost.
+	node := object.union(fixtures.capd_node, {
+		"metadata": {"creationTimestamp": "2026-12-01T00:00:00Z"},
+		"status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-03T11:00:00Z"}]},
+	})
+	v := verdict(fixtures.without_annotations(node), [], tombstone)
+	not v.ghost
+	v.kept == ["it was created before the tombstone and has not turned Ready since"]
+}
+
+test_a_node_ready_again_after_the_tombstone_is_a_ghost if {
+	# Created long ago, NotReady while its host was "destroyed", Ready again since 11:55.
+	node := object.union(reregistered, {"metadata": {"creationTimestamp": "2026-12-01T00:00:00Z"}})
+	verdict(fixtures.without_annotations(node), [], tombstone).ghost
+}
+
+test_an_unreadable_time_proves_nothing_alive if {
+	node := object.union(fixtures.capd_node, {"metadata": {"creationTimestamp": "a minute ago"}})
+	not verdict(node, [], tombstone).ghost
+	ready_at := object.union(fixtures.capd_node, {"status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "just now"}]}})
+	not verdict(ready_at, [], tombstone).ghost
+}
+
+# --- The shortcut the orphan criteria ask -------------------------------------------------
+
+test_ghost_agrees_with_the_verdict if {
+	cases := [
+		[reregistered, [], tombstone],
+		[reregistered, [], null],
+		[reregistered, [fixtures.capd_machine], tombstone],
+		[fixtures.without_annotations(reregistered), [fixtures.capd_infra], tombstone],
+		[not_ready(fixtures.capd_node, "2026-12-01T00:00:00Z"), [], tombstone],
+		[not_ready(fixtures.capd_node, "2026-12-03T11:51:00Z"), [], tombstone],
+		[reregistered, [], object.union(tombstone, {"until": "2026-12-03T11:59:59Z"})],
+	]
+	every c in cases {
+		ghosts.ghost(c[0], fixtures.inventory(c[1]), {}, c[2], now) == verdict(c[0], c[1], c[2]).ghost
+	}
+}
+
+# --- Registrations ------------------------------------------------------------------------
+
+# The kubelet's Node as it registers: no conditions yet, no CAPI annotations.
+registering := fixtures.without_annotations(fixtures.capd_node)
+
+registration(op, node, old, objs, stone) := ghosts.registration(op, node, old, fixtures.inventory(objs), {}, stone, now)
+
+test_a_ghost_registration_is_denied if {
+	r := registration("CREATE", registering, null, [], tombstone)
+	not r.allowed
+	r.registers
+	contains(r.message, `Node "dev-md-0-abcde" may not register: providerID "docker:////dev-md-0-abcde" was carried by DockerMachine default/dev-md-0-abcde`)
+	contains(r.message, "nodeguard ghosts --clear docker:////dev-md-0-abcde")
+}
+
+test_an_update_setting_a_tombstoned_provider_id_is_denied if {
+	# An external cloud-controller-manager sets spec.providerID after the kubelet registered.
+	old := json.remove(registering, ["spec/providerID"])
+	r := registration("UPDATE", registering, old, [], tombstone)
+	not r.allowed
+	r.registers
+}
+
+test_other_updates_register_nothing if {
+	r := registration("UPDATE", registering, registering, [], tombstone)
+	r.allowed
+	not r.registers
+	r.message == ""
+	registration("DELETE", registering, null, [], tombstone).allowed
+}
+
+test_a_registration_without_tombstone_or_with_a_link_is_allowed if {
+	registration("CREATE", registering, null, [], null).allowed
+	registration("CREATE", json.remove(registering, ["spec/providerID"]), null, [], tombstone).allowed
+
+	# A new Machine whose InfraMachine carries the providerID again: a legitimate reuse.
+	registration("CREATE", registering, null, [fixtures.capd_infra], tombstone).allowed
+	registration("CREATE", registering, null, [], object.union(tombstone, {"until": "2026-12-03T11:59:59Z"})).allowed
+}
+
+test_the_registration_entry_point_takes_everything_from_input if {
+	r := data.nodeguard.registration with input as {"operation": "CREATE", "node": registering, "tombstone": tombstone, "now": now}
+	not r.allowed
+	s := data.nodeguard.registration with input as {"operation": "UPDATE", "node": registering, "oldNode": registering, "tombstone": tombstone, "now": now}
+	s.allowed
 }
 
 # --- The enforcer's entry point ----------------------------------------------------------

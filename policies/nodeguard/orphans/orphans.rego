@@ -29,6 +29,11 @@
 #       text: >-
 #         Its Ready condition is not True and last changed at least the grace period ago (default 5m); a Node without
 #         a Ready condition counts from its creationTimestamp; an unknown or unreadable time keeps the Node.
+#     - title: Not a ghost
+#       text: >-
+#         The Node is not a ghost (nodeguard.ghosts): a Node alive again with the providerID of a Machine,
+#         InfraMachine or pool membership that went away is a host that outlived its deletion, and deleting its Node
+#         again would free its Pods' identities while it runs.
 #     - title: Wider match (opt-in, off by default)
 #       text: >-
 #         With matchProviderID, a Node without CAPI's annotations also counts as managed when it has a
@@ -39,6 +44,8 @@ package nodeguard.orphans
 
 import data.lib.nodeguard
 import data.nodeguard.anyone
+import data.nodeguard.ghosts
+import data.nodeguard.nodes
 
 # METADATA
 # title: Default grace period
@@ -51,8 +58,9 @@ default_grace := "5m"
 #   Whether the Node is an orphan, and why or why not: {node, orphan, managed,
 #   cluster, machine, notReadySince, reason, kept}. kept lists every criterion
 #   that keeps the Node (empty for an orphan); reason says why an orphan is one.
-#   now is RFC 3339, grace a Go duration ("5m").
-verdict(node, inventory, parameters, now, grace, match_provider_id) := {
+#   now is RFC 3339, grace a Go duration ("5m"); tombstone is the one of the
+#   Node's providerID, or null (nodeguard.ghosts).
+verdict(node, inventory, parameters, now, grace, match_provider_id, tombstone) := {
 	"node": object.get(node, nodeguard.node_paths.name, ""),
 	"orphan": count(kept) == 0,
 	"managed": managed(node),
@@ -62,8 +70,8 @@ verdict(node, inventory, parameters, now, grace, match_provider_id) := {
 	"reason": _orphan_reason(node, since, grace, kept),
 	"kept": kept,
 } if {
-	since := not_ready_since(node)
-	kept := kept_because(node, inventory, parameters, now, grace, match_provider_id)
+	since := nodes.not_ready_since(node)
+	kept := kept_because(node, inventory, parameters, now, grace, match_provider_id, tombstone)
 }
 
 # METADATA
@@ -83,7 +91,7 @@ managed(node) if {
 cluster(node) := concat("/", [ns, name]) if {
 	ns := object.get(node, nodeguard.node_paths.cluster_namespace, "")
 	ns != ""
-	name := object.get(node, node_fields.fields.cluster_name, "")
+	name := nodes.cluster_name(node)
 	name != ""
 } else := ""
 
@@ -96,25 +104,6 @@ annotated_machine(node) := concat("/", [
 ]) if {
 	managed(node)
 } else := ""
-
-# METADATA
-# title: Ready
-# description: The Node's Ready condition is True.
-ready(node) if {
-	some c in object.get(node, node_fields.conditions.path, [])
-	c.type == "Ready"
-	c.status == "True"
-}
-
-# METADATA
-# title: Not Ready since
-# description: |
-#   When the Node's Ready condition last changed (it is not True), or its
-#   creationTimestamp when it has no Ready condition; "" when unknown.
-not_ready_since(node) := object.get(conditions[0], "lastTransitionTime", "") if {
-	conditions := [c | some c in object.get(node, node_fields.conditions.path, []); c.type == "Ready"]
-	count(conditions) > 0
-} else := object.get(node, node_fields.fields.created, "")
 
 # METADATA
 # title: Grace passed
@@ -177,7 +166,7 @@ _evidence_for_cluster(ns, obj, parameters) if {
 #   Every criterion that keeps the Node, one sentence each; empty when it is an
 #   orphan. Linked Machines and the rule's blockers come from lib.nodeguard.
 #   node_passes tries the criteria that read only the Node, the same helpers.
-kept_because(node, inventory, parameters, now, grace, match_provider_id) := array.flatten([
+kept_because(node, inventory, parameters, now, grace, match_provider_id, tombstone) := array.flatten([
 	_unmanaged(node, match_provider_id),
 	_scheme_unmatched(node, inventory, parameters, match_provider_id),
 	_other_cluster(node, parameters),
@@ -186,7 +175,8 @@ kept_because(node, inventory, parameters, now, grace, match_provider_id) := arra
 	_rule_reasons(anyone.decide(node, inventory, parameters)),
 	_no_provider_id(node),
 	_scheme_unused(node, inventory, parameters),
-	_grace_reason(not_ready_since(node), now, grace),
+	_grace_reason(nodes.not_ready_since(node), now, grace),
+	_ghost(node, inventory, parameters, tombstone, now),
 ])
 
 # METADATA
@@ -202,7 +192,7 @@ default node_passes(_, _, _, _, _) := false
 
 node_passes(node, parameters, now, grace, match_provider_id) if {
 	_passes_but_grace(node, parameters, match_provider_id)
-	count(_grace_reason(not_ready_since(node), now, grace)) == 0
+	count(_grace_reason(nodes.not_ready_since(node), now, grace)) == 0
 }
 
 # METADATA
@@ -213,7 +203,7 @@ node_passes(node, parameters, now, grace, match_provider_id) if {
 #   nothing changes until the Node does.
 recheck_at(node, parameters, now, grace, match_provider_id) := time.format(time.parse_rfc3339_ns(since) + time.parse_duration_ns(grace)) if {
 	_passes_but_grace(node, parameters, match_provider_id)
-	since := not_ready_since(node)
+	since := nodes.not_ready_since(node)
 	count(_grace_reason(since, now, grace)) > 0
 } else := ""
 
@@ -222,29 +212,6 @@ _passes_but_grace(node, parameters, match_provider_id) if {
 	count(_unmanaged(node, match_provider_id)) == 0
 	count(_no_provider_id(node)) == 0
 	count(_other_cluster(node, parameters)) == 0
-}
-
-# METADATA
-# title: Node fields
-# description: |
-#   What the criteria read of a Node besides the link model's Node fields
-#   (data.lib.nodeguard.link_model, named in node_paths): fields, paths to
-#   strings by name (cluster_name, the Cluster API annotation naming the
-#   Node's Cluster; created, when the Node was created); and conditions, the
-#   entries of the list at path whose type is one of types, of which only
-#   keys. The criteria read these by name, and the enforcer's Node caches
-#   keep exactly these and the link model's; tests/fieldcoverage fails a
-#   criterion that reads anything else.
-node_fields := {
-	"fields": {
-		"cluster_name": ["metadata", "annotations", "cluster.x-k8s.io/cluster-name"],
-		"created": ["metadata", "creationTimestamp"],
-	},
-	"conditions": {
-		"path": ["status", "conditions"],
-		"types": ["Ready"],
-		"keys": ["type", "status", "lastTransitionTime"],
-	},
 }
 
 # Not managed, and the wider match is off.
@@ -293,7 +260,7 @@ _scheme_or_empty(pid) := provider_id_scheme(pid) if {
 } else := ""
 
 _ready_reason(node) := ["its Ready condition is True"] if {
-	ready(node)
+	nodes.ready(node)
 } else := []
 
 _machine_reason(m) := sprintf("Machine %s is being deleted but still exists (linked by %s)", [m.machine, concat(", ", m.types)]) if {
@@ -304,6 +271,11 @@ _rule_reasons(d) := array.concat(
 	[sprintf("%s %s/%s %s", [b.kind, b.namespace, b.name, _state[b.deleting]]) | some b in d.blockers],
 	[sprintf("%s %s/%s of group %q is not synced, so its absence proves nothing", [u.kind, u.namespace, u.name, u.group]) | some u in d.unverified],
 )
+
+_ghost(node, inventory, parameters, tombstone, now) := [sprintf("it is a ghost, never an orphan to delete: %s", [v.reason])] if {
+	ghosts.ghost(node, inventory, parameters, tombstone, now)
+	v := ghosts.verdict(node, inventory, parameters, tombstone, now)
+} else := []
 
 _state := {true: "is being deleted but still exists", false: "still exists"}
 

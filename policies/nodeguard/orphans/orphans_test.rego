@@ -21,7 +21,7 @@ left_behind := not_ready(fixtures.capd_node, long_ago)
 # Every case holds a DockerMachine of another host (sibling, below): the
 # cluster's synced InfraMachines use docker:// providerIDs, so the absence of
 # one carrying the Node's proves something.
-verdict(node, objs) := orphans.verdict(node, fixtures.inventory(array.concat(objs, [sibling])), {}, now, "5m", false)
+verdict(node, objs) := orphans.verdict(node, fixtures.inventory(array.concat(objs, [sibling])), {}, now, "5m", false, null)
 
 evidence := fixtures.inventory([sibling])
 
@@ -62,11 +62,11 @@ test_node_with_machine_annotation_only_is_kept if {
 }
 
 test_node_of_another_cluster_is_kept_when_scoped if {
-	v := orphans.verdict(left_behind, evidence, {"clusterName": "other", "clusterNamespace": "default"}, now, "5m", false)
+	v := orphans.verdict(left_behind, evidence, {"clusterName": "other", "clusterNamespace": "default"}, now, "5m", false, null)
 	not v.orphan
 	v.kept[0] == "it belongs to Cluster default/dev, not to the Cluster judged"
-	not orphans.verdict(left_behind, evidence, {"clusterNamespace": "elsewhere"}, now, "5m", false).orphan
-	orphans.verdict(left_behind, evidence, {"clusterName": "dev", "clusterNamespace": "default"}, now, "5m", false).orphan
+	not orphans.verdict(left_behind, evidence, {"clusterNamespace": "elsewhere"}, now, "5m", false, null).orphan
+	orphans.verdict(left_behind, evidence, {"clusterName": "dev", "clusterNamespace": "default"}, now, "5m", false, null).orphan
 }
 
 # --- 2. Its Machine is gone ----------------------------------------------------------
@@ -109,8 +109,8 @@ test_machine_of_another_cluster_does_not_keep_it_when_scoped if {
 		{"op": "replace", "path": "/spec/clusterName", "value": "other"},
 		{"op": "replace", "path": "/metadata/labels/cluster.x-k8s.io~1cluster-name", "value": "other"},
 	])
-	orphans.verdict(left_behind, fixtures.inventory([machine, sibling]), {"clusterName": "dev"}, now, "5m", false).orphan
-	not orphans.verdict(left_behind, fixtures.inventory([machine, sibling]), {}, now, "5m", false).orphan
+	orphans.verdict(left_behind, fixtures.inventory([machine, sibling]), {"clusterName": "dev"}, now, "5m", false, null).orphan
+	not orphans.verdict(left_behind, fixtures.inventory([machine, sibling]), {}, now, "5m", false, null).orphan
 }
 
 # --- 3. The rule allows deleting it ----------------------------------------------------
@@ -146,27 +146,27 @@ test_unverified_kind_keeps_it if {
 
 test_exemptions_do_not_make_an_orphan if {
 	params := {"exemptGroups": ["system:authenticated"], "exemptUsers": [""]}
-	not orphans.verdict(left_behind, fixtures.inventory([fixtures.capd_infra]), params, now, "5m", false).orphan
+	not orphans.verdict(left_behind, fixtures.inventory([fixtures.capd_infra]), params, now, "5m", false, null).orphan
 }
 
 test_no_synced_infra_machine_of_its_scheme_keeps_it if {
-	v := orphans.verdict(left_behind, {}, {}, now, "5m", false)
+	v := orphans.verdict(left_behind, {}, {}, now, "5m", false, null)
 	not v.orphan
 	v.kept == [`no InfraMachine of a synced kind in the cluster uses providerID scheme "docker", so the absence of one carrying "docker:////dev-md-0-abcde" proves nothing`]
 	aws := json.patch(left_behind, [{"op": "replace", "path": "/spec/providerID", "value": "aws:///us-east-1a/i-1"}])
-	not orphans.verdict(aws, evidence, {}, now, "5m", false).orphan
+	not orphans.verdict(aws, evidence, {}, now, "5m", false, null).orphan
 }
 
 test_evidence_of_another_cluster_keeps_it_when_scoped if {
-	not orphans.verdict(left_behind, evidence, {"clusterName": "dev", "clusterNamespace": "elsewhere"}, now, "5m", false).orphan
+	not orphans.verdict(left_behind, evidence, {"clusterName": "dev", "clusterNamespace": "elsewhere"}, now, "5m", false, null).orphan
 	other := json.patch(sibling, [{"op": "replace", "path": "/metadata/labels/cluster.x-k8s.io~1cluster-name", "value": "other"}])
-	not orphans.verdict(left_behind, fixtures.inventory([other]), {"clusterName": "dev"}, now, "5m", false).orphan
-	orphans.verdict(left_behind, fixtures.inventory([other]), {}, now, "5m", false).orphan
+	not orphans.verdict(left_behind, fixtures.inventory([other]), {"clusterName": "dev"}, now, "5m", false, null).orphan
+	orphans.verdict(left_behind, fixtures.inventory([other]), {}, now, "5m", false, null).orphan
 }
 
 test_evidence_of_an_unsynced_kind_does_not_count if {
 	params := {"infraMachineKinds": [{"group": "infrastructure.cluster.x-k8s.io", "kind": "AWSMachine"}]}
-	not orphans.verdict(left_behind, evidence, params, now, "5m", false).orphan
+	not orphans.verdict(left_behind, evidence, params, now, "5m", false, null).orphan
 }
 
 test_node_without_provider_id_is_kept if {
@@ -188,14 +188,14 @@ test_ready_node_is_kept if {
 }
 
 test_within_grace_is_kept if {
-	v := orphans.verdict(left_behind, evidence, {}, now, "15m", false)
+	v := orphans.verdict(left_behind, evidence, {}, now, "15m", false, null)
 	not v.orphan
 	v.kept == ["it has been not Ready only since 2026-11-30T11:50:00Z, less than the grace period 15m before 2026-11-30T12:00:00Z"]
 }
 
 test_grace_exactly_passed_is_an_orphan if {
-	orphans.verdict(left_behind, evidence, {}, now, "10m", false).orphan
-	not orphans.verdict(left_behind, evidence, {}, now, "10m1s", false).orphan
+	orphans.verdict(left_behind, evidence, {}, now, "10m", false, null).orphan
+	not orphans.verdict(left_behind, evidence, {}, now, "10m1s", false, null).orphan
 }
 
 test_no_ready_condition_counts_from_creation if {
@@ -203,7 +203,7 @@ test_no_ready_condition_counts_from_creation if {
 	v := verdict(node, [])
 	v.orphan
 	v.notReadySince == long_ago
-	not orphans.verdict(node, evidence, {}, now, "1h", false).orphan
+	not orphans.verdict(node, evidence, {}, now, "1h", false, null).orphan
 }
 
 test_no_known_time_is_kept if {
@@ -214,9 +214,9 @@ test_no_known_time_is_kept if {
 }
 
 test_unreadable_clock_is_kept if {
-	not orphans.verdict(left_behind, evidence, {}, "yesterday", "5m", false).orphan
-	not orphans.verdict(left_behind, evidence, {}, now, "five minutes", false).orphan
-	not orphans.verdict(not_ready(fixtures.capd_node, "a while ago"), evidence, {}, now, "5m", false).orphan
+	not orphans.verdict(left_behind, evidence, {}, "yesterday", "5m", false, null).orphan
+	not orphans.verdict(left_behind, evidence, {}, now, "five minutes", false, null).orphan
+	not orphans.verdict(not_ready(fixtures.capd_node, "a while ago"), evidence, {}, now, "5m", false, null).orphan
 }
 
 # --- Wider match ---------------------------------------------------------------------------
@@ -230,7 +230,7 @@ sibling := json.patch(fixtures.capd_infra, [
 ])
 
 test_wider_match_finds_unannotated_node if {
-	v := orphans.verdict(bare, fixtures.inventory([sibling]), {}, now, "5m", true)
+	v := orphans.verdict(bare, fixtures.inventory([sibling]), {}, now, "5m", true, null)
 	v.orphan
 	not v.managed
 	contains(v.reason, `no Machine, InfraMachine or pool carries providerID "docker:////dev-md-0-abcde"`)
@@ -243,31 +243,31 @@ test_wider_match_is_off_by_default if {
 }
 
 test_wider_match_needs_a_scheme_in_use if {
-	v := orphans.verdict(bare, {}, {}, now, "5m", true)
+	v := orphans.verdict(bare, {}, {}, now, "5m", true, null)
 	not v.orphan
 	v.kept == ["it has no CAPI annotations and no InfraMachine in the cluster uses its providerID scheme"]
 	aws := json.patch(bare, [{"op": "replace", "path": "/spec/providerID", "value": "aws:///us-east-1a/i-1"}])
-	not orphans.verdict(aws, fixtures.inventory([sibling]), {}, now, "5m", true).orphan
+	not orphans.verdict(aws, fixtures.inventory([sibling]), {}, now, "5m", true, null).orphan
 	no_pid := json.remove(bare, ["spec"])
-	not orphans.verdict(no_pid, fixtures.inventory([sibling]), {}, now, "5m", true).orphan
+	not orphans.verdict(no_pid, fixtures.inventory([sibling]), {}, now, "5m", true, null).orphan
 }
 
 test_wider_match_needs_evidence_labelled_for_the_cluster if {
 	unlabelled := json.remove(sibling, ["metadata/labels"])
-	not orphans.verdict(bare, fixtures.inventory([unlabelled]), {"clusterName": "dev"}, now, "5m", true).orphan
-	orphans.verdict(bare, fixtures.inventory([sibling]), {"clusterName": "dev"}, now, "5m", true).orphan
-	not orphans.verdict(bare, fixtures.inventory([sibling]), {"clusterNamespace": "elsewhere"}, now, "5m", true).orphan
+	not orphans.verdict(bare, fixtures.inventory([unlabelled]), {"clusterName": "dev"}, now, "5m", true, null).orphan
+	orphans.verdict(bare, fixtures.inventory([sibling]), {"clusterName": "dev"}, now, "5m", true, null).orphan
+	not orphans.verdict(bare, fixtures.inventory([sibling]), {"clusterNamespace": "elsewhere"}, now, "5m", true, null).orphan
 }
 
 test_wider_match_keeps_what_something_carries if {
-	not orphans.verdict(bare, fixtures.inventory([sibling, fixtures.capd_infra]), {}, now, "5m", true).orphan
+	not orphans.verdict(bare, fixtures.inventory([sibling, fixtures.capd_infra]), {}, now, "5m", true, null).orphan
 	machine := json.remove(fixtures.capd_machine, ["status"])
-	not orphans.verdict(bare, fixtures.inventory([sibling, machine]), {}, now, "5m", true).orphan
+	not orphans.verdict(bare, fixtures.inventory([sibling, machine]), {}, now, "5m", true, null).orphan
 }
 
 test_wider_match_keeps_ready_nodes if {
 	ready := object.union(bare, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
-	not orphans.verdict(ready, fixtures.inventory([sibling]), {}, now, "5m", true).orphan
+	not orphans.verdict(ready, fixtures.inventory([sibling]), {}, now, "5m", true, null).orphan
 }
 
 # --- Entry point -----------------------------------------------------------------------------
@@ -335,7 +335,7 @@ test_a_node_that_does_not_pass_is_kept if {
 	inventories := [{}, evidence, fixtures.inventory([sibling, fixtures.capd_machine]), fixtures.inventory([sibling, fixtures.capd_infra])]
 	every c in screened {
 		every inv in inventories {
-			c.kept in orphans.kept_because(c.node, inv, c.params, now, "5m", false)
+			c.kept in orphans.kept_because(c.node, inv, c.params, now, "5m", false, null)
 		}
 	}
 }
@@ -373,12 +373,37 @@ test_entry_point_screen if {
 	t == {"passes": true, "recheckAt": ""}
 }
 
-test_node_fields_are_paths if {
-	every p in orphans.node_fields.fields {
-		is_array(p)
-		every seg in p {
-			is_string(seg)
-		}
-	}
-	"type" in orphans.node_fields.conditions.keys
+# --- Not a ghost ------------------------------------------------------------------------
+
+# The Machine and DockerMachine went at 11:40; the kubelet re-registered the
+# Node at 11:45, and it has been NotReady since (its CNI never came up): it
+# passes every other criterion, with the wider match, yet its host runs.
+reregistered_not_ready := object.union(fixtures.without_annotations(not_ready(fixtures.capd_node, "2026-11-30T11:45:00Z")), {"metadata": {"creationTimestamp": "2026-11-30T11:45:00Z"}})
+
+tombstone := {
+	"providerID": "docker:////dev-md-0-abcde", "object": "DockerMachine default/dev-md-0-abcde", "node": "dev-md-0-abcde",
+	"deletedAt": "2026-11-30T11:40:00Z", "until": "2026-12-01T11:40:00Z",
+}
+
+test_a_ghost_is_never_an_orphan if {
+	inv := fixtures.inventory([sibling])
+	orphans.verdict(reregistered_not_ready, inv, {}, now, "5m", true, null).orphan
+	v := orphans.verdict(reregistered_not_ready, inv, {}, now, "5m", true, tombstone)
+	not v.orphan
+	count(v.kept) == 1
+	startswith(v.kept[0], "it is a ghost, never an orphan to delete: providerID \"docker:////dev-md-0-abcde\" was carried by DockerMachine")
+}
+
+test_a_node_left_behind_with_a_tombstone_is_still_an_orphan if {
+	# The Node CAPI failed to delete, NotReady since before the tombstone: its host is gone.
+	v := orphans.verdict(left_behind, fixtures.inventory([sibling]), {}, now, "5m", false, object.union(tombstone, {"deletedAt": "2026-11-30T11:55:00Z"}))
+	v.orphan
+}
+
+test_the_entry_point_passes_the_tombstone if {
+	input_ := {"node": reregistered_not_ready, "inventory": fixtures.inventory([sibling]), "now": now, "matchProviderID": true}
+	v := data.nodeguard.orphan with input as input_
+	v.orphan
+	w := data.nodeguard.orphan with input as object.union(input_, {"tombstone": tombstone})
+	not w.orphan
 }
