@@ -1,6 +1,6 @@
 // Package engine runs the policy's entry points: the admission decision
-// (data.nodeguard.decision) and the orphan criteria (data.nodeguard.orphan,
-// data.nodeguard.orphan_screen). It compiles a policy once, prepares one
+// (data.nodeguard.decision), the orphan criteria (data.nodeguard.orphan,
+// data.nodeguard.orphan_screen), releases and ghosts. It compiles a policy once, prepares one
 // query per entry point on that compilation, takes input as an ast.Value and
 // decodes the answer from the ast.Value OPA returns, so every entry point
 // runs the same compiled policy (a bundle's reloads included) and no input
@@ -37,8 +37,16 @@ const (
 	// Release is a Node's release verdict (policies/nodeguard/released), for
 	// mode admission-policy; optional: a bundle built before it has none.
 	Release
+	// Ghost is a Node's ghost verdict (policies/nodeguard/ghosts), and
+	// Registration a Node CREATE's or UPDATE's; optional, as Release.
+	Ghost
+	Registration
 	entries
 )
+
+// optional are the entry points a policy with orphan criteria may lack: a
+// bundle built before them.
+func (e Entry) optional() bool { return e == Release || e == Ghost || e == Registration }
 
 // Query is the entry point's Rego query.
 func (e Entry) Query() string {
@@ -51,6 +59,10 @@ func (e Entry) Query() string {
 		return "data.nodeguard.orphan_screen"
 	case Release:
 		return "data.nodeguard.release"
+	case Ghost:
+		return "data.nodeguard.ghost"
+	case Registration:
+		return "data.nodeguard.registration"
 	}
 	return fmt.Sprintf("entry(%d)", int(e))
 }
@@ -133,7 +145,7 @@ func For(ctx context.Context, c *ast.Compiler, data map[string]any, policy Polic
 	}
 	p := &compiled{policy: policy}
 	for entry := range entries {
-		if entry != Decision && !orphans || entry == Release && !has(Release.Query()) {
+		if entry != Decision && !orphans || entry.optional() && !has(entry.Query()) {
 			continue
 		}
 		q, err := prepare(ctx, c, store, entry.Query())

@@ -37,6 +37,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
+	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
@@ -90,6 +91,12 @@ type Options struct {
 	// AdmissionPolicy says how their policy is built.
 	Releases        *releases.Publisher
 	AdmissionPolicy admissionpolicy.Options
+	// GhostProtection is the Clusters' ghost protection unless their
+	// annotation sets one ("": ghosts are not detected, none has one): with
+	// deny, a Cluster in mode webhook gets the registration webhook too
+	// (mode admission-policy has no network path for it: taint is what
+	// protects there).
+	GhostProtection ghosts.Protection
 	Log             *slog.Logger
 }
 
@@ -418,7 +425,16 @@ func (r *Reconciler) reconcile(ctx context.Context, key string) (State, bool) {
 		if err := r.removePolicy(ctx, key, w); err != nil {
 			r.opts.Log.Error("fleet: cannot remove nodeguard's admission policy", "cluster", key, "error", err.Error())
 		}
-		r.guard(ctx, key, w, ca, before, &st)
+		protection, err := ghosts.Of(meta.Annotations, r.opts.GhostProtection)
+		if r.opts.GhostProtection == "" {
+			protection, err = ghosts.Off, nil
+		}
+		if err != nil {
+			// The registration webhook stays as it is until it is fixed.
+			r.opts.Log.Warn("fleet: Cluster's ghost protection ignored", "cluster", key, "error", err.Error())
+			protection = registrationsOf(w)
+		}
+		r.guard(ctx, key, w, ca, before, &st, protection == ghosts.Deny)
 	}
 	if st.Guarded == before.Guarded && st.Reason == before.Reason && !before.Since.IsZero() {
 		st.Since = before.Since
@@ -465,8 +481,9 @@ func (r *Reconciler) remove(ctx context.Context, key string, w *watch, st *State
 
 // guard installs the configuration where it is missing or differs, then
 // proves the cluster guarded when a proof is due.
-func (r *Reconciler) guard(ctx context.Context, key string, w *watch, ca []byte, before State, st *State) {
-	cfg, err := webhookconfig.Build(webhookconfig.Options{URL: r.opts.URL, CABundle: ca, Cluster: key, Webhook: r.opts.Webhook})
+func (r *Reconciler) guard(ctx context.Context, key string, w *watch, ca []byte, before State, st *State, registrations bool) {
+	cfg, err := webhookconfig.Build(webhookconfig.Options{URL: r.opts.URL, CABundle: ca, Cluster: key, Webhook: r.opts.Webhook,
+		Registrations: registrations})
 	if err != nil {
 		st.Reason, st.Message = ReasonNotInstalled, err.Error()
 		return
@@ -524,6 +541,26 @@ func (r *Reconciler) guard(ctx context.Context, key string, w *watch, ca []byte,
 		return
 	}
 	r.prove(ctx, key, w, st)
+}
+
+// registrationsOf is the protection the configuration stored in a cluster
+// carries out: deny when it has the registration webhook.
+func registrationsOf(w *watch) ghosts.Protection {
+	if w == nil {
+		return ghosts.Off
+	}
+	obj, ok, _ := w.store.GetByKey(webhookconfig.Name)
+	if !ok {
+		return ghosts.Off
+	}
+	have, _ := obj.(*unstructured.Unstructured)
+	hooks, _, _ := unstructured.NestedSlice(have.Object, "webhooks")
+	for _, h := range hooks {
+		if m, _ := h.(map[string]any); m["name"] == webhookconfig.RegistrationWebhookName {
+			return ghosts.Deny
+		}
+	}
+	return ghosts.Off
 }
 
 // claimedBy is the Cluster a stored configuration routes to, "" when none.

@@ -53,6 +53,9 @@ type Options struct {
 	// Without the reaper, nodeguard's webhook denies this identity every
 	// delete that is not a dry run (webhook.Options.DryRunOnlyUser).
 	Delete bool
+	// Taint grants Node update: ghost protection taint keeps nodeguard's
+	// taint on a ghost Node (read, then updated with its resourceVersion).
+	Taint bool
 	// Owns are the rules for the cluster-scoped objects nodeguard keeps
 	// there (the fleet's webhook configuration), each limited to its names
 	// where RBAC can be (create cannot: the name is not known to it yet).
@@ -129,6 +132,9 @@ func Objects(opts Options) ([]owned.Object, error) {
 	nodeVerbs := []string{"get", "list", "watch"}
 	if opts.Delete {
 		nodeVerbs = append(nodeVerbs, "delete")
+	}
+	if opts.Taint {
+		nodeVerbs = append(nodeVerbs, "update")
 	}
 	subject := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: Name, Namespace: Namespace}}
 	typed := []struct {

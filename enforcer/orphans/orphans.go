@@ -18,6 +18,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
 
 // DefaultGrace is how long a Node must have been not Ready (the Rego's
@@ -80,13 +81,20 @@ type Input struct {
 	Now             time.Time
 	Grace           time.Duration
 	MatchProviderID bool
+	// Tombstone is the one of the Node's providerID, if any: a ghost is
+	// never an orphan.
+	Tombstone *tombstones.Tombstone
 }
 
-// value is the entry points' input; a nil inventory or parameters is left
-// out, which the Rego reads as empty.
+// value is the entry points' input; a nil inventory, parameters or
+// tombstone is left out, which the Rego reads as empty.
 func (in Input) value() (ast.Value, error) {
+	var tombstone map[string]any
+	if in.Tombstone != nil {
+		tombstone = in.Tombstone.Value()
+	}
 	return engine.Input(map[string]any{
-		"node": in.Node, "inventory": in.Inventory, "parameters": in.Parameters,
+		"node": in.Node, "inventory": in.Inventory, "parameters": in.Parameters, "tombstone": tombstone,
 		// Nanoseconds, so a grace that ends within a second is judged then.
 		"now": in.Now.UTC().Format(time.RFC3339Nano), "grace": in.Grace.String(), "matchProviderID": in.MatchProviderID,
 	})
@@ -146,6 +154,10 @@ type Options struct {
 	Grace time.Duration
 	// MatchProviderID turns on the opt-in wider match (#7237, metal3 #890).
 	MatchProviderID bool
+	// Tombstones, when set, are the providerIDs whose Machine, InfraMachine
+	// or pool membership went away: the ghost criteria read them, and the
+	// orphan criteria keep a ghost.
+	Tombstones *tombstones.Store
 }
 
 // Finder judges Nodes against the orphan criteria.
@@ -213,7 +225,22 @@ func (f *Finder) Route(cluster string) (Route, error) {
 // input is what the criteria read of node with inv, on the route's
 // parameters at time now.
 func (f *Finder) input(r Route, node *unstructured.Unstructured, inv map[string]any, now time.Time) Input {
-	return Input{Node: node.Object, Inventory: inv, Parameters: r.params, Now: now, Grace: f.opts.Grace, MatchProviderID: f.opts.MatchProviderID}
+	return Input{Node: node.Object, Inventory: inv, Parameters: r.params, Now: now, Grace: f.opts.Grace, MatchProviderID: f.opts.MatchProviderID,
+		Tombstone: f.Tombstone(node)}
+}
+
+// Tombstone returns the tombstone of node's providerID, or nil: the Rego
+// reads a Node without one as no ghost, so nothing else is looked up.
+func (f *Finder) Tombstone(node *unstructured.Unstructured) *tombstones.Tombstone {
+	if f.opts.Tombstones == nil {
+		return nil
+	}
+	pid, _, _ := unstructured.NestedString(node.Object, f.opts.Guard.Engine().Model().NodeProviderID...)
+	t, ok := f.opts.Tombstones.Get(pid)
+	if !ok {
+		return nil
+	}
+	return &t
 }
 
 // Screen evaluates the criteria that read only the Node: a Node that does
@@ -288,6 +315,88 @@ func (f *Finder) Releases(ctx context.Context, nodes []*unstructured.Unstructure
 		}
 		v.UID = node.GetUID()
 		out = append(out, v)
+	}
+	return out, nil
+}
+
+// Ghost is the ghost criteria's answer for one Node (policies/nodeguard/
+// ghosts, data.nodeguard.ghost).
+type Ghost struct {
+	Node       string   `json:"node"`
+	ProviderID string   `json:"providerID"`
+	Ghost      bool     `json:"ghost"`
+	Kept       []string `json:"kept"`
+	Reason     string   `json:"reason"`
+
+	// The Node judged, and the tombstone it was judged with.
+	UID       types.UID             `json:"-"`
+	Tombstone *tombstones.Tombstone `json:"-"`
+}
+
+// Ghost judges whether node is a ghost on route r at time now, from the
+// caches or, with fresh, from fresh reads. A Node whose providerID has no
+// tombstone is no ghost (the criteria's first), and costs no evaluation.
+func (f *Finder) Ghost(ctx context.Context, r Route, node *unstructured.Unstructured, now time.Time, fresh bool) (Ghost, error) {
+	t := f.Tombstone(node)
+	if t == nil {
+		return Ghost{Node: node.GetName(), UID: node.GetUID()}, nil
+	}
+	objs, err := f.opts.Guard.Objects(ctx, node, fresh)
+	if err != nil {
+		return Ghost{}, err
+	}
+	input, err := engine.Input(map[string]any{"node": node.Object, "inventory": inventory.Layout(objs), "parameters": r.params,
+		"tombstone": t.Value(), "now": now.UTC().Format(time.RFC3339Nano)})
+	if err != nil {
+		return Ghost{}, err
+	}
+	var g Ghost
+	if err := f.eval.engine.Eval(ctx, engine.Ghost, input, &g); err != nil {
+		return Ghost{}, fmt.Errorf("judge whether Node %q is a ghost: %w", node.GetName(), err)
+	}
+	g.UID, g.Tombstone = node.GetUID(), t
+	return g, nil
+}
+
+// Registration is the ghost criteria's answer for a Node CREATE or UPDATE
+// (data.nodeguard.registration): whether it may register, and the message
+// when not.
+type Registration struct {
+	Allowed   bool   `json:"allowed"`
+	Registers bool   `json:"registers"`
+	Message   string `json:"message"`
+}
+
+// Registration judges a Node CREATE or UPDATE (old: the Node before an
+// UPDATE, else nil) on cluster's route ("namespace/name", or "" for all) at
+// time now, on fresh reads: a registration is denied only when nothing
+// links the Node now. Without a tombstone for its providerID it is allowed
+// without an evaluation.
+func (f *Finder) Registration(ctx context.Context, cluster, operation string, node, old *unstructured.Unstructured, now time.Time) (Registration, error) {
+	t := f.Tombstone(node)
+	if t == nil {
+		return Registration{Allowed: true}, nil
+	}
+	r, err := f.Route(cluster)
+	if err != nil {
+		return Registration{}, err
+	}
+	objs, err := f.opts.Guard.Objects(ctx, node, true)
+	if err != nil {
+		return Registration{}, err
+	}
+	var oldNode map[string]any
+	if old != nil {
+		oldNode = old.Object
+	}
+	input, err := engine.Input(map[string]any{"operation": operation, "node": node.Object, "oldNode": oldNode,
+		"inventory": inventory.Layout(objs), "parameters": r.params, "tombstone": t.Value(), "now": now.UTC().Format(time.RFC3339Nano)})
+	if err != nil {
+		return Registration{}, err
+	}
+	var out Registration
+	if err := f.eval.engine.Eval(ctx, engine.Registration, input, &out); err != nil {
+		return Registration{}, fmt.Errorf("judge the registration of Node %q: %w", node.GetName(), err)
 	}
 	return out, nil
 }

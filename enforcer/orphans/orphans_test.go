@@ -11,12 +11,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -224,4 +226,77 @@ func TestReleasesAreTheRulesVerdictForAnyone(t *testing.T) {
 	assert.Empty(t, got["dev-md-0-infra"].Blocker, "a running Node publishes no text")
 	assert.False(t, got["dev-md-0-deleting"].Released)
 	assert.Contains(t, got["dev-md-0-deleting"].Blocker, "DockerMachine default/dev-md-0-deleting")
+}
+
+// With a tombstone of its providerID, a Node alive since what carried it
+// went is a ghost, never an orphan; a registration with it is refused unless
+// something links it again. The Finder passes the tombstone to every entry
+// point and evaluates none of the ghost's without one.
+func TestTheFinderJudgesGhostsAndRegistrationsWithTheTombstones(t *testing.T) {
+	ctx := context.Background()
+	embedded, _, nodes, now := embeddedFinder(t)
+	byName := map[string]*unstructured.Unstructured{}
+	for _, n := range nodes {
+		byName[n.GetName()] = n
+	}
+	objs, err := manifest.Load("testdata")
+	require.NoError(t, err)
+	infra, pools, err := embedded.Kinds(nil)
+	require.NoError(t, err)
+	inv, err := inventory.FromObjects(embedded.Model(), objs, infra, pools)
+	require.NoError(t, err)
+	g, err := guard.New(ctx, inv, guard.Options{Engine: embedded})
+	require.NoError(t, err)
+	store := tombstones.New(tombstones.Options{Window: 7 * 24 * time.Hour, Clock: clocktesting.NewFakeClock(now)})
+	f, err := orphans.NewFinder(orphans.Options{Guard: g, Inventory: inv, Tombstones: store})
+	require.NoError(t, err)
+	route, err := f.Route("")
+	require.NoError(t, err)
+	left := byName["dev-md-0-left"] // created 2026-11-29T08:00, NotReady since 11:00 today
+
+	gh, err := f.Ghost(ctx, route, left, now, false)
+	require.NoError(t, err)
+	assert.False(t, gh.Ghost)
+	assert.Nil(t, gh.Tombstone, "no tombstone: no evaluation")
+
+	// Gone at 11:30, after the Node last changed: the Node left behind, an orphan.
+	store.Record(tombstones.Tombstone{ProviderID: "docker:////dev-md-0-left", Object: "DockerMachine default/dev-md-0-left",
+		DeletedAt: now.Add(-30 * time.Minute)})
+	gh, err = f.Ghost(ctx, route, left, now, false)
+	require.NoError(t, err)
+	assert.False(t, gh.Ghost)
+	assert.Equal(t, []string{"it was created before the tombstone and has not turned Ready since"}, gh.Kept)
+	vs, err := f.Scan(ctx, []*unstructured.Unstructured{left}, "", now)
+	require.NoError(t, err)
+	assert.True(t, vs[0].Orphan)
+
+	// Gone the day before the Node was created: it registered again.
+	store.End("docker:////dev-md-0-left")
+	store.Record(tombstones.Tombstone{ProviderID: "docker:////dev-md-0-left", Object: "DockerMachine default/dev-md-0-left",
+		DeletedAt: time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC)})
+	gh, err = f.Ghost(ctx, route, left, now, true)
+	require.NoError(t, err)
+	assert.True(t, gh.Ghost)
+	assert.Contains(t, gh.Reason, "its host was not destroyed")
+	vs, err = f.Judge(ctx, []*unstructured.Unstructured{left}, "", now)
+	require.NoError(t, err)
+	assert.False(t, vs[0].Orphan, "a ghost is never an orphan")
+	assert.Contains(t, strings.Join(vs[0].Kept, " "), "it is a ghost")
+
+	reg, err := f.Registration(ctx, "", "CREATE", left, nil, now)
+	require.NoError(t, err)
+	assert.False(t, reg.Allowed)
+	assert.Contains(t, reg.Message, `may not register: providerID "docker:////dev-md-0-left" was carried by DockerMachine default/dev-md-0-left`)
+	reg, err = f.Registration(ctx, "", "UPDATE", left, left, now)
+	require.NoError(t, err)
+	assert.True(t, reg.Allowed, "an update that does not set the providerID registers nothing")
+
+	// Its DockerMachine exists: a tombstone of its providerID blocks nothing.
+	store.Record(tombstones.Tombstone{ProviderID: "docker:////dev-md-0-infra", Object: "Machine default/dev-md-0-infra", DeletedAt: now.Add(-time.Hour)})
+	reg, err = f.Registration(ctx, "", "CREATE", byName["dev-md-0-infra"], nil, now)
+	require.NoError(t, err)
+	assert.True(t, reg.Allowed)
+	reg, err = f.Registration(ctx, "", "CREATE", byName["dev-md-0-recent"], nil, now)
+	require.NoError(t, err)
+	assert.True(t, reg.Allowed, "no tombstone")
 }

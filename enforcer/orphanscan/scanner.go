@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/clock"
 
+	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
@@ -32,6 +33,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
+	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
 
 // Nodes is one cluster's Node cache (nodecache.Watch, or nodecache.Nodes
@@ -72,6 +74,12 @@ type Options struct {
 	// enrolled there (mode admission-policy): the scan's triggers are the
 	// changes that can release a Node or revoke its release.
 	Releases *releases.Publisher
+	// Tombstones, when set, are kept from the inventory's changes
+	// (Tombstones.Follow); the Finder judges with the same store. Its
+	// Changed should be the Scanner's TombstoneChanged.
+	Tombstones *tombstones.Store
+	// Ghosts, when set, is told whether each Node judged is a ghost.
+	Ghosts *ghosts.Tracker
 }
 
 // retryDelay is how long a Node whose judgment failed waits to be judged
@@ -97,6 +105,9 @@ type Scanner struct {
 	suppressed int
 	// routes are RunDue's converted parameters; only RunDue uses them.
 	routes map[string]orphans.Route
+	// untaint are Nodes whose tombstone changed: judged no ghost, they lose
+	// a taint nodeguard may have set before a restart.
+	untaint map[key]bool
 }
 
 type cluster struct {
@@ -120,7 +131,7 @@ func New(opts Options) (*Scanner, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Scanner{opts: opts, wake: make(chan struct{}, 1), clusters: map[string]*cluster{}, due: newSchedule()}, nil
+	return &Scanner{opts: opts, wake: make(chan struct{}, 1), clusters: map[string]*cluster{}, due: newSchedule(), untaint: map[key]bool{}}, nil
 }
 
 // AddCluster starts judging the Nodes of a cluster ("" for the one
@@ -140,6 +151,9 @@ func (s *Scanner) RemoveCluster(name string) {
 	delete(s.clusters, name)
 	s.mu.Unlock()
 	s.opts.Reaper.ForgetCluster(name)
+	if s.opts.Ghosts != nil {
+		s.opts.Ghosts.ForgetCluster(name)
+	}
 }
 
 // NodeChanged asks for a Node to be judged now (nodecache's OnChange).
@@ -156,6 +170,9 @@ func (s *Scanner) NodeChanged(cluster, node string) {
 func (s *Scanner) ObjectChanged(c informers.Change) {
 	if c.Role == inventory.InfraMachine && s.opts.Evidence.Update(c.Old, c.New) {
 		s.JudgeAll()
+	}
+	if s.opts.Tombstones != nil {
+		s.opts.Tombstones.Follow(s.opts.Model, c, s.nodeWith)
 	}
 	// The Nodes the object links, directly or through the referrers that
 	// name it (an InfraMachine through its Machine).
@@ -190,6 +207,65 @@ func (s *Scanner) ObjectChanged(c informers.Change) {
 	s.mu.Unlock()
 	s.signal()
 }
+
+// TombstoneChanged asks for the Nodes with a providerID to be judged now:
+// its tombstone was set, moved or ended (tombstones.Options.Changed).
+func (s *Scanner) TombstoneChanged(providerID string) {
+	l, ok := s.providerIDLink()
+	if !ok {
+		return
+	}
+	now := s.opts.Clock.Now()
+	s.mu.Lock()
+	for _, cl := range s.clusters {
+		for _, node := range cl.nodes.Linked(l, [][]string{{providerID}}) {
+			k := key{cluster: cl.name, node: node}
+			s.due.add(k, now)
+			s.untaint[k] = true
+		}
+	}
+	s.mu.Unlock()
+	s.signal()
+}
+
+// providerIDLink is a link on the Node's providerID alone: its Node index
+// finds the Nodes with a providerID.
+func (s *Scanner) providerIDLink() (linkmodel.Link, bool) {
+	for _, role := range inventory.Roles() {
+		if ls := s.opts.Model.ProviderIDLinks(role); len(ls) > 0 {
+			return ls[0], true
+		}
+	}
+	return linkmodel.Link{}, false
+}
+
+// nodeWith names a Node that has providerID now, in any cluster: evidence
+// for a tombstone.
+func (s *Scanner) nodeWith(providerID string) string {
+	l, ok := s.providerIDLink()
+	if !ok {
+		return ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, name := range slices.Sorted(maps.Keys(s.clusters)) {
+		cl := s.clusters[name]
+		for _, node := range cl.nodes.Linked(l, [][]string{{providerID}}) {
+			n, ok := cl.nodes.Get(node)
+			if !ok {
+				continue
+			}
+			pid, _, _ := unstructured.NestedString(cl.nodes.Shape().Object(n), s.opts.Model.NodeProviderID...)
+			if pid == providerID {
+				return node
+			}
+		}
+	}
+	return ""
+}
+
+// Finder is what the scan judges with: its policy, caches and tombstones.
+func (s *Scanner) Finder() *orphans.Finder { return s.opts.Finder }
 
 // Releases is the publisher the scan judges Nodes for (nil: none).
 func (s *Scanner) Releases() *releases.Publisher { return s.opts.Releases }
@@ -310,6 +386,9 @@ func (s *Scanner) judge(ctx context.Context, c *cluster, name string, now time.T
 		if s.opts.Releases != nil {
 			s.opts.Releases.Forget(c.name, name)
 		}
+		if s.opts.Ghosts != nil {
+			s.opts.Ghosts.Forget(c.name, name)
+		}
 		return
 	}
 	res.Judged++
@@ -324,6 +403,9 @@ func (s *Scanner) judge(ctx context.Context, c *cluster, name string, now time.T
 			s.logError("releases: judging a Node failed; it is not released", c.name, name, err)
 			res.Errors++
 		}
+	}
+	if s.opts.Ghosts != nil {
+		s.ghost(ctx, c, route, u, now, res)
 	}
 	screen, err := s.opts.Finder.Screen(ctx, route, u, now)
 	s.opts.Metrics.judged(stageScreen)
@@ -358,6 +440,31 @@ func (s *Scanner) judge(ctx context.Context, c *cluster, name string, now time.T
 	}
 	if !next.IsZero() {
 		s.after(c.name, name, now, next)
+	}
+}
+
+// ghost tells the tracker whether a Node is a ghost, from the caches: the
+// tracker reports and taints, never deletes, so a fresh read buys nothing.
+func (s *Scanner) ghost(ctx context.Context, c *cluster, route orphans.Route, u *unstructured.Unstructured, now time.Time, res *Result) {
+	k := key{cluster: c.name, node: u.GetName()}
+	s.mu.Lock()
+	untaint := s.untaint[k]
+	delete(s.untaint, k)
+	s.mu.Unlock()
+	g, err := s.opts.Finder.Ghost(ctx, route, u, now, false)
+	if err == nil {
+		t := ghosts.Target{Cluster: c.name, Nodes: c.target.Nodes, Recorder: c.target.Recorder}
+		err = s.opts.Ghosts.Observe(ctx, t, g, now, untaint)
+	}
+	if err != nil && ctx.Err() == nil {
+		s.logError("ghosts: judging or acting on a Node failed; trying again later", c.name, u.GetName(), err)
+		res.Errors++
+		s.mu.Lock()
+		if untaint {
+			s.untaint[k] = true
+		}
+		s.mu.Unlock()
+		s.after(c.name, u.GetName(), now, now.Add(retryDelay))
 	}
 }
 

@@ -14,8 +14,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
@@ -23,6 +25,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
+	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -46,6 +49,12 @@ type fixture struct {
 	// published is what the release publisher last wrote of the cluster.
 	releases  *releases.Publisher
 	published atomic.Pointer[map[string]string]
+	// The ghosts: the tombstones kept from the inventory's changes, what was
+	// done about each ghost, and the Events recorded.
+	tombstones *tombstones.Store
+	ghosts     *ghosts.Tracker
+	protection ghosts.Protection
+	events     *events.FakeRecorder
 }
 
 func newFixture(t *testing.T, del bool) *fixture {
@@ -53,7 +62,7 @@ func newFixture(t *testing.T, del bool) *fixture {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	client, mapper := testcluster.CAPD(t, "../reaper/testdata")
-	f := &fixture{client: client, clock: clocktesting.NewFakeClock(t0), leading: true}
+	f := &fixture{client: client, clock: clocktesting.NewFakeClock(t0), leading: true, protection: ghosts.Off, events: events.NewFakeRecorder(100)}
 	e, err := live.Start(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper}, live.Options{Engine: testcluster.Engine(t)})
 	require.NoError(t, err)
 	require.NoError(t, live.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
@@ -61,7 +70,10 @@ func newFixture(t *testing.T, del bool) *fixture {
 	shape, err := nodecache.ShapeOf(e.Engine)
 	require.NoError(t, err)
 	evidence := orphans.NewEvidence(model)
-	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence, Grace: 5 * time.Minute})
+	f.tombstones = tombstones.New(tombstones.Options{Clock: f.clock, Changed: func(pid string) { f.scanner.TombstoneChanged(pid) }})
+	f.ghosts = ghosts.New(ghosts.Options{Protection: func(string) ghosts.Protection { return f.protection }})
+	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence, Grace: 5 * time.Minute,
+		Tombstones: f.tombstones})
 	require.NoError(t, err)
 	f.reaper, err = reaper.New(reaper.Options{Finder: finder, Delete: del, IsLeader: func() bool { return f.leading }, Clock: f.clock})
 	require.NoError(t, err)
@@ -77,13 +89,13 @@ func newFixture(t *testing.T, del bool) *fixture {
 				return f.untrusted
 			}
 			return e.Syncer.Ready()
-		}, SyncedKinds: e.Syncer.SyncedKinds, Interval: interval, Clock: f.clock})
+		}, SyncedKinds: e.Syncer.SyncedKinds, Interval: interval, Clock: f.clock, Tombstones: f.tombstones, Ghosts: f.ghosts})
 	require.NoError(t, err)
 	require.NoError(t, e.Syncer.Subscribe(f.scanner.ObjectChanged))
 	f.nodes, err = nodecache.NewWatch(nodecache.WatchOptions{Shape: shape, Dynamic: client,
 		OnChange: func(n string) { f.scanner.NodeChanged("", n) }})
 	require.NoError(t, err)
-	f.scanner.AddCluster("", f.nodes, reaper.Target{Nodes: client})
+	f.scanner.AddCluster("", f.nodes, reaper.Target{Nodes: client, Recorder: f.events})
 	go f.nodes.Run(ctx)
 	require.Eventually(t, f.nodes.HasSynced, 5*time.Second, 10*time.Millisecond)
 	return f
@@ -305,4 +317,126 @@ func TestTheScanPublishesTheReleasedNodes(t *testing.T) {
 		_, ok := published()["dev-md-0-owned"]
 		return !ok
 	}, 5*time.Second, 20*time.Millisecond, "revoked once its Machine's DockerMachine exists")
+}
+
+var (
+	nodesGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+	dockers  = schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Resource: "dockermachines"}
+)
+
+// reregister deletes Node name and creates it again with a new UID, as a
+// kubelet whose host outlived its deletion does, created at the clock's
+// time with the Ready condition given; annotated keeps CAPI's annotations.
+func (f *fixture) reregister(t *testing.T, name string, ready corev1.ConditionStatus, annotated bool) {
+	t.Helper()
+	ctx := context.Background()
+	old, err := f.client.Resource(nodesGVR).Get(ctx, name, metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NoError(t, f.client.Resource(nodesGVR).Delete(ctx, name, metav1.DeleteOptions{}))
+	now := f.clock.Now().UTC().Format(time.RFC3339)
+	n := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Node",
+		"metadata": map[string]any{"name": name, "uid": "00000000-0000-4000-8000-0000000000ff", "resourceVersion": "900", "creationTimestamp": now},
+		"spec":     map[string]any{"providerID": "docker:////" + name},
+		"status":   map[string]any{"conditions": []any{map[string]any{"type": "Ready", "status": string(ready), "lastTransitionTime": now}}}}}
+	if annotated {
+		n.SetAnnotations(old.GetAnnotations())
+	}
+	_, err = f.client.Resource(nodesGVR).Create(ctx, n, metav1.CreateOptions{})
+	require.NoError(t, err)
+}
+
+// taints are the keys of Node name's taints.
+func (f *fixture) taints(t *testing.T, name string) []string {
+	t.Helper()
+	n, err := f.client.Resource(nodesGVR).Get(context.Background(), name, metav1.GetOptions{})
+	require.NoError(t, err)
+	list, _, _ := unstructured.NestedSlice(n.Object, "spec", "taints")
+	var keys []string
+	for _, x := range list {
+		keys = append(keys, x.(map[string]any)["key"].(string))
+	}
+	return keys
+}
+
+// until runs what is due until cond holds.
+func (f *fixture) until(t *testing.T, cond func() bool, msg string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		f.scanner.RunDue(context.Background(), f.clock.Now())
+		return cond()
+	}, 5*time.Second, 20*time.Millisecond, msg)
+}
+
+// A Machine deleted in Cluster API's order tombstones its providerID; the
+// Node its host registers again is a ghost: reported with an Event, tainted
+// in taint mode, and never reaped, though it stays NotReady past the grace
+// with CAPI's annotations on (an orphan in every other way). A new Machine
+// carrying the providerID again is a legitimate reuse: the tombstone ends,
+// the ghost is no more and loses the taint.
+func TestAGhostIsReportedTaintedAndNeverReaped(t *testing.T) {
+	f := newFixture(t, true)
+	f.protection = ghosts.Taint
+	f.settle(t)
+	ctx := context.Background()
+	const node, pid = "dev-md-0-deleting", "docker:////dev-md-0-deleting"
+	require.NoError(t, f.client.Resource(dockers).Namespace("default").Delete(ctx, node, metav1.DeleteOptions{}))
+	require.NoError(t, f.client.Resource(machines).Namespace("default").Delete(ctx, node, metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool { _, ok := f.tombstones.Get(pid); return ok }, 5*time.Second, 10*time.Millisecond)
+	stone, _ := f.tombstones.Get(pid)
+	assert.Equal(t, time.Date(2026, 11, 30, 11, 0, 0, 0, time.UTC), stone.DeletedAt, "from the deletionTimestamp")
+	assert.Contains(t, []string{"DockerMachine default/" + node, "Machine default/" + node}, stone.Object)
+	assert.Equal(t, node, stone.Node)
+	assert.Equal(t, "default/dev", stone.Cluster)
+	// The old Node, NotReady since before the tombstone, is an orphan.
+	f.until(t, func() bool { return len(f.reaper.Orphans("")) == 2 }, "the Node left behind is an orphan")
+	assert.Empty(t, f.ghosts.Ghosts())
+
+	f.clock.SetTime(t0.Add(time.Minute))
+	f.reregister(t, node, corev1.ConditionUnknown, true)
+	f.until(t, func() bool { return len(f.ghosts.Ghosts()) == 1 }, "the re-registered Node is a ghost")
+	g := f.ghosts.Ghosts()[0]
+	assert.Equal(t, node, g.Ghost.Node)
+	assert.Contains(t, g.Ghost.Reason, `providerID "docker:////dev-md-0-deleting" was carried by`)
+	assert.Equal(t, []string{ghosts.TaintKey}, f.taints(t, node))
+	select {
+	case e := <-f.events.Events:
+		assert.Contains(t, e, "Warning GhostNode")
+		assert.Contains(t, e, "gone since 2026-11-30T11:00:00Z")
+	default:
+		t.Fatal("no GhostNode Event")
+	}
+
+	// NotReady since 12:01, past every grace: never an orphan, never deleted.
+	for _, d := range []time.Duration{7 * time.Minute, 13 * time.Minute, 20 * time.Minute} {
+		res := f.at(t, d)
+		assert.NotContains(t, res.Deleted, node)
+	}
+	assert.NotContains(t, f.reaper.Orphans(""), node)
+	_, err := f.client.Resource(nodesGVR).Get(ctx, node, metav1.GetOptions{})
+	require.NoError(t, err, "the ghost is still there")
+
+	reuse := testcluster.Object(testcluster.MachineGVK, "default", "dev-md-0-new", map[string]any{
+		"spec": map[string]any{"clusterName": "dev", "providerID": pid,
+			"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "dev-md-0-new"}}})
+	_, err = f.client.Resource(machines).Namespace("default").Create(ctx, reuse, metav1.CreateOptions{})
+	require.NoError(t, err)
+	f.until(t, func() bool { return len(f.ghosts.Ghosts()) == 0 }, "a Machine carrying the providerID again: no ghost")
+	_, ok := f.tombstones.Get(pid)
+	assert.False(t, ok, "the tombstone ended")
+	assert.Empty(t, f.taints(t, node), "nodeguard's taint removed")
+}
+
+// Off, a ghost is reported and left alone: no taint.
+func TestAGhostIsOnlyReportedWhenProtectionIsOff(t *testing.T) {
+	f := newFixture(t, true)
+	f.settle(t)
+	ctx := context.Background()
+	const node = "dev-md-0-deleting"
+	require.NoError(t, f.client.Resource(dockers).Namespace("default").Delete(ctx, node, metav1.DeleteOptions{}))
+	require.NoError(t, f.client.Resource(machines).Namespace("default").Delete(ctx, node, metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool { return f.tombstones.Len() == 1 }, 5*time.Second, 10*time.Millisecond)
+	f.clock.SetTime(t0.Add(time.Minute))
+	f.reregister(t, node, corev1.ConditionTrue, false)
+	f.until(t, func() bool { return len(f.ghosts.Ghosts()) == 1 }, "the re-registered Node is a ghost")
+	assert.Empty(t, f.taints(t, node))
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
+	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
@@ -97,7 +98,7 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, params 
 	status := &fleet.Status{Client: c.Dynamic, Namespace: ns, Log: log}
 	events := recorder(ctx, kube)
 	r, err := fleet.New(fleet.Options{Clusters: sessions.Set, URL: f.URL, CAFiles: caFiles, Selector: selector, Webhook: f.Webhook,
-		ProofInterval: f.ProofInterval, CARetention: f.CARetention, IsLeader: leader, Log: log,
+		ProofInterval: f.ProofInterval, CARetention: f.CARetention, IsLeader: leader, Log: log, GhostProtection: fleetGhostProtection(opts),
 		Releases: published, AdmissionPolicy: admissionpolicy.Options{ExemptUsers: stringsParam(params, "exemptUsers"), ExemptGroups: stringsParam(params, "exemptGroups"),
 			Action: enforcement.Action(f.AdmissionPolicyAction)},
 		Report:    func(s fleet.State) { metrics.Report(s); status.Report(s) },
@@ -140,4 +141,14 @@ func stringsParam(params map[string]any, name string) []string {
 		}
 	}
 	return out
+}
+
+// fleetGhostProtection is the Clusters' default ghost protection: the
+// flag's, when ghosts are detected at all, else "" (the registration webhook
+// is of no use then: every registration would be admitted).
+func fleetGhostProtection(opts Options) ghosts.Protection {
+	if !opts.Orphans.Ghosts.Enabled() || opts.Orphans.Interval <= 0 {
+		return ""
+	}
+	return opts.Orphans.Ghosts.protection()
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/events"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
@@ -27,6 +28,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
+	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
 
 // ReapOptions are the orphan-Node flags of `nodeguard serve`.
@@ -53,7 +55,27 @@ type ReapOptions struct {
 	// KubeconfigRecheck is how often workload kubeconfig Secrets are read
 	// again (0: clusters.DefaultRecheck).
 	KubeconfigRecheck time.Duration
+	// Ghosts configures ghost-Node detection, which the scan runs.
+	Ghosts GhostOptions
 }
+
+// GhostOptions are the ghost-Node flags of `nodeguard serve`.
+type GhostOptions struct {
+	// Window is how long a providerID stays tombstoned after what carried
+	// it went away (--ghost-window, default tombstones.DefaultWindow); 0
+	// turns ghost detection off.
+	Window time.Duration
+	// Max bounds the tombstones (--ghost-tombstones-max; 0:
+	// tombstones.DefaultMax).
+	Max int
+	// Protection is what is done about a ghost besides reporting it
+	// (--ghost-protection: off, deny, taint; "" is off); a Cluster's
+	// annotation nodeguard.io/ghost-protection sets its own.
+	Protection ghosts.Protection
+}
+
+// Enabled says whether ghosts are detected (the orphan scan must run too).
+func (g GhostOptions) Enabled() bool { return g.Window > 0 }
 
 // Defaults of the orphan flags.
 const (
@@ -147,17 +169,27 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("orphan scan: %w", err)
 	}
-	evidence := orphans.NewEvidence(model)
-	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence,
-		Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
-	if err != nil {
-		return nil, err
-	}
 	m := o.Metrics
 	if m == nil {
 		if m, err = registerOrphanMetrics(o.Registry); err != nil {
 			return nil, err
 		}
+	}
+	var scanner *orphanscan.Scanner
+	sessions := o.Sessions // the scan's own, when it runs them, from below
+	var store *tombstones.Store
+	var tracker *ghosts.Tracker
+	if opts.Ghosts.Enabled() {
+		store = tombstones.New(tombstones.Options{Window: opts.Ghosts.Window, Max: opts.Ghosts.Max, Metrics: m.Tombstones,
+			Changed: func(pid string) { scanner.TombstoneChanged(pid) }})
+		tracker = ghosts.New(ghosts.Options{Protection: func(cluster string) ghosts.Protection { return o.protection(sessions, cluster) },
+			Metrics: m.Ghosts, Log: log})
+	}
+	evidence := orphans.NewEvidence(model)
+	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence,
+		Grace: opts.Grace, MatchProviderID: opts.MatchProviderID, Tombstones: store})
+	if err != nil {
+		return nil, err
 	}
 	ropts := reaper.Options{Finder: finder, Delete: opts.Enabled, DryRun: opts.DryRun, Log: log, Metrics: m.Reaper}
 	mgmt := o.Kube
@@ -165,6 +197,10 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		return nil, fmt.Errorf("reaping orphan Nodes needs a kubeconfig or in-cluster config")
 	}
 	self := reaper.Target{Nodes: c.Dynamic}
+	if mgmt != nil && (opts.Enabled || store != nil) {
+		// OrphanNodeDeleted and GhostNode Events.
+		self.Recorder = recorder(ctx, mgmt)
+	}
 	if opts.Enabled {
 		host, _ := os.Hostname()
 		ns := opts.LeaseNamespace
@@ -174,7 +210,6 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		if ropts.IsLeader, err = reaper.Elect(ctx, reaper.LeaseOptions{Client: mgmt, Namespace: ns, Identity: host + "_" + uuid.NewString(), Log: log}); err != nil {
 			return nil, err
 		}
-		self.Recorder = recorder(ctx, mgmt)
 		ropts.Permitted = SwitchPermits(mgmt)
 	}
 	r, err := reaper.New(ropts)
@@ -189,7 +224,6 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		}
 		return e.Syncer.Recovering()
 	}
-	var scanner *orphanscan.Scanner
 	var published *releases.Publisher
 	if o.Releases {
 		if published, err = releases.New(releases.Options{Judge: finder.Releases, Ready: ready, Log: log, Metrics: m.Releases,
@@ -198,9 +232,19 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		}
 	}
 	scanner, err = orphanscan.New(orphanscan.Options{Finder: finder, Evidence: evidence, Reaper: r, Model: model,
-		Ready: ready, SyncedKinds: e.Syncer.SyncedKinds, Interval: opts.Interval, Log: log, Metrics: m.Scan, Releases: published})
+		Ready: ready, SyncedKinds: e.Syncer.SyncedKinds, Interval: opts.Interval, Log: log, Metrics: m.Scan, Releases: published,
+		Tombstones: store, Ghosts: tracker})
 	if err != nil {
 		return nil, err
+	}
+	if store != nil && c.Dynamic != nil {
+		// Before the inventory's changes reach the store: those replayed
+		// since the informers started end or add to what it held.
+		keeper := &tombstones.Keeper{Store: store, Client: c.Dynamic, Namespace: o.namespace(), Log: log}
+		if err := keeper.Load(ctx); err != nil {
+			return nil, fmt.Errorf("ghost detection: %w (turn it off with --ghost-window=0)", err)
+		}
+		go keeper.Run(ctx)
 	}
 	if err := o.Registry.Register(scanner); err != nil {
 		return nil, fmt.Errorf("register orphan scan metrics: %w", err)
@@ -216,7 +260,6 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 	}
 	var own *WorkloadSessions // sessions the scan runs itself
 	if opts.WorkloadClusters || o.Releases {
-		sessions := o.Sessions
 		if sessions == nil {
 			if own, err = NewWorkloadSessions(c, mgmt, opts, FleetOptions{}, o.QPS, o.Burst, m.Clusters, log); err != nil {
 				return nil, err
@@ -225,7 +268,7 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		}
 		sessions.Add(func(ctx context.Context, cl *clusters.Cluster) {
 			t := reaper.Target{Nodes: cl.Dynamic, ObserveOnly: !opts.WorkloadClusters}
-			if opts.Enabled && opts.WorkloadClusters {
+			if (opts.Enabled && opts.WorkloadClusters) || store != nil {
 				typed, err := kubernetes.NewForConfig(cl.Config)
 				if err != nil {
 					log.Error("workload cluster: no Event client; deleting without Events", "cluster", cl.Key, "error", err.Error())
@@ -239,7 +282,8 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		}, scanner.RemoveCluster, nil)
 	}
 	log.Info("orphan node scan", "reap", opts.Enabled, "dryRun", opts.DryRun, "grace", finder.Grace().String(),
-		"fullScanInterval", opts.Interval.String(), "workloadClusters", opts.WorkloadClusters, "matchProviderID", opts.MatchProviderID)
+		"fullScanInterval", opts.Interval.String(), "workloadClusters", opts.WorkloadClusters, "matchProviderID", opts.MatchProviderID,
+		"ghosts", store != nil, "ghostWindow", opts.Ghosts.Window.String(), "ghostProtection", opts.Ghosts.protection())
 	if own != nil {
 		own.Run(ctx, log)
 	}
@@ -250,13 +294,48 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 	return scanner, nil
 }
 
-// OrphanMetrics are the counters of the orphan scan, the reaper and the
-// workload-cluster sessions.
+// namespace holds the Lease and the tombstones.
+func (o OrphanScan) namespace() string {
+	if o.Options.LeaseNamespace != "" {
+		return o.Options.LeaseNamespace
+	}
+	return LeaseNamespace()
+}
+
+// protection is a cluster's ghost protection: its Cluster's annotation, else
+// the flag's.
+func (o OrphanScan) protection(sessions *WorkloadSessions, cluster string) ghosts.Protection {
+	def := o.Options.Ghosts.protection()
+	if cluster == "" || sessions == nil {
+		return def
+	}
+	meta, ok := sessions.Set.Meta(cluster)
+	if !ok {
+		return def
+	}
+	p, err := ghosts.Of(meta.Annotations, def)
+	if err != nil && o.Log != nil {
+		o.Log.Warn("Cluster's ghost protection ignored", "cluster", cluster, "error", err.Error())
+	}
+	return p
+}
+
+func (g GhostOptions) protection() ghosts.Protection {
+	if g.Protection == "" {
+		return ghosts.Off
+	}
+	return g.Protection
+}
+
+// OrphanMetrics are the counters of the orphan scan, the reaper, the
+// workload-cluster sessions, the releases, the tombstones and the ghosts.
 type OrphanMetrics struct {
-	Reaper   *reaper.Metrics
-	Scan     *orphanscan.Metrics
-	Clusters *clusters.Metrics
-	Releases *releases.Metrics
+	Reaper     *reaper.Metrics
+	Scan       *orphanscan.Metrics
+	Clusters   *clusters.Metrics
+	Releases   *releases.Metrics
+	Tombstones *tombstones.Metrics
+	Ghosts     *ghosts.Metrics
 }
 
 func registerOrphanMetrics(reg prometheus.Registerer) (*OrphanMetrics, error) {
@@ -272,6 +351,12 @@ func registerOrphanMetrics(reg prometheus.Registerer) (*OrphanMetrics, error) {
 		return nil, err
 	}
 	if m.Releases, err = releases.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	if m.Tombstones, err = tombstones.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	if m.Ghosts, err = ghosts.NewMetrics(reg); err != nil {
 		return nil, err
 	}
 	return &m, nil

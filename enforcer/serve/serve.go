@@ -17,17 +17,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
+	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/probes"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
@@ -224,7 +227,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if err != nil {
 		return err
 	}
-	handler, clientCAs, err := routes(ctx, c, e, metrics, denied, constraint.Action, opts, log)
+	handler, clientCAs, err := routes(ctx, c, e, scanner, metrics, denied, constraint.Action, opts, log)
 	if err != nil {
 		return err
 	}
@@ -288,7 +291,7 @@ func workloadSessions(c kubeclient.Clients, opts Options, metrics *Metrics, log 
 // client CA for Gatekeeper, the external data provider's, sharing one
 // intake. It returns the CA files whose client certificates the TLS server
 // asks for.
-func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics *Metrics, denied func(denialevents.Denial),
+func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, scanner *orphanscan.Scanner, metrics *Metrics, denied func(denialevents.Denial),
 	action func() enforcement.Action, opts Options, log *slog.Logger) (http.Handler, []string, error) {
 	in := intake.New(intake.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
 	clusters := freshread.New(c.Dynamic, c.Mapper)
@@ -308,6 +311,30 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics
 	clusterExists := func(ctx context.Context, namespace, name string) (bool, error) {
 		ok, _, err := cluster(ctx, namespace, name)
 		return ok, err
+	}
+	var register func(context.Context, webhook.Registration) (webhook.RegistrationAnswer, error)
+	if scanner != nil && opts.Orphans.Ghosts.Enabled() {
+		def := opts.Orphans.Ghosts.protection()
+		protection := func(ctx context.Context, key string) (ghosts.Protection, error) {
+			if key == "" {
+				return def, nil
+			}
+			ns, name, err := cache.SplitMetaNamespaceKey(key)
+			if err != nil {
+				return def, err
+			}
+			obj, err := clusters.Get(ctx, clusterGVK(), ns, name)
+			if obj == nil || err != nil {
+				return def, fmt.Errorf("read Cluster %s: %w", key, err)
+			}
+			return ghosts.Of(obj.GetAnnotations(), def)
+		}
+		register = registrations(scanner.Finder(), protection, func() error {
+			if err := e.Syncer.Ready(); err != nil {
+				return err
+			}
+			return e.Syncer.Recovering()
+		})
 	}
 	// Each CA file a route requires client certificates of: loaded here, and
 	// asked for by the TLS server.
@@ -331,9 +358,11 @@ func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, metrics
 	// prefix there.
 	mux := http.NewServeMux()
 	reviews := webhook.New(webhook.Options{Decider: e.Guard, Cluster: cluster, Action: action, ClientCAs: reviewCAs, ClusterClientCAs: clusterCAs, SelfCluster: opts.SelfCluster,
-		DryRunOnlyUser: dryRunOnly(opts), Intake: in, Metrics: metrics.Webhook, Log: log, Denied: denied})
-	mux.Handle(webhook.RouteSelf, reviews)
-	mux.Handle(webhook.RouteSelf+"/", reviews)
+		DryRunOnlyUser: dryRunOnly(opts), Intake: in, Metrics: metrics.Webhook, Log: log, Denied: denied, Register: register})
+	for _, route := range []string{webhook.RouteSelf, webhook.RouteRegister} {
+		mux.Handle(route, reviews)
+		mux.Handle(route+"/", reviews)
+	}
 	if opts.ExternalDataClientCAFile == "" {
 		return mux, caFiles, nil
 	}

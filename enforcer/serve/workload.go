@@ -33,12 +33,14 @@ type WorkloadSessions struct {
 // NewWorkloadSessions watches the Clusters of c; Secrets reads their
 // kubeconfig Secrets. Every session runs as nodeguard's own ServiceAccount
 // in its cluster (package identity), allowed Node deletes when the fleet
-// (its proofs are dry-run deletes) or the reaper needs them, and what the
-// fleet installs.
+// (its proofs are dry-run deletes) or the reaper needs them, Node updates
+// when ghost detection may taint, and what the fleet installs.
 func NewWorkloadSessions(c kubeclient.Clients, secrets kubernetes.Interface, opts ReapOptions, fleet FleetOptions, qps float32, burst int,
 	metrics *clusters.Metrics, log *slog.Logger) (*WorkloadSessions, error) {
 	w := &WorkloadSessions{Management: secrets}
-	id := &identity.Options{Delete: fleet.Enabled || opts.Enabled}
+	// Taint: a Cluster may set ghost protection taint by annotation at any
+	// time, and the identity is installed once a session.
+	id := &identity.Options{Delete: fleet.Enabled || opts.Enabled, Taint: opts.Ghosts.Enabled() && opts.Interval > 0}
 	if fleet.Enabled {
 		id.Owns = webhookconfig.Rules()
 	}

@@ -122,6 +122,10 @@ type Options struct {
 	// the ones exposed beyond the cluster, where anyone reaching the port
 	// could otherwise have Events written naming any Node and any user.
 	Denied func(denialevents.Denial)
+	// Register, when set, judges what the registration routes are sent (a
+	// Node CREATE or UPDATE): the ghost criteria, under the cluster's ghost
+	// protection. An error allows (registrations fail open).
+	Register func(ctx context.Context, r Registration) (RegistrationAnswer, error)
 }
 
 type handler struct {
@@ -133,7 +137,8 @@ type handler struct {
 }
 
 // New returns the webhook's review routes: /validate and
-// /validate/clusters/NS/NAME. Probes and metrics are served apart (package
+// /validate/clusters/NS/NAME, and the registration routes /register and
+// /register/clusters/NS/NAME. Probes and metrics are served apart (package
 // probes), on ports a NetworkPolicy can keep from the API server's callers.
 func New(opts Options) http.Handler {
 	if opts.Log == nil {
@@ -152,6 +157,12 @@ func New(opts Options) http.Handler {
 	mux.HandleFunc(RouteCluster, func(w http.ResponseWriter, r *http.Request) {
 		cluster := r.PathValue("namespace") + "/" + r.PathValue("name")
 		h.validate(w, r, RouteCluster, cluster, DryRunWarning(cluster))
+	})
+	mux.HandleFunc(RouteRegister, func(w http.ResponseWriter, r *http.Request) {
+		h.register(w, r, RouteRegister, opts.SelfCluster)
+	})
+	mux.HandleFunc(RouteRegisterCluster, func(w http.ResponseWriter, r *http.Request) {
+		h.register(w, r, RouteRegisterCluster, r.PathValue("namespace")+"/"+r.PathValue("name"))
 	})
 	return mux
 }
@@ -288,7 +299,7 @@ func (h *handler) reject(w http.ResponseWriter, herr *intake.Error, route, clust
 
 // clientCAs is the CA whose client certificates route requires, or nil.
 func (h *handler) clientCAs(route string) *x509.CertPool {
-	if h.opts.ClientCAs == nil && route == RouteCluster {
+	if h.opts.ClientCAs == nil && (route == RouteCluster || route == RouteRegisterCluster) {
 		return h.opts.ClusterClientCAs
 	}
 	return h.opts.ClientCAs

@@ -28,8 +28,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"Time to answer one admission review, fresh reads included.",
 			registrar.LatencyBuckets(), "route"),
 	}
-	// Both routes' histograms exist from the start, at zero.
-	for _, route := range []string{RouteSelf, RouteCluster} {
+	// Every route's histogram exists from the start, at zero.
+	for _, route := range []string{RouteSelf, RouteCluster, RouteRegister, RouteRegisterCluster} {
 		m.latency.WithLabelValues(route)
 	}
 	if err := r.Err("review metrics"); err != nil {

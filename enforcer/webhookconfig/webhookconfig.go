@@ -33,10 +33,12 @@ var GVR = schema.GroupVersionResource{Group: "admissionregistration.k8s.io", Ver
 // cluster, names the CAPI Cluster ("namespace/name") it routes to.
 const ClusterAnnotation = "nodeguard.io/cluster"
 
-// Name is the configuration's name, and WebhookName the webhook's.
+// Name is the configuration's name, WebhookName the Node-delete webhook's,
+// RegistrationWebhookName the registration webhook's (Options.Registrations).
 const (
-	Name        = "nodeguard"
-	WebhookName = "node-delete.nodeguard.io"
+	Name                    = "nodeguard"
+	WebhookName             = "node-delete.nodeguard.io"
+	RegistrationWebhookName = "node-registration.nodeguard.io"
 	// TimeoutSeconds leaves the server's 4s request deadline room to answer.
 	TimeoutSeconds = 5
 )
@@ -67,7 +69,25 @@ type Options struct {
 	Cluster string
 	// Webhook are the webhook's own settings; zero: Fail, 5 s, every Node.
 	Webhook Settings
+	// Registrations adds the registration webhook (ghost protection deny):
+	// Node CREATEs, and the UPDATEs that set spec.providerID, go to
+	// /register (/register/clusters/NS/NAME), in an entry of its own with
+	// failurePolicy Ignore and a short timeout, so joining a cluster never
+	// depends on nodeguard.
+	Registrations bool
 }
+
+// RegistrationTimeoutSeconds bounds what a Node's registration waits for
+// nodeguard; past it, the API server admits it (failurePolicy Ignore).
+const RegistrationTimeoutSeconds = 3
+
+// RegistersCondition is the registration webhook's match condition: a Node
+// CREATE, or an UPDATE that sets spec.providerID (an external
+// cloud-controller-manager sets it after the kubelet registered); every
+// other Node update stays off nodeguard's path.
+const RegistersCondition = "request.operation == 'CREATE' || " +
+	"((!has(oldObject.spec) || !has(oldObject.spec.providerID) || oldObject.spec.providerID == '') && " +
+	"has(object.spec) && has(object.spec.providerID) && object.spec.providerID != '')"
 
 // Settings are what the API server does with the webhook: the failure
 // policy, the timeout, and which Node deletes it sends at all. Nodes are
@@ -138,32 +158,12 @@ func checked(opts Options, route string) (string, error) {
 }
 
 // Build returns the configuration: Node DELETE only, failurePolicy Fail
-// (opts.Webhook changes that).
+// (opts.Webhook changes that), and with opts.Registrations the
+// registration webhook.
 func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
-	path, err := checked(opts, "/validate")
+	client, err := clientConfig(opts, "/validate")
 	if err != nil {
 		return nil, err
-	}
-	client := admissionregistrationv1.WebhookClientConfig{CABundle: opts.CABundle}
-	switch {
-	case opts.URL != "" && opts.Service != "":
-		return nil, errors.New("give --url or --service, not both")
-	case opts.URL != "":
-		u, err := url.Parse(opts.URL)
-		if err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-			return nil, fmt.Errorf("--url %q: want https://HOST[:PORT][/PREFIX]", opts.URL)
-		}
-		u.Path = strings.TrimSuffix(u.Path, "/") + path
-		s := u.String()
-		client.URL = &s
-	case opts.Service != "":
-		ns, name, err := splitKey("--service", opts.Service)
-		if err != nil {
-			return nil, err
-		}
-		client.Service = &admissionregistrationv1.ServiceReference{Namespace: ns, Name: name, Path: &path}
-	default:
-		return nil, errors.New("--url (or --service) is required: where the API server reaches nodeguard serve")
 	}
 	fail, timeout, selector, err := opts.Webhook.webhookFields()
 	if err != nil {
@@ -177,7 +177,11 @@ func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguratio
 	if opts.Cluster != "" {
 		meta.Annotations = map[string]string{ClusterAnnotation: opts.Cluster}
 	}
-	return &admissionregistrationv1.ValidatingWebhookConfiguration{
+	nodes := func(ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
+		return []admissionregistrationv1.RuleWithOperations{{Operations: ops,
+			Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"}, Scope: &clusterScope}}}
+	}
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
 		ObjectMeta: meta,
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
@@ -186,21 +190,72 @@ func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguratio
 			// Set, though empty, as the API server would default them: the
 			// stored configuration then equals this one field for field, so
 			// any foreign change to it shows (owned.Holds).
-			NamespaceSelector: &metav1.LabelSelector{},
-			ObjectSelector:    selector,
-			MatchConditions:   opts.Webhook.MatchConditions,
-			Rules: []admissionregistrationv1.RuleWithOperations{{
-				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Delete},
-				Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"},
-					Resources: []string{"nodes"}, Scope: &clusterScope},
-			}},
+			NamespaceSelector:       &metav1.LabelSelector{},
+			ObjectSelector:          selector,
+			MatchConditions:         opts.Webhook.MatchConditions,
+			Rules:                   nodes(admissionregistrationv1.Delete),
 			FailurePolicy:           &fail,
 			MatchPolicy:             &equivalent,
 			SideEffects:             &noneOnDryRun,
 			TimeoutSeconds:          &timeout,
 			AdmissionReviewVersions: []string{"v1"},
 		}},
-	}, nil
+	}
+	if !opts.Registrations {
+		return cfg, nil
+	}
+	register, err := clientConfig(opts, "/register")
+	if err != nil {
+		return nil, err
+	}
+	ignore := admissionregistrationv1.Ignore
+	none := admissionregistrationv1.SideEffectClassNone
+	short := int32(RegistrationTimeoutSeconds)
+	cfg.Webhooks = append(cfg.Webhooks, admissionregistrationv1.ValidatingWebhook{
+		Name:              RegistrationWebhookName,
+		ClientConfig:      register,
+		NamespaceSelector: &metav1.LabelSelector{},
+		ObjectSelector:    &metav1.LabelSelector{},
+		MatchConditions:   []admissionregistrationv1.MatchCondition{{Name: "registers", Expression: RegistersCondition}},
+		// nodes, not nodes/status: a kubelet's status reports never come here.
+		Rules:                   nodes(admissionregistrationv1.Create, admissionregistrationv1.Update),
+		FailurePolicy:           &ignore,
+		MatchPolicy:             &equivalent,
+		SideEffects:             &none,
+		TimeoutSeconds:          &short,
+		AdmissionReviewVersions: []string{"v1"},
+	})
+	return cfg, nil
+}
+
+// clientConfig is where the API server reaches route (for opts' Cluster).
+func clientConfig(opts Options, route string) (admissionregistrationv1.WebhookClientConfig, error) {
+	path, err := checked(opts, route)
+	if err != nil {
+		return admissionregistrationv1.WebhookClientConfig{}, err
+	}
+	client := admissionregistrationv1.WebhookClientConfig{CABundle: opts.CABundle}
+	switch {
+	case opts.URL != "" && opts.Service != "":
+		return client, errors.New("give --url or --service, not both")
+	case opts.URL != "":
+		u, err := url.Parse(opts.URL)
+		if err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			return client, fmt.Errorf("--url %q: want https://HOST[:PORT][/PREFIX]", opts.URL)
+		}
+		u.Path = strings.TrimSuffix(u.Path, "/") + path
+		s := u.String()
+		client.URL = &s
+	case opts.Service != "":
+		ns, name, err := splitKey("--service", opts.Service)
+		if err != nil {
+			return client, err
+		}
+		client.Service = &admissionregistrationv1.ServiceReference{Namespace: ns, Name: name, Path: &path}
+	default:
+		return client, errors.New("--url (or --service) is required: where the API server reaches nodeguard serve")
+	}
+	return client, nil
 }
 
 func checkCABundle(bundle []byte) error {

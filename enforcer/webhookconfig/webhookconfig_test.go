@@ -152,3 +152,34 @@ func TestWebhookSettings(t *testing.T) {
 		assert.ErrorContains(t, err, want)
 	}
 }
+
+// With Registrations, a second webhook sends Node CREATEs and the UPDATEs
+// that set a providerID to the registration route, failing open, with a
+// short timeout, never a kubelet's status report; the delete webhook is as
+// before.
+func TestRegistrationsHaveAWebhookOfTheirOwnThatFailsOpen(t *testing.T) {
+	ca := caBundle(t)
+	plain, err := webhookconfig.Build(webhookconfig.Options{URL: "https://ng.example.com", CABundle: ca, Cluster: "fleet/prod-1"})
+	require.NoError(t, err)
+	cfg, err := webhookconfig.Build(webhookconfig.Options{URL: "https://ng.example.com", CABundle: ca, Cluster: "fleet/prod-1", Registrations: true,
+		Webhook: webhookconfig.Settings{ObjectSelector: "pool=a"}})
+	require.NoError(t, err)
+	require.Len(t, cfg.Webhooks, 2)
+	assert.Equal(t, plain.Webhooks[0].Name, cfg.Webhooks[0].Name)
+	w := cfg.Webhooks[1]
+	assert.Equal(t, webhookconfig.RegistrationWebhookName, w.Name)
+	assert.Equal(t, "https://ng.example.com/register/clusters/fleet/prod-1", *w.ClientConfig.URL)
+	assert.Equal(t, admissionregistrationv1.Ignore, *w.FailurePolicy)
+	assert.Equal(t, int32(webhookconfig.RegistrationTimeoutSeconds), *w.TimeoutSeconds)
+	assert.Equal(t, admissionregistrationv1.SideEffectClassNone, *w.SideEffects)
+	require.Len(t, w.Rules, 1)
+	assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}, w.Rules[0].Operations)
+	assert.Equal(t, []string{"nodes"}, w.Rules[0].Resources, "not nodes/status")
+	assert.Equal(t, &metav1.LabelSelector{}, w.ObjectSelector, "every Node registering: the delete webhook's selector is about deletes")
+	require.Len(t, w.MatchConditions, 1)
+	assert.Equal(t, webhookconfig.RegistersCondition, w.MatchConditions[0].Expression)
+
+	self, err := webhookconfig.Build(webhookconfig.Options{Service: "nodeguard-system/nodeguard", CABundle: ca, Registrations: true})
+	require.NoError(t, err)
+	assert.Equal(t, "/register", *self.Webhooks[1].ClientConfig.Service.Path)
+}

@@ -29,11 +29,13 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
+	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
+	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 	"github.com/nodeguard/nodeguard/enforcer/version"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -243,7 +245,10 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.BoolVar(&opts.Orphans.WorkloadClusters, "reap-workload-clusters", false, "also scan the Nodes of every CAPI Cluster, through its <name>-kubeconfig Secret")
 	f.BoolVar(&opts.Orphans.MatchProviderID, "orphan-match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
 	f.DurationVar(&opts.Orphans.Interval, "orphan-scan-interval", serve.DefaultOrphanScanInterval, "period of the full pass over the Node caches, the safety net under judging Nodes as they and what links them change (nodeguard_orphan_nodes); 0 turns the scan off")
-	f.StringVar(&opts.Orphans.LeaseNamespace, "leader-election-namespace", "", "namespace of the orphan reaper's Lease (default: $POD_NAMESPACE, else nodeguard-system)")
+	f.StringVar(&opts.Orphans.LeaseNamespace, "leader-election-namespace", "", "namespace of the orphan reaper's Lease and of the tombstones' ConfigMap (default: $POD_NAMESPACE, else nodeguard-system)")
+	f.DurationVar(&opts.Orphans.Ghosts.Window, "ghost-window", tombstones.DefaultWindow, "how long the providerID of a Machine, InfraMachine or pool membership that went away stays tombstoned: a Node alive again with it, linked by nothing, is a ghost (docs/ghosts.md); 0 turns ghost detection off (it runs with the orphan scan)")
+	f.IntVar(&opts.Orphans.Ghosts.Max, "ghost-tombstones-max", tombstones.DefaultMax, "most tombstones kept (in the ConfigMap nodeguard-tombstones); the oldest go first")
+	f.Var(&protectionFlag{&opts.Orphans.Ghosts.Protection}, "ghost-protection", "what is done about a ghost Node besides reporting it: off, deny (its registration is denied: add the registration webhook, webhook-config --ghost-registrations; the fleet adds it) or taint (tainted "+ghosts.TaintKey+":NoExecute); a Cluster's nodeguard.io/ghost-protection annotation sets its own")
 	f.Float32Var(&opts.KubeAPIQPS, "kube-api-qps", kubeclient.DefaultQPS, "queries per second to the API server (informers and fresh reads); sized for bursts of Node deletes")
 	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", kubeclient.DefaultBurst, "burst of queries to the API server above --kube-api-qps")
 	f.IntVar(&opts.MaxConcurrentDecisions, "max-concurrent-decisions", webhook.DefaultMaxConcurrentDecisions, "decisions made at once; further reviews wait for a slot within their deadline")
@@ -378,6 +383,7 @@ func webhookConfigCommand() *cobra.Command {
 	f.StringVar(&opts.Service, "service", "", "instead of --url: the Service NAMESPACE/NAME of nodeguard serve in the same cluster")
 	f.StringVar(&caFile, "ca-bundle-file", "", "PEM CA that signed nodeguard's serving certificate (required)")
 	f.StringVar(&opts.Cluster, "cluster", "", "CAPI Cluster NAMESPACE/NAME whose Nodes this webhook judges (management-cluster topology)")
+	f.BoolVar(&opts.Registrations, "ghost-registrations", false, "also send Node registrations (CREATE, and the UPDATE setting spec.providerID) to nodeguard, in a webhook of their own with failurePolicy Ignore: what serve --ghost-protection=deny needs to deny a ghost's")
 	f.BoolVar(&apply, "apply", false, "install instead of print")
 	f.BoolVar(&gatekeeperProvider, "gatekeeper-provider", false, "Gatekeeper's external data Provider instead of a ValidatingWebhookConfiguration")
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the management (or self-hosted) cluster, for --apply")
@@ -499,3 +505,24 @@ func (f *actionFlag) Set(s string) error {
 }
 
 func (*actionFlag) Type() string { return "action" }
+
+// protectionFlag is --ghost-protection: off, deny or taint.
+type protectionFlag struct{ p *ghosts.Protection }
+
+func (f *protectionFlag) String() string {
+	if f.p == nil || *f.p == "" {
+		return string(ghosts.Off)
+	}
+	return string(*f.p)
+}
+
+func (f *protectionFlag) Set(s string) error {
+	p, err := ghosts.ParseProtection(s, ghosts.Off)
+	if err != nil {
+		return err
+	}
+	*f.p = p
+	return nil
+}
+
+func (*protectionFlag) Type() string { return "protection" }

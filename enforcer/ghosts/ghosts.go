@@ -1,0 +1,339 @@
+// Package ghosts acts on ghost Nodes, the hosts that outlived their deletion
+// (policies/nodeguard/ghosts decides which Node is one; the orphan scan
+// judges them): it counts them (nodeguard_ghost_nodes), records a Warning
+// Event GhostNode on each naming what was deleted and when, and, where a
+// cluster's protection is taint, keeps nodeguard's NoExecute taint on it so
+// no Pod is scheduled or kept there, removing it once the Node is no ghost
+// any more. It never deletes one: deleting it again would free its Pods'
+// identities while the host runs.
+package ghosts
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/registrar"
+)
+
+// Protection is what nodeguard does about a cluster's ghosts besides
+// reporting them.
+type Protection string
+
+// The protections.
+const (
+	// Off reports ghosts (metric, Event, `nodeguard ghosts`) and does
+	// nothing else.
+	Off Protection = "off"
+	// Deny has the registration webhook (its own entry, failurePolicy
+	// Ignore) deny a ghost's Node CREATE, and the UPDATE that sets a
+	// tombstoned providerID: the kubelet keeps retrying, nothing is
+	// scheduled there. Ghosts that registered anyway are reported.
+	Deny Protection = "deny"
+	// Taint lets the ghost register and taints it NoExecute (TaintKey):
+	// nothing is scheduled there, nothing without a toleration kept.
+	Taint Protection = "taint"
+)
+
+// Protections lists them, for flags and errors.
+func Protections() []Protection { return []Protection{Off, Deny, Taint} }
+
+// Annotation on a CAPI Cluster sets its protection, over the default
+// (serve --ghost-protection).
+const Annotation = "nodeguard.io/ghost-protection"
+
+// What nodeguard writes on a ghost.
+const (
+	TaintKey = "nodeguard.io/ghost"
+	Reason   = "GhostNode"
+)
+
+// ParseProtection reads a protection; "" is def.
+func ParseProtection(s string, def Protection) (Protection, error) {
+	if s == "" {
+		return def, nil
+	}
+	p := Protection(s)
+	if !slices.Contains(Protections(), p) {
+		return "", fmt.Errorf("ghost protection %q: want one of %v", s, Protections())
+	}
+	return p, nil
+}
+
+// Of is a Cluster's protection: its annotation, else def.
+func Of(annotations map[string]string, def Protection) (Protection, error) {
+	p, err := ParseProtection(annotations[Annotation], def)
+	if err != nil {
+		return def, fmt.Errorf("annotation %s: %w", Annotation, err)
+	}
+	return p, nil
+}
+
+// Target is one cluster whose ghosts are acted on.
+type Target struct {
+	// Cluster is "" for the cluster nodeguard runs in, else the workload
+	// Cluster's "namespace/name".
+	Cluster string
+	// Nodes reads and taints that cluster's Nodes.
+	Nodes dynamic.Interface
+	// Recorder records the GhostNode Events; nil records none.
+	Recorder events.EventRecorder
+}
+
+// Options configure a Tracker.
+type Options struct {
+	// Protection is a cluster's protection (nil: Off everywhere).
+	Protection func(cluster string) Protection
+	Metrics    *Metrics
+	Log        *slog.Logger
+}
+
+// Tracker remembers the ghosts seen; safe for concurrent use.
+type Tracker struct {
+	opts Options
+
+	mu     sync.Mutex
+	ghosts map[key]*ghost
+}
+
+type key struct{ cluster, node string }
+
+// ghost is one Node seen a ghost, and what was done about it.
+type ghost struct {
+	verdict  orphans.Ghost
+	since    time.Time
+	recorded bool // the Event was written for this UID
+	tainted  bool
+}
+
+// Record is a ghost as `nodeguard ghosts` and the logs show it.
+type Record struct {
+	Cluster string        `json:"cluster"`
+	Ghost   orphans.Ghost `json:"ghost"`
+	Since   time.Time     `json:"since"`
+	Tainted bool          `json:"tainted"`
+}
+
+// New returns a Tracker with no ghost.
+func New(opts Options) *Tracker {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Tracker{opts: opts, ghosts: map[key]*ghost{}}
+}
+
+func (tr *Tracker) protection(cluster string) Protection {
+	if tr.opts.Protection == nil {
+		return Off
+	}
+	return tr.opts.Protection(cluster)
+}
+
+// Observe takes one verdict on a Node of t at now, and acts: a new ghost
+// (or a Node of a new UID) is logged and counted, gets its Event, and, in
+// taint mode, the taint; a Node that is no ghost loses the taint nodeguard
+// set. untaint asks to make sure of that even when this process never set
+// it (its tombstone changed: it may have been set before a restart).
+func (tr *Tracker) Observe(ctx context.Context, t Target, g orphans.Ghost, now time.Time, untaint bool) error {
+	k := key{cluster: t.Cluster, node: g.Node}
+	tr.mu.Lock()
+	have := tr.ghosts[k]
+	if !g.Ghost {
+		delete(tr.ghosts, k)
+		tr.mu.Unlock()
+		if have != nil {
+			tr.opts.Metrics.set(t.Cluster, tr.count(t.Cluster))
+			tr.opts.Log.Info("ghost Node no more", "cluster", t.Cluster, "node", g.Node, "kept", g.Kept)
+		}
+		if (have != nil && have.tainted) || untaint {
+			return tr.untaint(ctx, t, g)
+		}
+		return nil
+	}
+	if have == nil || have.verdict.UID != g.UID {
+		have = &ghost{since: now}
+		tr.ghosts[k] = have
+	}
+	have.verdict = g
+	record := !have.recorded
+	have.recorded = true
+	taint := tr.protection(t.Cluster) == Taint && !have.tainted
+	tr.mu.Unlock()
+	if record {
+		tr.opts.Metrics.set(t.Cluster, tr.count(t.Cluster))
+		tr.opts.Log.Warn("ghost Node: its host outlived its deletion", "cluster", t.Cluster, "node", g.Node, "providerID", g.ProviderID,
+			"reason", g.Reason)
+		if t.Recorder != nil {
+			t.Recorder.Eventf(nodeRef(g), nil, "Warning", Reason, "Detect",
+				"Ghost Node: %s. Stop that host (docs/runbook.md#nodeguardghostnode); nodeguard never deletes this Node.", g.Reason)
+		}
+	}
+	if !taint {
+		return nil
+	}
+	if err := tr.setTaint(ctx, t, g, true); err != nil {
+		return err
+	}
+	tr.mu.Lock()
+	if cur := tr.ghosts[k]; cur != nil && cur.verdict.UID == g.UID {
+		cur.tainted = true
+	}
+	tr.mu.Unlock()
+	return nil
+}
+
+func (tr *Tracker) untaint(ctx context.Context, t Target, g orphans.Ghost) error {
+	return tr.setTaint(ctx, t, g, false)
+}
+
+// nodeRef is what the Event is about: the Node, by name and UID.
+func nodeRef(g orphans.Ghost) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion("v1")
+	u.SetKind("Node")
+	u.SetName(g.Node)
+	u.SetUID(g.UID)
+	return u
+}
+
+var nodes = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+
+// setTaint adds or removes nodeguard's taint on the Node judged (the same
+// UID: a Node re-created under the name is judged again on its own),
+// reading it first: client-go's strategic merge replaces a Node's taints
+// whole, so an update with its resourceVersion keeps everyone else's.
+func (tr *Tracker) setTaint(ctx context.Context, t Target, g orphans.Ghost, on bool) error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := t.Nodes.Resource(nodes).Get(ctx, g.Node, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if n.GetUID() != g.UID && g.UID != "" {
+			return nil
+		}
+		taints, _, _ := unstructured.NestedSlice(n.Object, "spec", "taints")
+		has := slices.IndexFunc(taints, func(x any) bool {
+			m, _ := x.(map[string]any)
+			return m["key"] == TaintKey
+		})
+		switch {
+		case on && has >= 0, !on && has < 0:
+			return nil
+		case on:
+			taints = append(taints, map[string]any{"key": TaintKey, "effect": "NoExecute", "value": "true"})
+		default:
+			taints = slices.Delete(taints, has, has+1)
+		}
+		if err := unstructured.SetNestedSlice(n.Object, taints, "spec", "taints"); err != nil {
+			return err
+		}
+		_, err = t.Nodes.Resource(nodes).Update(ctx, n, metav1.UpdateOptions{FieldManager: "nodeguard"})
+		return err
+	})
+	what := "remove nodeguard's taint from"
+	if on {
+		what = "taint"
+	}
+	if err != nil {
+		return fmt.Errorf("%s ghost Node %q: %w", what, g.Node, err)
+	}
+	if on {
+		tr.opts.Log.Info("ghost Node tainted "+TaintKey+":NoExecute", "cluster", t.Cluster, "node", g.Node)
+	}
+	return nil
+}
+
+// Forget drops a Node that is gone.
+func (tr *Tracker) Forget(cluster, node string) {
+	tr.mu.Lock()
+	_, had := tr.ghosts[key{cluster: cluster, node: node}]
+	delete(tr.ghosts, key{cluster: cluster, node: node})
+	tr.mu.Unlock()
+	if had {
+		tr.opts.Metrics.set(cluster, tr.count(cluster))
+	}
+}
+
+// ForgetCluster drops every ghost of a cluster no longer judged.
+func (tr *Tracker) ForgetCluster(cluster string) {
+	tr.mu.Lock()
+	for k := range tr.ghosts {
+		if k.cluster == cluster {
+			delete(tr.ghosts, k)
+		}
+	}
+	tr.mu.Unlock()
+	tr.opts.Metrics.forget(cluster)
+}
+
+func (tr *Tracker) count(cluster string) int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	n := 0
+	for k := range tr.ghosts {
+		if k.cluster == cluster {
+			n++
+		}
+	}
+	return n
+}
+
+// Ghosts returns every ghost known now, by cluster and Node name.
+func (tr *Tracker) Ghosts() []Record {
+	tr.mu.Lock()
+	out := make([]Record, 0, len(tr.ghosts))
+	for k, g := range tr.ghosts {
+		out = append(out, Record{Cluster: k.cluster, Ghost: g.verdict, Since: g.since, Tainted: g.tainted})
+	}
+	tr.mu.Unlock()
+	slices.SortFunc(out, func(a, b Record) int {
+		return strings.Compare(a.Cluster+"\x00"+a.Ghost.Node, b.Cluster+"\x00"+b.Ghost.Node)
+	})
+	return out
+}
+
+// Metrics are the ghosts' Prometheus series.
+type Metrics struct {
+	ghosts *prometheus.GaugeVec
+}
+
+// NewMetrics registers nodeguard_ghost_nodes{cluster}.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	r := registrar.New(reg)
+	m := &Metrics{ghosts: r.GaugeVec("nodeguard_ghost_nodes",
+		"Ghost Nodes known now, by cluster (\"\" for the cluster nodeguard runs in): Nodes alive again with the providerID of a "+
+			"Machine, InfraMachine or pool membership that went away, linked by nothing. Their hosts were not destroyed.", "cluster")}
+	if err := r.Err("ghost metrics"); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *Metrics) set(cluster string, n int) {
+	if m != nil {
+		m.ghosts.WithLabelValues(cluster).Set(float64(n))
+	}
+}
+
+func (m *Metrics) forget(cluster string) {
+	if m != nil {
+		m.ghosts.DeleteLabelValues(cluster)
+	}
+}

@@ -1,0 +1,271 @@
+package tombstones
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/nodeguard/nodeguard/enforcer/owned"
+)
+
+// ConfigMap keeps the tombstones in nodeguard's namespace, so a restart
+// (or another replica) knows them: what the API server still has cannot
+// tell them again, since what carried them is gone. One key holds them all
+// as JSON (Encode): a providerID is no valid ConfigMap key.
+const (
+	ConfigMapName = "nodeguard-tombstones"
+	ConfigMapKey  = "tombstones"
+	// MaxBytes bounds the JSON, below the API server's 1 MiB object limit;
+	// at about 200 bytes a tombstone it holds some 4,500.
+	MaxBytes = 900 * 1024
+)
+
+var configMaps = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+
+// DefaultWriteInterval bounds how often the ConfigMap is written, and how
+// long a tombstone waits to survive a restart.
+const DefaultWriteInterval = time.Second
+
+// Keeper keeps a Store in the ConfigMap: Load reads it at start, Run writes
+// what changed (server-side apply, with the resourceVersion it last saw as
+// a precondition) and takes what someone else wrote as the new base, the
+// changes made here replayed on it. Deleting the ConfigMap clears every
+// tombstone. Content it cannot decode is never written over: the store
+// goes on without it, and it is read again when it changes.
+type Keeper struct {
+	Store     *Store
+	Client    dynamic.Interface
+	Namespace string
+	Interval  time.Duration // default DefaultWriteInterval
+	Log       *slog.Logger
+
+	mu         sync.Mutex
+	seen       string // the resourceVersion last read or written; "" when absent
+	unreadable bool   // it holds what Decode refuses: do not write
+}
+
+// Load reads the tombstones the ConfigMap holds into the store; an absent
+// ConfigMap is none. Call it before the inventory's changes reach the store.
+func (k *Keeper) Load(ctx context.Context) error {
+	cm, err := k.Client.Resource(configMaps).Namespace(k.Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read the tombstones (ConfigMap %s/%s): %w", k.Namespace, ConfigMapName, err)
+	}
+	k.take(cm)
+	return nil
+}
+
+// take makes cm (nil: deleted) the store's base, unless it is what this
+// keeper last wrote.
+func (k *Keeper) take(cm *unstructured.Unstructured) {
+	rv := ""
+	var raw string
+	if cm != nil {
+		rv = cm.GetResourceVersion()
+		raw, _, _ = unstructured.NestedString(cm.Object, "data", ConfigMapKey)
+	}
+	k.mu.Lock()
+	if rv != "" && rv == k.seen {
+		k.mu.Unlock()
+		return
+	}
+	k.seen = rv
+	ts, err := Decode(raw)
+	k.unreadable = err != nil
+	k.mu.Unlock()
+	if err != nil {
+		k.Store.opts.Metrics.unreadable()
+		k.log().Error("tombstones: the ConfigMap holds what nodeguard cannot read; keeping the tombstones known here and not writing "+
+			"over it until it is fixed or deleted", "configMap", k.Namespace+"/"+ConfigMapName, "error", err.Error())
+		return
+	}
+	k.Store.reload(ts)
+}
+
+// Run watches the ConfigMap and writes the store's changes until ctx is
+// done.
+func (k *Keeper) Run(ctx context.Context) {
+	interval := k.Interval
+	if interval <= 0 {
+		interval = DefaultWriteInterval
+	}
+	inf := dynamicinformer.NewFilteredDynamicInformer(k.Client, configMaps, k.Namespace, 0, cache.Indexers{},
+		func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ConfigMapName).String()
+		})
+	_, _ = inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { k.take(asObject(obj)) },
+		UpdateFunc: func(_, obj any) { k.take(asObject(obj)) },
+		DeleteFunc: func(any) { k.take(nil) },
+	})
+	go inf.Informer().RunWithContext(ctx)
+	wait.UntilWithContext(ctx, k.Flush, interval)
+}
+
+func asObject(obj any) *unstructured.Unstructured {
+	u, _ := obj.(*unstructured.Unstructured)
+	return u
+}
+
+// Flush writes the store when it differs from the ConfigMap; a conflict
+// (someone else wrote it) reads it again, and the next Flush writes the
+// merge.
+func (k *Keeper) Flush(ctx context.Context) {
+	k.mu.Lock()
+	unreadable, seen := k.unreadable, k.seen
+	k.mu.Unlock()
+	ts, n, differs := k.Store.pending()
+	if !differs || unreadable {
+		return
+	}
+	raw, fitted, err := fit(ts)
+	if err != nil {
+		k.log().Error("tombstones: cannot encode", "error", err.Error())
+		return
+	}
+	if dropped := len(ts) - len(fitted); dropped > 0 {
+		k.Store.drop(providerIDs(oldest(ts, dropped)))
+	}
+	meta := map[string]any{"namespace": k.Namespace, "name": ConfigMapName,
+		"labels": map[string]any{"app.kubernetes.io/name": "nodeguard", owned.Label: "nodeguard"}}
+	if seen != "" {
+		meta["resourceVersion"] = seen
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+		"data": map[string]any{ConfigMapKey: string(raw)}}}
+	out, err := owned.Apply(ctx, k.Client, owned.Object{Resource: configMaps, Object: obj})
+	switch {
+	case apierrors.IsConflict(err):
+		k.Store.opts.Metrics.wrote("conflict")
+		if err := k.Load(ctx); err != nil {
+			k.log().Error("tombstones: cannot read the ConfigMap after a conflict", "error", err.Error())
+		}
+		return
+	case err != nil:
+		k.Store.opts.Metrics.wrote("error")
+		k.log().Error("tombstones: cannot write the ConfigMap; a restart now would forget the newest", "error", err.Error())
+		return
+	}
+	k.Store.opts.Metrics.wrote("ok")
+	k.mu.Lock()
+	k.seen = out.GetResourceVersion()
+	k.mu.Unlock()
+	k.Store.written(fitted, n)
+}
+
+func (k *Keeper) log() *slog.Logger {
+	if k.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return k.Log
+}
+
+// fit encodes the newest tombstones that fit MaxBytes.
+func fit(ts []Tombstone) ([]byte, []Tombstone, error) {
+	ts = slices.Clone(ts)
+	slices.SortFunc(ts, func(a, b Tombstone) int { return byAge(b, a) })
+	for {
+		raw, err := Encode(ts)
+		if err != nil || len(raw) <= MaxBytes {
+			return raw, ts, err
+		}
+		// Drop a tenth of what is over, at least one: a few passes at most.
+		over := max(1, (len(raw)-MaxBytes)*len(ts)/len(raw)+len(ts)/10)
+		ts = ts[:max(0, len(ts)-over)]
+	}
+}
+
+// oldest are the n oldest of ts.
+func oldest(ts []Tombstone, n int) []Tombstone {
+	return slices.SortedFunc(slices.Values(ts), byAge)[:n]
+}
+
+func providerIDs(ts []Tombstone) []string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = t.ProviderID
+	}
+	return out
+}
+
+// Read returns the tombstones the ConfigMap holds, the newest first, and
+// whether it exists.
+func Read(ctx context.Context, client dynamic.Interface, namespace string) ([]Tombstone, bool, error) {
+	cm, err := client.Resource(configMaps).Namespace(namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("read ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+	}
+	raw, _, _ := unstructured.NestedString(cm.Object, "data", ConfigMapKey)
+	ts, err := Decode(raw)
+	if err != nil {
+		return nil, true, fmt.Errorf("ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+	}
+	slices.SortFunc(ts, func(a, b Tombstone) int { return byAge(b, a) })
+	return ts, true, nil
+}
+
+// Clear removes the tombstones of providerIDs from the ConfigMap (the
+// operator's `nodeguard ghosts --clear`), retrying on conflicts; nodeguard
+// serve takes the edit as it comes. It returns those it found.
+func Clear(ctx context.Context, client dynamic.Interface, namespace string, providerIDs []string) ([]string, error) {
+	var found []string
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		found = nil
+		cm, err := client.Resource(configMaps).Namespace(namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		raw, _, _ := unstructured.NestedString(cm.Object, "data", ConfigMapKey)
+		ts, err := Decode(raw)
+		if err != nil {
+			return err
+		}
+		kept := ts[:0:0]
+		for _, t := range ts {
+			if slices.Contains(providerIDs, t.ProviderID) {
+				found = append(found, t.ProviderID)
+				continue
+			}
+			kept = append(kept, t)
+		}
+		if len(found) == 0 {
+			return nil
+		}
+		enc, err := Encode(kept)
+		if err != nil {
+			return err
+		}
+		if err := unstructured.SetNestedField(cm.Object, string(enc), "data", ConfigMapKey); err != nil {
+			return err
+		}
+		_, err = client.Resource(configMaps).Namespace(namespace).Update(ctx, cm, metav1.UpdateOptions{FieldManager: owned.FieldManager})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("clear tombstones in ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+	}
+	return found, nil
+}

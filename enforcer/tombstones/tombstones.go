@@ -1,0 +1,359 @@
+// Package tombstones remembers the hosts Cluster API believes destroyed: when
+// a Machine, InfraMachine or pool membership that carried a providerID goes
+// away, that providerID is tombstoned for a window (default 24 h). A Node
+// that comes back alive with a tombstoned providerID and nothing linking it
+// is a ghost (policies/nodeguard/ghosts decides; this package only keeps
+// the record the criteria read).
+//
+// Tombstones are keyed by providerID, never by Node name: names are reused
+// (IP-based names for a new instance at the same address), so a name is
+// evidence only. A providerID carried again by a new link ends its
+// tombstone. The store is bounded (Options.Max, and a ConfigMap's size when
+// kept, see Keeper) and drops the oldest first.
+package tombstones
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// Tombstone is the record that what carried a providerID went away.
+type Tombstone struct {
+	ProviderID string `json:"providerID"`
+	// Object names what went: "DockerMachine default/dev-md-0-abcde".
+	Object string `json:"object"`
+	// Node is the name the Node had then, when known: evidence only.
+	Node string `json:"node,omitempty"`
+	// Cluster is the Cluster API Cluster ("namespace/name") the object
+	// belonged to, when known.
+	Cluster string `json:"cluster,omitempty"`
+	// DeletedAt is when its deletion began (the object's
+	// deletionTimestamp), or when it was seen gone; Until ends the window.
+	DeletedAt time.Time `json:"deletedAt"`
+	Until     time.Time `json:"until"`
+}
+
+// Value is the tombstone as the Rego criteria read it (input.tombstone).
+func (t Tombstone) Value() map[string]any {
+	return map[string]any{"providerID": t.ProviderID, "object": t.Object, "node": t.Node,
+		"deletedAt": t.DeletedAt.UTC().Format(time.RFC3339), "until": t.Until.UTC().Format(time.RFC3339)}
+}
+
+// Defaults of Options.
+const (
+	DefaultWindow = 24 * time.Hour
+	DefaultMax    = 2000
+)
+
+// Options configure a Store.
+type Options struct {
+	// Window is how long a providerID stays tombstoned (default
+	// DefaultWindow).
+	Window time.Duration
+	// Max bounds the tombstones kept (default DefaultMax); the oldest go
+	// first.
+	Max   int
+	Clock clock.PassiveClock
+	// Changed, when set, is told each providerID whose tombstone was set,
+	// moved or ended, after the change (outside the store's lock).
+	Changed func(providerID string)
+	// Metrics, when set, exports the count and the evictions.
+	Metrics *Metrics
+}
+
+// Store holds the tombstones; safe for concurrent use.
+type Store struct {
+	opts Options
+
+	mu      sync.Mutex
+	current map[string]Tombstone
+	// base is what the ConfigMap holds as last read or written, and ops
+	// the changes made here since, replayed on a base someone else wrote
+	// (Keeper).
+	base map[string]Tombstone
+	ops  []op
+}
+
+// op is one change made here: a tombstone set, or a providerID ended.
+type op struct {
+	set Tombstone
+	end string
+}
+
+// New returns an empty Store.
+func New(opts Options) *Store {
+	if opts.Window <= 0 {
+		opts.Window = DefaultWindow
+	}
+	if opts.Max <= 0 {
+		opts.Max = DefaultMax
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	return &Store{opts: opts, current: map[string]Tombstone{}, base: map[string]Tombstone{}}
+}
+
+// Window is how long a providerID stays tombstoned.
+func (s *Store) Window() time.Duration { return s.opts.Window }
+
+// Record tombstones t.ProviderID from t.DeletedAt for the window. A
+// providerID tombstoned already keeps the later deletion (its object and
+// time: the InfraMachine's over the Machine's whose deletion began first),
+// and the Node name either knew.
+func (s *Store) Record(t Tombstone) {
+	if t.ProviderID == "" {
+		return
+	}
+	t.DeletedAt = t.DeletedAt.UTC().Truncate(time.Second)
+	t.Until = t.DeletedAt.Add(s.opts.Window)
+	s.mu.Lock()
+	changed := s.apply(s.current, op{set: t})
+	if changed {
+		s.ops = append(s.ops, op{set: t})
+	}
+	evicted := s.evict(s.current, s.opts.Max)
+	s.mu.Unlock()
+	s.opts.Metrics.evicted(len(evicted))
+	s.tell(changed, t.ProviderID, evicted...)
+}
+
+// End ends the tombstone of a providerID a new link carries: a legitimate
+// reuse. It reports whether there was one.
+func (s *Store) End(providerID string) bool {
+	s.mu.Lock()
+	changed := s.apply(s.current, op{end: providerID})
+	if changed {
+		s.ops = append(s.ops, op{end: providerID})
+	}
+	s.mu.Unlock()
+	s.tell(changed, providerID)
+	return changed
+}
+
+// apply makes one change to m and reports whether m changed.
+func (s *Store) apply(m map[string]Tombstone, o op) bool {
+	if o.end != "" {
+		_, had := m[o.end]
+		delete(m, o.end)
+		return had
+	}
+	t := o.set
+	have, ok := m[t.ProviderID]
+	if ok {
+		if !t.DeletedAt.After(have.DeletedAt) {
+			t.DeletedAt, t.Until, t.Object, t.Cluster = have.DeletedAt, have.Until, have.Object, have.Cluster
+		}
+		if t.Node == "" {
+			t.Node = have.Node
+		}
+		if t == have {
+			return false
+		}
+	}
+	m[t.ProviderID] = t
+	return true
+}
+
+// evict drops the oldest tombstones of m beyond max and returns their
+// providerIDs.
+func (s *Store) evict(m map[string]Tombstone, max int) []string {
+	if len(m) <= max {
+		return nil
+	}
+	oldest := slices.SortedFunc(maps.Values(m), byAge)
+	var out []string
+	for _, t := range oldest[:len(m)-max] {
+		delete(m, t.ProviderID)
+		out = append(out, t.ProviderID)
+	}
+	return out
+}
+
+// byAge orders the oldest deletion first, then by providerID.
+func byAge(a, b Tombstone) int {
+	if c := a.DeletedAt.Compare(b.DeletedAt); c != 0 {
+		return c
+	}
+	return compareStrings(a.ProviderID, b.ProviderID)
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (s *Store) tell(changed bool, providerID string, also ...string) {
+	s.opts.Metrics.set(s.Len())
+	if s.opts.Changed == nil {
+		return
+	}
+	if changed {
+		s.opts.Changed(providerID)
+	}
+	for _, pid := range also {
+		s.opts.Changed(pid)
+	}
+}
+
+// Get returns the tombstone of a providerID whose window has not passed.
+func (s *Store) Get(providerID string) (Tombstone, bool) {
+	if providerID == "" {
+		return Tombstone{}, false
+	}
+	s.mu.Lock()
+	t, ok := s.current[providerID]
+	s.mu.Unlock()
+	if !ok || !s.opts.Clock.Now().Before(t.Until) {
+		return Tombstone{}, false
+	}
+	return t, true
+}
+
+// List returns every tombstone whose window has not passed, the newest
+// deletion first.
+func (s *Store) List() []Tombstone {
+	now := s.opts.Clock.Now()
+	s.mu.Lock()
+	out := make([]Tombstone, 0, len(s.current))
+	for _, t := range s.current {
+		if now.Before(t.Until) {
+			out = append(out, t)
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b Tombstone) int { return byAge(b, a) })
+	return out
+}
+
+// Len is the number of tombstones held (some may have ended their window
+// since the last Keeper write pruned them).
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.current)
+}
+
+// Encode is the JSON a ConfigMap keeps of tombstones: an array, the newest
+// deletion first.
+func Encode(ts []Tombstone) ([]byte, error) {
+	ts = slices.Clone(ts)
+	slices.SortFunc(ts, func(a, b Tombstone) int { return byAge(b, a) })
+	if ts == nil {
+		ts = []Tombstone{}
+	}
+	return json.Marshal(ts)
+}
+
+// Decode reads what Encode wrote.
+func Decode(raw string) ([]Tombstone, error) {
+	if raw == "" {
+		return nil, nil
+	}
+	var ts []Tombstone
+	if err := json.Unmarshal([]byte(raw), &ts); err != nil {
+		return nil, fmt.Errorf("decode tombstones: %w", err)
+	}
+	for i, t := range ts {
+		if t.ProviderID == "" {
+			return nil, fmt.Errorf("decode tombstones: entry %d has no providerID", i)
+		}
+	}
+	return ts, nil
+}
+
+// reload takes ts as what the ConfigMap holds now (written by someone else:
+// another replica, `nodeguard ghosts --clear`, or nothing when it was
+// deleted) and replays on it the changes made here since the last write.
+func (s *Store) reload(ts []Tombstone) {
+	base := make(map[string]Tombstone, len(ts))
+	for _, t := range ts {
+		base[t.ProviderID] = t
+	}
+	s.mu.Lock()
+	next := maps.Clone(base)
+	for _, o := range s.ops {
+		s.apply(next, o)
+	}
+	evicted := s.evict(next, s.opts.Max)
+	var changed []string
+	for pid, t := range next {
+		if have, ok := s.current[pid]; !ok || have != t {
+			changed = append(changed, pid)
+		}
+	}
+	for pid := range s.current {
+		if _, ok := next[pid]; !ok {
+			changed = append(changed, pid)
+		}
+	}
+	s.base, s.current = base, next
+	s.mu.Unlock()
+	s.opts.Metrics.evicted(len(evicted))
+	for _, pid := range changed {
+		s.tell(true, pid)
+	}
+	if len(changed) == 0 {
+		s.opts.Metrics.set(s.Len())
+	}
+}
+
+// pending returns what to write: the tombstones whose window has not passed
+// (the others are dropped now), the number of changes they include, and
+// whether they differ from what the ConfigMap holds.
+func (s *Store) pending() ([]Tombstone, int, bool) {
+	now := s.opts.Clock.Now()
+	s.mu.Lock()
+	var expired []string
+	for pid, t := range s.current {
+		if !now.Before(t.Until) {
+			delete(s.current, pid)
+			expired = append(expired, pid)
+		}
+	}
+	out := slices.Collect(maps.Values(s.current))
+	differs := !maps.Equal(s.current, s.base)
+	n := len(s.ops)
+	s.mu.Unlock()
+	for _, pid := range expired {
+		s.tell(true, pid)
+	}
+	return out, n, differs
+}
+
+// written says the ConfigMap now holds ts, which includes the first n
+// changes made here.
+func (s *Store) written(ts []Tombstone, n int) {
+	base := make(map[string]Tombstone, len(ts))
+	for _, t := range ts {
+		base[t.ProviderID] = t
+	}
+	s.mu.Lock()
+	s.base = base
+	s.ops = slices.Clone(s.ops[n:])
+	s.mu.Unlock()
+}
+
+// drop removes tombstones that did not fit the ConfigMap, as evictions.
+func (s *Store) drop(pids []string) {
+	s.mu.Lock()
+	for _, pid := range pids {
+		delete(s.current, pid)
+	}
+	s.mu.Unlock()
+	s.opts.Metrics.evicted(len(pids))
+	for _, pid := range pids {
+		s.tell(true, pid)
+	}
+}

@@ -1,0 +1,207 @@
+package tombstones
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/nodeguard/nodeguard/enforcer/informers"
+	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+)
+
+var t0 = time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+
+func newStore(t *testing.T, opts Options) (*Store, *clocktesting.FakeClock, *[]string) {
+	t.Helper()
+	clock := clocktesting.NewFakeClock(t0)
+	var changed []string
+	opts.Clock = clock
+	opts.Changed = func(pid string) { changed = append(changed, pid) }
+	return New(opts), clock, &changed
+}
+
+func TestARecordLastsItsWindow(t *testing.T) {
+	s, clock, changed := newStore(t, Options{Window: time.Hour})
+	s.Record(Tombstone{ProviderID: "aws:///a/i-1", Object: "AWSMachine ns/m1", DeletedAt: t0.Add(-time.Minute)})
+	got, ok := s.Get("aws:///a/i-1")
+	require.True(t, ok)
+	assert.Equal(t, t0.Add(-time.Minute+time.Hour), got.Until)
+	assert.Equal(t, []string{"aws:///a/i-1"}, *changed)
+	clock.SetTime(got.Until)
+	_, ok = s.Get("aws:///a/i-1")
+	assert.False(t, ok, "the window ended")
+	assert.Empty(t, s.List())
+	_, ok = s.Get("")
+	assert.False(t, ok)
+}
+
+// The InfraMachine goes after its Machine's deletion began: its deletion,
+// the later, names the tombstone; a second record of the same deletion
+// changes nothing.
+func TestTheLaterDeletionNamesTheTombstone(t *testing.T) {
+	s, _, changed := newStore(t, Options{})
+	infra := Tombstone{ProviderID: "p", Object: "DockerMachine default/m", DeletedAt: t0.Add(-time.Minute)}
+	machine := Tombstone{ProviderID: "p", Object: "Machine default/m", Node: "m", DeletedAt: t0.Add(-10 * time.Minute)}
+	s.Record(infra)
+	s.Record(machine)
+	got, _ := s.Get("p")
+	assert.Equal(t, "DockerMachine default/m", got.Object)
+	assert.Equal(t, t0.Add(-time.Minute), got.DeletedAt)
+	assert.Equal(t, "m", got.Node, "the Node's name, known from the Machine, is kept")
+	s.Record(machine)
+	assert.Len(t, *changed, 2, "the first record and the Node name: the third changed nothing")
+}
+
+func TestANewLinkEndsTheTombstone(t *testing.T) {
+	s, _, changed := newStore(t, Options{})
+	s.Record(Tombstone{ProviderID: "p", Object: "x", DeletedAt: t0})
+	assert.True(t, s.End("p"))
+	assert.False(t, s.End("p"))
+	assert.Equal(t, []string{"p", "p"}, *changed)
+	assert.Zero(t, s.Len())
+}
+
+func TestTheOldestGoFirstBeyondMax(t *testing.T) {
+	s, _, changed := newStore(t, Options{Max: 3})
+	for i := range 5 {
+		s.Record(Tombstone{ProviderID: fmt.Sprint("p", i), Object: "x", DeletedAt: t0.Add(time.Duration(i) * time.Minute)})
+	}
+	var pids []string
+	for _, ts := range s.List() {
+		pids = append(pids, ts.ProviderID)
+	}
+	assert.Equal(t, []string{"p4", "p3", "p2"}, pids, "the newest first")
+	assert.Contains(t, *changed, "p0", "an eviction is a change")
+}
+
+// What someone else wrote (another replica, `nodeguard ghosts --clear`)
+// becomes the base, and the changes made here since the last write are
+// replayed on it; a write clears them.
+func TestAReloadKeepsTheChangesMadeSinceTheLastWrite(t *testing.T) {
+	s, _, changed := newStore(t, Options{})
+	a := Tombstone{ProviderID: "a", Object: "x", DeletedAt: t0}
+	b := Tombstone{ProviderID: "b", Object: "y", DeletedAt: t0}
+	s.Record(a)
+	ts, n, differs := s.pending()
+	require.True(t, differs)
+	s.written(ts, n)
+	_, _, differs = s.pending()
+	assert.False(t, differs, "written: the ConfigMap holds it")
+
+	s.Record(b)
+	*changed = nil
+	s.reload(nil) // `nodeguard ghosts --clear a`
+	_, okA := s.Get("a")
+	_, okB := s.Get("b")
+	assert.False(t, okA, "cleared elsewhere")
+	assert.True(t, okB, "recorded here since the last write")
+	assert.Equal(t, []string{"a"}, *changed)
+	ts, n, differs = s.pending()
+	assert.True(t, differs)
+	s.written(ts, n)
+	s.reload([]Tombstone{{ProviderID: "b", Object: "y", DeletedAt: t0.UTC(), Until: t0.Add(DefaultWindow)}})
+	assert.Equal(t, 1, s.Len())
+}
+
+func TestPendingDropsWhatEnded(t *testing.T) {
+	s, clock, changed := newStore(t, Options{Window: time.Minute})
+	s.Record(Tombstone{ProviderID: "a", Object: "x", DeletedAt: t0})
+	ts, n, _ := s.pending()
+	s.written(ts, n)
+	clock.Step(time.Minute)
+	*changed = nil
+	ts, _, differs := s.pending()
+	assert.Empty(t, ts)
+	assert.True(t, differs, "the ConfigMap still holds it")
+	assert.Equal(t, []string{"a"}, *changed, "its Nodes are judged again")
+}
+
+func TestFitKeepsTheNewestUnderMaxBytes(t *testing.T) {
+	var ts []Tombstone
+	for i := range 6000 {
+		ts = append(ts, Tombstone{ProviderID: fmt.Sprintf("aws:///eu-west-1a/i-%017d", i), Object: fmt.Sprintf("AWSMachine ns/m-%d", i),
+			Node: fmt.Sprintf("ip-10-0-%d", i), DeletedAt: t0.Add(time.Duration(i) * time.Second), Until: t0.Add(24 * time.Hour)})
+	}
+	raw, kept, err := fit(ts)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, len(raw), MaxBytes)
+	assert.Less(t, len(kept), len(ts))
+	assert.Greater(t, len(kept), len(ts)/2)
+	assert.Equal(t, ts[len(ts)-1].ProviderID, kept[0].ProviderID, "the newest kept")
+	back, err := Decode(string(raw))
+	require.NoError(t, err)
+	assert.Equal(t, kept, back)
+}
+
+func TestDecodeRefusesWhatItCannotRead(t *testing.T) {
+	_, err := Decode(`{"not": "a list"}`)
+	assert.Error(t, err)
+	_, err = Decode(`[{"object": "x"}]`)
+	assert.ErrorContains(t, err, "no providerID")
+	ts, err := Decode("")
+	assert.NoError(t, err)
+	assert.Empty(t, ts)
+}
+
+// record reduces obj as the inventory caches it.
+func record(t *testing.T, model *linkmodel.Model, role linkmodel.Role, obj map[string]any) *inventory.Record {
+	t.Helper()
+	return inventory.NewRecord(&unstructured.Unstructured{Object: obj}, model.Shape(role))
+}
+
+// Follow tombstones each providerID an object carried in a providerID link
+// and carries no more, and ends those a new link carries; a name link gives
+// the Node's name.
+func TestFollowTombstonesWhatWentAndEndsWhatCame(t *testing.T) {
+	model := linkmodel.MustEmbedded()
+	s, _, _ := newStore(t, Options{})
+	machine := record(t, model, linkmodel.Machine, map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+		"metadata": map[string]any{"namespace": "default", "name": "m1", "deletionTimestamp": "2026-12-04T11:00:00Z",
+			"labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}},
+		"spec":   map[string]any{"providerID": "docker:////m1", "clusterName": "dev"},
+		"status": map[string]any{"nodeRef": map[string]any{"name": "node-1"}}})
+	s.Follow(model, informers.Change{Role: linkmodel.Machine, New: machine}, nil)
+	assert.Zero(t, s.Len(), "an add tombstones nothing")
+	s.Follow(model, informers.Change{Role: linkmodel.Machine, Old: machine}, nil)
+	got, ok := s.Get("docker:////m1")
+	require.True(t, ok)
+	assert.Equal(t, Tombstone{ProviderID: "docker:////m1", Object: "Machine default/m1", Node: "node-1", Cluster: "default/dev",
+		DeletedAt: time.Date(2026, 12, 4, 11, 0, 0, 0, time.UTC), Until: time.Date(2026, 12, 5, 11, 0, 0, 0, time.UTC)}, got)
+
+	pool := func(ids ...any) *inventory.Record {
+		return record(t, model, linkmodel.InfraMachinePool, map[string]any{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
+			"kind": "DockerMachinePool", "metadata": map[string]any{"namespace": "default", "name": "pool"},
+			"spec": map[string]any{"providerIDList": ids}})
+	}
+	s.Follow(model, informers.Change{Role: linkmodel.InfraMachinePool, Old: pool("a", "b"), New: pool("a")},
+		func(pid string) string { return "node-of-" + pid })
+	got, ok = s.Get("b")
+	require.True(t, ok, "a pool that stops listing an instance tombstones it")
+	assert.Equal(t, "node-of-b", got.Node)
+	assert.Equal(t, t0, got.DeletedAt, "no deletion: when it was seen")
+	_, ok = s.Get("a")
+	assert.False(t, ok)
+
+	s.Follow(model, informers.Change{Role: linkmodel.InfraMachinePool, Old: pool("a"), New: pool("a", "b")}, nil)
+	_, ok = s.Get("b")
+	assert.False(t, ok, "listed again: a legitimate reuse")
+	s.Follow(model, informers.Change{Role: linkmodel.Machine, Old: machine, New: machine}, nil)
+	_, ok = s.Get("docker:////m1")
+	assert.True(t, ok, "an update that carried it before is no new link")
+}
+
+func TestEncodeIsNewestFirstAndNeverNull(t *testing.T) {
+	raw, err := Encode(nil)
+	require.NoError(t, err)
+	assert.Equal(t, "[]", string(raw))
+	raw, err = Encode([]Tombstone{{ProviderID: "old", DeletedAt: t0}, {ProviderID: "new", DeletedAt: t0.Add(time.Second)}})
+	require.NoError(t, err)
+	assert.Less(t, strings.Index(string(raw), `"new"`), strings.Index(string(raw), `"old"`))
+}

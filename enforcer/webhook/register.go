@@ -1,0 +1,138 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/nodeguard/nodeguard/enforcer/enforcement"
+	"github.com/nodeguard/nodeguard/enforcer/intake"
+)
+
+// The registration routes: a Node CREATE, or an UPDATE of a Node (not its
+// status), judged by the ghost criteria. Their webhook entry is its own,
+// with failurePolicy Ignore: joining a cluster never depends on nodeguard.
+const (
+	RouteRegister        = "/register"
+	RouteRegisterCluster = "/register/clusters/{namespace}/{name}"
+)
+
+// Reasons a registration route answers with (nodeguard_decisions_total).
+const (
+	// ReasonGhost denies: the Node's providerID is tombstoned, nothing
+	// links it.
+	ReasonGhost = "ghost"
+	// ReasonRegisters allows: no ghost registers (or nothing registers).
+	ReasonRegisters = "not-a-ghost"
+	// ReasonProtectionOff allows: the cluster's ghost protection is not deny.
+	ReasonProtectionOff = "protection-off"
+	// ReasonFailedOpen allows: nodeguard could not judge (not ready, a read
+	// failed), and registrations fail open.
+	ReasonFailedOpen = "failed-open"
+)
+
+// Registration is a Node CREATE or UPDATE as the registration routes pass
+// it on: the Node (and the Node before an UPDATE) reduced to the fields the
+// link model declares.
+type Registration struct {
+	Cluster   string // "" on /register (or Options.SelfCluster), else the route's Cluster
+	Operation string
+	Node, Old *unstructured.Unstructured
+}
+
+// RegistrationAnswer is what the registration routes answer.
+type RegistrationAnswer struct {
+	Allowed bool
+	Reason  string // one of the Reason* of the registration routes
+	Message string // why it is denied
+}
+
+// registrationReview is an AdmissionReview v1 as the registration routes
+// read it: the request's object and oldObject (reduced as oldObject is on
+// the review routes) and what the answer needs.
+type registrationReview struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Request    *struct {
+		UID       types.UID `json:"uid"`
+		Operation string    `json:"operation"`
+		Object    *node     `json:"object"`
+		OldObject *node     `json:"oldObject"`
+	} `json:"request"`
+}
+
+// register answers one registration review on route for cluster; any
+// failure to judge it is an allow with a warning (fail open).
+func (h *handler) register(w http.ResponseWriter, r *http.Request, route, cluster string) {
+	start := time.Now()
+	body, release, herr := h.intake.Read(w, r, h.clientCAs(route))
+	if herr != nil {
+		h.reject(w, herr, route, cluster, start)
+		return
+	}
+	defer release()
+	review := registrationReview{}
+	review.Request = &struct {
+		UID       types.UID `json:"uid"`
+		Operation string    `json:"operation"`
+		Object    *node     `json:"object"`
+		OldObject *node     `json:"oldObject"`
+	}{Object: &node{model: h.model}, OldObject: &node{model: h.model}}
+	if err := json.Unmarshal(body, &review); err != nil {
+		h.reject(w, intake.BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err), route, cluster, start)
+		return
+	}
+	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" || review.Request == nil || review.Request.UID == "" {
+		h.reject(w, intake.BadRequest(RejectNotReview, "want an AdmissionReview admission.k8s.io/v1 with a request and its uid"), route, cluster, start)
+		return
+	}
+	req := review.Request
+	answer := RegistrationAnswer{Allowed: true, Reason: ReasonRegisters}
+	switch {
+	case req.Object == nil || req.Object.obj == nil:
+		// No Node to judge (a DELETE sent here by a wrong configuration).
+	case h.opts.Register == nil:
+		answer.Reason = ReasonProtectionOff
+	default:
+		ctx, cancel := context.WithTimeout(r.Context(), h.intake.Timeout())
+		var old *unstructured.Unstructured
+		if req.OldObject != nil {
+			old = req.OldObject.obj
+		}
+		a, err := h.opts.Register(ctx, Registration{Cluster: cluster, Operation: req.Operation, Node: req.Object.obj, Old: old})
+		cancel()
+		if err != nil {
+			a = RegistrationAnswer{Allowed: true, Reason: ReasonFailedOpen,
+				Message: "nodeguard could not judge whether this Node is a ghost (" + err.Error() + "); registrations fail open"}
+		}
+		answer = a
+	}
+	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: answer.Allowed}
+	if answer.Allowed && answer.Message != "" {
+		resp.Warnings = []string{"nodeguard: " + answer.Message}
+	}
+	if !answer.Allowed {
+		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden, Message: answer.Message}
+	}
+	name := ""
+	if req.Object != nil && req.Object.obj != nil {
+		name = req.Object.obj.GetName()
+	}
+	elapsed := time.Since(start)
+	h.opts.Metrics.observe(route, cluster, result(answer.Allowed), answer.Reason, enforcement.Deny, elapsed)
+	h.opts.Log.Info("registration", "node", name, "cluster", cluster, "operation", req.Operation, "allowed", answer.Allowed,
+		"reason", answer.Reason, "duration", elapsed)
+	out, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: review.APIVersion, Kind: review.Kind}, Response: resp})
+	if err != nil {
+		http.Error(w, "nodeguard: encode response: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(out)
+}
