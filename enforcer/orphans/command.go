@@ -22,6 +22,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
 
 // Exit codes of `nodeguard orphans`: finding orphans is not an error.
@@ -42,6 +43,9 @@ type CommandOptions struct {
 	Output          string
 	Kubeconfig      string
 	Context         string
+	// Namespace holds nodeguard's tombstones (live): a ghost is never an
+	// orphan, so --delete never deletes one.
+	Namespace string
 	// Bundle, when its Path is set, is the signed policy bundle to judge
 	// with instead of the embedded rule, as serve --bundle's reaper does.
 	Bundle policybundle.Options
@@ -179,7 +183,11 @@ func runLiveWith(ctx context.Context, c kubeclient.Clients, opts CommandOptions,
 	if err := live.WaitReady(ctx, e.Syncer.Ready, liveSyncTimeout); err != nil {
 		return Report{}, err
 	}
-	f, err := NewFinder(Options{Guard: e.Guard, Inventory: e.Inventory, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
+	stones, err := tombstones.Load(ctx, c.Dynamic, opts.Namespace)
+	if err != nil {
+		return Report{}, err
+	}
+	f, err := NewFinder(Options{Guard: e.Guard, Inventory: e.Inventory, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID, Tombstones: stones})
 	if err != nil {
 		return Report{}, err
 	}

@@ -269,3 +269,16 @@ func Clear(ctx context.Context, client dynamic.Interface, namespace string, prov
 	}
 	return found, nil
 }
+
+// Load returns a Store holding what the ConfigMap holds now, for a command
+// that judges once (`nodeguard ghosts`, `nodeguard orphans`): an absent
+// ConfigMap is no tombstone.
+func Load(ctx context.Context, client dynamic.Interface, namespace string) (*Store, error) {
+	ts, _, err := Read(ctx, client, namespace)
+	if err != nil {
+		return nil, err
+	}
+	s := New(Options{})
+	s.reload(ts)
+	return s, nil
+}

@@ -37,7 +37,7 @@ func renderDashboard() ([]byte, error) {
 
 	b := dashboard.NewDashboardBuilder("nodeguard").
 		Uid(DashboardUID).
-		Description("nodeguard serve: Node-delete decisions, their latency beside the webhook timeout, fresh reads, rejected requests, caches, policy, orphan Nodes and denial Events. Alerts and runbooks: docs/runbook.md.").
+		Description("nodeguard serve: Node-delete decisions, their latency beside the webhook timeout, fresh reads, rejected requests, caches, policy, orphan and ghost Nodes and denial Events. Alerts and runbooks: docs/runbook.md.").
 		Tags([]string{"nodeguard", "cluster-api"}).
 		Refresh("30s").
 		Time("now-6h", "now").
@@ -94,6 +94,10 @@ func renderDashboard() ([]byte, error) {
 			`Nodes Cluster API managed whose Machine and InfraMachine are gone, by cluster ("" is the one nodeguard runs in), and those deleted by the reaper.`,
 			query(`max by (cluster) (nodeguard_orphan_nodes{`+sel+`})`, `orphans "{{cluster}}"`),
 			query(`sum by (cluster) (increase(nodeguard_orphan_nodes_deleted_total{`+sel+`}[$__rate_interval]))`, `deleted "{{cluster}}"`))).
+		WithPanel(series("Ghost Nodes and tombstones", "short",
+			`Ghost Nodes by cluster (alive again with the providerID of a Machine, InfraMachine or pool membership that went away: their hosts were not destroyed; nodeguard ghosts names them), and the providerIDs tombstoned.`,
+			query(`max by (cluster) (nodeguard_ghost_nodes{`+sel+`})`, `ghosts "{{cluster}}"`),
+			query(`max(nodeguard_tombstones{`+sel+`})`, `tombstones`))).
 		WithPanel(series("NodeDeleteDenied Events", "ops",
 			"Event writes (create, series patch) for denied Node deletes, and denials not written as Events (rate limits, queue full); every denial is still in nodeguard_decisions_total and the log.",
 			query(`sum by (operation, result) (rate(nodeguard_denial_event_writes_total{`+sel+`}[$__rate_interval]))`, "{{operation}} {{result}}"),

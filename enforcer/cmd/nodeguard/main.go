@@ -29,6 +29,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
+	"github.com/nodeguard/nodeguard/enforcer/ghostlist"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
@@ -74,7 +75,8 @@ func rootCommand(code *int, stderr io.Writer) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(checkCommand(code), auditCommand(code), cleanupCommand(code), serveCommand(stderr), webhookConfigCommand(), orphansCommand(code), clustersCommand(code))
+	root.AddCommand(checkCommand(code), auditCommand(code), cleanupCommand(code), serveCommand(stderr), webhookConfigCommand(), orphansCommand(code),
+		ghostsCommand(code), clustersCommand(code))
 	root.AddCommand(versionCommand())
 	return root
 }
@@ -180,7 +182,12 @@ func orphansCommand(code *int) *cobra.Command {
 			"Without -f, judge live against the cluster of the kubeconfig; --delete then deletes the orphans found,\n" +
 			"each conditional on the UID and resourceVersion judged, through admission like any other delete.",
 		Args: cobra.NoArgs,
-		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return orphans.Run(ctx, opts, out) }),
+		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) {
+			if opts.Namespace == "" {
+				opts.Namespace = serve.LeaseNamespace()
+			}
+			return orphans.Run(ctx, opts, out)
+		}),
 	}
 	f := cmd.Flags()
 	judgeFlags(f, &opts.Files, &opts.Cluster, &opts.Constraint, &opts.Output, &opts.Kubeconfig, &opts.Context)
@@ -188,8 +195,44 @@ func orphansCommand(code *int) *cobra.Command {
 	f.StringVar(&opts.Now, "now", "", "judge at this time (RFC 3339) instead of now, for reproducible output")
 	f.BoolVar(&opts.MatchProviderID, "match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
 	f.BoolVar(&opts.Delete, "delete", false, "delete the orphans found (live only)")
+	namespaceFlag(f, &opts.Namespace)
 	bundleFlags(f, &opts.Bundle)
 	return cmd
+}
+
+func ghostsCommand(code *int) *cobra.Command {
+	var opts ghostlist.Options
+	cmd := &cobra.Command{
+		Use:   "ghosts [--cluster NAMESPACE/NAME] [--tombstones] [--clear PROVIDERID ...] [-o text|json]",
+		Short: "List ghost Nodes: Nodes alive again with the providerID of a Machine or InfraMachine that went away (exit 0 none, 2 some, 1 on error)",
+		Long: "Reads the tombstones nodeguard serve keeps (ConfigMap nodeguard-tombstones) and judges, on fresh reads, every Node\n" +
+			"with a tombstoned providerID: in the cluster of the kubeconfig and in every CAPI Cluster's workload cluster (through\n" +
+			"its kubeconfig Secret), or in one with --cluster. A ghost's host outlived its deletion (docs/ghosts.md): stop it;\n" +
+			"nodeguard never deletes a ghost. --clear ends the tombstones of providerIDs whose hosts are meant to rejoin.",
+		Args: cobra.NoArgs,
+		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) {
+			if opts.Namespace == "" {
+				opts.Namespace = serve.LeaseNamespace()
+			}
+			return ghostlist.Run(ctx, opts, out)
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Cluster, "cluster", "", "look only at this CAPI Cluster's workload cluster, NAMESPACE/NAME")
+	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the cluster's node-deletion-guard)")
+	f.StringVarP(&opts.Output, "output", "o", "text", "output format: text or json")
+	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig of the management cluster")
+	f.StringVar(&opts.Context, "context", "", "kubeconfig context")
+	f.BoolVar(&opts.Tombstones, "tombstones", false, "print every tombstone too")
+	f.StringArrayVar(&opts.Clear, "clear", nil, "end the tombstone of this providerID (its host is meant to rejoin); repeatable")
+	namespaceFlag(f, &opts.Namespace)
+	bundleFlags(f, &opts.Bundle)
+	return cmd
+}
+
+// namespaceFlag is nodeguard's namespace, where serve keeps its tombstones.
+func namespaceFlag(f *pflag.FlagSet, ns *string) {
+	f.StringVar(ns, "namespace", "", "nodeguard's namespace, where serve keeps its tombstones (ConfigMap nodeguard-tombstones; default: $POD_NAMESPACE, else nodeguard-system)")
 }
 
 func serveCommand(stderr io.Writer) *cobra.Command {
