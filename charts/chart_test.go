@@ -526,7 +526,8 @@ func TestChartMonitoringValues(t *testing.T) {
 }
 
 // denialEvents in the chart: on by default (Events RBAC in the server's
-// role, as in enforcer/deploy); off, neither the rule nor the Events; with
+// role, as in enforcer/deploy); off with ghost detection off too, neither
+// the rule nor the Events; with
 // workloadClusters, what the denial-events-workload component adds.
 func TestChartDenialEvents(t *testing.T) {
 	events := rbacv1.PolicyRule{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}}
@@ -534,7 +535,10 @@ func TestChartDenialEvents(t *testing.T) {
 	chart(t).decode(t, "ClusterRole/nodeguard", &role)
 	assert.Contains(t, role.Rules, events)
 
-	h := chart(t, "denialEvents.enabled=false")
+	role = rbacv1.ClusterRole{}
+	chart(t, "denialEvents.enabled=false").decode(t, "ClusterRole/nodeguard", &role)
+	assert.Contains(t, role.Rules, events, "GhostNode Events still")
+	h := chart(t, "denialEvents.enabled=false", "ghosts.window=0s")
 	role = rbacv1.ClusterRole{}
 	h.decode(t, "ClusterRole/nodeguard", &role)
 	assert.NotContains(t, role.Rules, events)
@@ -664,4 +668,55 @@ func TestChartCleanupHook(t *testing.T) {
 	assert.False(t, ok, "cleanup.enabled=false")
 	_, ok = chart(t, "externalData.enabled=true")["Job/nodeguard-cleanup"]
 	assert.True(t, ok, "Gatekeeper's Provider is nodeguard's to remove")
+}
+
+// ghosts in the chart: detection on by default, with its Role for the
+// tombstones' ConfigMap (as enforcer/deploy); protection taint grants Node
+// update, deny adds the registration webhook webhook-config builds; a window
+// of 0s, or the orphan scan off, turns it all off.
+func TestChartGhosts(t *testing.T) {
+	h, k := chart(t), kustomizeAll(t)
+	for _, o := range []objects{h, k} {
+		var role rbacv1.Role
+		o.decode(t, "Role/nodeguard-tombstones", &role)
+		assert.Contains(t, role.Rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"},
+			ResourceNames: []string{"nodeguard-tombstones"}, Verbs: []string{"get", "list", "watch", "patch", "update"}})
+		var b rbacv1.RoleBinding
+		o.decode(t, "RoleBinding/nodeguard-tombstones", &b)
+		assert.Equal(t, "nodeguard", b.Subjects[0].Name)
+	}
+	update := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"update"}}
+	var role rbacv1.ClusterRole
+	h.decode(t, "ClusterRole/nodeguard", &role)
+	assert.NotContains(t, role.Rules, update)
+
+	taint := chart(t, "ghosts.protection=taint", "ghosts.window=6h", "ghosts.tombstonesMax=500")
+	role = rbacv1.ClusterRole{}
+	taint.decode(t, "ClusterRole/nodeguard", &role)
+	assert.Contains(t, role.Rules, update)
+	var d appsv1.Deployment
+	taint.decode(t, "Deployment/nodeguard", &d)
+	args := d.Spec.Template.Spec.Containers[0].Args
+	for _, a := range []string{"--ghost-window=6h", "--ghost-tombstones-max=500", "--ghost-protection=taint"} {
+		assert.Contains(t, args, a)
+	}
+
+	ca, err := os.ReadFile(testpki.New(t).CAFile(t))
+	require.NoError(t, err)
+	var got admissionregistrationv1.ValidatingWebhookConfiguration
+	chart(t, "tls.certManager.enabled=false", "tls.caBundle="+string(ca), "ghosts.protection=deny").decode(t, "ValidatingWebhookConfiguration/nodeguard", &got)
+	want, err := webhookconfig.Build(webhookconfig.Options{Service: namespace + "/nodeguard", CABundle: ca, Registrations: true})
+	require.NoError(t, err)
+	wj, _ := json.Marshal(want.Webhooks)
+	gj, _ := json.Marshal(got.Webhooks)
+	assert.JSONEq(t, string(wj), string(gj), "the registration webhook, as webhook-config --ghost-registrations builds it")
+
+	for _, off := range [][]string{{"ghosts.window=0s", "ghosts.protection=deny"}, {"flags.orphan-scan-interval=0", "ghosts.protection=deny"}} {
+		o := chart(t, off...)
+		_, ok := o["Role/nodeguard-tombstones"]
+		assert.False(t, ok, off)
+		got = admissionregistrationv1.ValidatingWebhookConfiguration{}
+		o.decode(t, "ValidatingWebhookConfiguration/nodeguard", &got)
+		assert.Len(t, got.Webhooks, 1, off)
+	}
 }

@@ -17,3 +17,24 @@ app.kubernetes.io/name: nodeguard
 {{ .Values.image.repository }}:{{ .Values.image.tag }}
 {{- end -}}
 {{- end }}
+
+{{/*
+"true" when ghost Nodes are detected (a window, and the orphan scan, which
+runs them, on), else "".
+*/}}
+{{- define "nodeguard.ghosts" -}}
+{{- $zero := "^0+(\\.0+)?(ns|us|µs|ms|s|m|h)?$" -}}
+{{- $flags := .Values.flags | default dict -}}
+{{- $scanOff := and (hasKey $flags "orphan-scan-interval") (regexMatch $zero (toString (index $flags "orphan-scan-interval"))) -}}
+{{- if and (not (regexMatch $zero (toString .Values.ghosts.window))) (not $scanOff) -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/*
+The registration webhook's match condition: webhookconfig.RegistersCondition
+(a test keeps them equal).
+*/}}
+{{- define "nodeguard.registersCondition" -}}
+request.operation == 'CREATE' || ((!has(oldObject.spec) || !has(oldObject.spec.providerID) || oldObject.spec.providerID == '') && has(object.spec) && has(object.spec.providerID) && object.spec.providerID != '')
+{{- end }}
