@@ -250,7 +250,7 @@ func print(out io.Writer, opts Options, r Report) error {
 	}
 	if opts.Tombstones {
 		for _, t := range r.Tombstones {
-			fmt.Fprintf(out, "tombstone: providerID %q: %s gone since %s (Node %q, Cluster %q), until %s.\n", t.ProviderID, t.Object,
+			fmt.Fprintf(out, "tombstone: providerID %q: %s deleted at %s (Node %q, Cluster %q), until %s.\n", t.ProviderID, t.Object,
 				t.DeletedAt.Format(time.RFC3339), t.Node, t.Cluster, t.Until.Format(time.RFC3339))
 		}
 	}

@@ -56,10 +56,12 @@ func Protections() []Protection { return []Protection{Off, Deny, Taint} }
 // (serve --ghost-protection).
 const Annotation = "nodeguard.io/ghost-protection"
 
-// What nodeguard writes on a ghost.
+// What nodeguard writes on a ghost: its taint, its Event's reason, and the
+// log line of a Node first seen a ghost.
 const (
-	TaintKey = "nodeguard.io/ghost"
-	Reason   = "GhostNode"
+	TaintKey   = "nodeguard.io/ghost"
+	Reason     = "GhostNode"
+	LogMessage = "ghost Node: its host outlived its deletion"
 )
 
 // ParseProtection reads a protection; "" is def.
@@ -98,9 +100,19 @@ type Target struct {
 type Options struct {
 	// Protection is a cluster's protection (nil: Off everywhere).
 	Protection func(cluster string) Protection
-	Metrics    *Metrics
-	Log        *slog.Logger
+	// Confirm is how long a Node must stay a ghost before it is reported
+	// and acted on (default DefaultConfirm).
+	Confirm time.Duration
+	Metrics *Metrics
+	Log     *slog.Logger
 }
+
+// DefaultConfirm: a new InfraMachine (management cluster) and the Node its
+// host registers (workload cluster) reach nodeguard through informers of
+// two API servers, so for some milliseconds a legitimate reuse of a
+// providerID can look like a ghost; a verdict that holds this long is no
+// informer's lag.
+const DefaultConfirm = 2 * time.Second
 
 // Tracker remembers the ghosts seen; safe for concurrent use.
 type Tracker struct {
@@ -114,10 +126,10 @@ type key struct{ cluster, node string }
 
 // ghost is one Node seen a ghost, and what was done about it.
 type ghost struct {
-	verdict  orphans.Ghost
-	since    time.Time
-	recorded bool // the Event was written for this UID
-	tainted  bool
+	verdict   orphans.Ghost
+	since     time.Time
+	confirmed bool // a ghost for Confirm: reported
+	tainted   bool
 }
 
 // Record is a ghost as `nodeguard ghosts` and the logs show it.
@@ -130,6 +142,9 @@ type Record struct {
 
 // New returns a Tracker with no ghost.
 func New(opts Options) *Tracker {
+	if opts.Confirm <= 0 {
+		opts.Confirm = DefaultConfirm
+	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -143,39 +158,45 @@ func (tr *Tracker) protection(cluster string) Protection {
 	return tr.opts.Protection(cluster)
 }
 
-// Observe takes one verdict on a Node of t at now, and acts: a new ghost
-// (or a Node of a new UID) is logged and counted, gets its Event, and, in
-// taint mode, the taint; a Node that is no ghost loses the taint nodeguard
-// set. untaint asks to make sure of that even when this process never set
-// it (its tombstone changed: it may have been set before a restart).
-func (tr *Tracker) Observe(ctx context.Context, t Target, g orphans.Ghost, now time.Time, untaint bool) error {
+// Observe takes one verdict on a Node of t at now, and acts. A ghost (a
+// Node, or a Node of a new UID) is reported once it stayed one for Confirm:
+// Observe returns when to judge it again for that. Reported, it is logged
+// and counted, gets its Event and, in taint mode, the taint. A Node that is
+// no ghost loses the taint nodeguard set; untaint asks to make sure of that
+// even when this process never set it (its tombstone changed: it may have
+// been set before a restart).
+func (tr *Tracker) Observe(ctx context.Context, t Target, g orphans.Ghost, now time.Time, untaint bool) (time.Time, error) {
 	k := key{cluster: t.Cluster, node: g.Node}
 	tr.mu.Lock()
 	have := tr.ghosts[k]
 	if !g.Ghost {
 		delete(tr.ghosts, k)
 		tr.mu.Unlock()
-		if have != nil {
+		if have != nil && have.confirmed {
 			tr.opts.Metrics.set(t.Cluster, tr.count(t.Cluster))
 			tr.opts.Log.Info("ghost Node no more", "cluster", t.Cluster, "node", g.Node, "kept", g.Kept)
 		}
 		if (have != nil && have.tainted) || untaint {
-			return tr.untaint(ctx, t, g)
+			return time.Time{}, tr.untaint(ctx, t, g)
 		}
-		return nil
+		return time.Time{}, nil
 	}
 	if have == nil || have.verdict.UID != g.UID {
 		have = &ghost{since: now}
 		tr.ghosts[k] = have
 	}
 	have.verdict = g
-	record := !have.recorded
-	have.recorded = true
+	if due := have.since.Add(tr.opts.Confirm); now.Before(due) {
+		tr.mu.Unlock()
+		return due, nil
+	}
+	report := !have.confirmed
+	have.confirmed = true
 	taint := tr.protection(t.Cluster) == Taint && !have.tainted
 	tr.mu.Unlock()
-	if record {
+	if report {
 		tr.opts.Metrics.set(t.Cluster, tr.count(t.Cluster))
-		tr.opts.Log.Warn("ghost Node: its host outlived its deletion", "cluster", t.Cluster, "node", g.Node, "providerID", g.ProviderID,
+		tr.opts.Log.Warn(LogMessage, "cluster", t.Cluster, "node", g.Node, "providerID", g.ProviderID,
 			"reason", g.Reason)
 		if t.Recorder != nil {
 			t.Recorder.Eventf(nodeRef(g), nil, "Warning", Reason, "Detect",
@@ -183,17 +204,17 @@ func (tr *Tracker) Observe(ctx context.Context, t Target, g orphans.Ghost, now t
 		}
 	}
 	if !taint {
-		return nil
+		return time.Time{}, nil
 	}
 	if err := tr.setTaint(ctx, t, g, true); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	tr.mu.Lock()
 	if cur := tr.ghosts[k]; cur != nil && cur.verdict.UID == g.UID {
 		cur.tainted = true
 	}
 	tr.mu.Unlock()
-	return nil
+	return time.Time{}, nil
 }
 
 func (tr *Tracker) untaint(ctx context.Context, t Target, g orphans.Ghost) error {
@@ -263,10 +284,10 @@ func (tr *Tracker) setTaint(ctx context.Context, t Target, g orphans.Ghost, on b
 // Forget drops a Node that is gone.
 func (tr *Tracker) Forget(cluster, node string) {
 	tr.mu.Lock()
-	_, had := tr.ghosts[key{cluster: cluster, node: node}]
+	g, had := tr.ghosts[key{cluster: cluster, node: node}]
 	delete(tr.ghosts, key{cluster: cluster, node: node})
 	tr.mu.Unlock()
-	if had {
+	if had && g.confirmed {
 		tr.opts.Metrics.set(cluster, tr.count(cluster))
 	}
 }
@@ -287,19 +308,22 @@ func (tr *Tracker) count(cluster string) int {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	n := 0
-	for k := range tr.ghosts {
-		if k.cluster == cluster {
+	for k, g := range tr.ghosts {
+		if k.cluster == cluster && g.confirmed {
 			n++
 		}
 	}
 	return n
 }
 
-// Ghosts returns every ghost known now, by cluster and Node name.
+// Ghosts returns every ghost reported now, by cluster and Node name.
 func (tr *Tracker) Ghosts() []Record {
 	tr.mu.Lock()
 	out := make([]Record, 0, len(tr.ghosts))
 	for k, g := range tr.ghosts {
+		if !g.confirmed {
+			continue
+		}
 		out = append(out, Record{Cluster: k.cluster, Ghost: g.verdict, Since: g.since, Tainted: g.tainted})
 	}
 	tr.mu.Unlock()

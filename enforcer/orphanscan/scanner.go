@@ -454,7 +454,10 @@ func (s *Scanner) ghost(ctx context.Context, c *cluster, route orphans.Route, u 
 	g, err := s.opts.Finder.Ghost(ctx, route, u, now, false)
 	if err == nil {
 		t := ghosts.Target{Cluster: c.name, Nodes: c.target.Nodes, Recorder: c.target.Recorder}
-		err = s.opts.Ghosts.Observe(ctx, t, g, now, untaint)
+		var next time.Time
+		if next, err = s.opts.Ghosts.Observe(ctx, t, g, now, untaint); err == nil && !next.IsZero() {
+			s.after(c.name, u.GetName(), now, next)
+		}
 	}
 	if err != nil && ctx.Err() == nil {
 		s.logError("ghosts: judging or acting on a Node failed; trying again later", c.name, u.GetName(), err)

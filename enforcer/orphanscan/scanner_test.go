@@ -324,6 +324,8 @@ var (
 	dockers  = schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Resource: "dockermachines"}
 )
 
+const reregisteredUID = "00000000-0000-4000-8000-0000000000ff"
+
 // reregister deletes Node name and creates it again with a new UID, as a
 // kubelet whose host outlived its deletion does, created at the clock's
 // time with the Ready condition given; annotated keeps CAPI's annotations.
@@ -335,7 +337,7 @@ func (f *fixture) reregister(t *testing.T, name string, ready corev1.ConditionSt
 	require.NoError(t, f.client.Resource(nodesGVR).Delete(ctx, name, metav1.DeleteOptions{}))
 	now := f.clock.Now().UTC().Format(time.RFC3339)
 	n := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Node",
-		"metadata": map[string]any{"name": name, "uid": "00000000-0000-4000-8000-0000000000ff", "resourceVersion": "900", "creationTimestamp": now},
+		"metadata": map[string]any{"name": name, "uid": reregisteredUID, "resourceVersion": "900", "creationTimestamp": now},
 		"spec":     map[string]any{"providerID": "docker:////" + name},
 		"status":   map[string]any{"conditions": []any{map[string]any{"type": "Ready", "status": string(ready), "lastTransitionTime": now}}}}}
 	if annotated {
@@ -393,6 +395,10 @@ func TestAGhostIsReportedTaintedAndNeverReaped(t *testing.T) {
 
 	f.clock.SetTime(t0.Add(time.Minute))
 	f.reregister(t, node, corev1.ConditionUnknown, true)
+	f.until(t, func() bool { n, ok := f.nodes.Get(node); return ok && n.UID() == reregisteredUID }, "the Node cache has it")
+	f.scanner.RunDue(ctx, f.clock.Now())
+	assert.Empty(t, f.ghosts.Ghosts(), "a ghost first seen is reported once it stayed one for the confirmation")
+	f.clock.Step(ghosts.DefaultConfirm)
 	f.until(t, func() bool { return len(f.ghosts.Ghosts()) == 1 }, "the re-registered Node is a ghost")
 	g := f.ghosts.Ghosts()[0]
 	assert.Equal(t, node, g.Ghost.Node)
@@ -401,7 +407,7 @@ func TestAGhostIsReportedTaintedAndNeverReaped(t *testing.T) {
 	select {
 	case e := <-f.events.Events:
 		assert.Contains(t, e, "Warning GhostNode")
-		assert.Contains(t, e, "gone since 2026-11-30T11:00:00Z")
+		assert.Contains(t, e, "deleted at 2026-11-30T11:00:00Z")
 	default:
 		t.Fatal("no GhostNode Event")
 	}
@@ -437,6 +443,9 @@ func TestAGhostIsOnlyReportedWhenProtectionIsOff(t *testing.T) {
 	require.Eventually(t, func() bool { return f.tombstones.Len() == 1 }, 5*time.Second, 10*time.Millisecond)
 	f.clock.SetTime(t0.Add(time.Minute))
 	f.reregister(t, node, corev1.ConditionTrue, false)
-	f.until(t, func() bool { return len(f.ghosts.Ghosts()) == 1 }, "the re-registered Node is a ghost")
+	f.until(t, func() bool {
+		f.clock.Step(time.Second)
+		return len(f.ghosts.Ghosts()) == 1
+	}, "the re-registered Node is a ghost")
 	assert.Empty(t, f.taints(t, node))
 }

@@ -230,7 +230,7 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 	// the test's and CAPI's alone.
 	opts := serve.Options{ConstraintName: constraintwatch.DefaultName, Fleet: serve.FleetOptions{Enabled: true, AdmissionPolicy: true,
 		URL: "https://127.0.0.1:" + strconv.Itoa(freePort(t)), CAFiles: []string{ca.CAFile(t)}, ProofInterval: time.Hour}}
-	opts.Orphans.Interval, opts.Orphans.KubeconfigRecheck = serve.DefaultOrphanScanInterval, 2*time.Second
+	opts.Orphans.Interval, opts.Orphans.KubeconfigRecheck, opts.Orphans.Ghosts = serve.DefaultOrphanScanInterval, 2*time.Second, detecting()
 	started := time.Now()
 	_, stop := serveWith(t, clients, ca, opts)
 	require.EventuallyWithT(t, func(col *assert.CollectT) {

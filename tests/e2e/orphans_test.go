@@ -6,6 +6,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -28,13 +30,19 @@ import (
 )
 
 // reaping is the orphan configuration the e2e tests run serve with: a short
-// grace, the Lease in "default" (which every API server has), and the full
+// grace, the Lease (and the tombstones) in "default" (which every API server
+// has), ghost detection, and the full
 // pass (the safety net) an hour away, so every orphan these tests see is
 // found through the watch path: its Node's or its objects' events, and the
 // end of its grace.
 func reaping(grace time.Duration) serve.ReapOptions {
-	return serve.ReapOptions{Enabled: true, Grace: grace, Interval: time.Hour, LeaseNamespace: "default"}
+	return serve.ReapOptions{Enabled: true, Grace: grace, Interval: time.Hour, LeaseNamespace: "default", Ghosts: detecting()}
 }
+
+// detecting is ghost detection as serve runs it by default: every test
+// that runs the orphan scan runs it too, and serveWith fails a test that
+// sees a ghost it did not make on purpose.
+func detecting() serve.GhostOptions { return serve.GhostOptions{Window: 24 * time.Hour} }
 
 // watchPathSlack bounds what judging through events adds to the graces: an
 // informer event, a judgment, a fresh read and a delete.
@@ -56,11 +64,49 @@ func serveWith(t *testing.T, clients kubeclient.Clients, ca *testpki.CA, opts se
 	if opts.CertFile == "" {
 		opts.CertFile, opts.KeyFile = ca.ServerFiles(t, "nodeguard")
 	}
-	url, stop, err := localcluster.Serve(context.Background(), clients, opts, slog.New(slog.NewJSONHandler(os.Stderr, nil)))
+	ghosts := &atomic.Int64{}
+	log := slog.New(countGhosts{Handler: slog.NewJSONHandler(os.Stderr, nil), n: ghosts})
+	url, stop, err := localcluster.Serve(context.Background(), clients, opts, log)
 	require.NoError(t, err)
 	t.Cleanup(stop)
+	t.Cleanup(func() {
+		if n := ghosts.Load(); n > 0 && !expectsGhosts(t) {
+			t.Errorf("nodeguard judged %d Node(s) ghosts in a test of normal Machine lifecycles: a false ghost", n)
+		}
+	})
 	return url, stop
 }
+
+// countGhosts counts the Nodes nodeguard first judged ghosts (its log line
+// ghosts.LogMessage): every e2e test that runs the orphan scan runs ghost
+// detection too, and none but those that say so (expectGhosts) may see one.
+type countGhosts struct {
+	slog.Handler
+	n *atomic.Int64
+}
+
+func (c countGhosts) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == ghosts.LogMessage {
+		c.n.Add(1)
+	}
+	return c.Handler.Handle(ctx, r)
+}
+
+func (c countGhosts) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return countGhosts{Handler: c.Handler.WithAttrs(attrs), n: c.n}
+}
+
+func (c countGhosts) WithGroup(name string) slog.Handler {
+	return countGhosts{Handler: c.Handler.WithGroup(name), n: c.n}
+}
+
+// expectGhosts says t makes ghost Nodes on purpose; call it before serving
+// (t.Setenv's restore then runs after serveWith's check).
+func expectGhosts(t *testing.T) { t.Setenv(expectGhostsEnv, "true") }
+
+const expectGhostsEnv = "NODEGUARD_E2E_EXPECT_GHOSTS"
+
+func expectsGhosts(*testing.T) bool { return os.Getenv(expectGhostsEnv) == "true" }
 
 // setReady sets the Node's Ready condition, as a kubelet would.
 func setReady(t *testing.T, kube kubernetes.Interface, name string, status corev1.ConditionStatus) {

@@ -163,6 +163,6 @@ _reason(tombstone, kept) := "" if {
 } else := sprintf("%s, and a Node with it is alive again with nothing linking it: its host was not destroyed", [_evidence(tombstone)])
 
 _evidence(tombstone) := sprintf(
-	"providerID %q was carried by %s, gone since %s (the Node was %q then)",
+	"providerID %q was carried by %s, deleted at %s (the Node was %q then)",
 	[tombstone.providerID, tombstone.object, tombstone.deletedAt, tombstone.node],
 )

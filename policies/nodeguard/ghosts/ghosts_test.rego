@@ -37,7 +37,7 @@ test_a_node_alive_with_a_tombstoned_provider_id_and_no_link_is_a_ghost if {
 	v.kept == []
 	v.providerID == "docker:////dev-md-0-abcde"
 	v.tombstone == tombstone
-	contains(v.reason, "DockerMachine default/dev-md-0-abcde, gone since 2026-12-03T11:50:00Z")
+	contains(v.reason, "DockerMachine default/dev-md-0-abcde, deleted at 2026-12-03T11:50:00Z")
 	contains(v.reason, "its host was not destroyed")
 }
 

@@ -1,0 +1,278 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/nodeguard/nodeguard/enforcer/fleet"
+	"github.com/nodeguard/nodeguard/enforcer/ghostlist"
+	"github.com/nodeguard/nodeguard/enforcer/ghosts"
+	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/serve"
+	"github.com/nodeguard/nodeguard/enforcer/tombstones"
+	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+	"github.com/nodeguard/nodeguard/internal/localcluster"
+	"github.com/nodeguard/nodeguard/internal/testpki"
+)
+
+// scrape returns the value of one series (name and labels as exported) at
+// the metrics address, and whether it is there.
+func scrape(t require.TestingT, metrics, series string) (float64, bool) {
+	resp, err := http.Get("http://" + metrics + "/metrics")
+	require.NoError(t, err)
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err)
+			return f, true
+		}
+	}
+	return 0, false
+}
+
+// kubeletRegisters creates the Node a kubelet whose host outlived its
+// deletion registers: its old name and providerID, no CAPI annotations,
+// Ready.
+func kubeletRegisters(ctx context.Context, c *capiCluster, name string) (*corev1.Node, error) {
+	n, err := c.nodes.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.NodeSpec{ProviderID: "docker:////" + name}}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	now := metav1.Now()
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+		LastHeartbeatTime: now, LastTransitionTime: now}}
+	return c.nodes.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+}
+
+// ghostEvents lists the GhostNode Events on Node name of uid.
+func ghostEvents(t require.TestingT, c *capiCluster, name string, uid types.UID) []string {
+	list, err := c.nodes.EventsV1().Events("").List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	var notes []string
+	for _, e := range list.Items {
+		if e.Reason == ghosts.Reason && e.Regarding.Kind == "Node" && e.Regarding.Name == name && e.Regarding.UID == uid {
+			notes = append(notes, e.Note)
+		}
+	}
+	return notes
+}
+
+func hasTaint(n *corev1.Node) bool {
+	for _, taint := range n.Spec.Taints {
+		if taint.Key == ghosts.TaintKey && taint.Effect == corev1.TaintEffectNoExecute {
+			return true
+		}
+	}
+	return false
+}
+
+// Real CAPI, Machines on the management API server, Nodes on the workload
+// one, nodeguard serve --fleet with ghost protection deny: a Machine deleted
+// in CAPI's order tombstones its providerID (in a ConfigMap, so nodeguard
+// restarted still knows it); the kubelet of the host that outlived it
+// registers its Node again and is refused, with nodeguard's message. With
+// the Cluster's protection switched to taint, the registration goes through
+// and the ghost is reported (metric, Event) and tainted NoExecute within
+// seconds; `nodeguard ghosts` lists it and --clear ends the tombstone (the
+// taint goes). A new Machine whose DockerMachine carries the same
+// providerID is a legitimate reuse: never a ghost.
+func TestCAPIGhostNodes(t *testing.T) {
+	expectGhosts(t)
+	_, mgmtEnv := apiServerEnv(t)
+	_, workloadEnv := apiServerEnv(t)
+	c := startCAPI(t, mgmtEnv, workloadEnv)
+	ctx := context.Background()
+	clients, err := kubeclient.FromConfig(localcluster.Config(mgmtEnv))
+	require.NoError(t, err)
+	ca := testpki.New(t)
+	listen := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	metricsAt := make(chan net.Addr, 1)
+	opts := serve.Options{Listen: listen, MetricsBindAddress: "127.0.0.1:0",
+		SideListening: func(name string, a net.Addr) {
+			if name == "metrics" {
+				metricsAt <- a
+			}
+		},
+		Fleet: serve.FleetOptions{URL: "https://" + listen, CAFiles: []string{ca.CAFile(t)}},
+		Orphans: serve.ReapOptions{Interval: time.Hour, WorkloadClusters: true,
+			Ghosts: serve.GhostOptions{Window: time.Hour, Protection: ghosts.Deny}}}
+	stop := serveFleet(t, clients, ca, opts)
+	metrics := (<-metricsAt).String()
+	guarded := func(what string) {
+		require.EventuallyWithT(t, func(col *assert.CollectT) {
+			states, err := fleet.List(ctx, clients, "default")
+			require.NoError(col, err)
+			require.Len(col, states, 1)
+			assert.True(col, states[0].Guarded, "%+v", states[0])
+			cfg, err := c.nodes.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+			require.NoError(col, err)
+			assert.Len(col, cfg.Webhooks, 2, "the delete webhook and the registration webhook")
+		}, 60*time.Second, 200*time.Millisecond, what)
+	}
+	guarded("the fleet guards Cluster default/dev, its registrations too")
+
+	const name = "dev-md-0-ghost"
+	const pid = "docker:////" + name
+	c.machine(t, name, localcluster.MachineOptions{})
+	require.NoError(t, c.dyn.Resource(machines).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
+	gone(t, "Node "+name, 60*time.Second, c.getNode(name))
+	gone(t, "Machine "+name, 60*time.Second, c.getMachine(name))
+	require.EventuallyWithT(t, func(col *assert.CollectT) {
+		ts, _, err := tombstones.Read(ctx, clients.Dynamic, "default")
+		require.NoError(col, err)
+		require.Len(col, ts, 1)
+		assert.Equal(col, pid, ts[0].ProviderID)
+		assert.Equal(col, "DockerMachine default/"+name, ts[0].Object, "the InfraMachine's deletion, the later")
+		assert.Equal(col, name, ts[0].Node)
+		assert.Equal(col, "default/dev", ts[0].Cluster)
+	}, 10*time.Second, 50*time.Millisecond, "CAPI deleted the Machine in order: its providerID tombstoned in the ConfigMap")
+	t.Log("CAPI deleted Machine " + name + " in order; its providerID is tombstoned in ConfigMap default/nodeguard-tombstones")
+
+	parent := t // nodeguard started again runs to the test's end, not the subtest's
+	t.Run("restarted, nodeguard still knows the tombstone and refuses the ghost's registration", func(t *testing.T) {
+		stop()
+		restarted := time.Now()
+		stop = serveFleet(parent, clients, ca, opts)
+		metrics = (<-metricsAt).String()
+		// Until its caches are synced nodeguard admits registrations (they
+		// fail open): a dry run shows when it judges them.
+		require.EventuallyWithT(t, func(col *assert.CollectT) {
+			_, err := c.nodes.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec: corev1.NodeSpec{ProviderID: pid}}, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			require.Error(col, err)
+		}, 30*time.Second, 50*time.Millisecond)
+		t.Logf("registrations judged %s after nodeguard restarted", time.Since(restarted).Round(time.Millisecond))
+		_, err := kubeletRegisters(ctx, c, name)
+		require.Error(t, err, "the kubelet's Node create is refused")
+		assert.Contains(t, err.Error(), `admission webhook "`+webhookconfig.RegistrationWebhookName+`" denied the request`)
+		assert.Contains(t, err.Error(), `may not register: providerID "`+pid+`" was carried by DockerMachine default/`+name)
+		assert.Contains(t, err.Error(), "nodeguard ghosts --clear "+pid)
+		t.Logf("the kubelet's registration: %v", err)
+		_, err = c.nodes.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "no Node, so nothing can be scheduled to it: %v", err)
+		// A kubelet registered without a providerID, which an external
+		// cloud-controller-manager sets afterwards: that update is refused.
+		n, err := c.nodes.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		n.Spec.ProviderID = pid
+		_, err = c.nodes.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		require.Error(t, err, "the cloud-controller-manager's providerID is refused")
+		assert.Contains(t, err.Error(), "may not register")
+		require.NoError(t, c.nodes.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}))
+	})
+
+	var ghost *corev1.Node
+	t.Run("in taint mode the ghost registers, is reported and tainted", func(t *testing.T) {
+		_, err := c.dyn.Resource(clustersGVR).Namespace("default").Patch(ctx, "dev", types.MergePatchType,
+			[]byte(`{"metadata":{"annotations":{"`+ghosts.Annotation+`":"taint"}}}`), metav1.PatchOptions{})
+		require.NoError(t, err)
+		require.EventuallyWithT(t, func(col *assert.CollectT) {
+			cfg, err := c.nodes.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+			require.NoError(col, err)
+			assert.Len(col, cfg.Webhooks, 1, "the registration webhook removed")
+		}, 30*time.Second, 100*time.Millisecond)
+		ghost, err = kubeletRegisters(ctx, c, name)
+		require.NoError(t, err)
+		registered := time.Now()
+		series := `nodeguard_ghost_nodes{cluster="default/dev"}`
+		var reported, evented, tainted time.Duration
+		require.EventuallyWithT(t, func(col *assert.CollectT) {
+			if v, _ := scrape(col, metrics, series); v == 1 && reported == 0 {
+				reported = time.Since(registered)
+			}
+			if len(ghostEvents(col, c, name, ghost.UID)) == 1 && evented == 0 {
+				evented = time.Since(registered)
+			}
+			n, err := c.nodes.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			require.NoError(col, err)
+			if hasTaint(n) && tainted == 0 {
+				tainted = time.Since(registered)
+			}
+			assert.NotZero(col, reported, "metric")
+			assert.NotZero(col, evented, "Event")
+			assert.NotZero(col, tainted, "taint")
+		}, 10*time.Second, 20*time.Millisecond, "reported within 10 s of its registration")
+		t.Logf("ghost Node %s: metric %s, GhostNode Event %s, tainted %s:NoExecute %s after its registration",
+			name, reported.Round(time.Millisecond), evented.Round(time.Millisecond), ghosts.TaintKey, tainted.Round(time.Millisecond))
+		notes := ghostEvents(t, c, name, ghost.UID)
+		assert.Contains(t, notes[0], "DockerMachine default/"+name)
+		assert.Contains(t, notes[0], "deleted at")
+
+		var out bytes.Buffer
+		code, err := ghostlist.Run(ctx, ghostlist.Options{Kubeconfig: adminKubeconfig(t, mgmtEnv), Namespace: "default", Output: "text"}, &out)
+		require.NoError(t, err)
+		assert.Equal(t, ghostlist.ExitGhost, code, out.String())
+		assert.Contains(t, out.String(), `GHOST: Node "`+name+`" in Cluster default/dev: providerID "`+pid+`" was carried by DockerMachine default/`+name)
+		assert.Contains(t, out.String(), "tainted "+ghosts.TaintKey)
+		t.Logf("nodeguard ghosts:\n%s", out.String())
+	})
+
+	t.Run("nodeguard ghosts --clear ends the tombstone: no ghost, no taint", func(t *testing.T) {
+		var out bytes.Buffer
+		code, err := ghostlist.Run(ctx, ghostlist.Options{Kubeconfig: adminKubeconfig(t, mgmtEnv), Namespace: "default", Output: "text",
+			Clear: []string{pid}}, &out)
+		require.NoError(t, err)
+		assert.Equal(t, ghostlist.ExitNone, code)
+		assert.Contains(t, out.String(), "cleared: tombstone of providerID \""+pid+"\"")
+		cleared := time.Now()
+		require.EventuallyWithT(t, func(col *assert.CollectT) {
+			v, _ := scrape(col, metrics, `nodeguard_ghost_nodes{cluster="default/dev"}`)
+			assert.Zero(col, v)
+			n, err := c.nodes.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			require.NoError(col, err)
+			assert.False(col, hasTaint(n), "nodeguard's taint removed")
+		}, 10*time.Second, 20*time.Millisecond)
+		t.Logf("tombstone cleared: the ghost's taint removed %s later", time.Since(cleared).Round(time.Millisecond))
+		time.Sleep(2 * tombstones.DefaultWriteInterval) // the time under test: serve must not write the cleared tombstone back
+		ts, _, err := tombstones.Read(ctx, clients.Dynamic, "default")
+		require.NoError(t, err)
+		assert.Empty(t, ts, "serve took the clear; it did not write the tombstone back")
+		// The host stopped for good: its Node goes like any unlinked one.
+		require.NoError(t, c.nodes.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}))
+	})
+
+	t.Run("a new Machine whose DockerMachine carries the providerID again is never a ghost", func(t *testing.T) {
+		const reused = "dev-md-0-reused"
+		c.machine(t, reused, localcluster.MachineOptions{})
+		require.NoError(t, c.dyn.Resource(machines).Namespace("default").Delete(ctx, reused, metav1.DeleteOptions{}))
+		gone(t, "Machine "+reused, 60*time.Second, c.getMachine(reused))
+		require.EventuallyWithT(t, func(col *assert.CollectT) {
+			ts, _, err := tombstones.Read(ctx, clients.Dynamic, "default")
+			require.NoError(col, err)
+			require.Len(col, ts, 1)
+		}, 10*time.Second, 50*time.Millisecond, "tombstoned")
+		// The same name, so CAPD gives its DockerMachine the same providerID.
+		c.machine(t, reused, localcluster.MachineOptions{})
+		n, err := c.nodes.CoreV1().Nodes().Get(ctx, reused, metav1.GetOptions{})
+		require.NoError(t, err)
+		require.EventuallyWithT(t, func(col *assert.CollectT) {
+			ts, _, err := tombstones.Read(ctx, clients.Dynamic, "default")
+			require.NoError(col, err)
+			assert.Empty(col, ts, "the new link ended the tombstone")
+		}, 10*time.Second, 50*time.Millisecond)
+		v, _ := scrape(t, metrics, `nodeguard_ghost_nodes{cluster="default/dev"}`)
+		assert.Zero(t, v)
+		assert.Empty(t, ghostEvents(t, c, reused, n.UID))
+		assert.False(t, hasTaint(n))
+	})
+}
