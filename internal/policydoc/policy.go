@@ -201,8 +201,9 @@ func orphanSection(c *ast.Compiler, p func(string, ...any)) error {
 		return err
 	}
 	return criteriaSection(c, p, "nodeguard.ghosts", "Ghost Nodes", "a ghost",
-		"The entry point is `data.nodeguard.ghost`, with the tombstone of the Node's providerID as input; "+
-			"the enforcer does not keep tombstones or evaluate it yet.")
+		"Evaluated by `nodeguard serve` (its orphan scan) and `nodeguard ghosts` through `data.nodeguard.ghost`, with the tombstone "+
+			"of the Node's providerID as input, and for a Node's registration through `data.nodeguard.registration` "+
+			"([ghosts.md](ghosts.md) says where the tombstones come from and what is done about a ghost).")
 }
 
 // criteriaSection renders a package's description and custom.criteria.
