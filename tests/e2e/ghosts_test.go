@@ -19,6 +19,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	v1helper "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/klog/v2"
 
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghostlist"
@@ -214,6 +216,22 @@ func TestCAPIGhostNodes(t *testing.T) {
 		}, 10*time.Second, 20*time.Millisecond, "reported within 10 s of its registration")
 		t.Logf("ghost Node %s: metric %s, GhostNode Event %s, tainted %s:NoExecute %s after its registration",
 			name, reported.Round(time.Millisecond), evented.Round(time.Millisecond), ghosts.TaintKey, tainted.Round(time.Millisecond))
+		// What kube-scheduler's TaintToleration filter asks of it (the same
+		// k8s.io/component-helpers call): a Pod with the tolerations the API
+		// server gives every Pod (DefaultTolerationSeconds) cannot be put there.
+		n, err := c.nodes.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		seconds := int64(300)
+		everyPod := []corev1.Toleration{
+			{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &seconds},
+			{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &seconds},
+		}
+		doNotSchedule := func(t *corev1.Taint) bool {
+			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+		}
+		taint, untolerated := v1helper.FindMatchingUntoleratedTaint(klog.Background(), n.Spec.Taints, everyPod, doNotSchedule, false)
+		assert.True(t, untolerated, "no Pod can be scheduled to the ghost")
+		assert.Equal(t, ghosts.TaintKey, taint.Key)
 		notes := ghostEvents(t, c, name, ghost.UID)
 		assert.Contains(t, notes[0], "DockerMachine default/"+name)
 		assert.Contains(t, notes[0], "deleted at")
