@@ -50,11 +50,13 @@ package lib.nodeguard
 #   misrouted or unjudgeable when denied); blockers (linked InfraMachines or pools that
 #   still exist); unverified (linked Machines' InfraMachines of a kind not
 #   synced); messages (one sentence per blocker and unverified kind, when
-#   denied); warnings (what an exempt user bypassed). Read top to bottom: a
+#   denied, and findings: each message with its details, see denial);
+#   warnings (what an exempt user bypassed). Read top to bottom: a
 #   request that is no Node DELETE is not judged; for a Node, the links
 #   (links.rego) give the objects that could keep its host alive, and the
 #   verdict follows from what still exists; a Node DELETE that cannot be
-#   judged is denied.
+#   judged is denied (fail closed: a Node we cannot see might be linked to
+#   anything).
 decide(review, inventory, parameters) := {
 	"allowed": true, "reason": "not-judged",
 	"blockers": [], "unverified": [], "messages": [], "warnings": [],
@@ -64,14 +66,34 @@ decide(review, inventory, parameters) := {
 	node := _node(review)
 	name := object.get(node, node_paths.name, null)
 	is_string(name)
-} else := {
-	# Fail closed: a Node we cannot see might be linked to anything.
-	"allowed": false, "reason": "unjudgeable",
-	"blockers": [], "unverified": [], "warnings": [],
-	"messages": [sprintf(
+} else := denial("unjudgeable", [{
+	"message": sprintf(
 		"Node %q cannot be judged: the DELETE request carries no oldObject, so nodeguard cannot tell which InfraMachines are linked to it; retry the delete.",
 		[object.get(review, "name", "")],
-	)],
+	),
+	"details": {},
+}])
+
+# METADATA
+# title: Denial
+# description: |
+#   A denied decision for reason: its findings are what it says, each a
+#   message and the details a Gatekeeper violation carries (the blocker, the
+#   unverified kind, the provider's error), paired where they are made.
+denial(reason, findings) := {
+	"allowed": false, "reason": reason,
+	"blockers": [], "unverified": [], "warnings": [],
+	"messages": [f.message | some f in findings], "findings": findings,
+}
+
+# METADATA
+# title: Violations
+# description: |
+#   A Gatekeeper entry point's violations for a decision: one per finding of
+#   a denial, its message and details.
+violations(decision) := {{"msg": f.message, "details": f.details} |
+	not decision.allowed
+	some f in decision.findings
 }
 
 # A Node on the wrong Cluster's route is misrouted; any other is judged by
@@ -79,17 +101,17 @@ decide(review, inventory, parameters) := {
 _judge(review, node, name, inventory, params) := _misrouted_verdict(name, sentence, object.get(review, "userInfo", {}), params) if {
 	sentence := _misrouted(name, node, params)
 } else := verdict if {
-	# Links are found once and shared: they are the expensive part. Each is
-	# [key, how]: the key names an InfraMachine or pool, how says by which link.
+	# Each link is [key, how]: the key names an InfraMachine or pool, how says
+	# by which link.
 	links := _links(node, _active_links(node), inventory, params)
 	found := {key: _lookup(inventory, key) | some [key, _] in links}
 	blockers := [_blocker(key, obj, links) | some key, [obj] in found]
 	unverified := _unverified(found, links, params)
-	reasons := array.concat(
-		[_blocker_sentence(name, object.get(node, node_paths.provider_id, ""), b) | some b in blockers],
-		[_unverified_sentence(name, u) | some u in unverified],
+	findings := array.concat(
+		[{"message": _blocker_sentence(name, object.get(node, node_paths.provider_id, ""), b), "details": {"blocker": b}} | some b in blockers],
+		[{"message": _unverified_sentence(name, u), "details": {"unverified": u}} | some u in unverified],
 	)
-	verdict := _verdict(name, blockers, unverified, reasons, object.get(review, "userInfo", {}), params)
+	verdict := _verdict(name, blockers, unverified, findings, object.get(review, "userInfo", {}), params)
 }
 
 # METADATA
@@ -106,25 +128,22 @@ judged(review) if {
 # Nothing linked still exists: allowed. Something does (or cannot be proven
 # gone) but the user is exempt: allowed, with a warning saying what was
 # bypassed. Otherwise denied, blocked first.
-_verdict(name, blockers, unverified, reasons, user, params) := {
+_verdict(name, blockers, unverified, findings, user, params) := {
 	"allowed": true, "reason": "no-link",
 	"blockers": blockers, "unverified": unverified, "messages": [], "warnings": [],
 } if {
-	count(reasons) == 0
+	count(findings) == 0
 } else := {
 	"allowed": true, "reason": "exempt",
 	"blockers": blockers, "unverified": unverified, "messages": [],
 	"warnings": [sprintf(
 		"nodeguard: %s is exempt, so the delete of Node %q was allowed although it would be denied: %s",
-		[exempt_by, name, concat(" ", reasons)],
+		[exempt_by, name, concat(" ", [f.message | some f in findings])],
 	)],
 } if {
 	exempt_by := _exempt_by(user, params)
 	exempt_by != ""
-} else := {
-	"allowed": false, "reason": _denied_because[count(blockers) > 0],
-	"blockers": blockers, "unverified": unverified, "messages": reasons, "warnings": [],
-}
+} else := object.union(denial(_denied_because[count(blockers) > 0], findings), {"blockers": blockers, "unverified": unverified})
 
 _denied_because := {true: "blocked", false: "unverified"}
 
@@ -151,9 +170,9 @@ _another_cluster(namespace, _, params) if {
 
 # Misrouted is denied as blocked is: an exempt user still passes, warned.
 _misrouted_verdict(name, sentence, user, params) := v if {
-	v := _verdict(name, [], [], [sentence], user, params)
+	v := _verdict(name, [], [], [{"message": sentence, "details": {}}], user, params)
 	v.allowed
-} else := object.union(_verdict(name, [], [], [sentence], user, params), {"reason": "misrouted"})
+} else := denial("misrouted", [{"message": sentence, "details": {}}])
 
 _exempt_by(user, params) := sprintf("user %q", [user.username]) if {
 	user.username in params.exemptUsers
@@ -185,9 +204,8 @@ linked_machines(node, inventory, parameters) := {{"machine": concat("/", [ns, na
 
 # --- Links -------------------------------------------------------------------
 
-# The rule runs on every Node delete, so it is written for OPA's evaluator:
-# few function calls per candidate (each costs more than the test inside it)
-# and every fact derived once and passed down.
+# Written for OPA's evaluator: docs/performance.md, "How the rule is written
+# for OPA's evaluator".
 
 # The links whose Node fields are all set, with those values: [link, values].
 _active_links(node) := [[link, values] |

@@ -472,5 +472,5 @@ test_provider_error_is_unjudgeable if {
 	d := nodeguard.decide_with_provider(delete_review(capd_node), {"error": "it answered: not ready"}, {})
 	not d.allowed
 	d.reason == "unjudgeable"
-	d.provider_error == "it answered: not ready"
+	d.findings[0].details == {"provider": "nodeguard", "error": "it answered: not ready"}
 }

@@ -5,10 +5,9 @@ package lib.nodeguard
 # declared_parameters, and `make generate` writes the ConstraintTemplate's
 # openAPIV3Schema, the sample Constraint and docs/policy.md's table from it.
 #
-# declared_parameters is one literal, without references to other rules: OPA
-# then hands out the value as written instead of building it on every
-# decision, which keeps _complete (run on every decision) as cheap as the
-# hand-kept name set it replaced. A Go test checks that it stays a literal.
+# declared_parameters is one literal, without references to other rules (a Go
+# test checks it; docs/performance.md, "How the rule is written for OPA's
+# evaluator", says why).
 
 # METADATA
 # title: Declared parameters
@@ -132,8 +131,7 @@ default_parameters[name] := parameter.default if {
 #   The parameters declared with user_groups: true, sorted: the rule reads a
 #   user's groups only to compare them with the group names these list. The
 #   enforcer passes the rule only the groups of a user that some such parameter
-#   lists, so a review carrying a hundred thousand groups costs no more than
-#   one with a few (tests/fieldcoverage reruns the Rego tests on that).
+#   lists (tests/fieldcoverage reruns the Rego tests on that).
 group_parameters := sort([name | some name, parameter in declared_parameters; parameter.user_groups == true])
 
 # The parameters the rule reads: as given when they hold every declared name
@@ -148,9 +146,9 @@ _object_or_empty(x) := x if {
 } else := {}
 
 # The enforcer passes every parameter (its defaults come from
-# default_parameters); only a Constraint leaves some out. Building
-# default_parameters costs as much as finding a link type, so it is built
-# only to fill gaps.
+# default_parameters); only a Constraint leaves some out, and only then are
+# the defaults built (docs/performance.md, "How the rule is written for OPA's
+# evaluator").
 _complete(parameters) if {
 	is_object(parameters)
 	object.subset(object.keys(parameters), object.keys(declared_parameters))

@@ -91,12 +91,8 @@ decide_with_provider(review, answer, parameters) := _provider_denial(review, err
 	object.union_n([default_parameters, _object_or_empty(parameters), object.get(answer, "parameters", {})]),
 )
 
-_provider_denial(review, err) := {
-	"allowed": false,
-	"reason": "unjudgeable",
-	"blockers": [],
-	"unverified": [],
-	"messages": [concat(" ", [
+_provider_denial(review, err) := denial("unjudgeable", [{
+	"message": concat(" ", [
 		sprintf(
 			"Node %q cannot be deleted: nodeguard's external data provider %q did not give the objects linked to it (%s), so Gatekeeper cannot prove their hosts are gone.",
 			[object.get(review, "name", ""), provider_name, err],
@@ -105,27 +101,6 @@ _provider_denial(review, err) := {
 			"Check that nodeguard serve runs and is ready, and that Provider %q's url and caBundle match it (kubectl get providers.externaldata.gatekeeper.sh -o yaml); retry then.",
 			[provider_name],
 		),
-	])],
-	"warnings": [],
-	"provider_error": err,
-}
-
-# METADATA
-# title: Violations
-# description: |
-#   A Gatekeeper entry point's violations for a decision: one per message,
-#   each with details naming its blocker, its unverified kind or the
-#   provider's error.
-violations(decision) := {{"msg": msg, "details": _details(decision, i)} |
-	not decision.allowed
-	some i, msg in decision.messages
-}
-
-# Messages list blockers first, then unverified kinds, in the same order.
-_details(decision, i) := {"blocker": decision.blockers[i]} if {
-	i < count(decision.blockers)
-} else := {"unverified": decision.unverified[i - count(decision.blockers)]} if {
-	i - count(decision.blockers) < count(decision.unverified)
-} else := {"provider": provider_name, "error": decision.provider_error} if {
-	decision.provider_error
-} else := {}
+	]),
+	"details": {"provider": provider_name, "error": err},
+}])

@@ -114,10 +114,13 @@ _registration_kept(true, node, inventory, parameters, tombstone, now) := _kept_b
 
 _registration_message(node, tombstone, kept) := "" if {
 	count(kept) > 0
-} else := sprintf(
-	"nodeguard: Node %q may not register: %s, and nothing links it: Cluster API believes its host destroyed, yet a kubelet runs there. Stop the host; if it is meant to rejoin, clear the tombstone (nodeguard ghosts --clear %s).",
-	[object.get(node, nodeguard.node_paths.name, ""), _evidence(tombstone), tombstone.providerID],
-)
+} else := concat(" ", [
+	sprintf(
+		"nodeguard: Node %q may not register: %s, and nothing links it: Cluster API believes its host destroyed, yet a kubelet runs there.",
+		[object.get(node, nodeguard.node_paths.name, ""), _evidence(tombstone)],
+	),
+	sprintf("Stop the host; if it is meant to rejoin, clear the tombstone (nodeguard ghosts --clear %s).", [tombstone.providerID]),
+])
 
 # The criteria but "alive": a registration is alive by definition.
 _kept_but_alive(node, inventory, parameters, tombstone, now) := array.flatten([
