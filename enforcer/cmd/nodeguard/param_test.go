@@ -45,15 +45,15 @@ const (
 func useParameters(t *testing.T, files policytest.Files) {
 	t.Helper()
 	for old, new := range map[string]string{
-		`"blockers": blockers, "unverified": unverified, "messages": reasons, "warnings": [],`:           `"blockers": blockers, "unverified": unverified, "messages": [_ask(m, params) | some m in reasons], "warnings": [],`,
+		`denial(_denied_because[count(blockers) > 0], findings)`:                                         `denial(_denied_because[count(blockers) > 0], [_ask(f, params) | some f in findings])`,
 		`groups := {group | some group in object.get(user, "groups", []); group in params.exemptGroups}`: `groups := {group | some group in object.get(user, "groups", []); _exempt_group(group, params)}`,
 	} {
 		require.NoError(t, files.Replace("lib/nodeguard/nodeguard.rego", old, new))
 	}
 	files["lib/nodeguard/nodeguard.rego"] += `
-_ask(message, params) := sprintf("%s Ask %s.", [message, params.contact]) if {
+_ask(finding, params) := object.union(finding, {"message": sprintf("%s Ask %s.", [finding.message, params.contact])}) if {
 	params.contact != ""
-} else := message
+} else := finding
 
 _exempt_group(group, params) if group in params.exemptGroups
 
