@@ -21,7 +21,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/retry"
@@ -231,15 +230,13 @@ func nodeRef(g orphans.Ghost) *unstructured.Unstructured {
 	return u
 }
 
-var nodes = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
-
 // setTaint adds or removes nodeguard's taint on the Node judged (the same
 // UID: a Node re-created under the name is judged again on its own),
 // reading it first: client-go's strategic merge replaces a Node's taints
 // whole, so an update with its resourceVersion keeps everyone else's.
 func (tr *Tracker) setTaint(ctx context.Context, t Target, g orphans.Ghost, on bool) error {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := t.Nodes.Resource(nodes).Get(ctx, g.Node, metav1.GetOptions{})
+		n, err := t.Nodes.Resource(orphans.NodeGVR).Get(ctx, g.Node, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
@@ -265,7 +262,7 @@ func (tr *Tracker) setTaint(ctx context.Context, t Target, g orphans.Ghost, on b
 		if err := unstructured.SetNestedSlice(n.Object, taints, "spec", "taints"); err != nil {
 			return err
 		}
-		_, err = t.Nodes.Resource(nodes).Update(ctx, n, metav1.UpdateOptions{FieldManager: "nodeguard"})
+		_, err = t.Nodes.Resource(orphans.NodeGVR).Update(ctx, n, metav1.UpdateOptions{FieldManager: "nodeguard"})
 		return err
 	})
 	what := "remove nodeguard's taint from"

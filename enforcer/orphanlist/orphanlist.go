@@ -1,4 +1,7 @@
-package orphans
+// Package orphanlist is `nodeguard orphans`: the orphan Nodes of -f files or
+// of the live cluster, judged by the orphan criteria (package orphans), and
+// with --delete deleted as the reaper deletes them (reaper.DeleteNode).
+package orphanlist
 
 import (
 	"context"
@@ -11,7 +14,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
@@ -21,7 +23,9 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
 
@@ -72,9 +76,6 @@ type Kept struct {
 	Node string `json:"node"`
 	Why  string `json:"why"`
 }
-
-// NodeGVR is the resource of core Nodes.
-var NodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 
 // liveSyncTimeout bounds how long a live run waits for its caches.
 const liveSyncTimeout = 60 * time.Second
@@ -149,7 +150,7 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, ev
 	if err != nil {
 		return Report{}, err
 	}
-	f, err := NewFinder(Options{Guard: g, Inventory: inv, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
+	f, err := orphans.NewFinder(orphans.Options{Guard: g, Inventory: inv, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
 	if err != nil {
 		return Report{}, err
 	}
@@ -187,7 +188,8 @@ func runLiveWith(ctx context.Context, c kubeclient.Clients, opts CommandOptions,
 	if err != nil {
 		return Report{}, err
 	}
-	f, err := NewFinder(Options{Guard: e.Guard, Inventory: e.Inventory, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID, Tombstones: stones})
+	f, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID,
+		Tombstones: stones})
 	if err != nil {
 		return Report{}, err
 	}
@@ -205,7 +207,7 @@ func runLiveWith(ctx context.Context, c kubeclient.Clients, opts CommandOptions,
 			if !v.Orphan {
 				continue
 			}
-			if err := DeleteNode(ctx, c.Dynamic, v); err != nil {
+			if err := reaper.DeleteNode(ctx, c.Dynamic, v); err != nil {
 				return report, err
 			}
 			report.Deleted = append(report.Deleted, v.Node)
@@ -216,7 +218,7 @@ func runLiveWith(ctx context.Context, c kubeclient.Clients, opts CommandOptions,
 
 // ListNodes reads every Node from the API server.
 func ListNodes(ctx context.Context, client dynamic.Interface) ([]*unstructured.Unstructured, error) {
-	list, err := client.Resource(NodeGVR).List(ctx, metav1.ListOptions{})
+	list, err := client.Resource(orphans.NodeGVR).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
@@ -228,24 +230,8 @@ func ListNodes(ctx context.Context, client dynamic.Interface) ([]*unstructured.U
 	return out, nil
 }
 
-// DeleteNode deletes the Node the verdict judged, and only that one: the
-// preconditions make the API server refuse when the Node was re-registered
-// under the same name (UID) or changed since (resourceVersion). The delete
-// goes through admission, so nodeguard's own webhook judges it too.
-func DeleteNode(ctx context.Context, client dynamic.Interface, v Verdict) error {
-	if v.UID == "" || v.ResourceVersion == "" {
-		return fmt.Errorf("delete Node %q: no UID or resourceVersion to make the delete conditional", v.Node)
-	}
-	uid, rv := v.UID, v.ResourceVersion
-	err := client.Resource(NodeGVR).Delete(ctx, v.Node, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
-	if err != nil {
-		return fmt.Errorf("delete Node %q (uid %s, resourceVersion %s): %w", v.Node, uid, rv, err)
-	}
-	return nil
-}
-
 // NewReport sorts verdicts into orphans and the CAPI-managed Nodes kept.
-func NewReport(verdicts []Verdict) Report {
+func NewReport(verdicts []orphans.Verdict) Report {
 	r := Report{Orphans: []Orphan{}, Kept: []Kept{}}
 	for _, v := range verdicts {
 		switch {

@@ -1,4 +1,4 @@
-package orphans
+package orphanlist
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -32,16 +33,10 @@ func TestLiveListAndDelete(t *testing.T) {
 	r, err = runLiveWith(ctx, c, CommandOptions{Output: "json", Delete: true}, nil, eval, now)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"dev-md-0-left"}, r.Deleted)
-	list, err := client.Resource(NodeGVR).List(ctx, metav1.ListOptions{})
+	list, err := client.Resource(orphans.NodeGVR).List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
 	assert.Len(t, list.Items, 7, "only the orphan was deleted")
 	for _, n := range list.Items {
 		assert.NotEqual(t, "dev-md-0-left", n.GetName())
 	}
-}
-
-func TestDeleteNeedsPreconditions(t *testing.T) {
-	client, _ := testcluster.CAPD(t, "testdata")
-	err := DeleteNode(context.Background(), client, Verdict{Node: "dev-md-0-recent"})
-	assert.ErrorContains(t, err, "no UID or resourceVersion")
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nodeguard/nodeguard/enforcer/engine"
@@ -20,6 +21,9 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
+
+// NodeGVR is the resource of core Nodes.
+var NodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 
 // DefaultGrace is how long a Node must have been not Ready (the Rego's
 // default_grace; a test keeps them equal).

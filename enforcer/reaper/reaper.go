@@ -279,7 +279,7 @@ func (r *Reaper) act(ctx context.Context, t Target, seen orphans.Verdict) (Outco
 			return Failed, fmt.Errorf("not deleting orphan Node %q: %w", v.Node, err)
 		}
 	}
-	if err := orphans.DeleteNode(ctx, t.Nodes, v); err != nil {
+	if err := DeleteNode(ctx, t.Nodes, v); err != nil {
 		// A precondition failure (re-registered, changed) or a denial by
 		// admission: observe again from scratch.
 		r.Forget(t.Cluster, seen.Node)
@@ -296,4 +296,20 @@ func (r *Reaper) act(ctx context.Context, t Target, seen orphans.Verdict) (Outco
 			"nodeguard deleted orphan Node %s: %s", v.Node, v.Reason)
 	}
 	return Deleted, nil
+}
+
+// DeleteNode deletes the Node the verdict judged, and only that one: the
+// preconditions make the API server refuse when the Node was re-registered
+// under the same name (UID) or changed since (resourceVersion). The delete
+// goes through admission, so nodeguard's own webhook judges it too.
+func DeleteNode(ctx context.Context, client dynamic.Interface, v orphans.Verdict) error {
+	if v.UID == "" || v.ResourceVersion == "" {
+		return fmt.Errorf("delete Node %q: no UID or resourceVersion to make the delete conditional", v.Node)
+	}
+	uid, rv := v.UID, v.ResourceVersion
+	err := client.Resource(orphans.NodeGVR).Delete(ctx, v.Node, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+	if err != nil {
+		return fmt.Errorf("delete Node %q (uid %s, resourceVersion %s): %w", v.Node, uid, rv, err)
+	}
+	return nil
 }

@@ -462,3 +462,9 @@ func (f *fixture) observeAll(t *testing.T, target Target) (errs []error) {
 	}
 	return errs
 }
+
+func TestDeleteNeedsPreconditions(t *testing.T) {
+	client, _ := testcluster.CAPD(t, "../orphans/testdata")
+	err := DeleteNode(context.Background(), client, orphans.Verdict{Node: "dev-md-0-recent"})
+	assert.ErrorContains(t, err, "no UID or resourceVersion")
+}

@@ -32,6 +32,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/ghostlist"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/orphanlist"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
@@ -172,7 +173,7 @@ func judgeFlags(f *pflag.FlagSet, files *[]string, cluster, constraint, output, 
 }
 
 func orphansCommand(code *int) *cobra.Command {
-	var opts orphans.CommandOptions
+	var opts orphanlist.CommandOptions
 	cmd := &cobra.Command{
 		Use:   "orphans [-f PATH ...] [--cluster NAMESPACE/NAME] [--grace DURATION] [--now RFC3339] [--match-provider-id] [--delete] [-o text|json]",
 		Short: "List orphan Nodes: CAPI Nodes whose Machine and InfraMachine are gone (exit 0, 1 on error)",
@@ -186,7 +187,7 @@ func orphansCommand(code *int) *cobra.Command {
 			if opts.Namespace == "" {
 				opts.Namespace = serve.LeaseNamespace()
 			}
-			return orphans.Run(ctx, opts, out)
+			return orphanlist.Run(ctx, opts, out)
 		}),
 	}
 	f := cmd.Flags()
