@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/owned"
 	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
@@ -262,7 +263,7 @@ func (tr *Tracker) setTaint(ctx context.Context, t Target, g orphans.Ghost, on b
 		if err := unstructured.SetNestedSlice(n.Object, taints, "spec", "taints"); err != nil {
 			return err
 		}
-		_, err = t.Nodes.Resource(orphans.NodeGVR).Update(ctx, n, metav1.UpdateOptions{FieldManager: "nodeguard"})
+		_, err = t.Nodes.Resource(orphans.NodeGVR).Update(ctx, n, metav1.UpdateOptions{FieldManager: owned.FieldManager})
 		return err
 	})
 	what := "remove nodeguard's taint from"

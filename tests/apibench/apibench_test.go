@@ -354,7 +354,7 @@ func startWebhook(b *testing.B, env *envtest.Environment, kube kubernetes.Interf
 	case "nodeguard", "nodeguard-no-fresh-reads":
 		args := strings.Fields(*nodeguardArgs)
 		if mode == "nodeguard-no-fresh-reads" {
-			args = append(args, "--no-fresh-reads")
+			args = append(args, "--fresh-reads=false")
 		}
 		w = startNodeguard(b, env, kube, nodeguardBin, args, asWebhook)
 	case "admission-policy":

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -238,7 +239,7 @@ func namespaceFlag(f *pflag.FlagSet, ns *string) {
 
 func serveCommand(stderr io.Writer) *cobra.Command {
 	var opts serve.Options
-	var denialEvents bool
+
 	cmd := &cobra.Command{
 		Use:   "serve --tls-cert-file FILE --tls-private-key-file FILE",
 		Short: "Run the validating admission webhook for Node deletes",
@@ -256,7 +257,6 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 			// both into the same JSON log.
 			klog.SetSlogLogger(log)
 			ctrllog.SetLogger(logr.FromSlogHandler(log.Handler()))
-			opts.NoDenialEvents = !denialEvents
 			return serve.Run(cmd.Context(), opts, log, nil)
 		},
 	}
@@ -277,7 +277,9 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.StringVar(&opts.Context, "context", "", "kubeconfig context")
 	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from, read once (default: the cluster's Constraint, --constraint-name)")
 	f.StringVar(&opts.ConstraintName, "constraint-name", constraintwatch.DefaultName, "without --constraint: the K8sNodeGuard Constraint in the cluster whose spec.parameters and spec.enforcementAction are in force, edits applied while serving; none there (or no Gatekeeper CRD): the rule's defaults; \"\": do not read it")
-	f.BoolVar(&opts.NoFreshReads, "no-fresh-reads", false, "answer from the informer caches alone (a lagging cache can then decide)")
+	negatedVar(f, &opts.NoFreshReads, "fresh-reads", "re-read the objects linked to a Node from the API server before answering; false answers from the informer caches alone (a lagging cache can then decide)")
+	f.BoolVar(&opts.NoFreshReads, "no-fresh-reads", false, "the same as --fresh-reads=false")
+	_ = f.MarkDeprecated("no-fresh-reads", "use --fresh-reads=false; --no-fresh-reads goes in a later release")
 	f.DurationVar(&opts.FreshReadTimeout, "fresh-read-timeout", serve.DefaultFreshTimeout, "bound on the fresh reads of one review; past it the delete is denied")
 	f.DurationVar(&opts.RequestTimeout, "request-timeout", serve.DefaultRequestTimeout, "deadline of one review; keep it below the webhook's timeoutSeconds")
 	f.Var(&actionFlag{&opts.EnforcementAction}, "enforcement-action", "what a Node delete the rule denies becomes on the review routes: deny, warn (admitted, with the denial as a warning and a NodeDeleteWouldBeDenied Event) or dryrun (admitted, logged and counted); the Constraint's spec.enforcementAction, when set, overrides it, and a Cluster's nodeguard.io/enforcement-action annotation on its route")
@@ -298,7 +300,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.IntVar(&opts.MaxConcurrentDecisions, "max-concurrent-decisions", webhook.DefaultMaxConcurrentDecisions, "decisions made at once; further reviews wait for a slot within their deadline")
 	f.StringVar(&opts.MetricsBindAddress, "metrics-bind-address", serve.DefaultMetricsBindAddress, "address to serve /metrics on over HTTP; 0 disables")
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", serve.DefaultHealthProbeBindAddress, "address to serve /healthz and /readyz on over HTTP; 0 disables")
-	f.BoolVar(&denialEvents, "denial-events", true, "record a Warning Event NodeDeleteDenied on the Node of each denied delete (aggregated and rate-limited; docs/operate.md)")
+	negatedVar(f, &opts.NoDenialEvents, "denial-events", "record a Warning Event NodeDeleteDenied on the Node of each denied delete (aggregated and rate-limited; docs/operate.md)")
 	f.BoolVar(&opts.DenialEventsWorkloadClusters, "denial-events-workload-clusters", false, "record the Events of /validate/clusters/NS/NAME in that workload cluster, through its <name>-kubeconfig Secret (needs Secret get); otherwise on the Machine in this cluster")
 	f.StringVar(&opts.TLSMinVersion, "tls-min-version", tlsserver.DefaultMinVersion, "lowest TLS version accepted: VersionTLS12 or VersionTLS13")
 	f.StringSliceVar(&opts.TLSCipherSuites, "tls-cipher-suites", tlsserver.DefaultCipherSuites(), "TLS 1.2 cipher suites accepted, comma-separated IANA names (TLS 1.3 suites are always AEAD)")
@@ -570,3 +572,31 @@ func (f *protectionFlag) Set(s string) error {
 }
 
 func (*protectionFlag) Type() string { return "protection" }
+
+// negated is a bool flag named for what it turns on (--fresh-reads) over an
+// option named for what turns it off (NoFreshReads), whose zero value is the
+// default: one polarity on the command line, a safe zero in Go.
+type negated struct{ off *bool }
+
+func (n negated) String() string {
+	if n.off == nil {
+		return "true"
+	}
+	return strconv.FormatBool(!*n.off)
+}
+
+func (n negated) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	*n.off = !v
+	return nil
+}
+
+func (negated) Type() string { return "bool" }
+
+// negatedVar defines --name (default true) over off.
+func negatedVar(f *pflag.FlagSet, off *bool, name, usage string) {
+	f.VarPF(negated{off}, name, "", usage).NoOptDefVal = "true"
+}

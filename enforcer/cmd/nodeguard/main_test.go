@@ -231,3 +231,23 @@ func TestNoFlagTakesItsValueNameFromItsUsage(t *testing.T) {
 	}
 	walk(rootCommand(&code, io.Discard))
 }
+
+// serve's flags have one polarity: --fresh-reads and --denial-events are on
+// by default and take =false; the old --no-fresh-reads, deprecated, sets the
+// same option.
+func TestServeFlagsHaveOnePolarity(t *testing.T) {
+	value := func(args []string, name string) string {
+		cmd := serveCommand(io.Discard)
+		require.NoError(t, cmd.ParseFlags(args))
+		return cmd.Flags().Lookup(name).Value.String()
+	}
+	assert.Equal(t, "true", value(nil, "fresh-reads"))
+	assert.Equal(t, "false", value([]string{"--fresh-reads=false"}, "fresh-reads"))
+	assert.Equal(t, "true", value([]string{"--fresh-reads=false"}, "no-fresh-reads"), "one option under both names")
+	assert.Equal(t, "false", value([]string{"--no-fresh-reads"}, "fresh-reads"))
+	assert.Equal(t, "true", value([]string{"--fresh-reads"}, "fresh-reads"))
+	assert.Equal(t, "true", value(nil, "denial-events"))
+	assert.Equal(t, "false", value([]string{"--denial-events=false"}, "denial-events"))
+	assert.Error(t, serveCommand(io.Discard).ParseFlags([]string{"--fresh-reads=maybe"}))
+	assert.NotEmpty(t, serveCommand(io.Discard).Flags().Lookup("no-fresh-reads").Deprecated)
+}
