@@ -265,7 +265,7 @@ func TestTheFinderJudgesGhostsAndRegistrationsWithTheTombstones(t *testing.T) {
 	gh, err = f.Ghost(ctx, route, left, now, false)
 	require.NoError(t, err)
 	assert.False(t, gh.Ghost)
-	assert.Equal(t, []string{"it was created before the tombstone and has not turned Ready since"}, gh.Kept)
+	assert.Equal(t, []string{"it was not created after the tombstone and has not turned Ready since"}, gh.Kept)
 	vs, err := f.Scan(ctx, []*unstructured.Unstructured{left}, "", now)
 	require.NoError(t, err)
 	assert.True(t, vs[0].Orphan)

@@ -226,12 +226,14 @@ func TestCAPIGhostNodes(t *testing.T) {
 			{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &seconds},
 			{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &seconds},
 		}
-		doNotSchedule := func(t *corev1.Taint) bool {
-			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+		// nodeguard's taint alone: the API server's not-ready taint, which no
+		// controller here lifts, would keep Pods off as well.
+		nodeguards := func(t *corev1.Taint) bool {
+			return t.Key == ghosts.TaintKey && (t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute)
 		}
-		taint, untolerated := v1helper.FindMatchingUntoleratedTaint(klog.Background(), n.Spec.Taints, everyPod, doNotSchedule, false)
-		assert.True(t, untolerated, "no Pod can be scheduled to the ghost")
-		assert.Equal(t, ghosts.TaintKey, taint.Key)
+		taint, untolerated := v1helper.FindMatchingUntoleratedTaint(klog.Background(), n.Spec.Taints, everyPod, nodeguards, false)
+		assert.True(t, untolerated, "no Pod can be scheduled to the ghost: nodeguard's taint is tolerated by none")
+		assert.Equal(t, corev1.TaintEffectNoExecute, taint.Effect)
 		notes := ghostEvents(t, c, name, ghost.UID)
 		assert.Contains(t, notes[0], "DockerMachine default/"+name)
 		assert.Contains(t, notes[0], "deleted at")

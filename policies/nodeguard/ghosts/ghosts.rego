@@ -24,9 +24,11 @@
 #         InfraMachine carrying the providerID again is a legitimate reuse, not a ghost.
 #     - title: It is alive again
 #       text: >-
-#         It was created at or after the tombstone's deletedAt (a re-registration), or its Ready condition turned True
-#         at or after it (Ready again). A Node Ready since before then is the Node whose deletion was under way, not
-#         yet marked NotReady; an unknown or unreadable time proves nothing.
+#         It was created after the tombstone's deletedAt (a re-registration), or its Ready condition turned True after
+#         it (Ready again), both to the second the API server keeps. A Node Ready since before then is the Node whose
+#         deletion was under way, not yet marked NotReady; a time in the same second proves nothing (a Node created
+#         and its Machine deleted within one second is no re-registration), and neither does an unknown or unreadable
+#         one.
 package nodeguard.ghosts
 
 import data.lib.nodeguard
@@ -146,7 +148,10 @@ _not_tombstoned(node, tombstone, now) := ["it has no spec.providerID"] if {
 _before(a, b) if time.parse_rfc3339_ns(a) < time.parse_rfc3339_ns(b)
 
 # Undefined when a time cannot be parsed: an unknown time proves nothing alive.
-_at_or_after(a, b) if time.parse_rfc3339_ns(a) >= time.parse_rfc3339_ns(b)
+# To the second: the API server keeps Node times in seconds.
+_after(a, b) if _second(a) > _second(b)
+
+_second(t) := floor(time.parse_rfc3339_ns(t) / 1000000000)
 
 _linked(d) := [sprintf("the rule would not allow deleting it (%s): something links it", [d.reason])] if {
 	d.reason != "no-link"
@@ -156,10 +161,10 @@ _linked(d) := [sprintf("the rule would not allow deleting it (%s): something lin
 _not_alive(node, tombstone) := [] if {
 	not is_object(tombstone)
 } else := [] if {
-	_at_or_after(nodes.created(node), tombstone.deletedAt)
+	_after(nodes.created(node), tombstone.deletedAt)
 } else := [] if {
-	_at_or_after(nodes.ready_since(node), tombstone.deletedAt)
-} else := ["it was created before the tombstone and has not turned Ready since"]
+	_after(nodes.ready_since(node), tombstone.deletedAt)
+} else := ["it was not created after the tombstone and has not turned Ready since"]
 
 _reason(tombstone, kept) := "" if {
 	count(kept) > 0

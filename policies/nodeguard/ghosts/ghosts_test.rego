@@ -115,7 +115,7 @@ test_a_node_left_behind_not_ready_since_before_the_tombstone_is_no_ghost if {
 	# The Node CAPI failed to delete, its host gone: an orphan, not a ghost.
 	v := verdict(not_ready(fixtures.capd_node, "2026-12-01T00:00:00Z"), [], tombstone)
 	not v.ghost
-	v.kept == ["it was created before the tombstone and has not turned Ready since"]
+	v.kept == ["it was not created after the tombstone and has not turned Ready since"]
 }
 
 test_a_node_without_conditions_or_creation_time_is_no_ghost if {
@@ -132,13 +132,27 @@ test_a_node_ready_since_before_the_tombstone_is_no_ghost if {
 	})
 	v := verdict(fixtures.without_annotations(node), [], tombstone)
 	not v.ghost
-	v.kept == ["it was created before the tombstone and has not turned Ready since"]
+	v.kept == ["it was not created after the tombstone and has not turned Ready since"]
 }
 
 test_a_node_ready_again_after_the_tombstone_is_a_ghost if {
 	# Created long ago, NotReady while its host was "destroyed", Ready again since 11:55.
 	node := object.union(reregistered, {"metadata": {"creationTimestamp": "2026-12-01T00:00:00Z"}})
 	verdict(fixtures.without_annotations(node), [], tombstone).ghost
+}
+
+test_a_node_created_in_the_second_of_the_tombstone_is_no_ghost if {
+	# Its Machine deleted within the second the Node was created (and turned
+	# Ready): no re-registration.
+	node := object.union(fixtures.capd_node, {
+		"metadata": {"creationTimestamp": "2026-12-03T11:50:00Z"},
+		"status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-03T11:50:00Z"}]},
+	})
+	v := verdict(fixtures.without_annotations(node), [], object.union(tombstone, {"deletedAt": "2026-12-03T11:50:00.700Z"}))
+	not v.ghost
+	v.kept == ["it was not created after the tombstone and has not turned Ready since"]
+	later := json.patch(node, [{"op": "replace", "path": "/metadata/creationTimestamp", "value": "2026-12-03T11:50:01Z"}])
+	verdict(fixtures.without_annotations(later), [], tombstone).ghost
 }
 
 test_an_unreadable_time_proves_nothing_alive if {
