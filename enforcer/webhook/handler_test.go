@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -348,10 +349,10 @@ func TestConcurrentReviews(t *testing.T) {
 
 func TestGracefulShutdownFinishesInFlightReviews(t *testing.T) {
 	_, _, nodes := example(t)
-	started := make(chan struct{})
+	started, finish := make(chan struct{}), make(chan struct{})
 	slow := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
 		close(started)
-		time.Sleep(300 * time.Millisecond)
+		<-finish
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	})
 	s := serve(t, webhook.New(webhook.Options{Decider: slow}), tlsserver.Options{}, nil)
@@ -361,7 +362,25 @@ func TestGracefulShutdownFinishesInFlightReviews(t *testing.T) {
 		result <- out
 	}()
 	<-started
-	require.NoError(t, s.stop(), "Serve returns cleanly after draining")
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.stop() }()
+	// Shutdown closes the listener first, then drains: once nothing is
+	// accepted, it is draining the review still deciding.
+	addr := strings.TrimPrefix(s.url, "https://")
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err != nil
+	}, 10*time.Second, 10*time.Millisecond, "shutdown begins: the listener is closed")
+	select {
+	case err := <-stopped:
+		t.Fatalf("Serve returned (%v) while a review was still deciding", err)
+	default:
+	}
+	close(finish)
+	require.NoError(t, <-stopped, "Serve returns cleanly after draining")
 	out := <-result
 	require.NotNil(t, out)
 	assert.True(t, out.Response.Allowed)

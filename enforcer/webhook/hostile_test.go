@@ -116,7 +116,11 @@ func TestSameReviewsShareOneDecision(t *testing.T) {
 		}()
 	}
 	require.Eventually(t, func() bool { return in.n.Load() == n }, 10*time.Second, time.Millisecond)
-	time.Sleep(100 * time.Millisecond) // from arrival to joining the flight: decoding only
+	// From arrival to joining the flight is decoding only, but no event
+	// announces the join: the stacks show the two leaders deciding and the
+	// other reviews waiting on their flights.
+	require.Eventually(t, func() bool { return calls.Load() == 2 && goroutinesIn(flightWaiter...) == n-2 }, 10*time.Second, time.Millisecond,
+		"alice's first review and bob's decide, alice's eight others wait on the first's flight")
 	close(release)
 	wg.Wait()
 	for i := range n {
@@ -131,16 +135,70 @@ func TestSameReviewsShareOneDecision(t *testing.T) {
 	assert.EqualValues(t, 3, calls.Load())
 }
 
-// slowDecider allows every request after taking d, and keeps in peak the
-// most decisions it saw running at once.
-func slowDecider(d time.Duration, peak *atomic.Int64) deciderFunc {
-	var running atomic.Int64
-	return func(context.Context, guard.Request) (decision.Decision, error) {
-		now := running.Add(1)
-		for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
+// Where a goroutine waits, by the functions on its stack (goroutinesIn):
+// a review that joined another's decision; one queued for a decision slot;
+// one queued for its bytes in the budget.
+var (
+	flightWaiter = []string{"singleflight.(*Group).Do(", "sync.(*WaitGroup).Wait"}
+	slotWaiter   = []string{"intake.Do[", "semaphore.(*Weighted).Acquire"}
+	bytesWaiter  = []string{"intake.(*Intake).acquire", "semaphore.(*Weighted).Acquire"}
+)
+
+// goroutinesIn counts the goroutines whose stacks hold every one of frames:
+// how a test sees requests queued where nothing announces it.
+func goroutinesIn(frames ...string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
 		}
-		time.Sleep(d)
-		running.Add(-1)
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		all := true
+		for _, f := range frames {
+			all = all && strings.Contains(g, f)
+		}
+		if all {
+			count++
+		}
+	}
+	return count
+}
+
+// heldDecider allows every request once released; it counts the decisions
+// under way and keeps the most it saw at once.
+type heldDecider struct {
+	running, peak atomic.Int64
+	gate          atomic.Pointer[chan struct{}]
+}
+
+func newHeldDecider() *heldDecider {
+	d := &heldDecider{}
+	d.hold()
+	return d
+}
+
+// hold makes the decisions that start from now on wait for release.
+func (d *heldDecider) hold() {
+	gate := make(chan struct{})
+	d.gate.Store(&gate)
+}
+
+// release lets the held decisions, and those that start until the next
+// hold, finish.
+func (d *heldDecider) release() { close(*d.gate.Load()) }
+
+func (d *heldDecider) decider() deciderFunc {
+	return func(context.Context, guard.Request) (decision.Decision, error) {
+		now := d.running.Add(1)
+		defer d.running.Add(-1)
+		for p := d.peak.Load(); now > p && !d.peak.CompareAndSwap(p, now); p = d.peak.Load() {
+		}
+		<-*d.gate.Load()
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	}
 }
@@ -150,27 +208,36 @@ func slowDecider(d time.Duration, peak *atomic.Int64) deciderFunc {
 // denied, in time.
 func TestConcurrentDecisionsAreBounded(t *testing.T) {
 	_, _, nodes := example(t)
-	var peak atomic.Int64
-	slow := slowDecider(20*time.Millisecond, &peak)
-	s := serve(t, webhook.New(webhook.Options{Decider: slow, MaxConcurrentDecisions: 2}), tlsserver.Options{}, nil)
+	held := newHeldDecider()
+	s := serve(t, webhook.New(webhook.Options{Decider: held.decider(), MaxConcurrentDecisions: 2}), tlsserver.Options{}, nil)
 	bodies := make([][]byte, 12)
 	for i := range bodies {
 		// A user each: no two reviews share a decision.
 		bodies[i] = review(admissionv1.Delete, "Node", nodes[linkedNode].Object, fmt.Sprintf("group-%d", i))
 	}
-	s.answerAll(t, bodies, always)
-	assert.EqualValues(t, 2, peak.Load())
+	answered := make(chan struct{})
+	go func() { defer close(answered); s.answerAll(t, bodies, always) }()
+	require.Eventually(t, func() bool { return held.running.Load() == 2 && goroutinesIn(slotWaiter...) == len(bodies)-2 }, 10*time.Second, 10*time.Millisecond,
+		"two reviews deciding, the ten others queued for a slot")
+	held.release()
+	<-answered
+	assert.EqualValues(t, 2, held.peak.Load())
 
-	// A decider that ignores its deadline holds the only slot for a second.
+	// A decider that ignores its deadline holds the only slot until the end
+	// of the test.
+	holding, unstick := make(chan struct{}), make(chan struct{})
+	var once sync.Once
 	stuck := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
-		time.Sleep(time.Second)
+		once.Do(func() { close(holding) })
+		<-unstick
 		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
 	})
 	s = serve(t, webhook.New(webhook.Options{Decider: stuck, MaxConcurrentDecisions: 1, Timeout: 300 * time.Millisecond}), tlsserver.Options{}, nil)
+	t.Cleanup(func() { close(unstick) }) // before the server's stop, which drains the first review
 	go func() {
 		_, _ = s.answer("/validate", review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "first"))
 	}()
-	time.Sleep(50 * time.Millisecond)
+	<-holding
 	start := time.Now()
 	out, err := s.answer("/validate", review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "second"))
 	require.NoError(t, err)
@@ -323,26 +390,36 @@ func TestLargestRealNodeFits(t *testing.T) {
 // Large reviews take a share of a byte budget while they are decoded and
 // decided: ~1 MiB ones go about four at a time, small ones are not held up.
 func TestLargeReviewsQueueForTheirBytes(t *testing.T) {
-	var peak atomic.Int64
-	slow := slowDecider(100*time.Millisecond, &peak)
-	s := serve(t, webhook.New(webhook.Options{Decider: slow}), tlsserver.Options{}, nil)
-	send := func(bodies [][]byte) { s.answerAll(t, bodies, always) }
+	held := newHeldDecider()
+	// Deadlines far past the default: the reviews waiting for their bytes
+	// wait until the test has seen them all, and under the race detector on
+	// a loaded machine decoding 1 MiB takes seconds.
+	s := serve(t, webhook.New(webhook.Options{Decider: held.decider(), Timeout: time.Minute}), tlsserver.Options{}, nil)
+	send := func(bodies [][]byte, queued func() bool, why string) {
+		answered := make(chan struct{})
+		go func() { defer close(answered); s.answerAll(t, bodies, always) }()
+		require.Eventually(t, queued, time.Minute, 10*time.Millisecond, why)
+		held.release()
+		<-answered
+	}
 	large := make([][]byte, 8)
 	for i := range large {
 		large[i] = review(admissionv1.Delete, "Node", hostileNode(fmt.Sprintf("large-%d", i)))
 	}
-	send(large)
-	assert.LessOrEqual(t, peak.Load(), int64(4), "at most four ~1 MiB reviews at once")
-	assert.Positive(t, peak.Load())
+	send(large, func() bool { return held.running.Load() == 4 && goroutinesIn(bytesWaiter...) == 4 },
+		"four large reviews deciding, the four others waiting for their bytes")
+	assert.LessOrEqual(t, held.peak.Load(), int64(4), "at most four ~1 MiB reviews at once")
+	assert.Positive(t, held.peak.Load())
 
-	peak.Store(0)
+	held.hold()
+	held.peak.Store(0)
 	small := make([][]byte, 12)
 	for i := range small {
 		small[i] = review(admissionv1.Delete, "Node", map[string]any{"apiVersion": "v1", "kind": "Node",
 			"metadata": map[string]any{"name": fmt.Sprintf("small-%d", i)}})
 	}
-	send(small)
-	assert.Greater(t, peak.Load(), int64(4), "small reviews are not held to the large ones' pace")
+	send(small, func() bool { return held.running.Load() == int64(len(small)) }, "the twelve small reviews deciding at once")
+	assert.Greater(t, held.peak.Load(), int64(4), "small reviews are not held to the large ones' pace")
 }
 
 // realisticNode is a Node as kubelet registers it in a CAPI cluster: labels,
