@@ -2,16 +2,8 @@ package localcluster
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,13 +11,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nodeguard/nodeguard/internal/testpki"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	certutil "k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -76,10 +68,14 @@ func StartGatekeeper(ctx context.Context, env *envtest.Environment, binDir, repo
 	// authentication as Gatekeeper's own rotator issues them when external
 	// data is on; ca.crt is the webhook's CA bundle and a provider's client CA.
 	certDir := filepath.Join(workDir, "gatekeeper-certs")
-	caPEM, err := clientAndServerCert(certDir)
+	ca, err := testpki.NewCA(certDir)
+	if err == nil {
+		err = ca.WriteTLS(certDir)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("Gatekeeper: %w", err)
 	}
+	caPEM := ca.PEM()
 	kubeconfig := filepath.Join(workDir, "gatekeeper.kubeconfig")
 	if err := AdminKubeconfig(env, kubeconfig); err != nil {
 		return nil, err
@@ -185,51 +181,4 @@ func gatekeeperWebhookConfig(gk, componentFile string) (*admissionregistrationv1
 		return nil, fmt.Errorf("decode the patched webhook configuration: %w", err)
 	}
 	return out, nil
-}
-
-// clientAndServerCert writes a CA (ca.crt) and a certificate for 127.0.0.1
-// signed by it (tls.crt, tls.key) usable for server and client
-// authentication, into dir, and returns the CA's PEM.
-func clientAndServerCert(dir string) ([]byte, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("cert dir: %w", err)
-	}
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("CA key: %w", err)
-	}
-	ca, err := certutil.NewSelfSignedCACert(certutil.Config{CommonName: "gatekeeper-ca"}, caKey)
-	if err != nil {
-		return nil, fmt.Errorf("CA certificate: %w", err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("key: %w", err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "gatekeeper-webhook-service.gatekeeper-system.svc"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return nil, fmt.Errorf("certificate: %w", err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, fmt.Errorf("key: %w", err)
-	}
-	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})
-	for name, data := range map[string][]byte{
-		"tls.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		"tls.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
-		"ca.crt":  caPEM,
-	} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			return nil, fmt.Errorf("write %s: %w", name, err)
-		}
-	}
-	return caPEM, nil
 }
