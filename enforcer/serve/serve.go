@@ -187,7 +187,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if publish && opts.Orphans.Interval <= 0 {
 		return fmt.Errorf("--fleet-admission-policy judges workload Nodes with the orphan scan: it needs a positive --orphan-scan-interval")
 	}
-	scanner, err := startReaper(ctx, c, e, changes, reg, metrics.Orphans, opts.Orphans, sessions, publish, log)
+	scanner, err := startOrphanScan(ctx, c, e, changes, reg, metrics.Orphans, opts.Orphans, sessions, publish, log)
 	if err != nil {
 		return err
 	}

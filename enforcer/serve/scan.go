@@ -92,11 +92,11 @@ func LeaseNamespace() string {
 	return DefaultLeaseNamespace
 }
 
-// startReaper runs the orphan scan (and, opted in, the reaper) in the
+// startOrphanScan runs the orphan scan (and, opted in, the reaper) in the
 // background until ctx is done, with clients of c's config; it returns the
 // scanner (nil when the scan is off), so a reloaded policy can have every
 // Node judged again.
-func startReaper(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, changes *informers.Relay, reg prometheus.Registerer,
+func startOrphanScan(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, changes *informers.Relay, reg prometheus.Registerer,
 	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, releases bool, log *slog.Logger) (*orphanscan.Scanner, error) {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
