@@ -96,11 +96,7 @@ func auditCommand(code *int) *cobra.Command {
 		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return audit.Run(ctx, opts, out) }),
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.Cluster, "cluster", "", "audit only this CAPI Cluster, NAMESPACE/NAME")
-	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the cluster's node-deletion-guard)")
-	f.StringVarP(&opts.Output, "output", "o", "text", "output format: text or json")
-	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig of the management cluster")
-	f.StringVar(&opts.Context, "context", "", "kubeconfig context")
+	fleetFlags(f, "audit only this CAPI Cluster, NAMESPACE/NAME", &opts.Cluster, &opts.Constraint, &opts.Output, &opts.Kubeconfig, &opts.Context)
 	f.StringVar(&opts.User, "user", "", "user the deletes are judged for (exemptions)")
 	f.StringArrayVar(&opts.Groups, "group", nil, "group of that user; repeatable")
 	bundleFlags(f, &opts.Bundle)
@@ -173,6 +169,17 @@ func judgeFlags(f *pflag.FlagSet, files *[]string, cluster, constraint, output, 
 	f.StringVar(kcContext, "context", "", "kubeconfig context (live mode)")
 }
 
+// fleetFlags are the flags of the commands that look at every CAPI Cluster's
+// workload cluster (audit, ghosts): the one Cluster to look at instead, the
+// Constraint, the output format and the management cluster's kubeconfig.
+func fleetFlags(f *pflag.FlagSet, clusterUsage string, cluster, constraint, output, kubeconfig, kcContext *string) {
+	f.StringVar(cluster, "cluster", "", clusterUsage)
+	f.StringVar(constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the cluster's node-deletion-guard)")
+	f.StringVarP(output, "output", "o", "text", "output format: text or json")
+	f.StringVar(kubeconfig, "kubeconfig", "", "kubeconfig of the management cluster")
+	f.StringVar(kcContext, "context", "", "kubeconfig context")
+}
+
 func orphansCommand(code *int) *cobra.Command {
 	var opts orphanlist.CommandOptions
 	cmd := &cobra.Command{
@@ -220,11 +227,8 @@ func ghostsCommand(code *int) *cobra.Command {
 		}),
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.Cluster, "cluster", "", "look only at this CAPI Cluster's workload cluster, NAMESPACE/NAME")
-	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from (default: the cluster's node-deletion-guard)")
-	f.StringVarP(&opts.Output, "output", "o", "text", "output format: text or json")
-	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig of the management cluster")
-	f.StringVar(&opts.Context, "context", "", "kubeconfig context")
+	fleetFlags(f, "look only at this CAPI Cluster's workload cluster, NAMESPACE/NAME", &opts.Cluster, &opts.Constraint, &opts.Output,
+		&opts.Kubeconfig, &opts.Context)
 	f.BoolVar(&opts.Tombstones, "tombstones", false, "print every tombstone too")
 	f.StringArrayVar(&opts.Clear, "clear", nil, "end the tombstone of this providerID (its host is meant to rejoin); repeatable")
 	namespaceFlag(f, &opts.Namespace)
