@@ -18,6 +18,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
+	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
@@ -55,6 +56,11 @@ type fixture struct {
 	ghosts     *ghosts.Tracker
 	protection ghosts.Protection
 	events     *events.FakeRecorder
+	// The changes told to the scanner (the inventory's, the Node cache's),
+	// and how many objects the inventory held when the scanner subscribed
+	// (each is told once, as an add).
+	objectChanges, nodeChanges atomic.Int64
+	objects                    int
 }
 
 func newFixture(t *testing.T, del bool) *fixture {
@@ -91,9 +97,20 @@ func newFixture(t *testing.T, del bool) *fixture {
 			return e.Syncer.Ready()
 		}, SyncedKinds: e.Syncer.SyncedKinds, Interval: interval, Clock: f.clock, Tombstones: f.tombstones, Ghosts: f.ghosts})
 	require.NoError(t, err)
-	require.NoError(t, e.Syncer.Subscribe(f.scanner.ObjectChanged))
+	// Synced, the inventory changes nothing until a test does: a handler
+	// subscribed now is told each cached object once, as an add.
+	for _, n := range e.Inventory.Count() {
+		f.objects += n
+	}
+	require.NoError(t, e.Syncer.Subscribe(func(c informers.Change) {
+		f.scanner.ObjectChanged(c)
+		f.objectChanges.Add(1)
+	}))
 	f.nodes, err = nodecache.NewWatch(nodecache.WatchOptions{Shape: shape, Dynamic: client,
-		OnChange: func(n string) { f.scanner.NodeChanged("", n) }})
+		OnChange: func(n string) {
+			f.scanner.NodeChanged("", n)
+			f.nodeChanges.Add(1)
+		}})
 	require.NoError(t, err)
 	f.scanner.AddCluster("", f.nodes, reaper.Target{Nodes: client, Recorder: f.events})
 	go f.nodes.Run(ctx)
@@ -101,25 +118,26 @@ func newFixture(t *testing.T, del bool) *fixture {
 	return f
 }
 
-// settle runs what is due at the clock's time until the informers' events
-// stop coming (their first objects arrive as adds, asynchronously), and
-// returns how many Nodes were judged.
+// settle waits until the informers' first objects, which arrive as adds
+// asynchronously, have all been told to the scanner, then runs what is due
+// at the clock's time until nothing more is, and returns how many Nodes
+// were judged.
 func (f *fixture) settle(t *testing.T) orphanscan.Result {
 	t.Helper()
+	require.Eventually(t, func() bool {
+		return f.objectChanges.Load() >= int64(f.objects) && f.nodeChanges.Load() >= int64(len(f.nodes.Names()))
+	}, 5*time.Second, 10*time.Millisecond, "every cached object and Node is told to the scanner as an add")
 	var total orphanscan.Result
-	quiet := 0
-	for deadline := time.Now().Add(5 * time.Second); quiet < 5 && time.Now().Before(deadline); {
+	for range 10 {
 		res := f.scanner.RunDue(context.Background(), f.clock.Now())
 		total.Judged += res.Judged
 		total.Deleted = append(total.Deleted, res.Deleted...)
 		total.Full = total.Full || res.Full
 		if res.Judged == 0 {
-			quiet++
-		} else {
-			quiet = 0
+			return total
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
+	require.FailNow(t, "Nodes are still due at the same time after ten runs")
 	return total
 }
 
@@ -394,8 +412,15 @@ func TestAGhostIsReportedTaintedAndNeverReaped(t *testing.T) {
 	assert.Empty(t, f.ghosts.Ghosts())
 
 	f.clock.SetTime(t0.Add(time.Minute))
+	told := f.nodeChanges.Load()
 	f.reregister(t, node, corev1.ConditionUnknown, true)
-	f.until(t, func() bool { n, ok := f.nodes.Get(node); return ok && n.UID() == reregisteredUID }, "the Node cache has it")
+	// The cache holds the new Node before its handler tells the scanner: a
+	// Node told after the clock's step below would first be seen a
+	// confirmation late.
+	f.until(t, func() bool {
+		n, ok := f.nodes.Get(node)
+		return ok && n.UID() == reregisteredUID && f.nodeChanges.Load() >= told+2
+	}, "the Node cache has it, and the scanner was told of its delete and its add")
 	f.scanner.RunDue(ctx, f.clock.Now())
 	assert.Empty(t, f.ghosts.Ghosts(), "a ghost first seen is reported once it stayed one for the confirmation")
 	f.clock.Step(ghosts.DefaultConfirm)
