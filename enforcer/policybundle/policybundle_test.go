@@ -137,13 +137,21 @@ func TestWatchSwapsInANewBundleAndKeepsTheOldOnABadOne(t *testing.T) {
 			ok.Add(1)
 		})
 	}()
-	time.Sleep(100 * time.Millisecond) // the watch is set up
 
-	// A customized policy (allow everything), signed: swapped in.
+	// A customized policy (allow everything), signed: swapped in. The watch
+	// is set up with no signal, so the bundle is written until its reload
+	// shows (written again, the same bytes reload nothing).
 	custom := testbundle.Sources(t)
 	custom["nodeguard/decision.rego"] = testbundle.AllowAll
-	replace(t, path, testbundle.Signed(t, custom, "r2", key.Private))
-	require.Eventually(t, func() bool { return ok.Load() == 1 }, 10*time.Second, 20*time.Millisecond)
+	r2 := testbundle.Signed(t, custom, "r2", key.Private)
+	require.Eventually(t, func() bool {
+		if ok.Load() > 0 {
+			return true
+		}
+		_ = write(path, r2)
+		return false
+	}, 10*time.Second, watchRetry, "the watch sees the new bundle")
+	assert.EqualValues(t, 1, ok.Load())
 	assert.Equal(t, "r2", running.Policy().Revision)
 	d, err := decision.Evaluate(ctx, running, blockedReview())
 	require.NoError(t, err)
@@ -196,10 +204,21 @@ func TestWatchSwapsInANewBundleAndKeepsTheOldOnABadOne(t *testing.T) {
 // writers (and kubelet) do.
 func replace(t *testing.T, path string, b []byte) {
 	t.Helper()
-	tmp := path + ".tmp"
-	require.NoError(t, os.WriteFile(tmp, b, 0o600))
-	require.NoError(t, os.Rename(tmp, path))
+	require.NoError(t, write(path, b))
 }
+
+func write(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// watchRetry is how often a test writes a bundle again until the watch,
+// set up with no signal, sees it: longer than the watch's settle (200 ms),
+// which each write restarts.
+const watchRetry = 500 * time.Millisecond
 
 func unpack(t *testing.T, tarball []byte, dir string) {
 	t.Helper()
@@ -227,13 +246,19 @@ func TestWatchFollowsAConfigMapUpdate(t *testing.T) {
 	defer cancel()
 	key := testbundle.NewKey(t)
 	dir := t.TempDir()
-	version := func(name string, b []byte) {
-		require.NoError(t, os.MkdirAll(filepath.Join(dir, name), 0o755))
-		testbundle.WriteFile(t, filepath.Join(dir, name), "bundle.tar.gz", b)
-		require.NoError(t, os.Symlink(name, filepath.Join(dir, "..data_tmp")))
-		require.NoError(t, os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")))
+	version := func(name string, b []byte) error {
+		if err := os.MkdirAll(filepath.Join(dir, name), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, name, "bundle.tar.gz"), b, 0o600); err != nil {
+			return err
+		}
+		if err := os.Symlink(name, filepath.Join(dir, "..data_tmp")); err != nil {
+			return err
+		}
+		return os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data"))
 	}
-	version("..v1", testbundle.Nodeguard(t, "r1", key.Private))
+	require.NoError(t, version("..v1", testbundle.Nodeguard(t, "r1", key.Private)))
 	require.NoError(t, os.Symlink("..data/bundle.tar.gz", filepath.Join(dir, "bundle.tar.gz")))
 	opts := policybundle.Options{Path: filepath.Join(dir, "bundle.tar.gz"), VerificationKeyFile: key.PublicKeyFile}
 	running, err := policybundle.Load(ctx, opts)
@@ -242,14 +267,20 @@ func TestWatchFollowsAConfigMapUpdate(t *testing.T) {
 	go func() {
 		_ = policybundle.Watch(ctx, opts, running, slog.New(slog.DiscardHandler), func(err error) { reloaded <- err })
 	}()
-	time.Sleep(100 * time.Millisecond)
 
-	version("..v2", testbundle.Nodeguard(t, "r2", key.Private))
-	select {
-	case err := <-reloaded:
-		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("no reload after the ..data swap")
-	}
+	// The watch is set up with no signal: the swap is made until a reload
+	// shows (made again, the same bundle reloads nothing).
+	r2 := testbundle.Nodeguard(t, "r2", key.Private)
+	var got error
+	require.Eventually(t, func() bool {
+		select {
+		case got = <-reloaded:
+			return true
+		default:
+			_ = version("..v2", r2)
+			return false
+		}
+	}, 10*time.Second, watchRetry, "a reload after the ..data swap")
+	require.NoError(t, got)
 	assert.Equal(t, "r2", running.Policy().Revision)
 }
