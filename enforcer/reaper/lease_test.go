@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,16 +74,17 @@ func TestTwoReplicasNeverBothLead(t *testing.T) {
 	b, err := Elect(ctxB, opts("replica-b"))
 	require.NoError(t, err)
 
-	// Sample both for a while: never both leaders, and one of them leads.
-	led := map[string]bool{}
-	deadline := time.Now().Add(2 * time.Second)
-	for time.Now().Before(deadline) {
+	// Sample both for a while (the window is what is tested): never both
+	// leaders, and one of them leads.
+	var led atomic.Bool
+	require.Never(t, func() bool {
 		la, lb := a(), b()
-		require.False(t, la && lb, "both replicas lead at once")
-		led["a"], led["b"] = led["a"] || la, led["b"] || lb
-		time.Sleep(5 * time.Millisecond)
-	}
-	require.True(t, led["a"] || led["b"], "neither replica ever led")
+		if la || lb {
+			led.Store(true)
+		}
+		return la && lb
+	}, 2*time.Second, 5*time.Millisecond, "both replicas lead at once")
+	require.True(t, led.Load(), "neither replica ever led")
 
 	// The leader goes away (its Lease released on cancel): the other takes
 	// over, and still never both.
@@ -94,9 +96,5 @@ func TestTwoReplicasNeverBothLead(t *testing.T) {
 	stop()
 	assert.Eventually(t, other, 5*time.Second, 10*time.Millisecond, "the other replica takes over")
 	assert.False(t, leader())
-	deadline = time.Now().Add(time.Second)
-	for time.Now().Before(deadline) {
-		require.False(t, a() && b(), "both replicas lead at once")
-		time.Sleep(5 * time.Millisecond)
-	}
+	require.Never(t, func() bool { return a() && b() }, time.Second, 5*time.Millisecond, "both replicas lead at once")
 }
