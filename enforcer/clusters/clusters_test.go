@@ -22,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
@@ -246,12 +247,12 @@ func TestAnUnreachableClusterLeaksNothing(t *testing.T) {
 	for i := 1; i <= cycles; i++ {
 		cycle(i)
 	}
-	// Nothing of the twenty sessions is left running. (Polled here, not with
-	// assert.Eventually, which runs its condition on goroutines of its own.)
-	deadline := time.Now().Add(10 * time.Second)
-	for runtime.NumGoroutine() > baseline && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	// Nothing of the twenty sessions is left running. (Polled with wait,
+	// which runs its condition on this goroutine, not with assert.Eventually,
+	// which starts goroutines of its own; the assertion below reports a
+	// timeout.)
+	_ = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true,
+		func(context.Context) (bool, error) { return runtime.NumGoroutine() <= baseline, nil })
 	if !assert.LessOrEqual(t, runtime.NumGoroutine(), baseline, "goroutines left running") {
 		var b bytes.Buffer
 		_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
