@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
@@ -106,12 +107,11 @@ func TestUnreachableClustersLeakNothing(t *testing.T) {
 	cancel()
 	require.NoError(t, <-setDone)
 	<-recDone
-	// Nothing is left running. (Polled here, not with assert.Eventually,
-	// which runs its condition on goroutines of its own.)
-	deadline := time.Now().Add(10 * time.Second)
-	for runtime.NumGoroutine() > baseline && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond) // polls a count no event announces
-	}
+	// Nothing is left running. (Polled with wait, which runs its condition
+	// on this goroutine, not with assert.Eventually, which starts goroutines
+	// of its own; the assertion below reports a timeout.)
+	_ = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true,
+		func(context.Context) (bool, error) { return runtime.NumGoroutine() <= baseline, nil })
 	if !assert.LessOrEqual(t, runtime.NumGoroutine(), baseline, "goroutines left running") {
 		var b bytes.Buffer
 		_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
