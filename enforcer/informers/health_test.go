@@ -25,7 +25,7 @@ func TestAWatchEndingEarlyOrWithAnErrorIsAFailure(t *testing.T) {
 			w.Stop() // as the reflector does after an error
 		}, fails: true},
 		"server ended it at its timeout": {lasts: 50 * time.Millisecond, end: func(f *watch.FakeWatcher, _ watch.Interface) {
-			time.Sleep(60 * time.Millisecond)
+			time.Sleep(60 * time.Millisecond) // time under test: the watch lasts past its 50 ms timeout
 			f.Stop()
 		}},
 		"the reflector stopped it": {lasts: time.Minute, end: func(_ *watch.FakeWatcher, w watch.Interface) { w.Stop() }},
@@ -35,9 +35,10 @@ func TestAWatchEndingEarlyOrWithAnErrorIsAFailure(t *testing.T) {
 			fake := watch.NewFake()
 			w := observe(fake, tc.lasts, func(error) { failures.Add(1) })
 			tc.end(fake, w)
+			// The watch's goroutine reports a failure before it closes the
+			// channel: drained, the failures are all in.
 			for range w.ResultChan() {
 			}
-			time.Sleep(10 * time.Millisecond)
 			assert.Equal(t, tc.fails, failures.Load() > 0)
 		})
 	}

@@ -184,10 +184,13 @@ func TestACacheWhoseWatchBrokeIsNotTrustedUntilItCaughtUp(t *testing.T) {
 	}
 	require.Equal(t, 1, linkedTo("docker:////m1"))
 
-	// The watch ends, not too soon (a watch ending in its first second with
+	// The watch ends, after an event (a watch ending in its first second with
 	// no event makes the reflector relist, as an error does), and the API
 	// server is away: the reflector will resume watching, not relist.
-	time.Sleep(1100 * time.Millisecond)
+	require.NoError(t, client.Tracker().Create(dockers,
+		object(testcluster.DockerMachineGVK, "default", "m0", map[string]any{"spec": map[string]any{"providerID": "docker:////m0"}}), "default"))
+	require.Eventually(t, func() bool { return linkedTo("docker:////m0") == 1 }, 5*time.Second, 10*time.Millisecond,
+		"the watch delivered an event")
 	down.Store(true)
 	mu.Lock()
 	current.Stop()
@@ -199,8 +202,8 @@ func TestACacheWhoseWatchBrokeIsNotTrustedUntilItCaughtUp(t *testing.T) {
 	// Made meanwhile (the tracker stands for etcd): the cache lacks it.
 	require.NoError(t, client.Tracker().Create(dockers,
 		object(testcluster.DockerMachineGVK, "default", "m2", map[string]any{"spec": map[string]any{"providerID": "docker:////m2"}}), "default"))
-	time.Sleep(200 * time.Millisecond)
-	assert.Zero(t, linkedTo("docker:////m2"))
+	assert.Never(t, func() bool { return linkedTo("docker:////m2") != 0 }, 200*time.Millisecond, 10*time.Millisecond,
+		"the cache cannot have it while the API server is away")
 	assert.Error(t, s.Recovering(), "not trusted while it cannot have caught up")
 
 	down.Store(false)
