@@ -385,10 +385,14 @@ func TestRequestsWithoutANodeAreTheRulesToDecide(t *testing.T) {
 	assert.Equal(t, decision.ReasonNotJudged, d.Reason)
 }
 
-// concurrency wraps a FreshReader, slowing each Get so that reads made at
-// once overlap, and records the most Gets in flight together.
+// concurrency wraps a FreshReader, holding each Get until want Gets are in
+// flight together (or 10 s passed: then they were not made at once), and
+// records the most Gets in flight together.
 type concurrency struct {
 	guard.FreshReader
+	want      int32
+	together  chan struct{}
+	once      sync.Once
 	now, most atomic.Int32
 }
 
@@ -397,7 +401,14 @@ func (c *concurrency) Get(ctx context.Context, gvk schema.GroupVersionKind, name
 	defer c.now.Add(-1)
 	for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
 	}
-	time.Sleep(50 * time.Millisecond)
+	if n >= c.want {
+		c.once.Do(func() { close(c.together) })
+	}
+	select {
+	case <-c.together:
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+	}
 	return c.FreshReader.Get(ctx, gvk, namespace, name)
 }
 
@@ -405,7 +416,7 @@ func TestFreshReadsOfOneDecisionRunConcurrently(t *testing.T) {
 	// Two candidates (the Machine and its DockerMachine) are one wave: a
 	// decision pays one round trip for them, not two.
 	client, mapper := apiServer(capdMachine(), capdInfra())
-	reads := &concurrency{FreshReader: freshread.New(client, mapper)}
+	reads := &concurrency{FreshReader: freshread.New(client, mapper), want: 2, together: make(chan struct{})}
 	allowed, msgs := decide(t, cache(t, capdMachine(), capdInfra()), guard.Options{Fresh: reads}, guard.Request{Node: capdNode()})
 	assert.False(t, allowed)
 	assert.Contains(t, msgs[0], "DockerMachine default/m1")
