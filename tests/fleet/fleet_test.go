@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -118,8 +120,13 @@ type fleet struct {
 	secrets  *fake.Clientset
 	scanner  *orphanscan.Scanner
 	changes  *informers.Relay
-	reg      *prometheus.Registry
-	nodes    int
+	// relayed counts the inventory's changes passed to the relay (each
+	// reaches the scan once it started); objects is how many the inventory
+	// holds once synced, each of which comes first as an add.
+	relayed atomic.Int64
+	objects int64
+	reg     *prometheus.Registry
+	nodes   int
 	// victim is a NotReady Node whose Machine and DockerMachine the test
 	// deletes: CAPI leaving it behind.
 	victimCluster, victim string
@@ -193,9 +200,16 @@ func (f *fleet) secret(t testing.TB, cluster, server string) {
 func (f *fleet) inventory(t testing.TB, ctx context.Context) *live.Enforcer {
 	t.Helper()
 	f.changes = &informers.Relay{}
-	e, err := live.Start(ctx, kubeclient.Clients{Dynamic: f.mgmt, Mapper: f.mapper}, live.Options{OnChange: f.changes.Send, Engine: testcluster.Engine(t)})
+	relay := func(c informers.Change) {
+		f.changes.Send(c)
+		f.relayed.Add(1)
+	}
+	e, err := live.Start(ctx, kubeclient.Clients{Dynamic: f.mgmt, Mapper: f.mapper}, live.Options{OnChange: relay, Engine: testcluster.Engine(t)})
 	require.NoError(t, err)
 	require.NoError(t, live.WaitReady(ctx, e.Syncer.Ready, 5*time.Minute))
+	for _, n := range e.Inventory.Count() {
+		f.objects += int64(n)
+	}
 	return e
 }
 
@@ -364,7 +378,7 @@ func measure(t testing.TB, clusterCount, nodeCount int, window time.Duration, up
 
 	// Nothing changes.
 	r0, judged0, cpu0 := f.requests(), f.judged(t), cpu(t)
-	time.Sleep(window)
+	time.Sleep(window) // time under test: the measured window, nothing changing
 	fig.IdleCPUPerMin = time.Duration(float64(cpu(t)-cpu0) * float64(time.Minute) / float64(window))
 	fig.JudgedIdle = f.judged(t) - judged0
 	fig.Requests = f.requests().since(r0)
@@ -377,7 +391,10 @@ func measure(t testing.TB, clusterCount, nodeCount int, window time.Duration, up
 
 	// CAPI deletes a Machine and its DockerMachine and leaves the Node (NotReady
 	// for an hour, past its grace): how long and how much CPU until it counts.
-	time.Sleep(time.Second)
+	// Measured once the full pass is over and its garbage collected: neither
+	// counts in the orphan's time or CPU.
+	require.Eventually(t, scanIdle, time.Minute, 10*time.Millisecond, "the full pass is over: the scan waits")
+	runtime.GC()
 	cpu0, t0 = cpu(t), time.Now()
 	for _, gvr := range []schema.GroupVersionResource{dockers, machines} {
 		require.NoError(t, f.mgmt.Resource(gvr).Namespace("fleet").Delete(ctx, f.victim, metav1.DeleteOptions{}))
@@ -422,18 +439,45 @@ func measure(t testing.TB, clusterCount, nodeCount int, window time.Duration, up
 	return fig
 }
 
-// settle waits until no Node has been judged for two seconds.
+// settle waits until the scan has taken in the first add of every Node and
+// inventory object, and judged what they made due: every Node counted in
+// its cache and every inventory change relayed, then, in one snapshot of the
+// goroutines (the world stopped), none telling the scan of a change or
+// judging, and the scan's loop waiting with nothing due.
 func (f *fleet) settle(t testing.TB) {
 	t.Helper()
-	last, quiet := f.judged(t), 0
-	for quiet < 20 {
-		time.Sleep(100 * time.Millisecond)
-		if now := f.judged(t); now != last {
-			last, quiet = now, 0
-			continue
+	require.Eventually(t, func() bool {
+		return f.metric(t, "nodeguard_orphan_watched_nodes") >= float64(f.nodes) && f.relayed.Load() >= f.objects && scanIdle()
+	}, 5*time.Minute, 100*time.Millisecond, "the scan takes in every first add and judges what they made due")
+}
+
+// scanIdle reports whether, in one snapshot of the goroutines, the scan's
+// loop waits (a wake or a due time would have made it runnable) and no
+// goroutine is judging or telling the scan of a change.
+func scanIdle() bool {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
 		}
-		quiet++
+		buf = make([]byte, 2*len(buf))
 	}
+	waiting := false
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		for _, busy := range []string{"orphanscan.(*Scanner).RunDue(", "orphanscan.(*Scanner).NodeChanged(", "orphanscan.(*Scanner).ObjectChanged(",
+			"nodecache.(*Nodes).added(", "nodecache.(*Nodes).updated(", "nodecache.(*Nodes).deleted("} {
+			if strings.Contains(g, busy) {
+				return false
+			}
+		}
+		head, _, _ := strings.Cut(g, "\n")
+		if strings.Contains(g, "orphanscan.(*Scanner).Run(") && strings.Contains(head, "[select") {
+			waiting = true
+		}
+	}
+	return waiting
 }
 
 // judgeAll asks the scan for a full pass now, as its interval's timer does.

@@ -284,7 +284,7 @@ func BenchmarkFleetGuard(b *testing.B) {
 		heapGuarded := heap()
 		all0, proofs0 := f.requests()
 		cpu1 := cpu(b)
-		time.Sleep(*guardWindowFlag) // the measured window: time itself is under test
+		time.Sleep(*guardWindowFlag) // time under test: the measured window, nothing changing
 		idleCPU := cpu(b) - cpu1
 		all1, proofs1 := f.requests()
 		perMin := float64(time.Minute) / float64(*guardWindowFlag)
