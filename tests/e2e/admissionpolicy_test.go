@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -279,14 +280,14 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 		pollCtx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go func() {
-			for pollCtx.Err() == nil {
-				cm, err := kube.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Get(pollCtx, admissionpolicy.ParamsName, metav1.GetOptions{})
+			_ = wait.PollUntilContextCancel(pollCtx, 10*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+				cm, err := kube.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Get(ctx, admissionpolicy.ParamsName, metav1.GetOptions{})
 				if err == nil && cm.Data[name] != "" {
 					visible <- time.Now()
-					return
+					return true, nil
 				}
-				time.Sleep(10 * time.Millisecond)
-			}
+				return false, nil
+			})
 		}()
 		before := policyDenials(t, ctx, kube)
 		c.deletesInOrder(t, name, "ValidatingAdmissionPolicy 'nodeguard'", capiWindow)

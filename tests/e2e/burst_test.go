@@ -134,7 +134,8 @@ func TestFloodOfForgedReviewsDoesNotStarveRealOnes(t *testing.T) {
 		}()
 	}
 	defer func() { stopFlood(); wg.Wait() }()
-	time.Sleep(500 * time.Millisecond) // the flood is on
+	require.Eventually(t, func() bool { return answered.Load() >= 20 }, 30*time.Second, 10*time.Millisecond,
+		"the flood is on: as many forged reviews answered as there are workers")
 
 	const checks = 20
 	var slowest time.Duration

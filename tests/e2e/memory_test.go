@@ -192,7 +192,8 @@ func TestFloodsOfForged1MiBReviews(t *testing.T) {
 				}()
 			}
 		}
-		time.Sleep(2 * time.Second) // the flood is on
+		require.Eventually(t, func() bool { return answered.Load()+busy.Load() >= int64(flood.workers) }, 60*time.Second, 10*time.Millisecond,
+			"the flood is on: as many forged reviews answered as there are workers")
 		var slowest time.Duration
 		var wrong []string
 		for i := range 40 {

@@ -139,6 +139,15 @@ func waitGone(t *testing.T, kube kubernetes.Interface, name string, within time.
 	})
 }
 
+// nodeGone says whether Node name is gone (or cannot be read): what must
+// never happen to a Node that is no orphan.
+func nodeGone(kube kubernetes.Interface, name string) func() bool {
+	return func() bool {
+		_, err := kube.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+		return err != nil
+	}
+}
+
 // orphanEvents lists the OrphanNodeDeleted Events recorded on Node name.
 func orphanEvents(t *testing.T, kube kubernetes.Interface, name string) []string {
 	t.Helper()
@@ -179,10 +188,8 @@ func TestOrphanNodesAreReaped(t *testing.T) {
 	// path's timer), deleted a grace later; the full pass is an hour away.
 	assert.Less(t, reaped.Sub(gone), 2*grace+watchPathSlack)
 
-	// A while later, the Ready Node is still there.
-	time.Sleep(2 * grace)
-	_, err := kube.CoreV1().Nodes().Get(context.Background(), "still-ready", metav1.GetOptions{})
-	assert.NoError(t, err, "a Ready Node is never reaped")
+	// Two graces more: the Ready Node stays all along.
+	require.Never(t, nodeGone(kube, "still-ready"), 2*grace, 100*time.Millisecond, "a Ready Node is never reaped")
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		assert.Len(c, orphanEvents(t, kube, "left-behind"), 1)
 	}, 10*time.Second, 100*time.Millisecond, "an Event on the deleted Node")
@@ -217,9 +224,8 @@ func TestOrphanNodeWithItsInfraMachineIsKept(t *testing.T) {
 	require.NoError(t, dyn.Resource(machines).Namespace("default").Delete(ctx, "infra-left", metav1.DeleteOptions{}))
 	playCAPI(t, dyn, "reaped")
 	waitGone(t, kube, "reaped", 60*time.Second)
-	time.Sleep(3 * time.Second)
-	_, err = kube.CoreV1().Nodes().Get(ctx, "infra-left", metav1.GetOptions{})
-	assert.NoError(t, err, "a Node whose DockerMachine is still being deleted is never reaped")
+	require.Never(t, nodeGone(kube, "infra-left"), 3*time.Second, 100*time.Millisecond,
+		"a Node whose DockerMachine is still being deleted is never reaped")
 }
 
 // Orphan Nodes in the management/workload topology: Machines in the
@@ -265,9 +271,7 @@ func TestOrphanNodesAreReapedInAWorkloadCluster(t *testing.T) {
 	// cluster's Machine events, within its grace and the reaper's: the full
 	// pass is an hour away.
 	assert.Less(t, reaped.Sub(gone), 2*reap.Grace+watchPathSlack)
-	time.Sleep(4 * time.Second)
-	_, err = workloadKube.CoreV1().Nodes().Get(ctx, "still-ready", metav1.GetOptions{})
-	assert.NoError(t, err, "a Ready Node is never reaped")
+	require.Never(t, nodeGone(workloadKube, "still-ready"), 4*time.Second, 100*time.Millisecond, "a Ready Node is never reaped")
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		assert.Len(c, orphanEvents(t, workloadKube, "left-behind"), 1)
 	}, 10*time.Second, 100*time.Millisecond, "the Event is recorded in the workload cluster")
