@@ -242,7 +242,11 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		// since the informers started end or add to what it held.
 		keeper := &tombstones.Keeper{Store: store, Client: c.Dynamic, Namespace: o.namespace(), Log: log}
 		if err := keeper.Load(ctx); err != nil {
-			return nil, fmt.Errorf("ghost detection: %w (turn it off with --ghost-window=0)", err)
+			// Ghost bookkeeping is not the delete rule: serve goes on,
+			// detecting from what it sees, writing nothing over what it
+			// could not read (nodeguard_tombstone_reads_unreadable_total).
+			log.Error("ghost detection: the tombstones are not loaded; detecting from the deletions seen from now on, "+
+				"writing none until they can be read (RBAC: the Role nodeguard-tombstones)", "error", err.Error())
 		}
 		go keeper.Run(ctx)
 	}

@@ -55,17 +55,27 @@ type Keeper struct {
 
 	mu         sync.Mutex
 	seen       string // the resourceVersion last read or written; "" when absent
-	unreadable bool   // it holds what Decode refuses: do not write
+	unreadable bool   // it holds what Decode refuses, or could not be read: do not write
+	lastErr    time.Time
 }
+
+// errorLogEvery bounds the log lines of a write that keeps failing.
+const errorLogEvery = time.Minute
 
 // Load reads the tombstones the ConfigMap holds into the store; an absent
 // ConfigMap is none. Call it before the inventory's changes reach the store.
+// When it cannot be read, nothing is written over it until the watch reads
+// it (Run), and the error says why.
 func (k *Keeper) Load(ctx context.Context) error {
 	cm, err := k.Client.Resource(configMaps).Namespace(k.Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
 	if err != nil {
+		k.mu.Lock()
+		k.unreadable = true
+		k.mu.Unlock()
+		k.Store.opts.Metrics.unreadable()
 		return fmt.Errorf("read the tombstones (ConfigMap %s/%s): %w", k.Namespace, ConfigMapName, err)
 	}
 	k.take(cm)
@@ -160,7 +170,16 @@ func (k *Keeper) Flush(ctx context.Context) {
 		return
 	case err != nil:
 		k.Store.opts.Metrics.wrote("error")
-		k.log().Error("tombstones: cannot write the ConfigMap; a restart now would forget the newest", "error", err.Error())
+		k.mu.Lock()
+		quiet := time.Since(k.lastErr) < errorLogEvery
+		if !quiet {
+			k.lastErr = time.Now()
+		}
+		k.mu.Unlock()
+		if !quiet {
+			k.log().Error("tombstones: cannot write the ConfigMap; a restart now would forget the newest (trying every second, "+
+				"logged once a minute)", "error", err.Error())
+		}
 		return
 	}
 	k.Store.opts.Metrics.wrote("ok")

@@ -1,6 +1,8 @@
 package tombstones
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -8,7 +10,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/informers"
@@ -204,4 +211,27 @@ func TestEncodeIsNewestFirstAndNeverNull(t *testing.T) {
 	raw, err = Encode([]Tombstone{{ProviderID: "old", DeletedAt: t0}, {ProviderID: "new", DeletedAt: t0.Add(time.Second)}})
 	require.NoError(t, err)
 	assert.Less(t, strings.Index(string(raw), `"new"`), strings.Index(string(raw), `"old"`))
+}
+
+// A ConfigMap that cannot be read at start is never written over: the
+// keeper goes on without it and writes nothing until it has read it.
+func TestAKeeperThatCouldNotReadWritesNothing(t *testing.T) {
+	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{configMaps: "ConfigMapList"})
+	client.PrependReactor("get", "configmaps", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(configMaps.GroupResource(), ConfigMapName, errors.New("no Role"))
+	})
+	writes := 0
+	client.PrependReactor("patch", "configmaps", func(clienttesting.Action) (bool, runtime.Object, error) {
+		writes++
+		return true, nil, errors.New("unexpected write")
+	})
+	s, _, _ := newStore(t, Options{})
+	k := &Keeper{Store: s, Client: client, Namespace: "nodeguard-system"}
+	require.ErrorContains(t, k.Load(context.Background()), "no Role")
+	s.Record(Tombstone{ProviderID: "p", Object: "x", DeletedAt: t0})
+	k.Flush(context.Background())
+	assert.Zero(t, writes, "nothing written over what could not be read")
+	_, ok := s.Get("p")
+	assert.True(t, ok, "detection goes on from what is seen")
 }
