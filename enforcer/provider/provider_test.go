@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,6 +25,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
+	"github.com/nodeguard/nodeguard/internal/stacks"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -294,7 +294,7 @@ func TestConcurrentKeysOfOneNodeShareOneRead(t *testing.T) {
 	// microsecond away), and it waits for release. No event announces the
 	// join: the stacks show the four others waiting on the first's flight.
 	require.Eventually(t, func() bool { return f.parsed.Load() == 5 }, 10*time.Second, time.Millisecond)
-	require.Eventually(t, func() bool { return f.reads.Load() == 1 && goroutinesIn(flightWaiter...) == 4 }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return f.reads.Load() == 1 && stacks.Count(flightWaiter...) == 4 }, 10*time.Second, time.Millisecond,
 		"the first key reads, the four others wait on its flight")
 	close(release)
 	wg.Wait()
@@ -303,29 +303,3 @@ func TestConcurrentKeysOfOneNodeShareOneRead(t *testing.T) {
 
 // flightWaiter is where a goroutine waits that joined another's read.
 var flightWaiter = []string{"singleflight.(*Group).Do(", "sync.(*WaitGroup).Wait"}
-
-// goroutinesIn counts the goroutines whose stacks hold every one of frames
-// (functions' names): how a test sees requests queued where nothing
-// announces it.
-func goroutinesIn(frames ...string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	count := 0
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		all := true
-		for _, f := range frames {
-			all = all && strings.Contains(g, f)
-		}
-		if all {
-			count++
-		}
-	}
-	return count
-}

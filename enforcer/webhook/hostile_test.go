@@ -29,6 +29,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/hostile"
+	"github.com/nodeguard/nodeguard/internal/stacks"
 	"github.com/nodeguard/nodeguard/internal/testlog"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -119,7 +120,7 @@ func TestSameReviewsShareOneDecision(t *testing.T) {
 	// From arrival to joining the flight is decoding only, but no event
 	// announces the join: the stacks show the two leaders deciding and the
 	// other reviews waiting on their flights.
-	require.Eventually(t, func() bool { return calls.Load() == 2 && goroutinesIn(flightWaiter...) == n-2 }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return calls.Load() == 2 && stacks.Count(flightWaiter...) == n-2 }, 10*time.Second, time.Millisecond,
 		"alice's first review and bob's decide, alice's eight others wait on the first's flight")
 	close(release)
 	wg.Wait()
@@ -143,31 +144,6 @@ var (
 	slotWaiter   = []string{"intake.Do[", "semaphore.(*Weighted).Acquire"}
 	bytesWaiter  = []string{"intake.(*Intake).acquire", "semaphore.(*Weighted).Acquire"}
 )
-
-// goroutinesIn counts the goroutines whose stacks hold every one of frames:
-// how a test sees requests queued where nothing announces it.
-func goroutinesIn(frames ...string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	count := 0
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		all := true
-		for _, f := range frames {
-			all = all && strings.Contains(g, f)
-		}
-		if all {
-			count++
-		}
-	}
-	return count
-}
 
 // heldDecider allows every request once released; it counts the decisions
 // under way and keeps the most it saw at once.
@@ -217,7 +193,7 @@ func TestConcurrentDecisionsAreBounded(t *testing.T) {
 	}
 	answered := make(chan struct{})
 	go func() { defer close(answered); s.answerAll(t, bodies, always) }()
-	require.Eventually(t, func() bool { return held.running.Load() == 2 && goroutinesIn(slotWaiter...) == len(bodies)-2 }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return held.running.Load() == 2 && stacks.Count(slotWaiter...) == len(bodies)-2 }, 10*time.Second, 10*time.Millisecond,
 		"two reviews deciding, the ten others queued for a slot")
 	held.release()
 	<-answered
@@ -406,7 +382,7 @@ func TestLargeReviewsQueueForTheirBytes(t *testing.T) {
 	for i := range large {
 		large[i] = review(admissionv1.Delete, "Node", hostileNode(fmt.Sprintf("large-%d", i)))
 	}
-	send(large, func() bool { return held.running.Load() == 4 && goroutinesIn(bytesWaiter...) == 4 },
+	send(large, func() bool { return held.running.Load() == 4 && stacks.Count(bytesWaiter...) == 4 },
 		"four large reviews deciding, the four others waiting for their bytes")
 	assert.LessOrEqual(t, held.peak.Load(), int64(4), "at most four ~1 MiB reviews at once")
 	assert.Positive(t, held.peak.Load())

@@ -39,6 +39,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/live"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
+	"github.com/nodeguard/nodeguard/internal/stacks"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -455,17 +456,8 @@ func (f *fleet) settle(t testing.TB) {
 // loop waits (a wake or a due time would have made it runnable) and no
 // goroutine is judging or telling the scan of a change.
 func scanIdle() bool {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 	waiting := false
-	for _, g := range strings.Split(string(buf), "\n\n") {
+	for _, g := range stacks.All() {
 		for _, busy := range []string{"orphanscan.(*Scanner).RunDue(", "orphanscan.(*Scanner).NodeChanged(", "orphanscan.(*Scanner).ObjectChanged(",
 			"nodecache.(*Nodes).added(", "nodecache.(*Nodes).updated(", "nodecache.(*Nodes).deleted("} {
 			if strings.Contains(g, busy) {
