@@ -45,7 +45,13 @@ const (
 func useParameters(t *testing.T, files policytest.Files) {
 	t.Helper()
 	for old, new := range map[string]string{
-		`denial(_denied_because[count(blockers) > 0], findings)`:                                         `denial(_denied_because[count(blockers) > 0], [_ask(f, params) | some f in findings])`,
+		`"messages": [f.message | some f in findings], "findings": findings,
+}
+
+_denied_because`: `"messages": [_ask(f, params).message | some f in findings], "findings": [_ask(f, params) | some f in findings],
+}
+
+_denied_because`,
 		`groups := {group | some group in object.get(user, "groups", []); group in params.exemptGroups}`: `groups := {group | some group in object.get(user, "groups", []); _exempt_group(group, params)}`,
 	} {
 		require.NoError(t, files.Replace("lib/nodeguard/nodeguard.rego", old, new))

@@ -143,7 +143,12 @@ _verdict(name, blockers, unverified, findings, user, params) := {
 } if {
 	exempt_by := _exempt_by(user, params)
 	exempt_by != ""
-} else := object.union(denial(_denied_because[count(blockers) > 0], findings), {"blockers": blockers, "unverified": unverified})
+} else := {
+	# denial's shape, written out: the rule's hot path (one call fewer).
+	"allowed": false, "reason": _denied_because[count(blockers) > 0],
+	"blockers": blockers, "unverified": unverified, "warnings": [],
+	"messages": [f.message | some f in findings], "findings": findings,
+}
 
 _denied_because := {true: "blocked", false: "unverified"}
 
