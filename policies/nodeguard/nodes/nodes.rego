@@ -4,7 +4,8 @@
 #   What the orphan and ghost criteria read of a Node besides the link model's
 #   Node fields, declared once (node_fields), and the facts they read from it:
 #   whether and since when it is Ready, when it was created. Both criteria
-#   import this package, so neither imports the other's helpers.
+#   import this package, so neither imports the other's helpers. Each reads
+#   the Node itself: a call within a call costs every judged Node.
 package nodeguard.nodes
 
 # METADATA
@@ -34,7 +35,8 @@ node_fields := {
 # title: Ready
 # description: The Node's Ready condition is True.
 ready(node) if {
-	some c in _ready_conditions(node)
+	some c in object.get(node, node_fields.conditions.path, [])
+	c.type == "Ready"
 	c.status == "True"
 }
 
@@ -42,7 +44,8 @@ ready(node) if {
 # title: Ready since
 # description: When the Node's Ready condition turned True; undefined when it is not True or the time is unknown.
 ready_since(node) := since if {
-	some c in _ready_conditions(node)
+	some c in object.get(node, node_fields.conditions.path, [])
+	c.type == "Ready"
 	c.status == "True"
 	since := object.get(c, "lastTransitionTime", "")
 	since != ""
@@ -54,18 +57,11 @@ ready_since(node) := since if {
 #   When the Node's Ready condition last changed (it is not True), or its
 #   creationTimestamp when it has no Ready condition; "" when unknown.
 not_ready_since(node) := object.get(conditions[0], "lastTransitionTime", "") if {
-	conditions := _ready_conditions(node)
+	conditions := [c | some c in object.get(node, node_fields.conditions.path, []); c.type == "Ready"]
 	count(conditions) > 0
-} else := created(node)
+} else := object.get(node, node_fields.fields.created, "")
 
 # METADATA
 # title: Created
 # description: The Node's creationTimestamp, or "".
 created(node) := object.get(node, node_fields.fields.created, "")
-
-# METADATA
-# title: Cluster name
-# description: The Cluster API Cluster the Node's annotation names, or "".
-cluster_name(node) := object.get(node, node_fields.fields.cluster_name, "")
-
-_ready_conditions(node) := [c | some c in object.get(node, node_fields.conditions.path, []); c.type == "Ready"]

@@ -32,11 +32,9 @@ test_not_ready_since_falls_back_to_the_creation_time if {
 	nodes.not_ready_since({}) == ""
 }
 
-test_created_and_cluster_name if {
+test_created if {
 	nodes.created(node([])) == "2026-12-01T00:00:00Z"
 	nodes.created({}) == ""
-	nodes.cluster_name({"metadata": {"annotations": {"cluster.x-k8s.io/cluster-name": "dev"}}}) == "dev"
-	nodes.cluster_name({}) == ""
 }
 
 test_node_fields_are_paths if {
