@@ -16,14 +16,14 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
-	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 )
 
-// Client rate limits of the denial Events' own clients: apart from the
-// informers' and fresh reads' (--kube-api-qps), so writing Events never
-// takes a request a decision needs. The recorder's write bucket
-// (denialevents.DefaultLimits: 5/s, burst 25) binds first.
+// Client rate limits of the Events' own clients: apart from the informers'
+// and fresh reads' (--kube-api-qps), so writing Events never takes a request
+// a decision needs. The recorder's write bucket (events.DefaultLimits: 5/s,
+// burst 25) binds first.
 const (
 	eventsQPS   = 10
 	eventsBurst = 50
@@ -35,14 +35,22 @@ func eventsConfig(cfg *rest.Config) *rest.Config {
 	return cfg
 }
 
-// startDenialEvents starts the recorder of NodeDeleteDenied Events and
-// returns what the webhook calls on each denial (nil: none recorded).
-func startDenialEvents(ctx context.Context, c kubeclient.Clients, opts Options, m *denialevents.Metrics, log *slog.Logger) (func(denialevents.Denial), error) {
-	if opts.NoDenialEvents {
-		return nil, nil
+// workloadEvents is the events client of one workload cluster, at the
+// Events' own rate limits.
+func workloadEvents(cfg *rest.Config) (eventsv1client.EventsV1Interface, error) {
+	k, err := kubernetes.NewForConfig(eventsConfig(cfg))
+	if err != nil {
+		return nil, fmt.Errorf("create the events client: %w", err)
 	}
+	return k.EventsV1(), nil
+}
+
+// startEvents starts the one recorder of every Event nodeguard writes:
+// denials (unless --denial-events=false), deleted orphans, ghosts and the
+// fleet's. Nil, with no error, when there is no cluster to write them to.
+func startEvents(ctx context.Context, c kubeclient.Clients, opts Options, m *events.Metrics, log *slog.Logger) (*events.Recorder, error) {
 	if c.Config == nil {
-		log.Warn("denial events off: no kubeconfig or in-cluster config to write them with")
+		log.Warn("events off: no kubeconfig or in-cluster config to write them with")
 		return nil, nil
 	}
 	cfg := eventsConfig(c.Config)
@@ -55,31 +63,36 @@ func startDenialEvents(ctx context.Context, c kubeclient.Clients, opts Options, 
 		return nil, fmt.Errorf("create the events client: %w", err)
 	}
 	instance, _ := os.Hostname() // the Pod's name in a Deployment
-	ropts := denialevents.Options{Events: kube.EventsV1(), Resolve: resolver(dyn, c.Mapper), Metrics: m, Log: log, Instance: instance}
+	ropts := events.Options{Events: kube.EventsV1(), Resolve: resolver(dyn, c.Mapper), Metrics: m, Log: log, Instance: instance}
 	if opts.DenialEventsWorkloadClusters {
 		ropts.Workload = clusters.NewCache(kube, func(_ string, cfg *rest.Config) (eventsv1client.EventsV1Interface, error) {
-			k, err := kubernetes.NewForConfig(eventsConfig(cfg))
-			if err != nil {
-				return nil, err
-			}
-			return k.EventsV1(), nil
+			return workloadEvents(cfg)
 		}).Get
 	}
-	rec, err := denialevents.New(ropts)
+	rec, err := events.New(ropts)
 	if err != nil {
 		return nil, err
 	}
 	go rec.Run(ctx)
 	l := rec.Limits()
-	log.Info("denial events", "workloadClusters", opts.DenialEventsWorkloadClusters, "queue", l.Queue, "perObject", l.PerObject,
-		"series", l.Series, "writesPerSecond", l.WritesPerSecond, "writeBurst", l.WriteBurst,
-		"patchInterval", l.PatchInterval.String(), "window", l.Window.String())
-	return rec.Record, nil
+	log.Info("events", "denials", !opts.NoDenialEvents, "denialsInWorkloadClusters", opts.DenialEventsWorkloadClusters,
+		"queue", l.Queue, "perObject", l.PerObject, "series", l.Series, "writesPerSecond", l.WritesPerSecond,
+		"writeBurst", l.WriteBurst, "patchInterval", l.PatchInterval.String(), "window", l.Window.String())
+	return rec, nil
+}
+
+// denials is what the webhook calls on each denial: nil when denial Events
+// are off.
+func denials(rec *events.Recorder, opts Options) func(events.Denial) {
+	if rec == nil || opts.NoDenialEvents {
+		return nil
+	}
+	return rec.Record
 }
 
 // resolver references a Machine or Cluster of the management cluster at its
 // served version, with its UID when it can be read.
-func resolver(dyn dynamic.Interface, mapper meta.RESTMapper) denialevents.Resolve {
+func resolver(dyn dynamic.Interface, mapper meta.RESTMapper) events.Resolve {
 	return func(ctx context.Context, gk schema.GroupKind, namespace, name string) corev1.ObjectReference {
 		ref := corev1.ObjectReference{APIVersion: gk.Group, Kind: gk.Kind, Namespace: namespace, Name: name}
 		m, err := mapper.RESTMapping(gk)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
+	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -66,7 +67,7 @@ const fleetLease = "nodeguard-fleet"
 // startFleet runs the fleet reconciler when asked to, its sessions joining
 // sessions (which the caller runs).
 func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, params map[string]any, sessions *WorkloadSessions,
-	published *releases.Publisher, metrics *fleet.Metrics, log *slog.Logger) (*fleet.Reconciler, error) {
+	published *releases.Publisher, metrics *fleet.Metrics, rec *events.Recorder, log *slog.Logger) (*fleet.Reconciler, error) {
 	f := opts.Fleet
 	if !f.Enabled {
 		return nil, nil
@@ -96,7 +97,7 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, params 
 		return nil, err
 	}
 	status := &fleet.Status{Client: c.Dynamic, Namespace: ns, Log: log}
-	events := recorder(ctx, kube)
+	clusterEvents := rec.In("", nil)
 	r, err := fleet.New(fleet.Options{Clusters: sessions.Set, URL: f.URL, CAFiles: caFiles, Selector: selector, Webhook: f.Webhook,
 		ProofInterval: f.ProofInterval, CARetention: f.CARetention, IsLeader: leader, Log: log, GhostProtection: fleetGhostProtection(opts),
 		Releases: published, AdmissionPolicy: admissionpolicy.Options{ExemptUsers: stringsParam(params, "exemptUsers"), ExemptGroups: stringsParam(params, "exemptGroups"),
@@ -110,15 +111,18 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, params 
 			}
 			ns, name, _ := cache.SplitMetaNamespaceKey(s.Cluster)
 			ref := &corev1.ObjectReference{APIVersion: meta.APIVersion, Kind: "Cluster", Namespace: ns, Name: name, UID: meta.UID}
+			if clusterEvents == nil {
+				return
+			}
 			if s.Guarded {
-				events.Eventf(ref, nil, corev1.EventTypeNormal, EventGuarded, "Guard", "nodeguard guards this workload cluster: a dry-run Node delete reached its route")
+				clusterEvents.Eventf(ref, nil, corev1.EventTypeNormal, EventGuarded, "Guard", "nodeguard guards this workload cluster: a dry-run Node delete reached its route")
 				return
 			}
 			kind := corev1.EventTypeWarning
 			if fleet.Excluded(s.Reason) {
 				kind = corev1.EventTypeNormal
 			}
-			events.Eventf(ref, nil, kind, EventUnguarded, "Guard", "nodeguard does not guard this workload cluster (%s): %s", s.Reason, s.Message)
+			clusterEvents.Eventf(ref, nil, kind, EventUnguarded, "Guard", "nodeguard does not guard this workload cluster (%s): %s", s.Reason, s.Message)
 		}})
 	if err != nil {
 		return nil, err

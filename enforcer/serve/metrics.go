@@ -8,8 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
+	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
@@ -32,10 +32,10 @@ type Metrics struct {
 	Webhook *webhook.Metrics
 	// Intake counts the requests of the review port that got an HTTP
 	// error, for the routes that share its Intake.
-	Intake       *intake.Metrics
-	Policy       *version.Metrics
-	Orphans      *OrphanMetrics
-	DenialEvents *denialevents.Metrics
+	Intake  *intake.Metrics
+	Policy  *version.Metrics
+	Orphans *OrphanMetrics
+	Events  *events.Metrics
 	// Provider counts Gatekeeper's external data requests.
 	Provider *provider.Metrics
 	// Fleet holds each workload cluster's guard.
@@ -94,7 +94,7 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 	if m.Orphans, err = registerOrphanMetrics(reg); err != nil {
 		return nil, err
 	}
-	if m.DenialEvents, err = denialevents.NewMetrics(reg); err != nil {
+	if m.Events, err = events.NewMetrics(reg); err != nil {
 		return nil, err
 	}
 	if m.Provider, err = provider.NewMetrics(reg); err != nil {

@@ -15,10 +15,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/events"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
@@ -97,7 +96,7 @@ func LeaseNamespace() string {
 // scanner (nil when the scan is off), so a reloaded policy can have every
 // Node judged again.
 func startOrphanScan(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, changes *informers.Relay, reg prometheus.Registerer,
-	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, releases bool, log *slog.Logger) (*orphanscan.Scanner, error) {
+	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, releases bool, rec *events.Recorder, log *slog.Logger) (*orphanscan.Scanner, error) {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
 			return nil, fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
@@ -105,7 +104,7 @@ func startOrphanScan(ctx context.Context, c kubeclient.Clients, e *live.Enforcer
 		return nil, nil
 	}
 	scan := OrphanScan{Management: c, Enforcer: e, Changes: changes, Registry: reg, Metrics: metrics, Options: opts, Sessions: sessions,
-		Releases: releases, Log: log}
+		Releases: releases, Events: rec, Log: log}
 	if c.Config != nil {
 		var err error
 		if scan.Kube, err = kubernetes.NewForConfig(c.Config); err != nil {
@@ -154,7 +153,9 @@ type OrphanScan struct {
 	// too (mode admission-policy; Scanner.Releases publishes them), watching
 	// them in every session; without WorkloadClusters they are never reaped.
 	Releases bool
-	Log      *slog.Logger
+	// Events records OrphanNodeDeleted and GhostNode Events (nil: none).
+	Events *events.Recorder
+	Log    *slog.Logger
 }
 
 // Start runs the scan until ctx is done: a reduced Node cache per cluster,
@@ -197,9 +198,9 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		return nil, fmt.Errorf("reaping orphan Nodes needs a kubeconfig or in-cluster config")
 	}
 	self := reaper.Target{Nodes: c.Dynamic}
-	if mgmt != nil && (opts.Enabled || store != nil) {
+	if opts.Enabled || store != nil {
 		// OrphanNodeDeleted and GhostNode Events.
-		self.Recorder = recorder(ctx, mgmt)
+		self.Recorder = o.Events.In("", nil)
 	}
 	if opts.Enabled {
 		host, _ := os.Hostname()
@@ -272,12 +273,12 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		}
 		sessions.Add(func(ctx context.Context, cl *clusters.Cluster) {
 			t := reaper.Target{Nodes: cl.Dynamic, ObserveOnly: !opts.WorkloadClusters}
-			if (opts.Enabled && opts.WorkloadClusters) || store != nil {
-				typed, err := kubernetes.NewForConfig(cl.Config)
+			if o.Events != nil && ((opts.Enabled && opts.WorkloadClusters) || store != nil) {
+				client, err := workloadEvents(cl.Config)
 				if err != nil {
 					log.Error("workload cluster: no Event client; deleting without Events", "cluster", cl.Key, "error", err.Error())
 				} else {
-					t.Recorder = recorder(ctx, typed)
+					t.Recorder = o.Events.In(cl.Key, client)
 				}
 			}
 			if err := watchNodes(ctx, scanner, shape, cl.Key, cl.Kube, cl.Dynamic, t, watchErrors, true); err != nil {
@@ -422,8 +423,6 @@ func (w *watchErrors) report(ctx context.Context, cluster string, err error) {
 		"cluster", cluster, "error", err.Error(), "failuresSinceLastLine", n)
 }
 
-// recorder records Events through the events.k8s.io API of one cluster
-// until ctx is done.
 // SwitchPermits is the one switch over every Node delete nodeguard makes:
 // before each, in the management cluster or any workload cluster, it asks
 // the management API server whether nodeguard may delete Nodes there,
@@ -443,11 +442,4 @@ func SwitchPermits(mgmt kubernetes.Interface) func(context.Context) error {
 		}
 		return nil
 	}
-}
-
-func recorder(ctx context.Context, client kubernetes.Interface) events.EventRecorder {
-	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
-	_ = b.StartRecordingToSinkWithContext(ctx) // errors only when started twice
-	context.AfterFunc(ctx, b.Shutdown)
-	return b.NewRecorder(scheme.Scheme, "nodeguard")
 }

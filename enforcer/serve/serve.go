@@ -20,8 +20,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
+	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
@@ -187,7 +187,12 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if publish && opts.Orphans.Interval <= 0 {
 		return fmt.Errorf("--fleet-admission-policy judges workload Nodes with the orphan scan: it needs a positive --orphan-scan-interval")
 	}
-	scanner, err := startOrphanScan(ctx, c, e, changes, reg, metrics.Orphans, opts.Orphans, sessions, publish, log)
+	// One recorder writes every Event: denials, orphans, ghosts, the fleet's.
+	rec, err := startEvents(ctx, c, opts, metrics.Events, log)
+	if err != nil {
+		return err
+	}
+	scanner, err := startOrphanScan(ctx, c, e, changes, reg, metrics.Orphans, opts.Orphans, sessions, publish, rec, log)
 	if err != nil {
 		return err
 	}
@@ -195,7 +200,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if publish {
 		published = scanner.Releases()
 	}
-	reconciler, err := startFleet(ctx, c, opts, params, sessions, published, metrics.Fleet, log)
+	reconciler, err := startFleet(ctx, c, opts, params, sessions, published, metrics.Fleet, rec, log)
 	if err != nil {
 		return err
 	}
@@ -223,11 +228,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 			}
 		}()
 	}
-	denied, err := startDenialEvents(ctx, c, opts, metrics.DenialEvents, log)
-	if err != nil {
-		return err
-	}
-	handler, clientCAs, err := routes(ctx, c, e, scanner, metrics, denied, constraint.Action, opts, log)
+	handler, clientCAs, err := routes(ctx, c, e, scanner, metrics, denials(rec, opts), constraint.Action, opts, log)
 	if err != nil {
 		return err
 	}
@@ -291,7 +292,7 @@ func workloadSessions(c kubeclient.Clients, opts Options, metrics *Metrics, log 
 // client CA for Gatekeeper, the external data provider's, sharing one
 // intake. It returns the CA files whose client certificates the TLS server
 // asks for.
-func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, scanner *orphanscan.Scanner, metrics *Metrics, denied func(denialevents.Denial),
+func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, scanner *orphanscan.Scanner, metrics *Metrics, denied func(events.Denial),
 	action func() enforcement.Action, opts Options, log *slog.Logger) (http.Handler, []string, error) {
 	in := intake.New(intake.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
 	clusters := freshread.New(c.Dynamic, c.Mapper)

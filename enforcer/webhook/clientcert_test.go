@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
 
-	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
+	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -59,7 +59,7 @@ func TestClusterRouteEventsOnlyForAuthenticatedReviews(t *testing.T) {
 	exists := func(context.Context, string, string) (bool, enforcement.Action, error) { return true, "", nil }
 	var mu sync.Mutex
 	var told []string
-	denied := func(d denialevents.Denial) {
+	denied := func(d events.Denial) {
 		mu.Lock()
 		defer mu.Unlock()
 		told = append(told, d.Cluster+"|"+d.Node)

@@ -27,8 +27,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
-	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
+	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
@@ -117,11 +117,11 @@ type Options struct {
 	DryRunOnlyUser string
 	// Denied, when set, is told of each denied Node delete that is not a
 	// dry run, after its answer is written. It must not block: a
-	// denialevents.Recorder's Record only queues. A cluster route's denial
+	// events.Recorder's Record only queues. A cluster route's denial
 	// is told only when ClientCAs authenticated the caller: those routes are
 	// the ones exposed beyond the cluster, where anyone reaching the port
 	// could otherwise have Events written naming any Node and any user.
-	Denied func(denialevents.Denial)
+	Denied func(events.Denial)
 	// Register, when set, judges what the registration routes are sent (a
 	// Node CREATE or UPDATE): the ghost criteria, under the cluster's ghost
 	// protection. An error allows (registrations fail open).
@@ -234,7 +234,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 		if route == RouteSelf {
 			where = ""
 		}
-		h.opts.Denied(denialevents.Denial{Cluster: where, Node: req.Name, NodeUID: uidOf(review.Request.OldObject.bytes()), User: req.UserInfo.Username,
+		h.opts.Denied(events.Denial{Cluster: where, Node: req.Name, NodeUID: uidOf(review.Request.OldObject.bytes()), User: req.UserInfo.Username,
 			Reason: d.Reason, Messages: d.Messages, Blockers: d.Blockers, Unverified: d.Unverified, Admitted: allowed})
 	}
 }

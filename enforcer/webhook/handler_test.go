@@ -26,8 +26,8 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
-	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
+	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
@@ -392,9 +392,9 @@ func TestGracefulShutdownFinishesInFlightReviews(t *testing.T) {
 func TestDeniedNodeDeletesAreReported(t *testing.T) {
 	g, _, nodes := example(t)
 	var mu sync.Mutex
-	var got []denialevents.Denial
+	var got []events.Denial
 	h := webhook.New(webhook.Options{Decider: g, Cluster: func(context.Context, string, string) (bool, enforcement.Action, error) { return true, "", nil },
-		Denied: func(d denialevents.Denial) {
+		Denied: func(d events.Denial) {
 			mu.Lock()
 			defer mu.Unlock()
 			got = append(got, d)
@@ -434,7 +434,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 	// A denial of another kind (here: a Pod on a route naming no Cluster
 	// the management cluster has) is not a Node's.
 	h = webhook.New(webhook.Options{Decider: g, Cluster: func(context.Context, string, string) (bool, enforcement.Action, error) { return false, "", nil },
-		Denied: func(d denialevents.Denial) {
+		Denied: func(d events.Denial) {
 			mu.Lock()
 			defer mu.Unlock()
 			got = append(got, d)
@@ -459,12 +459,12 @@ func BenchmarkDeniedReview(b *testing.B) {
 	body := review(admissionv1.Delete, "Node", node.Object)
 	// A client that answers every write with nothing: only the handler's
 	// side is measured.
-	rec, err := denialevents.New(denialevents.Options{Events: &eventsfake.FakeEventsV1{Fake: &clienttesting.Fake{}}})
+	rec, err := events.New(events.Options{Events: &eventsfake.FakeEventsV1{Fake: &clienttesting.Fake{}}})
 	require.NoError(b, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go rec.Run(ctx)
-	for name, denied := range map[string]func(denialevents.Denial){"events-off": nil, "events-on": rec.Record} {
+	for name, denied := range map[string]func(events.Denial){"events-off": nil, "events-on": rec.Record} {
 		h := webhook.New(webhook.Options{Decider: g, Denied: denied})
 		b.Run(name, func(b *testing.B) {
 			for b.Loop() {
@@ -557,7 +557,7 @@ func TestSelfClusterScopesTheSelfRoute(t *testing.T) {
 func TestEnforcementActions(t *testing.T) {
 	g, _, nodes := example(t)
 	var mu sync.Mutex
-	var told []denialevents.Denial
+	var told []events.Denial
 	reg := prometheus.NewRegistry()
 	m, err := webhook.NewMetrics(reg)
 	require.NoError(t, err)
@@ -567,7 +567,7 @@ func TestEnforcementActions(t *testing.T) {
 			a, ok := actions[ns+"/"+name]
 			return ok, a, nil
 		},
-		Denied: func(d denialevents.Denial) {
+		Denied: func(d events.Denial) {
 			mu.Lock()
 			defer mu.Unlock()
 			told = append(told, d)

@@ -100,8 +100,8 @@ func renderDashboard() ([]byte, error) {
 			query(`max(nodeguard_tombstones{`+sel+`})`, `tombstones`))).
 		WithPanel(series("NodeDeleteDenied Events", "ops",
 			"Event writes (create, series patch) for denied Node deletes, and denials not written as Events (rate limits, queue full); every denial is still in nodeguard_decisions_total and the log.",
-			query(`sum by (operation, result) (rate(nodeguard_denial_event_writes_total{`+sel+`}[$__rate_interval]))`, "{{operation}} {{result}}"),
-			query(`sum by (reason) (rate(nodeguard_denial_events_dropped_total{`+sel+`}[$__rate_interval]))`, "dropped: {{reason}}")))
+			query(`sum by (operation, result) (rate(nodeguard_event_writes_total{`+sel+`}[$__rate_interval]))`, "{{operation}} {{result}}"),
+			query(`sum by (reason) (rate(nodeguard_events_dropped_total{`+sel+`}[$__rate_interval]))`, "dropped: {{reason}}")))
 	d, err := b.Build()
 	if err != nil {
 		return nil, fmt.Errorf("build the dashboard: %w", err)

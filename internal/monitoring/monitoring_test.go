@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
-	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
+	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/intake"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
@@ -320,7 +320,7 @@ func TestQueriesReadExportedMetrics(t *testing.T) {
 			webhook.RejectNoRequest, webhook.RejectNoUID, webhook.RejectBadOldObject, provider.RejectMalformed, provider.RejectNotRequest,
 			provider.RejectKeys},
 		"nodeguard_workload_cluster_unguarded_reason": fleet.Reasons(),
-		"nodeguard_denial_events_dropped_total":       {denialevents.DropQueueFull, denialevents.DropPerObject, denialevents.DropSeries, denialevents.DropWriteFailed},
+		"nodeguard_events_dropped_total":              {events.DropQueueFull, events.DropPerObject, events.DropSeries, events.DropWriteFailed},
 	}
 	used := map[string]bool{}
 	for _, r := range results {

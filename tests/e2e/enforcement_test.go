@@ -22,8 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/denialevents"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
+	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 )
 
@@ -55,7 +55,7 @@ func TestEnforcementActionWarnAdmitsWithTheDenialAsAWarning(t *testing.T) {
 		require.NoError(c, err)
 		found := false
 		for _, e := range list.Items {
-			if e.Reason == denialevents.ReasonWouldBeDenied && e.Regarding.Name == "md-0-warn" {
+			if e.Reason == events.ReasonWouldBeDenied && e.Regarding.Name == "md-0-warn" {
 				found = true
 				assert.Contains(c, e.Note, "admitted under enforcement action warn, would be denied (blocked)")
 			}

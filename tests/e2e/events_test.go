@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/nodeguard/nodeguard/enforcer/denialevents"
+	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -31,7 +31,7 @@ func denialEvents(t require.TestingT, kube kubernetes.Interface, kind, name stri
 	require.NoError(t, err)
 	var out []eventsv1.Event
 	for _, e := range list.Items {
-		if e.Reason == denialevents.Reason && e.Regarding.Kind == kind && e.Regarding.Name == name {
+		if e.Reason == events.Reason && e.Regarding.Kind == kind && e.Regarding.Name == name {
 			out = append(out, e)
 		}
 	}
@@ -108,10 +108,10 @@ func TestDenialEvents(t *testing.T) {
 	}
 	start := time.Now()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		events := denialEvents(c, kube, "Node", "md-0-burst")
-		require.Len(c, events, 1, "one Event for the burst")
-		require.NotNil(c, events[0].Series)
-		assert.EqualValues(c, n, events[0].Series.Count)
+		got := denialEvents(c, kube, "Node", "md-0-burst")
+		require.Len(c, got, 1, "one Event for the burst")
+		require.NotNil(c, got[0].Series)
+		assert.EqualValues(c, n, got[0].Series.Count)
 	}, 30*time.Second, 200*time.Millisecond, "the Event counts all %d", n)
 	t.Logf("%d denied deletes of one Node: 1 Event, series.count %d written %s after the burst", n, n, time.Since(start).Round(time.Millisecond))
 	require.Never(t, func() bool { return len(denialEvents(t, kube, "Node", "md-0-burst")) != 1 }, 2*time.Second, 100*time.Millisecond,

@@ -117,6 +117,19 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		assert.True(t, s[key].Wired && s[key].CACurrent, "%s: %+v", key, s[key])
 		assert.WithinDuration(t, time.Now(), s[key].LastProof, time.Minute)
 	}
+	// The verdict is told on each Cluster, by the recorder that writes every
+	// Event nodeguard makes.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		list, err := mgmtKube.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
+		require.NoError(c, err)
+		guarded := map[string]bool{}
+		for _, e := range list.Items {
+			if e.Reason == serve.EventGuarded && e.Regarding.Kind == "Cluster" && e.Type == corev1.EventTypeNormal && e.ReportingController == "nodeguard" {
+				guarded[e.Regarding.Name] = e.Regarding.UID != ""
+			}
+		}
+		assert.Equal(c, map[string]bool{"dev": true, "two": true}, guarded, "a WorkloadClusterGuarded Event on each Cluster, with its UID")
+	}, 10*time.Second, 100*time.Millisecond)
 
 	denied := func(c require.TestingT, kube kubernetes.Interface, node, want string) {
 		err := kube.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})

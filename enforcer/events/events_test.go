@@ -1,4 +1,4 @@
-package denialevents
+package events
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -81,7 +82,7 @@ func (f *fixture) writes(op, result string) float64 {
 func TestBurstIsOneEventWithItsCount(t *testing.T) {
 	f := newFixture(t, Options{})
 	for range 30 {
-		f.r.observe(blocked("md-0-a", "alice"))
+		f.r.observe(denied(blocked("md-0-a", "alice")))
 	}
 	f.r.flush(f.ctx)
 	got := events(t, f.kube.EventsV1(), "default")
@@ -101,7 +102,7 @@ func TestBurstIsOneEventWithItsCount(t *testing.T) {
 
 	// More of the same: counted, written once per interval.
 	for range 5 {
-		f.r.observe(blocked("md-0-a", "alice"))
+		f.r.observe(denied(blocked("md-0-a", "alice")))
 	}
 	f.r.flush(f.ctx)
 	assert.EqualValues(t, 30, events(t, f.kube.EventsV1(), "default")[0].Series.Count, "not before the patch interval")
@@ -122,11 +123,11 @@ func TestBurstIsOneEventWithItsCount(t *testing.T) {
 func TestBoundsPerNodeAndOverall(t *testing.T) {
 	f := newFixture(t, Options{Limits: Limits{PerObject: 3, Series: 5}})
 	for i := range 5 {
-		f.r.observe(blocked("md-0-a", fmt.Sprintf("user-%d", i)))
+		f.r.observe(denied(blocked("md-0-a", fmt.Sprintf("user-%d", i))))
 	}
 	assert.Equal(t, 2.0, f.dropped(DropPerObject))
 	for _, n := range []string{"md-0-b", "md-0-c", "md-0-d"} {
-		f.r.observe(blocked(n, "alice"))
+		f.r.observe(denied(blocked(n, "alice")))
 	}
 	assert.Equal(t, 1.0, f.dropped(DropSeries), "3 + 2 live, the sixth is dropped")
 	f.r.flush(f.ctx)
@@ -146,7 +147,7 @@ func TestBoundsPerNodeAndOverall(t *testing.T) {
 func TestWritesShareOneBucket(t *testing.T) {
 	f := newFixture(t, Options{Limits: Limits{WritesPerSecond: 1, WriteBurst: 2}})
 	for i := range 5 {
-		f.r.observe(blocked(fmt.Sprintf("md-0-%d", i), "alice"))
+		f.r.observe(denied(blocked(fmt.Sprintf("md-0-%d", i), "alice")))
 		f.clock.Step(time.Millisecond)
 	}
 	f.r.flush(f.ctx)
@@ -183,14 +184,14 @@ func TestFullQueueDrops(t *testing.T) {
 // whose API copy was removed (the API server's event TTL) is created again.
 func TestWindowAndRecreate(t *testing.T) {
 	f := newFixture(t, Options{})
-	f.r.observe(blocked("md-0-a", "alice"))
+	f.r.observe(denied(blocked("md-0-a", "alice")))
 	f.r.flush(f.ctx)
 	first := events(t, f.kube.EventsV1(), "default")
 	require.Len(t, first, 1)
 
 	require.NoError(t, f.kube.EventsV1().Events("default").Delete(f.ctx, first[0].Name, metav1.DeleteOptions{}))
 	f.clock.Step(time.Minute)
-	f.r.observe(blocked("md-0-a", "alice"))
+	f.r.observe(denied(blocked("md-0-a", "alice")))
 	f.r.flush(f.ctx)
 	again := events(t, f.kube.EventsV1(), "default")
 	require.Len(t, again, 1, "the patch found no Event: created again")
@@ -200,7 +201,7 @@ func TestWindowAndRecreate(t *testing.T) {
 
 	f.clock.Step(f.r.Limits().Window)
 	f.r.flush(f.ctx)
-	f.r.observe(blocked("md-0-a", "alice"))
+	f.r.observe(denied(blocked("md-0-a", "alice")))
 	f.r.flush(f.ctx)
 	assert.Len(t, events(t, f.kube.EventsV1(), "default"), 2, "the window ended: a new Event")
 }
@@ -213,7 +214,7 @@ func TestWritesThatKeepFailing(t *testing.T) {
 		return true, nil, errors.New("etcdserver: request timed out")
 	})
 	for range 3 {
-		f.r.observe(blocked("md-0-a", "alice"))
+		f.r.observe(denied(blocked("md-0-a", "alice")))
 	}
 	f.r.flush(f.ctx)
 	f.r.flush(f.ctx)
@@ -252,11 +253,11 @@ func TestWorkloadClusterOrManagementFallback(t *testing.T) {
 	})
 	d := blocked("md-0-a", "kubernetes-admin")
 	d.Cluster = "fleet/prod-1"
-	f.r.observe(d)
+	f.r.observe(denied(d))
 	d.Cluster = "fleet/prod-2"
-	f.r.observe(d)
+	f.r.observe(denied(d))
 	notReady := Denial{Cluster: "fleet/prod-3", Node: "md-0-b", User: "kubernetes-admin", Reason: decision.ReasonNotReady, Messages: []string{"not ready"}}
-	f.r.observe(notReady)
+	f.r.observe(denied(notReady))
 	f.r.flush(f.ctx)
 
 	inWorkload := events(t, workload.EventsV1(), "default")
@@ -309,7 +310,7 @@ func TestRunWritesInTheBackground(t *testing.T) {
 
 // What the webhook's goroutine pays per denial: one non-blocking send, taken
 // (measured with its receive) or, the queue full, dropped and counted.
-// go test ./enforcer/denialevents/ -run '^$' -bench Record
+// go test ./enforcer/events/ -run '^$' -bench Record
 func BenchmarkRecord(b *testing.B) {
 	m, err := NewMetrics(prometheus.NewRegistry())
 	require.NoError(b, err)
@@ -336,9 +337,9 @@ func BenchmarkRecord(b *testing.B) {
 func TestAWarnAdmittedDenialSaysItWouldBeDenied(t *testing.T) {
 	f := newFixture(t, Options{})
 	d := blocked("md-0-a", "alice")
-	f.r.observe(d)
+	f.r.observe(denied(d))
 	d.Admitted = true
-	f.r.observe(d)
+	f.r.observe(denied(d))
 	f.r.flush(f.ctx)
 	got := events(t, f.kube.EventsV1(), "default")
 	require.Len(t, got, 2, "a denial and an admitted one are two series")
@@ -348,4 +349,68 @@ func TestAWarnAdmittedDenialSaysItWouldBeDenied(t *testing.T) {
 	}
 	assert.Contains(t, reasons[ReasonWouldBeDenied], `Delete by "alice" admitted under enforcement action warn, would be denied (blocked): Node "md-0-a"`)
 	assert.Contains(t, reasons, Reason)
+}
+
+// denied is a denial as Record queues it.
+func denied(d Denial) occurrence { return occurrence{denial: d} }
+
+// observeQueued observes what Record and Eventf queued, as Run does.
+func (f *fixture) observeQueued() {
+	for {
+		select {
+		case o := <-f.r.queue:
+			f.r.observe(o)
+		default:
+			return
+		}
+	}
+}
+
+// nodeguard's own Events (OrphanNodeDeleted, GhostNode, the fleet's) go
+// through the same recorder as denials: in the cluster In names, identical
+// ones one Event with a series, under the same per-object bound.
+func TestOwnEventsShareTheRecorder(t *testing.T) {
+	f := newFixture(t, Options{})
+	assert.Nil(t, (*Recorder)(nil).In("", nil), "no recorder, no EventRecorder")
+	workload := fake.NewClientset()
+	node := &unstructured.Unstructured{}
+	node.SetAPIVersion("v1")
+	node.SetKind("Node")
+	node.SetName("md-0-a")
+	node.SetUID("uid-md-0-a")
+	inWorkload := f.r.In("fleet/prod-1", workload.EventsV1())
+	for range 3 {
+		inWorkload.Eventf(node, nil, corev1.EventTypeNormal, "OrphanNodeDeleted", "Delete", "nodeguard deleted orphan Node %s: %s", "md-0-a", "its Machine is gone")
+	}
+	cluster := &corev1.ObjectReference{APIVersion: "cluster.x-k8s.io/v1beta2", Kind: "Cluster", Namespace: "fleet", Name: "prod-1", UID: "uid-prod-1"}
+	inManagement := f.r.In("", nil)
+	for i := range f.r.Limits().PerObject + 1 {
+		inManagement.Eventf(cluster, nil, corev1.EventTypeWarning, "WorkloadClusterUnguarded", "Guard", "not guarded (%d)", i)
+	}
+	// A workload cluster without a client: on its Cluster, in the management cluster.
+	node.SetName("md-0-b")
+	f.r.In("fleet/prod-2", nil).Eventf(node, nil, corev1.EventTypeWarning, "GhostNode", "Detect", "ghost")
+	f.observeQueued()
+	f.r.flush(f.ctx)
+
+	got := events(t, workload.EventsV1(), "default")
+	require.Len(t, got, 1, "three identical Events are one")
+	e := got[0]
+	assert.Equal(t, corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: "md-0-a", UID: "uid-md-0-a"}, e.Regarding)
+	assert.Equal(t, []string{corev1.EventTypeNormal, "OrphanNodeDeleted", "Delete", "nodeguard deleted orphan Node md-0-a: its Machine is gone", Controller, "nodeguard-0"},
+		[]string{e.Type, e.Reason, e.Action, e.Note, e.ReportingController, e.ReportingInstance})
+	require.NotNil(t, e.Series)
+	assert.EqualValues(t, 3, e.Series.Count)
+
+	onCluster := events(t, f.kube.EventsV1(), "fleet")
+	require.Len(t, onCluster, f.r.Limits().PerObject+1, "the Cluster's own Events up to the bound, and the ghost's fallback")
+	assert.Equal(t, 1.0, f.dropped(DropPerObject))
+	var fallback []string
+	for _, e := range onCluster {
+		assert.Equal(t, "Cluster", e.Regarding.Kind)
+		if e.Reason == "GhostNode" {
+			fallback = append(fallback, e.Regarding.Name+": "+e.Note)
+		}
+	}
+	assert.Equal(t, []string{`prod-2: Node "md-0-b" of workload cluster fleet/prod-2: ghost`}, fallback)
 }

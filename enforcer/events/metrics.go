@@ -1,4 +1,4 @@
-package denialevents
+package events
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
@@ -6,16 +6,17 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
-// Why a denial was not recorded as (part of) an Event: the reason label of
-// nodeguard_denial_events_dropped_total.
+// Why an occurrence (a denial, or an Event nodeguard makes) was not
+// recorded as (part of) an Event: the reason label of
+// nodeguard_events_dropped_total.
 const (
-	DropQueueFull   = "queue-full"       // Limits.Queue denials were already waiting
-	DropPerObject   = "per-object-limit" // the Node already had Limits.PerObject live Events
+	DropQueueFull   = "queue-full"       // Limits.Queue occurrences were already waiting
+	DropPerObject   = "per-object-limit" // its object already had Limits.PerObject live Events
 	DropSeries      = "series-limit"     // Limits.Series Events were live
 	DropWriteFailed = "write-failed"     // its Event could not be created within twice the window
 )
 
-// Writes, the operation label of nodeguard_denial_event_writes_total.
+// Writes, the operation label of nodeguard_event_writes_total.
 const (
 	OpCreate = "create"
 	OpPatch  = "patch"
@@ -27,16 +28,16 @@ type Metrics struct {
 	writes  *prometheus.CounterVec
 }
 
-// NewMetrics registers nodeguard_denial_events_dropped_total{reason} and
-// nodeguard_denial_event_writes_total{operation,result}, every label value at
+// NewMetrics registers nodeguard_events_dropped_total{reason} and
+// nodeguard_event_writes_total{operation,result}, every label value at
 // zero, so rates and alerts see the first increment.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	r := registrar.New(reg)
 	m := &Metrics{
-		dropped: r.CounterVec("nodeguard_denial_events_dropped_total",
-			"Denied Node deletes not recorded as (part of) a NodeDeleteDenied Event, by reason (queue-full, per-object-limit, series-limit, write-failed).", "reason"),
-		writes: r.CounterVec("nodeguard_denial_event_writes_total",
-			"NodeDeleteDenied Event writes to an API server, by operation (create, patch of the series count) and result (ok, error).", "operation", "result"),
+		dropped: r.CounterVec("nodeguard_events_dropped_total",
+			"Occurrences (denied Node deletes, nodeguard's own findings and actions) not recorded as (part of) an Event, by reason (queue-full, per-object-limit, series-limit, write-failed).", "reason"),
+		writes: r.CounterVec("nodeguard_event_writes_total",
+			"Event writes to an API server, by operation (create, patch of the series count) and result (ok, error).", "operation", "result"),
 	}
 	for _, r := range []string{DropQueueFull, DropPerObject, DropSeries, DropWriteFailed} {
 		m.dropped.WithLabelValues(r)
@@ -46,13 +47,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			m.writes.WithLabelValues(op, res)
 		}
 	}
-	if err := r.Err("denial event metrics"); err != nil {
+	if err := r.Err("event metrics"); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
-// drop counts one denial not recorded; a nil Metrics counts nothing.
+// drop counts one occurrence not recorded; a nil Metrics counts nothing.
 func (m *Metrics) drop(reason string) { m.dropN(reason, 1) }
 
 func (m *Metrics) dropN(reason string, n int32) {

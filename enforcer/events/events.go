@@ -1,30 +1,36 @@
-// Package denialevents records each denied Node delete as a Kubernetes Event
-// on that Node (type Warning, reason NodeDeleteDenied, the rule's message and
-// the user who asked, through the events.k8s.io API), so `kubectl describe
-// node` says why the Node is still there.
+// Package events records nodeguard's Kubernetes Events, every one through
+// one bounded Recorder and the events.k8s.io API:
+//   - each denied Node delete, on that Node (type Warning, reason
+//     NodeDeleteDenied, the rule's message and the user who asked), so
+//     `kubectl describe node` says why the Node is still there;
+//   - what nodeguard does and finds on its own (OrphanNodeDeleted, GhostNode,
+//     WorkloadClusterGuarded and -Unguarded), through In, which gives the
+//     reaper, the ghost tracker and the fleet client-go's EventRecorder
+//     interface.
 //
-// Recording never touches a decision: Record is a non-blocking send into a
-// bounded queue, and the Events are written by goroutines of their own. A
-// burst or a flood cannot become an Event storm (Limits):
-//   - identical denials (same Node, same note: same user, reason and message)
-//     within Limits.Window are one Event whose series count goes up; the count
-//     is written at most once per Limits.PatchInterval;
-//   - at most Limits.PerObject Events per Node, and Limits.Series overall, are
-//     live at once;
+// Recording never touches a decision: Record and Eventf are non-blocking
+// sends into a bounded queue, and the Events are written by goroutines of
+// their own. A burst or a flood cannot become an Event storm (Limits):
+//   - identical occurrences (same object, reason and note: for a denial the
+//     same user, reason and message) within Limits.Window are one Event whose
+//     series count goes up; the count is written at most once per
+//     Limits.PatchInterval;
+//   - at most Limits.PerObject Events per object, and Limits.Series overall,
+//     are live at once;
 //   - every write (create or patch) takes a token from one bucket of
 //     Limits.WritesPerSecond, burst Limits.WriteBurst; what must wait stays
 //     pending, in memory, bounded by Limits.Series.
 //
-// What does not fit is dropped and counted in
-// nodeguard_denial_events_dropped_total; every denial is also in
-// nodeguard_decisions_total and the decision log.
+// What does not fit is dropped and counted in nodeguard_events_dropped_total;
+// every denial is also in nodeguard_decisions_total and the decision log,
+// every deleted orphan and ghost in their own metrics and log lines.
 //
 // client-go's events.EventBroadcaster aggregates too, but bounds neither (a
 // goroutine per event, a blocking queue) and writes a series' count at its
 // second event and then every 30 minutes, so a burst of 30 denials would
 // read "x2" for half an hour; and it keys a series without the note, so a
 // second user's denial would count under the first user's words.
-package denialevents
+package events
 
 import (
 	"context"
@@ -41,17 +47,21 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/scheme"
 	eventsv1client "k8s.io/client-go/kubernetes/typed/events/v1"
 	"k8s.io/client-go/tools/cache"
+	clientevents "k8s.io/client-go/tools/events"
 	"k8s.io/client-go/tools/record/util"
+	"k8s.io/client-go/tools/reference"
 	"k8s.io/utils/clock"
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 )
 
-// What every Event this package writes says.
+// What a denial's Event says.
 const (
 	Reason = "NodeDeleteDenied"
 	// ReasonWouldBeDenied is a denial the enforcement action warn admitted.
@@ -90,16 +100,16 @@ type WorkloadEvents func(ctx context.Context, cluster string) (eventsv1client.Ev
 // UID: `kubectl describe` finds an object's Events by UID.
 type Resolve func(ctx context.Context, gk schema.GroupKind, namespace, name string) corev1.ObjectReference
 
-// Limits bound what a flood of denials can cost. The zero value of a field
-// means its default (DefaultLimits).
+// Limits bound what a flood of occurrences can cost. The zero value of a
+// field means its default (DefaultLimits).
 type Limits struct {
-	Queue           int           // denials waiting to be aggregated
-	PerObject       int           // live Events per Node (or Machine, Cluster)
+	Queue           int           // occurrences waiting to be aggregated
+	PerObject       int           // live Events per object (Node, Machine, Cluster)
 	Series          int           // live Events overall
 	WritesPerSecond float64       // API writes (creates and patches) per second
 	WriteBurst      int           // and their burst
 	PatchInterval   time.Duration // least time between two writes of one Event
-	Window          time.Duration // an Event untouched this long ends; the next denial starts another
+	Window          time.Duration // an Event untouched this long ends; the next occurrence starts another
 }
 
 // DefaultLimits are the bounds nodeguard serve runs with.
@@ -126,7 +136,8 @@ func orDefault[T int | float64 | time.Duration](v, d T) T {
 // Options configure a Recorder.
 type Options struct {
 	// Events writes Events in the cluster nodeguard runs in: the Nodes of
-	// the self-hosted route, and the fallback of workload routes.
+	// the self-hosted route, the Clusters, and the fallback of workload
+	// routes.
 	Events eventsv1client.EventsV1Interface
 	// Workload, when set, records a workload route's denials on the Node in
 	// that workload cluster. Unset (or failing), they are recorded in the
@@ -143,12 +154,12 @@ type Options struct {
 	Instance string
 }
 
-// Recorder aggregates denials into Events and writes them. Record may be
-// called from any goroutine; Run writes.
+// Recorder aggregates denials and nodeguard's own Events and writes them.
+// Record and In's Eventf may be called from any goroutine; Run writes.
 type Recorder struct {
 	opts   Options
 	limits Limits
-	queue  chan Denial
+	queue  chan occurrence
 	wake   chan struct{}
 	writes *rate.Limiter
 	// failLog writes at most one line per interval about failed writes.
@@ -161,18 +172,41 @@ type Recorder struct {
 	perObject map[objectKey]int
 }
 
-type objectKey struct{ cluster, node string }
+// occurrence is one thing to record: an event made through In, or (event
+// nil) a denial, made into its event off the webhook's goroutine and queued
+// by value, so recording it allocates nothing.
+type occurrence struct {
+	event  *event
+	denial Denial
+}
+
+// event is what one Event says, and where it belongs.
+type event struct {
+	// cluster is "" for the cluster nodeguard runs in, else the workload
+	// Cluster ("namespace/name") of the object it regards.
+	cluster string
+	// client writes it; nil: Options.Events for cluster "", else resolved
+	// through Options.Workload with the management cluster as fallback.
+	client              eventsv1client.EventsV1Interface
+	regarding           corev1.ObjectReference
+	related             *corev1.ObjectReference
+	typ, reason, action string
+	note                string
+	denial              *Denial // a denial's: the Machine it names is its fallback
+}
+
+type objectKey struct{ cluster, kind, namespace, name string }
 
 type seriesKey struct {
 	objectKey
-	note string
+	reason, note string
 }
 
-// series is one Event: the denials it counts and what the API has of it.
+// series is one Event: the occurrences it counts and what the API has of it.
 type series struct {
-	key    seriesKey
-	denial Denial // the first; all share the note
-	first  time.Time
+	key   seriesKey
+	event *event // the first; all share the key
+	first time.Time
 
 	// Changed by the aggregating goroutine, under mu.
 	count int32
@@ -198,7 +232,7 @@ type target struct {
 // New returns a Recorder; Run starts it.
 func New(opts Options) (*Recorder, error) {
 	if opts.Events == nil {
-		return nil, fmt.Errorf("denial events: an events client is required")
+		return nil, fmt.Errorf("events: an events client is required")
 	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
@@ -210,7 +244,7 @@ func New(opts Options) (*Recorder, error) {
 		opts.Instance = Controller
 	}
 	l := opts.Limits.withDefaults()
-	return &Recorder{opts: opts, limits: l, queue: make(chan Denial, l.Queue), wake: make(chan struct{}, 1),
+	return &Recorder{opts: opts, limits: l, queue: make(chan occurrence, l.Queue), wake: make(chan struct{}, 1),
 		writes:  rate.NewLimiter(rate.Limit(l.WritesPerSecond), l.WriteBurst),
 		failLog: rate.Sometimes{First: 1, Interval: 10 * time.Second},
 		series:  map[seriesKey]*series{}, perObject: map[objectKey]int{}}, nil
@@ -220,23 +254,61 @@ func New(opts Options) (*Recorder, error) {
 func (r *Recorder) Limits() Limits { return r.limits }
 
 // Record queues one denial; it never blocks. A full queue drops it, counted.
-func (r *Recorder) Record(d Denial) {
+func (r *Recorder) Record(d Denial) { r.enqueue(occurrence{denial: d}) }
+
+func (r *Recorder) enqueue(o occurrence) {
 	select {
-	case r.queue <- d:
+	case r.queue <- o:
 	default:
 		r.opts.Metrics.drop(DropQueueFull)
 	}
 }
 
-// Run aggregates queued denials and writes Events until ctx is done.
+// In returns client-go's EventRecorder for the objects of one cluster,
+// recording through r: cluster "" is the cluster nodeguard runs in (client
+// nil: Options.Events), else a workload Cluster ("namespace/name") with that
+// cluster's events client. A nil Recorder records nothing: In returns nil.
+func (r *Recorder) In(cluster string, client eventsv1client.EventsV1Interface) clientevents.EventRecorder {
+	if r == nil {
+		return nil
+	}
+	return &clusterRecorder{r: r, cluster: cluster, client: client}
+}
+
+type clusterRecorder struct {
+	r       *Recorder
+	cluster string
+	client  eventsv1client.EventsV1Interface
+}
+
+// Eventf queues one Event; it never blocks. An object it cannot reference
+// (a typed object of a kind client-go does not know) is logged, not
+// recorded.
+func (c *clusterRecorder) Eventf(regarding, related runtime.Object, eventtype, reason, action, note string, args ...any) {
+	ref, err := reference.GetReference(scheme.Scheme, regarding)
+	if err != nil {
+		c.r.opts.Log.Warn("event not recorded: no reference to the object it regards", "reason", reason, "error", err.Error())
+		return
+	}
+	ev := &event{cluster: c.cluster, client: c.client, regarding: *ref, typ: eventtype, reason: reason, action: action,
+		note: truncate(fmt.Sprintf(note, args...))}
+	if related != nil {
+		if rel, err := reference.GetReference(scheme.Scheme, related); err == nil {
+			ev.related = rel
+		}
+	}
+	c.r.enqueue(occurrence{event: ev})
+}
+
+// Run aggregates queued occurrences and writes Events until ctx is done.
 func (r *Recorder) Run(ctx context.Context) {
 	go func() {
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case d := <-r.queue:
-				r.observe(d)
+			case o := <-r.queue:
+				r.observe(o)
 			}
 		}
 	}()
@@ -253,11 +325,26 @@ func (r *Recorder) Run(ctx context.Context) {
 	}
 }
 
-// observe counts one denial into its series, or starts one if the bounds
-// allow.
-func (r *Recorder) observe(d Denial) {
+// denialEvent is the Event a denial makes: on the Node, naming its first
+// blocker as related.
+func denialEvent(d *Denial) *event {
+	reason := Reason
+	if d.Admitted {
+		reason = ReasonWouldBeDenied
+	}
+	return &event{cluster: d.Cluster, regarding: corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: d.Node, UID: d.NodeUID},
+		related: related(d), typ: corev1.EventTypeWarning, reason: reason, action: Action, note: Note(*d), denial: d}
+}
+
+// observe counts one occurrence into its series, or starts one if the
+// bounds allow.
+func (r *Recorder) observe(o occurrence) {
 	now := r.opts.Clock.Now()
-	k := seriesKey{objectKey{d.Cluster, d.Node}, Note(d)}
+	ev := o.event
+	if ev == nil {
+		ev = denialEvent(&o.denial)
+	}
+	k := seriesKey{objectKey{ev.cluster, ev.regarding.Kind, ev.regarding.Namespace, ev.regarding.Name}, ev.reason, ev.note}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if s, ok := r.series[k]; ok {
@@ -273,7 +360,7 @@ func (r *Recorder) observe(d Denial) {
 		r.opts.Metrics.drop(DropSeries)
 		return
 	}
-	r.series[k] = &series{key: k, denial: d, first: now, count: 1, last: now}
+	r.series[k] = &series{key: k, event: ev, first: now, count: 1, last: now}
 	r.perObject[k.objectKey]++
 	select {
 	case r.wake <- struct{}{}:
@@ -299,7 +386,7 @@ func (r *Recorder) flush(ctx context.Context) {
 		done := s.created && s.written == s.count
 		if (done && idle >= r.limits.Window) || idle >= 2*r.limits.Window {
 			// Past twice the window its writes kept failing: give up. Never
-			// created, its denials are dropped; created, only its last count.
+			// created, its occurrences are dropped; created, only its last count.
 			if !s.created {
 				r.opts.Metrics.dropN(DropWriteFailed, s.count)
 			}
@@ -358,7 +445,7 @@ func (r *Recorder) write(ctx context.Context, w write, now time.Time) {
 	s.lastWrite = now
 	if err != nil {
 		r.failLog.Do(func() {
-			r.opts.Log.Warn("denial event not written; retrying", "operation", op, "node", s.key.node, "cluster", s.key.cluster,
+			r.opts.Log.Warn("event not written; retrying", "operation", op, "reason", s.key.reason, "kind", s.key.kind, "name", s.key.name, "cluster", s.key.cluster,
 				"event", t.namespace+"/"+t.name, "error", err.Error())
 		})
 		return
@@ -376,12 +463,12 @@ func (r *Recorder) create(ctx context.Context, t *target, s *series, w write) er
 		EventTime:           metav1.NewMicroTime(s.first),
 		ReportingController: Controller,
 		ReportingInstance:   r.opts.Instance,
-		Action:              Action,
-		Reason:              reasonOf(s.denial),
+		Action:              s.event.action,
+		Reason:              s.event.reason,
 		Regarding:           t.regarding,
 		Related:             t.related,
 		Note:                t.note,
-		Type:                corev1.EventTypeWarning,
+		Type:                s.event.typ,
 	}
 	if w.count > 1 {
 		ev.Series = &eventsv1.EventSeries{Count: w.count, LastObservedTime: metav1.NewMicroTime(w.last)}
@@ -402,44 +489,54 @@ func (r *Recorder) patch(ctx context.Context, t *target, w write) error {
 	return nil
 }
 
-// resolve decides where a series' Event goes: on the Node, in the cluster
-// that has it; or, for a workload cluster nodeguard cannot reach, on the
-// Machine (else the Cluster) in the cluster nodeguard runs in.
+// resolve decides where a series' Event goes: on its object, in the
+// cluster that has it; or, for a workload cluster nodeguard cannot reach, in
+// the cluster nodeguard runs in, on the Machine a denial names, else on the
+// Cluster.
 func (r *Recorder) resolve(ctx context.Context, s *series) *target {
-	d := s.denial
-	node := corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: d.Node, UID: d.NodeUID}
-	note := s.key.note
-	if d.Cluster == "" {
-		return &target{client: r.opts.Events, namespace: metav1.NamespaceDefault, regarding: node, related: related(d), note: note}
+	ev := s.event
+	ns := ev.regarding.Namespace
+	if ns == "" {
+		ns = metav1.NamespaceDefault // where a cluster-scoped object's Events go
+	}
+	switch {
+	case ev.client != nil:
+		return &target{client: ev.client, namespace: ns, regarding: ev.regarding, related: ev.related, note: ev.note}
+	case ev.cluster == "":
+		return &target{client: r.opts.Events, namespace: ns, regarding: ev.regarding, related: ev.related, note: ev.note}
 	}
 	if r.opts.Workload != nil {
-		c, err := r.opts.Workload(ctx, d.Cluster)
+		c, err := r.opts.Workload(ctx, ev.cluster)
 		if err == nil {
-			// The blocker lives in the management cluster: not related here.
-			return &target{client: c, namespace: metav1.NamespaceDefault, regarding: node, note: note}
+			// A denial's blocker lives in the management cluster: not related here.
+			return &target{client: c, namespace: ns, regarding: ev.regarding, note: ev.note}
 		}
 		r.failLog.Do(func() {
-			r.opts.Log.Warn("denial event: workload cluster unreachable; recording it in the management cluster",
-				"cluster", d.Cluster, "error", err.Error())
+			r.opts.Log.Warn("event: workload cluster unreachable; recording it in the management cluster",
+				"cluster", ev.cluster, "reason", ev.reason, "error", err.Error())
 		})
 	}
 	gk, ns, name := schema.GroupKind{Group: "cluster.x-k8s.io", Kind: "Cluster"}, "", ""
-	if m := machine(d); m != "" {
+	if m := machine(ev.denial); m != "" {
 		gk.Kind = "Machine"
 		ns, name, _ = cache.SplitMetaNamespaceKey(m)
 	} else {
-		ns, name, _ = cache.SplitMetaNamespaceKey(d.Cluster)
+		ns, name, _ = cache.SplitMetaNamespaceKey(ev.cluster)
 	}
 	ref := corev1.ObjectReference{APIVersion: gk.Group, Kind: gk.Kind, Namespace: ns, Name: name}
 	if r.opts.Resolve != nil {
 		ref = r.opts.Resolve(ctx, gk, ns, name)
 	}
-	return &target{client: r.opts.Events, namespace: ns, regarding: ref, related: related(d),
-		note: truncate(fmt.Sprintf("Node %q of workload cluster %s: %s", d.Node, d.Cluster, note))}
+	return &target{client: r.opts.Events, namespace: ns, regarding: ref, related: ev.related,
+		note: truncate(fmt.Sprintf("%s %q of workload cluster %s: %s", ev.regarding.Kind, ev.regarding.Name, ev.cluster, ev.note))}
 }
 
-// machine is the first Machine ("namespace/name") a denial names.
-func machine(d Denial) string {
+// machine is the first Machine ("namespace/name") a denial names; "" for
+// none, or no denial.
+func machine(d *Denial) string {
+	if d == nil {
+		return ""
+	}
 	for _, b := range d.Blockers {
 		for _, l := range b.Links {
 			if l.Machine != "" {
@@ -458,7 +555,7 @@ func machine(d Denial) string {
 }
 
 // related is the first blocker, which the note names too.
-func related(d Denial) *corev1.ObjectReference {
+func related(d *Denial) *corev1.ObjectReference {
 	if len(d.Blockers) == 0 {
 		return nil
 	}
@@ -475,13 +572,6 @@ func Note(d Denial) string {
 		verdict = "admitted under enforcement action warn, would be denied"
 	}
 	return truncate(fmt.Sprintf("Delete by %q %s (%s): %s", d.User, verdict, d.Reason, strings.Join(d.Messages, " ")))
-}
-
-func reasonOf(d Denial) string {
-	if d.Admitted {
-		return ReasonWouldBeDenied
-	}
-	return Reason
 }
 
 func truncate(s string) string {
