@@ -55,25 +55,35 @@ type Keeper struct {
 
 	mu         sync.Mutex
 	seen       string // the resourceVersion last read or written; "" when absent
-	unreadable bool   // it holds what Decode refuses, or could not be read: do not write
-	lastErr    time.Time
+	unreadable bool   // it holds what Decode refuses: do not write
+	unread     bool   // the last read failed: read again before writing
+	// wrote are the resourceVersions this keeper's last writes made: their
+	// watch events, arriving after a newer write, are not news.
+	wrote   []string
+	lastErr time.Time
 }
+
+// wroteKept bounds Keeper.wrote.
+const wroteKept = 16
 
 // errorLogEvery bounds the log lines of a write that keeps failing.
 const errorLogEvery = time.Minute
 
 // Load reads the tombstones the ConfigMap holds into the store; an absent
 // ConfigMap is none. Call it before the inventory's changes reach the store.
-// When it cannot be read, nothing is written over it until the watch reads
-// it (Run), and the error says why.
+// When it cannot be read, nothing is written over it until it is read (the
+// watch, or Flush reading again), and the error says why.
 func (k *Keeper) Load(ctx context.Context) error {
 	cm, err := k.Client.Resource(configMaps).Namespace(k.Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
+		k.mu.Lock()
+		k.unread = false
+		k.mu.Unlock()
 		return nil
 	}
 	if err != nil {
 		k.mu.Lock()
-		k.unreadable = true
+		k.unread = true
 		k.mu.Unlock()
 		k.Store.opts.Metrics.unreadable()
 		return fmt.Errorf("read the tombstones (ConfigMap %s/%s): %w", k.Namespace, ConfigMapName, err)
@@ -92,13 +102,13 @@ func (k *Keeper) take(cm *unstructured.Unstructured) {
 		raw, _, _ = unstructured.NestedString(cm.Object, "data", ConfigMapKey)
 	}
 	k.mu.Lock()
-	if rv != "" && rv == k.seen {
+	if rv != "" && (rv == k.seen || slices.Contains(k.wrote, rv)) {
 		k.mu.Unlock()
 		return
 	}
 	k.seen = rv
 	ts, err := Decode(raw)
-	k.unreadable = err != nil
+	k.unreadable, k.unread = err != nil, false
 	k.mu.Unlock()
 	if err != nil {
 		k.Store.opts.Metrics.unreadable()
@@ -139,7 +149,18 @@ func asObject(obj any) *unstructured.Unstructured {
 // merge.
 func (k *Keeper) Flush(ctx context.Context) {
 	k.mu.Lock()
-	unreadable, seen := k.unreadable, k.seen
+	unread := k.unread
+	k.mu.Unlock()
+	if unread {
+		// No watch event comes for a ConfigMap that does not exist: read
+		// again here.
+		if err := k.Load(ctx); err != nil {
+			k.logError("tombstones: cannot read the ConfigMap; writing nothing until it is read (trying every second, logged once a minute)", err)
+			return
+		}
+	}
+	k.mu.Lock()
+	unreadable, seen := k.unreadable || k.unread, k.seen
 	k.mu.Unlock()
 	ts, n, differs := k.Store.pending()
 	if !differs || unreadable {
@@ -170,23 +191,32 @@ func (k *Keeper) Flush(ctx context.Context) {
 		return
 	case err != nil:
 		k.Store.opts.Metrics.wrote("error")
-		k.mu.Lock()
-		quiet := time.Since(k.lastErr) < errorLogEvery
-		if !quiet {
-			k.lastErr = time.Now()
-		}
-		k.mu.Unlock()
-		if !quiet {
-			k.log().Error("tombstones: cannot write the ConfigMap; a restart now would forget the newest (trying every second, "+
-				"logged once a minute)", "error", err.Error())
-		}
+		k.logError("tombstones: cannot write the ConfigMap; a restart now would forget the newest (trying every second, "+
+			"logged once a minute)", err)
 		return
 	}
 	k.Store.opts.Metrics.wrote("ok")
 	k.mu.Lock()
 	k.seen = out.GetResourceVersion()
+	k.wrote = append(k.wrote, k.seen)
+	if len(k.wrote) > wroteKept {
+		k.wrote = slices.Delete(k.wrote, 0, len(k.wrote)-wroteKept)
+	}
 	k.mu.Unlock()
 	k.Store.written(fitted, n)
+}
+
+// logError logs a failure of reading or writing at most once a minute.
+func (k *Keeper) logError(msg string, err error) {
+	k.mu.Lock()
+	quiet := time.Since(k.lastErr) < errorLogEvery
+	if !quiet {
+		k.lastErr = time.Now()
+	}
+	k.mu.Unlock()
+	if !quiet {
+		k.log().Error(msg, "error", err.Error())
+	}
 }
 
 func (k *Keeper) log() *slog.Logger {
@@ -205,8 +235,10 @@ func fit(ts []Tombstone) ([]byte, []Tombstone, error) {
 		if err != nil || len(raw) <= MaxBytes {
 			return raw, ts, err
 		}
-		// Drop a tenth of what is over, at least one: a few passes at most.
-		over := max(1, (len(raw)-MaxBytes)*len(ts)/len(raw)+len(ts)/10)
+		// Drop the entries over, and a tenth more, at least one: a few
+		// passes at most.
+		over := (len(raw) - MaxBytes) * len(ts) / len(raw)
+		over = max(1, over+over/10)
 		ts = ts[:max(0, len(ts)-over)]
 	}
 }
@@ -297,7 +329,9 @@ func Load(ctx context.Context, client dynamic.Interface, namespace string) (*Sto
 	if err != nil {
 		return nil, err
 	}
-	s := New(Options{})
+	// Read only: it keeps all the ConfigMap holds, whatever the bound
+	// serve writes it with.
+	s := New(Options{Max: max(1, len(ts))})
 	s.reload(ts)
 	return s, nil
 }

@@ -1,6 +1,7 @@
 // Package tombstones remembers the hosts Cluster API believes destroyed: when
 // a Machine, InfraMachine or pool membership that carried a providerID goes
-// away, that providerID is tombstoned for a window (default 24 h). A Node
+// away, that providerID is tombstoned for a window (default 24 h) from when
+// nodeguard saw it go. A Node
 // that comes back alive with a tombstoned providerID and nothing linking it
 // is a ghost (policies/nodeguard/ghosts decides; this package only keeps
 // the record the criteria read).
@@ -34,7 +35,9 @@ type Tombstone struct {
 	// belonged to, when known.
 	Cluster string `json:"cluster,omitempty"`
 	// DeletedAt is when its deletion began (the object's
-	// deletionTimestamp), or when it was seen gone; Until ends the window.
+	// deletionTimestamp), or when it was seen gone; Until ends the window,
+	// counted from when it was seen gone: a deletion stuck for longer than
+	// the window (a finalizer removed by hand days later) is tombstoned too.
 	DeletedAt time.Time `json:"deletedAt"`
 	Until     time.Time `json:"until"`
 }
@@ -103,7 +106,8 @@ func New(opts Options) *Store {
 // Window is how long a providerID stays tombstoned.
 func (s *Store) Window() time.Duration { return s.opts.Window }
 
-// Record tombstones t.ProviderID from t.DeletedAt for the window. A
+// Record tombstones t.ProviderID for the window from now (or from
+// t.DeletedAt, if later), as deleted at t.DeletedAt. A
 // providerID tombstoned already keeps the later deletion (its object and
 // time: the InfraMachine's over the Machine's whose deletion began first),
 // and the Node name either knew.
@@ -112,7 +116,11 @@ func (s *Store) Record(t Tombstone) {
 		return
 	}
 	t.DeletedAt = t.DeletedAt.UTC().Truncate(time.Second)
-	t.Until = t.DeletedAt.Add(s.opts.Window)
+	from := s.opts.Clock.Now().UTC().Truncate(time.Second)
+	if t.DeletedAt.After(from) {
+		from = t.DeletedAt // the API server's clock ahead of ours
+	}
+	t.Until = from.Add(s.opts.Window)
 	s.mu.Lock()
 	changed := s.apply(s.current, op{set: t})
 	if changed {

@@ -39,7 +39,7 @@ func TestARecordLastsItsWindow(t *testing.T) {
 	s.Record(Tombstone{ProviderID: "aws:///a/i-1", Object: "AWSMachine ns/m1", DeletedAt: t0.Add(-time.Minute)})
 	got, ok := s.Get("aws:///a/i-1")
 	require.True(t, ok)
-	assert.Equal(t, t0.Add(-time.Minute+time.Hour), got.Until)
+	assert.Equal(t, t0.Add(time.Hour), got.Until, "the window counts from when it was seen gone")
 	assert.Equal(t, []string{"aws:///a/i-1"}, *changed)
 	clock.SetTime(got.Until)
 	_, ok = s.Get("aws:///a/i-1")
@@ -47,6 +47,18 @@ func TestARecordLastsItsWindow(t *testing.T) {
 	assert.Empty(t, s.List())
 	_, ok = s.Get("")
 	assert.False(t, ok)
+}
+
+// A deletion stuck for longer than the window (its finalizer removed by hand
+// days later) is tombstoned for the whole window from when it went, as
+// deleted when its deletion began.
+func TestAStuckDeletionIsTombstonedForTheWholeWindow(t *testing.T) {
+	s, _, _ := newStore(t, Options{Window: time.Hour})
+	s.Record(Tombstone{ProviderID: "p", Object: "AWSMachine ns/m1", DeletedAt: t0.Add(-72 * time.Hour)})
+	got, ok := s.Get("p")
+	require.True(t, ok, "tombstoned although its deletion began three windows ago")
+	assert.Equal(t, t0.Add(-72*time.Hour), got.DeletedAt)
+	assert.Equal(t, t0.Add(time.Hour), got.Until)
 }
 
 // The InfraMachine goes after its Machine's deletion began: its deletion,
@@ -139,6 +151,7 @@ func TestFitKeepsTheNewestUnderMaxBytes(t *testing.T) {
 	raw, kept, err := fit(ts)
 	require.NoError(t, err)
 	assert.LessOrEqual(t, len(raw), MaxBytes)
+	assert.GreaterOrEqual(t, len(raw), MaxBytes*95/100, "no more dropped than needed")
 	assert.Less(t, len(kept), len(ts))
 	assert.Greater(t, len(kept), len(ts)/2)
 	assert.Equal(t, ts[len(ts)-1].ProviderID, kept[0].ProviderID, "the newest kept")
@@ -180,7 +193,7 @@ func TestFollowTombstonesWhatWentAndEndsWhatCame(t *testing.T) {
 	got, ok := s.Get("docker:////m1")
 	require.True(t, ok)
 	assert.Equal(t, Tombstone{ProviderID: "docker:////m1", Object: "Machine default/m1", Node: "node-1", Cluster: "default/dev",
-		DeletedAt: time.Date(2026, 12, 4, 11, 0, 0, 0, time.UTC), Until: time.Date(2026, 12, 5, 11, 0, 0, 0, time.UTC)}, got)
+		DeletedAt: time.Date(2026, 12, 4, 11, 0, 0, 0, time.UTC), Until: t0.Add(DefaultWindow)}, got, "deleted when its deletion began, the window from when it was seen gone")
 
 	pool := func(ids ...any) *inventory.Record {
 		return record(t, model, linkmodel.InfraMachinePool, map[string]any{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
@@ -214,17 +227,22 @@ func TestEncodeIsNewestFirstAndNeverNull(t *testing.T) {
 }
 
 // A ConfigMap that cannot be read at start is never written over: the
-// keeper goes on without it and writes nothing until it has read it.
+// keeper goes on without it and writes nothing until it has read it, which
+// each Flush tries again (no watch event comes for one that does not exist).
 func TestAKeeperThatCouldNotReadWritesNothing(t *testing.T) {
 	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{configMaps: "ConfigMapList"})
+	forbidden := true
 	client.PrependReactor("get", "configmaps", func(clienttesting.Action) (bool, runtime.Object, error) {
+		if !forbidden {
+			return false, nil, nil
+		}
 		return true, nil, apierrors.NewForbidden(configMaps.GroupResource(), ConfigMapName, errors.New("no Role"))
 	})
 	writes := 0
 	client.PrependReactor("patch", "configmaps", func(clienttesting.Action) (bool, runtime.Object, error) {
 		writes++
-		return true, nil, errors.New("unexpected write")
+		return true, nil, errors.New("the write reached the API")
 	})
 	s, _, _ := newStore(t, Options{})
 	k := &Keeper{Store: s, Client: client, Namespace: "nodeguard-system"}
@@ -234,4 +252,45 @@ func TestAKeeperThatCouldNotReadWritesNothing(t *testing.T) {
 	assert.Zero(t, writes, "nothing written over what could not be read")
 	_, ok := s.Get("p")
 	assert.True(t, ok, "detection goes on from what is seen")
+
+	forbidden = false // the Role arrived; the ConfigMap does not exist yet
+	k.Flush(context.Background())
+	assert.Equal(t, 1, writes, "read again, found absent, written")
+}
+
+// The watch event of an earlier write of this keeper, arriving after a newer
+// one, is not taken as news: the store does not roll back to it.
+func TestAKeepersOwnOlderWriteIsNotNews(t *testing.T) {
+	s, _, _ := newStore(t, Options{})
+	k := &Keeper{Store: s, Namespace: "nodeguard-system", seen: "11", wrote: []string{"10", "11"}}
+	s.Record(Tombstone{ProviderID: "p", Object: "x", DeletedAt: t0})
+	older := &unstructured.Unstructured{Object: map[string]any{"data": map[string]any{ConfigMapKey: "[]"}}}
+	older.SetResourceVersion("10")
+	k.take(older)
+	_, ok := s.Get("p")
+	assert.True(t, ok, "kept")
+	assert.Equal(t, "11", k.seen)
+
+	byOthers := older.DeepCopy()
+	byOthers.SetResourceVersion("12") // nodeguard ghosts --clear
+	k.take(byOthers)
+	assert.Equal(t, "12", k.seen)
+}
+
+// A command that reads the tombstones once keeps all the ConfigMap holds,
+// whatever bound serve writes it with (--ghost-tombstones-max above 2000).
+func TestLoadKeepsAllTheConfigMapHolds(t *testing.T) {
+	var ts []Tombstone
+	for i := range DefaultMax + 500 {
+		ts = append(ts, Tombstone{ProviderID: fmt.Sprintf("p-%d", i), Object: "x", DeletedAt: t0, Until: t0.Add(time.Hour)})
+	}
+	raw, err := Encode(ts)
+	require.NoError(t, err)
+	cm := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": map[string]any{"namespace": "nodeguard-system", "name": ConfigMapName}, "data": map[string]any{ConfigMapKey: string(raw)}}}
+	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{configMaps: "ConfigMapList"}, cm)
+	s, err := Load(context.Background(), client, "nodeguard-system")
+	require.NoError(t, err)
+	assert.Equal(t, len(ts), s.Len())
 }
