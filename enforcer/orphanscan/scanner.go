@@ -458,6 +458,9 @@ func (s *Scanner) ghost(ctx context.Context, c *cluster, route orphans.Route, u 
 		if next, err = s.opts.Ghosts.Observe(ctx, t, g, now, untaint); err == nil && !next.IsZero() {
 			s.after(c.name, u.GetName(), now, next)
 		}
+		// Judged no ghost, acting failed: removing a taint it may carry is
+		// what failed, and the tracker has forgotten it; ask again.
+		untaint = untaint || (err != nil && !g.Ghost)
 	}
 	if err != nil && ctx.Err() == nil {
 		s.logError("ghosts: judging or acting on a Node failed; trying again later", c.name, u.GetName(), err)

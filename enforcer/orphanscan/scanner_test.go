@@ -12,8 +12,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
+	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -446,6 +448,15 @@ func TestAGhostIsReportedTaintedAndNeverReaped(t *testing.T) {
 	_, err := f.client.Resource(nodesGVR).Get(ctx, node, metav1.GetOptions{})
 	require.NoError(t, err, "the ghost is still there")
 
+	// The first removal of the taint fails: it is tried again.
+	var failUpdates atomic.Int32
+	failUpdates.Store(1)
+	f.client.PrependReactor("update", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+		if failUpdates.Add(-1) >= 0 {
+			return true, nil, errors.New("the API server is unavailable")
+		}
+		return false, nil, nil
+	})
 	reuse := testcluster.Object(testcluster.MachineGVK, "default", "dev-md-0-new", map[string]any{
 		"spec": map[string]any{"clusterName": "dev", "providerID": pid,
 			"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "dev-md-0-new"}}})
@@ -454,7 +465,11 @@ func TestAGhostIsReportedTaintedAndNeverReaped(t *testing.T) {
 	f.until(t, func() bool { return len(f.ghosts.Ghosts()) == 0 }, "a Machine carrying the providerID again: no ghost")
 	_, ok := f.tombstones.Get(pid)
 	assert.False(t, ok, "the tombstone ended")
-	assert.Empty(t, f.taints(t, node), "nodeguard's taint removed")
+	assert.Equal(t, []string{ghosts.TaintKey}, f.taints(t, node), "the first removal failed")
+	f.until(t, func() bool {
+		f.clock.Step(time.Second)
+		return len(f.taints(t, node)) == 0
+	}, "nodeguard's taint removed on a later try")
 }
 
 // Off, a ghost is reported and left alone: no taint.
@@ -473,4 +488,45 @@ func TestAGhostIsOnlyReportedWhenProtectionIsOff(t *testing.T) {
 		return len(f.ghosts.Ghosts()) == 1
 	}, "the re-registered Node is a ghost")
 	assert.Empty(t, f.taints(t, node))
+}
+
+// A ghost that a Machine links again by the Node's name alone (its tombstone
+// stays: nothing carries the providerID) is no ghost: it loses the taint,
+// though the first removal fails and nothing about its tombstone changes.
+func TestAGhostLinkedAgainLosesItsTaintThoughTheFirstRemovalFails(t *testing.T) {
+	f := newFixture(t, true)
+	f.protection = ghosts.Taint
+	f.settle(t)
+	ctx := context.Background()
+	const node = "dev-md-0-deleting"
+	require.NoError(t, f.client.Resource(dockers).Namespace("default").Delete(ctx, node, metav1.DeleteOptions{}))
+	require.NoError(t, f.client.Resource(machines).Namespace("default").Delete(ctx, node, metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool { return f.tombstones.Len() == 1 }, 5*time.Second, 10*time.Millisecond)
+	f.clock.SetTime(t0.Add(time.Minute))
+	f.reregister(t, node, corev1.ConditionTrue, false)
+	f.until(t, func() bool {
+		f.clock.Step(time.Second)
+		return len(f.taints(t, node)) == 1
+	}, "the re-registered Node is a ghost, tainted")
+
+	var failUpdates atomic.Int32
+	failUpdates.Store(1)
+	f.client.PrependReactor("update", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+		if failUpdates.Add(-1) >= 0 {
+			return true, nil, errors.New("the API server is unavailable")
+		}
+		return false, nil, nil
+	})
+	byName := testcluster.Object(testcluster.MachineGVK, "default", "dev-md-0-adopted", map[string]any{
+		"spec": map[string]any{"clusterName": "dev",
+			"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "dev-md-0-adopted"}},
+		"status": map[string]any{"nodeRef": map[string]any{"name": node}}})
+	_, err := f.client.Resource(machines).Namespace("default").Create(ctx, byName, metav1.CreateOptions{})
+	require.NoError(t, err)
+	f.until(t, func() bool { return len(f.ghosts.Ghosts()) == 0 && failUpdates.Load() == 0 }, "linked again: no ghost, and the first removal of the taint failed")
+	assert.Equal(t, 1, f.tombstones.Len(), "the tombstone stays")
+	f.until(t, func() bool {
+		f.clock.Step(time.Second)
+		return len(f.taints(t, node)) == 0
+	}, "nodeguard's taint removed on a later try")
 }
