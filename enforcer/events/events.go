@@ -16,7 +16,8 @@
 //     series count goes up; the count is written at most once per
 //     Limits.PatchInterval;
 //   - at most Limits.PerObject Events per object, and Limits.Series overall,
-//     are live at once;
+//     are live at once, denials and nodeguard's own Events each within
+//     bounds of their own;
 //   - every write (create or patch) takes a token from one bucket of
 //     Limits.WritesPerSecond, burst Limits.WriteBurst; what must wait stays
 //     pending, in memory, bounded by Limits.Series.
@@ -170,6 +171,7 @@ type Recorder struct {
 	mu        sync.Mutex
 	series    map[seriesKey]*series
 	perObject map[objectKey]int
+	live      [2]int // live series, of denials ([0]) and of nodeguard's own Events ([1])
 }
 
 // occurrence is one thing to record: an event made through In, or (event
@@ -195,7 +197,13 @@ type event struct {
 	denial              *Denial // a denial's: the Machine it names is its fallback
 }
 
-type objectKey struct{ cluster, kind, namespace, name string }
+// objectKey is an object's, within the denials' budget or nodeguard's own
+// Events' (own): a flood of denials, which anyone who can send reviews can
+// make, never crowds out a GhostNode or OrphanNodeDeleted Event.
+type objectKey struct {
+	own                            bool
+	cluster, kind, namespace, name string
+}
 
 type seriesKey struct {
 	objectKey
@@ -344,7 +352,7 @@ func (r *Recorder) observe(o occurrence) {
 	if ev == nil {
 		ev = denialEvent(&o.denial)
 	}
-	k := seriesKey{objectKey{ev.cluster, ev.regarding.Kind, ev.regarding.Namespace, ev.regarding.Name}, ev.reason, ev.note}
+	k := seriesKey{objectKey{ev.denial == nil, ev.cluster, ev.regarding.Kind, ev.regarding.Namespace, ev.regarding.Name}, ev.reason, ev.note}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if s, ok := r.series[k]; ok {
@@ -356,12 +364,13 @@ func (r *Recorder) observe(o occurrence) {
 	case r.perObject[k.objectKey] >= r.limits.PerObject:
 		r.opts.Metrics.drop(DropPerObject)
 		return
-	case len(r.series) >= r.limits.Series:
+	case r.live[budget(k.own)] >= r.limits.Series:
 		r.opts.Metrics.drop(DropSeries)
 		return
 	}
 	r.series[k] = &series{key: k, event: ev, first: now, count: 1, last: now}
 	r.perObject[k.objectKey]++
+	r.live[budget(k.own)]++
 	select {
 	case r.wake <- struct{}{}:
 	default:
@@ -391,6 +400,7 @@ func (r *Recorder) flush(ctx context.Context) {
 				r.opts.Metrics.dropN(DropWriteFailed, s.count)
 			}
 			delete(r.series, k)
+			r.live[budget(k.own)]--
 			if r.perObject[k.objectKey]--; r.perObject[k.objectKey] <= 0 {
 				delete(r.perObject, k.objectKey)
 			}
@@ -404,16 +414,33 @@ func (r *Recorder) flush(ctx context.Context) {
 	}
 	r.mu.Unlock()
 	sort.Slice(due, func(i, j int) bool { return due[i].s.first.Before(due[j].s.first) })
+	// A cluster whose write just failed (unreachable: each try waits for
+	// its timeout) is not tried again in this flush, so it cannot hold up
+	// the Events of the others.
+	failed := map[string]bool{}
 	for _, w := range due {
+		if failed[w.s.key.cluster] {
+			continue
+		}
 		if ctx.Err() != nil || !r.writes.AllowN(now, 1) {
 			return
 		}
-		r.write(ctx, w, now)
+		if err := r.write(ctx, w, now); err != nil {
+			failed[w.s.key.cluster] = true
+		}
 	}
 }
 
+// budget is the index of a series' budget in Recorder.live.
+func budget(own bool) int {
+	if own {
+		return 1
+	}
+	return 0
+}
+
 // write creates the series' Event, or patches its count.
-func (r *Recorder) write(ctx context.Context, w write, now time.Time) {
+func (r *Recorder) write(ctx context.Context, w write, now time.Time) error {
 	s := w.s
 	if s.target == nil {
 		t := r.resolve(ctx, s)
@@ -448,9 +475,10 @@ func (r *Recorder) write(ctx context.Context, w write, now time.Time) {
 			r.opts.Log.Warn("event not written; retrying", "operation", op, "reason", s.key.reason, "kind", s.key.kind, "name", s.key.name, "cluster", s.key.cluster,
 				"event", t.namespace+"/"+t.name, "error", err.Error())
 		})
-		return
+		return err
 	}
 	s.created, s.written = true, w.count
+	return nil
 }
 
 func (r *Recorder) create(ctx context.Context, t *target, s *series, w write) error {

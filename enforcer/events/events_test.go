@@ -142,6 +142,58 @@ func TestBoundsPerNodeAndOverall(t *testing.T) {
 	assert.Equal(t, map[string]bool{"user-0": true, "user-1": true, "user-2": true}, users)
 }
 
+// Denials and nodeguard's own Events have budgets of their own: a flood of
+// denials (anyone who can send reviews can make one) that fills its series
+// and a Node's per-object bound leaves room for a GhostNode on that Node.
+func TestAFloodOfDenialsLeavesRoomForOwnEvents(t *testing.T) {
+	f := newFixture(t, Options{Limits: Limits{PerObject: 2, Series: 3}})
+	for i := range 6 {
+		f.r.observe(denied(blocked(fmt.Sprintf("md-0-%d", i/2), fmt.Sprintf("user-%d", i))))
+	}
+	f.r.observe(denied(blocked("md-0-0", "mallory")))
+	assert.Equal(t, 4.0, f.dropped(DropSeries)+f.dropped(DropPerObject), "the denials' budget is full")
+	f.r.In("", nil).Eventf(&corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: "md-0-0", UID: "uid-node"}, nil,
+		corev1.EventTypeWarning, "GhostNode", "Detect", "ghost")
+	f.observeQueued()
+	f.r.flush(f.ctx)
+	var ghost int
+	for _, e := range events(t, f.kube.EventsV1(), "default") {
+		if e.Reason == "GhostNode" && e.Regarding.Name == "md-0-0" {
+			ghost++
+		}
+	}
+	assert.Equal(t, 1, ghost, "the GhostNode Event is written")
+	assert.Equal(t, 4.0, f.dropped(DropSeries)+f.dropped(DropPerObject), "and nothing else dropped")
+}
+
+// A cluster whose write fails is not tried again within the same flush: an
+// unreachable workload cluster (each try waits for its timeout) does not
+// hold up the Events of the others.
+func TestAFailingClusterIsTriedOncePerFlush(t *testing.T) {
+	f := newFixture(t, Options{})
+	down := fake.NewClientset()
+	tries := 0
+	down.PrependReactor("create", "events", func(clienttesting.Action) (bool, runtime.Object, error) {
+		tries++
+		return true, nil, errors.New("dial tcp: i/o timeout")
+	})
+	up := fake.NewClientset()
+	for i := range 3 {
+		ref := &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: fmt.Sprintf("n-%d", i)}
+		f.r.In("fleet/down", down.EventsV1()).Eventf(ref, nil, corev1.EventTypeNormal, "OrphanNodeDeleted", "Delete", "deleted")
+		f.clock.Step(time.Millisecond)
+		f.r.In("fleet/up", up.EventsV1()).Eventf(ref, nil, corev1.EventTypeNormal, "OrphanNodeDeleted", "Delete", "deleted")
+		f.clock.Step(time.Millisecond)
+		f.observeQueued()
+	}
+	f.r.flush(f.ctx)
+	assert.Len(t, events(t, up.EventsV1(), "default"), 3, "the reachable cluster's Events are all written")
+	assert.Equal(t, 1, tries, "the unreachable cluster tried once")
+	f.clock.Step(time.Second)
+	f.r.flush(f.ctx)
+	assert.Equal(t, 2, tries, "its next Event on the next flush, once")
+}
+
 // Every write takes a token from one bucket: a flood of Nodes is written as
 // the bucket refills, oldest first.
 func TestWritesShareOneBucket(t *testing.T) {
