@@ -66,6 +66,17 @@ func Apply(ctx context.Context, c dynamic.Interface, o Object) (*unstructured.Un
 	return out, nil
 }
 
+// Create writes o only if it does not exist yet (an apply cannot say so):
+// the error is AlreadyExists (apierrors.IsAlreadyExists) when another writer
+// created it first.
+func Create(ctx context.Context, c dynamic.Interface, o Object) (*unstructured.Unstructured, error) {
+	out, err := o.client(c).Create(ctx, o.Object, metav1.CreateOptions{FieldManager: FieldManager})
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", o, err)
+	}
+	return out, nil
+}
+
 // Restore makes the object in the cluster hold what o says and nothing else
 // in the fields o sets: an apply takes back the fields another manager
 // changed, but it cannot remove a field another manager added (an

@@ -176,14 +176,19 @@ func (k *Keeper) Flush(ctx context.Context) {
 	}
 	meta := map[string]any{"namespace": k.Namespace, "name": ConfigMapName,
 		"labels": map[string]any{"app.kubernetes.io/name": "nodeguard", owned.Label: "nodeguard"}}
-	if seen != "" {
-		meta["resourceVersion"] = seen
-	}
 	obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
 		"data": map[string]any{ConfigMapKey: string(raw)}}}
-	out, err := owned.Apply(ctx, k.Client, owned.Object{Resource: configMaps, Object: obj})
+	write := owned.Apply
+	if seen != "" {
+		meta["resourceVersion"] = seen
+	} else {
+		// Absent when last seen: create it, so two replicas creating it at
+		// once do not overwrite each other (the second reads and merges).
+		write = owned.Create
+	}
+	out, err := write(ctx, k.Client, owned.Object{Resource: configMaps, Object: obj})
 	switch {
-	case apierrors.IsConflict(err):
+	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
 		k.Store.opts.Metrics.wrote("conflict")
 		if err := k.Load(ctx); err != nil {
 			k.log().Error("tombstones: cannot read the ConfigMap after a conflict", "error", err.Error())

@@ -240,10 +240,12 @@ func TestAKeeperThatCouldNotReadWritesNothing(t *testing.T) {
 		return true, nil, apierrors.NewForbidden(configMaps.GroupResource(), ConfigMapName, errors.New("no Role"))
 	})
 	writes := 0
-	client.PrependReactor("patch", "configmaps", func(clienttesting.Action) (bool, runtime.Object, error) {
-		writes++
-		return true, nil, errors.New("the write reached the API")
-	})
+	for _, verb := range []string{"patch", "create"} {
+		client.PrependReactor(verb, "configmaps", func(clienttesting.Action) (bool, runtime.Object, error) {
+			writes++
+			return true, nil, errors.New("the write reached the API")
+		})
+	}
 	s, _, _ := newStore(t, Options{})
 	k := &Keeper{Store: s, Client: client, Namespace: "nodeguard-system"}
 	require.ErrorContains(t, k.Load(context.Background()), "no Role")

@@ -295,4 +295,33 @@ func TestCAPIGhostNodes(t *testing.T) {
 		assert.Empty(t, ghostEvents(t, c, reused, n.UID))
 		assert.False(t, hasTaint(n))
 	})
+
+	// Against the real API server (the fake client keeps no
+	// resourceVersions): two replicas that find the ConfigMap absent both
+	// create it; the second's create fails, it reads the first's and writes
+	// the merge, losing neither's tombstone.
+	t.Run("two replicas creating the tombstones ConfigMap lose nothing", func(t *testing.T) {
+		const ns = "kube-public"
+		keeper := func() (*tombstones.Keeper, *tombstones.Store) {
+			s := tombstones.New(tombstones.Options{})
+			k := &tombstones.Keeper{Store: s, Client: c.dyn, Namespace: ns}
+			require.NoError(t, k.Load(ctx))
+			return k, s
+		}
+		ka, a := keeper()
+		kb, b := keeper()
+		a.Record(tombstones.Tombstone{ProviderID: "docker:////a", Object: "DockerMachine default/a", DeletedAt: time.Now()})
+		b.Record(tombstones.Tombstone{ProviderID: "docker:////b", Object: "DockerMachine default/b", DeletedAt: time.Now()})
+		ka.Flush(ctx)
+		kb.Flush(ctx) // AlreadyExists: reads a's
+		kb.Flush(ctx) // writes the merge under a's resourceVersion
+		ts, ok, err := tombstones.Read(ctx, c.dyn, ns)
+		require.NoError(t, err)
+		require.True(t, ok)
+		var pids []string
+		for _, stone := range ts {
+			pids = append(pids, stone.ProviderID)
+		}
+		assert.ElementsMatch(t, []string{"docker:////a", "docker:////b"}, pids)
+	})
 }
