@@ -173,7 +173,7 @@ func (tr *Tracker) Observe(ctx context.Context, t Target, g orphans.Ghost, now t
 		delete(tr.ghosts, k)
 		tr.mu.Unlock()
 		if have != nil && have.confirmed {
-			tr.opts.Metrics.set(t.Cluster, tr.count(t.Cluster))
+			tr.report(t.Cluster)
 			tr.opts.Log.Info("ghost Node no more", "cluster", t.Cluster, "node", g.Node, "kept", g.Kept)
 		}
 		if (have != nil && have.tainted) || untaint {
@@ -195,7 +195,7 @@ func (tr *Tracker) Observe(ctx context.Context, t Target, g orphans.Ghost, now t
 	taint := tr.protection(t.Cluster) == Taint && !have.tainted
 	tr.mu.Unlock()
 	if report {
-		tr.opts.Metrics.set(t.Cluster, tr.count(t.Cluster))
+		tr.report(t.Cluster)
 		tr.opts.Log.Warn(LogMessage, "cluster", t.Cluster, "node", g.Node, "providerID", g.ProviderID,
 			"reason", g.Reason)
 		if t.Recorder != nil {
@@ -286,23 +286,25 @@ func (tr *Tracker) Forget(cluster, node string) {
 	delete(tr.ghosts, key{cluster: cluster, node: node})
 	tr.mu.Unlock()
 	if had && g.confirmed {
-		tr.opts.Metrics.set(cluster, tr.count(cluster))
+		tr.report(cluster)
 	}
 }
 
 // ForgetCluster drops every ghost of a cluster no longer judged.
 func (tr *Tracker) ForgetCluster(cluster string) {
 	tr.mu.Lock()
+	defer tr.mu.Unlock()
 	for k := range tr.ghosts {
 		if k.cluster == cluster {
 			delete(tr.ghosts, k)
 		}
 	}
-	tr.mu.Unlock()
 	tr.opts.Metrics.forget(cluster)
 }
 
-func (tr *Tracker) count(cluster string) int {
+// report sets a cluster's gauge to its ghosts reported now; under the lock,
+// so a report counted before ForgetCluster cannot set it after.
+func (tr *Tracker) report(cluster string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	n := 0
@@ -311,7 +313,7 @@ func (tr *Tracker) count(cluster string) int {
 			n++
 		}
 	}
-	return n
+	tr.opts.Metrics.set(cluster, n)
 }
 
 // Ghosts returns every ghost reported now, by cluster and Node name.
