@@ -367,6 +367,33 @@ func (f *fixture) reregister(t *testing.T, name string, ready corev1.ConditionSt
 	require.NoError(t, err)
 }
 
+// ghostOf deletes Node name's DockerMachine and Machine (tombstoning its
+// providerID), and has its host register the Node again, Ready, a minute
+// later.
+func (f *fixture) ghostOf(t *testing.T, name string) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, f.client.Resource(dockers).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
+	require.NoError(t, f.client.Resource(machines).Namespace("default").Delete(ctx, name, metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool { return f.tombstones.Len() == 1 }, 5*time.Second, 10*time.Millisecond)
+	f.clock.SetTime(t0.Add(time.Minute))
+	f.reregister(t, name, corev1.ConditionTrue, false)
+}
+
+// failNodeUpdates has the next n Node updates fail; it returns how many
+// are left to fail (below zero: all failed, and later ones went through).
+func (f *fixture) failNodeUpdates(n int32) *atomic.Int32 {
+	var left atomic.Int32
+	left.Store(n)
+	f.client.PrependReactor("update", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+		if left.Add(-1) >= 0 {
+			return true, nil, errors.New("the API server is unavailable")
+		}
+		return false, nil, nil
+	})
+	return &left
+}
+
 // taints are the keys of Node name's taints.
 func (f *fixture) taints(t *testing.T, name string) []string {
 	t.Helper()
@@ -449,14 +476,7 @@ func TestAGhostIsReportedTaintedAndNeverReaped(t *testing.T) {
 	require.NoError(t, err, "the ghost is still there")
 
 	// The first removal of the taint fails: it is tried again.
-	var failUpdates atomic.Int32
-	failUpdates.Store(1)
-	f.client.PrependReactor("update", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
-		if failUpdates.Add(-1) >= 0 {
-			return true, nil, errors.New("the API server is unavailable")
-		}
-		return false, nil, nil
-	})
+	f.failNodeUpdates(1)
 	reuse := testcluster.Object(testcluster.MachineGVK, "default", "dev-md-0-new", map[string]any{
 		"spec": map[string]any{"clusterName": "dev", "providerID": pid,
 			"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "dev-md-0-new"}}})
@@ -476,13 +496,8 @@ func TestAGhostIsReportedTaintedAndNeverReaped(t *testing.T) {
 func TestAGhostIsOnlyReportedWhenProtectionIsOff(t *testing.T) {
 	f := newFixture(t, true)
 	f.settle(t)
-	ctx := context.Background()
 	const node = "dev-md-0-deleting"
-	require.NoError(t, f.client.Resource(dockers).Namespace("default").Delete(ctx, node, metav1.DeleteOptions{}))
-	require.NoError(t, f.client.Resource(machines).Namespace("default").Delete(ctx, node, metav1.DeleteOptions{}))
-	require.Eventually(t, func() bool { return f.tombstones.Len() == 1 }, 5*time.Second, 10*time.Millisecond)
-	f.clock.SetTime(t0.Add(time.Minute))
-	f.reregister(t, node, corev1.ConditionTrue, false)
+	f.ghostOf(t, node)
 	f.until(t, func() bool {
 		f.clock.Step(time.Second)
 		return len(f.ghosts.Ghosts()) == 1
@@ -497,31 +512,19 @@ func TestAGhostLinkedAgainLosesItsTaintThoughTheFirstRemovalFails(t *testing.T) 
 	f := newFixture(t, true)
 	f.protection = ghosts.Taint
 	f.settle(t)
-	ctx := context.Background()
 	const node = "dev-md-0-deleting"
-	require.NoError(t, f.client.Resource(dockers).Namespace("default").Delete(ctx, node, metav1.DeleteOptions{}))
-	require.NoError(t, f.client.Resource(machines).Namespace("default").Delete(ctx, node, metav1.DeleteOptions{}))
-	require.Eventually(t, func() bool { return f.tombstones.Len() == 1 }, 5*time.Second, 10*time.Millisecond)
-	f.clock.SetTime(t0.Add(time.Minute))
-	f.reregister(t, node, corev1.ConditionTrue, false)
+	f.ghostOf(t, node)
 	f.until(t, func() bool {
 		f.clock.Step(time.Second)
 		return len(f.taints(t, node)) == 1
 	}, "the re-registered Node is a ghost, tainted")
 
-	var failUpdates atomic.Int32
-	failUpdates.Store(1)
-	f.client.PrependReactor("update", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
-		if failUpdates.Add(-1) >= 0 {
-			return true, nil, errors.New("the API server is unavailable")
-		}
-		return false, nil, nil
-	})
+	failUpdates := f.failNodeUpdates(1)
 	byName := testcluster.Object(testcluster.MachineGVK, "default", "dev-md-0-adopted", map[string]any{
 		"spec": map[string]any{"clusterName": "dev",
 			"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "dev-md-0-adopted"}},
 		"status": map[string]any{"nodeRef": map[string]any{"name": node}}})
-	_, err := f.client.Resource(machines).Namespace("default").Create(ctx, byName, metav1.CreateOptions{})
+	_, err := f.client.Resource(machines).Namespace("default").Create(context.Background(), byName, metav1.CreateOptions{})
 	require.NoError(t, err)
 	f.until(t, func() bool { return len(f.ghosts.Ghosts()) == 0 && failUpdates.Load() == 0 }, "linked again: no ghost, and the first removal of the taint failed")
 	assert.Equal(t, 1, f.tombstones.Len(), "the tombstone stays")
