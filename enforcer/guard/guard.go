@@ -190,7 +190,7 @@ func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, err
 	seen := req
 	seen.UserInfo = g.user(req.UserInfo)
 	if req.Node != nil {
-		seen.Node = g.inv.Model().StripNode(req.Node)
+		seen.Node = g.inv.Model().NodeShape().FromUnstructured(req.Node).Unstructured()
 		if objs, err = g.read(ctx, req.Node, true); err != nil {
 			return decision.Deny(decision.ReasonFreshReadFailed, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not re-read the "+
 				"objects linked to it from the API server (%v), so it cannot prove their hosts are gone; retry shortly.",

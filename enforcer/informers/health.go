@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 )
 
 // A cache is trusted to hold every object of its kind from its first sync
@@ -231,9 +231,9 @@ const verifyPage = 500
 const verifyTimeout = 3 * time.Second
 
 // verifyCache lists the kind, page by page, and returns nil once every
-// listed object is in store as the rule reads it (record).
+// listed object is in store as the rule reads it (reduce).
 func verifyCache(ctx context.Context, list func(context.Context, metav1.ListOptions) (runtime.Object, error),
-	store cache.Indexer, record func(*unstructured.Unstructured) *inventory.Record) error {
+	store cache.Indexer, reduce func(*unstructured.Unstructured) *record.Record) error {
 	opts := metav1.ListOptions{Limit: verifyPage}
 	for {
 		obj, err := list(ctx, opts)
@@ -244,7 +244,7 @@ func verifyCache(ctx context.Context, list func(context.Context, metav1.ListOpti
 		if !ok {
 			return fmt.Errorf("list: got %T", obj)
 		}
-		if err := waitFor(ctx, page.Items, store, record); err != nil {
+		if err := waitFor(ctx, page.Items, store, reduce); err != nil {
 			return err
 		}
 		if opts.Continue = page.GetContinue(); opts.Continue == "" {
@@ -254,12 +254,12 @@ func verifyCache(ctx context.Context, list func(context.Context, metav1.ListOpti
 }
 
 // waitFor waits until store holds every item as the rule reads it.
-func waitFor(ctx context.Context, items []unstructured.Unstructured, store cache.Indexer, record func(*unstructured.Unstructured) *inventory.Record) error {
+func waitFor(ctx context.Context, items []unstructured.Unstructured, store cache.Indexer, reduce func(*unstructured.Unstructured) *record.Record) error {
 	deadline := time.Now().Add(verifyTimeout)
 	for i := 0; i < len(items); {
-		want := record(&items[i])
+		want := reduce(&items[i])
 		have, ok, _ := store.GetByKey(cacheKey(&items[i]))
-		if r, isRecord := have.(*inventory.Record); ok && isRecord && r.Same(want) {
+		if r, isRecord := have.(*record.Record); ok && isRecord && r.Equal(want) {
 			i++
 			continue
 		}

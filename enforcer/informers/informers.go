@@ -29,6 +29,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 )
 
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
@@ -72,7 +73,7 @@ type Syncer struct {
 // delete (whose Old is the last state seen, for a delete the watch missed).
 type Change struct {
 	Role     inventory.Role
-	Old, New *inventory.Record
+	Old, New *record.Record
 }
 
 // Subscribe calls f with every change of every watched kind, of informers
@@ -92,11 +93,11 @@ func (s *Syncer) Subscribe(f func(Change)) error {
 
 // handler sends one role's events to f.
 func handler(role inventory.Role, f func(Change)) cache.ResourceEventHandler {
-	record := func(obj any) *inventory.Record {
+	record := func(obj any) *record.Record {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj
 		}
-		r, _ := obj.(*inventory.Record)
+		r, _ := obj.(*record.Record)
 		return r
 	}
 	return cache.ResourceEventHandlerFuncs{
@@ -253,7 +254,7 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role, source 
 	informer := cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{Indexers: s.inv.Indexers(role)})
 	t.informer, t.lw = informer, lw
 	lw.verify = func() { s.verify(t) }
-	if err := informer.SetTransform(s.inv.Transform(gvk, role)); err != nil {
+	if err := informer.SetTransform(s.inv.Transform(role)); err != nil {
 		return fmt.Errorf("set transform on %s informer: %w", gvk, err)
 	}
 	for _, f := range s.subs {
@@ -307,7 +308,7 @@ func (s *Syncer) verify(t tracked) {
 	go func() {
 		backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Steps: 6, Cap: 10 * time.Second}
 		for {
-			err := verifyCache(s.ctx, t.list, t.informer.GetIndexer(), func(u *unstructured.Unstructured) *inventory.Record {
+			err := verifyCache(s.ctx, t.list, t.informer.GetIndexer(), func(u *unstructured.Unstructured) *record.Record {
 				return s.inv.Record(u, t.role)
 			})
 			if t.health.verified(err == nil, failures) || s.ctx.Err() != nil {
@@ -348,7 +349,7 @@ func (s *Syncer) Recovering() error {
 // onReferrer notes the kind a Machine or MachinePool references (as the role
 // its reference names) and queues it if new.
 func (s *Syncer) onReferrer(obj any, names inventory.Role) {
-	r, ok := obj.(*inventory.Record)
+	r, ok := obj.(*record.Record)
 	if !ok {
 		return
 	}

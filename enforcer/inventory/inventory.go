@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 )
 
 // Role says what a kind is to the rule (see linkmodel).
@@ -53,7 +54,7 @@ func (inv *Inventory) Indexers(role Role) cache.Indexers {
 			if err != nil {
 				return nil, fmt.Errorf("index %s: %w", referenceIndex, err)
 			}
-			ref, ok := r.reference(slots)
+			ref, ok := reference(r, slots)
 			if !ok {
 				return nil, nil
 			}
@@ -73,7 +74,7 @@ func (inv *Inventory) Indexers(role Role) cache.Indexers {
 					return nil, fmt.Errorf("index %s: %w", name, err)
 				}
 				var ids []string
-				for _, id := range r.list(slot) {
+				for _, id := range r.List(slot) {
 					if id != "" {
 						ids = append(ids, id)
 					}
@@ -91,7 +92,7 @@ func (inv *Inventory) Indexers(role Role) cache.Indexers {
 			if err != nil {
 				return nil, fmt.Errorf("index %s: %w", name, err)
 			}
-			key, ok := r.key(slots)
+			key, ok := key(r, slots)
 			if !ok {
 				return nil, nil
 			}
@@ -113,14 +114,14 @@ func referenceKey(group, kind, namespace, name string) string {
 
 // key joins the record's values in slots; false when one is empty (a link
 // never matches an empty value).
-func (r *Record) key(slots []int) (string, bool) {
+func key(r *record.Record, slots []int) (string, bool) {
 	if len(slots) == 1 {
-		v, _ := r.value(slots[0])
+		v, _ := r.Value(slots[0])
 		return v, v != ""
 	}
 	parts := make([]string, len(slots))
 	for i, slot := range slots {
-		v, _ := r.value(slot)
+		v, _ := r.Value(slot)
 		if v == "" {
 			return "", false
 		}
@@ -130,7 +131,7 @@ func (r *Record) key(slots []int) (string, bool) {
 }
 
 // NewStore returns an indexer with the indexes of role, for objects that do
-// not come from an informer; add Records (see Record) to it.
+// not come from an informer; add records (see Record) to it.
 func (inv *Inventory) NewStore(role Role) cache.Indexer {
 	return cache.NewIndexer(cache.MetaNamespaceKeyFunc, inv.Indexers(role))
 }
@@ -162,27 +163,21 @@ func New(model *linkmodel.Model) *Inventory {
 func (inv *Inventory) Model() *linkmodel.Model { return inv.model }
 
 // Record keeps what the rule reads of u, an object of role.
-func (inv *Inventory) Record(u *unstructured.Unstructured, role Role) *Record {
-	return NewRecord(u, inv.model.Shape(role))
+func (inv *Inventory) Record(u *unstructured.Unstructured, role Role) *record.Record {
+	return inv.model.Shape(role).FromUnstructured(u)
 }
 
-// Transform is the informer transform for the kind gvk of role: it replaces
-// an Unstructured with its Record, whose apiVersion and kind strings are
-// shared by the kind's objects instead of each keeping its own. Records and
-// tombstones pass through, so it is idempotent as client-go requires.
-func (inv *Inventory) Transform(gvk schema.GroupVersionKind, role Role) cache.TransformFunc {
-	apiVersion := gvk.GroupVersion().String()
+// Transform is the informer transform for objects of role: it replaces an
+// Unstructured with its record. Records and tombstones pass through, so it
+// is idempotent as client-go requires.
+func (inv *Inventory) Transform(role Role) cache.TransformFunc {
 	shape := inv.model.Shape(role)
 	return func(obj any) (any, error) {
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok {
 			return obj, nil
 		}
-		r := NewRecord(u, shape)
-		if gvk.Kind != "" && r.kind == gvk.Kind && r.apiVersion == apiVersion {
-			r.apiVersion, r.kind = apiVersion, gvk.Kind
-		}
-		return r, nil
+		return shape.FromUnstructured(u), nil
 	}
 }
 
@@ -320,7 +315,7 @@ func (p *picker) add(gvk schema.GroupVersionKind, items ...any) {
 		if err != nil {
 			continue
 		}
-		key := Ref{GVK: gvk, Namespace: r.namespace, Name: r.name}
+		key := Ref{GVK: gvk, Namespace: r.Namespace(), Name: r.Name()}
 		if p.picked[key] {
 			continue
 		}
@@ -348,15 +343,15 @@ func (p *picker) add(gvk schema.GroupVersionKind, items ...any) {
 // r is linked through them. An InfraMachine that appears after its Machine
 // (created late, or moved between management clusters) blocks the Machine's
 // Node, which must then be judged again.
-func (inv *Inventory) Referring(role Role, r *Record) map[Role][]*Record {
-	gv, err := schema.ParseGroupVersion(r.apiVersion)
+func (inv *Inventory) Referring(role Role, r *record.Record) map[Role][]*record.Record {
+	gv, err := schema.ParseGroupVersion(r.APIVersion())
 	if err != nil {
 		return nil
 	}
-	key := referenceKey(gv.Group, r.kind, r.namespace, r.name)
+	key := referenceKey(gv.Group, r.Kind(), r.Namespace(), r.Name())
 	inv.mu.RLock()
 	defer inv.mu.RUnlock()
-	var out map[Role][]*Record
+	var out map[Role][]*record.Record
 	for _, gvk := range inv.order {
 		s := inv.stores[gvk]
 		if ref, ok := inv.model.Referrers[s.role]; !ok || ref.Names != role {
@@ -366,7 +361,7 @@ func (inv *Inventory) Referring(role Role, r *Record) map[Role][]*Record {
 		for _, item := range items {
 			if rec, err := recordOf(item); err == nil {
 				if out == nil {
-					out = map[Role][]*Record{}
+					out = map[Role][]*record.Record{}
 				}
 				out[s.role] = append(out[s.role], rec)
 			}
@@ -384,13 +379,13 @@ func (inv *Inventory) Reference(obj *unstructured.Unstructured, role Role) (Ref,
 
 // ReferenceOf is Reference for a cached record; false for a record of a role
 // that references nothing.
-func (inv *Inventory) ReferenceOf(r *Record) (Ref, bool) {
-	role, ok := inv.model.ReferrerOf(r.shape)
+func (inv *Inventory) ReferenceOf(r *record.Record) (Ref, bool) {
+	role, ok := inv.model.ReferrerOf(r.Shape())
 	if !ok {
 		return Ref{}, false
 	}
 	slots, _ := inv.model.ReferenceSlots(role)
-	return r.reference(slots)
+	return reference(r, slots)
 }
 
 // Layout arranges objects as Gatekeeper's inventory:
@@ -438,10 +433,10 @@ func (inv *Inventory) List(role Role) []*unstructured.Unstructured {
 
 // Records returns every cached record of one role. Like List, it walks the
 // whole cache.
-func (inv *Inventory) Records(role Role) []*Record {
+func (inv *Inventory) Records(role Role) []*record.Record {
 	inv.mu.RLock()
 	defer inv.mu.RUnlock()
-	var out []*Record
+	var out []*record.Record
 	for _, gvk := range inv.order {
 		s := inv.stores[gvk]
 		if s.role != role {

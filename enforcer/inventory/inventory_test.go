@@ -12,6 +12,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -155,10 +156,10 @@ func TestStripKeepsOnlyWhatTheRuleReads(t *testing.T) {
 	require.NoError(t, unstructured.SetNestedField(m.Object, "2026-11-29T10:00:00Z", "metadata", "deletionTimestamp"))
 
 	inv := newInventory()
-	transform := inv.Transform(machineV1beta2, inventory.Machine)
+	transform := inv.Transform(inventory.Machine)
 	out, err := transform(m)
 	require.NoError(t, err)
-	r := out.(*inventory.Record)
+	r := out.(*record.Record)
 	assert.Equal(t, map[string]any{
 		"apiVersion": "cluster.x-k8s.io/v1beta2",
 		"kind":       "Machine",
@@ -192,7 +193,7 @@ func TestRecordKeepsPoolListsAndV1beta1Refs(t *testing.T) {
 	inv := newInventory()
 	assert.Equal(t, pool.Object, inv.Record(pool, inventory.InfraMachinePool).Unstructured().Object)
 	assert.Equal(t, old.Object, inv.Record(old, inventory.Machine).Unstructured().Object)
-	copied := inv.Record(old, inventory.Machine).DeepCopyObject().(*inventory.Record)
+	copied := inv.Record(old, inventory.Machine).DeepCopyObject().(*record.Record)
 	assert.Equal(t, old.Object, copied.Unstructured().Object)
 }
 

@@ -47,13 +47,14 @@ func FromObjects(model *linkmodel.Model, objs []*unstructured.Unstructured, infr
 		if !ok {
 			continue
 		}
-		r := inv.Record(o, role)
-		if r.namespace == "" {
-			r.namespace = "default"
+		if o.GetNamespace() == "" {
+			o = o.DeepCopy()
+			o.SetNamespace("default")
 		}
+		r := inv.Record(o, role)
 		inv.AddKind(gvk, role, inv.NewStore(role))
 		if err := inv.store(gvk).Add(r); err != nil {
-			return nil, fmt.Errorf("add %s %s/%s: %w", gvk.Kind, r.namespace, r.name, err)
+			return nil, fmt.Errorf("add %s %s/%s: %w", gvk.Kind, r.Namespace(), r.Name(), err)
 		}
 	}
 	return inv, nil

@@ -12,13 +12,13 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
-	"strings"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -70,9 +70,7 @@ const (
 )
 
 // Path is a field path, e.g. [spec providerID].
-type Path []string
-
-func (p Path) String() string { return strings.Join(p, ".") }
+type Path = record.Path
 
 // Link is one declared link.
 type Link struct {
@@ -135,15 +133,13 @@ type Model struct {
 	// the rule compares a requesting user's groups with (see Groups).
 	GroupParameters []string `json:"group_parameters"`
 
-	shapes  map[Role]*Shape
+	shapes  map[Role]*record.Shape
 	refSlot map[Role][5]int // each referrer's reference keys in its shape
 	// referrer is the role of each referrer's shape: a record's role is
 	// looked up on every candidate a decision follows.
-	referrer map[*Shape]Role
-	node     nodeDecoder
-	// stripped are apiVersion, kind and NodePaths: what StripNode keeps,
-	// derived once rather than on every decision.
-	stripped []Path
+	referrer map[*record.Shape]Role
+	// node is what the rule reads of a Node (NodePaths).
+	node *record.Shape
 }
 
 func isName(p Path) bool      { return slices.Equal(p, Path{"metadata", "name"}) }
@@ -204,12 +200,13 @@ func Parse(raw []byte) (*Model, error) {
 	if err := m.check(); err != nil {
 		return nil, fmt.Errorf("%s: %w", Query, err)
 	}
-	m.shapes, m.refSlot, m.referrer = map[Role]*Shape{}, map[Role][5]int{}, map[*Shape]Role{}
+	m.shapes, m.refSlot, m.referrer = map[Role]*record.Shape{}, map[Role][5]int{}, map[*record.Shape]Role{}
 	for _, role := range Roles() {
-		m.shapes[role] = m.shape(role)
-		if n := len(m.shapes[role].Scalars); n > MaxScalars {
-			return nil, fmt.Errorf("%s: %d string fields of a %s, at most %d", Query, n, role, MaxScalars)
+		s, err := record.NewShape(m.spec(role))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", Query, role, err)
 		}
+		m.shapes[role] = s
 	}
 	for role, r := range m.Referrers {
 		var slots [5]int
@@ -219,10 +216,9 @@ func Parse(raw []byte) (*Model, error) {
 		m.refSlot[role] = slots
 		m.referrer[m.shapes[role]] = role
 	}
-	m.stripped = append([]Path{{"apiVersion"}, {"kind"}}, m.NodePaths()...)
-	node, err := newNodeDecoder(m.NodePaths())
+	node, err := record.NewShape(record.Spec{Scalars: m.NodePaths()})
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", Query, err)
+		return nil, fmt.Errorf("%s: Node: %w", Query, err)
 	}
 	m.node = node
 	return &m, nil
@@ -315,28 +311,6 @@ type Field struct {
 	List bool
 }
 
-// MaxScalars bounds the string fields kept per role: a record notes which
-// are present in one 64-bit word.
-const MaxScalars = 64
-
-// Shape is what the enforcer keeps of objects of one role, besides their
-// apiVersion, kind, namespace and name: the scalar fields in a fixed order,
-// then the list fields.
-type Shape struct {
-	Scalars []Path
-	Lists   []Path
-}
-
-// Slot returns the position of p among the scalars, or -1.
-func (s *Shape) Slot(p Path) int {
-	return slices.IndexFunc(s.Scalars, func(have Path) bool { return slices.Equal(have, p) })
-}
-
-// ListSlot returns the position of p among the lists, or -1.
-func (s *Shape) ListSlot(p Path) int {
-	return slices.IndexFunc(s.Lists, func(have Path) bool { return slices.Equal(have, p) })
-}
-
 // ReferenceSlots returns the scalar positions of a referrer's reference keys
 // (apiGroup, apiVersion, kind, name, namespace) in its shape; false for a
 // role that references nothing.
@@ -346,16 +320,23 @@ func (m *Model) ReferenceSlots(role Role) ([5]int, bool) {
 }
 
 // ReferrerOf returns the role of the referrer whose objects have shape s.
-func (m *Model) ReferrerOf(s *Shape) (Role, bool) {
+func (m *Model) ReferrerOf(s *record.Shape) (Role, bool) {
 	role, ok := m.referrer[s]
 	return role, ok
 }
 
-// Shape returns the fields kept of objects of role.
-func (m *Model) Shape(role Role) *Shape { return m.shapes[role] }
+// Shape returns what is kept of objects of role.
+func (m *Model) Shape(role Role) *record.Shape { return m.shapes[role] }
 
-func (m *Model) shape(role Role) *Shape {
-	s := &Shape{}
+// NodeShape returns what the rule reads of a Node: NodePaths, besides its
+// apiVersion and kind. A Node is judged as this shape rebuilds it, so the
+// rule's input costs the same for every Node, whatever its status, labels
+// or managed fields hold.
+func (m *Model) NodeShape() *record.Shape { return m.node }
+
+// spec declares what is kept of role's objects besides their key.
+func (m *Model) spec(role Role) record.Spec {
+	s := record.Spec{}
 	add := func(list *[]Path, p Path) {
 		if isName(p) || isNamespace(p) {
 			return // every record keeps its key
@@ -400,10 +381,10 @@ func (m *Model) shape(role Role) *Shape {
 func (m *Model) Fields(role Role) []Field {
 	s := m.shapes[role]
 	out := []Field{{Path: Path{"metadata", "namespace"}}, {Path: Path{"metadata", "name"}}}
-	for _, p := range s.Scalars {
+	for _, p := range s.Scalars() {
 		out = append(out, Field{Path: p})
 	}
-	for _, p := range s.Lists {
+	for _, p := range s.Lists() {
 		out = append(out, Field{Path: p, List: true})
 	}
 	return out

@@ -258,22 +258,22 @@ func TestNodeKeepsWhatTheRuleReads(t *testing.T) {
 		"metadata": map[string]any{"name": "n1", "annotations": map[string]any{
 			"cluster.x-k8s.io/machine": "m1", "cluster.x-k8s.io/cluster-namespace": "ns"}},
 		"spec": map[string]any{"providerID": "docker:////n1"}}
-	got, err := m.NodeFromJSON(raw)
+	got, err := m.NodeShape().FromJSON(raw)
 	require.NoError(t, err)
-	assert.Equal(t, want, got.Object)
+	assert.Equal(t, want, got.Object())
 	full := &unstructured.Unstructured{}
 	require.NoError(t, full.UnmarshalJSON(raw))
-	assert.Equal(t, want, m.StripNode(full).Object)
+	assert.Equal(t, want, m.NodeShape().FromUnstructured(full).Object())
 
 	// Names match as the API server matches them: "providerid" is not
 	// spec.providerID.
-	got, err = m.NodeFromJSON([]byte(`{"apiVersion":"v1","kind":"Node","metadata":{"name":"n2"},"spec":{"providerid":"x"}}`))
+	got, err = m.NodeShape().FromJSON([]byte(`{"apiVersion":"v1","kind":"Node","metadata":{"name":"n2"},"spec":{"providerid":"x"}}`))
 	require.NoError(t, err)
-	assert.Equal(t, map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "n2"}}, got.Object)
+	assert.Equal(t, map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "n2"}}, got.Object())
 
-	_, err = m.NodeFromJSON([]byte(`{"spec":"not an object"}`))
+	_, err = m.NodeShape().FromJSON([]byte(`{"spec":"not an object"}`))
 	assert.Error(t, err)
-	_, err = m.NodeFromJSON([]byte(`{"spec":{"providerID":7}}`))
+	_, err = m.NodeShape().FromJSON([]byte(`{"spec":{"providerID":7}}`))
 	assert.Error(t, err, "a declared field that is not a string")
 }
 

@@ -9,6 +9,8 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/storage"
+
+	"github.com/nodeguard/nodeguard/enforcer/record"
 )
 
 // NodeFieldsQuery is the orphan criteria's declaration of what they read of
@@ -20,15 +22,7 @@ const NodeFieldsQuery = "data.nodeguard.nodes.node_fields"
 // of conditions that the criteria read.
 type NodeFields struct {
 	Paths      []Path
-	Conditions Conditions
-}
-
-// Conditions are the entries of the list at Path whose "type" is one of
-// Types, of which only Keys (strings) are read.
-type Conditions struct {
-	Path  Path     `json:"path"`
-	Types []string `json:"types"`
-	Keys  []string `json:"keys"`
+	Conditions record.Conditions
 }
 
 // LoadNodeFields evaluates the declaration in a compiled policy with its
@@ -48,8 +42,8 @@ func LoadNodeFields(ctx context.Context, compiled *ast.Compiler, store storage.S
 // ParseNodeFields reads the declaration's JSON and checks it.
 func ParseNodeFields(raw []byte) (*NodeFields, error) {
 	var decl struct {
-		Fields     map[string]Path `json:"fields"`
-		Conditions Conditions      `json:"conditions"`
+		Fields     map[string]Path   `json:"fields"`
+		Conditions record.Conditions `json:"conditions"`
 	}
 	if err := json.Unmarshal(raw, &decl); err != nil {
 		return nil, fmt.Errorf("decode %s: %w", NodeFieldsQuery, err)
@@ -87,4 +81,36 @@ func (f *NodeFields) Equal(other *NodeFields) bool {
 		slices.Equal(f.Conditions.Path, other.Conditions.Path) &&
 		slices.Equal(f.Conditions.Types, other.Conditions.Types) &&
 		slices.Equal(f.Conditions.Keys, other.Conditions.Keys)
+}
+
+// NodeCacheShape is what a Node cache keeps of each Node for the orphan
+// criteria, whose Node fields are fields: the link model's Node fields, the
+// criteria's own and their conditions, the uid and resourceVersion (for
+// delete preconditions), indexed by each link's Node fields (all but the
+// name, which a store's key answers) so that an object's values find the
+// Nodes it could link.
+func (m *Model) NodeCacheShape(fields *NodeFields) (*record.Shape, error) {
+	if fields == nil {
+		return nil, fmt.Errorf("the policy declares no Node fields for its orphan criteria (%s)", NodeFieldsQuery)
+	}
+	spec := record.Spec{
+		APIVersion: "v1", Kind: "Node",
+		Scalars:    append([]Path{{"metadata", "uid"}, {"metadata", "resourceVersion"}}, append(m.NodePaths(), fields.Paths...)...),
+		Conditions: fields.Conditions,
+	}
+	for _, l := range m.Links {
+		if len(l.Node) == 1 && isName(l.Node[0]) {
+			continue
+		}
+		if !slices.ContainsFunc(spec.Indexes, func(have []Path) bool {
+			return slices.EqualFunc(have, l.Node, func(a, b Path) bool { return slices.Equal(a, b) })
+		}) {
+			spec.Indexes = append(spec.Indexes, l.Node)
+		}
+	}
+	s, err := record.NewShape(spec)
+	if err != nil {
+		return nil, fmt.Errorf("Node cache: %w", err)
+	}
+	return s, nil
 }

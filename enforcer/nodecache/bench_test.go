@@ -21,7 +21,7 @@ func BenchmarkMemoryPerNode(b *testing.B) {
 		runtime.ReadMemStats(&before)
 		nodes := nodecache.NewNodes(s, nil, nil)
 		for i := range n {
-			r, err := s.Record(realNode(i))
+			r, err := s.Reduce(realNode(i))
 			require.NoError(b, err)
 			require.NoError(b, nodes.Add(r))
 		}
@@ -39,7 +39,7 @@ func BenchmarkRecord(b *testing.B) {
 	n := realNode(1)
 	b.ReportAllocs()
 	for range b.N {
-		if _, err := s.Record(n); err != nil {
+		if _, err := s.Reduce(n); err != nil {
 			b.Fatal(err)
 		}
 	}

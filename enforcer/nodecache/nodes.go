@@ -2,60 +2,65 @@ package nodecache
 
 import (
 	"fmt"
-	"hash/maphash"
 	"slices"
 	"sort"
-	"sync"
 	"sync/atomic"
 
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 )
 
-// Nodes is one cluster's Node cache: the reduced Nodes by name, and for each
-// link a map from the link's Node values to the Nodes holding them, so an
-// object's values find the Nodes it could link. The maps hold hashes, not
-// the values, and point at the Node records (8 bytes): a collision only
-// names an extra Node to judge, never misses one.
-// It is fed by an informer's events (Watch) or directly (tests).
-type Nodes struct {
-	shape    *Shape
-	store    cache.Store
-	onChange func(name string)
-	seed     maphash.Seed
-	count    atomic.Int64 // Nodes added and not deleted: Len without a walk
-
-	mu    sync.Mutex
-	index []map[uint64]*Node   // per shape.tuples: hash -> the Node
-	more  []map[uint64][]*Node // hashes held by more than one Node
+// ShapeOf is the Node shape of the policy e runs: the link model's
+// NodeCacheShape for its orphan criteria's Node fields, which it must have.
+func ShapeOf(e *engine.Engine) (*record.Shape, error) {
+	fields, err := e.NodeFields()
+	if err != nil {
+		return nil, err
+	}
+	s, err := e.Model().NodeCacheShape(fields)
+	if err != nil {
+		return nil, fmt.Errorf("nodecache: %w", err)
+	}
+	return s, nil
 }
 
-// NewNodes returns an empty cache over store (nil: its own) that calls
-// onChange (when set) with the name of each Node added, deleted, or changed
-// in what the criteria read.
-func NewNodes(shape *Shape, store cache.Store, onChange func(name string)) *Nodes {
+// Nodes is one cluster's Node cache: the reduced Nodes by name, and an index
+// from each link's Node values to the Nodes holding them, so an object's
+// values find the Nodes it could link (the index may name a Node that is not
+// linked, never omit one that is).
+// It is fed by an informer's events (Watch) or directly (tests).
+type Nodes struct {
+	shape    *record.Shape
+	store    cache.Store
+	index    *record.Index
+	onChange func(name string)
+	count    atomic.Int64 // Nodes added and not deleted: Len without a walk
+}
+
+// NewNodes returns an empty cache of Nodes of shape (linkmodel's
+// NodeCacheShape) over store (nil: its own) that calls onChange (when set)
+// with the name of each Node added, deleted, or changed in what the criteria
+// read.
+func NewNodes(shape *record.Shape, store cache.Store, onChange func(name string)) *Nodes {
 	if store == nil {
 		store = cache.NewStore(cache.MetaNamespaceKeyFunc)
 	}
-	n := &Nodes{shape: shape, store: store, onChange: onChange, seed: maphash.MakeSeed()}
-	for range shape.tuples {
-		n.index = append(n.index, map[uint64]*Node{})
-		n.more = append(n.more, map[uint64][]*Node{})
-	}
-	return n
+	return &Nodes{shape: shape, store: store, index: record.NewIndex(shape), onChange: onChange}
 }
 
 // Shape is what the cache keeps of a Node.
-func (c *Nodes) Shape() *Shape { return c.shape }
+func (c *Nodes) Shape() *record.Shape { return c.shape }
 
 // Get returns the Node named name.
-func (c *Nodes) Get(name string) (*Node, bool) {
+func (c *Nodes) Get(name string) (*record.Record, bool) {
 	obj, ok, _ := c.store.GetByKey(name)
 	if !ok {
 		return nil, false
 	}
-	n, ok := obj.(*Node)
+	n, ok := obj.(*record.Record)
 	return n, ok
 }
 
@@ -71,7 +76,7 @@ func (c *Nodes) Names() []string {
 func (c *Nodes) Len() int { return int(c.count.Load()) }
 
 // Add stores n (a test's or a relist's way in; informers call added).
-func (c *Nodes) Add(n *Node) error {
+func (c *Nodes) Add(n *record.Record) error {
 	old, had := c.Get(n.Name())
 	if err := c.store.Add(n); err != nil {
 		return fmt.Errorf("store Node %s: %w", n.Name(), err)
@@ -97,15 +102,18 @@ func (c *Nodes) Delete(name string) error {
 	return nil
 }
 
-func (c *Nodes) added(n *Node) {
+func (c *Nodes) added(n *record.Record) {
 	c.count.Add(1)
-	c.reindex(nil, n)
+	c.index.Update(nil, n)
 	c.changed(n.Name())
 }
 
-func (c *Nodes) updated(old, n *Node) {
-	c.reindex(old, n)
-	if old.SameForJudging(n, c.shape) {
+// updated re-indexes n; a change is one the criteria read: every kept
+// string but the resourceVersion, which a kubelet's status report changes
+// without changing anything judged.
+func (c *Nodes) updated(old, n *record.Record) {
+	c.index.Update(old, n)
+	if old.EqualIgnoring(n, linkmodel.Path{"metadata", "resourceVersion"}) {
 		return
 	}
 	c.changed(n.Name())
@@ -114,9 +122,9 @@ func (c *Nodes) updated(old, n *Node) {
 	}
 }
 
-func (c *Nodes) deleted(n *Node) {
+func (c *Nodes) deleted(n *record.Record) {
 	c.count.Add(-1)
-	c.reindex(n, nil)
+	c.index.Update(n, nil)
 	c.changed(n.Name())
 }
 
@@ -124,73 +132,6 @@ func (c *Nodes) changed(name string) {
 	if c.onChange != nil {
 		c.onChange(name)
 	}
-}
-
-// reindex moves a Node's index entries from old's values to n's (either may
-// be nil).
-func (c *Nodes) reindex(old, n *Node) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for t := range c.shape.tuples {
-		if old != nil {
-			if h, ok := c.nodeHash(t, old); ok {
-				c.remove(t, h, old)
-			}
-		}
-		if n != nil {
-			if h, ok := c.nodeHash(t, n); ok {
-				c.insert(t, h, n)
-			}
-		}
-	}
-}
-
-func (c *Nodes) insert(t int, h uint64, n *Node) {
-	if _, ok := c.index[t][h]; !ok {
-		c.index[t][h] = n
-		return
-	}
-	c.more[t][h] = append(c.more[t][h], n)
-}
-
-func (c *Nodes) remove(t int, h uint64, n *Node) {
-	if c.index[t][h] == n {
-		if rest := c.more[t][h]; len(rest) > 0 {
-			c.index[t][h] = rest[0]
-			c.setMore(t, h, rest[1:])
-		} else {
-			delete(c.index[t], h)
-		}
-		return
-	}
-	if i := slices.Index(c.more[t][h], n); i >= 0 {
-		c.setMore(t, h, slices.Delete(slices.Clone(c.more[t][h]), i, i+1))
-	}
-}
-
-func (c *Nodes) setMore(t int, h uint64, nodes []*Node) {
-	if len(nodes) == 0 {
-		delete(c.more[t], h)
-		return
-	}
-	c.more[t][h] = nodes
-}
-
-// nodeHash hashes a Node's values for tuple t; false when one is missing or
-// empty (a link never holds on an empty value).
-func (c *Nodes) nodeHash(t int, n *Node) (uint64, bool) {
-	var h maphash.Hash
-	h.SetSeed(c.seed)
-	h.WriteByte(byte(t))
-	for _, slot := range c.shape.tupleSlots[t] {
-		v, ok := n.value(slot)
-		if !ok || v == "" {
-			return 0, false
-		}
-		h.WriteString(v)
-		h.WriteByte(0)
-	}
-	return h.Sum64(), true
 }
 
 // Linked returns the Nodes that an object with these values for link l's
@@ -209,29 +150,10 @@ func (c *Nodes) Linked(l linkmodel.Link, values [][]string) []string {
 		}
 		return out
 	}
-	t := slices.IndexFunc(c.shape.tuples, func(have []linkmodel.Path) bool { return pathsEqual(have, l.Node) })
-	if t < 0 {
-		return nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	t := c.shape.IndexOf(l.Node)
 	for _, v := range values {
-		if len(v) != len(l.Node) || slices.Contains(v, "") {
-			continue
-		}
-		var h maphash.Hash
-		h.SetSeed(c.seed)
-		h.WriteByte(byte(t))
-		for _, x := range v {
-			h.WriteString(x)
-			h.WriteByte(0)
-		}
-		sum := h.Sum64()
-		if n, ok := c.index[t][sum]; ok {
+		for _, n := range c.index.Find(t, v) {
 			out = append(out, n.Name())
-			for _, m := range c.more[t][sum] {
-				out = append(out, m.Name())
-			}
 		}
 	}
 	return out

@@ -14,6 +14,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/nodeguard/nodeguard/enforcer/record"
 )
 
 // nodesGVR is core Nodes, for a dynamic client.
@@ -21,7 +23,7 @@ var nodesGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 
 // WatchOptions configure a Watch.
 type WatchOptions struct {
-	Shape *Shape
+	Shape *record.Shape
 	// Kube watches Nodes through the typed client (protobuf when its config
 	// asks for it: a Node decodes several times faster than as JSON); when
 	// nil, Dynamic does, as unstructured JSON.
@@ -94,10 +96,10 @@ func NewWatch(opts WatchOptions) (*Watch, error) {
 	shape := opts.Shape
 	if err := informer.SetTransform(func(obj any) (any, error) {
 		switch obj.(type) {
-		case *Node, cache.DeletedFinalStateUnknown:
+		case *record.Record, cache.DeletedFinalStateUnknown:
 			return obj, nil
 		}
-		return shape.Record(obj)
+		return shape.Reduce(obj)
 	}); err != nil {
 		return nil, fmt.Errorf("nodecache: set transform: %w", err)
 	}
@@ -109,13 +111,13 @@ func NewWatch(opts WatchOptions) (*Watch, error) {
 	w := &Watch{Nodes: NewNodes(shape, informer.GetStore(), opts.OnChange), informer: informer}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
-			if n, ok := obj.(*Node); ok {
+			if n, ok := obj.(*record.Record); ok {
 				w.added(n)
 			}
 		},
 		UpdateFunc: func(old, obj any) {
-			o, ok1 := old.(*Node)
-			n, ok2 := obj.(*Node)
+			o, ok1 := old.(*record.Record)
+			n, ok2 := obj.(*record.Record)
 			if ok1 && ok2 {
 				w.updated(o, n)
 			}
@@ -124,7 +126,7 @@ func NewWatch(opts WatchOptions) (*Watch, error) {
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = d.Obj
 			}
-			if n, ok := obj.(*Node); ok {
+			if n, ok := obj.(*record.Record); ok {
 				w.deleted(n)
 			}
 		},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 )
 
 // Evidence keeps one InfraMachine per (apiVersion, kind, namespace, cluster
@@ -36,8 +37,8 @@ type evidenceKey struct {
 // evidenceGroup is every InfraMachine of one key (their records: 8 bytes
 // each, the inventory holds them anyway), and the one shown.
 type evidenceGroup struct {
-	shown   *inventory.Record
-	members map[*inventory.Record]struct{}
+	shown   *record.Record
+	members map[*record.Record]struct{}
 }
 
 // NewEvidence starts empty; Update fills it.
@@ -54,20 +55,20 @@ func EvidenceOf(inv *inventory.Inventory) *Evidence {
 	return e
 }
 
-func (e *Evidence) key(r *inventory.Record) (evidenceKey, bool) {
-	pid, _ := r.Value(e.providerID)
+func (e *Evidence) key(r *record.Record) (evidenceKey, bool) {
+	pid, _ := r.Get(e.providerID)
 	scheme, _, ok := strings.Cut(pid, "://")
 	if !ok || scheme == "" {
 		return evidenceKey{}, false
 	}
-	cluster, _ := r.Value(e.label)
+	cluster, _ := r.Get(e.label)
 	return evidenceKey{apiVersion: r.APIVersion(), kind: r.Kind(), namespace: r.Namespace(), cluster: cluster, scheme: scheme}, true
 }
 
 // Update applies one InfraMachine change (old nil: added; r nil: deleted)
 // and reports whether the set of keys changed: then the criteria may judge
 // any Node differently.
-func (e *Evidence) Update(old, r *inventory.Record) bool {
+func (e *Evidence) Update(old, r *record.Record) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var removed, added *evidenceKey
@@ -88,7 +89,7 @@ func (e *Evidence) Update(old, r *inventory.Record) bool {
 }
 
 // remove drops a member; true when its key is gone with it.
-func (e *Evidence) remove(k evidenceKey, r *inventory.Record) bool {
+func (e *Evidence) remove(k evidenceKey, r *record.Record) bool {
 	g := e.byKey[k]
 	if g == nil {
 		return false
@@ -119,10 +120,10 @@ func (e *Evidence) remove(k evidenceKey, r *inventory.Record) bool {
 }
 
 // add adds a member; true when its key is new.
-func (e *Evidence) add(k evidenceKey, r *inventory.Record) bool {
+func (e *Evidence) add(k evidenceKey, r *record.Record) bool {
 	g := e.byKey[k]
 	if g == nil {
-		e.byKey[k] = &evidenceGroup{shown: r, members: map[*inventory.Record]struct{}{r: {}}}
+		e.byKey[k] = &evidenceGroup{shown: r, members: map[*record.Record]struct{}{r: {}}}
 		e.objects = nil
 		return true
 	}

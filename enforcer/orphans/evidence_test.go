@@ -8,10 +8,11 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
-func dockerMachine(inv *inventory.Inventory, name, cluster, pid string) *inventory.Record {
+func dockerMachine(inv *inventory.Inventory, name, cluster, pid string) *record.Record {
 	o := testcluster.Object(testcluster.DockerMachineGVK, "default", name, map[string]any{"spec": map[string]any{"providerID": pid}})
 	o.SetLabels(map[string]string{"cluster.x-k8s.io/cluster-name": cluster})
 	return inv.Record(o, inventory.InfraMachine)

@@ -29,9 +29,9 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
-	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
@@ -40,8 +40,7 @@ import (
 // fed directly).
 type Nodes interface {
 	HasSynced() bool
-	Shape() *nodecache.Shape
-	Get(name string) (*nodecache.Node, bool)
+	Get(name string) (*record.Record, bool)
 	Names() []string
 	Len() int
 	Linked(l linkmodel.Link, values [][]string) []string
@@ -176,9 +175,9 @@ func (s *Scanner) ObjectChanged(c informers.Change) {
 	}
 	// The Nodes the object links, directly or through the referrers that
 	// name it (an InfraMachine through its Machine).
-	linked := map[inventory.Role][]*inventory.Record{}
+	linked := map[inventory.Role][]*record.Record{}
 	inv := s.opts.Finder.Inventory()
-	for _, r := range []*inventory.Record{c.Old, c.New} {
+	for _, r := range []*record.Record{c.Old, c.New} {
 		if r == nil {
 			continue
 		}
@@ -192,7 +191,7 @@ func (s *Scanner) ObjectChanged(c informers.Change) {
 	for role, records := range linked {
 		for _, l := range s.opts.Model.LinksOf(role) {
 			for _, r := range records {
-				values := r.LinkValues(l)
+				values := inventory.LinkValues(r, l)
 				if len(values) == 0 {
 					continue
 				}
@@ -255,7 +254,7 @@ func (s *Scanner) nodeWith(providerID string) string {
 			if !ok {
 				continue
 			}
-			pid, _, _ := unstructured.NestedString(cl.nodes.Shape().Object(n), s.opts.Model.NodeProviderID...)
+			pid, _, _ := unstructured.NestedString(n.Object(), s.opts.Model.NodeProviderID...)
 			if pid == providerID {
 				return node
 			}
@@ -397,7 +396,7 @@ func (s *Scanner) judge(ctx context.Context, c *cluster, name string, now time.T
 		s.failed(c, name, now, err, res)
 		return
 	}
-	u := c.nodes.Shape().Unstructured(node)
+	u := node.Unstructured()
 	if s.opts.Releases != nil {
 		if err := s.opts.Releases.Judge(ctx, c.name, u); err != nil && ctx.Err() == nil {
 			s.logError("releases: judging a Node failed; it is not released", c.name, name, err)

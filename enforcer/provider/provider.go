@@ -250,10 +250,11 @@ func (h *handler) parse(key string) (*unstructured.Unstructured, string, *keyErr
 	if len(k.Node) == 0 {
 		return none, k.UID, badKey("it carries no Node")
 	}
-	node, err := h.opts.Facts.Model().NodeFromJSON(k.Node)
+	rec, err := h.opts.Facts.Model().NodeShape().FromJSON(k.Node)
 	if err != nil {
-		return none, k.UID, badKey("%v", err)
+		return none, k.UID, badKey("Node: %v", err)
 	}
+	node := rec.Unstructured()
 	if node.GetName() == "" {
 		return node, k.UID, badKey("its Node has no name")
 	}

@@ -43,7 +43,7 @@ func exampleGuard(t testing.TB) (*guard.Guard, map[string]*unstructured.Unstruct
 // Node's declared fields.
 func key(t testing.TB, uid string, node *unstructured.Unstructured) string {
 	t.Helper()
-	b, err := json.Marshal(map[string]any{"uid": uid, "node": linkmodel.MustEmbedded().StripNode(node).Object})
+	b, err := json.Marshal(map[string]any{"uid": uid, "node": linkmodel.MustEmbedded().NodeShape().FromUnstructured(node).Object()})
 	require.NoError(t, err)
 	return string(b)
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
@@ -369,7 +370,7 @@ func registerOrphanMetrics(reg prometheus.Registerer) (*OrphanMetrics, error) {
 
 // watchNodes caches a cluster's Nodes for the scanner until ctx is done; with
 // wait, it returns only then (a workload session), else at once.
-func watchNodes(ctx context.Context, scanner *orphanscan.Scanner, shape *nodecache.Shape, cluster string,
+func watchNodes(ctx context.Context, scanner *orphanscan.Scanner, shape *record.Shape, cluster string,
 	kube kubernetes.Interface, dyn dynamic.Interface, t reaper.Target, errs *watchErrors, wait bool) error {
 	w, err := nodecache.NewWatch(nodecache.WatchOptions{Shape: shape, Kube: kube, Dynamic: dyn,
 		OnChange: func(node string) { scanner.NodeChanged(cluster, node) },

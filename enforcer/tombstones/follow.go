@@ -7,6 +7,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 )
 
 // Follow records the tombstones one inventory change makes and ends those a
@@ -34,7 +35,7 @@ func (s *Store) Follow(model *linkmodel.Model, c informers.Change, nodeName func
 			if c.New == nil {
 				// Gone: its deletion began at its deletionTimestamp, the
 				// same time for every replica that saw it.
-				if ts, ok := c.Old.Value(model.DeletionTimestamp); ok {
+				if ts, ok := c.Old.Get(model.DeletionTimestamp); ok {
 					if at, err := time.Parse(time.RFC3339, ts); err == nil {
 						t.DeletedAt = at
 					}
@@ -50,12 +51,12 @@ func (s *Store) Follow(model *linkmodel.Model, c informers.Change, nodeName func
 }
 
 // carried is what r holds for link l's one field; none for no record.
-func carried(r *inventory.Record, l linkmodel.Link) []string {
+func carried(r *record.Record, l linkmodel.Link) []string {
 	if r == nil {
 		return nil
 	}
 	var out []string
-	for _, v := range r.LinkValues(l) {
+	for _, v := range inventory.LinkValues(r, l) {
 		out = append(out, v[0])
 	}
 	return out
@@ -63,10 +64,10 @@ func carried(r *inventory.Record, l linkmodel.Link) []string {
 
 // namedNode is the Node name r holds in a link on the Node's name (a
 // Machine's status.nodeRef.name), or "".
-func namedNode(model *linkmodel.Model, role linkmodel.Role, r *inventory.Record) string {
+func namedNode(model *linkmodel.Model, role linkmodel.Role, r *record.Record) string {
 	for _, l := range model.LinksOf(role) {
 		if len(l.Node) == 1 && slices.Equal(l.Node[0], linkmodel.Path{"metadata", "name"}) {
-			if vs := r.LinkValues(l); len(vs) > 0 {
+			if vs := inventory.LinkValues(r, l); len(vs) > 0 {
 				return vs[0][0]
 			}
 		}
@@ -76,10 +77,10 @@ func namedNode(model *linkmodel.Model, role linkmodel.Role, r *inventory.Record)
 
 // clusterOf is "namespace/name" of the Cluster r is labelled for (or, for a
 // referrer, names in its spec), or "".
-func clusterOf(model *linkmodel.Model, r *inventory.Record) string {
-	name, _ := r.Value(model.ClusterLabel)
+func clusterOf(model *linkmodel.Model, r *record.Record) string {
+	name, _ := r.Get(model.ClusterLabel)
 	if name == "" {
-		name, _ = r.Value(model.ClusterName)
+		name, _ = r.Get(model.ClusterName)
 	}
 	if name == "" {
 		return ""

@@ -19,8 +19,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/informers"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 )
 
 var t0 = time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
@@ -170,10 +170,10 @@ func TestDecodeRefusesWhatItCannotRead(t *testing.T) {
 	assert.Empty(t, ts)
 }
 
-// record reduces obj as the inventory caches it.
-func record(t *testing.T, model *linkmodel.Model, role linkmodel.Role, obj map[string]any) *inventory.Record {
+// reduced reduces obj as the inventory caches it.
+func reduced(t *testing.T, model *linkmodel.Model, role linkmodel.Role, obj map[string]any) *record.Record {
 	t.Helper()
-	return inventory.NewRecord(&unstructured.Unstructured{Object: obj}, model.Shape(role))
+	return model.Shape(role).FromUnstructured(&unstructured.Unstructured{Object: obj})
 }
 
 // Follow tombstones each providerID an object carried in a providerID link
@@ -182,7 +182,7 @@ func record(t *testing.T, model *linkmodel.Model, role linkmodel.Role, obj map[s
 func TestFollowTombstonesWhatWentAndEndsWhatCame(t *testing.T) {
 	model := linkmodel.MustEmbedded()
 	s, _, _ := newStore(t, Options{})
-	machine := record(t, model, linkmodel.Machine, map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+	machine := reduced(t, model, linkmodel.Machine, map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
 		"metadata": map[string]any{"namespace": "default", "name": "m1", "deletionTimestamp": "2026-12-04T11:00:00Z",
 			"labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}},
 		"spec":   map[string]any{"providerID": "docker:////m1", "clusterName": "dev"},
@@ -195,8 +195,8 @@ func TestFollowTombstonesWhatWentAndEndsWhatCame(t *testing.T) {
 	assert.Equal(t, Tombstone{ProviderID: "docker:////m1", Object: "Machine default/m1", Node: "node-1", Cluster: "default/dev",
 		DeletedAt: time.Date(2026, 12, 4, 11, 0, 0, 0, time.UTC), Until: t0.Add(DefaultWindow)}, got, "deleted when its deletion began, the window from when it was seen gone")
 
-	pool := func(ids ...any) *inventory.Record {
-		return record(t, model, linkmodel.InfraMachinePool, map[string]any{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
+	pool := func(ids ...any) *record.Record {
+		return reduced(t, model, linkmodel.InfraMachinePool, map[string]any{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
 			"kind": "DockerMachinePool", "metadata": map[string]any{"namespace": "default", "name": "pool"},
 			"spec": map[string]any{"providerIDList": ids}})
 	}

@@ -109,7 +109,7 @@ func (g *groups) digest() []byte {
 }
 
 // node decodes oldObject into only the fields the link model declares
-// (linkmodel.NodeFromJSON): a hostile Node costs a scan of its bytes.
+// (linkmodel.Model.NodeShape): a hostile Node costs a scan of its bytes.
 type node struct {
 	model *linkmodel.Model
 	obj   *unstructured.Unstructured
@@ -122,11 +122,11 @@ func (n *node) UnmarshalJSON(b []byte) error {
 	if bytes.Equal(b, []byte("null")) {
 		return nil
 	}
-	obj, err := n.model.NodeFromJSON(b)
+	rec, err := n.model.NodeShape().FromJSON(b)
 	if err != nil {
-		return &oldObjectError{err}
+		return &oldObjectError{fmt.Errorf("Node: %w", err)}
 	}
-	n.obj, n.raw = obj, b
+	n.obj, n.raw = rec.Unstructured(), b
 	return nil
 }
 

@@ -1,8 +1,9 @@
 // Package policytest runs the Rego tests of policies/, or of a copy a Go test
 // edits, in-process: as `opa test policies` runs them, or projected, with
 // every entry point that takes an inventory, a Node or a review fed only what
-// the enforcer keeps of them (inventory.Record, linkmodel.StripNode, the Node
-// caches' shape and the user's groups the guard keeps). A rule that reads a
+// the enforcer keeps of them (records of the link model's role shapes, its
+// Node shape and the Node caches' shape, and the user's groups the guard
+// keeps). A rule that reads a
 // field, or a group, the policy's declarations do not name passes its tests
 // on full objects and fails projected, instead of failing open in the
 // enforcer. The projection follows the declarations of the files run, so an
@@ -26,7 +27,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
-	"github.com/nodeguard/nodeguard/enforcer/nodecache"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -196,7 +197,7 @@ func project(ctx context.Context, files Files) ([]*tester.Builtin, error) {
 	if err != nil {
 		return nil, err
 	}
-	shape, err := nodecache.NewShape(model, fields)
+	shape, err := model.NodeCacheShape(fields)
 	if err != nil {
 		return nil, err
 	}
@@ -214,14 +215,14 @@ func project(ctx context.Context, files Files) ([]*tester.Builtin, error) {
 // builtins reduce Nodes, reviews and inventories exactly as the enforcer
 // does: a reviewed Node as the webhook decodes it, a judged one as the orphan
 // scan's Node caches keep it, a user's groups as the guard keeps them.
-func builtins(model *linkmodel.Model, shape *nodecache.Shape, defaults map[string]any) []*tester.Builtin {
+func builtins(model *linkmodel.Model, shape *record.Shape, defaults map[string]any) []*tester.Builtin {
 	inv := inventory.New(model)
 	node := func(v any) any {
 		m, ok := v.(map[string]any)
 		if !ok {
 			return v
 		}
-		return model.StripNode(&unstructured.Unstructured{Object: m}).Object
+		return model.NodeShape().FromUnstructured(&unstructured.Unstructured{Object: m}).Object()
 	}
 	effective := func(params any) map[string]any {
 		out := maps.Clone(defaults)
@@ -237,11 +238,7 @@ func builtins(model *linkmodel.Model, shape *nodecache.Shape, defaults map[strin
 			if !ok {
 				return args[0]
 			}
-			r, err := shape.Record(&unstructured.Unstructured{Object: m})
-			if err != nil {
-				return args[0]
-			}
-			return shape.Object(r)
+			return shape.FromUnstructured(&unstructured.Unstructured{Object: m}).Object()
 		}),
 		builtin("policytest_review", 2, func(args []any) any {
 			review, ok := args[0].(map[string]any)

@@ -109,7 +109,7 @@ func enforcerInventory(b testing.TB, objs []*unstructured.Unstructured) *invento
 		if o.GetKind() == "Machine" {
 			store, role = machines, inventory.Machine
 		}
-		stripped, err := inv.Transform(o.GroupVersionKind(), role)(o.DeepCopy())
+		stripped, err := inv.Transform(role)(o.DeepCopy())
 		require.NoError(b, err)
 		require.NoError(b, store.Add(stripped))
 	}

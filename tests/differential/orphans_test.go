@@ -27,6 +27,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
 )
 
@@ -86,7 +87,7 @@ type history struct {
 	t               *testing.T
 	rng             *rand.Rand
 	inv             *inventory.Inventory
-	shape           *nodecache.Shape
+	shape           *record.Shape
 	finder          *orphans.Finder
 	scanner         *orphanscan.Scanner
 	reaper          *reaper.Reaper
@@ -107,7 +108,7 @@ var (
 	poolGVK        = schema.GroupVersionKind{Group: poolKinds[0].group, Version: poolKinds[0].version, Kind: poolKinds[0].kind}
 )
 
-func newHistory(t *testing.T, eval *engine.Engine, shape *nodecache.Shape, matchProviderID bool, rng *rand.Rand, publish bool) *history {
+func newHistory(t *testing.T, eval *engine.Engine, shape *record.Shape, matchProviderID bool, rng *rand.Rand, publish bool) *history {
 	t.Helper()
 	ctx := context.Background()
 	model := eval.Model()
@@ -208,7 +209,7 @@ func (h *history) put(o *unstructured.Unstructured, role inventory.Role) {
 			}
 		}
 	}
-	var old *inventory.Record
+	var old *record.Record
 	if prev, ok := h.objects[k]; ok {
 		old = h.inv.Record(prev, role)
 	}
@@ -342,7 +343,7 @@ func (h *history) putNode(name string) {
 	default:
 		setReady(node, pick(rng, []string{"Unknown", "False"}), h.now().Add(-time.Duration(rng.IntN(600))*time.Second))
 	}
-	r, err := h.shape.Record(node)
+	r, err := h.shape.Reduce(node)
 	require.NoError(h.t, err)
 	h.log = append(h.log, fmt.Sprintf("put Node %v", node.Object))
 	for _, c := range h.nodes {
@@ -362,7 +363,7 @@ func (h *history) fullPass(route string) []string {
 	var nodes []*unstructured.Unstructured
 	for _, n := range h.nodeNames() {
 		r, _ := h.nodes[route].Get(n)
-		nodes = append(nodes, h.shape.Unstructured(r))
+		nodes = append(nodes, r.Unstructured())
 	}
 	vs, err := h.finder.Scan(context.Background(), nodes, route, h.now())
 	require.NoError(h.t, err)
@@ -382,7 +383,7 @@ func (h *history) dumpNodes() string {
 	var b strings.Builder
 	for _, n := range h.nodeNames() {
 		r, _ := h.nodes[routes[0]].Get(n)
-		fmt.Fprintf(&b, "%v\n", h.shape.Object(r))
+		fmt.Fprintf(&b, "%v\n", r.Object())
 	}
 	return b.String()
 }

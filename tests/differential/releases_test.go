@@ -72,7 +72,7 @@ func (h *history) fullRelease(route string) map[string]string {
 	var nodes []*unstructured.Unstructured
 	for _, n := range h.nodeNames() {
 		r, _ := h.nodes[route].Get(n)
-		nodes = append(nodes, h.shape.Unstructured(r))
+		nodes = append(nodes, r.Unstructured())
 	}
 	rs, err := h.finder.Releases(context.Background(), nodes, route, false)
 	require.NoError(h.t, err)

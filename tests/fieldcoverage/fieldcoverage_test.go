@@ -1,8 +1,9 @@
 // Package fieldcoverage checks that the rule reads no object field, Node
 // field or user group the enforcer drops: every Rego test of policies/ runs
 // again with each inventory, Node and review reduced by the enforcer's own
-// code (inventory.Record, linkmodel.StripNode, the Node caches' shape, the
-// groups the guard keeps) before the rule sees them (internal/policytest). A
+// code (records of the link model's role shapes, its Node shape and the Node
+// caches' shape; the groups the guard keeps) before the rule sees them
+// (internal/policytest). A
 // rule change that reads what the declarations do not name passes its tests
 // on full objects and fails here, instead of failing open in the enforcer.
 package fieldcoverage

@@ -67,7 +67,7 @@ func fleet(b *testing.B, n int) (*inventory.Inventory, [][]byte) {
 		if gvk == machineGVK {
 			role = inventory.Machine
 		}
-		r, err := inv.Transform(gvk, role)(unstructuredOf(obj))
+		r, err := inv.Transform(role)(unstructuredOf(obj))
 		require.NoError(b, err)
 		require.NoError(b, store.Add(r))
 	}

@@ -1,0 +1,159 @@
+package record
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"sync"
+)
+
+// Slots every record keeps first: an object's key.
+const (
+	slotAPIVersion = iota
+	slotKind
+	slotNamespace
+	slotName
+	fixedSlots
+)
+
+// MaxSlots bounds the strings kept per record (the fixed four, the scalars
+// and the condition keys), MaxConditionTypes the condition types: a record
+// notes which are present in one 64-bit word.
+const (
+	MaxSlots          = 48
+	MaxConditionTypes = 64 - MaxSlots
+)
+
+// Spec declares what a Shape keeps of each object besides its apiVersion,
+// kind, namespace and name.
+type Spec struct {
+	// APIVersion and Kind, when set, are every object's: a typed informer's
+	// objects carry no TypeMeta. Unset, each object's own are kept.
+	APIVersion, Kind string
+	// Scalars are string fields; a field that is absent or not a string is
+	// not present (the rule only compares these fields with strings).
+	Scalars []Path
+	// Lists are lists of strings.
+	Lists []Path
+	// Conditions are the entries of a list of conditions kept by type.
+	Conditions Conditions
+	// Indexes are the tuples of string fields an Index finds records by.
+	Indexes [][]Path
+}
+
+// Shape is what records of one kind of object keep, derived from a Spec (the
+// link model derives one per role and for Nodes). Its records are read only
+// through it.
+type Shape struct {
+	spec Spec
+	// paths[i] is slot i's path, for the scalar slots (not conditions).
+	paths []Path
+	// condKeys are the condition keys kept besides "type"; the slot of type
+	// t's key k is condSlot + t*len(condKeys) + k.
+	condKeys []string
+	condSlot int
+	slots    int
+	// indexSlots are the slots of each of spec.Indexes' tuples.
+	indexSlots [][]int
+	uidSlot    int
+	rvSlot     int
+	// decoded is the struct type FromJSON decodes into: a field per kept
+	// path, so nothing else of the object is built.
+	decoded reflect.Type
+	// readers are the compiled typed readers, by reflect.Type.
+	readers sync.Map
+}
+
+// NewShape checks spec and derives the shape.
+func NewShape(spec Spec) (*Shape, error) {
+	s := &Shape{spec: spec, uidSlot: -1, rvSlot: -1}
+	s.paths = []Path{{"apiVersion"}, {"kind"}, {"metadata", "namespace"}, {"metadata", "name"}}
+	for _, p := range spec.Scalars {
+		if err := checkPath(p); err != nil {
+			return nil, err
+		}
+		if s.Slot(p) < 0 {
+			s.paths = append(s.paths, p)
+		}
+	}
+	for _, p := range spec.Lists {
+		if err := checkPath(p); err != nil {
+			return nil, err
+		}
+		if s.Slot(p) >= 0 {
+			return nil, fmt.Errorf("record: %s is kept both as a string and as a list", p)
+		}
+	}
+	s.spec.Lists = nil
+	for _, p := range spec.Lists {
+		if s.ListSlot(p) < 0 {
+			s.spec.Lists = append(s.spec.Lists, p)
+		}
+	}
+	c := spec.Conditions
+	if len(c.Types) > 0 {
+		if err := checkPath(c.Path); err != nil {
+			return nil, err
+		}
+		for _, k := range c.Keys {
+			if k != "type" {
+				s.condKeys = append(s.condKeys, k)
+			}
+		}
+	}
+	s.condSlot = len(s.paths)
+	s.slots = s.condSlot + len(c.Types)*len(s.condKeys)
+	if s.slots > MaxSlots || len(c.Types) > MaxConditionTypes {
+		return nil, fmt.Errorf("record: %d strings and %d condition types kept, at most %d and %d",
+			s.slots, len(c.Types), MaxSlots, MaxConditionTypes)
+	}
+	for _, tuple := range spec.Indexes {
+		slots := make([]int, len(tuple))
+		for i, p := range tuple {
+			if slots[i] = s.Slot(p); slots[i] < 0 {
+				return nil, fmt.Errorf("record: index field %s is not a kept string", p)
+			}
+		}
+		s.indexSlots = append(s.indexSlots, slots)
+	}
+	s.uidSlot, s.rvSlot = s.Slot(Path{"metadata", "uid"}), s.Slot(Path{"metadata", "resourceVersion"})
+	var err error
+	if s.decoded, err = s.jsonType(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func checkPath(p Path) error {
+	if len(p) == 0 || slices.Contains(p, "") {
+		return fmt.Errorf("record: field path %q is empty or has an empty segment", p)
+	}
+	return nil
+}
+
+// Slot returns the position of string field p in the shape's records, or -1
+// when it does not keep p.
+func (s *Shape) Slot(p Path) int {
+	return slices.IndexFunc(s.paths, func(have Path) bool { return slices.Equal(have, p) })
+}
+
+// ListSlot returns the position of list field p, or -1.
+func (s *Shape) ListSlot(p Path) int {
+	return slices.IndexFunc(s.spec.Lists, func(have Path) bool { return slices.Equal(have, p) })
+}
+
+// Scalars are the string fields kept besides the key, in slot order.
+func (s *Shape) Scalars() []Path { return slices.Clone(s.paths[fixedSlots:]) }
+
+// Lists are the list fields kept.
+func (s *Shape) Lists() []Path { return slices.Clone(s.spec.Lists) }
+
+// Indexes are the tuples an Index of these records finds them by.
+func (s *Shape) Indexes() [][]Path { return s.spec.Indexes }
+
+// IndexOf returns the position of tuple among the shape's indexes, or -1.
+func (s *Shape) IndexOf(tuple []Path) int {
+	return slices.IndexFunc(s.spec.Indexes, func(have []Path) bool {
+		return slices.EqualFunc(have, tuple, func(a, b Path) bool { return slices.Equal(a, b) })
+	})
+}
