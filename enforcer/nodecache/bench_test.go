@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
+	"github.com/nodeguard/nodeguard/internal/testnodes"
 )
 
 // BenchmarkMemoryPerNode measures the heap a Node cache holds per Node
@@ -21,7 +22,7 @@ func BenchmarkMemoryPerNode(b *testing.B) {
 		runtime.ReadMemStats(&before)
 		nodes := nodecache.NewNodes(s, nil, nil)
 		for i := range n {
-			r, err := s.Reduce(realNode(i))
+			r, err := s.Reduce(testnodes.Real(i))
 			require.NoError(b, err)
 			require.NoError(b, nodes.Add(r))
 		}
@@ -36,7 +37,7 @@ func BenchmarkMemoryPerNode(b *testing.B) {
 // watch event pays after decoding).
 func BenchmarkRecord(b *testing.B) {
 	s := shape(b)
-	n := realNode(1)
+	n := testnodes.Real(1)
 	b.ReportAllocs()
 	for range b.N {
 		if _, err := s.Reduce(n); err != nil {

@@ -5,17 +5,16 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/nodeguard/nodeguard/enforcer/record"
+	"github.com/nodeguard/nodeguard/internal/testnodes"
 )
 
 // nodeSpec is what the orphan criteria keep of a Node (as the policy
@@ -38,27 +37,6 @@ func nodeShape(t testing.TB) *record.Shape {
 	s, err := record.NewShape(nodeSpec())
 	require.NoError(t, err)
 	return s
-}
-
-var created = metav1.NewTime(time.Date(2026, 11, 30, 11, 0, 0, 0, time.UTC))
-
-// realNode is a Node as a kubelet and CAPI leave it: most of it is never read.
-func realNode(i int) *corev1.Node {
-	name := fmt.Sprintf("ip-10-0-%d-%d.ec2.internal", i/250, i%250)
-	n := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name, UID: "6a1f3c2e-8d4b-4c1a-9e2f-0b1c2d3e4f50", ResourceVersion: "123456789", CreationTimestamp: created,
-			Labels: map[string]string{"kubernetes.io/hostname": name, "node.kubernetes.io/instance-type": "m6i.2xlarge"},
-			Annotations: map[string]string{"cluster.x-k8s.io/cluster-name": "prod-1", "cluster.x-k8s.io/cluster-namespace": "fleet",
-				"cluster.x-k8s.io/machine": fmt.Sprintf("prod-1-md-0-abcde-%05d", i), "node.alpha.kubernetes.io/ttl": "0"},
-		},
-		Spec: corev1.NodeSpec{ProviderID: fmt.Sprintf("aws:///us-east-1a/i-%017x", i), PodCIDR: "192.168.1.0/24"},
-	}
-	for _, c := range []corev1.NodeConditionType{corev1.NodeMemoryPressure, corev1.NodeReady} {
-		n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: c, Status: corev1.ConditionFalse,
-			LastHeartbeatTime: created, LastTransitionTime: created, Reason: "KubeletHasSufficient" + string(c)})
-	}
-	n.Status.Capacity = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8")}
-	return n
 }
 
 // forms gives one Node in each form a record is made from: typed (a typed
@@ -91,7 +69,7 @@ func TestEveryFormKeepsExactlyTheDeclaredFields(t *testing.T) {
 		"spec":   map[string]any{"providerID": "aws:///us-east-1a/i-00000000000000007"},
 		"status": map[string]any{"conditions": []any{map[string]any{"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-30T11:00:00Z"}}},
 	}
-	all := forms(t, s, realNode(7))
+	all := forms(t, s, testnodes.Real(7))
 	for form, r := range all {
 		assert.Equal(t, want, r.Object(), form)
 		assert.True(t, r.Equal(all["typed"]), form)
@@ -118,7 +96,7 @@ func TestAbsentFieldsStayAbsent(t *testing.T) {
 // record whose strings pass 32 KiB is kept whole.
 func TestRareRecordsAreKeptWhole(t *testing.T) {
 	s := nodeShape(t)
-	n := realNode(1)
+	n := testnodes.Real(1)
 	n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue})
 	n.Annotations["cluster.x-k8s.io/cluster-name"] = strings.Repeat("x", 70_000)
 	all := forms(t, s, n)
@@ -225,9 +203,9 @@ func TestLists(t *testing.T) {
 
 func TestEqualIgnoring(t *testing.T) {
 	s := nodeShape(t)
-	a, err := s.Reduce(realNode(1))
+	a, err := s.Reduce(testnodes.Real(1))
 	require.NoError(t, err)
-	n := realNode(1)
+	n := testnodes.Real(1)
 	n.ResourceVersion = "2"
 	b, err := s.Reduce(n)
 	require.NoError(t, err)
