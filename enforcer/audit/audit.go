@@ -24,7 +24,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 )
@@ -95,11 +95,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	defer cancel() // stops the informers
 	// From the caches alone: an audit judges every Node, and a delete
 	// re-reads its candidates fresh anyway.
-	e, err := live.Start(ctx, c, live.Options{Parameters: params, Engine: eval, NoFreshReads: true})
+	e, err := clusterenforcer.Start(ctx, c, clusterenforcer.Options{Parameters: params, Engine: eval, NoFreshReads: true})
 	if err != nil {
 		return 1, err
 	}
-	if err := live.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
+	if err := clusterenforcer.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
 		return 1, err
 	}
 	user := authenticationv1.UserInfo{Username: opts.User, Groups: opts.Groups}

@@ -14,7 +14,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 )
 
 // syncTimeout bounds how long a live check waits for its caches.
@@ -62,11 +62,11 @@ func judgeWith(ctx context.Context, c kubeclient.Clients, nodes func(context.Con
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
-	e, err := live.Start(ctx, c, live.Options{Parameters: params, Engine: eval})
+	e, err := clusterenforcer.Start(ctx, c, clusterenforcer.Options{Parameters: params, Engine: eval})
 	if err != nil {
 		return decision.Decision{}, err
 	}
-	if err := live.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
+	if err := clusterenforcer.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
 		return decision.Decision{}, err
 	}
 	return e.Guard.Decide(ctx, request(opts, node))

@@ -23,7 +23,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
@@ -133,11 +133,11 @@ func judge(ctx context.Context, c kubeclient.Clients, opts Options, params map[s
 	report *Report) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
-	e, err := live.Start(ctx, c, live.Options{Parameters: params, Engine: eval})
+	e, err := clusterenforcer.Start(ctx, c, clusterenforcer.Options{Parameters: params, Engine: eval})
 	if err != nil {
 		return err
 	}
-	if err := live.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
+	if err := clusterenforcer.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
 		return err
 	}
 	f, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Tombstones: store})

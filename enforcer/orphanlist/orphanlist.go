@@ -21,7 +21,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
@@ -177,11 +177,11 @@ func runLive(ctx context.Context, opts CommandOptions, params map[string]any, ev
 func runLiveWith(ctx context.Context, c kubeclient.Clients, opts CommandOptions, params map[string]any, eval *engine.Engine, now time.Time) (Report, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
-	e, err := live.Start(ctx, c, live.Options{Parameters: params, Engine: eval})
+	e, err := clusterenforcer.Start(ctx, c, clusterenforcer.Options{Parameters: params, Engine: eval})
 	if err != nil {
 		return Report{}, err
 	}
-	if err := live.WaitReady(ctx, e.Syncer.Ready, liveSyncTimeout); err != nil {
+	if err := clusterenforcer.WaitReady(ctx, e.Syncer.Ready, liveSyncTimeout); err != nil {
 		return Report{}, err
 	}
 	stones, err := tombstones.Load(ctx, c.Dynamic, opts.Namespace)

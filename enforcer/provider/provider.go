@@ -26,7 +26,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/engine"
-	"github.com/nodeguard/nodeguard/enforcer/intake"
+	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
@@ -88,7 +88,7 @@ type Options struct {
 	// cluster lacks is a wrong URL, and every key gets an error.
 	ClusterExists func(ctx context.Context, namespace, name string) (bool, error)
 	// Intake bounds the work, shared with the review routes of the port.
-	Intake *intake.Intake
+	Intake *requestlimits.Intake
 	// Timeout is each request's deadline, below the Provider's timeout
 	// (default: the Intake's).
 	Timeout time.Duration
@@ -155,7 +155,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, route, cluster s
 
 // read checks the transport and decodes the ProviderRequest's keys; the
 // caller runs the returned func once it has answered.
-func (h *handler) read(w http.ResponseWriter, r *http.Request) ([]string, func(), *intake.Error) {
+func (h *handler) read(w http.ResponseWriter, r *http.Request) ([]string, func(), *requestlimits.Error) {
 	body, release, herr := h.opts.Intake.Read(w, r, h.opts.ClientCAs)
 	if herr != nil {
 		return nil, nil, herr
@@ -164,11 +164,11 @@ func (h *handler) read(w http.ResponseWriter, r *http.Request) ([]string, func()
 	err := json.Unmarshal(body, &req)
 	switch {
 	case err != nil:
-		herr = intake.BadRequest(RejectMalformed, "malformed ProviderRequest JSON: %v", err)
+		herr = requestlimits.BadRequest(RejectMalformed, "malformed ProviderRequest JSON: %v", err)
 	case req.Kind != "ProviderRequest" || !strings.HasPrefix(req.APIVersion, "externaldata.gatekeeper.sh/"):
-		herr = intake.BadRequest(RejectNotRequest, "want kind ProviderRequest of externaldata.gatekeeper.sh; got %q, %q", req.APIVersion, req.Kind)
+		herr = requestlimits.BadRequest(RejectNotRequest, "want kind ProviderRequest of externaldata.gatekeeper.sh; got %q, %q", req.APIVersion, req.Kind)
 	case len(req.Request.Keys) == 0 || len(req.Request.Keys) > MaxKeys:
-		herr = intake.BadRequest(RejectKeys, "want 1 to %d keys, got %d", MaxKeys, len(req.Request.Keys))
+		herr = requestlimits.BadRequest(RejectKeys, "want 1 to %d keys, got %d", MaxKeys, len(req.Request.Keys))
 	}
 	if herr != nil {
 		release()
@@ -280,7 +280,7 @@ func (h *handler) facts(ctx context.Context, cluster string, node *unstructured.
 		return result{err: &keyError{ErrorBusy, "nodeguard is answering as many requests as it may at once (--max-concurrent-decisions) " +
 			"and none finished in time; retry shortly"}}
 	}
-	r := intake.Do(ctx, h.opts.Intake, key, busy, func(ctx context.Context) result {
+	r := requestlimits.Do(ctx, h.opts.Intake, key, busy, func(ctx context.Context) result {
 		if err := h.opts.Facts.Ready(); err != nil {
 			return result{err: &keyError{ErrorNotReady, fmt.Sprintf("nodeguard is not ready (%v), so it cannot tell what is linked to Node %q; "+
 				"retry once it reports ready", err, node.GetName())}}

@@ -21,7 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/intake"
+	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
@@ -67,11 +67,11 @@ func serve(t testing.TB, facts provider.Facts, clusterExists func(context.Contex
 	t.Helper()
 	pki, gatekeeperCA, apiServerCA := testpki.New(t), testpki.New(t), testpki.New(t)
 	reg := prometheus.NewRegistry()
-	im, err := intake.NewMetrics(reg)
+	im, err := requestlimits.NewMetrics(reg)
 	require.NoError(t, err)
 	pm, err := provider.NewMetrics(reg)
 	require.NoError(t, err)
-	in := intake.New(intake.Options{Timeout: 2 * time.Second, Metrics: im})
+	in := requestlimits.New(requestlimits.Options{Timeout: 2 * time.Second, Metrics: im})
 	h, err := provider.New(provider.Options{Facts: facts, ClientCAs: gatekeeperCA.Pool(), ClusterExists: clusterExists, Intake: in, Metrics: pm})
 	require.NoError(t, err)
 	url, _ := pki.Serve(t, h, tlsserver.Options{ClientCAFiles: []string{gatekeeperCA.CAFile(t), apiServerCA.CAFile(t)}})

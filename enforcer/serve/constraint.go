@@ -10,7 +10,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 )
@@ -38,7 +38,7 @@ func initialConstraint(ctx context.Context, c kubeclient.Clients, opts Options) 
 // parameters, the kinds watched, the fleet's admission policy exemptions and
 // the enforcement action, all or none.
 type liveConstraint struct {
-	enforcer *live.Enforcer
+	enforcer *clusterenforcer.Enforcer
 	fleet    *fleet.Reconciler
 	scanner  *orphanscan.Scanner
 	// flag is --enforcement-action, in force where the Constraint sets none.
@@ -46,7 +46,7 @@ type liveConstraint struct {
 	action atomic.Value // enforcement.Action
 }
 
-func newLiveConstraint(e *live.Enforcer, spec constraintwatch.Spec, flag enforcement.Action, log *slog.Logger) *liveConstraint {
+func newLiveConstraint(e *clusterenforcer.Enforcer, spec constraintwatch.Spec, flag enforcement.Action, log *slog.Logger) *liveConstraint {
 	l := &liveConstraint{enforcer: e, flag: flag}
 	l.setAction(spec)
 	if spec.Action != "" && flag != "" && spec.Action != flag {

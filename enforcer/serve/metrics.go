@@ -12,7 +12,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
-	"github.com/nodeguard/nodeguard/enforcer/intake"
+	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/version"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
@@ -32,7 +32,7 @@ type Metrics struct {
 	Webhook *webhook.Metrics
 	// Intake counts the requests of the review port that got an HTTP
 	// error, for the routes that share its Intake.
-	Intake  *intake.Metrics
+	Intake  *requestlimits.Metrics
 	Policy  *version.Metrics
 	Orphans *OrphanMetrics
 	Events  *events.Metrics
@@ -73,7 +73,7 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 	if m.Webhook, err = webhook.NewMetrics(reg); err != nil {
 		return nil, err
 	}
-	if m.Intake, err = intake.NewMetrics(reg); err != nil {
+	if m.Intake, err = requestlimits.NewMetrics(reg); err != nil {
 		return nil, err
 	}
 	if src.Cached != nil {

@@ -21,7 +21,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
@@ -96,7 +96,7 @@ func LeaseNamespace() string {
 // background until ctx is done, with clients of c's config; it returns the
 // scanner (nil when the scan is off), so a reloaded policy can have every
 // Node judged again.
-func startOrphanScan(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, changes *informers.Relay, reg prometheus.Registerer,
+func startOrphanScan(ctx context.Context, c kubeclient.Clients, e *clusterenforcer.Enforcer, changes *informers.Relay, reg prometheus.Registerer,
 	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, releases bool, rec *events.Recorder, log *slog.Logger) (*orphanscan.Scanner, error) {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
@@ -134,9 +134,9 @@ type OrphanScan struct {
 	Management kubeclient.Clients
 	Kube       kubernetes.Interface
 	Nodes      kubernetes.Interface
-	Enforcer   *live.Enforcer
+	Enforcer   *clusterenforcer.Enforcer
 	// Changes, when set, relays the inventory's changes from before the
-	// scan started (live.Options.OnChange); else the scan subscribes now.
+	// scan started (clusterenforcer.Options.OnChange); else the scan subscribes now.
 	Changes *informers.Relay
 	// Registry gets the scan's per-cluster gauges, and its counters unless
 	// Metrics holds them already (serve.Register's).

@@ -27,9 +27,9 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
-	"github.com/nodeguard/nodeguard/enforcer/intake"
+	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/probes"
@@ -163,14 +163,14 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 		return err
 	}
 	params := spec.Parameters
-	lopts := live.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Engine: eval}
+	lopts := clusterenforcer.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Engine: eval}
 	// The orphan scan hears of every inventory change from the first.
 	var changes *informers.Relay
 	if opts.Orphans.Interval > 0 {
 		changes = &informers.Relay{}
 		lopts.OnChange = changes.Send
 	}
-	e, err := live.Start(ctx, c, lopts)
+	e, err := clusterenforcer.Start(ctx, c, lopts)
 	if err != nil {
 		return err
 	}
@@ -292,9 +292,9 @@ func workloadSessions(c kubeclient.Clients, opts Options, metrics *Metrics, log 
 // client CA for Gatekeeper, the external data provider's, sharing one
 // intake. It returns the CA files whose client certificates the TLS server
 // asks for.
-func routes(ctx context.Context, c kubeclient.Clients, e *live.Enforcer, scanner *orphanscan.Scanner, metrics *Metrics, denied func(events.Denial),
+func routes(ctx context.Context, c kubeclient.Clients, e *clusterenforcer.Enforcer, scanner *orphanscan.Scanner, metrics *Metrics, denied func(events.Denial),
 	action func() enforcement.Action, opts Options, log *slog.Logger) (http.Handler, []string, error) {
-	in := intake.New(intake.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
+	in := requestlimits.New(requestlimits.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
 	clusters := freshread.New(c.Dynamic, c.Mapper)
 	cluster := func(ctx context.Context, namespace, name string) (bool, enforcement.Action, error) {
 		obj, err := clusters.Get(ctx, clusterGVK(), namespace, name)

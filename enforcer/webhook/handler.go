@@ -30,16 +30,16 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/intake"
+	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
-// MaxBodyBytes bounds an AdmissionReview (intake.MaxBodyBytes).
-const MaxBodyBytes = intake.MaxBodyBytes
+// MaxBodyBytes bounds an AdmissionReview (requestlimits.MaxBodyBytes).
+const MaxBodyBytes = requestlimits.MaxBodyBytes
 
 // DefaultMaxConcurrentDecisions bounds the decisions evaluating at once
-// (intake.DefaultMaxConcurrent).
-const DefaultMaxConcurrentDecisions = intake.DefaultMaxConcurrent
+// (requestlimits.DefaultMaxConcurrent).
+const DefaultMaxConcurrentDecisions = requestlimits.DefaultMaxConcurrent
 
 // Routes, also the values of the metrics' route label.
 const (
@@ -93,7 +93,7 @@ type Options struct {
 	// Intake bounds the work of the review routes, shared with the other
 	// routes of the port (and counts what it rejects); when nil, one is
 	// built from Timeout, MaxConcurrentDecisions, Log and LogInterval.
-	Intake *intake.Intake
+	Intake *requestlimits.Intake
 	// Timeout is each review's deadline; keep it below the webhook's
 	// timeoutSeconds (default 4s).
 	Timeout time.Duration
@@ -131,7 +131,7 @@ type Options struct {
 type handler struct {
 	opts   Options
 	model  *linkmodel.Model
-	intake *intake.Intake
+	intake *requestlimits.Intake
 	// keepGroup says which of a user's groups the Decider reads.
 	keepGroup func(string) bool
 }
@@ -146,7 +146,7 @@ func New(opts Options) http.Handler {
 	}
 	in := opts.Intake
 	if in == nil {
-		in = intake.New(intake.Options{Timeout: opts.Timeout, MaxConcurrent: opts.MaxConcurrentDecisions,
+		in = requestlimits.New(requestlimits.Options{Timeout: opts.Timeout, MaxConcurrent: opts.MaxConcurrentDecisions,
 			Log: opts.Log, LogInterval: opts.LogInterval})
 	}
 	h := &handler{opts: opts, model: opts.Decider.Model(), intake: in, keepGroup: opts.Decider.KeepGroup}
@@ -292,7 +292,7 @@ func jsonField(dec *json.Decoder, key string) bool {
 
 // reject answers a request that cannot be judged with its HTTP error: the
 // API server then applies the webhook's failurePolicy (Fail: denied).
-func (h *handler) reject(w http.ResponseWriter, herr *intake.Error, route, cluster string, start time.Time) {
+func (h *handler) reject(w http.ResponseWriter, herr *requestlimits.Error, route, cluster string, start time.Time) {
 	h.intake.Reject(w, herr, "admission request", route, cluster)
 	h.opts.Metrics.observe(route, cluster, "error", decision.ReasonBadRequest, h.action(""), time.Since(start))
 }
@@ -307,7 +307,7 @@ func (h *handler) clientCAs(route string) *x509.CertPool {
 
 // read checks the transport and decodes the AdmissionReview; the caller runs
 // the returned func once it has answered.
-func (h *handler) read(w http.ResponseWriter, r *http.Request, clients *x509.CertPool) (*admissionReview, func(), *intake.Error) {
+func (h *handler) read(w http.ResponseWriter, r *http.Request, clients *x509.CertPool) (*admissionReview, func(), *requestlimits.Error) {
 	body, release, herr := h.intake.Read(w, r, clients)
 	if herr != nil {
 		return nil, nil, herr
@@ -320,23 +320,23 @@ func (h *handler) read(w http.ResponseWriter, r *http.Request, clients *x509.Cer
 	return review, release, nil
 }
 
-func (h *handler) decode(body []byte) (*admissionReview, *intake.Error) {
+func (h *handler) decode(body []byte) (*admissionReview, *requestlimits.Error) {
 	review, err := decodeReview(body, h.model, h.keepGroup)
 	if err != nil {
 		var oldObject *oldObjectError
 		if errors.As(err, &oldObject) {
-			return nil, intake.BadRequest(RejectBadOldObject, "oldObject does not decode: %v", err)
+			return nil, requestlimits.BadRequest(RejectBadOldObject, "oldObject does not decode: %v", err)
 		}
-		return nil, intake.BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err)
+		return nil, requestlimits.BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err)
 	}
 	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" {
-		return nil, intake.BadRequest(RejectNotReview, "want apiVersion admission.k8s.io/v1, kind AdmissionReview; got %q, %q", review.APIVersion, review.Kind)
+		return nil, requestlimits.BadRequest(RejectNotReview, "want apiVersion admission.k8s.io/v1, kind AdmissionReview; got %q, %q", review.APIVersion, review.Kind)
 	}
 	if !review.Request.present {
-		return nil, intake.BadRequest(RejectNoRequest, "AdmissionReview has no request")
+		return nil, requestlimits.BadRequest(RejectNoRequest, "AdmissionReview has no request")
 	}
 	if review.Request.UID == "" {
-		return nil, intake.BadRequest(RejectNoUID, "AdmissionReview request has no uid")
+		return nil, requestlimits.BadRequest(RejectNoUID, "AdmissionReview request has no uid")
 	}
 	return review, nil
 }
@@ -345,7 +345,7 @@ func (h *handler) decode(body []byte) (*admissionReview, *intake.Error) {
 // into the Decider's request; the rule, not this, decides which requests it
 // judges. Without an oldObject (the API server sends the Node there on
 // DELETE), Node stays nil and the rule denies a Node delete it cannot judge.
-func request(req *admissionRequest, cluster string) (guard.Request, *intake.Error) {
+func request(req *admissionRequest, cluster string) (guard.Request, *requestlimits.Error) {
 	out := guard.Request{Operation: req.Operation, Kind: req.Kind, Name: req.Name, Cluster: cluster}
 	out.UserInfo.Username = req.UserInfo.Username
 	if req.UserInfo.Groups != nil {
@@ -360,7 +360,7 @@ func request(req *admissionRequest, cluster string) (guard.Request, *intake.Erro
 	// would read one kind of object as another.
 	apiVersion := schema.GroupVersion{Group: req.Kind.Group, Version: req.Kind.Version}.String()
 	if obj.GetAPIVersion() != apiVersion || obj.GetKind() != req.Kind.Kind || obj.GetName() == "" {
-		return guard.Request{}, intake.BadRequest(RejectBadOldObject, "oldObject is %s %s %q, want a named %s %s (the request's kind)",
+		return guard.Request{}, requestlimits.BadRequest(RejectBadOldObject, "oldObject is %s %s %q, want a named %s %s (the request's kind)",
 			obj.GetAPIVersion(), obj.GetKind(), obj.GetName(), apiVersion, req.Kind.Kind)
 	}
 	out.Node = obj
@@ -383,7 +383,7 @@ func (h *handler) decide(ctx context.Context, req guard.Request, groups []byte) 
 		return h.fallback(decision.Deny(decision.ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
 			"(--max-concurrent-decisions) and none finished in time; retry shortly.", req.Name)))
 	}
-	return intake.Do(ctx, h.intake, key, busy, func(ctx context.Context) verdict { return h.decideNow(ctx, req) })
+	return requestlimits.Do(ctx, h.intake, key, busy, func(ctx context.Context) verdict { return h.decideNow(ctx, req) })
 }
 
 // verdict is a decision and the enforcement action it is answered under.

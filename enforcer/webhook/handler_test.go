@@ -29,7 +29,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/intake"
+	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
@@ -282,9 +282,9 @@ func TestMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := webhook.NewMetrics(reg)
 	require.NoError(t, err)
-	im, err := intake.NewMetrics(reg)
+	im, err := requestlimits.NewMetrics(reg)
 	require.NoError(t, err)
-	h := webhook.New(webhook.Options{Decider: g, Metrics: m, Intake: intake.New(intake.Options{Metrics: im})})
+	h := webhook.New(webhook.Options{Decider: g, Metrics: m, Intake: requestlimits.New(requestlimits.Options{Metrics: im})})
 	s := serve(t, h, tlsserver.Options{}, nil)
 	metrics := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer metrics.Close()

@@ -25,7 +25,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/intake"
+	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/hostile"
@@ -141,8 +141,8 @@ func TestSameReviewsShareOneDecision(t *testing.T) {
 // one queued for its bytes in the budget.
 var (
 	flightWaiter = []string{"singleflight.(*Group).Do(", "sync.(*WaitGroup).Wait"}
-	slotWaiter   = []string{"intake.Do[", "semaphore.(*Weighted).Acquire"}
-	bytesWaiter  = []string{"intake.(*Intake).acquire", "semaphore.(*Weighted).Acquire"}
+	slotWaiter   = []string{"requestlimits.Do[", "semaphore.(*Weighted).Acquire"}
+	bytesWaiter  = []string{"requestlimits.(*Intake).acquire", "semaphore.(*Weighted).Acquire"}
 )
 
 // heldDecider allows every request once released; it counts the decisions
@@ -227,10 +227,10 @@ func TestConcurrentDecisionsAreBounded(t *testing.T) {
 func TestRejectedRequestsAreCountedAndLoggedSparingly(t *testing.T) {
 	g, _, nodes := example(t)
 	reg := prometheus.NewRegistry()
-	im, err := intake.NewMetrics(reg)
+	im, err := requestlimits.NewMetrics(reg)
 	require.NoError(t, err)
 	log, logs := testlog.JSON()
-	in := intake.New(intake.Options{Metrics: im, Log: log, LogInterval: time.Hour})
+	in := requestlimits.New(requestlimits.Options{Metrics: im, Log: log, LogInterval: time.Hour})
 	s := serve(t, webhook.New(webhook.Options{Decider: g, Intake: in}), tlsserver.Options{}, nil)
 	for range 50 {
 		s.post(t, "/validate", "application/json", []byte(`{"apiVersion":`))
@@ -460,8 +460,8 @@ func realisticNode(name string) map[string]any {
 func TestRealNodeReviewsTakeTheSmallLane(t *testing.T) {
 	body := review(admissionv1.Delete, "Node", realisticNode("prod-md-0-x7k2p-abcde"), "system:masters", "system:authenticated")
 	t.Logf("DELETE review of a Node with kubelet's 50 images, labels, conditions and managed fields: %.1f KiB; the small lane takes up to %d KiB",
-		float64(len(body))/1024, intake.SmallBytes>>10)
-	assert.Less(t, len(body), intake.SmallBytes/2, "twice the room")
+		float64(len(body))/1024, requestlimits.SmallBytes>>10)
+	assert.Less(t, len(body), requestlimits.SmallBytes/2, "twice the room")
 }
 
 // Small reviews never wait behind large ones: with the large lane full of

@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
-	"github.com/nodeguard/nodeguard/enforcer/intake"
+	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 )
 
 // The registration routes: a Node CREATE, or an UPDATE of a Node (not its
@@ -85,11 +85,11 @@ func (h *handler) register(w http.ResponseWriter, r *http.Request, route, cluste
 		OldObject *node     `json:"oldObject"`
 	}{Object: &node{model: h.model}, OldObject: &node{model: h.model}}
 	if err := json.Unmarshal(body, &review); err != nil {
-		h.reject(w, intake.BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err), route, cluster, start)
+		h.reject(w, requestlimits.BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err), route, cluster, start)
 		return
 	}
 	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" || review.Request == nil || review.Request.UID == "" {
-		h.reject(w, intake.BadRequest(RejectNotReview, "want an AdmissionReview admission.k8s.io/v1 with a request and its uid"), route, cluster, start)
+		h.reject(w, requestlimits.BadRequest(RejectNotReview, "want an AdmissionReview admission.k8s.io/v1 with a request and its uid"), route, cluster, start)
 		return
 	}
 	req := review.Request

@@ -22,7 +22,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/intake"
+	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
@@ -315,8 +315,8 @@ func TestQueriesReadExportedMetrics(t *testing.T) {
 		"nodeguard_decisions_total": {decision.ReasonNoLink, decision.ReasonExempt, decision.ReasonNotJudged, decision.ReasonBlocked,
 			decision.ReasonUnverified, decision.ReasonMisrouted, decision.ReasonUnjudgeable, decision.ReasonNotReady, decision.ReasonCacheRecovering, decision.ReasonFreshReadFailed,
 			decision.ReasonError, decision.ReasonBusy, decision.ReasonBadRequest},
-		"nodeguard_rejected_requests_total": {intake.RejectMethod, intake.RejectClientCert, intake.RejectContentType, intake.RejectTooLarge,
-			intake.RejectNoLength, intake.RejectRead, intake.RejectBusy, webhook.RejectMalformed, webhook.RejectNotReview,
+		"nodeguard_rejected_requests_total": {requestlimits.RejectMethod, requestlimits.RejectClientCert, requestlimits.RejectContentType, requestlimits.RejectTooLarge,
+			requestlimits.RejectNoLength, requestlimits.RejectRead, requestlimits.RejectBusy, webhook.RejectMalformed, webhook.RejectNotReview,
 			webhook.RejectNoRequest, webhook.RejectNoUID, webhook.RejectBadOldObject, provider.RejectMalformed, provider.RejectNotRequest,
 			provider.RejectKeys},
 		"nodeguard_workload_cluster_unguarded_reason": fleet.Reasons(),

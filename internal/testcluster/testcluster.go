@@ -123,7 +123,7 @@ func ExampleGuard(t testing.TB, dir string, opts guard.Options) (*guard.Guard, *
 }
 
 // Engine is the embedded policy, compiled once per test binary: what a
-// caller with no bundle passes to guard.New and live.Start.
+// caller with no bundle passes to guard.New and clusterenforcer.Start.
 func Engine(t testing.TB) *engine.Engine {
 	t.Helper()
 	e, err := embedded()

@@ -31,7 +31,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/intake"
+	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
@@ -522,7 +522,7 @@ type providerServer struct {
 func startProvider(t *testing.T, facts provider.Facts) providerServer {
 	t.Helper()
 	serving, gatekeeperCA := testpki.New(t), testpki.New(t)
-	h, err := provider.New(provider.Options{Facts: facts, ClientCAs: gatekeeperCA.Pool(), Intake: intake.New(intake.Options{Timeout: 5 * time.Second})})
+	h, err := provider.New(provider.Options{Facts: facts, ClientCAs: gatekeeperCA.Pool(), Intake: requestlimits.New(requestlimits.Options{Timeout: 5 * time.Second})})
 	require.NoError(t, err)
 	url, _ := serving.Serve(t, h, tlsserver.Options{ClientCAFiles: []string{gatekeeperCA.CAFile(t)}})
 	dir := t.TempDir()

@@ -36,7 +36,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/live"
+	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/internal/stacks"
@@ -198,16 +198,16 @@ func (f *fleet) secret(t testing.TB, cluster, server string) {
 
 // inventory runs the management cluster's informers, as serve does, their
 // changes relayed to the scan once it starts.
-func (f *fleet) inventory(t testing.TB, ctx context.Context) *live.Enforcer {
+func (f *fleet) inventory(t testing.TB, ctx context.Context) *clusterenforcer.Enforcer {
 	t.Helper()
 	f.changes = &informers.Relay{}
 	relay := func(c informers.Change) {
 		f.changes.Send(c)
 		f.relayed.Add(1)
 	}
-	e, err := live.Start(ctx, kubeclient.Clients{Dynamic: f.mgmt, Mapper: f.mapper}, live.Options{OnChange: relay, Engine: testcluster.Engine(t)})
+	e, err := clusterenforcer.Start(ctx, kubeclient.Clients{Dynamic: f.mgmt, Mapper: f.mapper}, clusterenforcer.Options{OnChange: relay, Engine: testcluster.Engine(t)})
 	require.NoError(t, err)
-	require.NoError(t, live.WaitReady(ctx, e.Syncer.Ready, 5*time.Minute))
+	require.NoError(t, clusterenforcer.WaitReady(ctx, e.Syncer.Ready, 5*time.Minute))
 	for _, n := range e.Inventory.Count() {
 		f.objects += int64(n)
 	}
@@ -215,7 +215,7 @@ func (f *fleet) inventory(t testing.TB, ctx context.Context) *live.Enforcer {
 }
 
 // start runs the orphan scan over the inventory, as serve does.
-func (f *fleet) start(t testing.TB, ctx context.Context, e *live.Enforcer) {
+func (f *fleet) start(t testing.TB, ctx context.Context, e *clusterenforcer.Enforcer) {
 	t.Helper()
 	clients := kubeclient.Clients{Dynamic: f.mgmt, Mapper: f.mapper}
 	scan := serve.OrphanScan{Management: clients, Kube: f.secrets, Enforcer: e, Changes: f.changes, Registry: f.reg,
