@@ -19,12 +19,12 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 )

@@ -9,12 +9,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 )
 
 // syncTimeout bounds how long a live check waits for its caches.

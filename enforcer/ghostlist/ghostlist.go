@@ -18,12 +18,12 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"

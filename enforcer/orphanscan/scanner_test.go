@@ -19,10 +19,10 @@ import (
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"

@@ -26,9 +26,9 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/engine"
-	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 )
 
 // Routes, also the values of the metrics' route label.

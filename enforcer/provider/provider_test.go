@@ -21,9 +21,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
+	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/internal/stacks"
 	"github.com/nodeguard/nodeguard/internal/testcluster"

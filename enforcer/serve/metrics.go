@@ -12,8 +12,8 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
-	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
+	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/version"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 )

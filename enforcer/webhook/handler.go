@@ -30,8 +30,8 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 )
 
 // MaxBodyBytes bounds an AdmissionReview (requestlimits.MaxBodyBytes).

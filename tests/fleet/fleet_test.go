@@ -34,9 +34,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/internal/stacks"
