@@ -268,7 +268,7 @@ func (r *Recorder) enqueue(o occurrence) {
 	select {
 	case r.queue <- o:
 	default:
-		r.opts.Metrics.drop(DropQueueFull)
+		r.opts.Metrics.drop(DropQueueFull, o.event != nil)
 	}
 }
 
@@ -362,10 +362,10 @@ func (r *Recorder) observe(o occurrence) {
 	}
 	switch {
 	case r.perObject[k.objectKey] >= r.limits.PerObject:
-		r.opts.Metrics.drop(DropPerObject)
+		r.opts.Metrics.drop(DropPerObject, k.own)
 		return
 	case r.live[budget(k.own)] >= r.limits.Series:
-		r.opts.Metrics.drop(DropSeries)
+		r.opts.Metrics.drop(DropSeries, k.own)
 		return
 	}
 	r.series[k] = &series{key: k, event: ev, first: now, count: 1, last: now}
@@ -397,7 +397,7 @@ func (r *Recorder) flush(ctx context.Context) {
 			// Past twice the window its writes kept failing: give up. Never
 			// created, its occurrences are dropped; created, only its last count.
 			if !s.created {
-				r.opts.Metrics.dropN(DropWriteFailed, s.count)
+				r.opts.Metrics.dropN(DropWriteFailed, s.count, k.own)
 			}
 			delete(r.series, k)
 			r.live[budget(k.own)]--
@@ -466,7 +466,7 @@ func (r *Recorder) write(ctx context.Context, w write, now time.Time) error {
 		op = OpCreate
 		err = r.create(wctx, t, s, w)
 	}
-	r.opts.Metrics.wrote(op, err)
+	r.opts.Metrics.wrote(op, err, s.key.own)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s.lastWrite = now

@@ -207,7 +207,7 @@ func (d *describing) MustRegister(cs ...prometheus.Collector) {
 
 // exported returns the metrics nodeguard serve exports, registered as serve
 // registers them, and the type of those that have series already.
-func exported(t *testing.T) (map[string]bool, map[string]dto.MetricType) {
+func exported(t *testing.T) (map[string]bool, map[string]dto.MetricType, map[string]bool) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	d := &describing{Registerer: reg, names: map[string]bool{}}
@@ -221,11 +221,12 @@ func exported(t *testing.T) (map[string]bool, map[string]dto.MetricType) {
 	require.NoError(t, err)
 	families, err := reg.Gather()
 	require.NoError(t, err)
-	types := map[string]dto.MetricType{}
+	types, deprecated := map[string]dto.MetricType{}, map[string]bool{}
 	for _, f := range families {
 		types[f.GetName()] = f.GetType()
+		deprecated[f.GetName()] = strings.HasPrefix(f.GetHelp(), "(Deprecated")
 	}
-	return d.names, types
+	return d.names, types, deprecated
 }
 
 // selected is what promqlnames (tools/promtool) says one expression selects.
@@ -298,7 +299,7 @@ func TestQueriesReadExportedMetrics(t *testing.T) {
 	require.NoError(t, json.Unmarshal(tool(t, in, "go", "-C", "tools/promtool", "run", "./promqlnames"), &results))
 	require.Len(t, results, len(exprs))
 
-	names, types := exported(t)
+	names, types, deprecated := exported(t)
 	exportedName := func(m string) bool {
 		if names[m] {
 			return true
@@ -333,6 +334,7 @@ func TestQueriesReadExportedMetrics(t *testing.T) {
 		for _, s := range r.Selectors {
 			used[s.Metric] = true
 			assert.True(t, exportedName(s.Metric), "%s reads %s, which nodeguard serve does not export", r.Expr, s.Metric)
+			assert.False(t, deprecated[s.Metric], "%s reads %s, kept under its old name for a release only", r.Expr, s.Metric)
 			for _, m := range s.Matchers {
 				if m.Name != "reason" {
 					continue
