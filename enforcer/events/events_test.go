@@ -166,7 +166,9 @@ func TestAFloodOfDenialsLeavesRoomForOwnEvents(t *testing.T) {
 	assert.Equal(t, 4.0, f.dropped(DropSeries)+f.dropped(DropPerObject), "and nothing else dropped")
 	// The names these series had while only denials were recorded still
 	// count the denials alone.
-	deprecated := func(v *prometheus.CounterVec, labels ...string) float64 { return testutil.ToFloat64(v.WithLabelValues(labels...)) }
+	deprecated := func(v *prometheus.CounterVec, labels ...string) float64 {
+		return testutil.ToFloat64(v.WithLabelValues(labels...))
+	}
 	assert.Equal(t, 4.0, deprecated(f.metrics.deprecatedDropped, DropSeries)+deprecated(f.metrics.deprecatedDropped, DropPerObject))
 	assert.Equal(t, f.writes(OpCreate, "ok")-1, deprecated(f.metrics.deprecatedWrites, OpCreate, "ok"), "every create but the GhostNode's")
 }
