@@ -35,8 +35,9 @@ type Metrics struct {
 	deprecatedWrites  *prometheus.CounterVec
 }
 
-// Deprecated is how the help of a metric kept under its old name begins.
-const Deprecated = "(Deprecated: goes in a later release; use %s, which counts nodeguard's own Events too.) "
+// deprecatedHelp is how the help of a metric kept under its old name begins
+// (internal/monitoring keeps dashboards and alerts off such metrics by it).
+const deprecatedHelp = "(Deprecated: goes in a later release; use %s, which counts nodeguard's own Events too.) "
 
 // NewMetrics registers nodeguard_events_dropped_total{reason} and
 // nodeguard_event_writes_total{operation,result}, and their deprecated names
@@ -53,9 +54,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"Occurrences (denied Node deletes, nodeguard's own findings and actions) "+droppedHelp, "reason"),
 		writes: r.CounterVec("nodeguard_event_writes_total", "Event writes "+writesHelp, "operation", "result"),
 		deprecatedDropped: r.CounterVec("nodeguard_denial_events_dropped_total",
-			fmt.Sprintf(Deprecated, "nodeguard_events_dropped_total")+"Denied Node deletes "+droppedHelp, "reason"),
+			fmt.Sprintf(deprecatedHelp, "nodeguard_events_dropped_total")+"Denied Node deletes "+droppedHelp, "reason"),
 		deprecatedWrites: r.CounterVec("nodeguard_denial_event_writes_total",
-			fmt.Sprintf(Deprecated, "nodeguard_event_writes_total")+"Event writes for denied Node deletes "+writesHelp, "operation", "result"),
+			fmt.Sprintf(deprecatedHelp, "nodeguard_event_writes_total")+"Event writes for denied Node deletes "+writesHelp, "operation", "result"),
 	}
 	for _, r := range []string{DropQueueFull, DropPerObject, DropSeries, DropWriteFailed} {
 		m.dropped.WithLabelValues(r)

@@ -148,9 +148,6 @@ func (s *Shape) Scalars() []Path { return slices.Clone(s.paths[fixedSlots:]) }
 // Lists are the list fields kept.
 func (s *Shape) Lists() []Path { return slices.Clone(s.spec.Lists) }
 
-// Indexes are the tuples an Index of these records finds them by.
-func (s *Shape) Indexes() [][]Path { return s.spec.Indexes }
-
 // IndexOf returns the position of tuple among the shape's indexes, or -1.
 func (s *Shape) IndexOf(tuple []Path) int {
 	return slices.IndexFunc(s.spec.Indexes, func(have []Path) bool {
