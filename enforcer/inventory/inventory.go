@@ -34,20 +34,15 @@ const (
 	InfraMachinePool = linkmodel.InfraMachinePool
 )
 
-// indexName is the index of one link: the objects whose fields would match
-// a Node's values for it.
-func indexName(l linkmodel.Link) string { return "nodeguard.link." + l.Type }
-
-// keySep joins the values of a link with several fields; no Kubernetes name
-// or providerID holds it.
+// keySep joins the parts of a reference key; no Kubernetes name holds it.
 const keySep = "\x00"
 
-// Indexers returns the indexes the stores of a role carry: one per link of
-// that role, except links that name an object by namespace and name (the
-// store's own key finds those).
+// Indexers returns the indexes the stores of a role carry: its shape's, one
+// per link of that role that does not name an object by namespace and name
+// (the store's own key finds those), and for a referrer the reference index.
 func (inv *Inventory) Indexers(role Role) cache.Indexers {
-	out := cache.Indexers{}
 	shape := inv.model.Shape(role)
+	out := shape.Indexers()
 	if slots, ok := inv.model.ReferenceSlots(role); ok {
 		out[referenceIndex] = func(obj any) ([]string, error) {
 			r, err := recordOf(obj)
@@ -58,45 +53,7 @@ func (inv *Inventory) Indexers(role Role) cache.Indexers {
 			if !ok {
 				return nil, nil
 			}
-			return []string{referenceKey(ref.GVK.Group, ref.GVK.Kind, ref.Namespace, ref.Name)}, nil
-		}
-	}
-	for _, l := range inv.model.LinksOf(role) {
-		if _, _, keyed := l.Keyed(); keyed {
-			continue
-		}
-		name := indexName(l)
-		if l.Match == linkmodel.Contains {
-			slot := shape.ListSlot(l.Fields[0])
-			out[name] = func(obj any) ([]string, error) {
-				r, err := recordOf(obj)
-				if err != nil {
-					return nil, fmt.Errorf("index %s: %w", name, err)
-				}
-				var ids []string
-				for _, id := range r.List(slot) {
-					if id != "" {
-						ids = append(ids, id)
-					}
-				}
-				return ids, nil
-			}
-			continue
-		}
-		slots := make([]int, len(l.Fields))
-		for i, f := range l.Fields {
-			slots[i] = shape.Slot(f)
-		}
-		out[name] = func(obj any) ([]string, error) {
-			r, err := recordOf(obj)
-			if err != nil {
-				return nil, fmt.Errorf("index %s: %w", name, err)
-			}
-			key, ok := key(r, slots)
-			if !ok {
-				return nil, nil
-			}
-			return []string{key}, nil
+			return []string{shape.Bucket(referenceKey(ref.GVK.Group, ref.GVK.Kind, ref.Namespace, ref.Name))}, nil
 		}
 	}
 	return out
@@ -105,29 +62,12 @@ func (inv *Inventory) Indexers(role Role) cache.Indexers {
 // referenceIndex indexes a referrer's records by the object their reference
 // names, so that a change of that object finds the Nodes the referrers link
 // it to. It leaves out the version: a v1beta2 ref names none, and a v1beta1
-// one need not name the version cached.
+// one need not name the version cached. Like the shape's indexes it holds
+// buckets (record.Shape.Bucket): Referring checks what it finds.
 const referenceIndex = "nodeguard.reference"
 
 func referenceKey(group, kind, namespace, name string) string {
 	return strings.Join([]string{group, kind, namespace, name}, keySep)
-}
-
-// key joins the record's values in slots; false when one is empty (a link
-// never matches an empty value).
-func key(r *record.Record, slots []int) (string, bool) {
-	if len(slots) == 1 {
-		v, _ := r.Value(slots[0])
-		return v, v != ""
-	}
-	parts := make([]string, len(slots))
-	for i, slot := range slots {
-		v, _ := r.Value(slot)
-		if v == "" {
-			return "", false
-		}
-		parts[i] = v
-	}
-	return strings.Join(parts, keySep), true
 }
 
 // NewStore returns an indexer with the indexes of role, for objects that do
@@ -258,19 +198,21 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 		}
 		nsAt, nameAt, keyed := l.Keyed()
 		if !keyed {
-			key := strings.Join(values, keySep)
+			shape := inv.model.Shape(l.Role)
+			t := shape.IndexOf(l.Fields)
 			p.each(l.Role, func(gvk schema.GroupVersionKind, s cache.Indexer) bool {
-				items, _ := s.ByIndex(indexName(l), key)
-				p.add(gvk, items...)
+				for _, r := range shape.Find(s, t, values) {
+					p.add(gvk, r)
+				}
 				return false
 			})
 			continue
 		}
 		ns, name := values[nsAt], values[nameAt]
 		found := p.each(l.Role, func(gvk schema.GroupVersionKind, s cache.Indexer) bool {
-			item, ok, _ := s.GetByKey(ns + "/" + name)
+			r, ok := get(s, ns+"/"+name)
 			if ok {
-				p.add(gvk, item)
+				p.add(gvk, r)
 			}
 			return ok
 		})
@@ -306,36 +248,40 @@ func (p *picker) each(role Role, f func(schema.GroupVersionKind, cache.Indexer) 
 	return found
 }
 
-// add picks stored items of kind gvk not picked yet; a referrer's reference
-// becomes a ref, and the object it names, in every version cached, is picked
-// too.
-func (p *picker) add(gvk schema.GroupVersionKind, items ...any) {
-	for _, item := range items {
-		r, err := recordOf(item)
-		if err != nil {
+// add picks r, a stored record of kind gvk, unless picked already; a
+// referrer's reference becomes a ref, and the object it names, in every
+// version cached, is picked too.
+func (p *picker) add(gvk schema.GroupVersionKind, r *record.Record) {
+	key := Ref{GVK: gvk, Namespace: r.Namespace(), Name: r.Name()}
+	if p.picked[key] {
+		return
+	}
+	p.picked[key] = true
+	p.objs = append(p.objs, r.Unstructured())
+	ref, ok := p.inv.ReferenceOf(r)
+	if !ok || p.followed[ref] {
+		return
+	}
+	p.followed[ref] = true
+	p.refs = append(p.refs, ref)
+	for _, gvk := range p.inv.order {
+		if gvk.Group != ref.GVK.Group || gvk.Kind != ref.GVK.Kind {
 			continue
 		}
-		key := Ref{GVK: gvk, Namespace: r.Namespace(), Name: r.Name()}
-		if p.picked[key] {
-			continue
-		}
-		p.picked[key] = true
-		p.objs = append(p.objs, r.Unstructured())
-		ref, ok := p.inv.ReferenceOf(r)
-		if !ok || p.followed[ref] {
-			continue
-		}
-		p.followed[ref] = true
-		p.refs = append(p.refs, ref)
-		for _, gvk := range p.inv.order {
-			if gvk.Group != ref.GVK.Group || gvk.Kind != ref.GVK.Kind {
-				continue
-			}
-			if item, ok, _ := p.inv.stores[gvk].indexer.GetByKey(ref.Namespace + "/" + ref.Name); ok {
-				p.add(gvk, item)
-			}
+		if named, ok := get(p.inv.stores[gvk].indexer, ref.Namespace+"/"+ref.Name); ok {
+			p.add(gvk, named)
 		}
 	}
+}
+
+// get returns the record stored under key.
+func get(s cache.Indexer, key string) (*record.Record, bool) {
+	item, ok, _ := s.GetByKey(key)
+	if !ok {
+		return nil, false
+	}
+	r, err := recordOf(item)
+	return r, err == nil
 }
 
 // Referring returns, by role, the cached referrers (Machines, MachinePools)
@@ -357,14 +303,19 @@ func (inv *Inventory) Referring(role Role, r *record.Record) map[Role][]*record.
 		if ref, ok := inv.model.Referrers[s.role]; !ok || ref.Names != role {
 			continue
 		}
-		items, _ := s.indexer.ByIndex(referenceIndex, key)
+		items, _ := s.indexer.ByIndex(referenceIndex, inv.model.Shape(s.role).Bucket(key))
 		for _, item := range items {
-			if rec, err := recordOf(item); err == nil {
-				if out == nil {
-					out = map[Role][]*record.Record{}
-				}
-				out[s.role] = append(out[s.role], rec)
+			rec, err := recordOf(item)
+			if err != nil {
+				continue
 			}
+			if ref, ok := inv.ReferenceOf(rec); !ok || referenceKey(ref.GVK.Group, ref.GVK.Kind, ref.Namespace, ref.Name) != key {
+				continue // another reference in the same bucket
+			}
+			if out == nil {
+				out = map[Role][]*record.Record{}
+			}
+			out[s.role] = append(out[s.role], rec)
 		}
 	}
 	return out

@@ -266,4 +266,15 @@ func TestReferringFindsTheMachinesThatNameAnInfraMachine(t *testing.T) {
 	assert.ElementsMatch(t, []string{"default/m", "default/old"}, names)
 	assert.Len(t, got, 1, "only Machines reference DockerMachines")
 	assert.Empty(t, inv.Referring(inventory.InfraMachine, inv.Record(obj(dockerMachine, "default", "none", nil), inventory.InfraMachine)))
+
+	// The index holds buckets of references, shared by many at this count:
+	// each DockerMachine still finds exactly its own Machine.
+	for i := range 10000 {
+		add(t, inv, machines, inventory.Machine, machine("fleet", fmt.Sprintf("m-%d", i), "", "", fmt.Sprintf("dm-%d", i)))
+	}
+	for _, i := range []int{0, 1, 4096, 9999} {
+		got := inv.Referring(inventory.InfraMachine, inv.Record(obj(dockerMachine, "fleet", fmt.Sprintf("dm-%d", i), nil), inventory.InfraMachine))
+		require.Len(t, got[inventory.Machine], 1, "dm-%d", i)
+		assert.Equal(t, fmt.Sprintf("m-%d", i), got[inventory.Machine][0].Name())
+	}
 }

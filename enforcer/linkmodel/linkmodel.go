@@ -372,6 +372,12 @@ func (m *Model) spec(role Role) record.Spec {
 				add(&s.Scalars, f)
 			}
 		}
+		// A link by namespace and name finds its object by the store's key.
+		if _, _, keyed := l.Keyed(); !keyed && !slices.ContainsFunc(s.Indexes, func(have []Path) bool {
+			return slices.EqualFunc(have, l.Fields, func(a, b Path) bool { return slices.Equal(a, b) })
+		}) {
+			s.Indexes = append(s.Indexes, l.Fields)
+		}
 	}
 	return s
 }

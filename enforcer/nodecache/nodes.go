@@ -27,28 +27,26 @@ func ShapeOf(e *engine.Engine) (*record.Shape, error) {
 	return s, nil
 }
 
-// Nodes is one cluster's Node cache: the reduced Nodes by name, and an index
-// from each link's Node values to the Nodes holding them, so an object's
-// values find the Nodes it could link (the index may name a Node that is not
-// linked, never omit one that is).
-// It is fed by an informer's events (Watch) or directly (tests).
+// Nodes is one cluster's Node cache: the reduced Nodes by name, indexed by
+// each link's Node values (the shape's index tuples), so an object's values
+// find the Nodes it could link.
+// It is fed by an informer (Watch) or directly (tests).
 type Nodes struct {
 	shape    *record.Shape
-	store    cache.Store
-	index    *record.Index
+	store    cache.Indexer
 	onChange func(name string)
 	count    atomic.Int64 // Nodes added and not deleted: Len without a walk
 }
 
 // NewNodes returns an empty cache of Nodes of shape (linkmodel's
-// NodeCacheShape) over store (nil: its own) that calls onChange (when set)
-// with the name of each Node added, deleted, or changed in what the criteria
-// read.
-func NewNodes(shape *record.Shape, store cache.Store, onChange func(name string)) *Nodes {
+// NodeCacheShape) over store (nil: its own; else one carrying
+// shape.Indexers()) that calls onChange (when set) with the name of each
+// Node added, deleted, or changed in what the criteria read.
+func NewNodes(shape *record.Shape, store cache.Indexer, onChange func(name string)) *Nodes {
 	if store == nil {
-		store = cache.NewStore(cache.MetaNamespaceKeyFunc)
+		store = cache.NewIndexer(cache.MetaNamespaceKeyFunc, shape.Indexers())
 	}
-	return &Nodes{shape: shape, store: store, index: record.NewIndex(shape), onChange: onChange}
+	return &Nodes{shape: shape, store: store, onChange: onChange}
 }
 
 // Shape is what the cache keeps of a Node.
@@ -104,15 +102,13 @@ func (c *Nodes) Delete(name string) error {
 
 func (c *Nodes) added(n *record.Record) {
 	c.count.Add(1)
-	c.index.Update(nil, n)
 	c.changed(n.Name())
 }
 
-// updated re-indexes n; a change is one the criteria read: every kept
-// string but the resourceVersion, which a kubelet's status report changes
-// without changing anything judged.
+// updated reports a change the criteria read: every kept string but the
+// resourceVersion, which a kubelet's status report changes without changing
+// anything judged.
 func (c *Nodes) updated(old, n *record.Record) {
-	c.index.Update(old, n)
 	if old.EqualIgnoring(n, linkmodel.Path{"metadata", "resourceVersion"}) {
 		return
 	}
@@ -124,7 +120,6 @@ func (c *Nodes) updated(old, n *record.Record) {
 
 func (c *Nodes) deleted(n *record.Record) {
 	c.count.Add(-1)
-	c.index.Update(n, nil)
 	c.changed(n.Name())
 }
 
@@ -136,8 +131,7 @@ func (c *Nodes) changed(name string) {
 
 // Linked returns the Nodes that an object with these values for link l's
 // fields could be linked to (each of values is one tuple, in the order of
-// l.Fields; a "contains" link gives one tuple per list entry). It may name a
-// Node that is not linked, never omit one that is.
+// l.Fields; a "contains" link gives one tuple per list entry).
 func (c *Nodes) Linked(l linkmodel.Link, values [][]string) []string {
 	var out []string
 	if len(l.Node) == 1 && slices.Equal(l.Node[0], linkmodel.Path{"metadata", "name"}) {
@@ -152,7 +146,7 @@ func (c *Nodes) Linked(l linkmodel.Link, values [][]string) []string {
 	}
 	t := c.shape.IndexOf(l.Node)
 	for _, v := range values {
-		for _, n := range c.index.Find(t, v) {
+		for _, n := range c.shape.Find(c.store, t, v) {
 			out = append(out, n.Name())
 		}
 	}

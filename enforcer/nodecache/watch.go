@@ -91,9 +91,9 @@ func NewWatch(opts WatchOptions) (*Watch, error) {
 			return w, err
 		},
 	}
-	informer := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), example,
-		cache.SharedIndexInformerOptions{ObjectDescription: "Nodes (orphan criteria)"})
 	shape := opts.Shape
+	informer := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), example,
+		cache.SharedIndexInformerOptions{ObjectDescription: "Nodes (orphan criteria)", Indexers: shape.Indexers()})
 	if err := informer.SetTransform(func(obj any) (any, error) {
 		switch obj.(type) {
 		case *record.Record, cache.DeletedFinalStateUnknown:
@@ -108,7 +108,7 @@ func NewWatch(opts WatchOptions) (*Watch, error) {
 	if err := informer.SetWatchErrorHandlerWithContext(func(context.Context, *cache.Reflector, error) {}); err != nil {
 		return nil, fmt.Errorf("nodecache: set watch error handler: %w", err)
 	}
-	w := &Watch{Nodes: NewNodes(shape, informer.GetStore(), opts.OnChange), informer: informer}
+	w := &Watch{Nodes: NewNodes(shape, informer.GetIndexer(), opts.OnChange), informer: informer}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if n, ok := obj.(*record.Record); ok {

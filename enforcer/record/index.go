@@ -1,124 +1,123 @@
 package record
 
 import (
+	"fmt"
 	"hash/maphash"
 	"slices"
-	"sync"
+	"strconv"
+
+	"k8s.io/client-go/tools/cache"
 )
 
-// Index finds records by the values of their shape's index tuples
-// (Spec.Indexes). It holds hashes, not the values, and points at the records
-// (8 bytes each): a collision only names an extra record, never misses one,
-// so a reader checks what it finds. It is safe for concurrent use.
-type Index struct {
-	shape *Shape
-	seed  maphash.Seed
+// Records are found by their index tuples (Spec.Indexes) through client-go
+// indexes, which an informer updates in the same critical section as its
+// store: a lookup never misses a record the store holds, which a guard's
+// decision needs. client-go keeps a set of object keys per distinct index
+// value (~250 bytes for a set of one, so a providerID index alone cost ~250 B
+// per object); the value indexed here is one of a fixed number of buckets of
+// the tuple's hash, so the sets are few and shared, and a lookup keeps the
+// bucket's records that hold the values.
+const buckets = 1 << 12
 
-	mu    sync.Mutex
-	first []map[uint64]*Record   // per tuple: hash -> a record
-	more  []map[uint64][]*Record // hashes held by more than one record
-}
-
-// NewIndex returns an empty index of records of shape.
-func NewIndex(shape *Shape) *Index {
-	x := &Index{shape: shape, seed: maphash.MakeSeed()}
-	for range shape.spec.Indexes {
-		x.first = append(x.first, map[uint64]*Record{})
-		x.more = append(x.more, map[uint64][]*Record{})
+// bucketNames are the index values, made once: an index value is then never
+// allocated, in an informer's store or in a lookup.
+var bucketNames = func() (names [buckets]string) {
+	for i := range names {
+		names[i] = strconv.FormatUint(uint64(i), 36)
 	}
-	return x
-}
+	return names
+}()
 
-// Update moves a record's entries from old's values to r's; either may be
-// nil (an add, a delete).
-func (x *Index) Update(old, r *Record) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	for t, slots := range x.shape.indexSlots {
-		if old != nil {
-			if h, ok := x.recordHash(t, slots, old); ok {
-				x.remove(t, h, old)
+// IndexName is the client-go index of the shape's tuple t.
+func IndexName(t int) string { return "record.index." + strconv.Itoa(t) }
+
+// Indexers returns the client-go indexes of the shape's tuples, for the
+// store (or informer) that holds its records.
+func (s *Shape) Indexers() cache.Indexers {
+	out := cache.Indexers{}
+	for t := range s.indexes {
+		out[IndexName(t)] = func(obj any) ([]string, error) {
+			r, ok := obj.(*Record)
+			if !ok || r.shape != s {
+				return nil, fmt.Errorf("index %s: %T is not a record of this shape", IndexName(t), obj)
 			}
-		}
-		if r != nil {
-			if h, ok := x.recordHash(t, slots, r); ok {
-				x.insert(t, h, r)
-			}
+			return s.indexValues(t, r), nil
 		}
 	}
+	return out
 }
 
-// Find returns the records whose values for index tuple t (Shape.IndexOf)
-// may be values; none for a tuple with an empty value, on which a link never
-// holds.
-func (x *Index) Find(t int, values []string) []*Record {
-	if t < 0 || t >= len(x.first) || len(values) != len(x.shape.indexSlots[t]) || slices.Contains(values, "") {
+// indexValues returns the buckets r is found in for tuple t: one for a
+// tuple of strings, one per list entry for a list; none when a value is
+// missing or empty, on which a link never holds.
+func (s *Shape) indexValues(t int, r *Record) []string {
+	x := s.indexes[t]
+	if x.list >= 0 {
+		var out []string
+		for _, v := range r.List(x.list) {
+			if v == "" {
+				continue
+			}
+			if b := s.bucket(t, v); !slices.Contains(out, b) {
+				out = append(out, b)
+			}
+		}
+		return out
+	}
+	values := make([]string, len(x.slots))
+	for i, slot := range x.slots {
+		if values[i], _ = r.Value(slot); values[i] == "" {
+			return nil
+		}
+	}
+	return []string{s.bucket(t, values...)}
+}
+
+// Find returns the records in store (which carries s.Indexers()) whose
+// values for tuple t (IndexOf) are values, or whose list holds values[0]
+// for a list tuple; none for an empty value.
+func (s *Shape) Find(store cache.Indexer, t int, values []string) []*Record {
+	if t < 0 || t >= len(s.indexes) || len(values) != s.indexes[t].width() || slices.Contains(values, "") {
 		return nil
 	}
+	// ByIndex fails only for an index the store lacks: then nothing is found
+	// through it, as for any store not built with s.Indexers().
+	items, _ := store.ByIndex(IndexName(t), s.bucket(t, values...))
+	var out []*Record
+	for _, item := range items {
+		if r, ok := item.(*Record); ok && s.holds(t, r, values) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// holds reports whether r's values for tuple t are values.
+func (s *Shape) holds(t int, r *Record, values []string) bool {
+	x := s.indexes[t]
+	if x.list >= 0 {
+		return slices.Contains(r.List(x.list), values[0])
+	}
+	for i, slot := range x.slots {
+		if v, _ := r.Value(slot); v != values[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Bucket is the index value of key in an index of the caller's own over
+// records of s (a key the tuples cannot state, such as a normalised
+// reference); its lookups must check what they find, as Find does.
+func (s *Shape) Bucket(key string) string { return s.bucket(-1, key) }
+
+func (s *Shape) bucket(t int, values ...string) string {
 	var h maphash.Hash
-	x.start(&h, t)
+	h.SetSeed(s.seed)
+	h.WriteByte(byte(t))
 	for _, v := range values {
 		h.WriteString(v)
 		h.WriteByte(0)
 	}
-	sum := h.Sum64()
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	r, ok := x.first[t][sum]
-	if !ok {
-		return nil
-	}
-	return append([]*Record{r}, x.more[t][sum]...)
-}
-
-func (x *Index) start(h *maphash.Hash, t int) {
-	h.SetSeed(x.seed)
-	h.WriteByte(byte(t))
-}
-
-// recordHash hashes r's values for tuple t; false when one is missing or
-// empty.
-func (x *Index) recordHash(t int, slots []int, r *Record) (uint64, bool) {
-	var h maphash.Hash
-	x.start(&h, t)
-	for _, slot := range slots {
-		v, ok := r.Value(slot)
-		if !ok || v == "" {
-			return 0, false
-		}
-		h.WriteString(v)
-		h.WriteByte(0)
-	}
-	return h.Sum64(), true
-}
-
-func (x *Index) insert(t int, h uint64, r *Record) {
-	if _, ok := x.first[t][h]; !ok {
-		x.first[t][h] = r
-		return
-	}
-	x.more[t][h] = append(x.more[t][h], r)
-}
-
-func (x *Index) remove(t int, h uint64, r *Record) {
-	if x.first[t][h] == r {
-		if rest := x.more[t][h]; len(rest) > 0 {
-			x.first[t][h] = rest[0]
-			x.setMore(t, h, rest[1:])
-		} else {
-			delete(x.first[t], h)
-		}
-		return
-	}
-	if i := slices.Index(x.more[t][h], r); i >= 0 {
-		x.setMore(t, h, slices.Delete(slices.Clone(x.more[t][h]), i, i+1))
-	}
-}
-
-func (x *Index) setMore(t int, h uint64, rs []*Record) {
-	if len(rs) == 0 {
-		delete(x.more[t], h)
-		return
-	}
-	x.more[t][h] = rs
+	return bucketNames[h.Sum64()%buckets]
 }

@@ -2,6 +2,7 @@ package record
 
 import (
 	"fmt"
+	"hash/maphash"
 	"reflect"
 	"slices"
 	"sync"
@@ -37,7 +38,8 @@ type Spec struct {
 	Lists []Path
 	// Conditions are the entries of a list of conditions kept by type.
 	Conditions Conditions
-	// Indexes are the tuples of string fields an Index finds records by.
+	// Indexes are the tuples records are found by (Find): string fields, or
+	// one list field (a record is found by each of its entries).
 	Indexes [][]Path
 }
 
@@ -53,10 +55,11 @@ type Shape struct {
 	condKeys []string
 	condSlot int
 	slots    int
-	// indexSlots are the slots of each of spec.Indexes' tuples.
-	indexSlots [][]int
-	uidSlot    int
-	rvSlot     int
+	// indexes are spec.Indexes' tuples as slots; seed hashes their values.
+	indexes []indexTuple
+	seed    maphash.Seed
+	uidSlot int
+	rvSlot  int
 	// decoded is the struct type FromJSON decodes into: a field per kept
 	// path, so nothing else of the object is built.
 	decoded reflect.Type
@@ -66,7 +69,7 @@ type Shape struct {
 
 // NewShape checks spec and derives the shape.
 func NewShape(spec Spec) (*Shape, error) {
-	s := &Shape{spec: spec, uidSlot: -1, rvSlot: -1}
+	s := &Shape{spec: spec, uidSlot: -1, rvSlot: -1, seed: maphash.MakeSeed()}
 	s.paths = []Path{{"apiVersion"}, {"kind"}, {"metadata", "namespace"}, {"metadata", "name"}}
 	for _, p := range spec.Scalars {
 		if err := checkPath(p); err != nil {
@@ -108,13 +111,11 @@ func NewShape(spec Spec) (*Shape, error) {
 			s.slots, len(c.Types), MaxSlots, MaxConditionTypes)
 	}
 	for _, tuple := range spec.Indexes {
-		slots := make([]int, len(tuple))
-		for i, p := range tuple {
-			if slots[i] = s.Slot(p); slots[i] < 0 {
-				return nil, fmt.Errorf("record: index field %s is not a kept string", p)
-			}
+		x, err := s.indexTuple(tuple)
+		if err != nil {
+			return nil, err
 		}
-		s.indexSlots = append(s.indexSlots, slots)
+		s.indexes = append(s.indexes, x)
 	}
 	s.uidSlot, s.rvSlot = s.Slot(Path{"metadata", "uid"}), s.Slot(Path{"metadata", "resourceVersion"})
 	var err error
@@ -122,6 +123,38 @@ func NewShape(spec Spec) (*Shape, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// indexTuple is one index tuple: the slots of its string fields, or the
+// list slot of its one list field (list >= 0).
+type indexTuple struct {
+	slots []int
+	list  int
+}
+
+func (x indexTuple) width() int {
+	if x.list >= 0 {
+		return 1
+	}
+	return len(x.slots)
+}
+
+func (s *Shape) indexTuple(tuple []Path) (indexTuple, error) {
+	if len(tuple) == 1 {
+		if l := s.ListSlot(tuple[0]); l >= 0 {
+			return indexTuple{list: l}, nil
+		}
+	}
+	x := indexTuple{list: -1, slots: make([]int, len(tuple))}
+	if len(tuple) == 0 {
+		return x, fmt.Errorf("record: an index tuple is empty")
+	}
+	for i, p := range tuple {
+		if x.slots[i] = s.Slot(p); x.slots[i] < 0 {
+			return x, fmt.Errorf("record: index field %s is not a kept string (nor a list indexed alone)", p)
+		}
+	}
+	return x, nil
 }
 
 func checkPath(p Path) error {
