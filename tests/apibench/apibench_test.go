@@ -58,6 +58,11 @@ var (
 	nodeguardEnv  = flag.String("nodeguard-env", "GOGC=400 GOMEMLIMIT=400MiB", "environment of nodeguard serve (default: the deployment's GC settings)")
 	gatekeeperMax = flag.Int("gatekeeper-max", 10000, "largest fleet Gatekeeper is measured at (its engine is linear in the synced inventory)")
 	nodeguardArgs = flag.String("nodeguard-args", "", "extra flags for nodeguard serve, space separated")
+	// Two builds compared in separate runs differ by the run (the API
+	// server's and etcd's state after the fill moved one build's p50 by
+	// 2-10 ms across runs), so builds are compared within one fill.
+	nodeguardBins = flag.String("nodeguard-bin", "", "nodeguard binaries to measure instead of building this tree's, comma separated: "+
+		"the i-th entry of -modes runs the (i mod n)-th, so -modes nodeguard,nodeguard,nodeguard,nodeguard with two alternates them in one fill")
 	// Pausing between deletes idles this VM's CPUs, which slows the bare API
 	// server itself (measured 1.6 -> 3.9 ms p50 with 25 ms pauses), so the
 	// loop runs back to back; `make bench-apiserver` raises nodeguard's client
@@ -95,7 +100,7 @@ func BenchmarkNodeDelete(b *testing.B) {
 	if *binDir == "" {
 		b.Skip("no kube-apiserver/etcd: run `make bench-apiserver` (it builds them with tests/e2e/tools/build.sh)")
 	}
-	nodeguardBin := buildNodeguard(b)
+	bins := nodeguardBinaries(b)
 	var results []result
 	for _, n := range sizes(b) {
 		env, cfg := apiServer(b)
@@ -105,7 +110,11 @@ func BenchmarkNodeDelete(b *testing.B) {
 		populate(b, cfg, n)
 		fmt.Printf("%d Machines and %d DockerMachines created in %s\n", n, n, time.Since(start).Round(time.Second))
 		baseline := map[string][2]time.Duration{}
-		for _, mode := range strings.Split(*modesFlag, ",") {
+		for i, mode := range strings.Split(*modesFlag, ",") {
+			nodeguardBin, label := bins[i%len(bins)], mode
+			if len(bins) > 1 && (strings.HasPrefix(mode, "nodeguard") || mode == "gatekeeper-provider") {
+				label = mode + "@" + filepath.Base(nodeguardBin)
+			}
 			if mode == "gatekeeper" && n > *gatekeeperMax {
 				b.Logf("gatekeeper at %d Machines: skipped (-gatekeeper-max %d): ~1 s per review at 10,000 already, linear in the fleet", n, *gatekeeperMax)
 				continue
@@ -118,7 +127,7 @@ func BenchmarkNodeDelete(b *testing.B) {
 				if mode == "reads" && verdict == "allowed" {
 					continue // the allowed Node has no candidates to read
 				}
-				b.Run(fmt.Sprintf("machines=%d/%s/%s", n, mode, verdict), func(b *testing.B) {
+				b.Run(fmt.Sprintf("machines=%d/%s/%s", n, label, verdict), func(b *testing.B) {
 					if mode == "reads" {
 						lat = measureReads(b, cfg)
 					} else {
@@ -135,9 +144,12 @@ func BenchmarkNodeDelete(b *testing.B) {
 					if srv.ready > 0 {
 						b.ReportMetric(srv.ready.Seconds(), "ready-s")
 						b.ReportMetric(srv.rssMiB, "rss-MiB")
+						// Once ready includes the initial list's garbage; after
+						// the deletes is the steady state the collector keeps.
+						b.ReportMetric(srv.rss(b), "rss-after-MiB")
 					}
 				})
-				r := result{size: n, mode: mode, verdict: verdict, p50: percentile(lat, 50), p99: percentile(lat, 99),
+				r := result{size: n, mode: label, verdict: verdict, p50: percentile(lat, 50), p99: percentile(lat, 99),
 					ready: srv.ready, rssMiB: srv.rssMiB, haveServer: srv.ready > 0, timeouts: timeouts}
 				if mode == "none" {
 					baseline[verdict] = [2]time.Duration{r.p50, r.p99}
@@ -252,6 +264,14 @@ func table(results []result) string {
 	return sb.String()
 }
 
+// nodeguardBinaries returns -nodeguard-bin's binaries, or this tree's build.
+func nodeguardBinaries(b *testing.B) []string {
+	if *nodeguardBins != "" {
+		return strings.Split(*nodeguardBins, ",")
+	}
+	return []string{buildNodeguard(b)}
+}
+
 // buildNodeguard builds the nodeguard binary, so it runs in its own process
 // (its memory is its own) as in a cluster.
 func buildNodeguard(b *testing.B) string {
@@ -341,6 +361,8 @@ type webhook struct {
 	stop   func()
 	ready  time.Duration
 	rssMiB float64
+	// rss reads the server's RSS now (MiB).
+	rss func(b *testing.B) float64
 }
 
 // startWebhook starts the webhook of mode, points Node deletes at it and
@@ -491,7 +513,7 @@ func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Inte
 		require.NoError(b, err)
 		require.NoError(b, webhookconfig.Apply(ctx, dynamic.NewForConfigOrDie(localcluster.Config(env)), vwc))
 	}
-	return webhook{stop: stop, ready: ready, rssMiB: rss}
+	return webhook{stop: stop, ready: ready, rssMiB: rss, rss: func(b *testing.B) float64 { return rssMiB(b, cmd.Process.Pid) }}
 }
 
 func freeAddr(b *testing.B) string {
