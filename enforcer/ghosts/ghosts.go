@@ -120,6 +120,10 @@ type Tracker struct {
 
 	mu     sync.Mutex
 	ghosts map[key]*ghost
+	// gone are the clusters ForgetCluster dropped, until AddCluster: a
+	// judgment in flight when its cluster went brings back neither its
+	// ghosts nor its gauge.
+	gone map[string]bool
 }
 
 type key struct{ cluster, node string }
@@ -148,7 +152,7 @@ func New(opts Options) *Tracker {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Tracker{opts: opts, ghosts: map[key]*ghost{}}
+	return &Tracker{opts: opts, ghosts: map[key]*ghost{}, gone: map[string]bool{}}
 }
 
 func (tr *Tracker) protection(cluster string) Protection {
@@ -168,6 +172,10 @@ func (tr *Tracker) protection(cluster string) Protection {
 func (tr *Tracker) Observe(ctx context.Context, t Target, g orphans.Ghost, now time.Time, untaint bool) (time.Time, error) {
 	k := key{cluster: t.Cluster, node: g.Node}
 	tr.mu.Lock()
+	if tr.gone[t.Cluster] {
+		tr.mu.Unlock()
+		return time.Time{}, nil
+	}
 	have := tr.ghosts[k]
 	if !g.Ghost {
 		delete(tr.ghosts, k)
@@ -290,10 +298,19 @@ func (tr *Tracker) Forget(cluster, node string) {
 	}
 }
 
-// ForgetCluster drops every ghost of a cluster no longer judged.
+// AddCluster lets a cluster be judged again after ForgetCluster.
+func (tr *Tracker) AddCluster(cluster string) {
+	tr.mu.Lock()
+	delete(tr.gone, cluster)
+	tr.mu.Unlock()
+}
+
+// ForgetCluster drops every ghost of a cluster no longer judged, and its
+// gauge, and ignores its verdicts until AddCluster.
 func (tr *Tracker) ForgetCluster(cluster string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
+	tr.gone[cluster] = true
 	for k := range tr.ghosts {
 		if k.cluster == cluster {
 			delete(tr.ghosts, k)
@@ -307,6 +324,9 @@ func (tr *Tracker) ForgetCluster(cluster string) {
 func (tr *Tracker) report(cluster string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
+	if tr.gone[cluster] {
+		return
+	}
 	n := 0
 	for k, g := range tr.ghosts {
 		if k.cluster == cluster && g.confirmed {

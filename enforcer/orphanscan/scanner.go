@@ -138,6 +138,10 @@ func New(opts Options) (*Scanner, error) {
 // every Node of it is judged once the cache has synced.
 func (s *Scanner) AddCluster(name string, nodes Nodes, target reaper.Target) {
 	target.Cluster = name
+	s.opts.Reaper.AddCluster(name)
+	if s.opts.Ghosts != nil {
+		s.opts.Ghosts.AddCluster(name)
+	}
 	s.mu.Lock()
 	s.clusters[name] = &cluster{name: name, nodes: nodes, target: target}
 	s.mu.Unlock()

@@ -95,6 +95,10 @@ type Reaper struct {
 
 	mu   sync.Mutex
 	seen map[nodeKey]sighting
+	// gone are the clusters ForgetCluster dropped, until AddCluster: a
+	// judgment in flight when its cluster went brings back neither its
+	// Nodes nor its gauge.
+	gone map[string]bool
 }
 
 type nodeKey struct{ cluster, node string }
@@ -118,7 +122,7 @@ func New(opts Options) (*Reaper, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Reaper{opts: opts, seen: map[nodeKey]sighting{}}, nil
+	return &Reaper{opts: opts, seen: map[nodeKey]sighting{}, gone: map[string]bool{}}, nil
 }
 
 // Outcome says what Observe made of a verdict.
@@ -152,6 +156,10 @@ func (r *Reaper) Observe(ctx context.Context, t Target, v orphans.Verdict, now t
 	}
 	grace := r.opts.Finder.Grace()
 	r.mu.Lock()
+	if r.gone[t.Cluster] {
+		r.mu.Unlock()
+		return Kept, time.Time{}, nil
+	}
 	s, ok := r.seen[k]
 	if !ok || s.uid != v.UID {
 		// First seen, or a Node re-registered under the name: start over.
@@ -197,16 +205,24 @@ func (r *Reaper) Forget(cluster, node string) {
 	}
 }
 
+// AddCluster lets a cluster be judged again after ForgetCluster.
+func (r *Reaper) AddCluster(cluster string) {
+	r.mu.Lock()
+	delete(r.gone, cluster)
+	r.mu.Unlock()
+}
+
 // ForgetCluster drops every Node of a cluster no longer judged, and its
-// gauge.
+// gauge, and ignores its verdicts until AddCluster.
 func (r *Reaper) ForgetCluster(cluster string) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.gone[cluster] = true
 	for k := range r.seen {
 		if k.cluster == cluster {
 			delete(r.seen, k)
 		}
 	}
-	r.mu.Unlock()
 	if r.opts.Metrics != nil {
 		r.opts.Metrics.orphans.DeleteLabelValues(cluster)
 	}
@@ -236,7 +252,20 @@ func (r *Reaper) gauge(cluster string) {
 	if r.opts.Metrics == nil {
 		return
 	}
-	r.opts.Metrics.orphans.WithLabelValues(cluster).Set(float64(len(r.Orphans(cluster))))
+	// Under the lock, so a gauge counted before ForgetCluster cannot be set
+	// after it.
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gone[cluster] {
+		return
+	}
+	n := 0
+	for k := range r.seen {
+		if k.cluster == cluster {
+			n++
+		}
+	}
+	r.opts.Metrics.orphans.WithLabelValues(cluster).Set(float64(n))
 	// The counter exists at zero from the first report, so increase() sees
 	// a cluster's first deletion.
 	r.opts.Metrics.deleted.WithLabelValues(cluster)

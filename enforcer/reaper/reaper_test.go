@@ -391,6 +391,21 @@ func TestObserveSaysWhenToLookAgain(t *testing.T) {
 	f.reaper.ForgetCluster("")
 	assert.Empty(t, f.reaper.Orphans(""))
 	assert.Zero(t, testutil.CollectAndCount(f.metrics.orphans), "no series left for a cluster gone")
+
+	// A verdict judged before the cluster went and told after it changes
+	// nothing: no sighting, no series back.
+	outcome, _, err = f.reaper.Observe(ctx, f.target(), v, now)
+	require.NoError(t, err)
+	assert.Equal(t, Kept, outcome)
+	assert.Empty(t, f.reaper.Orphans(""))
+	f.reaper.Report("")
+	assert.Zero(t, testutil.CollectAndCount(f.metrics.orphans), "a verdict in flight brings no series back")
+	// Added again, it is judged again.
+	f.reaper.AddCluster("")
+	outcome, _, err = f.reaper.Observe(ctx, f.target(), v, now)
+	require.NoError(t, err)
+	assert.Equal(t, FirstSeen, outcome)
+	assert.Equal(t, 1.0, testutil.ToFloat64(f.metrics.orphans.WithLabelValues("")))
 }
 
 func TestNotTheLeaderOnlyObserves(t *testing.T) {

@@ -1,0 +1,56 @@
+package ghosts_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/enforcer/ghosts"
+	"github.com/nodeguard/nodeguard/enforcer/orphans"
+)
+
+// A Workload cluster removed while one of its Nodes was being judged: the
+// verdict told after the removal brings back neither the ghost nor its
+// series (a stale nodeguard_ghost_nodes would keep NodeguardGhostNode firing
+// for a cluster nobody watches); added again, the cluster is judged again.
+func TestAVerdictToldAfterItsClusterWentBringsNothingBack(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := ghosts.NewMetrics(reg)
+	require.NoError(t, err)
+	tr := ghosts.New(ghosts.Options{Metrics: m, Confirm: time.Second})
+	ctx := context.Background()
+	target := ghosts.Target{Cluster: "fleet/dev"}
+	g := orphans.Ghost{Node: "dev-md-0-x", ProviderID: "docker:////dev-md-0-x", Ghost: true, UID: "u1", Reason: "alive again"}
+	t0 := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	series := func() int { return testutil.CollectAndCount(reg, "nodeguard_ghost_nodes") }
+	confirm := func(at time.Time) {
+		t.Helper()
+		_, err := tr.Observe(ctx, target, g, at, false)
+		require.NoError(t, err)
+		_, err = tr.Observe(ctx, target, g, at.Add(time.Second), false)
+		require.NoError(t, err)
+	}
+
+	confirm(t0)
+	require.Len(t, tr.Ghosts(), 1)
+	require.Equal(t, 1, series())
+
+	tr.ForgetCluster("fleet/dev")
+	assert.Empty(t, tr.Ghosts())
+	assert.Zero(t, series())
+	confirm(t0.Add(time.Minute))
+	assert.Empty(t, tr.Ghosts(), "a verdict judged before the cluster went")
+	assert.Zero(t, series(), "no series back for a cluster gone")
+	tr.Forget("fleet/dev", g.Node)
+	assert.Zero(t, series(), "nor when its Node is forgotten")
+
+	tr.AddCluster("fleet/dev")
+	confirm(t0.Add(2 * time.Minute))
+	assert.Len(t, tr.Ghosts(), 1)
+	assert.Equal(t, 1, series())
+}
