@@ -97,6 +97,9 @@ func (m *Model) NodeCacheShape(fields *NodeFields) (*record.Shape, error) {
 		APIVersion: "v1", Kind: "Node",
 		Scalars:    append([]Path{{"metadata", "uid"}, {"metadata", "resourceVersion"}}, append(m.NodePaths(), fields.Paths...)...),
 		Conditions: fields.Conditions,
+		// One cache per workload cluster, often a few thousand Nodes, read
+		// off the admission path: few buckets, shared by many Nodes.
+		IndexBuckets: nodeIndexBuckets,
 	}
 	for _, l := range m.Links {
 		if len(l.Node) == 1 && isName(l.Node[0]) {
@@ -114,3 +117,7 @@ func (m *Model) NodeCacheShape(fields *NodeFields) (*record.Shape, error) {
 	}
 	return s, nil
 }
+
+// nodeIndexBuckets is the Node caches' index buckets: at 5,000 Nodes a
+// bucket holds ~20 (a lookup checks those), at 50,000 ~200.
+const nodeIndexBuckets = 256

@@ -16,12 +16,18 @@ import (
 // value (~250 bytes for a set of one, so a providerID index alone cost ~250 B
 // per object); the value indexed here is one of a fixed number of buckets of
 // the tuple's hash, so the sets are few and shared, and a lookup keeps the
-// bucket's records that hold the values.
-const buckets = 1 << 12
+// bucket's records that hold the values. A set costs ~200 B however few keys
+// it holds, so the buckets must be far fewer than the records: a shape says
+// how many (Spec.IndexBuckets), trading memory against the records a lookup
+// checks.
+const (
+	DefaultIndexBuckets = 1 << 12
+	maxIndexBuckets     = 1 << 12
+)
 
 // bucketNames are the index values, made once: an index value is then never
 // allocated, in an informer's store or in a lookup.
-var bucketNames = func() (names [buckets]string) {
+var bucketNames = func() (names [maxIndexBuckets]string) {
 	for i := range names {
 		names[i] = strconv.FormatUint(uint64(i), 36)
 	}
@@ -119,5 +125,5 @@ func (s *Shape) bucket(t int, values ...string) string {
 		h.WriteString(v)
 		h.WriteByte(0)
 	}
-	return bucketNames[h.Sum64()%buckets]
+	return bucketNames[h.Sum64()&(s.buckets-1)]
 }

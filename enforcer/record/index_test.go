@@ -82,7 +82,7 @@ func TestFindReturnsExactlyTheRecordsHoldingTheValues(t *testing.T) {
 	assert.Empty(t, s.Find(store, byPair, []string{"c-0"}), "a tuple of the wrong width")
 	assert.Empty(t, s.Find(store, 3, []string{"id-0"}), "no such tuple")
 
-	assert.LessOrEqual(t, len(store.ListIndexFuncValues(record.IndexName(byID))), 1<<12, "index values are buckets, shared")
+	assert.LessOrEqual(t, len(store.ListIndexFuncValues(record.IndexName(byID))), record.DefaultIndexBuckets, "index values are buckets, shared")
 
 	// Changes move the record at once: client-go updates its indexes with
 	// the store.
@@ -103,6 +103,21 @@ func TestFindReturnsExactlyTheRecordsHoldingTheValues(t *testing.T) {
 	assert.Error(t, err)
 }
 
+// A shape with few buckets finds the same records, its index holding no
+// more values than it has buckets.
+func TestFewBucketsFindTheSame(t *testing.T) {
+	s, err := record.NewShape(record.Spec{Scalars: []record.Path{providerID}, Indexes: [][]record.Path{{providerID}}, IndexBuckets: 4})
+	require.NoError(t, err)
+	store := cache.NewIndexer(cache.MetaNamespaceKeyFunc, s.Indexers())
+	for i := range 1000 {
+		require.NoError(t, store.Add(poolRecord(s, i)))
+	}
+	assert.LessOrEqual(t, len(store.ListIndexFuncValues(record.IndexName(0))), 4)
+	for _, i := range []int{0, 3, 999} {
+		assert.Equal(t, []string{fmt.Sprintf("p-%d", i)}, names(s.Find(store, 0, []string{fmt.Sprintf("id-%d", i)})))
+	}
+}
+
 // Bucket serves an index of the caller's own: equal keys share a bucket,
 // and the buckets are few.
 func TestBucketIsStableAndBounded(t *testing.T) {
@@ -120,8 +135,10 @@ func TestBucketIsStableAndBounded(t *testing.T) {
 
 func TestIndexTuplesMustBeKeptFields(t *testing.T) {
 	for name, spec := range map[string]record.Spec{
-		"a list beside a string": {Scalars: []record.Path{providerID}, Lists: []record.Path{idList}, Indexes: [][]record.Path{{providerID, idList}}},
-		"an empty tuple":         {Indexes: [][]record.Path{{}}},
+		"a list beside a string":     {Scalars: []record.Path{providerID}, Lists: []record.Path{idList}, Indexes: [][]record.Path{{providerID, idList}}},
+		"an empty tuple":             {Indexes: [][]record.Path{{}}},
+		"buckets not a power of two": {Scalars: []record.Path{providerID}, Indexes: [][]record.Path{{providerID}}, IndexBuckets: 100},
+		"too many buckets":           {Scalars: []record.Path{providerID}, Indexes: [][]record.Path{{providerID}}, IndexBuckets: 1 << 13},
 	} {
 		_, err := record.NewShape(spec)
 		assert.Error(t, err, name)

@@ -41,6 +41,10 @@ type Spec struct {
 	// Indexes are the tuples records are found by (Find): string fields, or
 	// one list field (a record is found by each of its entries).
 	Indexes [][]Path
+	// IndexBuckets is how many index values each tuple's records share (a
+	// power of two up to 4096; 0: DefaultIndexBuckets). Fewer cost less
+	// memory and a lookup more records to check (see index.go).
+	IndexBuckets int
 }
 
 // Shape is what records of one kind of object keep, derived from a Spec (the
@@ -58,6 +62,7 @@ type Shape struct {
 	// indexes are spec.Indexes' tuples as slots; seed hashes their values.
 	indexes []indexTuple
 	seed    maphash.Seed
+	buckets uint64
 	uidSlot int
 	rvSlot  int
 	// decoded is the struct type FromJSON decodes into: a field per kept
@@ -109,6 +114,13 @@ func NewShape(spec Spec) (*Shape, error) {
 	if s.slots > MaxSlots || len(c.Types) > MaxConditionTypes {
 		return nil, fmt.Errorf("record: %d strings and %d condition types kept, at most %d and %d",
 			s.slots, len(c.Types), MaxSlots, MaxConditionTypes)
+	}
+	s.buckets = uint64(spec.IndexBuckets)
+	if s.buckets == 0 {
+		s.buckets = DefaultIndexBuckets
+	}
+	if s.buckets > maxIndexBuckets || s.buckets&(s.buckets-1) != 0 {
+		return nil, fmt.Errorf("record: %d index buckets: a power of two up to %d", spec.IndexBuckets, maxIndexBuckets)
 	}
 	for _, tuple := range spec.Indexes {
 		x, err := s.indexTuple(tuple)
