@@ -13,13 +13,12 @@ import (
 // indexes, which an informer updates in the same critical section as its
 // store: a lookup never misses a record the store holds, which a guard's
 // decision needs. client-go keeps a set of object keys per distinct index
-// value (~250 bytes for a set of one, so a providerID index alone cost ~250 B
-// per object); the value indexed here is one of a fixed number of buckets of
-// the tuple's hash, so the sets are few and shared, and a lookup keeps the
-// bucket's records that hold the values. A set costs ~200 B however few keys
-// it holds, so the buckets must be far fewer than the records: a shape says
-// how many (Spec.IndexBuckets), trading memory against the records a lookup
-// checks.
+// value, ~200 B however few keys it holds (a providerID index cost that per
+// object); the value indexed here is one of a few buckets of the tuple's
+// hash, so the sets are shared, and a lookup keeps the bucket's records that
+// hold the values. The buckets must be far fewer than the records: a shape
+// says how many (Spec.IndexBuckets), trading memory against the records a
+// lookup checks.
 const (
 	DefaultIndexBuckets = 1 << 12
 	maxIndexBuckets     = 1 << 12
@@ -59,13 +58,11 @@ func (s *Shape) Indexers() cache.Indexers {
 func (s *Shape) indexValues(t int, r *Record) []string {
 	x := s.indexes[t]
 	if x.list >= 0 {
+		// A bucket repeated is taken once by client-go (a set).
 		var out []string
 		for _, v := range r.List(x.list) {
-			if v == "" {
-				continue
-			}
-			if b := s.bucket(t, v); !slices.Contains(out, b) {
-				out = append(out, b)
+			if v != "" {
+				out = append(out, s.bucket(t, v))
 			}
 		}
 		return out

@@ -95,6 +95,12 @@ func TestFindReturnsExactlyTheRecordsHoldingTheValues(t *testing.T) {
 	assert.Empty(t, s.Find(store, byID, []string{"id-7"}))
 	assert.Empty(t, s.Find(store, byList, []string{"id-new"}))
 
+	// A list naming one entry twice: found once, gone with its record.
+	require.NoError(t, store.Add(poolRecord(s, n, "twice", "twice")))
+	assert.Equal(t, []string{fmt.Sprintf("p-%d", n)}, names(s.Find(store, byList, []string{"twice"})))
+	require.NoError(t, store.Delete(poolRecord(s, n)))
+	assert.Empty(t, s.Find(store, byList, []string{"twice"}))
+
 	// A store without the shape's indexes finds nothing, and the indexes
 	// refuse what is not a record of the shape.
 	assert.Empty(t, s.Find(cache.NewIndexer(cache.MetaNamespaceKeyFunc, nil), byID, []string{"id-0"}))
