@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -34,9 +33,6 @@ const (
 	InfraMachinePool = linkmodel.InfraMachinePool
 )
 
-// keySep joins the parts of a reference key; no Kubernetes name holds it.
-const keySep = "\x00"
-
 // Indexers returns the indexes the stores of a role carry: its shape's, one
 // per link of that role that does not name an object by namespace and name
 // (the store's own key finds those), and for a referrer the reference index.
@@ -53,7 +49,7 @@ func (inv *Inventory) Indexers(role Role) cache.Indexers {
 			if !ok {
 				return nil, nil
 			}
-			return []string{shape.Bucket(referenceKey(ref.GVK.Group, ref.GVK.Kind, ref.Namespace, ref.Name))}, nil
+			return []string{referenceBucket(shape, ref)}, nil
 		}
 	}
 	return out
@@ -66,8 +62,9 @@ func (inv *Inventory) Indexers(role Role) cache.Indexers {
 // buckets (record.Shape.Bucket): Referring checks what it finds.
 const referenceIndex = "nodeguard.reference"
 
-func referenceKey(group, kind, namespace, name string) string {
-	return strings.Join([]string{group, kind, namespace, name}, keySep)
+// referenceBucket is ref's value in the reference index of shape's records.
+func referenceBucket(shape *record.Shape, ref Ref) string {
+	return shape.Bucket(ref.GVK.Group, ref.GVK.Kind, ref.Namespace, ref.Name)
 }
 
 // NewStore returns an indexer with the indexes of role, for objects that do
@@ -294,7 +291,7 @@ func (inv *Inventory) Referring(role Role, r *record.Record) map[Role][]*record.
 	if err != nil {
 		return nil
 	}
-	key := referenceKey(gv.Group, r.Kind(), r.Namespace(), r.Name())
+	named := Ref{GVK: schema.GroupVersionKind{Group: gv.Group, Kind: r.Kind()}, Namespace: r.Namespace(), Name: r.Name()}
 	inv.mu.RLock()
 	defer inv.mu.RUnlock()
 	var out map[Role][]*record.Record
@@ -303,13 +300,15 @@ func (inv *Inventory) Referring(role Role, r *record.Record) map[Role][]*record.
 		if ref, ok := inv.model.Referrers[s.role]; !ok || ref.Names != role {
 			continue
 		}
-		items, _ := s.indexer.ByIndex(referenceIndex, inv.model.Shape(s.role).Bucket(key))
+		items, _ := s.indexer.ByIndex(referenceIndex, referenceBucket(inv.model.Shape(s.role), named))
 		for _, item := range items {
 			rec, err := recordOf(item)
 			if err != nil {
 				continue
 			}
-			if ref, ok := inv.ReferenceOf(rec); !ok || referenceKey(ref.GVK.Group, ref.GVK.Kind, ref.Namespace, ref.Name) != key {
+			ref, ok := inv.ReferenceOf(rec)
+			ref.GVK.Version = "" // a v1beta1 ref's own; the index leaves it out
+			if !ok || ref != named {
 				continue // another reference in the same bucket
 			}
 			if out == nil {

@@ -373,10 +373,8 @@ func (m *Model) spec(role Role) record.Spec {
 			}
 		}
 		// A link by namespace and name finds its object by the store's key.
-		if _, _, keyed := l.Keyed(); !keyed && !slices.ContainsFunc(s.Indexes, func(have []Path) bool {
-			return slices.EqualFunc(have, l.Fields, func(a, b Path) bool { return slices.Equal(a, b) })
-		}) {
-			s.Indexes = append(s.Indexes, l.Fields)
+		if _, _, keyed := l.Keyed(); !keyed {
+			addIndex(&s.Indexes, l.Fields)
 		}
 	}
 	return s
@@ -477,4 +475,13 @@ func MustEmbedded() *Model {
 		panic(err)
 	}
 	return m
+}
+
+// addIndex adds tuple to a spec's index tuples, once.
+func addIndex(tuples *[][]Path, tuple []Path) {
+	if !slices.ContainsFunc(*tuples, func(have []Path) bool {
+		return slices.EqualFunc(have, tuple, func(a, b Path) bool { return slices.Equal(a, b) })
+	}) {
+		*tuples = append(*tuples, tuple)
+	}
 }

@@ -105,11 +105,7 @@ func (m *Model) NodeCacheShape(fields *NodeFields) (*record.Shape, error) {
 		if len(l.Node) == 1 && isName(l.Node[0]) {
 			continue
 		}
-		if !slices.ContainsFunc(spec.Indexes, func(have []Path) bool {
-			return slices.EqualFunc(have, l.Node, func(a, b Path) bool { return slices.Equal(a, b) })
-		}) {
-			spec.Indexes = append(spec.Indexes, l.Node)
-		}
+		addIndex(&spec.Indexes, l.Node)
 	}
 	s, err := record.NewShape(spec)
 	if err != nil {

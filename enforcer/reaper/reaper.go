@@ -232,13 +232,19 @@ func (r *Reaper) ForgetCluster(cluster string) {
 func (r *Reaper) Orphans(cluster string) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	out := r.orphans(cluster)
+	sort.Strings(out)
+	return out
+}
+
+// orphans lists the Nodes of cluster seen as orphans; the caller holds r.mu.
+func (r *Reaper) orphans(cluster string) []string {
 	var out []string
 	for k := range r.seen {
 		if k.cluster == cluster {
 			out = append(out, k.node)
 		}
 	}
-	sort.Strings(out)
 	return out
 }
 
@@ -259,13 +265,7 @@ func (r *Reaper) gauge(cluster string) {
 	if r.gone[cluster] {
 		return
 	}
-	n := 0
-	for k := range r.seen {
-		if k.cluster == cluster {
-			n++
-		}
-	}
-	r.opts.Metrics.orphans.WithLabelValues(cluster).Set(float64(n))
+	r.opts.Metrics.orphans.WithLabelValues(cluster).Set(float64(len(r.orphans(cluster))))
 	// The counter exists at zero from the first report, so increase() sees
 	// a cluster's first deletion.
 	r.opts.Metrics.deleted.WithLabelValues(cluster)

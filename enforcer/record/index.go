@@ -109,10 +109,11 @@ func (s *Shape) holds(t int, r *Record, values []string) bool {
 	return true
 }
 
-// Bucket is the index value of key in an index of the caller's own over
-// records of s (a key the tuples cannot state, such as a normalised
-// reference); its lookups must check what they find, as Find does.
-func (s *Shape) Bucket(key string) string { return s.bucket(-1, key) }
+// Bucket is the index value of a key, given as its parts, in an index of the
+// caller's own over records of s (a key the tuples cannot state, such as a
+// normalised reference); its lookups must check what they find, as Find
+// does.
+func (s *Shape) Bucket(parts ...string) string { return s.bucket(-1, parts...) }
 
 func (s *Shape) bucket(t int, values ...string) string {
 	var h maphash.Hash

@@ -130,9 +130,9 @@ func TestBucketIsStableAndBounded(t *testing.T) {
 	s := poolShape(t)
 	seen := map[string]bool{}
 	for i := range 50000 {
-		key := fmt.Sprintf("infrastructure.cluster.x-k8s.io\x00DockerMachine\x00ns\x00m-%d", i)
-		b := s.Bucket(key)
-		assert.Equal(t, b, s.Bucket(key))
+		key := []string{"infrastructure.cluster.x-k8s.io", "DockerMachine", "ns", fmt.Sprintf("m-%d", i)}
+		b := s.Bucket(key...)
+		assert.Equal(t, b, s.Bucket(key...))
 		seen[b] = true
 	}
 	assert.LessOrEqual(t, len(seen), 1<<12)
