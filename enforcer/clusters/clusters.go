@@ -1,24 +1,35 @@
-// Package clusters keeps clients for each Cluster API workload cluster, built
-// from the kubeconfig Secret CAPI writes for it (<name>-kubeconfig, key
-// value, in the Cluster's namespace), and runs whatever a caller wants run
-// against that cluster (the orphan scan: a Node watch) for as long as the
-// Cluster exists and its kubeconfig is unchanged. A new Cluster starts a
-// session; a deleted Cluster or Secret stops it; a changed kubeconfig (a new
-// digest) stops it and starts another. A Secret that cannot be read, or a
-// kubeconfig that does not parse, is retried with a bounded backoff, counted
-// and logged; an unreachable API server is the session's to retry. Other
-// callers reuse a session's clients (Get), or build their own from the same
-// Secrets through a Cache (the denial Events in workload clusters).
+// Package clusters is the one way nodeguard reaches a Cluster API workload
+// cluster, as Cluster API's clustercache is its own: one connection per
+// Cluster, built from the kubeconfig Secret CAPI writes for it
+// (<name>-kubeconfig, key value, in the Cluster's namespace), running as
+// nodeguard's own identity there (package identity), health-checked, and
+// kept for as long as the Cluster exists and its kubeconfig is unchanged.
+//
+// A new Cluster connects; a deleted Cluster or Secret disconnects; a changed
+// kubeconfig (a new digest) reconnects. Each connection is probed on a
+// schedule of its own (a GET of /readyz every 30 s) and at once when any
+// request or watch made through it fails, and whoever depends on the
+// cluster is told (Changed) the moment it turns unreachable or reachable
+// again. A Secret that cannot be read, or a kubeconfig that does not parse,
+// is retried with a bounded backoff, counted and logged.
+//
+// The parts that work inside workload clusters (the fleet's configuration
+// watch, the orphan scan's Node watch, the releases, nodeguard's Events
+// there) run as the connection's sessions (Options.Start); the commands that
+// reach a workload cluster once use Connect, the same way from kubeconfig to
+// client. One loop (kube.Loop) reconciles every Cluster: its connection, its
+// Secret read again every Recheck, its next probe.
 package clusters
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/http"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -28,15 +39,15 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
+	eventsv1client "k8s.io/client-go/kubernetes/typed/events/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 
 	"github.com/nodeguard/nodeguard/enforcer/identity"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
@@ -44,16 +55,24 @@ import (
 // ClusterKind is Cluster API's Cluster.
 var ClusterKind = schema.GroupKind{Group: "cluster.x-k8s.io", Kind: "Cluster"}
 
-// Cluster is one workload cluster's clients.
+// Cluster is one workload cluster's connection.
 type Cluster struct {
 	// Key is the Cluster's "namespace/name".
 	Key string
-	// Config is the kubeconfig's, with nodeguard's client rate limits.
+	// Config authenticates as nodeguard's own identity there (Identity), or
+	// with the kubeconfig's credentials when the Set installs none, at
+	// nodeguard's client rate limits.
 	Config *rest.Config
 	// Kube is a typed client that asks for protobuf (Nodes decode several
-	// times faster than as JSON); Dynamic reads and deletes as JSON.
+	// times faster than as JSON); Dynamic reads and writes as JSON.
 	Kube    kubernetes.Interface
 	Dynamic dynamic.Interface
+	// Events writes Events there, at rate limits of their own (Options).
+	Events eventsv1client.EventsV1Interface
+	// Admin writes with the kubeconfig's credentials (CAPI's admin): only
+	// for what nodeguard's identity may not do, such as removing what a
+	// configuration with more grants installed there.
+	Admin dynamic.Interface
 	// Identity, when the Set installs one (Options.Identity), is
 	// nodeguard's own ServiceAccount there, which Config authenticates as;
 	// a part refused as unauthorized or forbidden has it Repair.
@@ -70,9 +89,21 @@ type Options struct {
 	// rotated kubeconfig (default DefaultRecheck); failures retry sooner,
 	// from 1 s doubling up to Recheck.
 	Recheck time.Duration
-	// QPS and Burst are the workload clients' rate limits (0: kubeclient's).
-	QPS   float32
-	Burst int
+	// ProbeInterval and ProbeTimeout schedule the health checks (defaults
+	// DefaultProbeInterval and DefaultProbeTimeout); an unreachable cluster
+	// is probed every UnreachableProbeInterval (default
+	// DefaultUnreachableProbeInterval), so its return is seen soon.
+	ProbeInterval, ProbeTimeout, UnreachableProbeInterval time.Duration
+	// QPS and Burst are the workload clients' rate limits (0: kubeclient's);
+	// EventsQPS and EventsBurst the Events' (0: 10 and 50), apart, so writing
+	// Events never takes a request the work needs.
+	QPS         float32
+	Burst       int
+	EventsQPS   float32
+	EventsBurst int
+	// Workers connect and probe that many clusters at once (default 16): an
+	// unreachable cluster holds one for up to ProbeTimeout.
+	Workers int
 	// Start runs a session against c until ctx is done, on a goroutine of
 	// its own; it must return then, leaving nothing running.
 	Start func(ctx context.Context, c *Cluster)
@@ -80,34 +111,32 @@ type Options struct {
 	// (the Cluster or its Secret went, or the kubeconfig changed).
 	Stopped func(key string)
 	// Changed, when set, is called (it must not block) when a Cluster
-	// appears, goes, or changes its Meta, and when its session starts or
-	// stops.
+	// appears, goes, or changes its Meta, when its connection starts, stops
+	// or fails otherwise, and when it turns reachable or unreachable.
 	Changed func(key string)
 	Log     *slog.Logger
-	// Identity, when set, has each session run as nodeguard's own
+	// Identity, when set, has each connection run as nodeguard's own
 	// ServiceAccount in the workload cluster (package identity), installed
-	// with the kubeconfig's credentials when the session starts; a cluster
-	// where that fails has no session, and the failure is retried.
+	// with the kubeconfig's credentials when it starts; a cluster where that
+	// fails has no connection, and the failure is retried.
 	Identity *identity.Options
-	// Metrics, when set, counts failures by cluster.
+	// Metrics, when set, counts failures and probes.
 	Metrics *Metrics
 }
 
 // DefaultRecheck is how often kubeconfig Secrets are read again.
 const DefaultRecheck = time.Minute
 
-// Set runs one session per workload Cluster with a readable kubeconfig.
+// Set keeps one connection per workload Cluster with a readable kubeconfig.
 type Set struct {
-	opts  Options
-	queue workqueue.TypedRateLimitingInterface[string]
-	// kubeconfigs builds a Cluster's clients once per kubeconfig: a session
-	// runs on one kubeconfig, and a new one (a new *Cluster) replaces it.
-	kubeconfigs *Cache[*Cluster]
+	opts Options
+	loop *kube.Loop[string]
 
-	mu       sync.Mutex
-	clusters map[string]Meta // Clusters that exist
-	sessions map[string]*session
-	failures map[string]error // why a Cluster has no session
+	mu        sync.Mutex
+	clusters  map[string]Meta // Clusters that exist
+	conns     map[string]*conn
+	failures  map[string]error     // why a Cluster has no connection
+	secretDue map[string]time.Time // when its Secret is read next (absent: now)
 }
 
 // Meta is what the Set keeps of a Cluster: what says whether, and how, a
@@ -131,13 +160,17 @@ func (m Meta) equal(o Meta) bool {
 	return m.Deleting == o.Deleting && m.UID == o.UID && maps.Equal(m.Labels, o.Labels) && maps.Equal(m.Annotations, o.Annotations)
 }
 
-type session struct {
-	// source is the kubeconfig's Cluster the session was started from,
-	// cluster what it runs with (source, or nodeguard's identity there).
-	source  *Cluster
+// conn is one running connection and its session.
+type conn struct {
+	digest  [sha256.Size]byte // of the kubeconfig it was built from
 	cluster *Cluster
 	cancel  context.CancelFunc
 	done    chan struct{}
+
+	// Guarded by the Set's mu.
+	health    Health
+	lastProbe time.Time
+	suspected bool // a request or watch failed since the last probe
 }
 
 // New returns a Set; Run runs it.
@@ -148,29 +181,55 @@ func New(opts Options) (*Set, error) {
 	if opts.Recheck <= 0 {
 		opts.Recheck = DefaultRecheck
 	}
+	if opts.ProbeInterval <= 0 {
+		opts.ProbeInterval = DefaultProbeInterval
+	}
+	if opts.ProbeTimeout <= 0 {
+		opts.ProbeTimeout = DefaultProbeTimeout
+	}
+	if opts.UnreachableProbeInterval <= 0 {
+		opts.UnreachableProbeInterval = DefaultUnreachableProbeInterval
+	}
+	if opts.EventsQPS <= 0 {
+		opts.EventsQPS, opts.EventsBurst = 10, 50
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = 16
+	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	limiter := workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, opts.Recheck)
 	s := &Set{
-		opts:     opts,
-		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{}),
-		clusters: map[string]Meta{},
-		sessions: map[string]*session{},
-		failures: map[string]error{},
+		opts:      opts,
+		clusters:  map[string]Meta{},
+		conns:     map[string]*conn{},
+		failures:  map[string]error{},
+		secretDue: map[string]time.Time{},
 	}
-	s.kubeconfigs = NewCache(opts.Secrets, s.build)
+	s.loop = kube.NewLoop(kube.LoopOptions{Name: "workload-clusters", Workers: opts.Workers, BaseBackoff: defaultProbeBackoffBase,
+		MaxBackoff: opts.Recheck}, s.reconcile)
 	return s, nil
 }
 
-// Get returns the clients of a running session.
+// Get returns the connection of the Cluster key, when it has one.
 func (s *Set) Get(key string) (*Cluster, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if ss, ok := s.sessions[key]; ok {
-		return ss.cluster, true
+	if c, ok := s.conns[key]; ok {
+		return c.cluster, true
 	}
 	return nil, false
+}
+
+// Health says whether the Cluster key's API server answers, as its
+// connection last found.
+func (s *Set) Health(key string) Health {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.conns[key]; ok {
+		return c.health
+	}
+	return Health{}
 }
 
 // Meta returns what the Set keeps of the Cluster key, and whether it exists.
@@ -188,28 +247,24 @@ func (s *Set) Clusters() []string {
 	return slices.Sorted(maps.Keys(s.clusters))
 }
 
-// Failure is why the Cluster key has no session (its kubeconfig Secret is
-// missing, unreadable or invalid), or nil.
+// Failure is why the Cluster key has no connection (its kubeconfig Secret
+// is missing, unreadable or invalid, or nodeguard's identity could not be
+// installed there), or nil.
 func (s *Set) Failure(key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.failures[key]
 }
 
-// Keys returns the Clusters with a running session, sorted.
+// Keys returns the Clusters with a connection, sorted.
 func (s *Set) Keys() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.sessions))
-	for k := range s.sessions {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(s.conns))
 }
 
-// Run watches Clusters and runs their sessions until ctx is done; it returns
-// once every session has stopped.
+// Run watches Clusters and keeps their connections until ctx is done; it
+// returns once every session has stopped.
 func (s *Set) Run(ctx context.Context) error {
 	mapping, err := s.clusterResource(ctx)
 	if err != nil {
@@ -233,14 +288,10 @@ func (s *Set) Run(ctx context.Context) error {
 	defer cancel()
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
-	go func() {
-		<-ctx.Done()
-		s.queue.ShutDown()
-	}()
-	go wait.Until(s.recheck, s.opts.Recheck, ctx.Done())
-	for s.work(ctx) {
+	s.loop.Run(ctx)
+	for _, k := range s.Keys() {
+		s.disconnect(k)
 	}
-	s.stopAll()
 	return nil
 }
 
@@ -252,12 +303,9 @@ const clusterRetry = 30 * time.Second
 func (s *Set) clusterResource(ctx context.Context) (*meta.RESTMapping, error) {
 	logged := false
 	for {
-		mapping, err := s.opts.Management.Mapper.RESTMapping(ClusterKind)
+		mapping, err := kubeclient.RESTMapping(s.opts.Management.Mapper, ClusterKind)
 		if err == nil {
 			return mapping, nil
-		}
-		if r, ok := s.opts.Management.Mapper.(meta.ResettableRESTMapper); ok && meta.IsNoMatchError(err) {
-			r.Reset()
 		}
 		if !logged {
 			s.opts.Log.Error("workload clusters: the Cluster resource is not served; looking again every 30s", "error", err.Error())
@@ -319,11 +367,14 @@ func (s *Set) clusterEvent(obj any, exists bool) {
 	} else {
 		delete(s.clusters, key)
 	}
+	if existed != exists {
+		delete(s.secretDue, key) // a new Cluster's Secret is read at once
+	}
 	s.mu.Unlock()
 	if existed == exists && had.equal(meta) {
 		return // a status update
 	}
-	s.queue.Add(key)
+	s.loop.Add(key)
 	s.changed(key)
 }
 
@@ -333,94 +384,120 @@ func (s *Set) changed(key string) {
 	}
 }
 
-// recheck queues every Cluster, to see rotated kubeconfigs.
-func (s *Set) recheck() {
+// reconcile keeps the connection of key as its Cluster and Secret say, and
+// probes it when a probe is due; it asks to be run again when the next
+// Secret read or probe is.
+func (s *Set) reconcile(ctx context.Context, key string) kube.Result {
 	s.mu.Lock()
-	keys := make([]string, 0, len(s.clusters))
-	for k := range s.clusters {
-		keys = append(keys, k)
-	}
+	_, exists := s.clusters[key]
+	due, read := s.secretDue[key]
+	_, connected := s.conns[key]
 	s.mu.Unlock()
-	for _, k := range keys {
-		s.queue.Add(k)
+	if !exists {
+		s.disconnect(key)
+		s.mu.Lock()
+		delete(s.failures, key)
+		delete(s.secretDue, key)
+		s.mu.Unlock()
+		s.opts.Metrics.forget(key)
+		return kube.Result{}
 	}
+	now := time.Now()
+	if !read || !now.Before(due) || !connected {
+		err := s.connect(ctx, key)
+		s.setFailure(ctx, key, err)
+		if err != nil && ctx.Err() == nil {
+			s.opts.Metrics.failed(key, "kubeconfig")
+			s.opts.Log.Error("workload cluster: cannot connect; retrying", "cluster", key, "error", err.Error(),
+				"failures", s.loop.Failures(key)+1)
+		}
+		s.mu.Lock()
+		_, connected = s.conns[key]
+		if err == nil || connected {
+			// A connection that worked keeps running through a management
+			// API hiccup, which says nothing about it: read again soon.
+			next := s.opts.Recheck
+			if err != nil {
+				next = min(s.opts.Recheck, 10*time.Second)
+			}
+			s.secretDue[key] = now.Add(next)
+		}
+		s.mu.Unlock()
+		if !connected {
+			return kube.Result{Retry: ctx.Err() == nil}
+		}
+	}
+	next := s.probe(ctx, key)
+	s.mu.Lock()
+	secret := s.secretDue[key]
+	s.mu.Unlock()
+	return kube.Result{After: max(time.Millisecond, min(time.Until(secret), next))}
 }
 
-func (s *Set) work(ctx context.Context) bool {
-	key, shutdown := s.queue.Get()
-	if shutdown {
-		return false
+// setFailure records why key has no connection (nil: it has one, or the
+// failure is gone); a different failure is a change too: a missing Secret
+// that appears pointing at an API server that does not answer, say.
+func (s *Set) setFailure(ctx context.Context, key string, err error) {
+	if ctx.Err() != nil {
+		err = nil
 	}
-	defer s.queue.Done(key)
-	err := s.reconcile(ctx, key)
 	s.mu.Lock()
 	before := s.failures[key]
-	if err != nil && ctx.Err() == nil {
+	if err != nil {
 		s.failures[key] = err
 	} else {
 		delete(s.failures, key)
 	}
 	s.mu.Unlock()
-	// A different failure is a change too: a missing Secret that appears
-	// pointing at an API server that does not answer, say.
 	if (before == nil) != (err == nil) || (before != nil && err != nil && before.Error() != err.Error()) {
 		s.changed(key)
 	}
-	if err != nil {
-		if ctx.Err() == nil {
-			s.opts.Metrics.failed(key, "kubeconfig")
-			s.opts.Log.Error("workload cluster: cannot build its clients; retrying", "cluster", key, "error", err.Error(),
-				"failures", s.queue.NumRequeues(key)+1)
-		}
-		s.queue.AddRateLimited(key)
-		return true
-	}
-	s.queue.Forget(key)
-	return true
 }
 
-// reconcile makes the session of key match the Cluster and its Secret.
-func (s *Set) reconcile(ctx context.Context, key string) error {
-	s.mu.Lock()
-	_, exists := s.clusters[key]
-	s.mu.Unlock()
-	if !exists {
-		s.stop(key)
-		s.kubeconfigs.Forget(key)
-		s.opts.Metrics.forget(key)
-		return nil
-	}
-	c, unanswered, err := s.kubeconfigs.get(ctx, key)
+// connect reads the Cluster's kubeconfig and (re)starts its connection when
+// there is none or the kubeconfig changed.
+func (s *Set) connect(ctx context.Context, key string) error {
+	kubeconfig, err := ReadKubeconfig(ctx, s.opts.Secrets, key)
 	if err != nil {
-		// A session built from a kubeconfig that worked keeps running through
-		// a management API hiccup, which says nothing about it; without a
-		// kubeconfig (yet, or any more), or with one that does not build,
-		// nothing can run against the cluster.
-		if !unanswered {
-			s.stop(key)
+		if !unanswered(err) {
+			s.disconnect(key)
 		}
 		return err
 	}
+	digest := sha256.Sum256(kubeconfig)
 	s.mu.Lock()
-	current, running := s.sessions[key]
+	current, running := s.conns[key]
 	s.mu.Unlock()
-	if running && current.source == c {
+	if running && current.digest == digest {
 		return nil
 	}
-	s.stop(key)
-	run := c
+	cfg, err := Config(key, kubeconfig)
+	if err != nil {
+		s.disconnect(key)
+		return err
+	}
+	s.disconnect(key)
+	c := &conn{digest: digest, done: make(chan struct{})}
+	suspect := func(err error) { s.suspect(key, c, err) }
+	admin, err := s.build(key, cfg, suspect)
+	if err != nil {
+		return err
+	}
+	run := admin
 	if s.opts.Identity != nil {
-		if run, err = s.identity(ctx, c); err != nil {
+		if run, err = s.identity(ctx, admin, suspect); err != nil {
 			return err
 		}
 	}
-	s.start(ctx, c, run)
+	run.Admin = admin.Dynamic
+	c.cluster = run
+	s.start(ctx, c)
 	return nil
 }
 
 // identity installs nodeguard's ServiceAccount in c's cluster and returns
 // the clients that authenticate as it.
-func (s *Set) identity(ctx context.Context, c *Cluster) (*Cluster, error) {
+func (s *Set) identity(ctx context.Context, c *Cluster, suspect func(error)) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	opts := *s.opts.Identity
@@ -429,7 +506,7 @@ func (s *Set) identity(ctx context.Context, c *Cluster) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("workload cluster %s: nodeguard's own identity: %w", c.Key, err)
 	}
-	run, err := s.build(c.Key, id.Config)
+	run, err := s.build(c.Key, id.Config, suspect)
 	if err != nil {
 		return nil, err
 	}
@@ -437,75 +514,165 @@ func (s *Set) identity(ctx context.Context, c *Cluster) (*Cluster, error) {
 	return run, nil
 }
 
-// build makes a Cluster's clients from its kubeconfig.
-func (s *Set) build(key string, cfg *rest.Config) (*Cluster, error) {
+// build makes a Cluster's clients from cfg, every request observed for the
+// health checks.
+func (s *Set) build(key string, cfg *rest.Config, suspect func(error)) (*Cluster, error) {
+	cfg = rest.CopyConfig(cfg)
 	cfg.QPS, cfg.Burst = s.opts.QPS, s.opts.Burst
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &observer{next: rt, suspect: suspect} })
 	clients, err := kubeclient.FromConfig(cfg)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("clients of Cluster %s: %w", key, err)
 	}
 	kube, err := kubeclient.Protobuf(clients.Config)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("clients of Cluster %s: %w", key, err)
 	}
-	return &Cluster{Key: key, Config: clients.Config, Kube: kube, Dynamic: clients.Dynamic}, nil
+	ecfg := rest.CopyConfig(clients.Config)
+	ecfg.QPS, ecfg.Burst = s.opts.EventsQPS, s.opts.EventsBurst
+	events, err := kubernetes.NewForConfig(ecfg)
+	if err != nil {
+		return nil, fmt.Errorf("events client of Cluster %s: %w", key, err)
+	}
+	return &Cluster{Key: key, Config: clients.Config, Kube: kube, Dynamic: clients.Dynamic, Events: events.EventsV1()}, nil
 }
 
-func (s *Set) start(ctx context.Context, source, c *Cluster) {
+func (s *Set) start(ctx context.Context, c *conn) {
 	ctx, cancel := context.WithCancel(ctx)
-	ss := &session{source: source, cluster: c, cancel: cancel, done: make(chan struct{})}
+	c.cancel = cancel
+	key := c.cluster.Key
 	s.mu.Lock()
-	s.sessions[c.Key] = ss
+	s.conns[key] = c
 	s.mu.Unlock()
-	s.opts.Metrics.running(c.Key, true)
-	s.opts.Log.Info("workload cluster: session started", "cluster", c.Key, "server", c.Config.Host, "ownIdentity", c.Identity != nil)
+	s.opts.Metrics.running(key, true)
+	s.opts.Log.Info("workload cluster: connected", "cluster", key, "server", c.cluster.Config.Host, "ownIdentity", c.cluster.Identity != nil)
 	go func() {
-		defer close(ss.done)
-		s.opts.Start(ctx, c)
+		defer close(c.done)
+		s.opts.Start(ctx, c.cluster)
 	}()
-	s.changed(c.Key)
+	s.changed(key)
 }
 
-// stop ends the session of key, if any, and waits for it.
-func (s *Set) stop(key string) {
+// disconnect ends the connection of key, if any, and waits for its session.
+func (s *Set) disconnect(key string) {
 	s.mu.Lock()
-	ss, ok := s.sessions[key]
-	delete(s.sessions, key)
+	c, ok := s.conns[key]
+	delete(s.conns, key)
 	s.mu.Unlock()
 	if !ok {
 		return
 	}
-	ss.cancel()
-	<-ss.done
+	c.cancel()
+	<-c.done
 	s.opts.Metrics.running(key, false)
-	s.opts.Log.Info("workload cluster: session stopped", "cluster", key)
+	s.opts.Metrics.reachable(key, nil)
+	s.opts.Log.Info("workload cluster: disconnected", "cluster", key)
 	if s.opts.Stopped != nil {
 		s.opts.Stopped(key)
 	}
 	s.changed(key)
 }
 
-func (s *Set) stopAll() {
-	for _, k := range s.Keys() {
-		s.stop(k)
+// suspect is told of a failed request or watch of connection c: its
+// cluster is probed now (at most once a second), not at the next
+// scheduled probe.
+func (s *Set) suspect(key string, c *conn, _ error) {
+	s.mu.Lock()
+	if s.conns[key] != c || c.suspected {
+		s.mu.Unlock()
+		return
 	}
+	c.suspected = true
+	wait := time.Until(c.lastProbe.Add(leastTimeBetweenProbes))
+	s.mu.Unlock()
+	s.loop.AddAfter(key, max(0, wait))
+}
+
+// probe checks the connection of key when a check is due, tells its users
+// when it turned reachable or unreachable, and returns how long until the
+// next check is due.
+func (s *Set) probe(ctx context.Context, key string) time.Duration {
+	s.mu.Lock()
+	c, ok := s.conns[key]
+	if !ok {
+		s.mu.Unlock()
+		return s.opts.ProbeInterval
+	}
+	due := s.probeDue(c)
+	s.mu.Unlock()
+	if wait := time.Until(due); wait > 0 {
+		return wait
+	}
+	start := time.Now()
+	err := probe(ctx, c.cluster.Kube, s.opts.ProbeTimeout)
+	if ctx.Err() != nil {
+		return s.opts.ProbeInterval
+	}
+	s.opts.Metrics.probed(err)
+	s.mu.Lock()
+	if s.conns[key] != c {
+		s.mu.Unlock()
+		return s.opts.ProbeInterval
+	}
+	before := c.health
+	c.lastProbe, c.suspected = start, false
+	c.health = Health{Checked: true, Reachable: err == nil, Since: before.Since, Err: err}
+	turned := !before.Checked || before.Reachable != c.health.Reachable
+	if turned {
+		c.health.Since = start
+	}
+	next := time.Until(s.probeDue(c))
+	s.mu.Unlock()
+	s.opts.Metrics.reachable(key, &c.health.Reachable)
+	if turned {
+		if err != nil {
+			s.opts.Metrics.failed(key, "health")
+			s.opts.Log.Error("workload cluster: unreachable", "cluster", key, "error", err.Error())
+		} else if before.Checked {
+			s.opts.Log.Info("workload cluster: reachable again", "cluster", key, "unreachableFor", start.Sub(before.Since).Round(time.Second).String())
+		}
+		s.changed(key)
+	}
+	return max(time.Millisecond, next)
+}
+
+// probeDue is when c is checked next; the caller holds mu.
+func (s *Set) probeDue(c *conn) time.Time {
+	if !c.health.Checked {
+		return time.Time{}
+	}
+	if c.suspected {
+		return c.lastProbe.Add(leastTimeBetweenProbes)
+	}
+	if !c.health.Reachable {
+		return c.lastProbe.Add(min(s.opts.UnreachableProbeInterval, s.opts.ProbeInterval))
+	}
+	return c.lastProbe.Add(s.opts.ProbeInterval)
 }
 
 // Metrics are the Set's Prometheus series.
 type Metrics struct {
 	errors   *prometheus.CounterVec
 	sessions *prometheus.GaugeVec
+	reachOK  *prometheus.GaugeVec
+	checks   *prometheus.CounterVec
 }
 
 // NewMetrics registers nodeguard_workload_cluster_errors_total{cluster,
-// stage} and nodeguard_workload_cluster_session{cluster}.
+// stage}, nodeguard_workload_cluster_session{cluster},
+// nodeguard_workload_cluster_reachable{cluster} and
+// nodeguard_workload_cluster_health_checks_total{result}.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	r := registrar.New(reg)
 	m := &Metrics{
 		errors: r.CounterVec("nodeguard_workload_cluster_errors_total",
-			"Failures reaching a CAPI workload cluster, by cluster and stage: kubeconfig (its Secret missing, unreadable or invalid) or watch (its API server's list or watch failed).", "cluster", "stage"),
+			"Failures reaching a CAPI workload cluster, by cluster and stage: kubeconfig (its Secret missing, unreadable or invalid, or nodeguard's identity not installed), watch (its API server's list or watch failed) or health (its API server stopped answering).", "cluster", "stage"),
 		sessions: r.GaugeVec("nodeguard_workload_cluster_session",
 			"1 while nodeguard runs against a CAPI workload cluster with a working kubeconfig.", "cluster"),
+		reachOK: r.GaugeVec("nodeguard_workload_cluster_reachable",
+			"1 when the last health check of a CAPI workload cluster's API server got an answer, 0 when it did not.", "cluster"),
+		checks: r.CounterVec("nodeguard_workload_cluster_health_checks_total",
+			"Health checks of CAPI workload clusters' API servers (GET /readyz), by result (ok, failed).", "result"),
 	}
 	if err := r.Err("workload cluster metrics"); err != nil {
 		return nil, err
@@ -540,5 +707,35 @@ func (m *Metrics) running(cluster string, on bool) {
 	m.sessions.DeleteLabelValues(cluster)
 }
 
+// reachable sets a cluster's gauge (nil: drops it).
+func (m *Metrics) reachable(cluster string, ok *bool) {
+	if m == nil {
+		return
+	}
+	if ok == nil {
+		m.reachOK.DeleteLabelValues(cluster)
+		return
+	}
+	v := 0.0
+	if *ok {
+		v = 1
+	}
+	m.reachOK.WithLabelValues(cluster).Set(v)
+}
+
+func (m *Metrics) probed(err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "failed"
+	}
+	m.checks.WithLabelValues(result).Inc()
+}
+
 // Errors is the failure counter, for tests.
 func (m *Metrics) Errors() *prometheus.CounterVec { return m.errors }
+
+// HealthChecks is the health checks' counter, for tests and benchmarks.
+func (m *Metrics) HealthChecks() *prometheus.CounterVec { return m.checks }

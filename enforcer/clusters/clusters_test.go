@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"runtime/pprof"
 	"strings"
@@ -25,7 +27,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
@@ -117,6 +118,24 @@ func run(t *testing.T, set *clusters.Set) {
 	})
 }
 
+// seriesOf counts the series of reg labelled with cluster.
+func seriesOf(t *testing.T, reg *prometheus.Registry, cluster string) int {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	n := 0
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "cluster" && l.GetValue() == cluster {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
 func TestSessionsFollowClustersAndTheirSecrets(t *testing.T) {
 	m := newManagement()
 	var failing atomic.Bool
@@ -131,7 +150,7 @@ func TestSessionsFollowClustersAndTheirSecrets(t *testing.T) {
 	metrics, err := clusters.NewMetrics(reg)
 	require.NoError(t, err)
 	logs := &testlog.Buffer{}
-	set, err := clusters.New(clusters.Options{Management: m.clients, Secrets: m.secrets, Recheck: 100 * time.Millisecond,
+	set, err := clusters.New(clusters.Options{Management: m.clients, Secrets: m.secrets, Recheck: 100 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond,
 		Start: s.start, Metrics: metrics, Log: slog.New(slog.NewJSONHandler(logs, nil))})
 	require.NoError(t, err)
 	run(t, set)
@@ -163,7 +182,9 @@ func TestSessionsFollowClustersAndTheirSecrets(t *testing.T) {
 	require.Eventually(t, func() bool { return s.server("fleet/prod-2") == "" }, 5*time.Second, 10*time.Millisecond)
 	_, ok = set.Get("fleet/prod-2")
 	assert.False(t, ok)
-	require.Eventually(t, func() bool { return testutil.CollectAndCount(metrics.Errors()) == 0 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return seriesOf(t, reg, "fleet/prod-2") == 0
+	}, 5*time.Second, 10*time.Millisecond)
 
 	// The management API server fails to answer: the session, built from a
 	// kubeconfig that worked, keeps running.
@@ -285,35 +306,120 @@ func TestWaitsForTheClusterResource(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(logs.String(), "the Cluster resource is not served"))
 }
 
-// A Cache builds once per kubeconfig, and anew when it changes; a missing
-// Secret, or one without a kubeconfig, is an error.
-func TestCacheBuildsOncePerKubeconfig(t *testing.T) {
+// The one way from a kubeconfig Secret to a REST config: a missing Secret
+// is NotFound, one without a kubeconfig, one that does not parse, or a
+// key without a namespace is an error that says which.
+func TestConnectReadsTheKubeconfigSecret(t *testing.T) {
 	ctx := context.Background()
 	m := newManagement()
-	builds := 0
-	c := clusters.NewCache(m.secrets, func(key string, cfg *rest.Config) (string, error) {
-		builds++
-		return key + " " + cfg.Host, nil
-	})
-	_, err := c.Get(ctx, "fleet/prod-1")
+	_, err := clusters.Connect(ctx, m.secrets, "fleet/prod-1")
 	assert.True(t, apierrors.IsNotFound(err), "%v", err)
 	m.secret(t, "prod-1", kubeconfig(t, "https://a.example:6443"))
-	for range 2 {
-		v, err := c.Get(ctx, "fleet/prod-1")
-		require.NoError(t, err)
-		assert.Equal(t, "fleet/prod-1 https://a.example:6443", v)
-	}
-	assert.Equal(t, 1, builds)
-	m.secret(t, "prod-1", kubeconfig(t, "https://b.example:6443"))
-	v, err := c.Get(ctx, "fleet/prod-1")
+	cfg, err := clusters.Connect(ctx, m.secrets, "fleet/prod-1")
 	require.NoError(t, err)
-	assert.Equal(t, "fleet/prod-1 https://b.example:6443", v)
-	assert.Equal(t, 2, builds)
+	assert.Equal(t, "https://a.example:6443", cfg.Host)
 	m.secret(t, "prod-1", nil)
-	_, err = c.Get(ctx, "fleet/prod-1")
+	_, err = clusters.Connect(ctx, m.secrets, "fleet/prod-1")
 	assert.ErrorContains(t, err, `Secret fleet/prod-1-kubeconfig has no key "value"`)
-	_, err = c.Get(ctx, "prod-1")
+	m.secret(t, "prod-1", []byte("{not yaml"))
+	_, err = clusters.Connect(ctx, m.secrets, "fleet/prod-1")
+	assert.ErrorContains(t, err, "kubeconfig of Cluster fleet/prod-1 (Secret fleet/prod-1-kubeconfig)")
+	_, err = clusters.Connect(ctx, m.secrets, "prod-1")
 	assert.ErrorContains(t, err, "want NAMESPACE/NAME")
+}
+
+// readyz is a workload API server's /readyz that can be made to fail, and
+// counts what it is asked.
+type readyz struct {
+	srv    *httptest.Server
+	down   atomic.Bool
+	probes atomic.Int64
+	other  atomic.Int64
+}
+
+func newReadyz(t *testing.T) *readyz {
+	r := &readyz{}
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if r.down.Load() {
+			// As an API server that is shutting down: no answer at all.
+			if hj, ok := w.(http.Hijacker); ok {
+				conn, _, err := hj.Hijack()
+				if err == nil {
+					_ = conn.Close()
+				}
+			}
+			return
+		}
+		if req.URL.Path == "/readyz" {
+			r.probes.Add(1)
+			_, _ = w.Write([]byte("ok"))
+			return
+		}
+		r.other.Add(1)
+		http.Error(w, "not served here", http.StatusNotFound)
+	}))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+// A connection is probed when it starts and then on its schedule; an API
+// server that stops answering is reported unreachable at the next probe, or
+// at once when a request through the connection fails, and reachable again
+// once it answers; whoever depends on it is told each time.
+func TestHealthIsCheckedAndTold(t *testing.T) {
+	m := newManagement()
+	api := newReadyz(t)
+	changed := make(chan string, 100)
+	sessions := make(chan *clusters.Cluster, 1)
+	reg := prometheus.NewRegistry()
+	metrics, err := clusters.NewMetrics(reg)
+	require.NoError(t, err)
+	set, err := clusters.New(clusters.Options{Management: m.clients, Secrets: m.secrets, Recheck: time.Hour,
+		ProbeInterval: time.Hour, UnreachableProbeInterval: 200 * time.Millisecond, ProbeTimeout: time.Second, Metrics: metrics,
+		Start: func(ctx context.Context, c *clusters.Cluster) {
+			sessions <- c
+			<-ctx.Done()
+		},
+		Changed: func(key string) { changed <- key }})
+	require.NoError(t, err)
+	run(t, set)
+	m.secret(t, "prod-1", kubeconfig(t, api.srv.URL))
+	m.cluster(t, "prod-1")
+	session := <-sessions
+	require.Eventually(t, func() bool { h := set.Health("fleet/prod-1"); return h.Checked && h.Reachable }, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, int64(1), api.probes.Load(), "probed once when connected")
+	assert.Equal(t, 1.0, testutil.ToFloat64(metrics.HealthChecks().WithLabelValues("ok")))
+
+	// A request of the session fails: probed at once (the schedule says an
+	// hour), unreachable, told.
+	for len(changed) > 0 {
+		<-changed
+	}
+	api.down.Store(true)
+	_, err = session.Kube.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	require.Error(t, err)
+	select {
+	case key := <-changed:
+		assert.Equal(t, "fleet/prod-1", key)
+	case <-time.After(5 * time.Second):
+		t.Fatal("not told the cluster became unreachable")
+	}
+	h := set.Health("fleet/prod-1")
+	assert.True(t, h.Checked)
+	assert.False(t, h.Reachable)
+	assert.ErrorContains(t, h.Err, "GET /readyz")
+
+	// It answers again: seen at the next probe of an unreachable cluster.
+	api.down.Store(false)
+	select {
+	case <-changed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("not told the cluster is reachable again")
+	}
+	assert.True(t, set.Health("fleet/prod-1").Reachable)
+	// Then probed on its (hourly) schedule only: nothing more is asked.
+	probes := api.probes.Load()
+	require.Never(t, func() bool { return api.probes.Load() > probes }, 500*time.Millisecond, 20*time.Millisecond)
 }
 
 // A failure that turns into another is a change its watchers are told of:

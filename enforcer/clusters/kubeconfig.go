@@ -2,16 +2,13 @@ package clusters
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
-	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -27,9 +24,9 @@ const kubeconfigSuffix = "-kubeconfig"
 // Cluster's namespace. A missing Secret is an error apierrors.IsNotFound
 // recognizes.
 func ReadKubeconfig(ctx context.Context, secrets kubernetes.Interface, key string) ([]byte, error) {
-	ns, name, err := cache.SplitMetaNamespaceKey(key)
-	if err != nil || ns == "" || name == "" {
-		return nil, fmt.Errorf("cluster %q: want NAMESPACE/NAME", key)
+	ns, name, err := SplitKey(key)
+	if err != nil {
+		return nil, err
 	}
 	secret, err := secrets.CoreV1().Secrets(ns).Get(ctx, name+kubeconfigSuffix, metav1.GetOptions{})
 	if err != nil {
@@ -53,64 +50,31 @@ func (e *readError) Error() string {
 }
 func (e *readError) Unwrap() error { return e.err }
 
-// Cache builds, and keeps, one T (clients) per workload Cluster from its
-// kubeconfig Secret, read at each Get; a changed kubeconfig builds a new T.
-// Set's sessions and the denial Events' workload clients reach workload
-// clusters through it. Safe for concurrent use.
-type Cache[T any] struct {
-	secrets kubernetes.Interface
-	build   func(key string, cfg *rest.Config) (T, error)
-
-	mu    sync.Mutex
-	built map[string]builtFor[T]
+// unanswered says whether err is the management API server's failing to
+// answer a read of the Secret (it may well be there), rather than a
+// kubeconfig that is missing or does not build.
+func unanswered(err error) bool {
+	var read *readError
+	return errors.As(err, &read) && !apierrors.IsNotFound(err)
 }
 
-type builtFor[T any] struct {
-	digest [sha256.Size]byte
-	value  T
-}
-
-// NewCache reads Secrets through secrets (GET only) and builds with build.
-func NewCache[T any](secrets kubernetes.Interface, build func(key string, cfg *rest.Config) (T, error)) *Cache[T] {
-	return &Cache[T]{secrets: secrets, build: build, built: map[string]builtFor[T]{}}
-}
-
-// Get returns the T of the Cluster key, built from its kubeconfig as it is
-// now.
-func (c *Cache[T]) Get(ctx context.Context, key string) (T, error) {
-	v, _, err := c.get(ctx, key)
-	return v, err
-}
-
-// get is Get, also saying whether the error is the API server's failing to
-// answer (the Secret may well be there) rather than a kubeconfig that is
-// missing or does not build.
-func (c *Cache[T]) get(ctx context.Context, key string) (v T, unanswered bool, err error) {
-	kubeconfig, err := ReadKubeconfig(ctx, c.secrets, key)
-	if err != nil {
-		var read *readError
-		return v, errors.As(err, &read) && !apierrors.IsNotFound(err), err
-	}
-	digest := sha256.Sum256(kubeconfig)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if have, ok := c.built[key]; ok && have.digest == digest {
-		return have.value, false, nil
-	}
+// Config is the REST config of a workload Cluster's kubeconfig: the one way
+// from a kubeconfig to a client, for the Set's connections and the commands
+// that reach a workload cluster once.
+func Config(key string, kubeconfig []byte) (*rest.Config, error) {
 	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
 	if err != nil {
-		return v, false, fmt.Errorf("kubeconfig of Cluster %s: %w", key, err)
+		return nil, fmt.Errorf("kubeconfig of Cluster %s (Secret %s): %w", key, KubeconfigSecret(key), err)
 	}
-	if v, err = c.build(key, cfg); err != nil {
-		return v, false, fmt.Errorf("clients of Cluster %s: %w", key, err)
-	}
-	c.built[key] = builtFor[T]{digest: digest, value: v}
-	return v, false, nil
+	return cfg, nil
 }
 
-// Forget drops what was built for a Cluster that is gone.
-func (c *Cache[T]) Forget(key string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.built, key)
+// Connect reads the kubeconfig of the workload Cluster key through secrets
+// and returns its REST config.
+func Connect(ctx context.Context, secrets kubernetes.Interface, key string) (*rest.Config, error) {
+	kubeconfig, err := ReadKubeconfig(ctx, secrets, key)
+	if err != nil {
+		return nil, err
+	}
+	return Config(key, kubeconfig)
 }

@@ -4,18 +4,26 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 )
+
+// SplitKey parses a Cluster's key, "namespace/name": both parts are
+// required.
+func SplitKey(key string) (namespace, name string, err error) {
+	namespace, name, err = cache.SplitMetaNamespaceKey(key)
+	if err != nil || namespace == "" || name == "" {
+		return "", "", fmt.Errorf("cluster %q: want NAMESPACE/NAME", key)
+	}
+	return namespace, name, nil
+}
 
 // Nodes is the Nodes resource of the workload cluster of CAPI Cluster key
 // ("namespace/name"): Dynamic's.
@@ -28,9 +36,10 @@ func Nodes(ctx context.Context, management *rest.Config, key string) (dynamic.Re
 }
 
 // Dynamic is a client of the workload cluster of CAPI Cluster key
-// ("namespace/name"), reached through its kubeconfig Secret, read with
-// management's config: for the commands that reach a workload cluster once
-// (check, audit, cleanup), where serve keeps sessions (Set).
+// ("namespace/name"), with its kubeconfig's credentials, read through the
+// management cluster of management: for the commands that reach a workload
+// cluster once (check, audit, cleanup, webhook-config), where serve keeps
+// connections (Set).
 func Dynamic(ctx context.Context, management *rest.Config, key string) (dynamic.Interface, error) {
 	if management == nil {
 		return nil, fmt.Errorf("cluster %s: no REST config to read its kubeconfig Secret with", key)
@@ -39,13 +48,9 @@ func Dynamic(ctx context.Context, management *rest.Config, key string) (dynamic.
 	if err != nil {
 		return nil, fmt.Errorf("create client: %w", err)
 	}
-	kubeconfig, err := ReadKubeconfig(ctx, secrets, key)
+	cfg, err := Connect(ctx, secrets, key)
 	if err != nil {
 		return nil, err
-	}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig of Cluster %s (Secret %s): %w", key, KubeconfigSecret(key), err)
 	}
 	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
@@ -57,15 +62,15 @@ func Dynamic(ctx context.Context, management *rest.Config, key string) (dynamic.
 // Keys are CAPI Clusters of the cluster of c, "namespace/name", sorted:
 // one, checked to exist, or all ("").
 func Keys(ctx context.Context, c kubeclient.Clients, one string) ([]string, error) {
-	mapping, err := kubeclient.RESTMapping(c.Mapper, schema.GroupKind{Group: "cluster.x-k8s.io", Kind: "Cluster"})
+	mapping, err := kubeclient.RESTMapping(c.Mapper, ClusterKind)
 	if err != nil {
 		return nil, fmt.Errorf("find Cluster API's Clusters: %w", err)
 	}
 	res := c.Dynamic.Resource(mapping.Resource)
 	if one != "" {
-		ns, name, ok := strings.Cut(one, "/")
-		if !ok || ns == "" || name == "" {
-			return nil, fmt.Errorf("--cluster %q: want NAMESPACE/NAME", one)
+		ns, name, err := SplitKey(one)
+		if err != nil {
+			return nil, fmt.Errorf("--cluster: %w", err)
 		}
 		if _, err := res.Namespace(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
 			return nil, fmt.Errorf("get Cluster %s: %w", one, err)

@@ -20,10 +20,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 )
@@ -142,36 +141,31 @@ func Watch(ctx context.Context, opts Options) {
 	if err != nil {
 		return
 	}
-	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(opts.Client, 0, "", func(o *metav1.ListOptions) {
-		o.FieldSelector = "metadata.name=" + opts.Name
-	})
-	informer := factory.ForResource(mapping.Resource).Informer()
 	w := &watcher{opts: opts, applied: opts.Applied}
-	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { w.changed(ctx, obj) },
-		UpdateFunc: func(_, obj any) { w.changed(ctx, obj) },
-		DeleteFunc: func(any) {
-			w.apply(ctx, Spec{From: manifest.ConstraintKind + " " + opts.Name + " deleted"})
-		},
-	}); err != nil {
+	obj, err := kube.WatchObject(kube.ObjectOptions{Client: opts.Client, Resource: mapping.Resource, Name: opts.Name,
+		Changed: func(u *unstructured.Unstructured) {
+			if u == nil {
+				w.apply(ctx, Spec{From: manifest.ConstraintKind + " " + opts.Name + " deleted"})
+				return
+			}
+			w.changed(ctx, u)
+		}})
+	if err != nil {
 		opts.Log.Error("the Constraint is not followed: its edits need a restart", "error", err.Error())
 		return
 	}
 	opts.Log.Info("following the Constraint", "constraint", opts.Name, "resource", mapping.Resource.String())
-	factory.Start(ctx.Done())
-	<-ctx.Done()
-	factory.Shutdown()
+	obj.Run(ctx)
 }
 
-// watcher applies changes one at a time (the informer's one goroutine).
+// watcher applies changes one at a time (the watch's one goroutine).
 type watcher struct {
 	opts    Options
 	applied Spec
 }
 
-func (w *watcher) changed(ctx context.Context, obj any) {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok || u.GetName() != w.opts.Name {
+func (w *watcher) changed(ctx context.Context, u *unstructured.Unstructured) {
+	if u.GetName() != w.opts.Name {
 		return
 	}
 	s, err := FromObject(u)

@@ -12,11 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -27,56 +26,21 @@ import (
 // nodeguard down what was released stays deletable and nothing else is.
 const ModeAdmissionPolicy = "admission-policy"
 
-// policyWatch is what a session watches in mode admission-policy, started
-// the first time the Cluster is in that mode.
-type policyWatch struct {
-	policy, binding, params cache.Store
-	synced                  func() bool
-}
-
-// watchPolicy starts the watches of the policy, its binding and the
-// released Nodes in w's cluster until the session ends.
-func (r *Reconciler) watchPolicy(key string, w *watch) *policyWatch {
-	if w.policy != nil {
-		return w.policy
-	}
-	byName := func(name string) dynamicinformer.TweakListOptionsFunc {
-		return func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + name }
-	}
-	cluster := dynamicinformer.NewFilteredDynamicSharedInformerFactory(w.dyn, 0, "", byName(r.policyInfo.Name))
-	params := dynamicinformer.NewFilteredDynamicSharedInformerFactory(w.dyn, 0, admissionpolicy.ParamsNamespace, byName(admissionpolicy.ParamsName))
-	queue := func(any) { r.queue.Add(key) }
-	handler := cache.ResourceEventHandlerFuncs{AddFunc: queue, UpdateFunc: func(_, obj any) { queue(obj) }, DeleteFunc: queue}
-	var informers []cache.SharedIndexInformer
-	for _, i := range []cache.SharedIndexInformer{
-		cluster.ForResource(admissionpolicy.PolicyGVR).Informer(),
-		cluster.ForResource(admissionpolicy.BindingGVR).Informer(),
-		params.ForResource(admissionpolicy.ParamsGVR).Informer(),
-	} {
-		_, _ = i.AddEventHandler(handler)
-		// The reconcile reports what cannot be read; this only keeps the log quiet.
-		_ = i.SetWatchErrorHandlerWithContext(func(context.Context, *cache.Reflector, error) {})
-		informers = append(informers, i)
-	}
-	pw := &policyWatch{policy: informers[0].GetStore(), binding: informers[1].GetStore(), params: informers[2].GetStore(),
-		synced: func() bool {
-			for _, i := range informers {
-				if !i.HasSynced() {
-					return false
-				}
-			}
-			return true
-		}}
-	cluster.Start(w.done)
-	params.Start(w.done)
-	w.policy = pw
-	return pw
-}
+// Removal of a policy waits for the API server to stop applying its binding
+// before the released Nodes go (without them an applied binding denies every
+// Node delete): seen by a dry run when a Node that is not released exists,
+// else taken as done bindingApplyTime after the delete (kube-apiserver
+// refreshes its policies every second), and given up waiting for after
+// removalMaxWait.
+const (
+	bindingApplyTime = 3 * time.Second
+	removalMaxWait   = 30 * time.Second
+)
 
 // servesPolicies says whether the workload API server serves
 // ValidatingAdmissionPolicy at v1 (GA in Kubernetes 1.30).
-func servesPolicies(w *watch) (bool, error) {
-	list, err := w.kube.Discovery().ServerResourcesForGroupVersion(admissionpolicy.PolicyGVR.GroupVersion().String())
+func servesPolicies(s *session) (bool, error) {
+	list, err := s.kube.Discovery().ServerResourcesForGroupVersion(admissionpolicy.PolicyGVR.GroupVersion().String())
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
@@ -91,184 +55,382 @@ func servesPolicies(w *watch) (bool, error) {
 	return false, nil
 }
 
-// guardPolicy installs the policy and its binding where missing or
-// different, has the released Nodes published, removes a webhook
-// configuration left from mode webhook, and proves the cluster guarded.
-func (r *Reconciler) guardPolicy(ctx context.Context, key string, w *watch, before State, st *State, action enforcement.Action) {
-	if w.servesPolicies == nil {
-		ok, err := servesPolicies(w)
+// enroll has the released Nodes of a Cluster published (by the leader),
+// through its connection as it is at each write.
+func (r *Reconciler) enroll(key string) {
+	if r.opts.Releases.Enrolled(key) {
+		return
+	}
+	r.opts.Releases.Enroll(key, func(ctx context.Context, cm *corev1.ConfigMap) error {
+		c, ok := r.opts.Clusters.Get(key)
+		if !ok {
+			return fmt.Errorf("no connection to workload cluster %s", key)
+		}
+		o, err := owned.From(admissionpolicy.ParamsGVR, cm)
 		if err != nil {
-			st.Reason, st.Message = failure(err, ReasonNotInstalled), "discover ValidatingAdmissionPolicy: "+err.Error()+r.repaired(ctx, key, w, err)
-			return
-		}
-		w.servesPolicies = &ok
-	}
-	if !*w.servesPolicies {
-		st.Reason, st.Message = ReasonModeUnsupported, "the workload API server does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30 or later)"
-		return
-	}
-	if _, ok, _ := w.store.GetByKey(webhookconfig.Name); ok {
-		if _, err := owned.Delete(ctx, w.dyn, webhookconfig.GVR, "", webhookconfig.Name); err != nil {
-			st.Reason, st.Message = failure(err, ReasonNotInstalled), "remove the webhook configuration of mode webhook: "+err.Error()
-			return
-		}
-	}
-	pw := r.watchPolicy(key, w)
-	if !r.opts.Releases.Enrolled(key) {
-		r.opts.Releases.Enroll(key, func(ctx context.Context, cm *corev1.ConfigMap) error {
-			o, err := owned.From(admissionpolicy.ParamsGVR, cm)
-			if err != nil {
-				return err
-			}
-			_, err = owned.Apply(ctx, w.dyn, o)
 			return err
-		})
+		}
+		_, err = owned.Apply(ctx, c.Dynamic, o)
+		return err
+	})
+}
+
+// guardPolicy keeps mode admission-policy: the released Nodes published
+// first, then the policy and its binding installed where missing or
+// different, proven, and only then the webhook configuration of mode
+// webhook removed.
+func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t *tracked, st State, action enforcement.Action) outcome {
+	if !s.synced() {
+		return r.unsynced(t, st)
 	}
-	if !pw.synced() {
-		st.Reason, st.Message = ReasonNotInstalled, "reading the policy, its binding and the released Nodes there"
-		return
+	if s.servesPolicies == nil {
+		ok, err := servesPolicies(s)
+		if err != nil {
+			st.Reason, st.Message = failure(err, ReasonNotInstalled), "discover ValidatingAdmissionPolicy: "+err.Error()+r.repaired(ctx, key, s, err)
+			return outcome{state: st, after: retryUnguarded}
+		}
+		s.servesPolicies = &ok
 	}
+	if !*s.servesPolicies {
+		st.Reason, st.Message = ReasonModeUnsupported, "the workload API server does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30 or later)"
+		return outcome{state: st}
+	}
+	r.enroll(key)
+	t.removing = time.Time{}
+	_, bound := s.binding.Get()
+	if _, ok := s.params.Get(); !ok {
+		// Not published yet, or deleted there: written at the next flush.
+		r.opts.Releases.Rewrite(key)
+		if !bound {
+			// Entering the mode: the policy waits for the released Nodes,
+			// else it would deny every Node delete until they are written.
+			if t.entering.IsZero() {
+				t.entering = time.Now()
+			}
+			st.Reason, st.Message = ReasonNotInstalled, "the released Nodes ("+admissionpolicy.ParamsNamespace+"/"+admissionpolicy.ParamsName+
+				") are not published there yet (every Node is judged first); the policy is installed once they are"
+			return outcome{state: st, settling: time.Since(t.entering) < publishWait, after: r.opts.SettleRetry}
+		}
+		st.Reason, st.Message = ReasonNotInstalled, "the released Nodes ("+admissionpolicy.ParamsNamespace+"/"+admissionpolicy.ParamsName+
+			") are not there: every Node delete is denied until they are written again"
+		return outcome{state: st, after: r.opts.SettleRetry}
+	}
+	t.entering = time.Time{}
 	opts := r.policyOptions()
 	opts.Action = action
 	policy, binding, err := admissionpolicy.Build(r.policyInfo, opts)
 	if err != nil {
 		st.Reason, st.Message = ReasonNotInstalled, err.Error()
-		return
+		return outcome{state: st}
 	}
 	applied := false
 	for _, want := range []struct {
-		store cache.Store
+		watch *kube.Object
 		gvr   schema.GroupVersionResource
 		obj   runtime.Object
-	}{{pw.policy, admissionpolicy.PolicyGVR, policy}, {pw.binding, admissionpolicy.BindingGVR, binding}} {
+	}{{s.policy, admissionpolicy.PolicyGVR, policy}, {s.binding, admissionpolicy.BindingGVR, binding}} {
 		o, err := owned.From(want.gvr, want.obj)
 		if err != nil {
 			st.Reason, st.Message = ReasonNotInstalled, err.Error()
-			return
+			return outcome{state: st}
 		}
-		var have *unstructured.Unstructured
-		if obj, ok, _ := want.store.GetByKey(r.policyInfo.Name); ok {
-			have, _ = obj.(*unstructured.Unstructured)
-		}
+		have, _ := want.watch.Get()
 		if owned.Holds(have, o.Object, "spec") {
 			continue
 		}
-		if _, _, err := owned.Restore(ctx, w.dyn, o, "spec"); err != nil {
-			st.Reason, st.Message = failure(err, ReasonNotInstalled), fmt.Sprintf("install %s: %v%s", o, err, r.repaired(ctx, key, w, err))
-			return
+		if _, _, err := owned.Restore(ctx, s.c.Dynamic, o, "spec"); err != nil {
+			st.Reason, st.Message = failure(err, ReasonNotInstalled), fmt.Sprintf("install %s: %v%s", o, err, r.repaired(ctx, key, s, err))
+			return outcome{state: st, after: retryUnguarded}
 		}
 		applied = true
 	}
 	if applied {
-		r.opts.Log.Info("fleet: nodeguard's admission policy installed", "cluster", key)
+		t.wrote()
+		r.opts.Log.Info("fleet: nodeguard's admission policy installed", "cluster", key, "action", string(action))
 	}
 	st.Wired, st.CACurrent = true, true // no CA in this mode: nothing to go stale
-	if _, ok, _ := pw.params.GetByKey(admissionpolicy.ParamsNamespace + "/" + admissionpolicy.ParamsName); !ok {
-		// Deleted there, or not written yet: every Node delete is denied
-		// until the publisher writes it again.
-		r.opts.Releases.Rewrite(key)
-		st.Wired = false
-		st.Reason, st.Message = ReasonNotInstalled, "the released Nodes ("+admissionpolicy.ParamsNamespace+"/"+admissionpolicy.ParamsName+
-			") are not published there yet: every Node delete is denied until they are"
-		return
+	t.expecting(fmt.Sprintf("%s/%s/%q/%q", ModeAdmissionPolicy, action, opts.ExemptUsers, opts.ExemptGroups))
+	o := r.proven(t, st)
+	if r.proofDue(t) {
+		var found proof
+		if o, found = r.provePolicy(ctx, key, s, t, st, action); !found.matched {
+			return o
+		}
 	}
-	due := applied || !before.Guarded || time.Since(before.LastProof) >= r.opts.ProofInterval
-	if !due {
-		st.Guarded, st.Reason, st.Message = true, "", ""
-		return
+	// Proven: the webhook configuration of mode webhook can go.
+	if _, ok := s.vwc.Get(); ok {
+		if _, err := r.delete(ctx, s, webhookconfig.GVR, "", webhookconfig.Name); err != nil {
+			r.opts.Log.Warn("fleet: cannot remove the webhook configuration of mode webhook; trying again", "cluster", key, "error", err.Error())
+			o.after = min(o.after, retryUnguarded)
+		}
 	}
-	r.provePolicy(ctx, key, w, pw, st, action)
+	return o
 }
 
 // provePolicy makes a dry-run delete of a Node that is not released, as
-// nodeguard: the cluster is guarded when the policy denies it.
-func (r *Reconciler) provePolicy(ctx context.Context, key string, w *watch, pw *policyWatch, st *State, action enforcement.Action) {
-	nodes, err := w.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 100})
+// nodeguard: it finds what was written when the policy answers with the
+// binding's action (deny: denied; warn: its warning; dryrun: admitted).
+func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t *tracked, st State, action enforcement.Action) (outcome, proof) {
+	node, err := s.unreleased(ctx)
 	if err != nil {
-		st.Reason, st.Message = failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, w, err)
-		return
-	}
-	var released map[string]any
-	if obj, ok, _ := pw.params.GetByKey(admissionpolicy.ParamsNamespace + "/" + admissionpolicy.ParamsName); ok {
-		if u, ok := obj.(*unstructured.Unstructured); ok {
-			released, _, _ = unstructured.NestedMap(u.Object, "data")
-		}
-	}
-	var node *corev1.Node
-	for i := range nodes.Items {
-		if uid, ok := released[nodes.Items[i].Name]; !ok || uid != string(nodes.Items[i].UID) {
-			node = &nodes.Items[i]
-			break
-		}
+		st.Reason, st.Message = failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, s, err)
+		return outcome{state: st, after: retryUnguarded}, proof{}
 	}
 	if node == nil {
 		st.Reason, st.Message = ReasonNoNodes, "the workload cluster has no Node that is not released to prove the policy on"
-		return
+		return outcome{state: st, after: retryUnguarded}, proof{}
 	}
-	if w.user == "" {
-		w.user = whoAmI(ctx, w.kube)
-		st.Identity = w.user
+	warnings, err := r.dryRun(ctx, s, node)
+	mark := policyMark(r.policyInfo.Name)
+	found := enforcement.Action("")
+	switch {
+	case err != nil && apierrors.IsForbidden(err) && strings.Contains(err.Error(), mark):
+		found = enforcement.Deny
+	case err == nil && containsMark(warnings, mark):
+		found = enforcement.Warn
+	case err == nil:
+		found = enforcement.DryRun
 	}
-	var warnings []string
-	uid := node.UID
-	err = w.kube.CoreV1().Nodes().Delete(withWarnings(ctx, &warnings), node.Name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll},
-		Preconditions: &metav1.Preconditions{UID: &uid}})
-	mark := "ValidatingAdmissionPolicy '" + r.policyInfo.Name + "'"
-	if err != nil && apierrors.IsForbidden(err) && strings.Contains(err.Error(), mark) {
-		st.Guarded, st.Reason, st.Message, st.LastProof = true, "", "", time.Now()
-		return
+	if found == action {
+		t.lastProof, t.proven = time.Now(), t.expect
+		st.LastProof = t.lastProof
+		if action == enforcement.DryRun {
+			st.Reason, st.Message = ReasonDryRun, "the policy's binding only audits (enforcement action dryrun): no Node delete is denied there"
+		} else {
+			st.Guarded, st.Reason, st.Message = true, "", ""
+		}
+		return outcome{state: st, after: r.next(t, st)}, proof{matched: true}
 	}
-	for _, warning := range warnings {
-		if strings.Contains(warning, mark) {
-			st.Guarded, st.Reason, st.Message, st.LastProof = true, "", "", time.Now() // a warn rollout
-			return
+	p := proof{lag: true}
+	switch found {
+	case enforcement.Deny, enforcement.Warn:
+		// Guarded, though not as written (the API server still applies the
+		// binding before it): true, and proven again soon.
+		st.Guarded, st.Reason, st.Message = true, "", ""
+	case enforcement.DryRun:
+		st.Reason, st.Message = ReasonReviewNotReceived, fmt.Sprintf("a dry-run delete of Node %s, which nodeguard has not released, was admitted: the policy does not decide there (yet)", node.Name)
+	default:
+		st.Reason, st.Message = failure(err, ReasonReviewNotReceived), fmt.Sprintf("dry-run delete of Node %s: %v", node.Name, err)
+		p.lag = false
+	}
+	o := r.settle(t, st, p)
+	if st.Guarded {
+		o.after = min(o.after, retryUnguarded)
+	}
+	return o, p
+}
+
+func containsMark(warnings []string, mark string) bool {
+	for _, w := range warnings {
+		if strings.Contains(w, mark) {
+			return true
 		}
 	}
-	if err == nil && action == enforcement.DryRun {
-		st.Reason, st.Message = ReasonReviewNotReceived, "the policy's binding only audits (action dryrun): no Node delete is denied there"
-		return
+	return false
+}
+
+// released is the Nodes the published ConfigMap releases there, by name
+// (their UIDs), as last seen.
+func (s *session) released() map[string]string {
+	if s.params == nil {
+		return nil
 	}
-	if err == nil {
-		st.Reason, st.Message = ReasonReviewNotReceived, fmt.Sprintf("a dry-run delete of Node %s, which nodeguard has not released, was admitted: the policy does not decide there (yet)", node.Name)
-		return
+	obj, ok := s.params.Get()
+	if !ok {
+		return nil
 	}
-	st.Reason, st.Message = failure(err, ReasonReviewNotReceived), fmt.Sprintf("dry-run delete of Node %s: %v", node.Name, err)
+	data, _, _ := unstructured.NestedStringMap(obj.Object, "data")
+	return data
+}
+
+// unreleased is a Node the published ConfigMap does not release (nil: none
+// of the first 100).
+func (s *session) unreleased(ctx context.Context) (*corev1.Node, error) {
+	nodes, err := s.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 100})
+	if err != nil {
+		return nil, err
+	}
+	released := s.released()
+	for i := range nodes.Items {
+		if uid, ok := released[nodes.Items[i].Name]; !ok || uid != string(nodes.Items[i].UID) {
+			return &nodes.Items[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// policyObject is one of the objects of mode admission-policy.
+type policyObject struct {
+	gvr             schema.GroupVersionResource
+	namespace, name string
+	watch           *kube.Object
+}
+
+func (r *Reconciler) policyObjects(s *session) (binding, policy, params policyObject) {
+	return policyObject{admissionpolicy.BindingGVR, "", r.policyInfo.Name, s.binding},
+		policyObject{admissionpolicy.PolicyGVR, "", r.policyInfo.Name, s.policy},
+		policyObject{admissionpolicy.ParamsGVR, admissionpolicy.ParamsNamespace, admissionpolicy.ParamsName, s.params}
+}
+
+// present says whether a policy object is there: from its watch, or,
+// without one (no --fleet-admission-policy: nodeguard's identity may not
+// read it), read with the kubeconfig's credentials.
+func (s *session) present(ctx context.Context, o policyObject) (bool, error) {
+	if o.watch != nil {
+		_, ok := o.watch.Get()
+		return ok, nil
+	}
+	var res interface {
+		Get(context.Context, string, metav1.GetOptions, ...string) (*unstructured.Unstructured, error)
+	} = s.c.Admin.Resource(o.gvr)
+	if o.namespace != "" {
+		res = s.c.Admin.Resource(o.gvr).Namespace(o.namespace)
+	}
+	have, err := res.Get(ctx, o.name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) || (err != nil && isNotServed(err)) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return have.GetLabels()[owned.Label] == owned.Owner, nil
+}
+
+// policyLeft says whether objects of mode admission-policy are (or may be)
+// there. Without the watches they are looked for once a connection.
+func (r *Reconciler) policyLeft(ctx context.Context, s *session) bool {
+	if s.binding == nil && s.leftoversChecked {
+		return false
+	}
+	binding, policy, params := r.policyObjects(s)
+	for _, o := range []policyObject{binding, policy, params} {
+		ok, err := s.present(ctx, o)
+		if err != nil || ok {
+			return true // unknown: looked for again
+		}
+	}
+	s.leftoversChecked = true
+	return false
+}
+
+// delete removes an object nodeguard keeps there (where its label says so):
+// with its own identity, or, where that may not, with the kubeconfig's
+// credentials.
+func (r *Reconciler) delete(ctx context.Context, s *session, gvr schema.GroupVersionResource, namespace, name string) (bool, error) {
+	deleted, err := owned.Delete(ctx, s.c.Dynamic, gvr, namespace, name)
+	if err != nil && (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)) && s.c.Admin != nil {
+		deleted, err = owned.Delete(ctx, s.c.Admin, gvr, namespace, name)
+	}
+	if err != nil && isNotServed(err) {
+		return false, nil
+	}
+	return deleted, err
 }
 
 // removePolicy removes the guard of mode admission-policy from a cluster
-// that left the mode, opted out or was deselected: once per session (the
-// objects are not watched outside the mode).
-func (r *Reconciler) removePolicy(ctx context.Context, key string, w *watch) error {
+// that left the mode, opted out or was deselected, in the order that never
+// denies a released Node: the binding; once the API server no longer
+// applies it, the policy and the released Nodes. It says whether nothing is
+// left.
+func (r *Reconciler) removePolicy(ctx context.Context, key string, s *session, t *tracked) bool {
 	if r.opts.Releases != nil {
 		r.opts.Releases.Remove(key)
 	}
-	if w.policyRemoved {
-		return nil
+	binding, policy, params := r.policyObjects(s)
+	bound, err := s.present(ctx, binding)
+	if err != nil {
+		r.opts.Log.Warn("fleet: cannot read nodeguard's admission policy binding; trying again", "cluster", key, "error", err.Error())
+		return false
 	}
-	for _, o := range []struct {
-		gvr       schema.GroupVersionResource
-		namespace string
-		name      string
-	}{
-		{admissionpolicy.BindingGVR, "", r.policyInfo.Name},
-		{admissionpolicy.PolicyGVR, "", r.policyInfo.Name},
-		{admissionpolicy.ParamsGVR, admissionpolicy.ParamsNamespace, admissionpolicy.ParamsName},
-	} {
-		var err error
-		if o.namespace == "" {
-			_, err = owned.Delete(ctx, w.dyn, o.gvr, "", o.name)
-		} else {
-			err = w.dyn.Resource(o.gvr).Namespace(o.namespace).Delete(ctx, o.name, metav1.DeleteOptions{})
-			if apierrors.IsNotFound(err) {
-				err = nil
-			}
+	if bound {
+		if _, err := r.delete(ctx, s, binding.gvr, "", binding.name); err != nil {
+			r.opts.Log.Warn("fleet: cannot remove nodeguard's admission policy binding; trying again", "cluster", key, "error", err.Error())
+			return false
 		}
-		if err != nil && !apierrors.IsNotFound(err) && !isNotServed(err) {
-			return fmt.Errorf("remove nodeguard's admission policy (%s %s): %w", o.gvr.Resource, o.name, err)
+		r.opts.Log.Info("fleet: removed nodeguard's admission policy binding", "cluster", key)
+		t.removing = time.Now()
+		return false
+	}
+	left := false
+	for _, o := range []policyObject{policy, params} {
+		ok, err := s.present(ctx, o)
+		left = left || ok || err != nil
+	}
+	if !left {
+		t.removing = time.Time{}
+		if s.binding == nil {
+			s.leftoversChecked = true
+		}
+		return true
+	}
+	if t.removing.IsZero() {
+		t.removing = time.Now() // gone before it was seen: wait as if just removed
+	}
+	if !r.bindingUnapplied(ctx, s, t) {
+		return false
+	}
+	for _, o := range []policyObject{policy, params} {
+		if _, err := r.delete(ctx, s, o.gvr, o.namespace, o.name); err != nil {
+			r.opts.Log.Warn("fleet: cannot remove nodeguard's admission policy; trying again", "cluster", key, "error", err.Error())
+			return false
 		}
 	}
-	w.policyRemoved = true
-	return nil
+	r.opts.Log.Info("fleet: removed nodeguard's admission policy and its released Nodes", "cluster", key,
+		"waitedForTheBinding", time.Since(t.removing).Round(time.Millisecond).String())
+	t.removing = time.Time{}
+	if s.binding == nil {
+		s.leftoversChecked = true
+	}
+	return true
+}
+
+// bindingUnapplied says whether the API server no longer applies the
+// binding removed at t.removing: a dry-run delete of a Node that is not
+// released is not the policy's to answer any more.
+func (r *Reconciler) bindingUnapplied(ctx context.Context, s *session, t *tracked) bool {
+	since := time.Since(t.removing)
+	if since >= removalMaxWait {
+		return true
+	}
+	node, err := s.unreleased(ctx)
+	if err != nil || node == nil {
+		return since >= bindingApplyTime
+	}
+	warnings, err := r.dryRun(ctx, s, node)
+	mark := policyMark(r.policyInfo.Name)
+	return !containsMark(warnings, mark) && (err == nil || !strings.Contains(err.Error(), mark))
+}
+
+// removeAll removes everything the fleet keeps in a cluster nodeguard is to
+// stay out of; it returns when to look again (0: nothing left to do, or no
+// way to now: a change queues the Cluster).
+func (r *Reconciler) removeAll(ctx context.Context, key string, s *session, t *tracked) time.Duration {
+	if r.opts.Releases != nil {
+		r.opts.Releases.Remove(key)
+	}
+	if s == nil || !s.synced() {
+		return 0
+	}
+	if h := r.opts.Clusters.Health(key); h.Checked && !h.Reachable {
+		return 0 // its return is told
+	}
+	if _, ok := s.vwc.Get(); ok {
+		deleted, err := r.delete(ctx, s, webhookconfig.GVR, "", webhookconfig.Name)
+		if err != nil {
+			r.opts.Log.Warn("fleet: cannot remove nodeguard's configuration; trying again", "cluster", key, "error", err.Error())
+			return retryUnguarded
+		}
+		if deleted {
+			r.opts.Log.Info("fleet: removed nodeguard's configuration", "cluster", key)
+		}
+	}
+	if !r.policyLeft(ctx, s) {
+		return 0
+	}
+	if !r.removePolicy(ctx, key, s, t) {
+		return r.opts.SettleRetry
+	}
+	return 0
 }
 
 // isNotServed is the answer of an API server that has no such resource.

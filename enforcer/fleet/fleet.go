@@ -1,12 +1,28 @@
 // Package fleet keeps every selected Cluster API workload cluster guarded,
-// and proves it: in each, it owns nodeguard's ValidatingWebhookConfiguration
-// (server-side apply, package owned), watches that one object and restores
-// it when it is deleted or edited, removes it when the Cluster opts out or
-// is deselected, and leaves it alone while the Cluster is being deleted.
+// and proves it. In each, in the Cluster's mode, it owns what makes Node
+// deletes judged there (mode webhook: nodeguard's ValidatingWebhookConfiguration;
+// mode admission-policy: a ValidatingAdmissionPolicy, its binding and the
+// released Nodes), watches those objects and restores them when they are
+// deleted or edited, removes them when the Cluster opts out or is
+// deselected, and leaves them alone while the Cluster is being deleted.
+//
 // A cluster counts as guarded only once a dry-run Node delete there came
-// back with the answer of nodeguard's route for that Cluster (the warning
-// webhook.DryRunWarning), so a configuration that is present but cannot
-// reach nodeguard, or trusts a stale CA, shows as what it is.
+// back judged as it should be: by nodeguard's route for that Cluster (the
+// warning webhook.DryRunWarning), or denied by the policy. A proof judges
+// what the API server applied, not what was written: after a write, or a
+// change of what a proof should find (mode, enforcement action,
+// exemptions), it proves again every SettleRetry until it finds it, for up to
+// SettleWindow, and reports nothing until then. Proofs are due ProofInterval
+// after the last proof; a cluster the access layer (package clusters) finds
+// unreachable is reported so at once, with no request.
+//
+// Leaving a mode never leaves a moment where nothing judges, nor one where a
+// released Node is denied: what replaces the old guard is installed and
+// proven first; a policy is removed binding first, and its released Nodes
+// only once the API server no longer applies the binding.
+//
+// One loop (kube.Loop) reconciles every Cluster; only the replica that
+// leads writes and proves.
 package fleet
 
 import (
@@ -20,33 +36,27 @@ import (
 	"sync"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // Options configure a Reconciler.
 type Options struct {
-	// Clusters are the workload clusters' sessions and what is known of
+	// Clusters are the workload clusters' connections and what is known of
 	// each Cluster; the caller runs it, with Session among its Start
 	// functions and Changed among its Changed functions.
 	Clusters *clusters.Set
@@ -61,24 +71,29 @@ type Options struct {
 	// Webhook are the configuration's own settings (failure policy,
 	// timeout, which Nodes); a proof dry-runs a Node its selector picks.
 	Webhook webhookconfig.Settings
-	// ProofInterval is how often a guarded cluster is proven again
-	// (default DefaultProofInterval); an unguarded one is looked at again
-	// sooner, with a bounded backoff while it cannot be reached.
+	// ProofInterval is how long after its last proof a guarded cluster is
+	// proven again (default DefaultProofInterval); an unguarded one is
+	// looked at again sooner.
 	ProofInterval time.Duration
+	// SettleWindow bounds how long a proof that does not find what was
+	// written is put down to the API server's lag (kube-apiserver applies a
+	// webhook configuration within milliseconds, an admission policy within
+	// about a second) and tried again every SettleRetry, unreported
+	// (defaults DefaultSettleWindow, DefaultSettleRetry).
+	SettleWindow, SettleRetry time.Duration
 	// CAInterval is how often the CA files are read (default 5s).
 	CAInterval time.Duration
 	// CARetention is how long a CA that left the files stays in the bundle
 	// (default DefaultCARetention): longer than kubelet takes to update every
 	// replica's copy of the serving Secret.
 	CARetention time.Duration
-	// ProofTimeout bounds one cluster's apply and proof (default 10s).
+	// ProofTimeout bounds one cluster's writes and proof (default 10s).
 	ProofTimeout time.Duration
-	// Workers reconcile that many clusters at once (default 16): an
-	// unreachable cluster holds one for up to ProofTimeout.
+	// Workers reconcile that many clusters at once (default 16).
 	Workers int
-	// IsLeader, when set, says whether this replica writes: only the
-	// leader applies and proves; the others wait.
-	IsLeader func() bool
+	// Leading, when set, says whether this replica writes: only the leader
+	// writes, proves and reports; Lead is to be called when it starts.
+	Leading func() bool
 	// Recorded, when set, is told of each State whose verdict changed (an
 	// Event on the Cluster); Report of every State after each reconcile
 	// (metrics, the status object). Neither may block for long.
@@ -104,22 +119,27 @@ type Options struct {
 const (
 	DefaultProofInterval = 5 * time.Minute
 	DefaultCARetention   = 10 * time.Minute
+	DefaultSettleWindow  = 5 * time.Second
+	DefaultSettleRetry   = 250 * time.Millisecond
 	defaultCAInterval    = 5 * time.Second
 	defaultProofTimeout  = 10 * time.Second
 	defaultWorkers       = 16
 	// retryUnguarded is how soon a reachable but unguarded cluster is
-	// looked at again.
+	// proven again.
 	retryUnguarded = 15 * time.Second
+	// publishWait bounds how long a cluster entering mode admission-policy
+	// waits, unreported, for its released Nodes to be published (every Node
+	// judged once) before its policy is installed.
+	publishWait = 30 * time.Second
 )
 
 // Reconciler keeps the fleet guarded; Run runs it.
 type Reconciler struct {
-	opts  Options
-	queue workqueue.TypedRateLimitingInterface[string]
+	opts Options
+	loop *kube.Loop[string]
 
 	mu       sync.Mutex
-	watches  map[string]*watch
-	states   map[string]State
+	tracked  map[string]*tracked
 	caBundle []byte
 	ca       retainer
 	// policyInfo names and versions the policy of mode admission-policy;
@@ -128,31 +148,31 @@ type Reconciler struct {
 	policy     admissionpolicy.Options
 }
 
-// watch is one workload cluster's session: the configuration as its API
-// server has it, and clients to write and prove with.
-type watch struct {
-	dyn    dynamic.Interface
-	kube   kubernetes.Interface // collects warnings per request (proofs)
-	store  cache.Store
-	synced func() bool
-	// user is who the session's credentials are there (asked once, by the
-	// first proof: one worker has a key at a time); repair, when set,
-	// installs nodeguard's own identity again after a refusal.
-	user   string
-	repair func(context.Context) error
-	// written is the resourceVersion of the configuration as nodeguard last
-	// wrote it, and wrote what it wrote then: an object that differs from
-	// that same want at that very version was changed by the API server
-	// itself (a field it defaults that nodeguard does not set), and writing
-	// again would loop.
-	written     string
-	wroteWanted *unstructured.Unstructured
-	// done ends with the session; the watches of mode admission-policy
-	// (policy) start the first time the Cluster is in it.
-	done           <-chan struct{}
-	policy         *policyWatch
-	servesPolicies *bool
-	policyRemoved  bool
+// tracked is what the reconciler keeps of one Cluster between reconciles.
+// One worker reconciles a key at a time; Session sets session under the
+// Reconciler's mu.
+type tracked struct {
+	session *session
+	// state is the last State reported (reported: one was).
+	state    State
+	reported bool
+	// expect names what a proof should find now (the mode, the enforcement
+	// action, the exemptions, what was written); proven, what the last proof
+	// that found it found. changed is when expect last changed, or
+	// nodeguard last wrote there: the settle window counts from it.
+	expect, proven string
+	changed        time.Time
+	lastProof      time.Time
+	// entering is when the Cluster started waiting for its released Nodes
+	// to be published (mode admission-policy), zero when not waiting.
+	entering time.Time
+	// policyDecides: the last proof of mode webhook was denied by the
+	// admission policy still there (no Node it releases to prove on).
+	policyDecides bool
+	// removing is when the binding of mode admission-policy was removed,
+	// while its policy and released Nodes wait for the API server to stop
+	// applying it.
+	removing time.Time
 }
 
 // New checks opts and reads the CA bundle once: without one, nothing can be
@@ -179,6 +199,12 @@ func New(opts Options) (*Reconciler, error) {
 	if opts.ProofInterval <= 0 {
 		opts.ProofInterval = DefaultProofInterval
 	}
+	if opts.SettleWindow <= 0 {
+		opts.SettleWindow = DefaultSettleWindow
+	}
+	if opts.SettleRetry <= 0 {
+		opts.SettleRetry = DefaultSettleRetry
+	}
 	if opts.CAInterval <= 0 {
 		opts.CAInterval = defaultCAInterval
 	}
@@ -198,17 +224,16 @@ func New(opts Options) (*Reconciler, error) {
 	if _, _, err := admissionpolicy.Build(info, opts.AdmissionPolicy); err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	limiter := workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, opts.ProofInterval)
-	return &Reconciler{
+	r := &Reconciler{
 		policyInfo: info,
 		opts:       opts,
-		queue:      workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{Name: "fleet"}),
-		watches:    map[string]*watch{},
-		states:     map[string]State{},
+		tracked:    map[string]*tracked{},
 		caBundle:   ca,
 		ca:         kept,
 		policy:     opts.AdmissionPolicy,
-	}, nil
+	}
+	r.loop = kube.NewLoop(kube.LoopOptions{Name: "fleet", Workers: opts.Workers, MaxBackoff: opts.ProofInterval}, r.reconcile)
+	return r, nil
 }
 
 // SetExempt replaces the users and groups the admission policy exempts (a
@@ -227,12 +252,28 @@ func (r *Reconciler) SetExempt(users, groups []string) error {
 	r.policy = next
 	r.mu.Unlock()
 	if changed {
-		for _, k := range r.opts.Clusters.Clusters() {
-			r.queue.Add(k)
-		}
+		r.Reprove()
 	}
 	return nil
 }
+
+// Reprove has every Cluster reconciled, and proven, now: the routes'
+// enforcement action changed (the Constraint's), or this replica started
+// leading.
+func (r *Reconciler) Reprove() {
+	r.mu.Lock()
+	for _, t := range r.tracked {
+		t.proven = ""
+	}
+	r.mu.Unlock()
+	for _, k := range r.opts.Clusters.Clusters() {
+		r.loop.Add(k)
+	}
+}
+
+// Lead is called when this replica starts leading: every Cluster is
+// looked at and proven again.
+func (r *Reconciler) Lead() { r.Reprove() }
 
 // policyOptions is how the admission policy is built now.
 func (r *Reconciler) policyOptions() admissionpolicy.Options {
@@ -241,77 +282,28 @@ func (r *Reconciler) policyOptions() admissionpolicy.Options {
 	return r.policy
 }
 
-// Changed queues a Cluster whose Meta or session changed (clusters.Options.Changed).
-func (r *Reconciler) Changed(key string) { r.queue.Add(key) }
+// Changed queues a Cluster whose Meta, connection or health changed
+// (clusters.Options.Changed).
+func (r *Reconciler) Changed(key string) { r.loop.Add(key) }
 
-// States returns every Cluster's State.
+// States returns every Cluster's State as last reported.
 func (r *Reconciler) States() []State {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]State, 0, len(r.states))
-	for _, s := range r.states {
-		out = append(out, s)
+	out := make([]State, 0, len(r.tracked))
+	for _, t := range r.tracked {
+		if t.reported {
+			out = append(out, t.state)
+		}
 	}
 	return out
 }
 
-// Session watches nodeguard's configuration in the workload cluster c until
-// ctx is done (a clusters.Options.Start function).
-func (r *Reconciler) Session(ctx context.Context, c *clusters.Cluster) {
-	cfg := rest.CopyConfig(c.Config)
-	cfg.WarningHandlerWithContext = warningCollector{}
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		r.opts.Log.Error("fleet: no client for the workload cluster", "cluster", c.Key, "error", err.Error())
-		return
-	}
-	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.Dynamic, 0, "", func(o *metav1.ListOptions) {
-		o.FieldSelector = "metadata.name=" + webhookconfig.Name
-	})
-	informer := factory.ForResource(webhookconfig.GVR).Informer()
-	queue := func(any) { r.queue.Add(c.Key) }
-	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: queue, UpdateFunc: func(_, obj any) { queue(obj) }, DeleteFunc: queue,
-	}); err != nil {
-		r.opts.Log.Error("fleet: cannot watch the workload cluster's configuration", "cluster", c.Key, "error", err.Error())
-		return
-	}
-	// An unreachable API server: client-go's reflector backs off; the
-	// reconcile reports it, this only keeps the log quiet.
-	_ = informer.SetWatchErrorHandlerWithContext(func(context.Context, *cache.Reflector, error) {})
-	w := &watch{dyn: c.Dynamic, kube: kube, store: informer.GetStore(), synced: informer.HasSynced, done: ctx.Done()}
-	if c.Identity != nil {
-		w.repair = c.Identity.Repair
-	}
-	r.mu.Lock()
-	r.watches[c.Key] = w
-	r.mu.Unlock()
-	r.queue.Add(c.Key)
-	factory.Start(ctx.Done())
-	<-ctx.Done()
-	factory.Shutdown()
-	r.mu.Lock()
-	if r.watches[c.Key] == w {
-		delete(r.watches, c.Key)
-	}
-	r.mu.Unlock()
-}
-
-// Run reconciles until ctx is done.
+// Run reconciles until ctx is done, and returns once the reconciles under
+// way (their writes) are done.
 func (r *Reconciler) Run(ctx context.Context) {
-	go func() {
-		<-ctx.Done()
-		r.queue.ShutDown()
-	}()
 	go wait.UntilWithContext(ctx, r.readCA, r.opts.CAInterval)
-	var wg sync.WaitGroup
-	for range r.opts.Workers {
-		wg.Go(func() {
-			for r.work(ctx) {
-			}
-		})
-	}
-	wg.Wait()
+	r.loop.Run(ctx)
 }
 
 // readCA reads the CA files again; a changed bundle is written everywhere.
@@ -330,121 +322,165 @@ func (r *Reconciler) readCA(context.Context) {
 	if changed {
 		r.opts.Log.Info("fleet: the CA bundle changed; writing it into every workload cluster")
 		for _, k := range r.opts.Clusters.Clusters() {
-			r.queue.Add(k)
+			r.loop.Add(k)
 		}
 	}
 }
 
-func (r *Reconciler) work(ctx context.Context) bool {
-	key, shutdown := r.queue.Get()
-	if shutdown {
-		return false
+// track is the tracked of key, made when first asked.
+func (r *Reconciler) track(key string) *tracked {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.tracked[key]
+	if !ok {
+		t = &tracked{}
+		r.tracked[key] = t
 	}
-	defer r.queue.Done(key)
-	if r.opts.IsLeader != nil && !r.opts.IsLeader() {
-		r.queue.AddAfter(key, 2*time.Second)
-		return true
-	}
-	st, gone := r.reconcile(ctx, key)
-	if gone || ctx.Err() != nil {
-		r.queue.Forget(key)
-		return true
-	}
-	switch {
-	case st.Guarded:
-		r.queue.Forget(key)
-		r.queue.AddAfter(key, r.opts.ProofInterval)
-	case st.Reason == ReasonUnreachable:
-		r.queue.AddRateLimited(key) // bounded backoff
-	case Excluded(st.Reason) || st.Reason == ReasonNoKubeconfig:
-		r.queue.Forget(key) // its change queues it
-	default:
-		r.queue.Forget(key)
-		r.queue.AddAfter(key, min(retryUnguarded, r.opts.ProofInterval))
-	}
-	return true
+	return t
 }
 
-// reconcile brings one Cluster where its Meta says and records its State;
-// gone says the Cluster is no more.
-func (r *Reconciler) reconcile(ctx context.Context, key string) (State, bool) {
+// outcome is what one reconcile found: the State to report (none while a
+// proof settles) and when to look again.
+type outcome struct {
+	state    State
+	settling bool
+	after    time.Duration
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, key string) kube.Result {
 	meta, exists := r.opts.Clusters.Meta(key)
-	r.mu.Lock()
-	before, w, ca := r.states[key], r.watches[key], r.caBundle
-	r.mu.Unlock()
 	if !exists {
 		r.mu.Lock()
-		delete(r.states, key)
+		_, had := r.tracked[key]
+		if had && r.tracked[key].session == nil {
+			delete(r.tracked, key)
+		}
 		r.mu.Unlock()
-		if r.opts.Forgotten != nil {
+		if had && r.opts.Forgotten != nil {
 			r.opts.Forgotten(key)
 		}
-		return State{}, true
+		return kube.Result{}
+	}
+	t := r.track(key)
+	if r.opts.Leading != nil && !r.opts.Leading() {
+		r.standby(key, meta, t)
+		return kube.Result{} // Lead queues every Cluster
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.ProofTimeout)
 	defer cancel()
-	st := State{Cluster: key, Mode: meta.Annotations[ModeAnnotation], LastProof: before.LastProof}
-	if w != nil {
-		st.Identity = w.user
+	o := r.decide(ctx, key, meta, t)
+	if !o.settling {
+		r.report(key, t, o.state)
 	}
-	if st.Mode == "" {
-		st.Mode = ModeWebhook
+	return kube.Result{After: o.after}
+}
+
+// standby keeps a replica that does not lead ready to: the released Nodes
+// of a Cluster in mode admission-policy are judged here too (the publisher
+// writes only while leading), so a new leader publishes at once.
+func (r *Reconciler) standby(key string, meta clusters.Meta, t *tracked) {
+	if r.opts.Releases == nil || modeOf(meta) != ModeAdmissionPolicy || !r.included(meta) {
+		return
+	}
+	if s := r.sessionOf(t); s != nil {
+		r.enroll(key)
+	}
+}
+
+// included says whether nodeguard is to guard the Cluster at all.
+func (r *Reconciler) included(meta clusters.Meta) bool {
+	return !meta.Deleting && meta.Annotations[OptOutAnnotation] != "true" && r.opts.Selector.Matches(labels.Set(meta.Labels))
+}
+
+func modeOf(meta clusters.Meta) string {
+	if m := meta.Annotations[ModeAnnotation]; m != "" {
+		return m
+	}
+	return ModeWebhook
+}
+
+func (r *Reconciler) sessionOf(t *tracked) *session {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return t.session
+}
+
+// decide brings one Cluster where its Meta says.
+func (r *Reconciler) decide(ctx context.Context, key string, meta clusters.Meta, t *tracked) outcome {
+	s := r.sessionOf(t)
+	st := State{Cluster: key, Mode: modeOf(meta), LastProof: t.lastProof}
+	if s != nil {
+		st.Identity = s.user
 	}
 	switch {
 	case meta.Deleting:
 		st.Reason, st.Message = ReasonDeleting, "the Cluster is being deleted; nodeguard leaves its workload cluster alone"
+		return outcome{state: st}
 	case meta.Annotations[OptOutAnnotation] == "true":
 		st.Reason, st.Message = ReasonOptedOut, "annotation "+OptOutAnnotation+": true"
-		r.remove(ctx, key, w, &st)
+		return outcome{state: st, after: r.removeAll(ctx, key, s, t)}
 	case !r.opts.Selector.Matches(labels.Set(meta.Labels)):
 		st.Reason, st.Message = ReasonNotSelected, "the Cluster's labels do not match the fleet's selector "+r.opts.Selector.String()
-		r.remove(ctx, key, w, &st)
+		return outcome{state: st, after: r.removeAll(ctx, key, s, t)}
 	case st.Mode != ModeWebhook && (st.Mode != ModeAdmissionPolicy || r.opts.Releases == nil):
 		st.Reason, st.Message = ReasonModeUnsupported, fmt.Sprintf("mode %q is not supported; use %q", st.Mode, ModeWebhook)
 		if st.Mode == ModeAdmissionPolicy {
 			st.Message += " (mode " + ModeAdmissionPolicy + " needs nodeguard serve --fleet-admission-policy)"
 		}
-	case w == nil:
+		return outcome{state: st}
+	case s == nil:
 		st.Reason, st.Message = ReasonNoKubeconfig, "no working kubeconfig Secret "+clusters.KubeconfigSecret(key)
 		if err := r.opts.Clusters.Failure(key); err != nil {
-			// A session starts by installing nodeguard's identity there, so
-			// an API server that does not answer fails it.
+			// A connection starts by installing nodeguard's identity there,
+			// so an API server that does not answer fails it.
 			st.Reason, st.Message = failure(err, ReasonNoKubeconfig), err.Error()
 		}
-	case st.Mode == ModeAdmissionPolicy:
-		w.policyRemoved = false
+		return outcome{state: st}
+	}
+	if h := r.opts.Clusters.Health(key); h.Checked && !h.Reachable {
+		st.Reason = ReasonUnreachable
+		st.Message = fmt.Sprintf("the workload API server %s has not answered since %s: %v", s.c.Config.Host,
+			h.Since.UTC().Format(time.RFC3339), h.Err)
+		return outcome{state: st} // its return is told (Changed)
+	}
+	if st.Mode == ModeAdmissionPolicy {
 		action, err := enforcement.Of(meta.Annotations, r.opts.AdmissionPolicy.Action)
 		if err != nil {
 			// Not guessed: the policy there stays as it is, and the Cluster
 			// is reported until the annotation is fixed.
 			st.Reason, st.Message = ReasonNotInstalled, err.Error()
-			break
+			return outcome{state: st}
 		}
-		r.guardPolicy(ctx, key, w, before, &st, action)
-	default:
-		if err := r.removePolicy(ctx, key, w); err != nil {
-			r.opts.Log.Error("fleet: cannot remove nodeguard's admission policy", "cluster", key, "error", err.Error())
-		}
-		protection, err := ghosts.Of(meta.Annotations, r.opts.GhostProtection)
-		if r.opts.GhostProtection == "" {
-			protection, err = ghosts.Off, nil
-		}
-		if err != nil {
-			// The registration webhook stays as it is until it is fixed.
-			r.opts.Log.Warn("fleet: Cluster's ghost protection ignored", "cluster", key, "error", err.Error())
-			protection = registrationsOf(w)
-		}
-		r.guard(ctx, key, w, ca, before, &st, protection == ghosts.Deny)
+		st.Action = string(action)
+		return r.guardPolicy(ctx, key, s, t, st, action)
 	}
-	if st.Guarded == before.Guarded && st.Reason == before.Reason && !before.Since.IsZero() {
+	protection, err := ghosts.Of(meta.Annotations, r.opts.GhostProtection)
+	if r.opts.GhostProtection == "" {
+		protection, err = ghosts.Off, nil
+	}
+	if err != nil {
+		// The registration webhook stays as it is until it is fixed.
+		r.opts.Log.Warn("fleet: Cluster's ghost protection ignored", "cluster", key, "error", err.Error())
+		protection = registrationsOf(s)
+	}
+	r.mu.Lock()
+	ca := r.caBundle
+	r.mu.Unlock()
+	return r.guardWebhook(ctx, key, s, t, st, ca, protection == ghosts.Deny, meta.Annotations[enforcement.Annotation])
+}
+
+// report records a Cluster's State, and tells of it.
+func (r *Reconciler) report(key string, t *tracked, st State) {
+	r.mu.Lock()
+	before, had := t.state, t.reported
+	if had && st.Guarded == before.Guarded && st.Reason == before.Reason {
 		st.Since = before.Since
 	} else {
 		st.Since = time.Now()
 	}
-	r.mu.Lock()
-	r.states[key] = st
+	t.state, t.reported = st, true
 	r.mu.Unlock()
-	if !st.sameVerdict(before) || before.Since.IsZero() {
+	if !had || !st.sameVerdict(before) {
 		r.opts.Log.Info("fleet: workload cluster", "cluster", key, "guarded", st.Guarded, "reason", st.Reason, "message", st.Message)
 		if r.opts.Recorded != nil {
 			r.opts.Recorded(before, st)
@@ -453,194 +489,133 @@ func (r *Reconciler) reconcile(ctx context.Context, key string) (State, bool) {
 	if r.opts.Report != nil {
 		r.opts.Report(st)
 	}
-	return st, false
 }
 
-// remove deletes nodeguard's configuration from a cluster that opted out.
-func (r *Reconciler) remove(ctx context.Context, key string, w *watch, st *State) {
-	if w == nil {
-		return // no client; a session starting queues the Cluster again
-	}
-	if err := r.removePolicy(ctx, key, w); err != nil {
-		st.Message += "; " + err.Error()
-		r.opts.Log.Error("fleet: cannot remove nodeguard's admission policy", "cluster", key, "error", err.Error())
-	}
-	if _, ok, _ := w.store.GetByKey(webhookconfig.Name); !ok && w.synced() {
-		return // nothing there: no request
-	}
-	deleted, err := owned.Delete(ctx, w.dyn, webhookconfig.GVR, "", webhookconfig.Name)
-	if err != nil {
-		st.Message += "; removing nodeguard's configuration failed: " + err.Error()
-		r.opts.Log.Error("fleet: cannot remove nodeguard's configuration", "cluster", key, "error", err.Error())
-		return
-	}
-	if deleted {
-		r.opts.Log.Info("fleet: removed nodeguard's configuration", "cluster", key, "reason", st.Reason)
+// expecting notes what a proof should find now: a new expectation starts
+// the settle window.
+func (t *tracked) expecting(expect string) {
+	if t.expect != expect {
+		t.expect, t.changed = expect, time.Now()
 	}
 }
 
-// guard installs the configuration where it is missing or differs, then
-// proves the cluster guarded when a proof is due.
-func (r *Reconciler) guard(ctx context.Context, key string, w *watch, ca []byte, before State, st *State, registrations bool) {
-	cfg, err := webhookconfig.Build(webhookconfig.Options{URL: r.opts.URL, CABundle: ca, Cluster: key, Webhook: r.opts.Webhook,
-		Registrations: registrations})
+// wrote notes a write that changes what the API server admits there.
+func (t *tracked) wrote() { t.changed = time.Now() }
+
+// proofDue says whether the cluster is to be proven now: what a proof
+// should find changed, something was written since the last proof, it is
+// not proven guarded, or its interval passed.
+func (r *Reconciler) proofDue(t *tracked) bool {
+	settled := t.proven == t.expect && (t.state.Guarded || t.state.Reason == ReasonDryRun)
+	return !settled || t.changed.After(t.lastProof) || time.Since(t.lastProof) >= r.opts.ProofInterval
+}
+
+// settles says whether a proof that did not find what it should is put
+// down to the API server's lag: within the settle window of the last
+// change.
+func (r *Reconciler) settles(t *tracked) bool {
+	return time.Since(t.changed) < r.opts.SettleWindow
+}
+
+// next is when a cluster in State st is looked at again.
+func (r *Reconciler) next(t *tracked, st State) time.Duration {
+	if st.Guarded || st.Reason == ReasonDryRun {
+		return max(time.Millisecond, time.Until(t.lastProof.Add(r.opts.ProofInterval)))
+	}
+	return min(retryUnguarded, r.opts.ProofInterval)
+}
+
+// session is one workload cluster's connection, as the fleet uses it:
+// clients to write and prove with, and the watches of what it keeps there.
+type session struct {
+	c *clusters.Cluster
+	// kube collects warnings per request (proofs), as JSON.
+	kube kubernetes.Interface
+	ctx  context.Context
+	// vwc is nodeguard's webhook configuration there; policy, binding and
+	// params the objects of mode admission-policy (nil without
+	// --fleet-admission-policy: nodeguard's identity may not read them).
+	vwc                     *kube.Object
+	policy, binding, params *kube.Object
+	// user is who the connection's credentials are there (asked once, by
+	// the first proof).
+	user string
+	// written is the resourceVersion of the configuration as nodeguard last
+	// wrote it, and wroteWanted what it wrote then: an object that differs
+	// from that same want at that very version was changed by the API server
+	// itself (a field it defaults that nodeguard does not set), and writing
+	// again would loop.
+	written        string
+	wroteWanted    map[string]any
+	servesPolicies *bool
+	// leftovers: without --fleet-admission-policy, whether an earlier
+	// configuration's admission policy was looked for there (with the
+	// kubeconfig's credentials) and removed.
+	leftoversChecked bool
+}
+
+// Session watches what nodeguard keeps in the workload cluster c until ctx
+// is done (a clusters.Options.Start function).
+func (r *Reconciler) Session(ctx context.Context, c *clusters.Cluster) {
+	cfg := rest.CopyConfig(c.Config)
+	cfg.WarningHandlerWithContext = warningCollector{}
+	// JSON, not the connection's protobuf: proofs read Nodes' names only.
+	cfg.ContentType, cfg.AcceptContentTypes = "", ""
+	kc, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		st.Reason, st.Message = ReasonNotInstalled, err.Error()
+		r.opts.Log.Error("fleet: no client for the workload cluster", "cluster", c.Key, "error", err.Error())
 		return
 	}
-	want, err := webhookconfig.Object(cfg)
-	if err != nil {
-		st.Reason, st.Message = ReasonNotInstalled, err.Error()
-		return
-	}
-	var have *unstructured.Unstructured
-	if obj, ok, _ := w.store.GetByKey(webhookconfig.Name); ok {
-		have, _ = obj.(*unstructured.Unstructured)
-	}
-	if other := claimedBy(have); other != "" && other != key {
-		if m, ok := r.opts.Clusters.Meta(other); ok && !m.Deleting {
-			// Two Clusters' kubeconfigs reach one API server: writing would
-			// flap between them, and one of them is wrong.
-			st.Reason, st.Message = ReasonNotInstalled, fmt.Sprintf("this API server holds nodeguard's configuration for Cluster %s, "+
-				"which exists too: two Clusters' kubeconfig Secrets reach the same API server; fix the wrong one", other)
-			return
-		}
-	}
-	applied := false
-	if !owned.Holds(have, want.Object, "webhooks") {
-		if have != nil && have.GetResourceVersion() == w.written && owned.Holds(w.wroteWanted, want.Object, "webhooks") {
-			st.Reason, st.Message = ReasonNotInstalled, "the API server stores nodeguard's configuration otherwise than written "+
-				"(a field it defaults?); not writing it again"
-			return
-		}
-		stored, replaced, err := owned.Restore(ctx, w.dyn, want, "webhooks")
+	s := &session{c: c, kube: kc, ctx: ctx}
+	queue := func(*unstructured.Unstructured) { r.loop.Add(c.Key) }
+	watch := func(o kube.ObjectOptions) *kube.Object {
+		o.Client, o.Changed = c.Dynamic, queue
+		w, err := kube.WatchObject(o)
 		if err != nil {
-			st.Reason, st.Message = failure(err, ReasonNotInstalled), err.Error()+r.repaired(ctx, key, w, err)
-			st.CACurrent = have != nil && trusts(have, ca)
-			if !st.CACurrent && have != nil && st.Reason == ReasonNotInstalled {
-				st.Reason = ReasonStaleCABundle
-			}
+			r.opts.Log.Error("fleet: cannot watch the workload cluster", "cluster", c.Key, "error", err.Error())
+			return nil
+		}
+		return w
+	}
+	if s.vwc = watch(kube.ObjectOptions{Resource: webhookconfig.GVR, Name: webhookconfig.Name}); s.vwc == nil {
+		return
+	}
+	watches := []*kube.Object{s.vwc}
+	if r.opts.Releases != nil {
+		s.policy = watch(kube.ObjectOptions{Resource: admissionpolicy.PolicyGVR, Name: r.policyInfo.Name})
+		s.binding = watch(kube.ObjectOptions{Resource: admissionpolicy.BindingGVR, Name: r.policyInfo.Name})
+		s.params = watch(kube.ObjectOptions{Resource: admissionpolicy.ParamsGVR, Namespace: admissionpolicy.ParamsNamespace, Name: admissionpolicy.ParamsName})
+		if s.policy == nil || s.binding == nil || s.params == nil {
 			return
 		}
-		applied, w.written, w.wroteWanted = true, stored.GetResourceVersion(), want.Object
-		what := "installed"
-		switch {
-		case replaced:
-			what = "replaced (another manager had added fields)"
-		case before.Wired:
-			what = "restored"
-		}
-		r.opts.Log.Info("fleet: nodeguard's configuration "+what, "cluster", key)
+		watches = append(watches, s.policy, s.binding, s.params)
 	}
-	// The stored configuration holds want (it did, or the write made it),
-	// and want carries ca.
-	st.Wired, st.CACurrent = true, true
-	due := applied || !before.Guarded || time.Since(before.LastProof) >= r.opts.ProofInterval
-	if !due {
-		st.Guarded, st.Reason, st.Message = true, "", ""
-		return
+	var wg sync.WaitGroup
+	for _, w := range watches {
+		wg.Go(func() { w.Run(ctx) })
 	}
-	r.prove(ctx, key, w, st)
+	t := r.track(c.Key)
+	r.mu.Lock()
+	t.session = s
+	r.mu.Unlock()
+	r.loop.Add(c.Key)
+	wg.Wait()
+	r.mu.Lock()
+	if t.session == s {
+		t.session = nil
+	}
+	r.mu.Unlock()
+	r.loop.Add(c.Key)
 }
 
-// registrationsOf is the protection the configuration stored in a cluster
-// carries out: deny when it has the registration webhook.
-func registrationsOf(w *watch) ghosts.Protection {
-	if w == nil {
-		return ghosts.Off
-	}
-	obj, ok, _ := w.store.GetByKey(webhookconfig.Name)
-	if !ok {
-		return ghosts.Off
-	}
-	have, _ := obj.(*unstructured.Unstructured)
-	hooks, _, _ := unstructured.NestedSlice(have.Object, "webhooks")
-	for _, h := range hooks {
-		if m, _ := h.(map[string]any); m["name"] == webhookconfig.RegistrationWebhookName {
-			return ghosts.Deny
+// synced says whether every watch of s has its first list.
+func (s *session) synced() bool {
+	for _, w := range []*kube.Object{s.vwc, s.policy, s.binding, s.params} {
+		if w != nil && !w.Synced() {
+			return false
 		}
 	}
-	return ghosts.Off
-}
-
-// claimedBy is the Cluster a stored configuration routes to, "" when none.
-func claimedBy(have *unstructured.Unstructured) string {
-	if have == nil {
-		return ""
-	}
-	return have.GetAnnotations()[webhookconfig.ClusterAnnotation]
-}
-
-// trusts says whether the stored configuration carries the CA bundle ca.
-func trusts(have *unstructured.Unstructured, ca []byte) bool {
-	hooks, _, _ := unstructured.NestedSlice(have.Object, "webhooks")
-	for _, h := range hooks {
-		m, _ := h.(map[string]any)
-		var hook admissionregistrationv1.ValidatingWebhook
-		if err := fromUnstructured(m, &hook); err == nil && hook.Name == webhookconfig.WebhookName {
-			return string(hook.ClientConfig.CABundle) == string(ca)
-		}
-	}
-	return false
-}
-
-// prove makes a dry-run delete of one of the cluster's Nodes, as nodeguard:
-// the cluster is guarded when the answer carries the warning of
-// nodeguard's route for this Cluster, allowed or denied.
-func (r *Reconciler) prove(ctx context.Context, key string, w *watch, st *State) {
-	// A Node the webhook is sent: its object selector's.
-	nodes, err := w.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1, LabelSelector: r.opts.Webhook.ObjectSelector})
-	if err != nil {
-		st.Reason, st.Message = failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, w, err)
-		return
-	}
-	if len(nodes.Items) == 0 {
-		st.Reason, st.Message = ReasonNoNodes, "the workload cluster has no Node to prove the guard on yet"
-		return
-	}
-	node := nodes.Items[0]
-	if w.user == "" {
-		w.user = whoAmI(ctx, w.kube)
-		st.Identity = w.user
-	}
-	var warnings []string
-	pctx := withWarnings(ctx, &warnings)
-	uid := node.UID
-	err = w.kube.CoreV1().Nodes().Delete(pctx, node.Name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll},
-		Preconditions: &metav1.Preconditions{UID: &uid}})
-	mark := webhook.DryRunWarning(key)
-	for _, warning := range warnings {
-		if warning == mark {
-			st.Guarded, st.Reason, st.Message, st.LastProof = true, "", "", time.Now()
-			return
-		}
-	}
-	switch {
-	case err == nil:
-		st.Reason, st.Message = ReasonReviewNotReceived,
-			fmt.Sprintf("a dry-run delete of Node %s was admitted without nodeguard's answer: the API server does not send it to nodeguard's route", node.Name)
-	case isWebhookCallFailure(err) && isCertificateError(err):
-		st.Reason, st.Message = ReasonStaleCABundle, "the API server does not trust nodeguard's certificate: "+err.Error()
-	case isWebhookCallFailure(err):
-		st.Reason, st.Message = ReasonReviewNotReceived, "the API server cannot reach nodeguard: "+err.Error()
-	default:
-		st.Reason, st.Message = failure(err, ReasonReviewNotReceived), fmt.Sprintf("dry-run delete of Node %s: %v", node.Name, err)
-	}
-}
-
-// repaired installs nodeguard's identity again when err is a refusal of
-// it (someone deleted its ServiceAccount or bindings): the next reconcile
-// (soon: the cluster is unguarded) runs with it. It says what it did.
-func (r *Reconciler) repaired(ctx context.Context, key string, w *watch, err error) string {
-	if w.repair == nil || !(apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)) || isWebhookCallFailure(err) {
-		return ""
-	}
-	if rerr := w.repair(ctx); rerr != nil {
-		r.opts.Log.Error("fleet: cannot install nodeguard's identity again", "cluster", key, "error", rerr.Error())
-		return "; installing nodeguard's identity again failed: " + rerr.Error()
-	}
-	r.opts.Log.Info("fleet: nodeguard's identity was refused; installed it again", "cluster", key, "error", err.Error())
-	return "; nodeguard's identity was refused and is installed again"
+	return true
 }
 
 // whoAmI is the user the API server sees kube's credentials as ("" when
@@ -653,6 +628,21 @@ func whoAmI(ctx context.Context, kube kubernetes.Interface) string {
 		return ""
 	}
 	return r.Status.UserInfo.Username
+}
+
+// repaired installs nodeguard's identity again when err is a refusal of
+// it (someone deleted its ServiceAccount or bindings): the next reconcile
+// (soon: the cluster is unguarded) runs with it. It says what it did.
+func (r *Reconciler) repaired(ctx context.Context, key string, s *session, err error) string {
+	if s.c.Identity == nil || !(apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)) || isWebhookCallFailure(err) {
+		return ""
+	}
+	if rerr := s.c.Identity.Repair(ctx); rerr != nil {
+		r.opts.Log.Error("fleet: cannot install nodeguard's identity again", "cluster", key, "error", rerr.Error())
+		return "; installing nodeguard's identity again failed: " + rerr.Error()
+	}
+	r.opts.Log.Info("fleet: nodeguard's identity was refused; installed it again", "cluster", key, "error", err.Error())
+	return "; nodeguard's identity was refused and is installed again"
 }
 
 // failure is the reason for an error talking to a workload API server:

@@ -4,19 +4,17 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -55,83 +53,55 @@ func (k *ProviderKeeper) Run(ctx context.Context) error {
 	if _, err := readCerts(k.CAFiles); err != nil {
 		return fmt.Errorf("gatekeeper provider: %w", err)
 	}
-	queue := workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 30*time.Second),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "gatekeeper-provider"})
-	defer queue.ShutDown()
-	poke := func(any) { queue.Add(k.Name) }
-	handlers := cache.ResourceEventHandlerFuncs{AddFunc: poke, UpdateFunc: func(_, o any) { poke(o) }, DeleteFunc: poke}
-	named := func(name string) dynamicinformer.TweakListOptionsFunc {
-		return func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + name }
-	}
-	crdFactory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(k.Client, 0, "", named(providerCRD))
-	if _, err := crdFactory.ForResource(crds).Informer().AddEventHandler(handlers); err != nil {
+	var (
+		ca       atomic.Pointer[string] // the bundle in place
+		watching sync.Once
+		provider *kube.Object
+		crd      *kube.Object
+	)
+	loop := kube.NewLoop(kube.LoopOptions{Name: "gatekeeper-provider", MaxBackoff: 30 * time.Second}, func(ctx context.Context, _ string) kube.Result {
+		if obj, ok := crd.Get(); !ok || !inventory.CRDEstablished(obj) {
+			return kube.Result{} // its CRD's events queue it again
+		}
+		// The Provider itself is watched once its CRD is served: before, a
+		// watch would only back off.
+		watching.Do(func() { go provider.Run(ctx) })
+		if !provider.Synced() {
+			return kube.Result{After: 100 * time.Millisecond}
+		}
+		have, _ := provider.Get()
+		written, err := k.keep(ctx, have)
+		if err != nil {
+			k.Log.Error("keep Gatekeeper's Provider; retrying", "provider", k.Name, "error", err.Error())
+			return kube.Result{Retry: true}
+		}
+		s := string(written)
+		ca.Store(&s)
+		return kube.Result{}
+	})
+	poke := func(*unstructured.Unstructured) { loop.Add(k.Name) }
+	var err error
+	if crd, err = kube.WatchObject(kube.ObjectOptions{Client: k.Client, Resource: crds, Name: providerCRD, Changed: poke}); err != nil {
 		return fmt.Errorf("gatekeeper provider: watch its CRD: %w", err)
 	}
-	// The Provider itself is watched once its CRD is served: before, a
-	// watch would only back off.
-	providers := dynamicinformer.NewFilteredDynamicSharedInformerFactory(k.Client, 0, "", named(k.Name))
-	informer := providers.ForResource(webhookconfig.ProviderGVR).Informer()
-	if _, err := informer.AddEventHandler(handlers); err != nil {
+	if provider, err = kube.WatchObject(kube.ObjectOptions{Client: k.Client, Resource: webhookconfig.ProviderGVR, Name: k.Name, Changed: poke}); err != nil {
 		return fmt.Errorf("gatekeeper provider: watch it: %w", err)
 	}
-	crdFactory.Start(ctx.Done())
-	defer crdFactory.Shutdown()
-	defer providers.Shutdown()
-	var ca atomic.Pointer[string] // the bundle in place
+	go crd.Run(ctx)
 	go wait.UntilWithContext(ctx, func(context.Context) {
 		if b, err := readCerts(k.CAFiles); err == nil {
 			if have := ca.Load(); have == nil || string(joinCerts(b)) != *have {
-				queue.Add(k.Name)
+				loop.Add(k.Name)
 			}
 		}
 	}, k.CAInterval)
-	go func() {
-		<-ctx.Done()
-		queue.ShutDown()
-	}()
-	watching := false
-	for {
-		key, shutdown := queue.Get()
-		if shutdown {
-			return nil
-		}
-		if !k.established(crdFactory) {
-			queue.Done(key)
-			continue // its CRD's events queue it again
-		}
-		if !watching {
-			providers.Start(ctx.Done())
-			watching = true
-		}
-		written, err := k.keep(ctx, informer.GetStore())
-		queue.Done(key)
-		if err != nil {
-			k.Log.Error("keep Gatekeeper's Provider; retrying", "provider", k.Name, "error", err.Error())
-			queue.AddRateLimited(key)
-			continue
-		}
-		queue.Forget(key)
-		if written != nil {
-			s := string(written)
-			ca.Store(&s)
-		}
-	}
-}
-
-// established says whether Gatekeeper's Provider CRD is served.
-func (k *ProviderKeeper) established(f dynamicinformer.DynamicSharedInformerFactory) bool {
-	obj, ok, _ := f.ForResource(crds).Informer().GetStore().GetByKey(providerCRD)
-	if !ok {
-		return false
-	}
-	u, _ := obj.(*unstructured.Unstructured)
-	return u != nil && inventory.CRDEstablished(u)
+	loop.Run(ctx)
+	return nil
 }
 
 // keep writes the Provider when the stored one differs; it returns the CA
 // bundle now in place.
-func (k *ProviderKeeper) keep(ctx context.Context, store cache.Store) ([]byte, error) {
+func (k *ProviderKeeper) keep(ctx context.Context, have *unstructured.Unstructured) ([]byte, error) {
 	certs, err := readCerts(k.CAFiles)
 	if err != nil {
 		return nil, err
@@ -141,10 +111,6 @@ func (k *ProviderKeeper) keep(ctx context.Context, store cache.Store) ([]byte, e
 	p, err := webhookconfig.BuildProvider(k.Name, opts)
 	if err != nil {
 		return nil, err
-	}
-	var have *unstructured.Unstructured
-	if obj, ok, _ := store.GetByKey(k.Name); ok {
-		have, _ = obj.(*unstructured.Unstructured)
 	}
 	// Gatekeeper may default fields of its own: only the ones nodeguard sets
 	// are compared, and an apply (never a replace) takes them back.

@@ -33,19 +33,24 @@ const (
 	ReasonNotSelected       = "not-selected"
 	ReasonModeUnsupported   = "mode-unsupported"
 	ReasonDeleting          = "deleting"
+	// ReasonDryRun: the Cluster's enforcement action is dryrun there (the
+	// route's, or its policy binding's): every Node delete is judged and
+	// none denied, as asked.
+	ReasonDryRun = "dryrun"
 )
 
 // Reasons lists every reason, for metrics and docs.
 func Reasons() []string {
 	return []string{ReasonNoKubeconfig, ReasonUnreachable, ReasonNotInstalled, ReasonStaleCABundle, ReasonReviewNotReceived,
-		ReasonNoNodes, ReasonOptedOut, ReasonNotSelected, ReasonModeUnsupported, ReasonDeleting}
+		ReasonNoNodes, ReasonOptedOut, ReasonNotSelected, ReasonModeUnsupported, ReasonDeleting, ReasonDryRun}
 }
 
-// Excluded says whether a reason means nodeguard was told to stay out (or
-// the Cluster is going): not a fault, and the unguarded alert ignores it.
+// Excluded says whether a reason means nodeguard was told to stay out, or
+// not to deny (or the Cluster is going): not a fault, and the unguarded
+// alert ignores it.
 func Excluded(reason string) bool {
 	switch reason {
-	case ReasonOptedOut, ReasonNotSelected, ReasonDeleting:
+	case ReasonOptedOut, ReasonNotSelected, ReasonDeleting, ReasonDryRun:
 		return true
 	}
 	return false
@@ -62,9 +67,12 @@ type State struct {
 	// Wired: nodeguard's configuration is installed there as it wants it.
 	Wired bool `json:"wired"`
 	// CACurrent: the installed configuration trusts the current CA bundle.
-	CACurrent bool   `json:"caCurrent"`
-	Reason    string `json:"reason,omitempty"`
-	Message   string `json:"message,omitempty"`
+	CACurrent bool `json:"caCurrent"`
+	// Action is the enforcement action the last proof found in force
+	// there ("" before one).
+	Action  string `json:"action,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
 	// Identity is the user nodeguard writes and proves as there, as the
 	// workload API server names it (a SelfSubjectReview).
 	Identity string `json:"identity,omitempty"`

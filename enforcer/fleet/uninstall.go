@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
@@ -14,10 +15,14 @@ import (
 )
 
 // Uninstall removes from a workload cluster what the fleet installs there:
-// the webhook configuration, the admission policy with its binding and the
-// released Nodes, and nodeguard's identity, each only where nodeguard's
-// label marks it. The identity's Namespace stays: others may keep things in
-// it. It returns what it removed, and the first object it could not.
+// the webhook configuration, the admission policy's binding, then (once the
+// API server no longer applies the binding: bindingApplyTime after its
+// delete) the policy and the released Nodes, and nodeguard's identity, each
+// only where nodeguard's label marks it. Removed in that order, no released
+// Node is denied on the way (an applied binding without its released Nodes
+// denies every Node delete). The identity's Namespace stays: others may keep
+// things in it. It returns what it removed, and the first object it could
+// not.
 func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
 	info, err := admissionpolicy.LoadInfo()
 	if err != nil {
@@ -43,8 +48,17 @@ func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
 		}
 	}
 	var removed []string
+	unbound := false
 	for _, o := range objs {
+		if o.gvr == admissionpolicy.PolicyGVR && unbound {
+			select {
+			case <-ctx.Done():
+				return removed, ctx.Err()
+			case <-time.After(bindingApplyTime):
+			}
+		}
 		deleted, err := owned.Delete(ctx, dyn, o.gvr, o.namespace, o.name)
+		unbound = unbound || (deleted && o.gvr == admissionpolicy.BindingGVR)
 		switch {
 		case err != nil && !isNotServed(err):
 			// The rest would fail alike (an API server that does not answer).

@@ -42,6 +42,10 @@ type Options struct {
 	// again (orphanscan.Scanner.JudgeCluster): an enrolled cluster's
 	// releases are written only after that.
 	Rejudge func(cluster string)
+	// Leading, when set, says whether this replica writes: a replica that
+	// does not lead judges as the leader does but writes nothing, so when it
+	// starts leading it writes every cluster at once (the fleet's Lease).
+	Leading func() bool
 	// Limit bounds the published data (default admissionpolicy.MaxParamsBytes).
 	Limit int
 	Log   *slog.Logger
@@ -59,6 +63,7 @@ type Publisher struct {
 
 	mu       sync.Mutex
 	clusters map[string]*cluster
+	leading  bool // as last flushed
 }
 
 type cluster struct {
@@ -209,7 +214,20 @@ func (p *Publisher) Flush(ctx context.Context) {
 		verdicts []admissionpolicy.Verdict
 	}
 	var jobs []job
+	leading := p.opts.Leading == nil || p.opts.Leading()
 	p.mu.Lock()
+	if !leading {
+		p.leading = false
+		p.mu.Unlock()
+		return
+	}
+	if !p.leading {
+		// Another replica wrote meanwhile: write what this one judged.
+		for _, c := range p.clusters {
+			c.dirty = true
+		}
+		p.leading = true
+	}
 	for name, c := range p.clusters {
 		if c.synced && c.dirty {
 			c.dirty = false

@@ -90,7 +90,13 @@ func (l *liveConstraint) Apply(_ context.Context, spec constraintwatch.Spec) err
 		}
 	}
 	e.Syncer.AddParameterKinds(infra, pools)
+	was := l.Action()
 	l.setAction(spec)
+	if l.fleet != nil && l.Action() != was {
+		// The routes answer under it from the next review: proven now, so a
+		// dryrun is reported at once.
+		l.fleet.Reprove()
+	}
 	if l.scanner != nil {
 		l.scanner.JudgeAll() // the orphan criteria read the parameters too
 	}

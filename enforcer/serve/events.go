@@ -15,7 +15,6 @@ import (
 	eventsv1client "k8s.io/client-go/kubernetes/typed/events/v1"
 	"k8s.io/client-go/rest"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 )
@@ -35,20 +34,10 @@ func eventsConfig(cfg *rest.Config) *rest.Config {
 	return cfg
 }
 
-// workloadEvents is the events client of one workload cluster, at the
-// Events' own rate limits.
-func workloadEvents(cfg *rest.Config) (eventsv1client.EventsV1Interface, error) {
-	k, err := kubernetes.NewForConfig(eventsConfig(cfg))
-	if err != nil {
-		return nil, fmt.Errorf("create the events client: %w", err)
-	}
-	return k.EventsV1(), nil
-}
-
 // startEvents starts the one recorder of every Event nodeguard writes:
 // denials (unless --denial-events=false), deleted orphans, ghosts and the
 // fleet's. Nil, with no error, when there is no cluster to write them to.
-func startEvents(ctx context.Context, c kubeclient.Clients, opts Options, m *events.Metrics, log *slog.Logger) (*events.Recorder, error) {
+func startEvents(ctx context.Context, c kubeclient.Clients, opts Options, sessions *WorkloadSessions, m *events.Metrics, log *slog.Logger) (*events.Recorder, error) {
 	if c.Config == nil {
 		log.Warn("events off: no kubeconfig or in-cluster config to write them with")
 		return nil, nil
@@ -64,10 +53,16 @@ func startEvents(ctx context.Context, c kubeclient.Clients, opts Options, m *eve
 	}
 	instance, _ := os.Hostname() // the Pod's name in a Deployment
 	ropts := events.Options{Events: kube.EventsV1(), Resolve: resolver(dyn, c.Mapper), Metrics: m, Log: log, Instance: instance}
-	if opts.DenialEventsWorkloadClusters {
-		ropts.Workload = clusters.NewCache(kube, func(_ string, cfg *rest.Config) (eventsv1client.EventsV1Interface, error) {
-			return workloadEvents(cfg)
-		}).Get
+	if opts.DenialEventsWorkloadClusters && sessions != nil {
+		// Through the workload cluster's connection, as nodeguard's own
+		// identity there.
+		ropts.Workload = func(_ context.Context, key string) (eventsv1client.EventsV1Interface, error) {
+			cl, ok := sessions.Set.Get(key)
+			if !ok {
+				return nil, fmt.Errorf("no connection to workload cluster %s", key)
+			}
+			return cl.Events, nil
+		}
 	}
 	rec, err := events.New(ropts)
 	if err != nil {

@@ -4,11 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/cache"
@@ -18,8 +17,8 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -61,19 +60,13 @@ const (
 	EventUnguarded = "WorkloadClusterUnguarded"
 )
 
-// fleetLease is the Lease the replicas compete for to run the fleet.
-const fleetLease = "nodeguard-fleet"
-
-// startFleet runs the fleet reconciler when asked to, its sessions joining
-// sessions (which the caller runs).
+// startFleet runs the fleet reconciler when asked to (in bg), its sessions
+// joining sessions (which the caller runs); only the leader of leader writes.
 func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, params map[string]any, sessions *WorkloadSessions,
-	published *releases.Publisher, metrics *fleet.Metrics, rec *events.Recorder, log *slog.Logger) (*fleet.Reconciler, error) {
+	published *releases.Publisher, leader *kube.Leader, metrics *fleet.Metrics, rec *events.Recorder, bg *sync.WaitGroup, log *slog.Logger) (*fleet.Reconciler, error) {
 	f := opts.Fleet
 	if !f.Enabled {
 		return nil, nil
-	}
-	if sessions == nil {
-		return nil, fmt.Errorf("--fleet needs a kubeconfig or in-cluster config")
 	}
 	selector := labels.Everything()
 	if f.Selector != "" {
@@ -90,32 +83,23 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, params 
 	if ns == "" {
 		ns = LeaseNamespace()
 	}
-	kube := sessions.Management
-	host, _ := os.Hostname()
-	leader, err := reaper.Elect(ctx, reaper.LeaseOptions{Client: kube, Namespace: ns, Name: fleetLease, Identity: host + "_" + uuid.NewString(), Log: log})
-	if err != nil {
-		return nil, err
-	}
 	status := &fleet.Status{Client: c.Dynamic, Namespace: ns, Log: log}
 	clusterEvents := rec.In("", nil)
 	r, err := fleet.New(fleet.Options{Clusters: sessions.Set, URL: f.URL, CAFiles: caFiles, Selector: selector, Webhook: f.Webhook,
-		ProofInterval: f.ProofInterval, CARetention: f.CARetention, IsLeader: leader, Log: log, GhostProtection: fleetGhostProtection(opts),
+		ProofInterval: f.ProofInterval, CARetention: f.CARetention, Leading: leader.Leading, Log: log, GhostProtection: fleetGhostProtection(opts),
 		Releases: published, AdmissionPolicy: admissionpolicy.Options{ExemptUsers: stringsParam(params, "exemptUsers"), ExemptGroups: stringsParam(params, "exemptGroups"),
 			Action: enforcement.Action(f.AdmissionPolicyAction)},
 		Report:    func(s fleet.State) { metrics.Report(s); status.Report(s) },
 		Forgotten: func(key string) { metrics.Forget(key); status.Forget(key) },
 		Recorded: func(_, s fleet.State) {
 			meta, ok := sessions.Set.Meta(s.Cluster)
-			if !ok {
+			if !ok || clusterEvents == nil {
 				return
 			}
 			ns, name, _ := cache.SplitMetaNamespaceKey(s.Cluster)
 			ref := &corev1.ObjectReference{APIVersion: meta.APIVersion, Kind: "Cluster", Namespace: ns, Name: name, UID: meta.UID}
-			if clusterEvents == nil {
-				return
-			}
 			if s.Guarded {
-				clusterEvents.Eventf(ref, nil, corev1.EventTypeNormal, EventGuarded, "Guard", "nodeguard guards this workload cluster: a dry-run Node delete reached its route")
+				clusterEvents.Eventf(ref, nil, corev1.EventTypeNormal, EventGuarded, "Guard", "nodeguard guards this workload cluster: a dry-run Node delete there was judged by nodeguard's rule")
 				return
 			}
 			kind := corev1.EventTypeWarning
@@ -128,8 +112,17 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, params 
 		return nil, err
 	}
 	sessions.Add(r.Session, nil, r.Changed)
+	// A new leader proves every cluster at once.
+	leader.Notify(func(leading bool) {
+		if leading {
+			r.Lead()
+		}
+	})
+	if leader.Leading() {
+		r.Lead()
+	}
 	go status.Run(ctx)
-	go r.Run(ctx)
+	bg.Go(func() { r.Run(ctx) })
 	log.Info("fleet: guarding workload clusters", "url", f.URL, "selector", selector.String(), "caFiles", caFiles,
 		"proofInterval", f.ProofInterval.String(), "statusConfigMap", ns+"/"+fleet.StatusName)
 	return r, nil

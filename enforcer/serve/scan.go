@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,6 +20,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
@@ -97,7 +97,7 @@ func LeaseNamespace() string {
 // scanner (nil when the scan is off), so a reloaded policy can have every
 // Node judged again.
 func startOrphanScan(ctx context.Context, c kubeclient.Clients, e *clusterenforcer.Enforcer, changes *informers.Relay, reg prometheus.Registerer,
-	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, releases bool, rec *events.Recorder, log *slog.Logger) (*orphanscan.Scanner, error) {
+	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, releases bool, leaders leaders, rec *events.Recorder, log *slog.Logger) (*orphanscan.Scanner, error) {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
 			return nil, fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
@@ -105,7 +105,7 @@ func startOrphanScan(ctx context.Context, c kubeclient.Clients, e *clusterenforc
 		return nil, nil
 	}
 	scan := OrphanScan{Management: c, Enforcer: e, Changes: changes, Registry: reg, Metrics: metrics, Options: opts, Sessions: sessions,
-		Releases: releases, Events: rec, Log: log}
+		Releases: releases, Events: rec, Log: log, ReapLeader: leaders.reaper, ReleaseLeader: leaders.fleet}
 	if c.Config != nil {
 		var err error
 		if scan.Kube, err = kubernetes.NewForConfig(c.Config); err != nil {
@@ -156,7 +156,11 @@ type OrphanScan struct {
 	Releases bool
 	// Events records OrphanNodeDeleted and GhostNode Events (nil: none).
 	Events *events.Recorder
-	Log    *slog.Logger
+	// ReapLeader, when set, is this replica's part in the reaper's Lease
+	// (else, reaping, the scan campaigns itself); ReleaseLeader, when set,
+	// the fleet's, whose leader alone writes the releases.
+	ReapLeader, ReleaseLeader *kube.Leader
+	Log                       *slog.Logger
 }
 
 // Start runs the scan until ctx is done: a reduced Node cache per cluster,
@@ -204,14 +208,13 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		self.Recorder = o.Events.In("", nil)
 	}
 	if opts.Enabled {
-		host, _ := os.Hostname()
-		ns := opts.LeaseNamespace
-		if ns == "" {
-			ns = LeaseNamespace()
+		leader := o.ReapLeader
+		if leader == nil {
+			if leader, err = elect(ctx, mgmt, c.Dynamic, o.namespace(), reaperLease, "orphan reaper", log); err != nil {
+				return nil, err
+			}
 		}
-		if ropts.IsLeader, err = reaper.Elect(ctx, reaper.LeaseOptions{Client: mgmt, Namespace: ns, Identity: host + "_" + uuid.NewString(), Log: log}); err != nil {
-			return nil, err
-		}
+		ropts.IsLeader = leader.Leading
 		ropts.Permitted = SwitchPermits(mgmt)
 	}
 	r, err := reaper.New(ropts)
@@ -228,7 +231,11 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 	}
 	var published *releases.Publisher
 	if o.Releases {
-		if published, err = releases.New(releases.Options{Judge: finder.Releases, Ready: ready, Log: log, Metrics: m.Releases,
+		var leading func() bool
+		if o.ReleaseLeader != nil {
+			leading = o.ReleaseLeader.Leading
+		}
+		if published, err = releases.New(releases.Options{Judge: finder.Releases, Ready: ready, Log: log, Metrics: m.Releases, Leading: leading,
 			Rejudge: func(cluster string) { scanner.JudgeCluster(cluster) }}); err != nil {
 			return nil, err
 		}
@@ -275,12 +282,7 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		sessions.Add(func(ctx context.Context, cl *clusters.Cluster) {
 			t := reaper.Target{Nodes: cl.Dynamic, ObserveOnly: !opts.WorkloadClusters}
 			if o.Events != nil && ((opts.Enabled && opts.WorkloadClusters) || store != nil) {
-				client, err := workloadEvents(cl.Config)
-				if err != nil {
-					log.Error("workload cluster: no Event client; deleting without Events", "cluster", cl.Key, "error", err.Error())
-				} else {
-					t.Recorder = o.Events.In(cl.Key, client)
-				}
+				t.Recorder = o.Events.In(cl.Key, cl.Events)
 			}
 			if err := watchNodes(ctx, scanner, shape, cl.Key, cl.Kube, cl.Dynamic, t, watchErrors, true); err != nil {
 				log.Error("workload cluster: cannot watch its Nodes", "cluster", cl.Key, "error", err.Error())
@@ -291,7 +293,7 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		"fullScanInterval", opts.Interval.String(), "workloadClusters", opts.WorkloadClusters, "matchProviderID", opts.MatchProviderID,
 		"ghosts", store != nil, "ghostWindow", opts.Ghosts.Window.String(), "ghostProtection", opts.Ghosts.protection())
 	if own != nil {
-		own.Run(ctx, log)
+		go own.Run(ctx, log)
 	}
 	if published != nil {
 		go published.Run(ctx, releaseFlushInterval)

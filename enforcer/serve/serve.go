@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +29,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/policybundle"
@@ -187,12 +189,26 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if publish && opts.Orphans.Interval <= 0 {
 		return fmt.Errorf("--fleet-admission-policy judges workload Nodes with the orphan scan: it needs a positive --orphan-scan-interval")
 	}
-	// One recorder writes every Event: denials, orphans, ghosts, the fleet's.
-	rec, err := startEvents(ctx, c, opts, metrics.Events, log)
+	// What stops with ctx and must be done before serve returns: the
+	// Leases given up (a standby takes them at once), the writes under way.
+	var bg sync.WaitGroup
+	defer func() {
+		cancel()
+		waitFor(&bg, shutdownGrace(opts), log)
+	}()
+	leaders, err := electLeaders(ctx, c, opts, sessions, log)
 	if err != nil {
 		return err
 	}
-	scanner, err := startOrphanScan(ctx, c, e, changes, reg, metrics.Orphans, opts.Orphans, sessions, publish, rec, log)
+	for _, l := range leaders.all() {
+		bg.Go(func() { <-l.Done() })
+	}
+	// One recorder writes every Event: denials, orphans, ghosts, the fleet's.
+	rec, err := startEvents(ctx, c, opts, sessions, metrics.Events, log)
+	if err != nil {
+		return err
+	}
+	scanner, err := startOrphanScan(ctx, c, e, changes, reg, metrics.Orphans, opts.Orphans, sessions, publish, leaders, rec, log)
 	if err != nil {
 		return err
 	}
@@ -200,7 +216,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if publish {
 		published = scanner.Releases()
 	}
-	reconciler, err := startFleet(ctx, c, opts, params, sessions, published, metrics.Fleet, rec, log)
+	reconciler, err := startFleet(ctx, c, opts, params, sessions, published, leaders.fleet, metrics.Fleet, rec, &bg, log)
 	if err != nil {
 		return err
 	}
@@ -211,7 +227,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 			Applied: spec, Apply: constraint.Apply, Metrics: metrics.Constraint, Log: log})
 	}
 	if sessions != nil {
-		sessions.Run(ctx, log)
+		bg.Go(func() { sessions.Run(ctx, log) })
 	}
 	if opts.Bundle.Path != "" {
 		go func() {
@@ -267,18 +283,84 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if listening != nil {
 		listening(l.Addr())
 	}
-	grace := opts.ShutdownGrace
-	if grace == 0 {
-		grace = DefaultShutdownGrace
+	return srv.Serve(ctx, l, shutdownGrace(opts))
+}
+
+func shutdownGrace(opts Options) time.Duration {
+	if opts.ShutdownGrace == 0 {
+		return DefaultShutdownGrace
 	}
-	return srv.Serve(ctx, l, grace)
+	return opts.ShutdownGrace
+}
+
+// waitFor waits for what runs in the background to stop, for at most grace:
+// what has not by then is left to the process's exit.
+func waitFor(bg *sync.WaitGroup, grace time.Duration, log *slog.Logger) {
+	done := make(chan struct{})
+	go func() {
+		bg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		log.Warn("stopping: leases and writes still under way after the shutdown grace; leaving them", "grace", grace.String())
+	}
+}
+
+// leaders are this replica's parts in the elections: the fleet's and the
+// reaper's (nil when off).
+type leaders struct {
+	fleet, reaper *kube.Leader
+}
+
+func (l leaders) all() []*kube.Leader {
+	var out []*kube.Leader
+	for _, x := range []*kube.Leader{l.fleet, l.reaper} {
+		if x != nil {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// electLeaders campaigns for the Leases of what is on.
+func electLeaders(ctx context.Context, c kubeclient.Clients, opts Options, sessions *WorkloadSessions, log *slog.Logger) (leaders, error) {
+	var l leaders
+	var err error
+	if opts.Fleet.Enabled {
+		if sessions == nil {
+			return l, fmt.Errorf("--fleet needs a kubeconfig or in-cluster config")
+		}
+		ns := opts.Fleet.Namespace
+		if ns == "" {
+			ns = LeaseNamespace()
+		}
+		if l.fleet, err = elect(ctx, sessions.Management, c.Dynamic, ns, fleetLease, "fleet", log); err != nil {
+			return l, err
+		}
+	}
+	if opts.Orphans.Enabled && opts.Orphans.Interval > 0 && c.Config != nil {
+		kube, err := kubernetes.NewForConfig(c.Config)
+		if err != nil {
+			return l, fmt.Errorf("create client: %w", err)
+		}
+		ns := opts.Orphans.LeaseNamespace
+		if ns == "" {
+			ns = LeaseNamespace()
+		}
+		if l.reaper, err = elect(ctx, kube, c.Dynamic, ns, reaperLease, "orphan reaper", log); err != nil {
+			return l, err
+		}
+	}
+	return l, nil
 }
 
 // workloadSessions are the one set of workload-cluster sessions, when any
 // part works inside workload clusters.
 func workloadSessions(c kubeclient.Clients, opts Options, metrics *Metrics, log *slog.Logger) (*WorkloadSessions, error) {
 	scan := (opts.Orphans.WorkloadClusters || opts.Fleet.AdmissionPolicy) && opts.Orphans.Interval > 0
-	if (!scan && !opts.Fleet.Enabled) || c.Config == nil {
+	if (!scan && !opts.Fleet.Enabled && !opts.DenialEventsWorkloadClusters) || c.Config == nil {
 		return nil, nil
 	}
 	secrets, err := kubernetes.NewForConfig(c.Config)

@@ -77,13 +77,11 @@ func (w *WorkloadSessions) Add(start func(context.Context, *clusters.Cluster), s
 	}
 }
 
-// Run runs the sessions in the background until ctx is done.
+// Run runs the sessions until ctx is done, and returns once they stopped.
 func (w *WorkloadSessions) Run(ctx context.Context, log *slog.Logger) {
-	go func() {
-		if err := w.Set.Run(ctx); err != nil && ctx.Err() == nil {
-			log.Error("workload clusters: not watched", "error", err.Error())
-		}
-	}()
+	if err := w.Set.Run(ctx); err != nil && ctx.Err() == nil {
+		log.Error("workload clusters: not watched", "error", err.Error())
+	}
 }
 
 func (w *WorkloadSessions) start(ctx context.Context, c *clusters.Cluster) {

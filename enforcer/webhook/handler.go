@@ -203,8 +203,12 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	}
 	if dryRun {
 		// The fleet's proof that this cluster's reviews arrive, on any
-		// replica; on a dry run a person sees which route judged too.
+		// replica; on a dry run a person sees which route judged too, and
+		// under which action when it does not deny.
 		warnings = append(slices.Clip(warnings), proof)
+		if v.action != enforcement.Deny {
+			warnings = append(warnings, actionWarningPrefix+string(v.action))
+		}
 	}
 	resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: allowed, Warnings: warnings}
 	if !allowed {
@@ -247,6 +251,23 @@ func DryRunWarning(cluster string) string {
 		route += "/clusters/" + cluster
 	}
 	return "nodeguard: dry run judged on route " + route
+}
+
+// actionWarningPrefix starts the warning of a dry run judged under an
+// enforcement action that does not deny.
+const actionWarningPrefix = "nodeguard: enforcement action on this route: "
+
+// DryRunAction is the enforcement action a dry run's warnings say the route
+// answered under (deny when they say none).
+func DryRunAction(warnings []string) enforcement.Action {
+	for _, w := range warnings {
+		if a, ok := strings.CutPrefix(w, actionWarningPrefix); ok {
+			if action, err := enforcement.Parse(a); err == nil {
+				return action
+			}
+		}
+	}
+	return enforcement.Deny
 }
 
 // isNodeDelete says whether a request deletes a core Node: the only kind a

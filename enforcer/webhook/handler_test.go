@@ -589,10 +589,13 @@ func TestEnforcementActions(t *testing.T) {
 	dryRun := bytes.Replace(body, []byte(`"operation"`), []byte(`"dryRun":true,"operation"`), 1)
 	_, _, out = s.post(t, "/validate/clusters/default/audit", "application/json", dryRun)
 	require.True(t, out.Response.Allowed, "dryrun admits")
-	assert.Equal(t, []string{webhook.DryRunWarning("default/audit")}, out.Response.Warnings, "dryrun adds no warning")
+	assert.Equal(t, []string{webhook.DryRunWarning("default/audit"), "nodeguard: enforcement action on this route: dryrun"}, out.Response.Warnings,
+		"dryrun adds no warning of the denial; a dry run says which route judged it, and under which action")
+	assert.Equal(t, enforcement.DryRun, webhook.DryRunAction(out.Response.Warnings), "what the fleet's proof reads")
 
 	_, _, out = s.post(t, "/validate/clusters/default/strict", "application/json", dryRun)
 	assert.False(t, out.Response.Allowed, "the Cluster's deny overrides the default warn")
+	assert.Equal(t, enforcement.Deny, webhook.DryRunAction(out.Response.Warnings), "deny says nothing more")
 
 	// (The Node names Cluster default/dev: on the other routes it is
 	// misrouted, a denial like any.) alice may only dry-run on a cluster

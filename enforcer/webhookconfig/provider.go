@@ -11,8 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/owned"
@@ -93,22 +91,4 @@ func ProviderYAML(p *unstructured.Unstructured) ([]byte, error) {
 func ApplyProvider(ctx context.Context, client dynamic.Interface, p *unstructured.Unstructured) error {
 	_, err := owned.Apply(ctx, client, owned.Object{Resource: ProviderGVR, Object: p})
 	return err
-}
-
-// InstallProvider applies p into the workload cluster named by cluster
-// (through its kubeconfig Secret in mgmt), or into self's cluster.
-func InstallProvider(ctx context.Context, mgmt kubernetes.Interface, cluster string, p *unstructured.Unstructured, self dynamic.Interface) (string, error) {
-	client, where, err := target(ctx, mgmt, cluster, self, dynamicFromKubeconfig)
-	if err != nil {
-		return "", err
-	}
-	return where, ApplyProvider(ctx, client, p)
-}
-
-func dynamicFromKubeconfig(kubeconfig []byte) (dynamic.Interface, error) {
-	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("load the workload kubeconfig: %w", err)
-	}
-	return dynamic.NewForConfig(rc)
 }

@@ -18,8 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
@@ -319,46 +319,26 @@ func Apply(ctx context.Context, client dynamic.Interface, cfg *admissionregistra
 	return err
 }
 
-// ClientFromKubeconfig is a client for the cluster of a kubeconfig (a
-// workload cluster's, as Install reads it from CAPI's Secret).
-func ClientFromKubeconfig(kubeconfig []byte) (dynamic.Interface, error) {
-	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("load the workload kubeconfig: %w", err)
-	}
-	return dynamic.NewForConfig(rc)
-}
-
-// Install applies cfg into the workload cluster named by cluster, reached
-// through its kubeconfig Secret in the management cluster mgmt; with no
-// cluster, into self, mgmt's own cluster (self-hosted). It returns where it went.
-func Install(ctx context.Context, mgmt kubernetes.Interface, self dynamic.Interface, cluster string,
-	cfg *admissionregistrationv1.ValidatingWebhookConfiguration, workload func(kubeconfig []byte) (dynamic.Interface, error)) (string, error) {
-	client, where, err := target(ctx, mgmt, cluster, self, workload)
-	if err != nil {
-		return "", err
-	}
-	return where, Apply(ctx, client, cfg)
-}
-
-// target is the client of the cluster a configuration goes to: the workload
-// cluster named by cluster, through its kubeconfig Secret in mgmt, or self.
-func target[C any](ctx context.Context, mgmt kubernetes.Interface, cluster string, self C,
-	workload func(kubeconfig []byte) (C, error)) (C, string, error) {
+// Target is the client of the cluster a configuration goes to: the workload
+// cluster of the CAPI Cluster named by cluster, through its kubeconfig
+// Secret in the management cluster mgmt (package clusters' one way there),
+// connected by connect (dynamic.NewForConfig); with no cluster, self, the
+// management cluster's own (self-hosted). It says where that is.
+func Target(ctx context.Context, mgmt kubernetes.Interface, self dynamic.Interface, cluster string,
+	connect func(*rest.Config) (dynamic.Interface, error)) (dynamic.Interface, string, error) {
 	if cluster == "" {
 		return self, "the cluster of the kubeconfig", nil
 	}
-	var none C
 	if _, _, err := splitKey("--cluster", cluster); err != nil {
-		return none, "", err
+		return nil, "", err
 	}
-	kubeconfig, err := clusters.ReadKubeconfig(ctx, mgmt, cluster)
+	cfg, err := clusters.Connect(ctx, mgmt, cluster)
 	if err != nil {
-		return none, "", err
+		return nil, "", err
 	}
-	client, err := workload(kubeconfig)
+	client, err := connect(cfg)
 	if err != nil {
-		return none, "", fmt.Errorf("connect to workload cluster %s: %w", cluster, err)
+		return nil, "", fmt.Errorf("connect to workload cluster %s: %w", cluster, err)
 	}
 	return client, "workload cluster " + cluster, nil
 }

@@ -16,9 +16,11 @@ import (
 	"k8s.io/client-go/dynamic"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -80,7 +82,7 @@ func TestInstallIntoAWorkloadClusterThroughItsKubeconfigSecret(t *testing.T) {
 	require.NoError(t, err)
 	mgmt := fake.NewClientset(&corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "fleet", Name: "prod-1-kubeconfig"},
-		Data:       map[string][]byte{"value": []byte("kubeconfig of prod-1")},
+		Data:       map[string][]byte{"value": testcluster.Kubeconfig(t, "https://prod-1.example:6443")},
 	})
 	self := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())
 	workload := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())
@@ -96,13 +98,20 @@ func TestInstallIntoAWorkloadClusterThroughItsKubeconfigSecret(t *testing.T) {
 		applied = append(applied, &vwc)
 		return true, &u, nil
 	})
-	var got []byte
-	connect := func(kubeconfig []byte) (dynamic.Interface, error) { got = kubeconfig; return workload, nil }
+	var got string
+	connect := func(cfg *rest.Config) (dynamic.Interface, error) { got = cfg.Host; return workload, nil }
+	install := func(cluster string) (string, error) {
+		client, where, err := webhookconfig.Target(ctx, mgmt, self, cluster, connect)
+		if err != nil {
+			return "", err
+		}
+		return where, webhookconfig.Apply(ctx, client, cfg)
+	}
 
-	where, err := webhookconfig.Install(ctx, mgmt, self, "fleet/prod-1", cfg, connect)
+	where, err := install("fleet/prod-1")
 	require.NoError(t, err)
 	assert.Equal(t, "workload cluster fleet/prod-1", where)
-	assert.Equal(t, "kubeconfig of prod-1", string(got))
+	assert.Equal(t, "https://prod-1.example:6443", got, "connected as the Cluster's kubeconfig says")
 	require.Len(t, applied, 1)
 	assert.Equal(t, *cfg.Webhooks[0].ClientConfig.URL, *applied[0].Webhooks[0].ClientConfig.URL)
 	assert.Equal(t, "fleet/prod-1", applied[0].Annotations[webhookconfig.ClusterAnnotation])
@@ -110,12 +119,12 @@ func TestInstallIntoAWorkloadClusterThroughItsKubeconfigSecret(t *testing.T) {
 
 	// Applying again writes the renewed CA bundle.
 	cfg.Webhooks[0].ClientConfig.CABundle = caBundle(t)
-	_, err = webhookconfig.Install(ctx, mgmt, self, "fleet/prod-1", cfg, connect)
+	_, err = install("fleet/prod-1")
 	require.NoError(t, err)
 	require.Len(t, applied, 2)
 	assert.Equal(t, cfg.Webhooks[0].ClientConfig.CABundle, applied[1].Webhooks[0].ClientConfig.CABundle)
 
-	_, err = webhookconfig.Install(ctx, mgmt, self, "fleet/missing", cfg, connect)
+	_, err = install("fleet/missing")
 	assert.ErrorContains(t, err, "read the kubeconfig of Cluster fleet/missing")
 }
 

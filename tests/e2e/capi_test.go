@@ -344,8 +344,8 @@ func (c *capiCluster) installWebhook(t *testing.T, url string, caPEM []byte) {
 	mgmtKube, _ := clientsFor(t, localcluster.Config(c.mgmtEnv))
 	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: "default/dev"})
 	require.NoError(t, err)
-	where, err := webhookconfig.Install(context.Background(), mgmtKube, nil, "default/dev", vwc, webhookconfig.ClientFromKubeconfig)
-	require.NoError(t, err)
+	client, where := target(t, mgmtKube, nil, "default/dev")
+	require.NoError(t, webhookconfig.Apply(context.Background(), client, vwc))
 	t.Logf("webhook installed into %s", where)
 }
 

@@ -184,6 +184,16 @@ func nodeguardWith(t *testing.T, cfg *rest.Config, opts serve.Options) running {
 	return running{url: url, ca: ca, clients: clients, stop: stop}
 }
 
+// target is where `nodeguard webhook-config --apply` writes for cluster
+// ("": self), and says where that is.
+func target(t *testing.T, mgmt kubernetes.Interface, self dynamic.Interface, cluster string) (dynamic.Interface, string) {
+	t.Helper()
+	client, where, err := webhookconfig.Target(context.Background(), mgmt, self, cluster,
+		func(cfg *rest.Config) (dynamic.Interface, error) { return dynamic.NewForConfig(cfg) })
+	require.NoError(t, err)
+	return client, where
+}
+
 // clientsFor returns a typed and a dynamic client for cfg.
 func clientsFor(t *testing.T, cfg *rest.Config) (kubernetes.Interface, dynamic.Interface) {
 	t.Helper()
@@ -336,8 +346,8 @@ func TestManagementAndWorkloadClusters(t *testing.T) {
 	install := func(cluster string) {
 		vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: cluster})
 		require.NoError(t, err)
-		where, err := webhookconfig.Install(ctx, mgmtKube, dyn, cluster, vwc, webhookconfig.ClientFromKubeconfig)
-		require.NoError(t, err)
+		client, where := target(t, mgmtKube, dyn, cluster)
+		require.NoError(t, webhookconfig.Apply(ctx, client, vwc))
 		assert.Equal(t, "workload cluster "+cluster, where)
 	}
 	node := func() {

@@ -263,7 +263,7 @@ func installProvider(t *testing.T, mgmt kubernetes.Interface, ng *provider, clus
 	t.Helper()
 	p, err := webhookconfig.BuildProvider("nodeguard", webhookconfig.Options{URL: ng.url, CABundle: ng.caPEM, Cluster: cluster})
 	require.NoError(t, err)
-	where, err := webhookconfig.InstallProvider(context.Background(), mgmt, cluster, p, nil)
-	require.NoError(t, err)
+	client, where := target(t, mgmt, nil, cluster)
+	require.NoError(t, webhookconfig.ApplyProvider(context.Background(), client, p))
 	require.Equal(t, "workload cluster "+cluster, where)
 }

@@ -54,7 +54,7 @@ var (
 
 func newNodeServer(nodes func(yield func(*corev1.Node) bool)) *nodeServer {
 	s := &nodeServer{requests: map[string]*atomic.Int64{}, watchers: map[chan []byte]bool{}}
-	for _, k := range []string{"list", "watch", "get", "identity", "other"} {
+	for _, k := range []string{"list", "watch", "get", "identity", "health", "other"} {
 		s.requests[k] = &atomic.Int64{}
 	}
 	for n := range nodes {
@@ -107,6 +107,9 @@ func (s *nodeServer) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not found", http.StatusNotFound)
 	case serveIdentity(w, r, "workload"):
 		s.requests["identity"].Add(1)
+	case r.URL.Path == "/readyz":
+		s.requests["health"].Add(1)
+		_, _ = w.Write([]byte("ok"))
 	default:
 		s.requests["other"].Add(1)
 		http.Error(w, "not served here", http.StatusNotFound)

@@ -64,7 +64,7 @@ type guardServer struct {
 
 func newGuardServer(cluster string) *guardServer {
 	s := &guardServer{cluster: cluster, requests: map[string]*atomic.Int64{}, watchers: map[chan []byte]bool{}}
-	for _, k := range []string{"vwc-read", "vwc-write", "watch", "proof", "identity", "other"} {
+	for _, k := range []string{"vwc-read", "vwc-write", "watch", "proof", "identity", "health", "other"} {
 		s.requests[k] = &atomic.Int64{}
 	}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
@@ -107,6 +107,9 @@ func (s *guardServer) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"apiVersion": "v1", "kind": "Status", "status": "Success"})
 	case serveIdentity(w, r, s.cluster):
 		s.requests["identity"].Add(1)
+	case r.URL.Path == "/readyz":
+		s.requests["health"].Add(1)
+		_, _ = w.Write([]byte("ok"))
 	default:
 		s.requests["other"].Add(1)
 		http.Error(w, "not served here", http.StatusNotFound)

@@ -20,7 +20,9 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -522,7 +524,11 @@ func configManifest(ctx context.Context, opts webhookconfig.Options, gatekeeperP
 		}
 		return configObject{what: "Provider " + name, render: func() ([]byte, error) { return webhookconfig.ProviderYAML(p) },
 			install: func(ctx context.Context, mgmt kubernetes.Interface, c kubeclient.Clients) (string, error) {
-				return webhookconfig.InstallProvider(ctx, mgmt, opts.Cluster, p, c.Dynamic)
+				client, where, err := webhookconfig.Target(ctx, mgmt, c.Dynamic, opts.Cluster, dial)
+				if err != nil {
+					return "", err
+				}
+				return where, webhookconfig.ApplyProvider(ctx, client, p)
 			}}, nil
 	}
 	cfg, err := webhookconfig.Build(opts)
@@ -531,9 +537,16 @@ func configManifest(ctx context.Context, opts webhookconfig.Options, gatekeeperP
 	}
 	return configObject{what: "ValidatingWebhookConfiguration " + cfg.Name, render: func() ([]byte, error) { return webhookconfig.YAML(cfg) },
 		install: func(ctx context.Context, mgmt kubernetes.Interface, c kubeclient.Clients) (string, error) {
-			return webhookconfig.Install(ctx, mgmt, c.Dynamic, opts.Cluster, cfg, webhookconfig.ClientFromKubeconfig)
+			client, where, err := webhookconfig.Target(ctx, mgmt, c.Dynamic, opts.Cluster, dial)
+			if err != nil {
+				return "", err
+			}
+			return where, webhookconfig.Apply(ctx, client, cfg)
 		}}, nil
 }
+
+// dial is a client of a workload cluster's REST config.
+func dial(cfg *rest.Config) (dynamic.Interface, error) { return dynamic.NewForConfig(cfg) }
 
 // actionFlag is an enforcement action flag: a misspelt one fails at start.
 type actionFlag struct{ a *enforcement.Action }
