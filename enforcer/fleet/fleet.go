@@ -106,6 +106,9 @@ type Options struct {
 	// AdmissionPolicy says how their policy is built.
 	Releases        *releases.Publisher
 	AdmissionPolicy admissionpolicy.Options
+	// ClientCerts, when set, issues each selected Cluster's workload API
+	// server a webhook client certificate of its own (clientcert.go).
+	ClientCerts *ClientCerts
 	// GhostProtection is the Clusters' ghost protection unless their
 	// annotation sets one ("": ghosts are not detected, none has one): with
 	// deny, a Cluster in mode webhook gets the registration webhook too
@@ -152,7 +155,11 @@ type Reconciler struct {
 // One worker reconciles a key at a time; Session sets session under the
 // Reconciler's mu.
 type tracked struct {
+	// seen is when the reconciler first looked at the Cluster.
+	seen    time.Time
 	session *session
+	// connection is the session the reconciler last worked with.
+	connection *session
 	// state is the last State reported (reported: one was).
 	state    State
 	reported bool
@@ -333,7 +340,7 @@ func (r *Reconciler) track(key string) *tracked {
 	defer r.mu.Unlock()
 	t, ok := r.tracked[key]
 	if !ok {
-		t = &tracked{}
+		t = &tracked{seen: time.Now()}
 		r.tracked[key] = t
 	}
 	return t
@@ -368,11 +375,32 @@ func (r *Reconciler) reconcile(ctx context.Context, key string) kube.Result {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.ProofTimeout)
 	defer cancel()
+	certs := r.keepClientCert(ctx, key, meta)
 	o := r.decide(ctx, key, meta, t)
 	if !o.settling {
 		r.report(key, t, o.state)
 	}
+	if certs > 0 && (o.after <= 0 || certs < o.after) {
+		o.after = certs
+	}
 	return kube.Result{After: o.after}
+}
+
+// keepClientCert issues the Cluster's webhook client certificate where
+// asked to; it returns when to try again after a failure (0: no need).
+func (r *Reconciler) keepClientCert(ctx context.Context, key string, meta clusters.Meta) time.Duration {
+	if r.opts.ClientCerts == nil || !r.included(meta) {
+		return 0
+	}
+	wrote, err := r.opts.ClientCerts.keep(ctx, key, meta)
+	if err != nil {
+		r.opts.Log.Error("fleet: cannot issue the workload API server's webhook client certificate; trying again", "cluster", key, "error", err.Error())
+		return retryUnguarded
+	}
+	if wrote {
+		r.opts.Log.Info("fleet: issued the workload API server's webhook client certificate", "cluster", key, "secret", ClientCertSecret(key))
+	}
+	return 0
 }
 
 // standby keeps a replica that does not lead ready to: the released Nodes
@@ -430,12 +458,23 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta clusters.Meta,
 		return outcome{state: st}
 	case s == nil:
 		st.Reason, st.Message = ReasonNoKubeconfig, "no working kubeconfig Secret "+clusters.KubeconfigSecret(key)
-		if err := r.opts.Clusters.Failure(key); err != nil {
+		err := r.opts.Clusters.Failure(key)
+		if err != nil {
 			// A connection starts by installing nodeguard's identity there,
 			// so an API server that does not answer fails it.
 			st.Reason, st.Message = failure(err, ReasonNoKubeconfig), err.Error()
 		}
+		// Not tried yet (nodeguard just started, the Cluster is new): not
+		// a verdict.
+		if err == nil && time.Since(t.seen) < publishWait {
+			return outcome{state: st, settling: true, after: r.opts.SettleRetry}
+		}
 		return outcome{state: st}
+	}
+	if t.connection != s {
+		// A new connection: its watches' first lists settle.
+		t.connection = s
+		t.changed = time.Now()
 	}
 	if h := r.opts.Clusters.Health(key); h.Checked && !h.Reachable {
 		st.Reason = ReasonUnreachable
@@ -445,6 +484,9 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta clusters.Meta,
 	}
 	if st.Mode == ModeAdmissionPolicy {
 		action, err := enforcement.Of(meta.Annotations, r.opts.AdmissionPolicy.Action)
+		if action == "" {
+			action = enforcement.Deny
+		}
 		if err != nil {
 			// Not guessed: the policy there stays as it is, and the Cluster
 			// is reported until the annotation is fixed.
@@ -519,7 +561,7 @@ func (r *Reconciler) settles(t *tracked) bool {
 
 // next is when a cluster in State st is looked at again.
 func (r *Reconciler) next(t *tracked, st State) time.Duration {
-	if st.Guarded || st.Reason == ReasonDryRun {
+	if t.proven == t.expect && (st.Guarded || st.Reason == ReasonDryRun) {
 		return max(time.Millisecond, time.Until(t.lastProof.Add(r.opts.ProofInterval)))
 	}
 	return min(retryUnguarded, r.opts.ProofInterval)

@@ -52,6 +52,24 @@ type FleetOptions struct {
 	// Webhook are the settings of the configuration kept in each workload
 	// cluster (--fleet-webhook-*): failure policy, timeout, which Nodes.
 	Webhook webhookconfig.Settings
+	// ClientCACertFile and ClientCAKeyFile, when set, are the CA that issues
+	// each selected Cluster's workload API server a webhook client
+	// certificate of its own (Secret <name>-nodeguard-webhook-client beside
+	// the Cluster), valid ClientCertValidity; its cluster route then accepts
+	// only that certificate.
+	ClientCACertFile, ClientCAKeyFile string
+	ClientCertValidity                time.Duration
+}
+
+// issuer is the fleet's webhook client certificate issuer, nil when off.
+func (f FleetOptions) issuer() (*fleet.Issuer, error) {
+	if f.ClientCACertFile == "" && f.ClientCAKeyFile == "" {
+		return nil, nil
+	}
+	if !f.Enabled || f.ClientCACertFile == "" || f.ClientCAKeyFile == "" {
+		return nil, fmt.Errorf("--fleet-client-ca-cert-file and --fleet-client-ca-key-file go together, with --fleet")
+	}
+	return fleet.NewIssuer(f.ClientCACertFile, f.ClientCAKeyFile, f.URL, f.ClientCertValidity)
 }
 
 // Event reasons on a Cluster whose guard changed.
@@ -63,7 +81,8 @@ const (
 // startFleet runs the fleet reconciler when asked to (in bg), its sessions
 // joining sessions (which the caller runs); only the leader of leader writes.
 func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, params map[string]any, sessions *WorkloadSessions,
-	published *releases.Publisher, leader *kube.Leader, metrics *fleet.Metrics, rec *events.Recorder, bg *sync.WaitGroup, log *slog.Logger) (*fleet.Reconciler, error) {
+	published *releases.Publisher, leader *kube.Leader, issuer *fleet.Issuer, metrics *fleet.Metrics, rec *events.Recorder, bg *sync.WaitGroup,
+	log *slog.Logger) (*fleet.Reconciler, error) {
 	f := opts.Fleet
 	if !f.Enabled {
 		return nil, nil
@@ -85,9 +104,13 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, params 
 	}
 	status := &fleet.Status{Client: c.Dynamic, Namespace: ns, Log: log}
 	clusterEvents := rec.In("", nil)
+	var certs *fleet.ClientCerts
+	if issuer != nil {
+		certs = &fleet.ClientCerts{Issuer: issuer, Secrets: sessions.Management, Writer: c.Dynamic}
+	}
 	r, err := fleet.New(fleet.Options{Clusters: sessions.Set, URL: f.URL, CAFiles: caFiles, Selector: selector, Webhook: f.Webhook,
 		ProofInterval: f.ProofInterval, CARetention: f.CARetention, Leading: leader.Leading, Log: log, GhostProtection: fleetGhostProtection(opts),
-		Releases: published, AdmissionPolicy: admissionpolicy.Options{ExemptUsers: stringsParam(params, "exemptUsers"), ExemptGroups: stringsParam(params, "exemptGroups"),
+		ClientCerts: certs, Releases: published, AdmissionPolicy: admissionpolicy.Options{ExemptUsers: stringsParam(params, "exemptUsers"), ExemptGroups: stringsParam(params, "exemptGroups"),
 			Action: enforcement.Action(f.AdmissionPolicyAction)},
 		Report:    func(s fleet.State) { metrics.Report(s); status.Report(s) },
 		Forgotten: func(key string) { metrics.Forget(key); status.Forget(key) },

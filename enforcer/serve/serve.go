@@ -216,7 +216,11 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	if publish {
 		published = scanner.Releases()
 	}
-	reconciler, err := startFleet(ctx, c, opts, params, sessions, published, leaders.fleet, metrics.Fleet, rec, &bg, log)
+	issuer, err := opts.Fleet.issuer()
+	if err != nil {
+		return err
+	}
+	reconciler, err := startFleet(ctx, c, opts, params, sessions, published, leaders.fleet, issuer, metrics.Fleet, rec, &bg, log)
 	if err != nil {
 		return err
 	}
@@ -244,7 +248,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 			}
 		}()
 	}
-	handler, clientCAs, err := routes(ctx, c, e, scanner, metrics, denials(rec, opts), constraint.Action, opts, log)
+	handler, clientCAs, err := routes(ctx, c, e, scanner, metrics, denials(rec, opts), constraint.Action, issuer, opts, log)
 	if err != nil {
 		return err
 	}
@@ -375,7 +379,7 @@ func workloadSessions(c kubeclient.Clients, opts Options, metrics *Metrics, log 
 // intake. It returns the CA files whose client certificates the TLS server
 // asks for.
 func routes(ctx context.Context, c kubeclient.Clients, e *clusterenforcer.Enforcer, scanner *orphanscan.Scanner, metrics *Metrics, denied func(events.Denial),
-	action func() enforcement.Action, opts Options, log *slog.Logger) (http.Handler, []string, error) {
+	action func() enforcement.Action, issuer *fleet.Issuer, opts Options, log *slog.Logger) (http.Handler, []string, error) {
 	in := requestlimits.New(requestlimits.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
 	clusters := freshread.New(c.Dynamic, c.Mapper)
 	cluster := func(ctx context.Context, namespace, name string) (bool, enforcement.Action, error) {
@@ -437,10 +441,17 @@ func routes(ctx context.Context, c kubeclient.Clients, e *clusterenforcer.Enforc
 	if err != nil {
 		return nil, nil, err
 	}
+	var identities *x509.CertPool
+	if issuer != nil {
+		// Each workload API server's own certificate, issued by the fleet.
+		if identities, err = clientCAs(opts.Fleet.ClientCACertFile); err != nil {
+			return nil, nil, err
+		}
+	}
 	// Each package's handler routes its own paths; this one only sends each
 	// prefix there.
 	mux := http.NewServeMux()
-	reviews := webhook.New(webhook.Options{Decider: e.Guard, Cluster: cluster, Action: action, ClientCAs: reviewCAs, ClusterClientCAs: clusterCAs, SelfCluster: opts.SelfCluster,
+	reviews := webhook.New(webhook.Options{Decider: e.Guard, Cluster: cluster, Action: action, ClientCAs: reviewCAs, ClusterClientCAs: clusterCAs, ClusterIdentities: identities, SelfCluster: opts.SelfCluster,
 		DryRunOnlyUser: dryRunOnly(opts), Intake: in, Metrics: metrics.Webhook, Log: log, Denied: denied, Register: register})
 	for _, route := range []string{webhook.RouteSelf, webhook.RouteRegister} {
 		mux.Handle(route, reviews)

@@ -84,6 +84,11 @@ type Options struct {
 	// ClientCAs, when set, is the CA whose client certificates the review
 	// routes require (--client-ca-file).
 	ClientCAs *x509.CertPool
+	// ClusterIdentities, when set, is the CA of each workload API server's
+	// own client certificate (fleet.Issuer): a cluster route then requires
+	// one issued for its Cluster (common name ClusterClientName), whatever
+	// ClusterClientCAs says, so no cluster's credentials speak for another.
+	ClusterIdentities *x509.CertPool
 	// ClusterClientCAs, when set, is the CA whose client certificates the
 	// cluster routes require (--cluster-routes-client-ca-file) where
 	// ClientCAs is not set: the routes exposed to workload API servers
@@ -178,6 +183,10 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 		return
 	}
 	defer release()
+	if herr := h.identified(r, route, cluster); herr != nil {
+		h.reject(w, herr, route, cluster, start)
+		return
+	}
 	req, herr := request(&review.Request.admissionRequest, cluster)
 	if herr != nil {
 		h.reject(w, herr, route, cluster, start)
@@ -320,10 +329,36 @@ func (h *handler) reject(w http.ResponseWriter, herr *requestlimits.Error, route
 
 // clientCAs is the CA whose client certificates route requires, or nil.
 func (h *handler) clientCAs(route string) *x509.CertPool {
-	if h.opts.ClientCAs == nil && (route == RouteCluster || route == RouteRegisterCluster) {
+	cluster := route == RouteCluster || route == RouteRegisterCluster
+	switch {
+	case cluster && h.opts.ClusterIdentities != nil:
+		return h.opts.ClusterIdentities
+	case cluster && h.opts.ClientCAs == nil:
 		return h.opts.ClusterClientCAs
 	}
 	return h.opts.ClientCAs
+}
+
+// RejectWrongCluster is the rejection of a client certificate issued for
+// another Cluster than the route's.
+const RejectWrongCluster = "wrong-cluster-certificate"
+
+// ClusterClientName is the common name of the client certificate issued for
+// the workload API server of Cluster key ("namespace/name").
+func ClusterClientName(key string) string { return "nodeguard-workload-cluster:" + key }
+
+// identified refuses, on a cluster route with per-Cluster identities, a
+// client whose certificate (verified by the intake) was issued for another
+// Cluster.
+func (h *handler) identified(r *http.Request, route, cluster string) *requestlimits.Error {
+	if h.opts.ClusterIdentities == nil || (route != RouteCluster && route != RouteRegisterCluster) {
+		return nil
+	}
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && r.TLS.PeerCertificates[0].Subject.CommonName == ClusterClientName(cluster) {
+		return nil
+	}
+	return &requestlimits.Error{Code: http.StatusUnauthorized, Reason: RejectWrongCluster,
+		Msg: "the client certificate was not issued for Cluster " + cluster + ": this route answers only that Cluster's API server"}
 }
 
 // read checks the transport and decodes the AdmissionReview; the caller runs

@@ -77,6 +77,10 @@ func (h *handler) register(w http.ResponseWriter, r *http.Request, route, cluste
 		return
 	}
 	defer release()
+	if herr := h.identified(r, route, cluster); herr != nil {
+		h.reject(w, herr, route, cluster, start)
+		return
+	}
 	review := registrationReview{}
 	review.Request = &struct {
 		UID       types.UID `json:"uid"`
