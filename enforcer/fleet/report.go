@@ -95,9 +95,9 @@ var configMaps = schema.GroupVersionResource{Version: "v1", Resource: "configmap
 func StatusKey(cluster string) string { return strings.Replace(cluster, "/", ".", 1) }
 
 // Status writes the fleet's States into the status ConfigMap: within a
-// second of a Cluster's verdict changing, and otherwise (a newer proof
-// time) at most every Interval, so a fleet proven every few minutes costs
-// one write per Interval, not one per proof.
+// second of anything in a Cluster's State changing but its proof time, and
+// otherwise (a newer proof time) at most every Interval, so a fleet proven
+// every few minutes costs one write per Interval, not one per proof.
 type Status struct {
 	Client    dynamic.Interface
 	Namespace string
@@ -125,7 +125,10 @@ func (s *Status) Report(st State) {
 	before, ok := s.states[st.Cluster]
 	if before != st {
 		s.states[st.Cluster], s.dirty = st, true
-		s.urgent = s.urgent || !ok || !before.sameVerdict(st) || before.Wired != st.Wired || before.CACurrent != st.CACurrent
+		// Anything but a newer proof time is news.
+		a, b := before, st
+		a.LastProof, a.Since, b.LastProof, b.Since = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+		s.urgent = s.urgent || !ok || a != b
 	}
 }
 

@@ -177,16 +177,16 @@ func New(opts Options) http.Handler {
 func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluster, proof string) {
 	start := time.Now()
 	clients := h.clientCAs(route)
+	if herr := h.identified(r, route, cluster); herr != nil {
+		h.reject(w, herr, route, cluster, start)
+		return
+	}
 	review, release, herr := h.read(w, r, clients)
 	if herr != nil {
 		h.reject(w, herr, route, cluster, start)
 		return
 	}
 	defer release()
-	if herr := h.identified(r, route, cluster); herr != nil {
-		h.reject(w, herr, route, cluster, start)
-		return
-	}
 	req, herr := request(&review.Request.admissionRequest, cluster)
 	if herr != nil {
 		h.reject(w, herr, route, cluster, start)

@@ -71,16 +71,16 @@ type registrationReview struct {
 // failure to judge it is an allow with a warning (fail open).
 func (h *handler) register(w http.ResponseWriter, r *http.Request, route, cluster string) {
 	start := time.Now()
+	if herr := h.identified(r, route, cluster); herr != nil {
+		h.reject(w, herr, route, cluster, start)
+		return
+	}
 	body, release, herr := h.intake.Read(w, r, h.clientCAs(route))
 	if herr != nil {
 		h.reject(w, herr, route, cluster, start)
 		return
 	}
 	defer release()
-	if herr := h.identified(r, route, cluster); herr != nil {
-		h.reject(w, herr, route, cluster, start)
-		return
-	}
 	review := registrationReview{}
 	review.Request = &struct {
 		UID       types.UID `json:"uid"`

@@ -260,8 +260,6 @@ func Serve(ctx context.Context, clients kubeclient.Clients, opts serve.Options, 
 // WebhookAdmissionConfiguration whose kubeconfig names the webhook's host,
 // here "*", any). Call it before Start; dir holds the files.
 func AuthenticateToWebhooks(env *envtest.Environment, dir string, certPEM, keyPEM []byte) error {
-	kubeconfig := filepath.Join(dir, "webhook-client.kubeconfig")
-	admission := filepath.Join(dir, "admission-config.yaml")
 	kc, err := yaml.Marshal(map[string]any{
 		"apiVersion": "v1", "kind": "Config",
 		"users": []any{map[string]any{"name": "*", "user": map[string]any{
@@ -270,6 +268,15 @@ func AuthenticateToWebhooks(env *envtest.Environment, dir string, certPEM, keyPE
 	if err != nil {
 		return fmt.Errorf("webhook client kubeconfig: %w", err)
 	}
+	return AuthenticateToWebhooksWith(env, dir, kc)
+}
+
+// AuthenticateToWebhooksWith has env's API server read the credentials it
+// presents to webhooks from kubeconfig (its users named for the webhooks'
+// host:port, or *), as an AdmissionConfiguration on a control plane does.
+func AuthenticateToWebhooksWith(env *envtest.Environment, dir string, kc []byte) error {
+	kubeconfig := filepath.Join(dir, "webhook-client.kubeconfig")
+	admission := filepath.Join(dir, "admission-config.yaml")
 	cfg := fmt.Sprintf(`apiVersion: apiserver.config.k8s.io/v1
 kind: AdmissionConfiguration
 plugins:

@@ -145,6 +145,17 @@ func (p *CA) CAFile(t testing.TB) string {
 	return f
 }
 
+// KeyFile writes the CA's private key (PKCS#8 PEM) and returns its path:
+// for a process that issues certificates with this CA.
+func (p *CA) KeyFile(t testing.TB) string {
+	t.Helper()
+	der, err := x509.MarshalPKCS8PrivateKey(p.key)
+	require.NoError(t, err)
+	f := filepath.Join(p.dir, "ca.key")
+	require.NoError(t, os.WriteFile(f, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600))
+	return f
+}
+
 // CAPEM is the PEM certificate of a new CA: a CA bundle for tests that
 // need one and never serve with it.
 func CAPEM(t testing.TB) []byte {
