@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -438,4 +439,114 @@ func dropLeading(reasons []string, r string) []string {
 		reasons = reasons[1:]
 	}
 	return append([]string{r}, reasons...)
+}
+
+// minReady is the chart's minReadySeconds: a new replica, ready (its
+// management caches synced), is given that long to connect to the workload
+// clusters and judge their Nodes before the rollout terminates an old one.
+const minReady = 5 * time.Second
+
+// leaderIdentity is the identity a replica campaigns for the fleet's Lease
+// with, from its log ("" before it led).
+func (r *replica) leaderIdentity() string {
+	b, _ := os.ReadFile(r.log)
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.Contains(line, `"msg":"fleet: leading"`) {
+			continue
+		}
+		var l struct{ Identity string }
+		if json.Unmarshal([]byte(line), &l) == nil {
+			return l.Identity
+		}
+	}
+	return ""
+}
+
+// A rolling update of both replicas of `nodeguard serve`, as its own
+// processes (the chart's 2 replicas, maxSurge 1, maxUnavailable 0): each old
+// replica, SIGTERMed, gives the fleet's Lease up before it exits, and the
+// next leader leads within 2 s; a Node whose InfraMachine goes at that very
+// moment is released in the workload cluster (mode admission-policy) within
+// 3 s, inside Cluster API's 10 s Node-delete window.
+func TestTheFleetHandsOverInsideCAPIsWindow(t *testing.T) {
+	mgmt, mgmtEnv := apiServerEnv(t)
+	w, wEnv := apiServerEnv(t)
+	mgmtKube, dyn := clientsFor(t, mgmt)
+	kube, _ := clientsFor(t, w)
+	clients, err := kubeclient.FromConfig(mgmt)
+	require.NoError(t, err)
+	ctx := context.Background()
+	writeCluster(t, dyn, "dev", map[string]any{fleet.ModeAnnotation: fleet.ModeAdmissionPolicy})
+	for _, name := range []string{"dev-md-0-a", "dev-md-0-b", "dev-md-0-c"} {
+		clusterMachine(t, dyn, kube, "dev", name)
+	}
+	workloadAdmin(t, ctx, wEnv, mgmtKube, "default", "dev")
+	kubeconfig := adminKubeconfig(t, mgmtEnv)
+	serving := testpki.New(t)
+	fleetURL := "https://127.0.0.1:" + strconv.Itoa(freePort(t)) // the workload API server never calls it in this mode
+	replicaArgs := func(name string) []string {
+		cert, key := serving.ServerFiles(t, name)
+		return []string{"--listen-address", "127.0.0.1:" + strconv.Itoa(freePort(t)), "--tls-cert-file", cert, "--tls-private-key-file", key,
+			"--fleet", "--fleet-url", fleetURL, "--fleet-ca-file", serving.CAFile(t), "--fleet-namespace", "default", "--fleet-admission-policy"}
+	}
+	old := []*replica{startReplica(t, "a", kubeconfig, replicaArgs("a")...), startReplica(t, "b", kubeconfig, replicaArgs("b")...)}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.True(c, fleetStates(c, clients)["default/dev"].Guarded)
+	}, 60*time.Second, 100*time.Millisecond)
+	holder := func() string {
+		l, err := mgmtKube.CoordinationV1().Leases("default").Get(ctx, "nodeguard-fleet", metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil {
+			return ""
+		}
+		return *l.Spec.HolderIdentity
+	}
+	released := func(node string) bool { return dryRunDelete(ctx, kube, node) == nil }
+	for _, name := range []string{"dev-md-0-a", "dev-md-0-b"} {
+		require.False(t, released(name), "%s is linked to its DockerMachine", name)
+	}
+
+	step := func(next string, node string) {
+		// The rollout starts a new replica and, once it is ready and its
+		// minReadySeconds passed, terminates an old one: the leader first.
+		startReplica(t, next, kubeconfig, replicaArgs(next)...)
+		time.Sleep(minReady) // time under test: the chart's minReadySeconds
+		before := holder()
+		require.NotEmpty(t, before)
+		going := old[0]
+		if len(old) > 1 && old[1].leaderIdentity() == before {
+			going = old[1]
+		}
+		led := going.leaderIdentity() == before
+		old = slices.DeleteFunc(old, func(r *replica) bool { return r == going })
+
+		// The InfraMachine goes as the replica is told to stop.
+		require.NoError(t, dyn.Resource(dockerMachine).Namespace("default").Delete(ctx, node, metav1.DeleteOptions{}))
+		going.terminate(t)
+		var handover, release time.Duration
+		require.Eventually(t, func() bool {
+			if h := holder(); led && handover == 0 && h != "" && h != before {
+				handover = time.Since(going.signalled)
+			}
+			if release == 0 && released(node) {
+				release = time.Since(going.signalled)
+			}
+			return (handover > 0 || !led) && release > 0
+		}, 30*time.Second, 10*time.Millisecond)
+		select {
+		case <-going.exited:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("replica %s did not exit after SIGTERM", going.name)
+		}
+		assert.NoError(t, going.exitErr, "replica %s exits 0", going.name)
+		t.Logf("replica %s (leader: %v) SIGTERMed: exited after %s; new leader after %s; Node %s released after %s",
+			going.name, led, going.ended.Sub(going.signalled).Round(time.Millisecond), handover.Round(time.Millisecond), node, release.Round(time.Millisecond))
+		if led {
+			assert.LessOrEqual(t, handover, 2*time.Second, "the next replica leads within 2 s")
+			assert.True(t, going.logged("fleet: not leading"), "the old leader gave the Lease up")
+		}
+		assert.LessOrEqual(t, release, 3*time.Second, "released within 3 s of the InfraMachine going")
+	}
+	step("c", "dev-md-0-a")
+	step("d", "dev-md-0-b")
+	assert.False(t, released("dev-md-0-c"), "the Node whose DockerMachine stays stays denied")
 }
