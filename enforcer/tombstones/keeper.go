@@ -11,14 +11,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
 )
 
@@ -126,22 +124,14 @@ func (k *Keeper) Run(ctx context.Context) {
 	if interval <= 0 {
 		interval = DefaultWriteInterval
 	}
-	inf := dynamicinformer.NewFilteredDynamicInformer(k.Client, configMaps, k.Namespace, 0, cache.Indexers{},
-		func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ConfigMapName).String()
-		})
-	_, _ = inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { k.take(asObject(obj)) },
-		UpdateFunc: func(_, obj any) { k.take(asObject(obj)) },
-		DeleteFunc: func(any) { k.take(nil) },
-	})
-	go inf.Informer().RunWithContext(ctx)
+	watch, err := kube.WatchObject(kube.ObjectOptions{Client: k.Client, Resource: configMaps, Namespace: k.Namespace, Name: ConfigMapName,
+		Changed: k.take})
+	if err != nil {
+		k.log().Error("tombstones: cannot watch the ConfigMap; writing what is seen here only", "error", err.Error())
+	} else {
+		go watch.Run(ctx)
+	}
 	wait.UntilWithContext(ctx, k.Flush, interval)
-}
-
-func asObject(obj any) *unstructured.Unstructured {
-	u, _ := obj.(*unstructured.Unstructured)
-	return u
 }
 
 // Flush writes the store when it differs from the ConfigMap; a conflict
