@@ -117,3 +117,41 @@ func TestClusterRoutesAloneRequireClientCertificates(t *testing.T) {
 	assert.Equal(t, 200, code)
 	assert.False(t, out.Response.Allowed)
 }
+
+// With per-Cluster identities, a cluster route takes only the certificate
+// issued for its own Cluster: another Cluster's, though of the same CA, is
+// refused (401, counted as wrong-cluster-certificate), on the registration
+// route too; /validate is not a cluster route.
+func TestClusterRoutesTakeOnlyTheirOwnClustersCertificate(t *testing.T) {
+	g, _, nodes := example(t)
+	p := testpki.New(t)
+	certFile, keyFile := p.ServerFiles(t, "server")
+	exists := func(context.Context, string, string) (bool, enforcement.Action, error) { return true, "", nil }
+	h := webhook.New(webhook.Options{Decider: g, Cluster: exists, ClusterIdentities: p.Pool()})
+	opts := tlsserver.Options{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
+	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
+	issued := func(cluster string) *tls.Certificate {
+		certPEM, keyPEM, err := p.LeafNamed(webhook.ClusterClientName(cluster), x509.ExtKeyUsageClientAuth)
+		require.NoError(t, err)
+		c, err := tls.X509KeyPair(certPEM, keyPEM)
+		require.NoError(t, err)
+		return &c
+	}
+	dev := serveWith(t, p, h, opts, issued("default/dev"))
+	code, _, out := dev.post(t, "/validate/clusters/default/dev", "application/json", body)
+	assert.Equal(t, 200, code)
+	assert.False(t, out.Response.Allowed, "judged")
+	code, msg, _ := dev.post(t, "/validate/clusters/default/two", "application/json", body)
+	assert.Equal(t, 401, code)
+	assert.Contains(t, msg, "was not issued for Cluster default/two")
+	code, _, _ = dev.post(t, "/register/clusters/default/two", "application/json", body)
+	assert.Equal(t, 401, code)
+	code, _, _ = dev.post(t, "/validate", "application/json", body)
+	assert.Equal(t, 200, code, "the self route is no cluster's")
+	// A certificate of the CA that names no Cluster at all.
+	certPEM, keyPEM := p.Issue(t, 11, x509.ExtKeyUsageClientAuth)
+	plain, err := tls.X509KeyPair(certPEM, keyPEM)
+	require.NoError(t, err)
+	code, _, _ = serveWith(t, p, h, opts, &plain).post(t, "/validate/clusters/default/dev", "application/json", body)
+	assert.Equal(t, 401, code)
+}

@@ -79,12 +79,21 @@ func (p *CA) PEM() []byte {
 // Leaf signs a certificate for 127.0.0.1 with these uses; its serial tells
 // certificates apart.
 func (p *CA) Leaf(serial int64, usages ...x509.ExtKeyUsage) (certPEM, keyPEM []byte, err error) {
+	return p.leaf(big.NewInt(serial), "nodeguard", usages)
+}
+
+// LeafNamed is Leaf with the common name cn (and a serial of its own).
+func (p *CA) LeafNamed(cn string, usages ...x509.ExtKeyUsage) (certPEM, keyPEM []byte, err error) {
+	return p.leaf(big.NewInt(time.Now().UnixNano()), cn, usages)
+}
+
+func (p *CA) leaf(serial *big.Int, cn string, usages []x509.ExtKeyUsage) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, fmt.Errorf("key: %w", err)
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "nodeguard"},
+		SerialNumber: serial, Subject: pkix.Name{CommonName: cn},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(validity),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: usages,
 		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},

@@ -1,0 +1,132 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/owned"
+)
+
+func scheduler() *Reconciler {
+	return &Reconciler{opts: Options{ProofInterval: 5 * time.Minute, SettleWindow: DefaultSettleWindow, SettleRetry: DefaultSettleRetry}}
+}
+
+// A proven cluster is proven again ProofInterval after its last proof,
+// however often it is reconciled in between (a restore, an event): the
+// schedule counts from the proof, not from the last reconcile.
+func TestTheNextProofIsDueFromTheLastProof(t *testing.T) {
+	r := scheduler()
+	tr := &tracked{expect: "webhook/", proven: "webhook/", lastProof: time.Now().Add(-4 * time.Minute), state: State{Guarded: true}}
+	tr.changed = tr.lastProof.Add(-time.Second)
+	for range 3 { // reconciles in between change nothing
+		assert.False(t, r.proofDue(tr))
+		assert.InDelta(t, time.Minute, r.next(tr, tr.state), float64(time.Second))
+	}
+	tr.lastProof = time.Now().Add(-5 * time.Minute)
+	assert.True(t, r.proofDue(tr), "its interval passed")
+}
+
+// What a proof should find changing (a mode, an action, a write) has the
+// cluster proven at once, and a proof that does not find it within the
+// settle window is tried again soon, unreported; after the window it is
+// reported.
+func TestAChangeIsProvenAtOnceAndSettles(t *testing.T) {
+	r := scheduler()
+	tr := &tracked{expect: "webhook/", proven: "webhook/", lastProof: time.Now().Add(-time.Minute), state: State{Guarded: true}}
+	tr.changed = tr.lastProof
+	require.False(t, r.proofDue(tr))
+	tr.expecting("webhook/dryrun")
+	assert.True(t, r.proofDue(tr), "a new expectation is proven at once")
+	st := State{Reason: ReasonReviewNotReceived}
+	o := r.settle(tr, st, proof{lag: true})
+	assert.True(t, o.settling, "within the settle window: the API server may not have applied it yet")
+	assert.Equal(t, DefaultSettleRetry, o.after)
+	o = r.settle(tr, st, proof{})
+	assert.False(t, o.settling, "a failure that is not lag is reported at once")
+	tr.changed = time.Now().Add(-DefaultSettleWindow)
+	o = r.settle(tr, st, proof{lag: true})
+	assert.False(t, o.settling, "past the window it is reported")
+	assert.Equal(t, retryUnguarded, o.after)
+}
+
+// A cluster guarded, but not as written (the API server still applies the
+// binding before), is proven again at the unguarded pace, not in a loop.
+func TestAProofThatNeverMatchedIsRetriedAtTheUnguardedPace(t *testing.T) {
+	r := scheduler()
+	tr := &tracked{expect: "admission-policy/dryrun", proven: "", state: State{Guarded: true}}
+	assert.Equal(t, retryUnguarded, r.next(tr, State{Guarded: true}))
+	tr.proven, tr.lastProof = tr.expect, time.Now()
+	assert.Equal(t, retryUnguarded, r.next(tr, State{Reason: ReasonReviewNotReceived}))
+	assert.InDelta(t, 5*time.Minute, r.next(tr, State{Reason: ReasonDryRun}), float64(time.Second), "dryrun as written is proven on schedule")
+}
+
+// What nodeguard's identity may not remove (an admission policy left by an
+// install with --fleet-admission-policy, now without it) is looked for and
+// removed with the kubeconfig's credentials, binding first, once a
+// connection, and never retried with the identity.
+func TestLeftoversNodeguardMayNotRemoveAreRemovedWithTheKubeconfig(t *testing.T) {
+	info, err := admissionpolicy.LoadInfo()
+	require.NoError(t, err)
+	gvrs := map[schema.GroupVersionResource]string{admissionpolicy.PolicyGVR: "ValidatingAdmissionPolicyList",
+		admissionpolicy.BindingGVR: "ValidatingAdmissionPolicyBindingList", admissionpolicy.ParamsGVR: "ConfigMapList"}
+	identity := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), gvrs)
+	forbidden := 0
+	identity.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		forbidden++
+		return true, nil, apierrors.NewForbidden(a.GetResource().GroupResource(), "", errors.New("RBAC"))
+	})
+	mine := func(gvk schema.GroupVersionKind, ns, name string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(gvk)
+		u.SetNamespace(ns)
+		u.SetName(name)
+		u.SetLabels(map[string]string{owned.Label: owned.Owner})
+		return u
+	}
+	admin := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), gvrs,
+		mine(admissionpolicy.BindingGVR.GroupVersion().WithKind("ValidatingAdmissionPolicyBinding"), "", info.Name),
+		mine(admissionpolicy.PolicyGVR.GroupVersion().WithKind("ValidatingAdmissionPolicy"), "", info.Name),
+		mine(schema.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}, admissionpolicy.ParamsNamespace, admissionpolicy.ParamsName))
+	r := &Reconciler{policyInfo: info, opts: scheduler().opts}
+	r.opts.Log = slog.New(slog.DiscardHandler)
+	// A workload cluster with no Node: nothing to observe the binding's
+	// removal on.
+	s := &session{c: &clusters.Cluster{Key: "fleet/a", Dynamic: identity, Admin: admin}, kube: k8sfake.NewClientset()}
+	tr := &tracked{}
+	ctx := context.Background()
+	require.True(t, r.policyLeft(ctx, s), "found with the kubeconfig's credentials")
+	assert.False(t, r.removePolicy(ctx, "fleet/a", s, tr), "the binding goes first")
+	_, err = admin.Resource(admissionpolicy.BindingGVR).Get(ctx, info.Name, metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "binding removed: %v", err)
+	_, err = admin.Resource(admissionpolicy.PolicyGVR).Get(ctx, info.Name, metav1.GetOptions{})
+	assert.NoError(t, err, "the policy waits for the API server to stop applying its binding")
+	assert.False(t, r.removePolicy(ctx, "fleet/a", s, tr), "not before the API server can have applied the removal")
+	// No Node to observe it on: taken as applied bindingApplyTime after
+	// the delete.
+	tr.removing = time.Now().Add(-bindingApplyTime)
+	assert.True(t, r.removePolicy(ctx, "fleet/a", s, tr))
+	for gvr, ns := range map[schema.GroupVersionResource]string{admissionpolicy.PolicyGVR: "", admissionpolicy.ParamsGVR: admissionpolicy.ParamsNamespace} {
+		_, err = admin.Resource(gvr).Namespace(ns).Get(ctx, map[string]string{"": info.Name, admissionpolicy.ParamsNamespace: admissionpolicy.ParamsName}[ns], metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "%s removed: %v", gvr.Resource, err)
+	}
+	assert.True(t, s.leftoversChecked)
+	calls := forbidden
+	assert.False(t, r.policyLeft(ctx, s), "not looked for again in this connection")
+	assert.Equal(t, calls, forbidden, "nothing more asked of the identity")
+}
