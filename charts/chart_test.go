@@ -143,7 +143,12 @@ func TestChartAndKustomizeAgree(t *testing.T) {
 	assert.Equal(t, kd.Namespace, hd.Namespace)
 	assert.Equal(t, *kd.Spec.Replicas, *hd.Spec.Replicas)
 	assert.Equal(t, kd.Spec.Selector, hd.Spec.Selector)
+	assert.Equal(t, kd.Spec.MinReadySeconds, hd.Spec.MinReadySeconds)
+	assert.Equal(t, kd.Spec.Strategy, hd.Spec.Strategy)
+	require.NotNil(t, hd.Spec.Strategy.RollingUpdate)
+	assert.Equal(t, 0, hd.Spec.Strategy.RollingUpdate.MaxUnavailable.IntValue(), "a replica is added before one goes")
 	hp, kp := hd.Spec.Template.Spec, kd.Spec.Template.Spec
+	assert.Equal(t, kp.TerminationGracePeriodSeconds, hp.TerminationGracePeriodSeconds)
 	assert.Equal(t, kp.SecurityContext, hp.SecurityContext)
 	assert.Equal(t, kp.Affinity, hp.Affinity)
 	assert.Equal(t, kp.PriorityClassName, hp.PriorityClassName)
@@ -305,7 +310,35 @@ func TestChartFleetRequiresAuthenticatedReviews(t *testing.T) {
 	cmd.Dir = ".."
 	out, err := cmd.CombinedOutput()
 	require.Error(t, err, "renders without a client CA")
-	assert.Contains(t, string(out), "fleet.clientCA (or tls.clientCA) is required with fleet.enabled")
+	assert.Contains(t, string(out), "fleet.clientCertificates.caSecretName (or fleet.clientCA, or tls.clientCA) is required with fleet.enabled")
+}
+
+// fleet.clientCertificates.caSecretName has nodeguard issue each workload
+// API server its own client certificate: the CA Secret mounted, the flags,
+// and Secret create and patch where the kubeconfig Secrets are read; it
+// authenticates the cluster routes on its own.
+func TestChartFleetClientCertificates(t *testing.T) {
+	for _, scope := range [][]string{nil, {"fleet.secretNamespaces={fleet-a}"}} {
+		h := chart(t, append([]string{"fleet.enabled=true", "fleet.url=https://nodeguard.example.com",
+			"fleet.clientCertificates.caSecretName=nodeguard-fleet-client-ca"}, scope...)...)
+		var d appsv1.Deployment
+		h.decode(t, "Deployment/nodeguard", &d)
+		c := d.Spec.Template.Spec.Containers[0]
+		assert.Contains(t, c.Args, "--fleet-client-ca-cert-file=/etc/nodeguard/fleet-client-ca/tls.crt")
+		assert.Contains(t, c.Args, "--fleet-client-ca-key-file=/etc/nodeguard/fleet-client-ca/tls.key")
+		assert.Contains(t, c.VolumeMounts, corev1.VolumeMount{Name: "fleet-client-ca", MountPath: "/etc/nodeguard/fleet-client-ca", ReadOnly: true})
+		var rules []rbacv1.PolicyRule
+		if scope == nil {
+			var cr rbacv1.ClusterRole
+			h.decode(t, "ClusterRole/nodeguard-fleet", &cr)
+			rules = cr.Rules
+		} else {
+			var r rbacv1.Role
+			h.decode(t, "Role/nodeguard-fleet-kubeconfigs@fleet-a", &r)
+			rules = r.Rules
+		}
+		assert.Contains(t, rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "create", "patch"}})
+	}
 }
 
 // externalData in the chart deploys what the external-data component adds

@@ -114,10 +114,11 @@ func Build(info Info, opts Options) (*admissionregistrationv1.ValidatingAdmissio
 				Reason:     &forbidden,
 				// A fixed message too: shown if the expression fails.
 				Message: "nodeguard: this Node is not released: a Machine, InfraMachine or pool linked to it may still exist",
-				// A blocker's text is the rule's message, which names the Node.
+				// A blocker's text is the rule's message, which names the Node;
+				// the other quotes its name as the rule's messages do.
 				MessageExpression: `"nodeguard: " + ` +
 					`((("` + BlockerPrefix + `" + variables.node) in variables.released) ? variables.released["` + BlockerPrefix + `" + variables.node] : ` +
-					`"Node " + variables.node + " cannot be deleted: nodeguard has not released it: a Machine, InfraMachine or pool linked to it may still exist (or this Node was re-created under its name). ` +
+					`"Node \"" + variables.node + "\" cannot be deleted: nodeguard has not released it: a Machine, InfraMachine or pool linked to it may still exist (or this Node was re-created under its name). ` +
 					`Cluster API deletes it once its InfraMachine is gone; ` + "`nodeguard check`" + ` in the management cluster says what blocks it.")`,
 			}},
 		},

@@ -38,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"1 when nodeguard's configuration in the CAPI workload cluster is as nodeguard wants it and its last dry-run proof reached nodeguard's route for that Cluster; 0 otherwise.",
 			"cluster_namespace", "cluster_name"),
 		unguarded: r.GaugeVec("nodeguard_workload_cluster_unguarded_reason",
-			"1 for the reason a CAPI workload cluster is not guarded (no-kubeconfig, unreachable, not-installed, stale-ca-bundle, review-not-received, no-nodes, opted-out, not-selected, mode-unsupported, deleting).",
+			"1 for the reason a CAPI workload cluster is not guarded (no-kubeconfig, unreachable, not-installed, stale-ca-bundle, review-not-received, no-nodes, opted-out, not-selected, mode-unsupported, deleting, dryrun).",
 			"cluster_namespace", "cluster_name", "reason"),
 		lastProof: r.GaugeVec("nodeguard_workload_cluster_last_proof_timestamp_seconds",
 			"When a dry-run Node delete in the CAPI workload cluster last came back judged by nodeguard's route for it (Unix seconds).",

@@ -263,7 +263,7 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 	t.Run("an unlinked Node is released, a linked one is not", func(t *testing.T) {
 		require.EventuallyWithT(t, func(c *assert.CollectT) { assert.NoError(c, dryRunDelete(ctx, kube, "free")) },
 			10*time.Second, 50*time.Millisecond)
-		policyDenies(t, "dev-cp-0", "nodeguard has not released it")
+		policyDenies(t, "dev-cp-0", `Node "dev-cp-0" cannot be deleted: nodeguard has not released it`)
 	})
 	t.Run("the released Nodes deleted are published again", func(t *testing.T) {
 		require.NoError(t, kube.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Delete(ctx, admissionpolicy.ParamsName, metav1.DeleteOptions{}))

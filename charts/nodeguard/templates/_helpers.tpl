@@ -38,3 +38,17 @@ The registration webhook's match condition: webhookconfig.RegistersCondition
 {{- define "nodeguard.registersCondition" -}}
 request.operation == 'CREATE' || ((!has(oldObject.spec) || !has(oldObject.spec.providerID) || oldObject.spec.providerID == '') && has(object.spec) && has(object.spec.providerID) && object.spec.providerID != '')
 {{- end }}
+
+{{/*
+The fleet's verbs on Secrets in the Clusters' namespaces: get (the
+kubeconfig Secrets) and, issuing each workload API server its own client
+certificate, create and patch (server-side apply of
+<name>-nodeguard-webhook-client; create cannot be limited by name).
+*/}}
+{{- define "nodeguard.fleetSecretVerbs" -}}
+{{- if .Values.fleet.clientCertificates.caSecretName -}}
+["get", "create", "patch"]
+{{- else -}}
+["get"]
+{{- end -}}
+{{- end }}

@@ -289,7 +289,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&opts.FreshReadTimeout, "fresh-read-timeout", serve.DefaultFreshTimeout, "bound on the fresh reads of one review; past it the delete is denied")
 	f.DurationVar(&opts.RequestTimeout, "request-timeout", serve.DefaultRequestTimeout, "deadline of one review; keep it below the webhook's timeoutSeconds")
 	f.Var(&actionFlag{&opts.EnforcementAction}, "enforcement-action", "what a Node delete the rule denies becomes on the review routes: deny, warn (admitted, with the denial as a warning and a NodeDeleteWouldBeDenied Event) or dryrun (admitted, logged and counted); the Constraint's spec.enforcementAction, when set, overrides it, and a Cluster's nodeguard.io/enforcement-action annotation on its route")
-	f.DurationVar(&opts.ShutdownGrace, "shutdown-grace", serve.DefaultShutdownGrace, "how long in-flight reviews may finish after SIGTERM")
+	f.DurationVar(&opts.ShutdownGrace, "shutdown-grace", serve.DefaultShutdownGrace, "how long in-flight reviews, the release of the Leases and the writes under way may finish after SIGTERM")
 	bundleFlags(f, &opts.Bundle)
 	f.BoolVar(&opts.Orphans.Enabled, "reap-orphan-nodes", false, "delete orphan Nodes (see nodeguard orphans); one replica acts, holding a Lease")
 	f.DurationVar(&opts.Orphans.Grace, "orphan-grace", orphans.DefaultGrace, "how long a Node must have been not Ready, and the least time between the two observations before a delete")

@@ -10,7 +10,7 @@
 # custom:
 #   policy: nodeguard
 #   kind: ValidatingAdmissionPolicy
-#   version: 0.2.0
+#   version: 0.3.0
 package nodeguard.released
 
 import data.nodeguard.anyone
