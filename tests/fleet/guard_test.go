@@ -265,12 +265,13 @@ func (f *guardFleet) guarded() int {
 	return n
 }
 
-func (f *guardFleet) requests() (all, proofs int64) {
+func (f *guardFleet) requests() (all, proofs, health int64) {
 	for _, s := range f.servers {
 		all += s.total()
 		proofs += s.requests["proof"].Load()
+		health += s.requests["health"].Load()
 	}
-	return all, proofs
+	return all, proofs, health
 }
 
 // The fleet reconciler at scale: N simulated workload API servers, from a
@@ -285,20 +286,22 @@ func BenchmarkFleetGuard(b *testing.B) {
 		require.Eventually(b, func() bool { return f.guarded() == n }, 10*time.Minute, 100*time.Millisecond, "every cluster guarded")
 		took, coldCPU := time.Since(start), cpu(b)-cpu0
 		heapGuarded := heap()
-		all0, proofs0 := f.requests()
+		all0, proofs0, health0 := f.requests()
 		cpu1 := cpu(b)
 		time.Sleep(*guardWindowFlag) // time under test: the measured window, nothing changing
 		idleCPU := cpu(b) - cpu1
-		all1, proofs1 := f.requests()
+		all1, proofs1, health1 := f.requests()
 		perMin := float64(time.Minute) / float64(*guardWindowFlag)
-		other := float64((all1-all0)-(proofs1-proofs0)) * perMin / float64(n)
+		health := float64(health1-health0) * perMin / float64(n)
+		other := float64((all1-all0)-(proofs1-proofs0)-(health1-health0)) * perMin / float64(n)
 		b.ReportMetric(took.Seconds(), "s-to-guard-all")
 		b.ReportMetric(float64(idleCPU)*perMin/float64(time.Second), "cpu-s/min-idle")
 		b.ReportMetric(float64(heapGuarded)/(1<<20), "heap-MiB")
-		b.ReportMetric(other, "req/cluster/min-besides-proofs")
-		b.Logf("proof interval %s; %d clusters: all guarded and proven %s after a cold start (%s CPU); nothing changing: %s CPU/min, %.3f requests/cluster/min besides the proofs (%d proofs in the %s window), heap %.0f MiB (simulated servers included), RSS %.0f MiB",
+		b.ReportMetric(other, "req/cluster/min-besides-proofs-and-health")
+		b.ReportMetric(health, "health-req/cluster/min")
+		b.Logf("proof interval %s; %d clusters: all guarded and proven %s after a cold start (%s CPU); nothing changing: %s CPU/min, %.3f health checks/cluster/min, %.3f other requests/cluster/min besides the proofs (%d proofs in the %s window), heap %.0f MiB (simulated servers included), RSS %.0f MiB",
 			*guardProofFlag, n, took.Round(100*time.Millisecond), coldCPU.Round(10*time.Millisecond), time.Duration(float64(idleCPU)*perMin).Round(10*time.Millisecond),
-			other, proofs1-proofs0, *guardWindowFlag, float64(heapGuarded)/(1<<20), rssMiB(b))
+			health, other, proofs1-proofs0, *guardWindowFlag, float64(heapGuarded)/(1<<20), rssMiB(b))
 		cancel()
 	}
 }
