@@ -85,9 +85,9 @@ go-test:
 # The concurrent paths (webhook under parallel reviews, informers, guard)
 # again under the race detector.
 race:
-	@echo "== go test -race (webhook, tlsserver, provider, serve, guard, informers, freshread, policybundle, reaper, webhookconfig, events, orphanscan, nodecache, clusters, fleet, tombstones)"
+	@echo "== go test -race (webhook, tlsserver, provider, serve, guard, informers, freshread, policybundle, reaper, webhookconfig, events, orphanscan, nodecache, clusters, fleet, tombstones, kube, releases)"
 	CGO_ENABLED=1 $(GO) test -race ./enforcer/webhook/ ./enforcer/tlsserver/ ./enforcer/provider/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/freshread/ ./enforcer/policybundle/ ./enforcer/reaper/ \
-		./enforcer/webhookconfig/ ./enforcer/events/ ./enforcer/orphanscan/ ./enforcer/nodecache/ ./enforcer/clusters/ ./enforcer/fleet/ ./enforcer/tombstones/
+		./enforcer/webhookconfig/ ./enforcer/events/ ./enforcer/orphanscan/ ./enforcer/nodecache/ ./enforcer/clusters/ ./enforcer/fleet/ ./enforcer/tombstones/ ./enforcer/kube/ ./enforcer/releases/
 
 differential:
 	@echo "== differential: enforcer vs Gatekeeper's engine (synced data, and nodeguard as its external data provider); the narrowed orphan judge and the published releases vs full passes"
