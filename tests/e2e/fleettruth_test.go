@@ -80,7 +80,6 @@ func startReplica(t *testing.T, name, kubeconfig string, args ...string) *replic
 		"--metrics-bind-address", r.metrics, "--health-probe-bind-address", r.probes}, args...)...)
 	r.cmd.Env = append(os.Environ(), "POD_NAMESPACE=default", "GOGC=400", "GOMEMLIMIT=400MiB")
 	r.log = keepLog(t, "nodeguard-"+name, &r.cmd.Stdout, &r.cmd.Stderr)
-	t.Cleanup(func() { b, _ := os.ReadFile(r.log); _ = os.WriteFile("/tmp/ng-"+name+".log", b, 0o600) }) // DEBUG
 	require.NoError(t, r.cmd.Start())
 	go func() {
 		r.exitErr = r.cmd.Wait()
