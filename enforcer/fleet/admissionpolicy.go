@@ -192,14 +192,7 @@ func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t 
 		found = enforcement.DryRun
 	}
 	if found == action {
-		t.lastProof, t.proven = time.Now(), t.expect
-		st.LastProof = t.lastProof
-		if action == enforcement.DryRun {
-			st.Reason, st.Message = ReasonDryRun, "the policy's binding only audits (enforcement action dryrun): no Node delete is denied there"
-		} else {
-			st.Guarded, st.Reason, st.Message = true, "", ""
-		}
-		return outcome{state: st, after: r.next(t, st)}, proof{matched: true}
+		return r.matched(t, st, action, "the policy's binding only audits (enforcement action dryrun): no Node delete is denied there")
 	}
 	p := proof{lag: true}
 	switch found {

@@ -178,15 +178,7 @@ func (r *Reconciler) proveWebhook(ctx context.Context, key string, s *session, t
 	warnings, err := r.dryRun(ctx, s, node)
 	mark := webhook.DryRunWarning(key)
 	if slices.Contains(warnings, mark) {
-		action := webhook.DryRunAction(warnings)
-		t.lastProof, t.proven = time.Now(), t.expect
-		st.LastProof, st.Action = t.lastProof, string(action)
-		if action == enforcement.DryRun {
-			st.Reason, st.Message = ReasonDryRun, "the route's enforcement action is dryrun: nodeguard judges every Node delete there and denies none"
-		} else {
-			st.Guarded, st.Reason, st.Message = true, "", ""
-		}
-		return outcome{state: st, after: r.next(t, st)}, proof{matched: true}
+		return r.matched(t, st, webhook.DryRunAction(warnings), "the route's enforcement action is dryrun: nodeguard judges every Node delete there and denies none")
 	}
 	p := proof{lag: true}
 	switch {
@@ -205,6 +197,19 @@ func (r *Reconciler) proveWebhook(ctx context.Context, key string, s *session, t
 		p.lag = false
 	}
 	return r.settle(t, st, p), p
+}
+
+// matched records a proof that found what was written, under action: the
+// cluster guarded, or, under dryrun, reported so (why says how).
+func (r *Reconciler) matched(t *tracked, st State, action enforcement.Action, why string) (outcome, proof) {
+	t.lastProof, t.proven = time.Now(), t.expect
+	st.LastProof, st.Action = t.lastProof, string(action)
+	if action == enforcement.DryRun {
+		st.Reason, st.Message = ReasonDryRun, why
+	} else {
+		st.Guarded, st.Reason, st.Message = true, "", ""
+	}
+	return outcome{state: st, after: r.next(t, st)}, proof{matched: true}
 }
 
 // dryRun dry-runs the delete of node as nodeguard and returns the answer's
