@@ -133,6 +133,7 @@ type Set struct {
 	loop *kube.Loop[string]
 
 	mu        sync.Mutex
+	listed    bool            // the Clusters' informer synced
 	clusters  map[string]Meta // Clusters that exist
 	conns     map[string]*conn
 	failures  map[string]error     // why a Cluster has no connection
@@ -221,6 +222,32 @@ func (s *Set) Get(key string) (*Cluster, bool) {
 	return nil, false
 }
 
+// Await returns the connection of the Cluster key, waiting up to wait for a
+// Cluster that is being connected (it exists, and no failure is known yet):
+// a caller that runs first thing after a start (a denial's Event) gets the
+// connection rather than a miss.
+func (s *Set) Await(ctx context.Context, key string, wait time.Duration) (*Cluster, error) {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		if c, ok := s.Get(key); ok {
+			return c, nil
+		}
+		_, exists := s.Meta(key)
+		if err := s.Failure(key); err != nil {
+			return nil, err
+		}
+		if !exists && s.synced() {
+			return nil, fmt.Errorf("no Cluster %s", key)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("no connection to workload cluster %s yet", key)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // Health says whether the Cluster key's API server answers, as its
 // connection last found.
 func (s *Set) Health(key string) Health {
@@ -230,6 +257,12 @@ func (s *Set) Health(key string) Health {
 		return c.health
 	}
 	return Health{}
+}
+
+func (s *Set) synced() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.listed
 }
 
 // Meta returns what the Set keeps of the Cluster key, and whether it exists.
@@ -288,6 +321,13 @@ func (s *Set) Run(ctx context.Context) error {
 	defer cancel()
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
+	go func() {
+		if cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+			s.mu.Lock()
+			s.listed = true
+			s.mu.Unlock()
+		}
+	}()
 	s.loop.Run(ctx)
 	for _, k := range s.Keys() {
 		s.disconnect(k)

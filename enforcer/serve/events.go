@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -34,6 +35,10 @@ func eventsConfig(cfg *rest.Config) *rest.Config {
 	return cfg
 }
 
+// workloadEventsWait bounds how long an Event waits for its workload
+// cluster's connection to be made before it goes to the management cluster.
+const workloadEventsWait = 10 * time.Second
+
 // startEvents starts the one recorder of every Event nodeguard writes:
 // denials (unless --denial-events=false), deleted orphans, ghosts and the
 // fleet's. Nil, with no error, when there is no cluster to write them to.
@@ -56,10 +61,11 @@ func startEvents(ctx context.Context, c kubeclient.Clients, opts Options, sessio
 	if opts.DenialEventsWorkloadClusters && sessions != nil {
 		// Through the workload cluster's connection, as nodeguard's own
 		// identity there.
-		ropts.Workload = func(_ context.Context, key string) (eventsv1client.EventsV1Interface, error) {
-			cl, ok := sessions.Set.Get(key)
-			if !ok {
-				return nil, fmt.Errorf("no connection to workload cluster %s", key)
+		ropts.Workload = func(ctx context.Context, key string) (eventsv1client.EventsV1Interface, error) {
+			// A denial right after a start waits for its cluster's connection.
+			cl, err := sessions.Set.Await(ctx, key, workloadEventsWait)
+			if err != nil {
+				return nil, err
 			}
 			return cl.Events, nil
 		}
