@@ -263,23 +263,30 @@ func TestTheFleetTellsTheTruth(t *testing.T) {
 	t.Run("installed in either mode, a cluster is reported guarded with no unguarded report on the way", func(t *testing.T) {
 		var mu sync.Mutex
 		seen := map[string][]string{} // every reason read, in order
+		sample := func(ctx context.Context) {
+			list, err := fleet.List(ctx, clients, "default")
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, s := range list {
+				r := s.Reason
+				if s.Guarded {
+					r = "guarded"
+				}
+				if n := len(seen[s.Cluster]); n == 0 || seen[s.Cluster][n-1] != r {
+					seen[s.Cluster] = append(seen[s.Cluster], r)
+				}
+			}
+		}
 		watchCtx, stopWatching := context.WithCancel(ctx)
 		defer stopWatching()
+		watched := make(chan struct{})
 		go func() {
+			defer close(watched)
 			for watchCtx.Err() == nil {
-				if list, err := fleet.List(watchCtx, clients, "default"); err == nil {
-					mu.Lock()
-					for _, s := range list {
-						r := s.Reason
-						if s.Guarded {
-							r = "guarded"
-						}
-						if n := len(seen[s.Cluster]); n == 0 || seen[s.Cluster][n-1] != r {
-							seen[s.Cluster] = append(seen[s.Cluster], r)
-						}
-					}
-					mu.Unlock()
-				}
+				sample(watchCtx)
 				time.Sleep(20 * time.Millisecond) // time under test: the pace of the status reads
 			}
 		}()
@@ -291,6 +298,8 @@ func TestTheFleetTellsTheTruth(t *testing.T) {
 		t.Logf("guarded and proven %s after the kubeconfig Secrets appeared (dev in mode webhook, two in mode admission-policy)",
 			time.Since(secretsAt).Round(100*time.Millisecond))
 		stopWatching()
+		<-watched
+		sample(ctx) // the last state too, whatever the pace caught
 		mu.Lock()
 		defer mu.Unlock()
 		for _, key := range []string{"default/dev", "default/two"} {
