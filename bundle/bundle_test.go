@@ -75,7 +75,7 @@ func TestSignedBundleVerifiesAndTamperingIsRejected(t *testing.T) {
 	require.NoError(t, verify(signed))
 
 	tampered := testbundle.Rewrite(t, signed, func(name string, body []byte) []byte {
-		if strings.HasSuffix(name, "nodeguard.rego") {
+		if strings.HasSuffix(name, "decide.rego") {
 			return bytes.Replace(body, []byte(`"allowed": false`), []byte(`"allowed": true`), 1)
 		}
 		return body

@@ -30,7 +30,7 @@ type Entry int
 const (
 	// Decision is a review's decision (policies/nodeguard/decision.rego).
 	Decision Entry = iota
-	// Orphan is a Node's orphan verdict (policies/nodeguard/orphans.rego).
+	// Orphan is a Node's orphan verdict (policies/nodeguard/verdicts.rego).
 	Orphan
 	// Screen is the orphan criteria that read only the Node.
 	Screen

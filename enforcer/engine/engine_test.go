@@ -52,9 +52,9 @@ func compile(t *testing.T, edit func(modules map[string]string)) *ast.Compiler {
 // is a broken one, said at start.
 func TestAPolicyWithPartOfTheOrphanCriteriaIsRefused(t *testing.T) {
 	c := compile(t, func(modules map[string]string) {
-		src := modules["nodeguard/orphans.rego"]
+		src := modules["nodeguard/verdicts.rego"]
 		require.Contains(t, src, "\norphan_screen := {")
-		modules["nodeguard/orphans.rego"] = strings.Replace(src, "\norphan_screen := {", "\nnot_the_screen := {", 1)
+		modules["nodeguard/verdicts.rego"] = strings.Replace(src, "\norphan_screen := {", "\nnot_the_screen := {", 1)
 	})
 	_, err := engine.For(context.Background(), c, nil, engine.Policy{Source: engine.SourceBundle})
 	assert.ErrorContains(t, err, "the policy has orphan criteria but no [data.nodeguard.orphan_screen]")
@@ -65,9 +65,9 @@ func TestAPolicyWithPartOfTheOrphanCriteriaIsRefused(t *testing.T) {
 func TestAnAnswerOfAnotherShapeIsAnError(t *testing.T) {
 	ctx := context.Background()
 	c := compile(t, func(modules map[string]string) {
-		src := modules["nodeguard/orphans.rego"]
+		src := modules["nodeguard/verdicts.rego"]
 		require.Contains(t, src, `"recheckAt": orphans.recheck_at(`)
-		modules["nodeguard/orphans.rego"] = strings.Replace(src, `"recheckAt": orphans.recheck_at(`, `"recheckAt": 7, "was": orphans.recheck_at(`, 1)
+		modules["nodeguard/verdicts.rego"] = strings.Replace(src, `"recheckAt": orphans.recheck_at(`, `"recheckAt": 7, "was": orphans.recheck_at(`, 1)
 	})
 	e, err := engine.For(ctx, c, nil, engine.Policy{Source: engine.SourceBundle})
 	require.NoError(t, err)

@@ -133,7 +133,7 @@ func TestServeScansOrphansWithTheBundlesCriteria(t *testing.T) {
 	require.Eventually(t, gauge("0"), 10*time.Second, 20*time.Millisecond, "r1's criteria: the example's Node has its Machine")
 
 	custom := testbundle.Sources(t)
-	custom["nodeguard/orphans.rego"] = everyNodeAnOrphan
+	custom["nodeguard/verdicts.rego"] = everyNodeAnOrphan
 	writeAtomically(t, path, testbundle.Signed(t, custom, "r2", key.Private))
 	require.Eventually(t, gauge("1"), 10*time.Second, 20*time.Millisecond,
 		"r2's criteria judge every Node again on reload, well before the next full pass (an hour)")

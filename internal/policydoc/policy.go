@@ -148,7 +148,7 @@ func RenderPolicyOf(ctx context.Context, c *ast.Compiler) ([]byte, error) {
 	p("The default kinds live in one place: the `default` of `infraMachineKinds` (or `infraMachinePoolKinds`) in\n")
 	p("`declared_parameters`, `policies/lib/nodeguard/parameters.rego`, with the version the sync config should\n")
 	p("watch. Add the kind there, run `make generate` (it rewrites the Constraint, the SyncSet, the sync Config, this page and the decision\n")
-	p("snapshots), add a test in `policies/lib/nodeguard/nodeguard_test.rego`, and give `nodeguard serve` read access\n")
+	p("snapshots), add a test in `policies/lib/nodeguard/decide_test.rego`, and give `nodeguard serve` read access\n")
 	p("to it in `enforcer/deploy/rbac.yaml` (a test checks that). Syncing a new kind is a major version bump.\n")
 	p("Without a code change, a cluster can list it in its Constraint's `infraMachineKinds` and sync it.\n")
 	p("\n## Public rules\n\n| rule | title | description |\n|---|---|---|\n")

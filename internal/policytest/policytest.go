@@ -157,9 +157,9 @@ func Run(ctx context.Context, files Files, projected bool) (Result, error) {
 // renamed and wrapped so its callers, the tests included, get the projection.
 func wrapped() []struct{ file, head, wrapper string } {
 	return []struct{ file, head, wrapper string }{
-		{"lib/nodeguard/nodeguard.rego", "decide(review, inventory, parameters) :=",
+		{"lib/nodeguard/decide.rego", "decide(review, inventory, parameters) :=",
 			"package lib.nodeguard\n\ndecide(review, inventory, parameters) := _unprojected_decide(policytest_review(review, parameters), policytest_inventory(inventory, parameters), parameters)\n"},
-		{"lib/nodeguard/nodeguard.rego", "linked_machines(node, inventory, parameters) :=",
+		{"lib/nodeguard/follow.rego", "linked_machines(node, inventory, parameters) :=",
 			"package lib.nodeguard\n\nlinked_machines(node, inventory, parameters) := _unprojected_linked_machines(policytest_node(node), policytest_inventory(inventory, parameters), parameters)\n"},
 		{"nodeguard/orphans/orphans.rego", "verdict(node, inventory, parameters, now, grace, match_provider_id, tombstone) :=",
 			"package nodeguard.orphans\n\nverdict(node, inventory, parameters, now, grace, match_provider_id, tombstone) := _unprojected_verdict(policytest_orphan_node(node), policytest_inventory(inventory, parameters), parameters, now, grace, match_provider_id, tombstone)\n"},

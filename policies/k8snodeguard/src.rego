@@ -8,7 +8,7 @@
 # custom:
 #   template: k8snodeguard
 #   kind: K8sNodeGuard
-#   version: 1.1.1
+#   version: 1.1.2
 package k8snodeguard
 
 import data.lib.nodeguard

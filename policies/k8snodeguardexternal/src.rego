@@ -11,7 +11,7 @@
 # custom:
 #   template: k8snodeguardexternal
 #   kind: K8sNodeGuardExternal
-#   version: 0.3.1
+#   version: 0.3.2
 package k8snodeguardexternal
 
 import data.lib.nodeguard

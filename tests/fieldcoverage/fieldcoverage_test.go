@@ -30,7 +30,7 @@ func TestRuleReadsOnlyWhatTheEnforcerKeeps(t *testing.T) {
 // keeps only of Machines.
 func TestTheCheckCatchesAnUndeclaredField(t *testing.T) {
 	r := runProjected(t, func(files policytest.Files) {
-		files["lib/nodeguard/nodeguard.rego"] += `
+		files["lib/nodeguard/follow.rego"] += `
 _labelled_for_another_cluster(obj, cluster) if {
 	cluster != ""
 	not object.get(obj, ["spec", "clusterName"], "") in {"", cluster}
@@ -88,8 +88,8 @@ func TestTheCheckCatchesAGroupParameterNotDeclaredAsOne(t *testing.T) {
 			require.NoError(t, files.Replace("lib/nodeguard/parameters.rego", "\n\t\"exemptUsers\": {",
 				"\n\t\"breakGlassGroups\": {\"schema\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}, \"default\": [],"+marker+
 					" \"description\": \"Groups exempt in an emergency.\"},\n\t\"exemptUsers\": {"))
-			require.NoError(t, files.Replace("lib/nodeguard/nodeguard.rego", "group in params.exemptGroups}", "_exempt_group(group, params)}"))
-			files["lib/nodeguard/nodeguard.rego"] += `
+			require.NoError(t, files.Replace("lib/nodeguard/decide.rego", "group in params.exemptGroups}", "_exempt_group(group, params)}"))
+			files["lib/nodeguard/decide.rego"] += `
 _exempt_group(group, params) if group in params.exemptGroups
 
 _exempt_group(group, params) if group in params.breakGlassGroups

@@ -75,9 +75,9 @@ func TestOrphansWithASignedBundle(t *testing.T) {
 	assert.Contains(t, out, "dev-md-0-left", "the same rule in a bundle finds it too")
 
 	none := testbundle.Sources(t)
-	none["nodeguard/orphans.rego"] = strings.Replace(none["nodeguard/orphans.rego"],
+	none["nodeguard/verdicts.rego"] = strings.Replace(none["nodeguard/verdicts.rego"],
 		"orphan := orphans.verdict(", "orphan := object.union(orphans.verdict(", 1)
-	none["nodeguard/orphans.rego"] = strings.Replace(none["nodeguard/orphans.rego"],
+	none["nodeguard/verdicts.rego"] = strings.Replace(none["nodeguard/verdicts.rego"],
 		"\tobject.get(input, \"tombstone\", null),\n)", "\tobject.get(input, \"tombstone\", null),\n), {\"orphan\": false, \"kept\": [\"a policy that keeps every Node\"]})", 1)
 	code, out, errOut = nodeguard(t, append(orphans, "--bundle", testbundle.WriteFile(t, dir, "none.tar.gz", testbundle.Signed(t, none, "n1", key.Private)))...)
 	assert.Equal(t, 0, code, errOut)

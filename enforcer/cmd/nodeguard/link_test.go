@@ -99,7 +99,7 @@ func TestEnforcerFollowsALinkDeclaredOnlyInPolicies(t *testing.T) {
 	policy, err := policytest.Load()
 	require.NoError(t, err)
 	require.NoError(t, policy.Replace("lib/nodeguard/links.rego", "\n]\n", "\n"+hostIDLink), "links is one list ending with a line holding ]")
-	policy["lib/nodeguard/nodeguard_test.rego"] += hostIDTests
+	policy["lib/nodeguard/decide_test.rego"] += hostIDTests
 	recipePasses(ctx, t, policy, "| `infraHostID` | `metadata.labels.example.com/host-id` | InfraMachine: `spec.hostID` |")
 
 	key := testbundle.NewKey(t)

@@ -41,7 +41,7 @@ const (
 `
 )
 
-// The rule's use of them (nodeguard.rego): each edit replaces one line.
+// The rule's use of them (decide.rego): each edit replaces one line.
 func useParameters(t *testing.T, files policytest.Files) {
 	t.Helper()
 	for old, new := range map[string]string{
@@ -54,9 +54,9 @@ _denied_because`: `"messages": [_ask(f, params).message | some f in findings], "
 _denied_because`,
 		`groups := {group | some group in object.get(user, "groups", []); group in params.exemptGroups}`: `groups := {group | some group in object.get(user, "groups", []); _exempt_group(group, params)}`,
 	} {
-		require.NoError(t, files.Replace("lib/nodeguard/nodeguard.rego", old, new))
+		require.NoError(t, files.Replace("lib/nodeguard/decide.rego", old, new))
 	}
-	files["lib/nodeguard/nodeguard.rego"] += `
+	files["lib/nodeguard/decide.rego"] += `
 _ask(finding, params) := object.union(finding, {"message": sprintf("%s Ask %s.", [finding.message, params.contact])}) if {
 	params.contact != ""
 } else := finding
@@ -65,7 +65,7 @@ _exempt_group(group, params) if group in params.exemptGroups
 
 _exempt_group(group, params) if group in params.breakGlassGroups
 `
-	files["lib/nodeguard/nodeguard_test.rego"] += `
+	files["lib/nodeguard/decide_test.rego"] += `
 test_contact_ends_every_denial if {
 	d := decide_with(capd_node, [capd_machine, capd_infra], {"contact": "#platform"})
 	endswith(d.messages[0], "Ask #platform.")

@@ -1,4 +1,6 @@
-# The enforcer's second entry point (see decision.rego for the package).
+# The enforcer's entry points besides the decision (decision.rego): the verdicts it
+# reaches about each Node of a cluster (orphan, screen, release, ghost,
+# registration), each taking everything from input.
 package nodeguard
 
 import data.nodeguard.ghosts
