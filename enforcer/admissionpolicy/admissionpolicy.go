@@ -22,8 +22,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/identity"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -71,7 +71,7 @@ type Options struct {
 	ExemptUsers, ExemptGroups []string
 	// Action is how the binding enforces (validationActions): Deny unless
 	// set; a rollout starts with DryRun (Audit) or Warn.
-	Action enforcement.Action
+	Action rule.Action
 }
 
 // Build returns the policy and its binding.
@@ -138,16 +138,16 @@ func Build(info Info, opts Options) (*admissionregistrationv1.ValidatingAdmissio
 
 func ptr[T any](v T) *T { return &v }
 
-func validationActions(a enforcement.Action) ([]admissionregistrationv1.ValidationAction, error) {
+func validationActions(a rule.Action) ([]admissionregistrationv1.ValidationAction, error) {
 	switch a {
-	case "", enforcement.Deny:
+	case "", rule.ActionDeny:
 		return []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}, nil
-	case enforcement.Warn:
+	case rule.ActionWarn:
 		return []admissionregistrationv1.ValidationAction{admissionregistrationv1.Warn}, nil
-	case enforcement.DryRun:
+	case rule.ActionDryRun:
 		return []admissionregistrationv1.ValidationAction{admissionregistrationv1.Audit}, nil
 	}
-	return nil, fmt.Errorf("admission policy: action %q is none of %s, %s, %s", a, enforcement.Deny, enforcement.Warn, enforcement.DryRun)
+	return nil, fmt.Errorf("admission policy: action %q is none of %s, %s, %s", a, rule.ActionDeny, rule.ActionWarn, rule.ActionDryRun)
 }
 
 // notExempt is the match condition: the policy applies to every user who is

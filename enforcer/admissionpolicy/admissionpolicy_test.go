@@ -10,7 +10,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 func info(t *testing.T) admissionpolicy.Info {
@@ -39,9 +39,9 @@ func TestExemptionsAreRenderedAsLiterals(t *testing.T) {
 }
 
 func TestActionsAreTheBindingsValidationActions(t *testing.T) {
-	for action, want := range map[enforcement.Action]admissionregistrationv1.ValidationAction{
-		"": admissionregistrationv1.Deny, enforcement.Deny: admissionregistrationv1.Deny,
-		enforcement.Warn: admissionregistrationv1.Warn, enforcement.DryRun: admissionregistrationv1.Audit,
+	for action, want := range map[rule.Action]admissionregistrationv1.ValidationAction{
+		"": admissionregistrationv1.Deny, rule.ActionDeny: admissionregistrationv1.Deny,
+		rule.ActionWarn: admissionregistrationv1.Warn, rule.ActionDryRun: admissionregistrationv1.Audit,
 	} {
 		_, b, err := admissionpolicy.Build(info(t), admissionpolicy.Options{Action: action})
 		require.NoError(t, err)

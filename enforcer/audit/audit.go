@@ -22,11 +22,10 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
-	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // Options are the flags of `nodeguard audit`.
@@ -40,7 +39,7 @@ type Options struct {
 	User   string
 	Groups []string
 	Output string
-	Bundle policybundle.Options
+	Bundle rule.BundleOptions
 }
 
 // Node is one Node's verdict.
@@ -83,7 +82,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 			return 1, err
 		}
 	}
-	eval, err := policybundle.Engine(ctx, opts.Bundle)
+	eval, err := rule.LoadEngine(ctx, opts.Bundle)
 	if err != nil {
 		return 1, err
 	}
@@ -134,7 +133,7 @@ func auditCluster(ctx context.Context, c kubeclient.Clients, g *guard.Guard, key
 		n := &list.Items[i]
 		d, err := g.Decide(ctx, guard.Request{Node: n, Cluster: key, UserInfo: user})
 		if err != nil {
-			d = decision.Deny(decision.ReasonError, err.Error())
+			d = rule.Denial(rule.ReasonError, err.Error())
 		}
 		v := Node{Cluster: key, Node: n.GetName(), Allowed: d.Allowed, Reason: d.Reason, Messages: d.Messages}
 		for _, b := range d.Blockers {

@@ -13,12 +13,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
-	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // Exit codes: scripts depend on them.
@@ -41,14 +39,14 @@ type Options struct {
 	Context    string
 	// Bundle, when its Path is set, is the signed policy bundle to judge
 	// with instead of the embedded rule.
-	Bundle policybundle.Options
+	Bundle rule.BundleOptions
 }
 
 // Result is what -o json prints.
 type Result struct {
 	Node    string `json:"node"`
 	Cluster string `json:"cluster,omitempty"`
-	decision.Decision
+	rule.Decision
 }
 
 // Run judges the delete and prints the result; the int is the exit code.
@@ -63,7 +61,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if err != nil {
 		return ExitError, err
 	}
-	eval, err := policybundle.Engine(ctx, opts.Bundle)
+	eval, err := rule.LoadEngine(ctx, opts.Bundle)
 	if err != nil {
 		return ExitError, err
 	}
@@ -81,17 +79,17 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 }
 
 // judge judges against the -f files, or without them the live cluster.
-func judge(ctx context.Context, opts Options, params map[string]any, eval *engine.Engine) (decision.Decision, error) {
+func judge(ctx context.Context, opts Options, params map[string]any, eval *rule.Engine) (rule.Decision, error) {
 	if len(opts.Files) > 0 {
 		return offline(ctx, opts, params, eval)
 	}
 	return judgeLive(ctx, opts, params, eval)
 }
 
-func offline(ctx context.Context, opts Options, params map[string]any, eval *engine.Engine) (decision.Decision, error) {
+func offline(ctx context.Context, opts Options, params map[string]any, eval *rule.Engine) (rule.Decision, error) {
 	objs, err := manifest.Load(opts.Files...)
 	if err != nil {
-		return decision.Decision{}, err
+		return rule.Decision{}, err
 	}
 	var node *unstructured.Unstructured
 	for _, o := range objs {
@@ -100,11 +98,11 @@ func offline(ctx context.Context, opts Options, params map[string]any, eval *eng
 		}
 	}
 	if node == nil {
-		return decision.Decision{}, fmt.Errorf("node %q not found in %v", opts.Node, opts.Files)
+		return rule.Decision{}, fmt.Errorf("node %q not found in %v", opts.Node, opts.Files)
 	}
 	infra, pools, err := eval.Kinds(params)
 	if err != nil {
-		return decision.Decision{}, err
+		return rule.Decision{}, err
 	}
 	// CRDs among the manifests add the kinds the contract finds, as the
 	// informers do in a cluster: their objects are then all in the files.
@@ -123,7 +121,7 @@ func offline(ctx context.Context, opts Options, params map[string]any, eval *eng
 	}
 	inv, err := inventory.FromObjects(eval.Model(), objs, infra, pools)
 	if err != nil {
-		return decision.Decision{}, err
+		return rule.Decision{}, err
 	}
 	synced := func() (machines, pooled []schema.GroupVersionKind) {
 		for _, gk := range infra {
@@ -136,7 +134,7 @@ func offline(ctx context.Context, opts Options, params map[string]any, eval *eng
 	}
 	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Engine: eval, SyncedKinds: synced})
 	if err != nil {
-		return decision.Decision{}, err
+		return rule.Decision{}, err
 	}
 	return g.Decide(ctx, request(opts, node))
 }
@@ -153,7 +151,7 @@ func request(opts Options, node *unstructured.Unstructured) guard.Request {
 	}
 }
 
-func print(out io.Writer, opts Options, d decision.Decision) error {
+func print(out io.Writer, opts Options, d rule.Decision) error {
 	if opts.Output == "json" {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
@@ -163,7 +161,7 @@ func print(out io.Writer, opts Options, d decision.Decision) error {
 		return nil
 	}
 	switch {
-	case d.Reason == decision.ReasonExempt:
+	case d.Reason == rule.ReasonExempt:
 		// The rule would deny it: the warning below says what was bypassed.
 		fmt.Fprintf(out, "ALLOWED only because of an exemption: Node %q would be denied to anyone not exempt.\n", opts.Node)
 	case d.Allowed:

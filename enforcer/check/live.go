@@ -12,9 +12,8 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/decision"
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // syncTimeout bounds how long a live check waits for its caches.
@@ -28,14 +27,14 @@ var nodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 // workload cluster, through its kubeconfig Secret, as the cluster route
 // judges a Node of it. Without --constraint the parameters are the
 // cluster's Constraint, as serve's are.
-func judgeLive(ctx context.Context, opts Options, params map[string]any, eval *engine.Engine) (decision.Decision, error) {
+func judgeLive(ctx context.Context, opts Options, params map[string]any, eval *rule.Engine) (rule.Decision, error) {
 	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
-		return decision.Decision{}, err
+		return rule.Decision{}, err
 	}
 	if opts.Constraint == "" {
 		if params, err = constraintwatch.Parameters(ctx, c.Dynamic, c.Mapper); err != nil {
-			return decision.Decision{}, err
+			return rule.Decision{}, err
 		}
 	}
 	nodes := func(context.Context) (dynamic.ResourceInterface, error) { return c.Dynamic.Resource(nodeGVR), nil }
@@ -48,26 +47,26 @@ func judgeLive(ctx context.Context, opts Options, params map[string]any, eval *e
 }
 
 func judgeWith(ctx context.Context, c kubeclient.Clients, nodes func(context.Context) (dynamic.ResourceInterface, error), opts Options,
-	params map[string]any, eval *engine.Engine) (decision.Decision, error) {
+	params map[string]any, eval *rule.Engine) (rule.Decision, error) {
 	where, err := nodes(ctx)
 	if err != nil {
-		return decision.Decision{}, err
+		return rule.Decision{}, err
 	}
 	node, err := where.Get(ctx, opts.Node, metav1.GetOptions{})
 	if err != nil {
 		if opts.Cluster != "" {
-			return decision.Decision{}, fmt.Errorf("get node %q in the workload cluster of %s: %w", opts.Node, opts.Cluster, err)
+			return rule.Decision{}, fmt.Errorf("get node %q in the workload cluster of %s: %w", opts.Node, opts.Cluster, err)
 		}
-		return decision.Decision{}, fmt.Errorf("get node %q: %w", opts.Node, err)
+		return rule.Decision{}, fmt.Errorf("get node %q: %w", opts.Node, err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
 	e, err := clusterenforcer.Start(ctx, c, clusterenforcer.Options{Parameters: params, Engine: eval})
 	if err != nil {
-		return decision.Decision{}, err
+		return rule.Decision{}, err
 	}
 	if err := clusterenforcer.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
-		return decision.Decision{}, err
+		return rule.Decision{}, err
 	}
 	return e.Guard.Decide(ctx, request(opts, node))
 }

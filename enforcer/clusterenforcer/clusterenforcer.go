@@ -13,12 +13,12 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // Options configure an Enforcer.
@@ -31,7 +31,7 @@ type Options struct {
 	FreshTimeout time.Duration
 	// Engine runs the policy (required): the embedded rule or a verified
 	// bundle's, chosen once by the caller (policybundle.Engine).
-	Engine *engine.Engine
+	Engine *rule.Engine
 	// OnChange, when set, gets every change of the inventory from the
 	// informers' first objects on (the orphan scan's informers.Relay).
 	OnChange func(informers.Change)
@@ -39,7 +39,7 @@ type Options struct {
 
 // Enforcer is a Guard over informer caches of one cluster.
 type Enforcer struct {
-	Engine    *engine.Engine
+	Engine    *rule.Engine
 	Guard     *guard.Guard
 	Syncer    *informers.Syncer
 	Inventory *inventory.Inventory

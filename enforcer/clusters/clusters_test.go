@@ -30,10 +30,10 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testlog"
 )
@@ -217,7 +217,7 @@ func TestSessionsFollowClustersAndTheirSecrets(t *testing.T) {
 // Cluster goes, however often that happens.
 func TestAnUnreachableClusterLeaksNothing(t *testing.T) {
 	m := newManagement()
-	eval, err := engine.New(context.Background())
+	eval, err := rule.NewEngine(context.Background())
 	require.NoError(t, err)
 	shape, err := nodecache.ShapeOf(eval)
 	require.NoError(t, err)

@@ -21,10 +21,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // DefaultName is the Constraint constraints/constraint.yaml applies.
@@ -42,7 +42,7 @@ type Spec struct {
 	Parameters map[string]any
 	// Action is spec.enforcementAction; "" when the Constraint sets none or
 	// there is no Constraint.
-	Action enforcement.Action
+	Action rule.Action
 	// From says where the spec came from, for logs: the Constraint and its
 	// resourceVersion, or why there is none.
 	From string
@@ -67,7 +67,7 @@ func FromObject(obj *unstructured.Unstructured) (Spec, error) {
 	}
 	s := Spec{Parameters: params, From: fmt.Sprintf("%s (resourceVersion %s)", name, obj.GetResourceVersion())}
 	if raw != "" {
-		if s.Action, err = enforcement.Parse(raw); err != nil {
+		if s.Action, err = rule.ParseAction(raw); err != nil {
 			return Spec{}, fmt.Errorf("%s: spec.enforcementAction: %w", name, err)
 		}
 	}

@@ -19,7 +19,7 @@ import (
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 var gvr = schema.GroupVersionResource{Group: "constraints.gatekeeper.sh", Version: "v1beta1", Resource: "k8snodeguard"}
@@ -58,13 +58,13 @@ func client(t *testing.T, objs ...runtime.Object) *dynamicfake.FakeDynamicClient
 func TestFromObject(t *testing.T) {
 	s, err := constraintwatch.FromObject(constraint("node-deletion-guard", "warn", map[string]any{"exemptUsers": []any{"alice"}}))
 	require.NoError(t, err)
-	assert.Equal(t, enforcement.Warn, s.Action)
+	assert.Equal(t, rule.ActionWarn, s.Action)
 	assert.Equal(t, map[string]any{"exemptUsers": []any{"alice"}}, s.Parameters)
 	assert.Contains(t, s.From, "K8sNodeGuard node-deletion-guard")
 
 	s, err = constraintwatch.FromObject(constraint("node-deletion-guard", "", nil))
 	require.NoError(t, err)
-	assert.Equal(t, enforcement.Action(""), s.Action, "none set: the flag's stays in force")
+	assert.Equal(t, rule.Action(""), s.Action, "none set: the flag's stays in force")
 
 	// Gatekeeper's "scoped" names actions per enforcement point, which
 	// nodeguard does not read: refused rather than guessed.
@@ -86,7 +86,7 @@ func TestRead(t *testing.T) {
 	s, err = constraintwatch.Read(ctx, client(t, constraint("node-deletion-guard", "dryrun", map[string]any{"exemptGroups": []any{"oncall"}})),
 		served(true), "node-deletion-guard")
 	require.NoError(t, err)
-	assert.Equal(t, enforcement.DryRun, s.Action)
+	assert.Equal(t, rule.ActionDryRun, s.Action)
 	assert.Equal(t, []any{"oncall"}, s.Parameters["exemptGroups"])
 }
 
@@ -144,7 +144,7 @@ func TestWatchAppliesEachEditOnceAndTheDefaultsOnDelete(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		s, n := got.last()
 		assert.Equal(c, 1, n)
-		assert.Equal(c, enforcement.Warn, s.Action)
+		assert.Equal(c, rule.ActionWarn, s.Action)
 		assert.Equal(c, []any{"alice", "bob"}, s.Parameters["exemptUsers"])
 	}, 5*time.Second, 10*time.Millisecond)
 	assert.InDelta(t, 1, counter(t, reg, "nodeguard_constraint_reloads_total"), 0)
@@ -165,7 +165,7 @@ func TestWatchAppliesEachEditOnceAndTheDefaultsOnDelete(t *testing.T) {
 		s, n := got.last()
 		assert.Equal(c, 2, n)
 		assert.Nil(c, s.Parameters, "deleted: the rule's defaults")
-		assert.Equal(c, enforcement.Action(""), s.Action)
+		assert.Equal(c, rule.Action(""), s.Action)
 		assert.Equal(c, "K8sNodeGuard node-deletion-guard deleted", s.From)
 	}, 5*time.Second, 10*time.Millisecond)
 	cancel()
@@ -189,7 +189,7 @@ func TestWatchWaitsForTheCRD(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		s, n := got.last()
 		assert.Equal(c, 1, n)
-		assert.Equal(c, enforcement.Warn, s.Action)
+		assert.Equal(c, rule.ActionWarn, s.Action)
 	}, 5*time.Second, 10*time.Millisecond)
 }
 

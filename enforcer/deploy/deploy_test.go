@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
@@ -22,8 +23,6 @@ import (
 	"sigs.k8s.io/kustomize/api/resmap"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
-
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 )
 
 func render(t *testing.T, dir string) resmap.ResMap {
@@ -159,7 +158,7 @@ func TestServerRoleIsLeastPrivilege(t *testing.T) {
 			}
 		}
 	}
-	eval, err := engine.New(context.Background())
+	eval, err := rule.NewEngine(context.Background())
 	require.NoError(t, err)
 	defaults := eval.DefaultParameters()
 	for _, key := range []string{"infraMachineKinds", "infraMachinePoolKinds"} {

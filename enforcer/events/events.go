@@ -43,6 +43,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -58,8 +59,6 @@ import (
 	"k8s.io/client-go/tools/record/util"
 	"k8s.io/client-go/tools/reference"
 	"k8s.io/utils/clock"
-
-	"github.com/nodeguard/nodeguard/enforcer/decision"
 )
 
 // What a denial's Event says.
@@ -83,9 +82,9 @@ type Denial struct {
 	User     string
 	Reason   string // the decision's reason (blocked, fresh-read-failed, ...)
 	Messages []string
-	Blockers []decision.Blocker
+	Blockers []rule.Blocker
 	// Unverified are linked Machines' InfraMachines of kinds not synced.
-	Unverified []decision.Unverified
+	Unverified []rule.Unverified
 	// Admitted: the enforcement action warn let the delete through; the
 	// Event says it would have been denied (ReasonWouldBeDenied).
 	Admitted bool

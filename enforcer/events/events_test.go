@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
@@ -24,18 +25,16 @@ import (
 	eventsv1client "k8s.io/client-go/kubernetes/typed/events/v1"
 	clienttesting "k8s.io/client-go/testing"
 	testingclock "k8s.io/utils/clock/testing"
-
-	"github.com/nodeguard/nodeguard/enforcer/decision"
 )
 
 var start = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
 
 // blocked is a denial of Node node by user, as the rule words it.
 func blocked(node, user string) Denial {
-	return Denial{Node: node, NodeUID: "uid-node", User: user, Reason: decision.ReasonBlocked,
+	return Denial{Node: node, NodeUID: "uid-node", User: user, Reason: rule.ReasonBlocked,
 		Messages: []string{fmt.Sprintf("Node %q cannot be deleted: DockerMachine default/%s (infrastructure.cluster.x-k8s.io) still exists.", node, node)},
-		Blockers: []decision.Blocker{{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine", Namespace: "default", Name: node,
-			Links: []decision.Link{{Type: "machineNodeRef", Machine: "default/" + node}}}}}
+		Blockers: []rule.Blocker{{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine", Namespace: "default", Name: node,
+			Links: []rule.BlockerLink{{Type: "machineNodeRef", Machine: "default/" + node}}}}}
 }
 
 type fixture struct {
@@ -315,7 +314,7 @@ func TestWorkloadClusterOrManagementFallback(t *testing.T) {
 	f.r.observe(denied(d))
 	d.Cluster = "fleet/prod-2"
 	f.r.observe(denied(d))
-	notReady := Denial{Cluster: "fleet/prod-3", Node: "md-0-b", User: "kubernetes-admin", Reason: decision.ReasonNotReady, Messages: []string{"not ready"}}
+	notReady := Denial{Cluster: "fleet/prod-3", Node: "md-0-b", User: "kubernetes-admin", Reason: rule.ReasonNotReady, Messages: []string{"not ready"}}
 	f.r.observe(denied(notReady))
 	f.r.flush(f.ctx)
 

@@ -14,9 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
@@ -79,7 +79,7 @@ func (r *Reconciler) enroll(key string) {
 // first, then the policy and its binding installed where missing or
 // different, proven, and only then the webhook configuration of mode
 // webhook removed.
-func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t *tracked, st State, action enforcement.Action) outcome {
+func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t *tracked, st State, action rule.Action) outcome {
 	if !s.synced() {
 		return r.unsynced(t, st)
 	}
@@ -170,7 +170,7 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 // provePolicy makes a dry-run delete of a Node that is not released, as
 // nodeguard: it finds what was written when the policy answers with the
 // binding's action (deny: denied; warn: its warning; dryrun: admitted).
-func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t *tracked, st State, action enforcement.Action) (outcome, proof) {
+func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t *tracked, st State, action rule.Action) (outcome, proof) {
 	node, err := s.unreleased(ctx)
 	if err != nil {
 		st.Reason, st.Message = failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, s, err)
@@ -182,25 +182,25 @@ func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t 
 	}
 	warnings, err := r.dryRun(ctx, s, node)
 	mark := policyMark(r.policyInfo.Name)
-	found := enforcement.Action("")
+	found := rule.Action("")
 	switch {
 	case err != nil && apierrors.IsForbidden(err) && strings.Contains(err.Error(), mark):
-		found = enforcement.Deny
+		found = rule.ActionDeny
 	case err == nil && containsMark(warnings, mark):
-		found = enforcement.Warn
+		found = rule.ActionWarn
 	case err == nil:
-		found = enforcement.DryRun
+		found = rule.ActionDryRun
 	}
 	if found == action {
 		return r.matched(t, st, action, "the policy's binding only audits (enforcement action dryrun): no Node delete is denied there")
 	}
 	p := proof{lag: true}
 	switch found {
-	case enforcement.Deny, enforcement.Warn:
+	case rule.ActionDeny, rule.ActionWarn:
 		// Guarded, though not as written (the API server still applies the
 		// binding before it): true, and proven again soon.
 		st.Guarded, st.Reason, st.Message = true, "", ""
-	case enforcement.DryRun:
+	case rule.ActionDryRun:
 		st.Reason, st.Message = ReasonReviewNotReceived, fmt.Sprintf("a dry-run delete of Node %s, which nodeguard has not released, was admitted: the policy does not decide there (yet)", node.Name)
 	default:
 		st.Reason, st.Message = failure(err, ReasonReviewNotReceived), fmt.Sprintf("dry-run delete of Node %s: %v", node.Name, err)

@@ -47,10 +47,10 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
@@ -483,9 +483,9 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta clusters.Meta,
 		return outcome{state: st} // its return is told (Changed)
 	}
 	if st.Mode == ModeAdmissionPolicy {
-		action, err := enforcement.Of(meta.Annotations, r.opts.AdmissionPolicy.Action)
+		action, err := rule.ActionOf(meta.Annotations, r.opts.AdmissionPolicy.Action)
 		if action == "" {
-			action = enforcement.Deny
+			action = rule.ActionDeny
 		}
 		if err != nil {
 			// Not guessed: the policy there stays as it is, and the Cluster
@@ -508,7 +508,7 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta clusters.Meta,
 	r.mu.Lock()
 	ca := r.caBundle
 	r.mu.Unlock()
-	return r.guardWebhook(ctx, key, s, t, st, ca, protection == ghosts.Deny, meta.Annotations[enforcement.Annotation])
+	return r.guardWebhook(ctx, key, s, t, st, ca, protection == ghosts.Deny, meta.Annotations[rule.ActionAnnotation])
 }
 
 // report records a Cluster's State, and tells of it.

@@ -12,9 +12,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -201,10 +201,10 @@ func (r *Reconciler) proveWebhook(ctx context.Context, key string, s *session, t
 
 // matched records a proof that found what was written, under action: the
 // cluster guarded, or, under dryrun, reported so (why says how).
-func (r *Reconciler) matched(t *tracked, st State, action enforcement.Action, why string) (outcome, proof) {
+func (r *Reconciler) matched(t *tracked, st State, action rule.Action, why string) (outcome, proof) {
 	t.lastProof, t.proven = time.Now(), t.expect
 	st.LastProof, st.Action = t.lastProof, string(action)
-	if action == enforcement.DryRun {
+	if action == rule.ActionDryRun {
 		st.Reason, st.Message = ReasonDryRun, why
 	} else {
 		st.Guarded, st.Reason, st.Message = true, "", ""

@@ -21,12 +21,11 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
-	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
 
@@ -52,7 +51,7 @@ type Options struct {
 	Tombstones bool
 	// Clear ends the tombstones of these providerIDs instead.
 	Clear  []string
-	Bundle policybundle.Options
+	Bundle rule.BundleOptions
 }
 
 // Report is what -o json prints.
@@ -100,7 +99,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 			return ExitError, err
 		}
 	}
-	eval, err := policybundle.Engine(ctx, opts.Bundle)
+	eval, err := rule.LoadEngine(ctx, opts.Bundle)
 	if err != nil {
 		return ExitError, err
 	}
@@ -129,7 +128,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 // judge judges every Node with a tombstone, on fresh reads, in the cluster
 // of the kubeconfig (unless opts.Cluster names one) and the workload
 // clusters.
-func judge(ctx context.Context, c kubeclient.Clients, opts Options, params map[string]any, eval *engine.Engine, store *tombstones.Store,
+func judge(ctx context.Context, c kubeclient.Clients, opts Options, params map[string]any, eval *rule.Engine, store *tombstones.Store,
 	report *Report) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers

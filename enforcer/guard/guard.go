@@ -19,10 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // Request is one admission request to judge, as the rule reads it. Its zero
@@ -72,12 +70,12 @@ type Options struct {
 	FreshTimeout time.Duration
 	// Engine runs the policy (required): the embedded rule or a bundle's,
 	// chosen once by the caller (policybundle.Engine).
-	Engine *engine.Engine
+	Engine *rule.Engine
 }
 
 // Guard decides Node deletes; it is safe for concurrent use.
 type Guard struct {
-	engine *engine.Engine
+	engine *rule.Engine
 	inv    *inventory.Inventory
 	opts   Options
 	// set is the parameters in force; SetParameters swaps it whole, so a
@@ -102,7 +100,7 @@ type paramSet struct {
 type route struct {
 	kinds  string
 	set    *paramSet
-	params engine.Parameters
+	params rule.Parameters
 }
 
 // maxRoutes bounds the converted parameters kept; a caller naming ever new
@@ -130,7 +128,7 @@ func New(ctx context.Context, inv *inventory.Inventory, opts Options) (*Guard, e
 func (g *Guard) SetParameters(constraint map[string]any) error {
 	params := g.engine.DefaultParameters()
 	maps.Copy(params, constraint)
-	if _, err := engine.NewParameters(params); err != nil {
+	if _, err := rule.NewParameters(params); err != nil {
 		return err
 	}
 	g.set.Store(&paramSet{params: params, groups: g.inv.Model().Groups(params)})
@@ -176,15 +174,15 @@ func (g *Guard) Parameters() map[string]any {
 // Decide judges req with the rule: the candidates linked to req.Node (none
 // without a Node), re-read when the Guard has fresh reads. An error means no
 // decision could be made (bad cluster, rule failure); callers must then deny.
-func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, error) {
+func (g *Guard) Decide(ctx context.Context, req Request) (rule.Decision, error) {
 	if err := g.Ready(); err != nil {
-		return decision.Deny(decision.ReasonNotReady, fmt.Sprintf("Node %q cannot be deleted yet: nodeguard is not ready (%v), "+
+		return rule.Denial(rule.ReasonNotReady, fmt.Sprintf("Node %q cannot be deleted yet: nodeguard is not ready (%v), "+
 			"so it cannot tell whether an InfraMachine is linked to it; retry once nodeguard reports ready.",
 			req.name(), err)), nil
 	}
 	params, err := g.RouteParameters(req.Cluster)
 	if err != nil {
-		return decision.Decision{}, err
+		return rule.Decision{}, err
 	}
 	var objs []*unstructured.Unstructured
 	seen := req
@@ -192,22 +190,22 @@ func (g *Guard) Decide(ctx context.Context, req Request) (decision.Decision, err
 	if req.Node != nil {
 		seen.Node = g.inv.Model().NodeShape().FromUnstructured(req.Node).Unstructured()
 		if objs, err = g.read(ctx, req.Node, true); err != nil {
-			return decision.Deny(decision.ReasonFreshReadFailed, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not re-read the "+
+			return rule.Denial(rule.ReasonFreshReadFailed, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not re-read the "+
 				"objects linked to it from the API server (%v), so it cannot prove their hosts are gone; retry shortly.",
 				req.name(), err)), nil
 		}
 	}
-	d, err := decision.Evaluate(ctx, g.engine, decision.Input{
+	d, err := rule.Evaluate(ctx, g.engine, rule.Input{
 		Review:     seen.Review(),
 		Inventory:  inventory.Layout(objs),
 		Parameters: params,
 	})
-	if err != nil || d.Reason != decision.ReasonNoLink {
+	if err != nil || d.Reason != rule.ReasonNoLink {
 		return d, err
 	}
 	// Nothing linked was found, which a cache catching up cannot prove.
 	if rerr := g.Recovering(); rerr != nil {
-		return decision.Deny(decision.ReasonCacheRecovering, fmt.Sprintf("Node %q cannot be deleted right now: %v, so nodeguard cannot "+
+		return rule.Denial(rule.ReasonCacheRecovering, fmt.Sprintf("Node %q cannot be deleted right now: %v, so nodeguard cannot "+
 			"prove nothing links to the Node; this passes within seconds of the API server answering again, retry.", req.name(), rerr)), nil
 	}
 	return d, nil
@@ -233,17 +231,17 @@ func (g *Guard) Recovering() error {
 }
 
 // Model returns the link model the guard follows (its inventory's).
-func (g *Guard) Model() *linkmodel.Model { return g.inv.Model() }
+func (g *Guard) Model() *rule.Model { return g.inv.Model() }
 
 // RouteParameters are the parameters the rule reads for a cluster route
 // ("namespace/name", or "" for all): defaults, the Constraint's, the synced
 // kinds and the cluster scope; converted once per route and set of synced
 // kinds. Decisions, the orphan criteria and Gatekeeper (through the
 // provider, Parameters.Map) all take these.
-func (g *Guard) RouteParameters(cluster string) (engine.Parameters, error) {
+func (g *Guard) RouteParameters(cluster string) (rule.Parameters, error) {
 	ns, name, err := splitCluster(cluster)
 	if err != nil {
-		return engine.Parameters{}, err
+		return rule.Parameters{}, err
 	}
 	var machines, pools []schema.GroupVersionKind
 	if g.opts.SyncedKinds != nil {
@@ -264,9 +262,9 @@ func (g *Guard) RouteParameters(cluster string) (engine.Parameters, error) {
 	if g.opts.SyncedKinds != nil {
 		params["infraMachineKinds"], params["infraMachinePoolKinds"] = kindList(machines), kindList(pools)
 	}
-	converted, err := engine.NewParameters(params)
+	converted, err := rule.NewParameters(params)
 	if err != nil {
-		return engine.Parameters{}, err
+		return rule.Parameters{}, err
 	}
 	g.mu.Lock()
 	if _, known := g.routes[cluster]; known || len(g.routes) < maxRoutes {
@@ -278,7 +276,7 @@ func (g *Guard) RouteParameters(cluster string) (engine.Parameters, error) {
 
 // Engine runs the policy the guard decides with; the orphan criteria run on
 // it too, so both always follow one policy (a bundle and its reloads included).
-func (g *Guard) Engine() *engine.Engine { return g.engine }
+func (g *Guard) Engine() *rule.Engine { return g.engine }
 
 // splitCluster parses a cluster route, "NAMESPACE/NAME" or "" for all; a
 // Cluster always has both parts.
@@ -341,7 +339,7 @@ func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, 
 	// Kinds the inventory watches, with their roles, looked up once rather
 	// than per ref.
 	watched := map[schema.GroupKind]watchedKind{}
-	for _, role := range linkmodel.Roles() {
+	for _, role := range rule.Roles() {
 		for _, gvk := range g.inv.Kinds(role) {
 			if _, ok := watched[gvk.GroupKind()]; !ok {
 				watched[gvk.GroupKind()] = watchedKind{gvk: gvk, role: role}

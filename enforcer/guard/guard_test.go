@@ -20,12 +20,10 @@ import (
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -59,7 +57,7 @@ func capdNode() *unstructured.Unstructured {
 // cache builds an inventory holding the given objects.
 func cache(t *testing.T, objs ...*unstructured.Unstructured) *inventory.Inventory {
 	t.Helper()
-	inv := inventory.New(linkmodel.MustEmbedded())
+	inv := inventory.New(rule.MustEmbeddedModel())
 	machines, infras := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
 	inv.AddKind(machineGVK, inventory.Machine, machines)
 	inv.AddKind(dockerGVK, inventory.InfraMachine, infras)
@@ -84,7 +82,7 @@ func decide(t *testing.T, inv *inventory.Inventory, opts guard.Options, req guar
 	return d.Allowed, d.Messages
 }
 
-func decideFull(t *testing.T, inv *inventory.Inventory, opts guard.Options, req guard.Request) decision.Decision {
+func decideFull(t *testing.T, inv *inventory.Inventory, opts guard.Options, req guard.Request) rule.Decision {
 	t.Helper()
 	g, err := newGuard(context.Background(), inv, opts)
 	require.NoError(t, err)
@@ -104,15 +102,15 @@ func TestReasons(t *testing.T) {
 	exempt := guard.Request{Node: capdNode(), UserInfo: authenticationv1.UserInfo{Username: "ops"}}
 	update := guard.Request{Operation: "UPDATE", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Node"}, Node: capdNode()}
 	noNode := guard.Request{Name: "n1"}
-	for want, got := range map[string]decision.Decision{
-		decision.ReasonNotJudged:       decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, update),
-		decision.ReasonUnjudgeable:     decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, noNode),
-		decision.ReasonBlocked:         decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, node),
-		decision.ReasonNoLink:          decideFull(t, cache(t, capdMachine()), guard.Options{}, node),
-		decision.ReasonUnverified:      decideFull(t, cache(t, capdMachine()), guard.Options{SyncedKinds: none}, node),
-		decision.ReasonNotReady:        decideFull(t, cache(t), notReady, node),
-		decision.ReasonFreshReadFailed: decideFull(t, cache(t, capdMachine()), guard.Options{Fresh: freshread.New(client, mapper)}, node),
-		decision.ReasonExempt: decideFull(t, cache(t, capdMachine(), capdInfra()),
+	for want, got := range map[string]rule.Decision{
+		rule.ReasonNotJudged:       decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, update),
+		rule.ReasonUnjudgeable:     decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, noNode),
+		rule.ReasonBlocked:         decideFull(t, cache(t, capdMachine(), capdInfra()), guard.Options{}, node),
+		rule.ReasonNoLink:          decideFull(t, cache(t, capdMachine()), guard.Options{}, node),
+		rule.ReasonUnverified:      decideFull(t, cache(t, capdMachine()), guard.Options{SyncedKinds: none}, node),
+		rule.ReasonNotReady:        decideFull(t, cache(t), notReady, node),
+		rule.ReasonFreshReadFailed: decideFull(t, cache(t, capdMachine()), guard.Options{Fresh: freshread.New(client, mapper)}, node),
+		rule.ReasonExempt: decideFull(t, cache(t, capdMachine(), capdInfra()),
 			guard.Options{Parameters: map[string]any{"exemptUsers": []any{"ops"}}}, exempt),
 	} {
 		assert.Equal(t, want, got.Reason, "%v", got.Messages)
@@ -201,14 +199,14 @@ func TestARecoveringCacheCannotProveAnAbsence(t *testing.T) {
 	d, err := g.Decide(context.Background(), guard.Request{Node: capdNode()})
 	require.NoError(t, err)
 	assert.False(t, d.Allowed)
-	assert.Equal(t, decision.ReasonCacheRecovering, d.Reason)
+	assert.Equal(t, rule.ReasonCacheRecovering, d.Reason)
 	assert.Contains(t, d.Messages[0], "the cache of DockerMachine is catching up, so nodeguard cannot prove nothing links to the Node")
 
 	g, err = newGuard(context.Background(), cache(t, capdMachine(), capdInfra()), recovering)
 	require.NoError(t, err)
 	d, err = g.Decide(context.Background(), guard.Request{Node: capdNode()})
 	require.NoError(t, err)
-	assert.Equal(t, decision.ReasonBlocked, d.Reason, "what the cache shows still blocks")
+	assert.Equal(t, rule.ReasonBlocked, d.Reason, "what the cache shows still blocks")
 	d, err = g.Decide(context.Background(), guard.Request{Node: capdNode(), UserInfo: authenticationv1.UserInfo{Username: "oncall"}})
 	require.NoError(t, err)
 	assert.True(t, d.Allowed, "an exemption holds")
@@ -239,18 +237,18 @@ func TestOneGuardFollowsSyncedKindsAndRoutes(t *testing.T) {
 		SyncedKinds: func() ([]schema.GroupVersionKind, []schema.GroupVersionKind) { return synced, nil },
 	})
 	require.NoError(t, err)
-	decideOn := func(cluster string) decision.Decision {
+	decideOn := func(cluster string) rule.Decision {
 		d, err := g.Decide(context.Background(), guard.Request{Node: capdNode(), Cluster: cluster})
 		require.NoError(t, err)
 		return d
 	}
-	assert.Equal(t, decision.ReasonUnverified, decideOn("default/dev").Reason, "DockerMachine not synced yet")
+	assert.Equal(t, rule.ReasonUnverified, decideOn("default/dev").Reason, "DockerMachine not synced yet")
 	synced = []schema.GroupVersionKind{dockerGVK}
-	assert.Equal(t, decision.ReasonNoLink, decideOn("default/dev").Reason, "DockerMachine synced now, and absent")
+	assert.Equal(t, rule.ReasonNoLink, decideOn("default/dev").Reason, "DockerMachine synced now, and absent")
 	synced = nil
-	assert.Equal(t, decision.ReasonUnverified, decideOn("default/dev").Reason, "DockerMachine no longer synced")
-	assert.Equal(t, decision.ReasonNoLink, decideOn("default/other").Reason, "the Machine belongs to another cluster")
-	assert.Equal(t, decision.ReasonUnverified, decideOn("default/dev").Reason)
+	assert.Equal(t, rule.ReasonUnverified, decideOn("default/dev").Reason, "DockerMachine no longer synced")
+	assert.Equal(t, rule.ReasonNoLink, decideOn("default/other").Reason, "the Machine belongs to another cluster")
+	assert.Equal(t, rule.ReasonUnverified, decideOn("default/dev").Reason)
 }
 
 // Routes and synced kinds changing under concurrent decisions (run with -race).
@@ -282,9 +280,9 @@ func TestConcurrentDecisionsShareConvertedParameters(t *testing.T) {
 					return
 				}
 				if cluster == "default/other" {
-					assert.Equal(t, decision.ReasonNoLink, d.Reason, "the Machine belongs to another cluster")
+					assert.Equal(t, rule.ReasonNoLink, d.Reason, "the Machine belongs to another cluster")
 				} else {
-					assert.Contains(t, []string{decision.ReasonNoLink, decision.ReasonUnverified}, d.Reason)
+					assert.Contains(t, []string{rule.ReasonNoLink, rule.ReasonUnverified}, d.Reason)
 				}
 			}
 		}()
@@ -382,7 +380,7 @@ func TestRequestsWithoutANodeAreTheRulesToDecide(t *testing.T) {
 	d, err := g.Decide(context.Background(), guard.Request{Operation: "DELETE", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}, Name: "p"})
 	require.NoError(t, err)
 	assert.True(t, d.Allowed)
-	assert.Equal(t, decision.ReasonNotJudged, d.Reason)
+	assert.Equal(t, rule.ReasonNotJudged, d.Reason)
 }
 
 // concurrency wraps a FreshReader, holding each Get until want Gets are in
@@ -426,7 +424,7 @@ func TestFreshReadsOfOneDecisionRunConcurrently(t *testing.T) {
 // newGuard is guard.New with the embedded policy when opts names none.
 func newGuard(ctx context.Context, inv *inventory.Inventory, opts guard.Options) (*guard.Guard, error) {
 	if opts.Engine == nil {
-		e, err := engine.New(ctx)
+		e, err := rule.NewEngine(ctx)
 		if err != nil {
 			return nil, err
 		}

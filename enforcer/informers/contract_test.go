@@ -13,7 +13,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -38,7 +38,7 @@ func TestKindsAreFoundByTheContract(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	client, mapper := setup(t, dockerM1()...)
-	inv := inventory.New(linkmodel.MustEmbedded())
+	inv := inventory.New(rule.MustEmbeddedModel())
 	s := informers.New(inv, informers.Options{Client: client, Mapper: mapper, RetryInterval: time.Hour, Contract: true})
 	require.NoError(t, s.Start(ctx))
 	require.Eventually(t, func() bool { return s.Ready() == nil }, 5*time.Second, 10*time.Millisecond)

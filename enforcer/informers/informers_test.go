@@ -23,7 +23,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -77,7 +77,7 @@ func TestSyncerFindsKindsAndBecomesReady(t *testing.T) {
 	defer cancel()
 	client, mapper := setup(t, append(dockerM1(),
 		crd("foomachines.infrastructure.example.com", map[string]string{"cluster.x-k8s.io/v1beta1": "v1alpha1_v1beta1"}))...)
-	inv := inventory.New(linkmodel.MustEmbedded())
+	inv := inventory.New(rule.MustEmbeddedModel())
 	s := informers.New(inv, informers.Options{
 		Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond,
 		InfraKinds: []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "AWSMachine"}}, // not served
@@ -128,7 +128,7 @@ func TestUnresolvableKindDoesNotBlockReadiness(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	client, mapper := setup(t, machine("m1", "infrastructure.unknown.io", "GhostMachine"))
-	s := informers.New(inventory.New(linkmodel.MustEmbedded()), informers.Options{Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond})
+	s := informers.New(inventory.New(rule.MustEmbeddedModel()), informers.Options{Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond})
 	require.NoError(t, s.Start(ctx))
 	require.Eventually(t, func() bool { return s.Ready() == nil }, 5*time.Second, 10*time.Millisecond)
 	failed := s.Failed()
@@ -139,7 +139,7 @@ func TestUnresolvableKindDoesNotBlockReadiness(t *testing.T) {
 
 func TestStartFailsWithoutMachines(t *testing.T) {
 	client := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())
-	s := informers.New(inventory.New(linkmodel.MustEmbedded()), informers.Options{Client: client, Mapper: meta.NewDefaultRESTMapper(nil)})
+	s := informers.New(inventory.New(rule.MustEmbeddedModel()), informers.Options{Client: client, Mapper: meta.NewDefaultRESTMapper(nil)})
 	assert.ErrorContains(t, s.Start(context.Background()), "served version of Cluster API Machines")
 }
 
@@ -173,7 +173,7 @@ func TestACacheWhoseWatchBrokeIsNotTrustedUntilItCaughtUp(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	inv := inventory.New(linkmodel.MustEmbedded())
+	inv := inventory.New(rule.MustEmbeddedModel())
 	s := informers.New(inv, informers.Options{Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond})
 	require.NoError(t, s.Start(ctx))
 	require.Eventually(t, func() bool { return s.Ready() == nil }, 5*time.Second, 10*time.Millisecond)
@@ -218,7 +218,7 @@ func TestAddParameterKindsWatchesANewKind(t *testing.T) {
 	defer cancel()
 	pool := object(testcluster.DockerMachinePoolGVK, "default", "p1", map[string]any{"spec": map[string]any{"providerIDList": []any{"docker:////p1-0"}}})
 	client, mapper := setup(t, pool)
-	inv := inventory.New(linkmodel.MustEmbedded())
+	inv := inventory.New(rule.MustEmbeddedModel())
 	s := informers.New(inv, informers.Options{Client: client, Mapper: mapper})
 	require.NoError(t, s.Start(ctx))
 	require.Eventually(t, func() bool { return s.Ready() == nil }, 5*time.Second, 10*time.Millisecond)

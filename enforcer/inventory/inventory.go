@@ -15,22 +15,22 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/record"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // Role says what a kind is to the rule (see linkmodel).
-type Role = linkmodel.Role
+type Role = rule.Role
 
 // Roles returns every role, in a fixed order.
-func Roles() []Role { return linkmodel.Roles() }
+func Roles() []Role { return rule.Roles() }
 
 // The roles a kind can have.
 const (
-	Machine          = linkmodel.Machine
-	MachinePool      = linkmodel.MachinePool
-	InfraMachine     = linkmodel.InfraMachine
-	InfraMachinePool = linkmodel.InfraMachinePool
+	Machine          = rule.Machine
+	MachinePool      = rule.MachinePool
+	InfraMachine     = rule.InfraMachine
+	InfraMachinePool = rule.InfraMachinePool
 )
 
 // Indexers returns the indexes the stores of a role carry: its shape's, one
@@ -76,7 +76,7 @@ func (inv *Inventory) NewStore(role Role) cache.Indexer {
 // Inventory is the set of stores, one per kind. Kinds can be added while it
 // is in use (a new InfraMachine kind appears); it is safe for concurrent use.
 type Inventory struct {
-	model *linkmodel.Model
+	model *rule.Model
 
 	mu     sync.RWMutex
 	stores map[schema.GroupVersionKind]kindStore
@@ -89,7 +89,7 @@ type kindStore struct {
 }
 
 // New returns an empty inventory following model.
-func New(model *linkmodel.Model) *Inventory {
+func New(model *rule.Model) *Inventory {
 	return &Inventory{
 		model:  model,
 		stores: map[schema.GroupVersionKind]kindStore{},
@@ -97,7 +97,7 @@ func New(model *linkmodel.Model) *Inventory {
 }
 
 // Model returns the link model the inventory follows.
-func (inv *Inventory) Model() *linkmodel.Model { return inv.model }
+func (inv *Inventory) Model() *rule.Model { return inv.model }
 
 // Record keeps what the rule reads of u, an object of role.
 func (inv *Inventory) Record(u *unstructured.Unstructured, role Role) *record.Record {
@@ -189,7 +189,7 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 	defer inv.mu.RUnlock()
 	p := picker{inv: inv, picked: map[Ref]bool{}, followed: map[Ref]bool{}}
 	for _, l := range inv.model.Links {
-		values, ok := linkmodel.NodeValues(node, l)
+		values, ok := rule.NodeValues(node, l)
 		if !ok {
 			continue
 		}

@@ -11,8 +11,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/record"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -136,7 +136,7 @@ func TestReferenceShapes(t *testing.T) {
 	assert.False(t, ok)
 }
 
-func newInventory() *inventory.Inventory { return inventory.New(linkmodel.MustEmbedded()) }
+func newInventory() *inventory.Inventory { return inventory.New(rule.MustEmbeddedModel()) }
 
 func add(t *testing.T, inv *inventory.Inventory, store cache.Indexer, role inventory.Role, u *unstructured.Unstructured) {
 	t.Helper()
@@ -211,7 +211,7 @@ func TestFromObjectsKeepsMachinesListedAndReferencedKinds(t *testing.T) {
 		obj(schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "FooMachinePool"}, "default", "p", nil),
 		node("n1", "", nil),
 	}
-	inv, err := inventory.FromObjects(linkmodel.MustEmbedded(), objs, nil, []schema.GroupKind{{Group: "example.com", Kind: "FooMachinePool"}})
+	inv, err := inventory.FromObjects(rule.MustEmbeddedModel(), objs, nil, []schema.GroupKind{{Group: "example.com", Kind: "FooMachinePool"}})
 	require.NoError(t, err)
 	assert.Equal(t, []schema.GroupVersionKind{machineV1beta2}, inv.Kinds(inventory.Machine))
 	assert.Equal(t, []schema.GroupVersionKind{dockerMachine}, inv.Kinds(inventory.InfraMachine))

@@ -5,8 +5,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/record"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // reference reads an object reference from the record's reference slots:
@@ -47,9 +47,9 @@ func recordOf(obj any) (*record.Record, error) {
 // fields: one tuple, in the order of l.Fields, for an "equal" link; one per
 // list entry for a "contains" link; none when a field is missing or empty,
 // since a link never holds then.
-func LinkValues(r *record.Record, l linkmodel.Link) [][]string {
+func LinkValues(r *record.Record, l rule.Link) [][]string {
 	s := r.Shape()
-	if l.Match == linkmodel.Contains {
+	if l.Match == rule.Contains {
 		var out [][]string
 		for _, v := range r.List(s.ListSlot(l.Fields[0])) {
 			if v != "" {

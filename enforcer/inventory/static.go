@@ -3,10 +3,9 @@ package inventory
 import (
 	"fmt"
 
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
 // FromObjects builds an inventory from objects read from files: they are the
@@ -15,7 +14,7 @@ import (
 // referrer references, as the role its reference names; everything else
 // (Nodes, Clusters, ...) is ignored. Objects without a namespace are
 // taken to be in "default", as kubectl would create them.
-func FromObjects(model *linkmodel.Model, objs []*unstructured.Unstructured, infraKinds, poolKinds []schema.GroupKind) (*Inventory, error) {
+func FromObjects(model *rule.Model, objs []*unstructured.Unstructured, infraKinds, poolKinds []schema.GroupKind) (*Inventory, error) {
 	inv := New(model)
 	roles := map[schema.GroupKind]Role{}
 	for _, gk := range infraKinds {

@@ -14,16 +14,15 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/nodeguard/nodeguard/enforcer/engine"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/record"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testnodes"
 )
 
 func shape(t testing.TB) *record.Shape {
 	t.Helper()
-	eval, err := engine.New(context.Background())
+	eval, err := rule.NewEngine(context.Background())
 	require.NoError(t, err)
 	s, err := nodecache.ShapeOf(eval)
 	require.NoError(t, err)
@@ -82,8 +81,8 @@ func TestOnlyAChangeTheCriteriaReadIsAChange(t *testing.T) {
 	add(n)
 	assert.Len(t, changed, 2, "Ready changed")
 	// The index follows the record of each update, and only it.
-	var infraProviderID linkmodel.Link
-	for _, l := range linkmodel.MustEmbedded().Links {
+	var infraProviderID rule.Link
+	for _, l := range rule.MustEmbeddedModel().Links {
 		if l.Type == "infraProviderID" {
 			infraProviderID = l
 		}
@@ -98,21 +97,21 @@ func TestOnlyAChangeTheCriteriaReadIsAChange(t *testing.T) {
 // the Node's name, its providerID, or its annotations naming a Machine.
 func TestLinkedFindsTheNodesAnObjectCouldLink(t *testing.T) {
 	s := shape(t)
-	model := linkmodel.MustEmbedded()
+	model := rule.MustEmbeddedModel()
 	nodes := nodecache.NewNodes(s, nil, nil)
 	for i := range 3 {
 		r, err := s.Reduce(testnodes.Real(i))
 		require.NoError(t, err)
 		require.NoError(t, nodes.Add(r))
 	}
-	link := func(typ string) linkmodel.Link {
+	link := func(typ string) rule.Link {
 		for _, l := range model.Links {
 			if l.Type == typ {
 				return l
 			}
 		}
 		t.Fatalf("no link %s", typ)
-		return linkmodel.Link{}
+		return rule.Link{}
 	}
 	n1 := testnodes.Real(1)
 	assert.Equal(t, []string{n1.Name}, nodes.Linked(link("machineNodeRef"), [][]string{{n1.Name}}))

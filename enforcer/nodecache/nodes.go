@@ -8,14 +8,13 @@ import (
 
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nodeguard/nodeguard/enforcer/engine"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/record"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // ShapeOf is the Node shape of the policy e runs: the link model's
 // NodeCacheShape for its orphan criteria's Node fields, which it must have.
-func ShapeOf(e *engine.Engine) (*record.Shape, error) {
+func ShapeOf(e *rule.Engine) (*record.Shape, error) {
 	fields, err := e.NodeFields()
 	if err != nil {
 		return nil, err
@@ -109,7 +108,7 @@ func (c *Nodes) added(n *record.Record) {
 // resourceVersion, which a kubelet's status report changes without changing
 // anything judged.
 func (c *Nodes) updated(old, n *record.Record) {
-	if old.EqualIgnoring(n, linkmodel.Path{"metadata", "resourceVersion"}) {
+	if old.EqualIgnoring(n, rule.Path{"metadata", "resourceVersion"}) {
 		return
 	}
 	c.changed(n.Name())
@@ -132,9 +131,9 @@ func (c *Nodes) changed(name string) {
 // Linked returns the Nodes that an object with these values for link l's
 // fields could be linked to (each of values is one tuple, in the order of
 // l.Fields; a "contains" link gives one tuple per list entry).
-func (c *Nodes) Linked(l linkmodel.Link, values [][]string) []string {
+func (c *Nodes) Linked(l rule.Link, values [][]string) []string {
 	var out []string
-	if len(l.Node) == 1 && slices.Equal(l.Node[0], linkmodel.Path{"metadata", "name"}) {
+	if len(l.Node) == 1 && slices.Equal(l.Node[0], rule.Path{"metadata", "name"}) {
 		for _, v := range values {
 			if len(v) == 1 && v[0] != "" {
 				if _, ok := c.Get(v[0]); ok {

@@ -18,14 +18,13 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
-	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
 
@@ -52,7 +51,7 @@ type CommandOptions struct {
 	Namespace string
 	// Bundle, when its Path is set, is the signed policy bundle to judge
 	// with instead of the embedded rule, as serve --bundle's reaper does.
-	Bundle policybundle.Options
+	Bundle rule.BundleOptions
 }
 
 // Report is what -o json prints.
@@ -105,7 +104,7 @@ func Run(ctx context.Context, opts CommandOptions, out io.Writer) (int, error) {
 		return ExitError, err
 	}
 	// The policy is chosen here, once: the bundle's or the embedded rule.
-	eval, err := policybundle.Engine(ctx, opts.Bundle)
+	eval, err := rule.LoadEngine(ctx, opts.Bundle)
 	if err != nil {
 		return ExitError, err
 	}
@@ -120,14 +119,14 @@ func Run(ctx context.Context, opts CommandOptions, out io.Writer) (int, error) {
 }
 
 // find judges the Nodes of the -f files, or without them the live cluster's.
-func find(ctx context.Context, opts CommandOptions, params map[string]any, eval *engine.Engine, now time.Time) (Report, error) {
+func find(ctx context.Context, opts CommandOptions, params map[string]any, eval *rule.Engine, now time.Time) (Report, error) {
 	if len(opts.Files) > 0 {
 		return offline(ctx, opts, params, eval, now)
 	}
 	return runLive(ctx, opts, params, eval, now)
 }
 
-func offline(ctx context.Context, opts CommandOptions, params map[string]any, eval *engine.Engine, now time.Time) (Report, error) {
+func offline(ctx context.Context, opts CommandOptions, params map[string]any, eval *rule.Engine, now time.Time) (Report, error) {
 	objs, err := manifest.Load(opts.Files...)
 	if err != nil {
 		return Report{}, err
@@ -161,7 +160,7 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, ev
 	return NewReport(verdicts), nil
 }
 
-func runLive(ctx context.Context, opts CommandOptions, params map[string]any, eval *engine.Engine, now time.Time) (Report, error) {
+func runLive(ctx context.Context, opts CommandOptions, params map[string]any, eval *rule.Engine, now time.Time) (Report, error) {
 	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
 		return Report{}, err
@@ -174,7 +173,7 @@ func runLive(ctx context.Context, opts CommandOptions, params map[string]any, ev
 	return runLiveWith(ctx, c, opts, params, eval, now)
 }
 
-func runLiveWith(ctx context.Context, c kubeclient.Clients, opts CommandOptions, params map[string]any, eval *engine.Engine, now time.Time) (Report, error) {
+func runLiveWith(ctx context.Context, c kubeclient.Clients, opts CommandOptions, params map[string]any, eval *rule.Engine, now time.Time) (Report, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
 	e, err := clusterenforcer.Start(ctx, c, clusterenforcer.Options{Parameters: params, Engine: eval})

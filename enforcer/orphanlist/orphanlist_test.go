@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -20,7 +20,7 @@ func TestLiveListAndDelete(t *testing.T) {
 	client, mapper := testcluster.CAPD(t, "../reaper/testdata")
 	c := kubeclient.Clients{Dynamic: client, Mapper: mapper}
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	eval, err := engine.New(ctx)
+	eval, err := rule.NewEngine(ctx)
 	require.NoError(t, err)
 
 	r, err := runLiveWith(ctx, c, CommandOptions{Output: "json"}, nil, eval, now)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -46,7 +46,7 @@ func BenchmarkScan(b *testing.B) {
 					"spec":     map[string]any{"providerID": pid},
 				}})
 			}
-			inv, err := inventory.FromObjects(linkmodel.MustEmbedded(), objs, []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"}}, nil)
+			inv, err := inventory.FromObjects(rule.MustEmbeddedModel(), objs, []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"}}, nil)
 			require.NoError(b, err)
 			g, err := guard.New(ctx, inv, guard.Options{Engine: testcluster.Engine(b)})
 			require.NoError(b, err)

@@ -8,8 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/record"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // Evidence keeps one InfraMachine per (apiVersion, kind, namespace, cluster
@@ -23,7 +23,7 @@ import (
 type Evidence struct {
 	// label and providerID are the InfraMachine fields the criteria read
 	// (the link model's cluster_label and provider_id).
-	label, providerID linkmodel.Path
+	label, providerID rule.Path
 
 	mu      sync.Mutex
 	byKey   map[evidenceKey]*evidenceGroup
@@ -42,7 +42,7 @@ type evidenceGroup struct {
 }
 
 // NewEvidence starts empty; Update fills it.
-func NewEvidence(model *linkmodel.Model) *Evidence {
+func NewEvidence(model *rule.Model) *Evidence {
 	return &Evidence{label: model.ClusterLabel, providerID: model.ProviderID, byKey: map[evidenceKey]*evidenceGroup{}}
 }
 

@@ -6,9 +6,9 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/record"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -21,7 +21,7 @@ func dockerMachine(inv *inventory.Inventory, name, cluster, pid string) *record.
 // Evidence changes only when a (kind, namespace, cluster, scheme) appears or
 // goes, and always shows an InfraMachine that still exists.
 func TestEvidenceFollowsItsKeys(t *testing.T) {
-	model := linkmodel.MustEmbedded()
+	model := rule.MustEmbeddedModel()
 	inv := inventory.New(model)
 	e := orphans.NewEvidence(model)
 	a := dockerMachine(inv, "a", "dev", "docker:////a")

@@ -16,9 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
 
@@ -56,12 +56,12 @@ type Screen struct {
 // Evaluator evaluates the orphan criteria of an engine's policy; safe for
 // concurrent use, and it follows the engine's Replace.
 type Evaluator struct {
-	engine *engine.Engine
+	engine *rule.Engine
 }
 
 // NewEvaluator compiles the embedded policies.
 func NewEvaluator(ctx context.Context) (*Evaluator, error) {
-	e, err := engine.New(ctx)
+	e, err := rule.NewEngine(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +70,7 @@ func NewEvaluator(ctx context.Context) (*Evaluator, error) {
 
 // EvaluatorFor evaluates the orphan criteria of e's policy, which must have
 // them.
-func EvaluatorFor(e *engine.Engine) (*Evaluator, error) {
+func EvaluatorFor(e *rule.Engine) (*Evaluator, error) {
 	if _, err := e.NodeFields(); err != nil {
 		return nil, err
 	}
@@ -81,7 +81,7 @@ func EvaluatorFor(e *engine.Engine) (*Evaluator, error) {
 type Input struct {
 	Node            map[string]any
 	Inventory       map[string]any
-	Parameters      engine.Parameters
+	Parameters      rule.Parameters
 	Now             time.Time
 	Grace           time.Duration
 	MatchProviderID bool
@@ -97,7 +97,7 @@ func (in Input) value() (ast.Value, error) {
 	if in.Tombstone != nil {
 		tombstone = in.Tombstone.Value()
 	}
-	return engine.Input(map[string]any{
+	return rule.InputValue(map[string]any{
 		"node": in.Node, "inventory": in.Inventory, "parameters": in.Parameters, "tombstone": tombstone,
 		// Nanoseconds, so a grace that ends within a second is judged then.
 		"now": in.Now.UTC().Format(time.RFC3339Nano), "grace": in.Grace.String(), "matchProviderID": in.MatchProviderID,
@@ -111,7 +111,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, in Input) (Verdict, error) {
 		return Verdict{}, err
 	}
 	var v Verdict
-	if err := e.engine.Eval(ctx, engine.Orphan, input, &v); err != nil {
+	if err := e.engine.Eval(ctx, rule.OrphanEntry, input, &v); err != nil {
 		return Verdict{}, err
 	}
 	return v, nil
@@ -128,14 +128,14 @@ func (e *Evaluator) Screen(ctx context.Context, in Input) (Screen, error) {
 		Passes    bool   `json:"passes"`
 		RecheckAt string `json:"recheckAt"`
 	}
-	if err := e.engine.Eval(ctx, engine.Screen, input, &answer); err != nil {
+	if err := e.engine.Eval(ctx, rule.ScreenEntry, input, &answer); err != nil {
 		return Screen{}, err
 	}
 	s := Screen{Passes: answer.Passes}
 	if answer.RecheckAt != "" {
 		t, err := time.Parse(time.RFC3339Nano, answer.RecheckAt)
 		if err != nil {
-			return Screen{}, fmt.Errorf("evaluate %s: recheckAt %q: %w", engine.Screen.Query(), answer.RecheckAt, err)
+			return Screen{}, fmt.Errorf("evaluate %s: recheckAt %q: %w", rule.ScreenEntry.Query(), answer.RecheckAt, err)
 		}
 		s.RecheckAt = t
 	}
@@ -213,7 +213,7 @@ func (f *Finder) Scan(ctx context.Context, nodes []*unstructured.Unstructured, c
 // Nodes of one route without converting them per Node.
 type Route struct {
 	cluster string
-	params  engine.Parameters
+	params  rule.Parameters
 }
 
 // Route returns the parameters of a cluster route ("namespace/name", or ""
@@ -309,12 +309,12 @@ func (f *Finder) Releases(ctx context.Context, nodes []*unstructured.Unstructure
 		if err != nil {
 			return nil, err
 		}
-		input, err := engine.Input(map[string]any{"node": node.Object, "inventory": inventory.Layout(objs), "parameters": r.params})
+		input, err := rule.InputValue(map[string]any{"node": node.Object, "inventory": inventory.Layout(objs), "parameters": r.params})
 		if err != nil {
 			return nil, err
 		}
 		var v Release
-		if err := f.eval.engine.Eval(ctx, engine.Release, input, &v); err != nil {
+		if err := f.eval.engine.Eval(ctx, rule.ReleaseEntry, input, &v); err != nil {
 			return nil, fmt.Errorf("judge the release of Node %q: %w", node.GetName(), err)
 		}
 		v.UID = node.GetUID()
@@ -349,13 +349,13 @@ func (f *Finder) Ghost(ctx context.Context, r Route, node *unstructured.Unstruct
 	if err != nil {
 		return Ghost{}, err
 	}
-	input, err := engine.Input(map[string]any{"node": node.Object, "inventory": inventory.Layout(objs), "parameters": r.params,
+	input, err := rule.InputValue(map[string]any{"node": node.Object, "inventory": inventory.Layout(objs), "parameters": r.params,
 		"tombstone": t.Value(), "now": now.UTC().Format(time.RFC3339Nano)})
 	if err != nil {
 		return Ghost{}, err
 	}
 	var g Ghost
-	if err := f.eval.engine.Eval(ctx, engine.Ghost, input, &g); err != nil {
+	if err := f.eval.engine.Eval(ctx, rule.GhostEntry, input, &g); err != nil {
 		return Ghost{}, fmt.Errorf("judge whether Node %q is a ghost: %w", node.GetName(), err)
 	}
 	g.UID, g.Tombstone = node.GetUID(), t
@@ -393,13 +393,13 @@ func (f *Finder) Registration(ctx context.Context, cluster, operation string, no
 	if old != nil {
 		oldNode = old.Object
 	}
-	input, err := engine.Input(map[string]any{"operation": operation, "node": node.Object, "oldNode": oldNode,
+	input, err := rule.InputValue(map[string]any{"operation": operation, "node": node.Object, "oldNode": oldNode,
 		"inventory": inventory.Layout(objs), "parameters": r.params, "tombstone": t.Value(), "now": now.UTC().Format(time.RFC3339Nano)})
 	if err != nil {
 		return Registration{}, err
 	}
 	var out Registration
-	if err := f.eval.engine.Eval(ctx, engine.Registration, input, &out); err != nil {
+	if err := f.eval.engine.Eval(ctx, rule.RegistrationEntry, input, &out); err != nil {
 		return Registration{}, fmt.Errorf("judge the registration of Node %q: %w", node.GetName(), err)
 	}
 	return out, nil

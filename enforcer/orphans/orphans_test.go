@@ -13,11 +13,11 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 	"github.com/nodeguard/nodeguard/policies"
 )
@@ -72,7 +72,7 @@ func TestEvaluatorPassesEveryInput(t *testing.T) {
 }
 
 // finderOver is a Finder over testdata/ whose Guard decides with eval.
-func finderOver(t *testing.T, eval *engine.Engine) (*orphans.Finder, []*unstructured.Unstructured) {
+func finderOver(t *testing.T, eval *rule.Engine) (*orphans.Finder, []*unstructured.Unstructured) {
 	t.Helper()
 	ctx := context.Background()
 	objs, err := manifest.Load("testdata")
@@ -96,9 +96,9 @@ func finderOver(t *testing.T, eval *engine.Engine) (*orphans.Finder, []*unstruct
 
 // embeddedFinder is finderOver the embedded policy, that policy, and the
 // time testdata/'s Nodes are judged at.
-func embeddedFinder(t *testing.T) (*engine.Engine, *orphans.Finder, []*unstructured.Unstructured, time.Time) {
+func embeddedFinder(t *testing.T) (*rule.Engine, *orphans.Finder, []*unstructured.Unstructured, time.Time) {
 	t.Helper()
-	embedded, err := engine.New(context.Background())
+	embedded, err := rule.NewEngine(context.Background())
 	require.NoError(t, err)
 	f, nodes := finderOver(t, embedded)
 	return embedded, f, nodes, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -117,7 +117,7 @@ func orphanNames(vs []orphans.Verdict) []string {
 // everyNodeAnOrphan compiles a copy of the policies whose verdict calls
 // every Node an orphan: a policy no one would ship, but one the Finder must
 // follow, as it follows a bundle.
-func everyNodeAnOrphan(t *testing.T) *engine.Engine {
+func everyNodeAnOrphan(t *testing.T) *rule.Engine {
 	t.Helper()
 	files, err := policies.All()
 	require.NoError(t, err)
@@ -137,11 +137,11 @@ func sources(files []policies.File) map[string]string {
 }
 
 // bundleOf compiles Rego sources as a bundle's policy is.
-func bundleOf(t *testing.T, modules map[string]string) *engine.Engine {
+func bundleOf(t *testing.T, modules map[string]string) *rule.Engine {
 	t.Helper()
 	compiled, err := ast.CompileModulesWithOpt(modules, ast.CompileOpts{ParserOptions: ast.ParserOptions{RegoVersion: ast.RegoV1}})
 	require.NoError(t, err)
-	eval, err := engine.For(context.Background(), compiled, nil, engine.Policy{Source: engine.SourceBundle, Revision: "test"})
+	eval, err := rule.CompileEngine(context.Background(), compiled, nil, rule.Policy{Source: rule.SourceBundle, Revision: "test"})
 	require.NoError(t, err, "the webhook runs on it")
 	return eval
 }
@@ -176,7 +176,7 @@ func TestAPolicyWithoutOrphanCriteriaIsRefused(t *testing.T) {
 	eval := bundleOf(t, sources(append(files, entry)))
 	_, err = orphans.EvaluatorFor(eval)
 	assert.ErrorContains(t, err, "has no orphan criteria")
-	embedded, err := engine.New(context.Background())
+	embedded, err := rule.NewEngine(context.Background())
 	require.NoError(t, err)
 	assert.ErrorContains(t, embedded.Replace(eval), "orphan criteria", "a reload may not drop what the scan runs on")
 }

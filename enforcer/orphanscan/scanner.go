@@ -28,11 +28,11 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
 
@@ -43,7 +43,7 @@ type Nodes interface {
 	Get(name string) (*record.Record, bool)
 	Names() []string
 	Len() int
-	Linked(l linkmodel.Link, values [][]string) []string
+	Linked(l rule.Link, values [][]string) []string
 }
 
 // Options configure a Scanner.
@@ -54,7 +54,7 @@ type Options struct {
 	// Reaper is told every verdict, and acts.
 	Reaper *reaper.Reaper
 	// Model is the link model the inventory follows.
-	Model *linkmodel.Model
+	Model *rule.Model
 	// Ready returns nil once the inventory is synced; nothing is judged
 	// before (an empty cache proves nothing).
 	Ready func() error
@@ -233,13 +233,13 @@ func (s *Scanner) TombstoneChanged(providerID string) {
 
 // providerIDLink is a link on the Node's providerID alone: its Node index
 // finds the Nodes with a providerID.
-func (s *Scanner) providerIDLink() (linkmodel.Link, bool) {
+func (s *Scanner) providerIDLink() (rule.Link, bool) {
 	for _, role := range inventory.Roles() {
 		if ls := s.opts.Model.ProviderIDLinks(role); len(ls) > 0 {
 			return ls[0], true
 		}
 	}
-	return linkmodel.Link{}, false
+	return rule.Link{}, false
 }
 
 // nodeWith names a Node that has providerID now, in any cluster: evidence

@@ -25,10 +25,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // Routes, also the values of the metrics' route label.
@@ -68,13 +67,13 @@ type Facts interface {
 	Objects(ctx context.Context, node *unstructured.Unstructured, fresh bool) ([]*unstructured.Unstructured, error)
 	// RouteParameters are the parameters the rule reads for a cluster
 	// route: the rule takes the synced kinds and the cluster scope of them.
-	RouteParameters(cluster string) (engine.Parameters, error)
+	RouteParameters(cluster string) (rule.Parameters, error)
 	// Ready returns an error while the inventory is not synced.
 	Ready() error
 	// Recovering returns an error while a cache may miss objects after its
 	// watch broke: an answer could then lack a linked object.
 	Recovering() error
-	Model() *linkmodel.Model
+	Model() *rule.Model
 }
 
 // Options configure the provider's routes.

@@ -21,9 +21,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/internal/stacks"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
@@ -43,7 +43,7 @@ func exampleGuard(t testing.TB) (*guard.Guard, map[string]*unstructured.Unstruct
 // Node's declared fields.
 func key(t testing.TB, uid string, node *unstructured.Unstructured) string {
 	t.Helper()
-	b, err := json.Marshal(map[string]any{"uid": uid, "node": linkmodel.MustEmbedded().NodeShape().FromUnstructured(node).Object()})
+	b, err := json.Marshal(map[string]any{"uid": uid, "node": rule.MustEmbeddedModel().NodeShape().FromUnstructured(node).Object()})
 	require.NoError(t, err)
 	return string(b)
 }
@@ -230,7 +230,7 @@ func (f *facts) Ready() error { return f.notReady }
 
 func (f *facts) Recovering() error { return f.recovering }
 
-func (f *facts) Model() *linkmodel.Model {
+func (f *facts) Model() *rule.Model {
 	f.parsed.Add(1)
 	return f.Guard.Model()
 }

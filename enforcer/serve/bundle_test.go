@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/internal/testbundle"
 	"github.com/nodeguard/nodeguard/policies"
@@ -24,7 +24,7 @@ func TestServeRefusesToStartOnABundleItCannotTrust(t *testing.T) {
 	for name, tc := range testbundle.Refusals(t, key) {
 		t.Run(name, func(t *testing.T) {
 			path := testbundle.WriteFile(t, t.TempDir(), "bundle.tar.gz", tc.Bundle)
-			s, err := startServe(t, policybundle.Options{Path: path, VerificationKeyFile: key.PublicKeyFile})
+			s, err := startServe(t, rule.BundleOptions{Path: path, VerificationKeyFile: key.PublicKeyFile})
 			require.Error(t, err)
 			assert.Nil(t, s)
 			assert.Contains(t, err.Error(), tc.Want)
@@ -38,7 +38,7 @@ func TestServeReloadsTheBundleUnderLoad(t *testing.T) {
 	key := testbundle.NewKey(t)
 	path := filepath.Join(t.TempDir(), "bundle.tar.gz")
 	require.NoError(t, os.WriteFile(path, testbundle.Nodeguard(t, "r1", key.Private), 0o600))
-	s, err := startServe(t, policybundle.Options{Path: path, VerificationKeyFile: key.PublicKeyFile})
+	s, err := startServe(t, rule.BundleOptions{Path: path, VerificationKeyFile: key.PublicKeyFile})
 	require.NoError(t, err)
 	m := s.metrics(t)
 	assert.Contains(t, m, `nodeguard_policy_info{revision="r1",source="bundle",version=""} 1`)
@@ -124,7 +124,7 @@ func TestServeScansOrphansWithTheBundlesCriteria(t *testing.T) {
 	key := testbundle.NewKey(t)
 	path := filepath.Join(t.TempDir(), "bundle.tar.gz")
 	require.NoError(t, os.WriteFile(path, testbundle.Nodeguard(t, "r1", key.Private), 0o600))
-	s, err := startServeWith(t, serve.Options{Bundle: policybundle.Options{Path: path, VerificationKeyFile: key.PublicKeyFile},
+	s, err := startServeWith(t, serve.Options{Bundle: rule.BundleOptions{Path: path, VerificationKeyFile: key.PublicKeyFile},
 		Orphans: serve.ReapOptions{Interval: time.Hour}})
 	require.NoError(t, err)
 	gauge := func(want string) func() bool {
@@ -140,7 +140,7 @@ func TestServeScansOrphansWithTheBundlesCriteria(t *testing.T) {
 }
 
 func TestServeReportsTheEmbeddedPolicy(t *testing.T) {
-	s, err := startServe(t, policybundle.Options{})
+	s, err := startServe(t, rule.BundleOptions{})
 	require.NoError(t, err)
 	v, err := policies.TemplateVersion()
 	require.NoError(t, err)

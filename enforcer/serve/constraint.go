@@ -8,11 +8,11 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // initialConstraint is the Constraint nodeguard starts with: the file's
@@ -42,11 +42,11 @@ type liveConstraint struct {
 	fleet    *fleet.Reconciler
 	scanner  *orphanscan.Scanner
 	// flag is --enforcement-action, in force where the Constraint sets none.
-	flag   enforcement.Action
+	flag   rule.Action
 	action atomic.Value // enforcement.Action
 }
 
-func newLiveConstraint(e *clusterenforcer.Enforcer, spec constraintwatch.Spec, flag enforcement.Action, log *slog.Logger) *liveConstraint {
+func newLiveConstraint(e *clusterenforcer.Enforcer, spec constraintwatch.Spec, flag rule.Action, log *slog.Logger) *liveConstraint {
 	l := &liveConstraint{enforcer: e, flag: flag}
 	l.setAction(spec)
 	if spec.Action != "" && flag != "" && spec.Action != flag {
@@ -57,7 +57,7 @@ func newLiveConstraint(e *clusterenforcer.Enforcer, spec constraintwatch.Spec, f
 }
 
 // Action is the enforcement action in force.
-func (l *liveConstraint) Action() enforcement.Action { return l.action.Load().(enforcement.Action) }
+func (l *liveConstraint) Action() rule.Action { return l.action.Load().(rule.Action) }
 
 func (l *liveConstraint) setAction(spec constraintwatch.Spec) {
 	a := spec.Action
@@ -65,7 +65,7 @@ func (l *liveConstraint) setAction(spec constraintwatch.Spec) {
 		a = l.flag
 	}
 	if a == "" {
-		a = enforcement.Deny
+		a = rule.ActionDeny
 	}
 	l.action.Store(a)
 }

@@ -13,13 +13,13 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
@@ -111,7 +111,7 @@ func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, params 
 	r, err := fleet.New(fleet.Options{Clusters: sessions.Set, URL: f.URL, CAFiles: caFiles, Selector: selector, Webhook: f.Webhook,
 		ProofInterval: f.ProofInterval, CARetention: f.CARetention, Leading: leader.Leading, Log: log, GhostProtection: fleetGhostProtection(opts),
 		ClientCerts: certs, Releases: published, AdmissionPolicy: admissionpolicy.Options{ExemptUsers: stringsParam(params, "exemptUsers"), ExemptGroups: stringsParam(params, "exemptGroups"),
-			Action: enforcement.Action(f.AdmissionPolicyAction)},
+			Action: rule.Action(f.AdmissionPolicyAction)},
 		Report:    func(s fleet.State) { metrics.Report(s); status.Report(s) },
 		Forgotten: func(key string) { metrics.Forget(key); status.Forget(key) },
 		Recorded: func(_, s fleet.State) {

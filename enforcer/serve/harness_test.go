@@ -21,7 +21,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
-	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testlog"
@@ -41,7 +41,7 @@ type server struct {
 	stop   func() error
 }
 
-func startServe(t *testing.T, bundle policybundle.Options) (*server, error) {
+func startServe(t *testing.T, bundle rule.BundleOptions) (*server, error) {
 	t.Helper()
 	return startServeWith(t, serve.Options{Bundle: bundle})
 }

@@ -8,19 +8,18 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
-	"github.com/nodeguard/nodeguard/enforcer/version"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 )
 
 // Sources are what nodeguard serve's gauges read at each scrape.
 type Sources struct {
-	Policy func() engine.Policy
+	Policy func() rule.Policy
 	Cached func() map[schema.GroupVersionKind]int
 	// Watched says which kinds the informers watch and why.
 	Watched func() []informers.Watched
@@ -33,7 +32,7 @@ type Metrics struct {
 	// Intake counts the requests of the review port that got an HTTP
 	// error, for the routes that share its Intake.
 	Intake  *requestlimits.Metrics
-	Policy  *version.Metrics
+	Policy  *rule.VersionMetrics
 	Orphans *OrphanMetrics
 	Events  *events.Metrics
 	// Provider counts Gatekeeper's external data requests.
@@ -67,7 +66,7 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 	}
 	var m Metrics
 	var err error
-	if m.Policy, err = version.Register(reg, src.Policy); err != nil {
+	if m.Policy, err = rule.RegisterVersion(reg, src.Policy); err != nil {
 		return nil, err
 	}
 	if m.Webhook, err = webhook.NewMetrics(reg); err != nil {

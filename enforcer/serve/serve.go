@@ -22,7 +22,6 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
@@ -32,11 +31,11 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
-	"github.com/nodeguard/nodeguard/enforcer/policybundle"
 	"github.com/nodeguard/nodeguard/enforcer/probes"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -60,10 +59,10 @@ type Options struct {
 	// EnforcementAction is what a denied Node delete becomes on the review
 	// routes (deny, warn, dryrun; "" is deny); a Cluster's
 	// nodeguard.io/enforcement-action annotation overrides it on its route.
-	EnforcementAction enforcement.Action
+	EnforcementAction rule.Action
 	// Bundle, when its Path is set, is a signed policy bundle to run instead
 	// of the embedded rule, reloaded when the file changes.
-	Bundle policybundle.Options
+	Bundle rule.BundleOptions
 	// Orphans configures the orphan-Node scan and reaper.
 	Orphans ReapOptions
 	// KubeAPIQPS and KubeAPIBurst are the clients' rate limits (0: the
@@ -156,7 +155,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	defer cancel()
 	// A bundle is verified and compiled before anything starts: a bad one
 	// stops nodeguard here.
-	eval, err := policybundle.Engine(ctx, opts.Bundle)
+	eval, err := rule.LoadEngine(ctx, opts.Bundle)
 	if err != nil {
 		return err
 	}
@@ -235,7 +234,7 @@ func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.
 	}
 	if opts.Bundle.Path != "" {
 		go func() {
-			err := policybundle.Watch(ctx, opts.Bundle, eval, log, func(err error) {
+			err := rule.WatchBundle(ctx, opts.Bundle, eval, log, func(err error) {
 				if err != nil {
 					metrics.Policy.ReloadErrors.Inc()
 				} else if scanner != nil {
@@ -379,15 +378,15 @@ func workloadSessions(c kubeclient.Clients, opts Options, metrics *Metrics, log 
 // intake. It returns the CA files whose client certificates the TLS server
 // asks for.
 func routes(ctx context.Context, c kubeclient.Clients, e *clusterenforcer.Enforcer, scanner *orphanscan.Scanner, metrics *Metrics, denied func(events.Denial),
-	action func() enforcement.Action, issuer *fleet.Issuer, opts Options, log *slog.Logger) (http.Handler, []string, error) {
+	action func() rule.Action, issuer *fleet.Issuer, opts Options, log *slog.Logger) (http.Handler, []string, error) {
 	in := requestlimits.New(requestlimits.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
 	clusters := freshread.New(c.Dynamic, c.Mapper)
-	cluster := func(ctx context.Context, namespace, name string) (bool, enforcement.Action, error) {
+	cluster := func(ctx context.Context, namespace, name string) (bool, rule.Action, error) {
 		obj, err := clusters.Get(ctx, clusterGVK(), namespace, name)
 		if obj == nil || err != nil {
 			return false, "", err
 		}
-		a, err := enforcement.Of(obj.GetAnnotations(), "")
+		a, err := rule.ActionOf(obj.GetAnnotations(), "")
 		if err != nil {
 			// The route keeps the default action; say why on each review
 			// until the annotation is fixed.

@@ -6,8 +6,8 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/record"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // Follow records the tombstones one inventory change makes and ends those a
@@ -18,7 +18,7 @@ import (
 // not (an add: a new object, or one the informers list at start) ends its
 // tombstone. nodeName, when set, names the Node that has a providerID now
 // (evidence); a Machine's own link by Node name is asked first.
-func (s *Store) Follow(model *linkmodel.Model, c informers.Change, nodeName func(providerID string) string) {
+func (s *Store) Follow(model *rule.Model, c informers.Change, nodeName func(providerID string) string) {
 	for _, l := range model.ProviderIDLinks(c.Role) {
 		was, is := carried(c.Old, l), carried(c.New, l)
 		for _, pid := range is {
@@ -51,7 +51,7 @@ func (s *Store) Follow(model *linkmodel.Model, c informers.Change, nodeName func
 }
 
 // carried is what r holds for link l's one field; none for no record.
-func carried(r *record.Record, l linkmodel.Link) []string {
+func carried(r *record.Record, l rule.Link) []string {
 	if r == nil {
 		return nil
 	}
@@ -64,9 +64,9 @@ func carried(r *record.Record, l linkmodel.Link) []string {
 
 // namedNode is the Node name r holds in a link on the Node's name (a
 // Machine's status.nodeRef.name), or "".
-func namedNode(model *linkmodel.Model, role linkmodel.Role, r *record.Record) string {
+func namedNode(model *rule.Model, role rule.Role, r *record.Record) string {
 	for _, l := range model.LinksOf(role) {
-		if len(l.Node) == 1 && slices.Equal(l.Node[0], linkmodel.Path{"metadata", "name"}) {
+		if len(l.Node) == 1 && slices.Equal(l.Node[0], rule.Path{"metadata", "name"}) {
 			if vs := inventory.LinkValues(r, l); len(vs) > 0 {
 				return vs[0][0]
 			}
@@ -77,7 +77,7 @@ func namedNode(model *linkmodel.Model, role linkmodel.Role, r *record.Record) st
 
 // clusterOf is "namespace/name" of the Cluster r is labelled for (or, for a
 // referrer, names in its spec), or "".
-func clusterOf(model *linkmodel.Model, r *record.Record) string {
+func clusterOf(model *rule.Model, r *record.Record) string {
 	name, _ := r.Get(model.ClusterLabel)
 	if name == "" {
 		name, _ = r.Get(model.ClusterName)

@@ -19,8 +19,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/informers"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/record"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 var t0 = time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
@@ -171,7 +171,7 @@ func TestDecodeRefusesWhatItCannotRead(t *testing.T) {
 }
 
 // reduced reduces obj as the inventory caches it.
-func reduced(t *testing.T, model *linkmodel.Model, role linkmodel.Role, obj map[string]any) *record.Record {
+func reduced(t *testing.T, model *rule.Model, role rule.Role, obj map[string]any) *record.Record {
 	t.Helper()
 	return model.Shape(role).FromUnstructured(&unstructured.Unstructured{Object: obj})
 }
@@ -180,27 +180,27 @@ func reduced(t *testing.T, model *linkmodel.Model, role linkmodel.Role, obj map[
 // and carries no more, and ends those a new link carries; a name link gives
 // the Node's name.
 func TestFollowTombstonesWhatWentAndEndsWhatCame(t *testing.T) {
-	model := linkmodel.MustEmbedded()
+	model := rule.MustEmbeddedModel()
 	s, _, _ := newStore(t, Options{})
-	machine := reduced(t, model, linkmodel.Machine, map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+	machine := reduced(t, model, rule.Machine, map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
 		"metadata": map[string]any{"namespace": "default", "name": "m1", "deletionTimestamp": "2026-12-04T11:00:00Z",
 			"labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}},
 		"spec":   map[string]any{"providerID": "docker:////m1", "clusterName": "dev"},
 		"status": map[string]any{"nodeRef": map[string]any{"name": "node-1"}}})
-	s.Follow(model, informers.Change{Role: linkmodel.Machine, New: machine}, nil)
+	s.Follow(model, informers.Change{Role: rule.Machine, New: machine}, nil)
 	assert.Zero(t, s.Len(), "an add tombstones nothing")
-	s.Follow(model, informers.Change{Role: linkmodel.Machine, Old: machine}, nil)
+	s.Follow(model, informers.Change{Role: rule.Machine, Old: machine}, nil)
 	got, ok := s.Get("docker:////m1")
 	require.True(t, ok)
 	assert.Equal(t, Tombstone{ProviderID: "docker:////m1", Object: "Machine default/m1", Node: "node-1", Cluster: "default/dev",
 		DeletedAt: time.Date(2026, 12, 4, 11, 0, 0, 0, time.UTC), Until: t0.Add(DefaultWindow)}, got, "deleted when its deletion began, the window from when it was seen gone")
 
 	pool := func(ids ...any) *record.Record {
-		return reduced(t, model, linkmodel.InfraMachinePool, map[string]any{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
+		return reduced(t, model, rule.InfraMachinePool, map[string]any{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
 			"kind": "DockerMachinePool", "metadata": map[string]any{"namespace": "default", "name": "pool"},
 			"spec": map[string]any{"providerIDList": ids}})
 	}
-	s.Follow(model, informers.Change{Role: linkmodel.InfraMachinePool, Old: pool("a", "b"), New: pool("a")},
+	s.Follow(model, informers.Change{Role: rule.InfraMachinePool, Old: pool("a", "b"), New: pool("a")},
 		func(pid string) string { return "node-of-" + pid })
 	got, ok = s.Get("b")
 	require.True(t, ok, "a pool that stops listing an instance tombstones it")
@@ -209,10 +209,10 @@ func TestFollowTombstonesWhatWentAndEndsWhatCame(t *testing.T) {
 	_, ok = s.Get("a")
 	assert.False(t, ok)
 
-	s.Follow(model, informers.Change{Role: linkmodel.InfraMachinePool, Old: pool("a"), New: pool("a", "b")}, nil)
+	s.Follow(model, informers.Change{Role: rule.InfraMachinePool, Old: pool("a"), New: pool("a", "b")}, nil)
 	_, ok = s.Get("b")
 	assert.False(t, ok, "listed again: a legitimate reuse")
-	s.Follow(model, informers.Change{Role: linkmodel.Machine, Old: machine, New: machine}, nil)
+	s.Follow(model, informers.Change{Role: rule.Machine, Old: machine, New: machine}, nil)
 	_, ok = s.Get("docker:////m1")
 	assert.True(t, ok, "an update that carried it before is no new link")
 }

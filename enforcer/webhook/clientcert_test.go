@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
 
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/events"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -56,7 +56,7 @@ func TestClusterRouteEventsOnlyForAuthenticatedReviews(t *testing.T) {
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
-	exists := func(context.Context, string, string) (bool, enforcement.Action, error) { return true, "", nil }
+	exists := func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil }
 	var mu sync.Mutex
 	var told []string
 	denied := func(d events.Denial) {
@@ -98,7 +98,7 @@ func TestClusterRoutesAloneRequireClientCertificates(t *testing.T) {
 	g, _, nodes := example(t)
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
-	exists := func(context.Context, string, string) (bool, enforcement.Action, error) { return true, "", nil }
+	exists := func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil }
 	h := webhook.New(webhook.Options{Decider: g, Cluster: exists, ClusterClientCAs: p.Pool()})
 	opts := tlsserver.Options{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
@@ -126,7 +126,7 @@ func TestClusterRoutesTakeOnlyTheirOwnClustersCertificate(t *testing.T) {
 	g, _, nodes := example(t)
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
-	exists := func(context.Context, string, string) (bool, enforcement.Action, error) { return true, "", nil }
+	exists := func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil }
 	h := webhook.New(webhook.Options{Decider: g, Cluster: exists, ClusterIdentities: p.Pool()})
 	opts := tlsserver.Options{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)

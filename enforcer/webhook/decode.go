@@ -9,11 +9,10 @@ import (
 	"hash"
 	"io"
 
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 )
 
 // admissionReview is an AdmissionReview v1 as nodeguard reads it: only what
@@ -111,7 +110,7 @@ func (g *groups) digest() []byte {
 // node decodes oldObject into only the fields the link model declares
 // (linkmodel.Model.NodeShape): a hostile Node costs a scan of its bytes.
 type node struct {
-	model *linkmodel.Model
+	model *rule.Model
 	obj   *unstructured.Unstructured
 	// raw is oldObject's bytes, a part of the review's body (held until the
 	// answer is written): a denial reads the Node's UID from it.
@@ -147,7 +146,7 @@ func (e *oldObjectError) Unwrap() error { return e.err }
 
 // decodeReview decodes an AdmissionReview body into what the rule reads.
 // A null oldObject or groups leaves that field nil.
-func decodeReview(body []byte, model *linkmodel.Model, keep func(string) bool) (*admissionReview, error) {
+func decodeReview(body []byte, model *rule.Model, keep func(string) bool) (*admissionReview, error) {
 	var review admissionReview
 	review.Request.OldObject = &node{model: model}
 	review.Request.UserInfo.Groups = newGroups(keep)

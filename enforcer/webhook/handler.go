@@ -26,12 +26,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // MaxBodyBytes bounds an AdmissionReview (requestlimits.MaxBodyBytes).
@@ -62,9 +60,9 @@ const (
 // the Node to the fields of the Decider's link model, the user's groups to
 // those KeepGroup keeps.
 type Decider interface {
-	Decide(ctx context.Context, req guard.Request) (decision.Decision, error)
+	Decide(ctx context.Context, req guard.Request) (rule.Decision, error)
 	KeepGroup(group string) bool
-	Model() *linkmodel.Model
+	Model() *rule.Model
 }
 
 // Options configure the handler.
@@ -74,13 +72,13 @@ type Options struct {
 	// management cluster has the Cluster (one it does not know is a wrong
 	// URL, and is denied), and the enforcement action its annotation sets
 	// ("": none, Action holds).
-	Cluster func(ctx context.Context, namespace, name string) (exists bool, action enforcement.Action, err error)
+	Cluster func(ctx context.Context, namespace, name string) (exists bool, action rule.Action, err error)
 	// Action is what a denial becomes on every route a Cluster does not
 	// override (default enforcement.Deny): warn and dryrun admit the
 	// delete, warn with the denial as a warning. nodeguard's own identity's
 	// dry-run-only rule is always enforced. It is asked on each review: the
 	// Constraint's spec.enforcementAction may change while serving.
-	Action func() enforcement.Action
+	Action func() rule.Action
 	// ClientCAs, when set, is the CA whose client certificates the review
 	// routes require (--client-ca-file).
 	ClientCAs *x509.CertPool
@@ -135,7 +133,7 @@ type Options struct {
 
 type handler struct {
 	opts   Options
-	model  *linkmodel.Model
+	model  *rule.Model
 	intake *requestlimits.Intake
 	// keepGroup says which of a user's groups the Decider reads.
 	keepGroup func(string) bool
@@ -195,9 +193,9 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	dryRun := review.Request.DryRun != nil && *review.Request.DryRun
 	var v verdict
 	if route == RouteCluster && !dryRun && h.opts.DryRunOnlyUser != "" && req.UserInfo.Username == h.opts.DryRunOnlyUser && isNodeDelete(req) {
-		v = verdict{Decision: decision.Deny(decision.ReasonDryRunOnly, fmt.Sprintf("Node %q cannot be deleted by %s: nodeguard's own identity "+
+		v = verdict{Decision: rule.Denial(rule.ReasonDryRunOnly, fmt.Sprintf("Node %q cannot be deleted by %s: nodeguard's own identity "+
 			"deletes workload Nodes only when its orphan reaper works there (--reap-orphan-nodes with --reap-workload-clusters); "+
-			"it may dry-run deletes, which prove the cluster guarded.", req.Name, req.UserInfo.Username)), action: enforcement.Deny}
+			"it may dry-run deletes, which prove the cluster guarded.", req.Name, req.UserInfo.Username)), action: rule.ActionDeny}
 	} else {
 		v = h.decide(r.Context(), req, review.Request.UserInfo.Groups.digest())
 	}
@@ -206,7 +204,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	// What the answer is: the rule's, or, under warn or dryrun, a denial
 	// admitted (warn says what would have been denied).
 	allowed := d.Allowed || !v.action.Enforced()
-	if !d.Allowed && v.action == enforcement.Warn {
+	if !d.Allowed && v.action == rule.ActionWarn {
 		warnings = append(slices.Clip(warnings), fmt.Sprintf("nodeguard (enforcement action warn, %s): this delete would be denied: %s",
 			d.Reason, strings.Join(d.Messages, " ")))
 	}
@@ -215,14 +213,14 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 		// replica; on a dry run a person sees which route judged too, and
 		// under which action when it does not deny.
 		warnings = append(slices.Clip(warnings), proof)
-		if v.action != enforcement.Deny {
+		if v.action != rule.ActionDeny {
 			warnings = append(warnings, actionWarningPrefix+string(v.action))
 		}
 	}
 	resp := &admissionv1.AdmissionResponse{UID: review.Request.UID, Allowed: allowed, Warnings: warnings}
 	if !allowed {
 		code := int32(http.StatusForbidden)
-		if d.Reason == decision.ReasonError || d.Reason == decision.ReasonBusy {
+		if d.Reason == rule.ReasonError || d.Reason == rule.ReasonBusy {
 			code = http.StatusInternalServerError
 		}
 		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: metav1.StatusReasonForbidden,
@@ -242,7 +240,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	// A dry run must have no side effects (the webhook says NoneOnDryRun).
 	authenticated := clients != nil // intake refused any other caller
 	// dryrun is silent: logged and counted, no Event.
-	if !d.Allowed && v.action != enforcement.DryRun && !dryRun && h.opts.Denied != nil && isNodeDelete(req) && (route == RouteSelf || authenticated) {
+	if !d.Allowed && v.action != rule.ActionDryRun && !dryRun && h.opts.Denied != nil && isNodeDelete(req) && (route == RouteSelf || authenticated) {
 		where := cluster // the workload cluster the Node lives in; /validate's is this one
 		if route == RouteSelf {
 			where = ""
@@ -268,15 +266,15 @@ const actionWarningPrefix = "nodeguard: enforcement action on this route: "
 
 // DryRunAction is the enforcement action a dry run's warnings say the route
 // answered under (deny when they say none).
-func DryRunAction(warnings []string) enforcement.Action {
+func DryRunAction(warnings []string) rule.Action {
 	for _, w := range warnings {
 		if a, ok := strings.CutPrefix(w, actionWarningPrefix); ok {
-			if action, err := enforcement.Parse(a); err == nil {
+			if action, err := rule.ParseAction(a); err == nil {
 				return action
 			}
 		}
 	}
-	return enforcement.Deny
+	return rule.ActionDeny
 }
 
 // isNodeDelete says whether a request deletes a core Node: the only kind a
@@ -324,7 +322,7 @@ func jsonField(dec *json.Decoder, key string) bool {
 // API server then applies the webhook's failurePolicy (Fail: denied).
 func (h *handler) reject(w http.ResponseWriter, herr *requestlimits.Error, route, cluster string, start time.Time) {
 	h.intake.Reject(w, herr, "admission request", route, cluster)
-	h.opts.Metrics.observe(route, cluster, "error", decision.ReasonBadRequest, h.action(""), time.Since(start))
+	h.opts.Metrics.observe(route, cluster, "error", rule.ReasonBadRequest, h.action(""), time.Since(start))
 }
 
 // clientCAs is the CA whose client certificates route requires, or nil.
@@ -433,10 +431,10 @@ func request(req *admissionRequest, cluster string) (guard.Request, *requestlimi
 func (h *handler) decide(ctx context.Context, req guard.Request, groups []byte) verdict {
 	key, err := flightKey(req, groups)
 	if err != nil {
-		return h.fallback(decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err)))
+		return h.fallback(rule.Denial(rule.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err)))
 	}
 	busy := func() verdict {
-		return h.fallback(decision.Deny(decision.ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
+		return h.fallback(rule.Denial(rule.ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
 			"(--max-concurrent-decisions) and none finished in time; retry shortly.", req.Name)))
 	}
 	return requestlimits.Do(ctx, h.intake, key, busy, func(ctx context.Context) verdict { return h.decideNow(ctx, req) })
@@ -444,27 +442,27 @@ func (h *handler) decide(ctx context.Context, req guard.Request, groups []byte) 
 
 // verdict is a decision and the enforcement action it is answered under.
 type verdict struct {
-	decision.Decision
-	action enforcement.Action
+	rule.Decision
+	action rule.Action
 }
 
 // fallback answers d under the default action: no Cluster was read.
-func (h *handler) fallback(d decision.Decision) verdict {
+func (h *handler) fallback(d rule.Decision) verdict {
 	return verdict{Decision: d, action: h.action("")}
 }
 
 // action is a Cluster's action, else the default.
-func (h *handler) action(cluster enforcement.Action) enforcement.Action {
+func (h *handler) action(cluster rule.Action) rule.Action {
 	if cluster != "" {
 		return cluster
 	}
 	if h.opts.Action == nil {
-		return enforcement.Deny
+		return rule.ActionDeny
 	}
 	if a := h.opts.Action(); a != "" {
 		return a
 	}
-	return enforcement.Deny
+	return rule.ActionDeny
 }
 
 // flightKey is everything a decision reads from the review, hashed: the
@@ -500,25 +498,25 @@ func flightKey(req guard.Request, groups []byte) (string, error) {
 }
 
 func (h *handler) decideNow(ctx context.Context, req guard.Request) verdict {
-	var clusterAction enforcement.Action
+	var clusterAction rule.Action
 	if req.Cluster != "" && h.opts.Cluster != nil {
 		ns, name, err := cache.SplitMetaNamespaceKey(req.Cluster)
 		if err != nil {
-			return h.fallback(decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err)))
+			return h.fallback(rule.Denial(rule.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err)))
 		}
 		ok, a, err := h.opts.Cluster(ctx, ns, name)
 		if err != nil {
-			return h.fallback(decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not read Cluster %s (%v); retry shortly.", req.Name, req.Cluster, err)))
+			return h.fallback(rule.Denial(rule.ReasonError, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not read Cluster %s (%v); retry shortly.", req.Name, req.Cluster, err)))
 		}
 		if !ok {
-			return h.fallback(decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: this webhook's URL names Cluster %s, which the management cluster does not have; fix the ValidatingWebhookConfiguration (nodeguard webhook-config --cluster).", req.Name, req.Cluster)))
+			return h.fallback(rule.Denial(rule.ReasonError, fmt.Sprintf("Node %q cannot be deleted: this webhook's URL names Cluster %s, which the management cluster does not have; fix the ValidatingWebhookConfiguration (nodeguard webhook-config --cluster).", req.Name, req.Cluster)))
 		}
 		clusterAction = a
 	}
 	v := verdict{action: h.action(clusterAction)}
 	d, err := h.opts.Decider.Decide(ctx, req)
 	if err != nil {
-		v.Decision = decision.Deny(decision.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
+		v.Decision = rule.Denial(rule.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
 		return v
 	}
 	v.Decision = d
@@ -532,7 +530,7 @@ func result(allowed bool) string {
 	return "denied"
 }
 
-func blockerNames(d decision.Decision) []string {
+func blockerNames(d rule.Decision) []string {
 	out := make([]string, 0, len(d.Blockers))
 	for _, b := range d.Blockers {
 		out = append(out, fmt.Sprintf("%s %s/%s", b.Kind, b.Namespace, b.Name))

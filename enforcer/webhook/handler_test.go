@@ -25,13 +25,11 @@ import (
 	eventsfake "k8s.io/client-go/kubernetes/typed/events/v1/fake"
 	clienttesting "k8s.io/client-go/testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
@@ -144,7 +142,7 @@ func TestDecisions(t *testing.T) {
 func TestClusterRoute(t *testing.T) {
 	g, _, nodes := example(t)
 	known := map[string]bool{"default/dev": true, "default/other": true}
-	exists := func(_ context.Context, ns, name string) (bool, enforcement.Action, error) {
+	exists := func(_ context.Context, ns, name string) (bool, rule.Action, error) {
 		if ns == "broken" {
 			return false, "", errors.New("connection refused")
 		}
@@ -226,9 +224,9 @@ func TestBadInput(t *testing.T) {
 	assert.False(t, out.Response.Allowed)
 }
 
-type deciderFunc func(ctx context.Context, req guard.Request) (decision.Decision, error)
+type deciderFunc func(ctx context.Context, req guard.Request) (rule.Decision, error)
 
-func (f deciderFunc) Decide(ctx context.Context, req guard.Request) (decision.Decision, error) {
+func (f deciderFunc) Decide(ctx context.Context, req guard.Request) (rule.Decision, error) {
 	return f(ctx, req)
 }
 
@@ -236,14 +234,14 @@ func (f deciderFunc) Decide(ctx context.Context, req guard.Request) (decision.De
 func (deciderFunc) KeepGroup(string) bool { return true }
 
 // Model is the embedded policy's link model.
-func (deciderFunc) Model() *linkmodel.Model { return linkmodel.MustEmbedded() }
+func (deciderFunc) Model() *rule.Model { return rule.MustEmbeddedModel() }
 
 func TestNoDecisionDenies(t *testing.T) {
 	_, _, nodes := example(t)
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 
-	failing := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
-		return decision.Decision{}, errors.New("rego: eval_conflict_error")
+	failing := deciderFunc(func(context.Context, guard.Request) (rule.Decision, error) {
+		return rule.Decision{}, errors.New("rego: eval_conflict_error")
 	})
 	s := serve(t, webhook.New(webhook.Options{Decider: failing}), tlsserver.Options{}, nil)
 	_, _, out := s.post(t, "/validate", "application/json", body)
@@ -252,9 +250,9 @@ func TestNoDecisionDenies(t *testing.T) {
 	assert.Contains(t, out.Response.Result.Message, "eval_conflict_error")
 
 	// A decision that outlives the deadline is cut off and denied in time.
-	hanging := deciderFunc(func(ctx context.Context, _ guard.Request) (decision.Decision, error) {
+	hanging := deciderFunc(func(ctx context.Context, _ guard.Request) (rule.Decision, error) {
 		<-ctx.Done()
-		return decision.Decision{}, ctx.Err()
+		return rule.Decision{}, ctx.Err()
 	})
 	s = serve(t, webhook.New(webhook.Options{Decider: hanging, Timeout: 200 * time.Millisecond}), tlsserver.Options{}, nil)
 	start := time.Now()
@@ -320,8 +318,8 @@ func TestFreshReadErrorsAreCountedByTheirReason(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := webhook.NewMetrics(reg)
 	require.NoError(t, err)
-	failing := deciderFunc(func(_ context.Context, req guard.Request) (decision.Decision, error) {
-		return decision.Deny(decision.ReasonFreshReadFailed, "could not re-read"), nil
+	failing := deciderFunc(func(_ context.Context, req guard.Request) (rule.Decision, error) {
+		return rule.Denial(rule.ReasonFreshReadFailed, "could not re-read"), nil
 	})
 	s := serve(t, webhook.New(webhook.Options{Decider: failing, Metrics: m}), tlsserver.Options{}, nil)
 	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
@@ -350,10 +348,10 @@ func TestConcurrentReviews(t *testing.T) {
 func TestGracefulShutdownFinishesInFlightReviews(t *testing.T) {
 	_, _, nodes := example(t)
 	started, finish := make(chan struct{}), make(chan struct{})
-	slow := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
+	slow := deciderFunc(func(context.Context, guard.Request) (rule.Decision, error) {
 		close(started)
 		<-finish
-		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
+		return rule.Decision{Allowed: true, Reason: rule.ReasonNoLink}, nil
 	})
 	s := serve(t, webhook.New(webhook.Options{Decider: slow}), tlsserver.Options{}, nil)
 	result := make(chan *admissionv1.AdmissionReview, 1)
@@ -393,7 +391,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 	g, _, nodes := example(t)
 	var mu sync.Mutex
 	var got []events.Denial
-	h := webhook.New(webhook.Options{Decider: g, Cluster: func(context.Context, string, string) (bool, enforcement.Action, error) { return true, "", nil },
+	h := webhook.New(webhook.Options{Decider: g, Cluster: func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil },
 		Denied: func(d events.Denial) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -415,7 +413,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 	assert.Equal(t, "x", d.Node, "the request's name")
 	assert.EqualValues(t, "0b8d0b0e-5a5e-4c1a-9d5e-7a5b7c1d2e3f", d.NodeUID)
 	assert.Equal(t, "alice", d.User)
-	assert.Equal(t, decision.ReasonBlocked, d.Reason)
+	assert.Equal(t, rule.ReasonBlocked, d.Reason)
 	assert.Equal(t, out.Response.Result.Message, strings.Join(d.Messages, " "))
 	require.Len(t, d.Blockers, 1)
 	assert.Equal(t, "DockerMachine", d.Blockers[0].Kind)
@@ -433,7 +431,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 	}
 	// A denial of another kind (here: a Pod on a route naming no Cluster
 	// the management cluster has) is not a Node's.
-	h = webhook.New(webhook.Options{Decider: g, Cluster: func(context.Context, string, string) (bool, enforcement.Action, error) { return false, "", nil },
+	h = webhook.New(webhook.Options{Decider: g, Cluster: func(context.Context, string, string) (bool, rule.Action, error) { return false, "", nil },
 		Denied: func(d events.Denial) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -541,7 +539,7 @@ func TestDryRunOnlyUserMayNotDelete(t *testing.T) {
 // another Cluster is misrouted there, one of its own judged by its Machines.
 func TestSelfClusterScopesTheSelfRoute(t *testing.T) {
 	g, _, nodes := example(t)
-	exists := func(context.Context, string, string) (bool, enforcement.Action, error) { return true, "", nil }
+	exists := func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil }
 	for cluster, want := range map[string]string{"default/dev": "DockerMachine", "default/mgmt": "this review came on the route of Cluster default/mgmt"} {
 		s := serve(t, webhook.New(webhook.Options{Decider: g, Cluster: exists, SelfCluster: cluster}), tlsserver.Options{}, nil)
 		_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
@@ -561,9 +559,9 @@ func TestEnforcementActions(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := webhook.NewMetrics(reg)
 	require.NoError(t, err)
-	actions := map[string]enforcement.Action{"default/dev": "", "default/audit": enforcement.DryRun, "default/strict": enforcement.Deny}
-	h := webhook.New(webhook.Options{Decider: g, Action: func() enforcement.Action { return enforcement.Warn }, Metrics: m, DryRunOnlyUser: "alice",
-		Cluster: func(_ context.Context, ns, name string) (bool, enforcement.Action, error) {
+	actions := map[string]rule.Action{"default/dev": "", "default/audit": rule.ActionDryRun, "default/strict": rule.ActionDeny}
+	h := webhook.New(webhook.Options{Decider: g, Action: func() rule.Action { return rule.ActionWarn }, Metrics: m, DryRunOnlyUser: "alice",
+		Cluster: func(_ context.Context, ns, name string) (bool, rule.Action, error) {
 			a, ok := actions[ns+"/"+name]
 			return ok, a, nil
 		},
@@ -591,11 +589,11 @@ func TestEnforcementActions(t *testing.T) {
 	require.True(t, out.Response.Allowed, "dryrun admits")
 	assert.Equal(t, []string{webhook.DryRunWarning("default/audit"), "nodeguard: enforcement action on this route: dryrun"}, out.Response.Warnings,
 		"dryrun adds no warning of the denial; a dry run says which route judged it, and under which action")
-	assert.Equal(t, enforcement.DryRun, webhook.DryRunAction(out.Response.Warnings), "what the fleet's proof reads")
+	assert.Equal(t, rule.ActionDryRun, webhook.DryRunAction(out.Response.Warnings), "what the fleet's proof reads")
 
 	_, _, out = s.post(t, "/validate/clusters/default/strict", "application/json", dryRun)
 	assert.False(t, out.Response.Allowed, "the Cluster's deny overrides the default warn")
-	assert.Equal(t, enforcement.Deny, webhook.DryRunAction(out.Response.Warnings), "deny says nothing more")
+	assert.Equal(t, rule.ActionDeny, webhook.DryRunAction(out.Response.Warnings), "deny says nothing more")
 
 	// (The Node names Cluster default/dev: on the other routes it is
 	// misrouted, a denial like any.) alice may only dry-run on a cluster

@@ -23,9 +23,9 @@ import (
 
 	"bufio"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/hostile"
@@ -91,10 +91,10 @@ func TestSameReviewsShareOneDecision(t *testing.T) {
 	_, _, nodes := example(t)
 	var calls atomic.Int64
 	release := make(chan struct{})
-	blocking := deciderFunc(func(_ context.Context, req guard.Request) (decision.Decision, error) {
+	blocking := deciderFunc(func(_ context.Context, req guard.Request) (rule.Decision, error) {
 		calls.Add(1)
 		<-release
-		return decision.Decision{Allowed: req.UserInfo.Username == "bob", Reason: decision.ReasonNoLink}, nil
+		return rule.Decision{Allowed: req.UserInfo.Username == "bob", Reason: rule.ReasonNoLink}, nil
 	})
 	in := &arrivals{next: webhook.New(webhook.Options{Decider: blocking})}
 	s := serve(t, in, tlsserver.Options{}, nil)
@@ -169,13 +169,13 @@ func (d *heldDecider) hold() {
 func (d *heldDecider) release() { close(*d.gate.Load()) }
 
 func (d *heldDecider) decider() deciderFunc {
-	return func(context.Context, guard.Request) (decision.Decision, error) {
+	return func(context.Context, guard.Request) (rule.Decision, error) {
 		now := d.running.Add(1)
 		defer d.running.Add(-1)
 		for p := d.peak.Load(); now > p && !d.peak.CompareAndSwap(p, now); p = d.peak.Load() {
 		}
 		<-*d.gate.Load()
-		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
+		return rule.Decision{Allowed: true, Reason: rule.ReasonNoLink}, nil
 	}
 }
 
@@ -203,10 +203,10 @@ func TestConcurrentDecisionsAreBounded(t *testing.T) {
 	// of the test.
 	holding, unstick := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	stuck := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
+	stuck := deciderFunc(func(context.Context, guard.Request) (rule.Decision, error) {
 		once.Do(func() { close(holding) })
 		<-unstick
-		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
+		return rule.Decision{Allowed: true, Reason: rule.ReasonNoLink}, nil
 	})
 	s = serve(t, webhook.New(webhook.Options{Decider: stuck, MaxConcurrentDecisions: 1, Timeout: 300 * time.Millisecond}), tlsserver.Options{}, nil)
 	t.Cleanup(func() { close(unstick) }) // before the server's stop, which drains the first review
@@ -470,7 +470,7 @@ func TestRealNodeReviewsTakeTheSmallLane(t *testing.T) {
 func TestSmallReviewsNeverWaitBehindLargeOnes(t *testing.T) {
 	release := make(chan struct{})
 	var large atomic.Int64
-	decider := deciderFunc(func(ctx context.Context, req guard.Request) (decision.Decision, error) {
+	decider := deciderFunc(func(ctx context.Context, req guard.Request) (rule.Decision, error) {
 		if req.Node != nil && strings.HasPrefix(req.Node.GetName(), "large-") {
 			large.Add(1)
 			select {
@@ -478,7 +478,7 @@ func TestSmallReviewsNeverWaitBehindLargeOnes(t *testing.T) {
 			case <-ctx.Done():
 			}
 		}
-		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
+		return rule.Decision{Allowed: true, Reason: rule.ReasonNoLink}, nil
 	})
 	// Deadlines far past the default: the order is what is tested, and under
 	// the race detector on a loaded machine decoding 1 MiB takes seconds.
@@ -532,10 +532,10 @@ func TestTheBudgetComesBeforeTheBody(t *testing.T) {
 	// released.
 	release := make(chan struct{})
 	var held atomic.Int64
-	decider := deciderFunc(func(context.Context, guard.Request) (decision.Decision, error) {
+	decider := deciderFunc(func(context.Context, guard.Request) (rule.Decision, error) {
 		held.Add(1)
 		<-release
-		return decision.Decision{Allowed: true, Reason: decision.ReasonNoLink}, nil
+		return rule.Decision{Allowed: true, Reason: rule.ReasonNoLink}, nil
 	})
 	s := serve(t, webhook.New(webhook.Options{Decider: decider, Timeout: 2 * time.Second}), tlsserver.Options{}, nil)
 	head := func(length string) string {

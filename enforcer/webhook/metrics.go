@@ -5,8 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/registrar"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // Metrics are the review routes' Prometheus metrics.
@@ -39,7 +39,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // observe counts one answer; a nil Metrics counts nothing.
-func (m *Metrics) observe(route, cluster, result, reason string, action enforcement.Action, took time.Duration) {
+func (m *Metrics) observe(route, cluster, result, reason string, action rule.Action, took time.Duration) {
 	if m == nil {
 		return
 	}

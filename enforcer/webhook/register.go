@@ -11,8 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // The registration routes: a Node CREATE, or an UPDATE of a Node (not its
@@ -129,7 +129,7 @@ func (h *handler) register(w http.ResponseWriter, r *http.Request, route, cluste
 		name = req.Object.obj.GetName()
 	}
 	elapsed := time.Since(start)
-	h.opts.Metrics.observe(route, cluster, result(answer.Allowed), answer.Reason, enforcement.Deny, elapsed)
+	h.opts.Metrics.observe(route, cluster, result(answer.Allowed), answer.Reason, rule.ActionDeny, elapsed)
 	h.opts.Log.Info("registration", "node", name, "cluster", cluster, "operation", req.Operation, "allowed", answer.Allowed,
 		"reason", answer.Reason, "duration", elapsed)
 	out, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: review.APIVersion, Kind: review.Kind}, Response: resp})

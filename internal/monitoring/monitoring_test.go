@@ -18,12 +18,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/monitoring"
@@ -31,8 +30,8 @@ import (
 
 const root = "../.."
 
-// rule is one alerting rule of the kustomize component's PrometheusRule.
-type rule struct {
+// alertRule is one alerting rule of the kustomize component's PrometheusRule.
+type alertRule struct {
 	Alert       string            `json:"alert"`
 	Expr        string            `json:"expr"`
 	For         string            `json:"for,omitempty"`
@@ -42,7 +41,7 @@ type rule struct {
 
 type ruleGroup struct {
 	Name  string `json:"name"`
-	Rules []rule `json:"rules"`
+	Rules []alertRule `json:"rules"`
 }
 
 // groups reads the rule groups of the PrometheusRule kustomize ships (the
@@ -65,9 +64,9 @@ func groups(t *testing.T) []ruleGroup {
 	return pr.Spec.Groups
 }
 
-func alerts(t *testing.T) []rule {
+func alerts(t *testing.T) []alertRule {
 	t.Helper()
-	var out []rule
+	var out []alertRule
 	for _, g := range groups(t) {
 		out = append(out, g.Rules...)
 	}
@@ -212,7 +211,7 @@ func exported(t *testing.T) (map[string]bool, map[string]dto.MetricType, map[str
 	reg := prometheus.NewRegistry()
 	d := &describing{Registerer: reg, names: map[string]bool{}}
 	_, err := serve.Register(d, serve.Sources{
-		Policy: func() engine.Policy { return engine.Policy{Source: engine.SourceEmbedded} },
+		Policy: func() rule.Policy { return rule.Policy{Source: rule.SourceEmbedded} },
 		Cached: func() map[schema.GroupVersionKind]int {
 			return map[schema.GroupVersionKind]int{{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Machine"}: 1}
 		},
@@ -313,9 +312,9 @@ func TestQueriesReadExportedMetrics(t *testing.T) {
 		return false
 	}
 	reasons := map[string][]string{
-		"nodeguard_decisions_total": {decision.ReasonNoLink, decision.ReasonExempt, decision.ReasonNotJudged, decision.ReasonBlocked,
-			decision.ReasonUnverified, decision.ReasonMisrouted, decision.ReasonUnjudgeable, decision.ReasonNotReady, decision.ReasonCacheRecovering, decision.ReasonFreshReadFailed,
-			decision.ReasonError, decision.ReasonBusy, decision.ReasonBadRequest},
+		"nodeguard_decisions_total": {rule.ReasonNoLink, rule.ReasonExempt, rule.ReasonNotJudged, rule.ReasonBlocked,
+			rule.ReasonUnverified, rule.ReasonMisrouted, rule.ReasonUnjudgeable, rule.ReasonNotReady, rule.ReasonCacheRecovering, rule.ReasonFreshReadFailed,
+			rule.ReasonError, rule.ReasonBusy, rule.ReasonBadRequest},
 		"nodeguard_rejected_requests_total": {requestlimits.RejectMethod, requestlimits.RejectClientCert, requestlimits.RejectContentType, requestlimits.RejectTooLarge,
 			requestlimits.RejectNoLength, requestlimits.RejectRead, requestlimits.RejectBusy, webhook.RejectMalformed, webhook.RejectNotReview,
 			webhook.RejectNoRequest, webhook.RejectNoUID, webhook.RejectBadOldObject, provider.RejectMalformed, provider.RejectNotRequest,

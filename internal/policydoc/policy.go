@@ -11,7 +11,7 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/policies"
 )
@@ -47,7 +47,7 @@ func libCustom(c *ast.Compiler) (*ast.Annotations, []section, error) {
 	return nil, nil, fmt.Errorf("package lib.nodeguard has no METADATA")
 }
 
-func pathList(paths []linkmodel.Path) string {
+func pathList(paths []rule.Path) string {
 	out := make([]string, len(paths))
 	for i, p := range paths {
 		out[i] = "`" + p.String() + "`"
@@ -55,8 +55,8 @@ func pathList(paths []linkmodel.Path) string {
 	return strings.Join(out, ", ")
 }
 
-func matchWord(m linkmodel.Match) string {
-	if m == linkmodel.Contains {
+func matchWord(m rule.Match) string {
+	if m == rule.Contains {
 		return " (a list containing the Node's)"
 	}
 	return ""
@@ -90,7 +90,7 @@ func RenderPolicyOf(ctx context.Context, c *ast.Compiler) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	model, err := linkmodel.Load(ctx, c, nil)
+	model, err := rule.LoadModel(ctx, c, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -254,7 +254,7 @@ func SpliceLinks(ctx context.Context, readme []byte) ([]byte, error) {
 	if begin < 0 || end < begin {
 		return nil, fmt.Errorf("README.md has no generated link list (markers %q ... %q)", strings.TrimSpace(LinksBegin), strings.TrimSpace(LinksEnd))
 	}
-	model, err := linkmodel.Embedded(ctx)
+	model, err := rule.EmbeddedModel(ctx)
 	if err != nil {
 		return nil, err
 	}

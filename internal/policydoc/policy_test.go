@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -19,7 +19,7 @@ func TestLinksTableShowsEveryDeclaredLink(t *testing.T) {
 	_, semantics, err := libCustom(c)
 	require.NoError(t, err)
 	assert.NotEmpty(t, semantics)
-	model, err := linkmodel.Load(context.Background(), c, nil)
+	model, err := rule.LoadModel(context.Background(), c, nil)
 	require.NoError(t, err)
 	page, err := RenderPolicy(context.Background())
 	require.NoError(t, err)

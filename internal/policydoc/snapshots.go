@@ -18,10 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // Scenario is one named delete to judge.
@@ -128,17 +127,17 @@ func reviewOf(o *unstructured.Unstructured) map[string]any {
 // Decide judges every scenario with the rule over the full objects, laid out
 // as Gatekeeper's inventory.
 func Decide(ctx context.Context, scenarios []Scenario) ([]Snapshot, error) {
-	eval, err := engine.New(ctx)
+	eval, err := rule.NewEngine(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Snapshot, 0, len(scenarios))
 	for _, s := range scenarios {
-		params, err := engine.NewParameters(s.Parameters)
+		params, err := rule.NewParameters(s.Parameters)
 		if err != nil {
 			return nil, fmt.Errorf("scenario %s: %w", s.Name, err)
 		}
-		d, err := decision.Evaluate(ctx, eval, decision.Input{Review: s.Review, Inventory: inventory.Layout(s.Objects), Parameters: params})
+		d, err := rule.Evaluate(ctx, eval, rule.Input{Review: s.Review, Inventory: inventory.Layout(s.Objects), Parameters: params})
 		if err != nil {
 			return nil, fmt.Errorf("scenario %s: %w", s.Name, err)
 		}
@@ -146,7 +145,7 @@ func Decide(ctx context.Context, scenarios []Scenario) ([]Snapshot, error) {
 		if d.Allowed {
 			snap.Decision = "allowed"
 		}
-		if d.Reason == decision.ReasonNotJudged {
+		if d.Reason == rule.ReasonNotJudged {
 			snap.Decision, snap.Reason = "not judged", "-"
 		}
 		for _, b := range d.Blockers {
@@ -167,7 +166,7 @@ func deleting(d bool) string {
 	return ""
 }
 
-func linkTypes(links []decision.Link) string {
+func linkTypes(links []rule.BlockerLink) string {
 	seen := map[string]bool{}
 	var out []string
 	for _, l := range links {

@@ -26,8 +26,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/record"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -185,7 +185,7 @@ func project(ctx context.Context, files Files) ([]*tester.Builtin, error) {
 	if err != nil {
 		return nil, err
 	}
-	model, err := linkmodel.Load(ctx, compiled, nil)
+	model, err := rule.LoadModel(ctx, compiled, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -193,7 +193,7 @@ func project(ctx context.Context, files Files) ([]*tester.Builtin, error) {
 	if err != nil {
 		return nil, err
 	}
-	fields, err := linkmodel.LoadNodeFields(ctx, compiled, nil)
+	fields, err := rule.LoadNodeFields(ctx, compiled, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +215,7 @@ func project(ctx context.Context, files Files) ([]*tester.Builtin, error) {
 // builtins reduce Nodes, reviews and inventories exactly as the enforcer
 // does: a reviewed Node as the webhook decodes it, a judged one as the orphan
 // scan's Node caches keep it, a user's groups as the guard keeps them.
-func builtins(model *linkmodel.Model, shape *record.Shape, defaults map[string]any) []*tester.Builtin {
+func builtins(model *rule.Model, shape *record.Shape, defaults map[string]any) []*tester.Builtin {
 	inv := inventory.New(model)
 	node := func(v any) any {
 		m, ok := v.(map[string]any)
@@ -325,7 +325,7 @@ func poolKinds(params map[string]any) map[string]bool {
 // projectInventory replaces every object of a Gatekeeper-shaped inventory
 // with what the enforcer caches of it: a Machine, a pool of the parameters'
 // pool kinds, or else an InfraMachine (any kind a Machine may reference).
-func projectInventory(inv *inventory.Inventory, model *linkmodel.Model, v any, pools map[string]bool) any {
+func projectInventory(inv *inventory.Inventory, model *rule.Model, v any, pools map[string]bool) any {
 	top, _ := v.(map[string]any)
 	namespaces, ok := top["namespace"].(map[string]any)
 	if !ok {

@@ -17,11 +17,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // The CAPI kinds most tests serve.
@@ -112,7 +111,7 @@ func ExampleGuard(t testing.TB, dir string, opts guard.Options) (*guard.Guard, *
 			nodes[o.GetName()] = o
 		}
 	}
-	inv, err := inventory.FromObjects(linkmodel.MustEmbedded(), objs, []schema.GroupKind{DockerMachineGVK.GroupKind()}, nil)
+	inv, err := inventory.FromObjects(rule.MustEmbeddedModel(), objs, []schema.GroupKind{DockerMachineGVK.GroupKind()}, nil)
 	require.NoError(t, err)
 	if opts.Engine == nil {
 		opts.Engine = Engine(t)
@@ -124,11 +123,11 @@ func ExampleGuard(t testing.TB, dir string, opts guard.Options) (*guard.Guard, *
 
 // Engine is the embedded policy, compiled once per test binary: what a
 // caller with no bundle passes to guard.New and clusterenforcer.Start.
-func Engine(t testing.TB) *engine.Engine {
+func Engine(t testing.TB) *rule.Engine {
 	t.Helper()
 	e, err := embedded()
 	require.NoError(t, err)
 	return e
 }
 
-var embedded = sync.OnceValues(func() (*engine.Engine, error) { return engine.New(context.Background()) })
+var embedded = sync.OnceValues(func() (*rule.Engine, error) { return rule.NewEngine(context.Background()) })

@@ -23,7 +23,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/gatekeeper"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
@@ -98,7 +98,7 @@ func objects(n int) (node *unstructured.Unstructured, objs []*unstructured.Unstr
 
 // enforcerInventory fills informer-shaped stores through the same transform.
 func enforcerInventory(b testing.TB, objs []*unstructured.Unstructured) *inventory.Inventory {
-	inv := inventory.New(linkmodel.MustEmbedded())
+	inv := inventory.New(rule.MustEmbeddedModel())
 	machines, infras := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
 	inv.AddKind(machineGVK, inventory.Machine, machines)
 	inv.AddKind(dockerGVK, inventory.InfraMachine, infras)

@@ -28,13 +28,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/internal/gatekeeper"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -66,7 +64,7 @@ func TestEnforcerAgreesWithGatekeeper(t *testing.T) {
 	base, err := os.ReadFile("../../constraints/constraint.yaml")
 	require.NoError(t, err)
 
-	eval, err := engine.New(ctx)
+	eval, err := rule.NewEngine(ctx)
 	require.NoError(t, err)
 	total := map[string]int{}
 	for _, v := range variants {
@@ -120,7 +118,7 @@ func gatekeeperDecision(t *testing.T, ctx context.Context, engine *gatekeeper.En
 	return outcomeOf(t, violations)
 }
 
-func enforcerDecision(t *testing.T, ctx context.Context, eval *engine.Engine, params map[string]any, s scenario) outcome {
+func enforcerDecision(t *testing.T, ctx context.Context, eval *rule.Engine, params map[string]any, s scenario) outcome {
 	t.Helper()
 	inv, err := inventory.FromObjects(eval.Model(), s.Objects, groupKinds(params["infraMachineKinds"]), groupKinds(params["infraMachinePoolKinds"]))
 	require.NoError(t, err)
@@ -136,7 +134,7 @@ func enforcerDecision(t *testing.T, ctx context.Context, eval *engine.Engine, pa
 	return outcome{allowed: d.Allowed, blockers: canonical(t, blockers), unverified: canonical(t, unverified)}
 }
 
-func asAny[T decision.Blocker | decision.Unverified](t *testing.T, items []T) []any {
+func asAny[T rule.Blocker | rule.Unverified](t *testing.T, items []T) []any {
 	t.Helper()
 	var out []any
 	for _, item := range items {
@@ -392,7 +390,7 @@ func TestProviderAgreesWithTheEnforcer(t *testing.T) {
 	require.NoError(t, err)
 	enforcerBase, err := os.ReadFile("../../constraints/constraint.yaml")
 	require.NoError(t, err)
-	eval, err := engine.New(ctx)
+	eval, err := rule.NewEngine(ctx)
 	require.NoError(t, err)
 	compiled, err := policies.Compile()
 	require.NoError(t, err)
@@ -481,7 +479,7 @@ func deleting(s scenario) bool {
 
 // providerGuard is the Guard nodeguard serve would have over the scenario's
 // objects with params as its --constraint.
-func providerGuard(t *testing.T, ctx context.Context, eval *engine.Engine, params map[string]any, s scenario) *guard.Guard {
+func providerGuard(t *testing.T, ctx context.Context, eval *rule.Engine, params map[string]any, s scenario) *guard.Guard {
 	t.Helper()
 	inv, err := inventory.FromObjects(eval.Model(), s.Objects, groupKinds(params["infraMachineKinds"]), groupKinds(params["infraMachinePoolKinds"]))
 	require.NoError(t, err)
@@ -501,7 +499,7 @@ func (f *scenarioFacts) Objects(ctx context.Context, node *unstructured.Unstruct
 	return f.current.Load().Objects(ctx, node, fresh)
 }
 
-func (f *scenarioFacts) RouteParameters(cluster string) (engine.Parameters, error) {
+func (f *scenarioFacts) RouteParameters(cluster string) (rule.Parameters, error) {
 	return f.current.Load().RouteParameters(cluster)
 }
 
@@ -509,7 +507,7 @@ func (f *scenarioFacts) Ready() error { return f.current.Load().Ready() }
 
 func (f *scenarioFacts) Recovering() error { return f.current.Load().Recovering() }
 
-func (f *scenarioFacts) Model() *linkmodel.Model { return f.current.Load().Model() }
+func (f *scenarioFacts) Model() *rule.Model { return f.current.Load().Model() }
 
 type providerServer struct {
 	url                   string

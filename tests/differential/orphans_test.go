@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
@@ -29,6 +28,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 var (
@@ -45,7 +45,7 @@ var (
 // past graces; in two routes at once (the whole inventory, and one Cluster).
 func TestNarrowedOrphanJudgeAgreesWithAFullPass(t *testing.T) {
 	ctx := context.Background()
-	eval, err := engine.New(ctx)
+	eval, err := rule.NewEngine(ctx)
 	require.NoError(t, err)
 	shape, err := nodecache.ShapeOf(eval)
 	require.NoError(t, err)
@@ -108,7 +108,7 @@ var (
 	poolGVK        = schema.GroupVersionKind{Group: poolKinds[0].group, Version: poolKinds[0].version, Kind: poolKinds[0].kind}
 )
 
-func newHistory(t *testing.T, eval *engine.Engine, shape *record.Shape, matchProviderID bool, rng *rand.Rand, publish bool) *history {
+func newHistory(t *testing.T, eval *rule.Engine, shape *record.Shape, matchProviderID bool, rng *rand.Rand, publish bool) *history {
 	t.Helper()
 	ctx := context.Background()
 	model := eval.Model()

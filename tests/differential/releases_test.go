@@ -11,8 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // The released Nodes published for mode admission-policy (each Node judged
@@ -24,7 +24,7 @@ import (
 // release the full pass does not make.
 func TestPublishedReleasesAgreeWithAFullPass(t *testing.T) {
 	ctx := context.Background()
-	eval, err := engine.New(ctx)
+	eval, err := rule.NewEngine(ctx)
 	require.NoError(t, err)
 	shape, err := nodecache.ShapeOf(eval)
 	require.NoError(t, err)

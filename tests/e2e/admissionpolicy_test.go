@@ -28,10 +28,10 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/constraints"
@@ -165,7 +165,7 @@ func TestAdmissionPolicyDecidesFromTheReleasedNodes(t *testing.T) {
 	})
 
 	t.Run("warn allows with the denial as a warning", func(t *testing.T) {
-		p, b, err := admissionpolicy.Build(mustInfo(t), admissionpolicy.Options{Action: enforcement.Warn})
+		p, b, err := admissionpolicy.Build(mustInfo(t), admissionpolicy.Options{Action: rule.ActionWarn})
 		require.NoError(t, err)
 		put(t, dyn, admissionpolicy.PolicyGVR, p)
 		put(t, dyn, admissionpolicy.BindingGVR, b)
@@ -356,7 +356,7 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 
 	t.Run("the Cluster's enforcement action sets its binding's", func(t *testing.T) {
 		_, err := c.dyn.Resource(clustersGVR).Namespace("default").Patch(ctx, "dev", types.MergePatchType,
-			[]byte(`{"metadata":{"annotations":{"`+enforcement.Annotation+`":"warn"}}}`), metav1.PatchOptions{})
+			[]byte(`{"metadata":{"annotations":{"`+rule.ActionAnnotation+`":"warn"}}}`), metav1.PatchOptions{})
 		require.NoError(t, err)
 		seen := &warnings{}
 		cfg := rest.CopyConfig(localcluster.Config(workloadEnv))

@@ -22,8 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/events"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 )
 
@@ -32,7 +32,7 @@ import (
 // and a NodeDeleteWouldBeDenied Event is left on the Node.
 func TestEnforcementActionWarnAdmitsWithTheDenialAsAWarning(t *testing.T) {
 	cfg, env := apiServerEnv(t)
-	nodeguardWith(t, cfg, serve.Options{EnforcementAction: enforcement.Warn})
+	nodeguardWith(t, cfg, serve.Options{EnforcementAction: rule.ActionWarn})
 	kube, dyn := clientsFor(t, cfg)
 	ctx := context.Background()
 	capdMachine(t, dyn, "md-0-warn", false)

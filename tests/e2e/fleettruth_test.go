@@ -34,9 +34,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -345,8 +345,8 @@ func TestTheFleetTellsTheTruth(t *testing.T) {
 	})
 
 	t.Run("an enforcement action of dryrun is reported within 10 s, in either mode", func(t *testing.T) {
-		annotate(t, dyn, "dev", enforcement.Annotation, "dryrun")
-		annotate(t, dyn, "two", enforcement.Annotation, "dryrun")
+		annotate(t, dyn, "dev", rule.ActionAnnotation, "dryrun")
+		annotate(t, dyn, "two", rule.ActionAnnotation, "dryrun")
 		at := time.Now()
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
 			s := fleetStates(c, clients)
@@ -357,8 +357,8 @@ func TestTheFleetTellsTheTruth(t *testing.T) {
 		}, 10*time.Second, 100*time.Millisecond)
 		t.Logf("dryrun reported %s after the annotations", time.Since(at).Round(100*time.Millisecond))
 		require.NoError(t, dryRunDelete(ctx, kube2, "two-md-0"), "the binding only audits now")
-		annotate(t, dyn, "dev", enforcement.Annotation, nil)
-		annotate(t, dyn, "two", enforcement.Annotation, nil)
+		annotate(t, dyn, "dev", rule.ActionAnnotation, nil)
+		annotate(t, dyn, "two", rule.ActionAnnotation, nil)
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
 			s := fleetStates(c, clients)
 			assert.True(c, s["default/dev"].Guarded, "%+v", s["default/dev"])

@@ -26,7 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
@@ -173,7 +173,7 @@ func TestServeWithASignedBundle(t *testing.T) {
 	kube, dyn := clientsFor(t, cfg)
 	key := testbundle.NewKey(t)
 	path := testbundle.WriteFile(t, t.TempDir(), "bundle.tar.gz", testbundle.Nodeguard(t, "e2e-1", key.Private))
-	bundleServe(t, cfg, kube, policybundle.Options{Path: path, VerificationKeyFile: key.PublicKeyFile})
+	bundleServe(t, cfg, kube, rule.BundleOptions{Path: path, VerificationKeyFile: key.PublicKeyFile})
 
 	name := "dev-md-0-x7k2p-abcde"
 	capdMachine(t, dyn, name, false)
@@ -203,7 +203,7 @@ func TestServeWithASignedBundle(t *testing.T) {
 
 // bundleServe runs `nodeguard serve --bundle` against cfg and points the API
 // server's Node deletes at it.
-func bundleServe(t *testing.T, cfg *rest.Config, kube kubernetes.Interface, bundle policybundle.Options) {
+func bundleServe(t *testing.T, cfg *rest.Config, kube kubernetes.Interface, bundle rule.BundleOptions) {
 	t.Helper()
 	clients, err := kubeclient.FromConfig(cfg)
 	require.NoError(t, err)

@@ -36,7 +36,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
@@ -58,7 +58,7 @@ var (
 // fleet caches n CAPD Machines and DockerMachines and returns one DELETE
 // review per Node, so requests spread over the inventory.
 func fleet(b *testing.B, n int) (*inventory.Inventory, [][]byte) {
-	inv := inventory.New(linkmodel.MustEmbedded())
+	inv := inventory.New(rule.MustEmbeddedModel())
 	ms, ds := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
 	inv.AddKind(machineGVK, inventory.Machine, ms)
 	inv.AddKind(dockerGVK, inventory.InfraMachine, ds)

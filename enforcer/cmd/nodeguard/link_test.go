@@ -20,7 +20,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/policydoc"
 	"github.com/nodeguard/nodeguard/internal/policytest"
@@ -119,7 +119,7 @@ func TestEnforcerFollowsALinkDeclaredOnlyInPolicies(t *testing.T) {
 		assert.Contains(t, out, "its spec.hostID")
 	})
 
-	eval, err := policybundle.Load(ctx, policybundle.Options{Path: bundle, VerificationKeyFile: key.PublicKeyFile})
+	eval, err := rule.LoadBundle(ctx, rule.BundleOptions{Path: bundle, VerificationKeyFile: key.PublicKeyFile})
 	require.NoError(t, err)
 	inv := inventory.New(eval.Model())
 	gvk := schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}

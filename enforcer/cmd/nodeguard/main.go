@@ -30,18 +30,16 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/check"
 	"github.com/nodeguard/nodeguard/enforcer/cleanup"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/enforcement"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghostlist"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/orphanlist"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
-	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/enforcer/tombstones"
-	"github.com/nodeguard/nodeguard/enforcer/version"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -329,17 +327,17 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 
 // bundleFlags are the flags of a signed policy bundle, named as OPA's CLI
 // names them where it has them.
-func bundleFlags(f *pflag.FlagSet, opts *policybundle.Options) {
+func bundleFlags(f *pflag.FlagSet, opts *rule.BundleOptions) {
 	f.StringVar(&opts.Path, "bundle", "", "signed OPA bundle (tar.gz from make bundle, or a directory) to run instead of the embedded rule; serve reloads it when it changes")
 	f.StringVar(&opts.VerificationKeyFile, "bundle-verification-key", "", "PEM public key the bundle's signature must verify with (required with --bundle)")
-	f.StringVar(&opts.KeyID, "bundle-key-id", policybundle.DefaultKeyID, "ID of the verification key (OPA's --verification-key-id)")
-	f.StringVar(&opts.Algorithm, "bundle-signing-alg", policybundle.DefaultAlgorithm, "algorithm of the verification key (OPA's --signing-alg)")
+	f.StringVar(&opts.KeyID, "bundle-key-id", rule.DefaultKeyID, "ID of the verification key (OPA's --verification-key-id)")
+	f.StringVar(&opts.Algorithm, "bundle-signing-alg", rule.DefaultAlgorithm, "algorithm of the verification key (OPA's --signing-alg)")
 	f.StringVar(&opts.Scope, "bundle-scope", "", "scope the signature must carry (OPA's --scope)")
 }
 
 func versionCommand() *cobra.Command {
 	var (
-		bundle policybundle.Options
+		bundle rule.BundleOptions
 		output string
 	)
 	cmd := &cobra.Command{
@@ -347,11 +345,11 @@ func versionCommand() *cobra.Command {
 		Short: "Print the binary's version and commit and the policy it runs (with --bundle: that bundle's revision)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			eval, err := policybundle.Engine(cmd.Context(), bundle)
+			eval, err := rule.LoadEngine(cmd.Context(), bundle)
 			if err != nil {
 				return err
 			}
-			r := version.Report{Binary: version.Read(), Policy: eval.Policy()}
+			r := rule.VersionReport{Binary: rule.ReadBinary(), Policy: eval.Policy()}
 			switch output {
 			case "text":
 				return r.Write(cmd.OutOrStdout())
@@ -552,17 +550,17 @@ func configManifest(ctx context.Context, opts webhookconfig.Options, gatekeeperP
 func dial(cfg *rest.Config) (dynamic.Interface, error) { return dynamic.NewForConfig(cfg) }
 
 // actionFlag is an enforcement action flag: a misspelt one fails at start.
-type actionFlag struct{ a *enforcement.Action }
+type actionFlag struct{ a *rule.Action }
 
 func (f *actionFlag) String() string {
 	if f.a == nil || *f.a == "" {
-		return string(enforcement.Deny)
+		return string(rule.ActionDeny)
 	}
 	return string(*f.a)
 }
 
 func (f *actionFlag) Set(s string) error {
-	a, err := enforcement.Parse(s)
+	a, err := rule.ParseAction(s)
 	if err != nil {
 		return err
 	}

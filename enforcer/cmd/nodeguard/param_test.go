@@ -14,7 +14,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	manifests "github.com/nodeguard/nodeguard/enforcer/manifest"
-	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/internal/policytest"
 	"github.com/nodeguard/nodeguard/internal/testbundle"
@@ -156,7 +156,7 @@ spec:
 	// with the policy of bundle and the Constraint's parameters.
 	webhookAnswer := func(t *testing.T, bundle string) *admissionv1.AdmissionResponse {
 		t.Helper()
-		eval, err := policybundle.Load(ctx, policybundle.Options{Path: bundle, VerificationKeyFile: key.PublicKeyFile})
+		eval, err := rule.LoadBundle(ctx, rule.BundleOptions{Path: bundle, VerificationKeyFile: key.PublicKeyFile})
 		require.NoError(t, err)
 		params, err := manifests.ConstraintParameters(constraint)
 		require.NoError(t, err)

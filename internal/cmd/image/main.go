@@ -35,7 +35,7 @@ import (
 const (
 	binaryPath = "nodeguard"
 	user       = "65532:65532"
-	versionPkg = "github.com/nodeguard/nodeguard/enforcer/version"
+	versionPkg = "github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 type options struct {

@@ -5,7 +5,7 @@
 // decodes the answer from the ast.Value OPA returns, so every entry point
 // runs the same compiled policy (a bundle's reloads included) and no input
 // or answer passes through JSON text.
-package engine
+package rule
 
 import (
 	"context"
@@ -19,7 +19,6 @@ import (
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -29,39 +28,39 @@ type Entry int
 // The entry points.
 const (
 	// Decision is a review's decision (policies/nodeguard/decision.rego).
-	Decision Entry = iota
+	DecisionEntry Entry = iota
 	// Orphan is a Node's orphan verdict (policies/nodeguard/verdicts.rego).
-	Orphan
+	OrphanEntry
 	// Screen is the orphan criteria that read only the Node.
-	Screen
+	ScreenEntry
 	// Release is a Node's release verdict (policies/nodeguard/released), for
 	// mode admission-policy; optional: a bundle built before it has none.
-	Release
+	ReleaseEntry
 	// Ghost is a Node's ghost verdict (policies/nodeguard/ghosts), and
 	// Registration a Node CREATE's or UPDATE's; optional, as Release.
-	Ghost
-	Registration
+	GhostEntry
+	RegistrationEntry
 	entries
 )
 
 // optional are the entry points a policy with orphan criteria may lack: a
 // bundle built before them.
-func (e Entry) optional() bool { return e == Release || e == Ghost || e == Registration }
+func (e Entry) optional() bool { return e == ReleaseEntry || e == GhostEntry || e == RegistrationEntry }
 
 // Query is the entry point's Rego query.
 func (e Entry) Query() string {
 	switch e {
-	case Decision:
+	case DecisionEntry:
 		return policies.EnforcerQuery
-	case Orphan:
+	case OrphanEntry:
 		return "data.nodeguard.orphan"
-	case Screen:
+	case ScreenEntry:
 		return "data.nodeguard.orphan_screen"
-	case Release:
+	case ReleaseEntry:
 		return "data.nodeguard.release"
-	case Ghost:
+	case GhostEntry:
 		return "data.nodeguard.ghost"
-	case Registration:
+	case RegistrationEntry:
 		return "data.nodeguard.registration"
 	}
 	return fmt.Sprintf("entry(%d)", int(e))
@@ -101,13 +100,13 @@ type compiled struct {
 	// orphan criteria (see NodeFields).
 	queries    [entries]*rego.PreparedEvalQuery
 	defaults   map[string]any
-	model      *linkmodel.Model
-	nodeFields *linkmodel.NodeFields
+	model      *Model
+	nodeFields *NodeFields
 	policy     Policy
 }
 
 // New compiles the embedded policies.
-func New(ctx context.Context) (*Engine, error) {
+func NewEngine(ctx context.Context) (*Engine, error) {
 	c, err := policies.Compile()
 	if err != nil {
 		return nil, err
@@ -116,21 +115,21 @@ func New(ctx context.Context) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return For(ctx, c, nil, Policy{Source: SourceEmbedded, Version: version})
+	return CompileEngine(ctx, c, nil, Policy{Source: SourceEmbedded, Version: version})
 }
 
 // For prepares the entry points over an already compiled policy (e.g. from
 // a bundle) and data (nil: none). The decision and the default parameters
 // are required; the orphan criteria come all together or not at all.
-func For(ctx context.Context, c *ast.Compiler, data map[string]any, policy Policy) (*Engine, error) {
+func CompileEngine(ctx context.Context, c *ast.Compiler, data map[string]any, policy Policy) (*Engine, error) {
 	has := func(ref string) bool { return len(c.GetRulesForVirtualDocument(ast.MustParseRef(ref))) > 0 }
-	for _, ref := range []string{Decision.Query(), defaultParameters} {
+	for _, ref := range []string{DecisionEntry.Query(), defaultParameters} {
 		if !has(ref) {
 			return nil, fmt.Errorf("the policy has no rule %s", ref)
 		}
 	}
 	var missing []string
-	for _, ref := range []string{Orphan.Query(), Screen.Query(), linkmodel.NodeFieldsQuery} {
+	for _, ref := range []string{OrphanEntry.Query(), ScreenEntry.Query(), NodeFieldsQuery} {
 		if !has(ref) {
 			missing = append(missing, ref)
 		}
@@ -145,7 +144,7 @@ func For(ctx context.Context, c *ast.Compiler, data map[string]any, policy Polic
 	}
 	p := &compiled{policy: policy}
 	for entry := range entries {
-		if entry != Decision && !orphans || entry.optional() && !has(entry.Query()) {
+		if entry != DecisionEntry && !orphans || entry.optional() && !has(entry.Query()) {
 			continue
 		}
 		q, err := prepare(ctx, c, store, entry.Query())
@@ -158,11 +157,11 @@ func For(ctx context.Context, c *ast.Compiler, data map[string]any, policy Polic
 	if p.defaults, err = policies.DefaultParameters(ctx, c); err != nil {
 		return nil, err
 	}
-	if p.model, err = linkmodel.Load(ctx, c, store); err != nil {
+	if p.model, err = LoadModel(ctx, c, store); err != nil {
 		return nil, err
 	}
 	if orphans {
-		if p.nodeFields, err = linkmodel.LoadNodeFields(ctx, c, store); err != nil {
+		if p.nodeFields, err = LoadNodeFields(ctx, c, store); err != nil {
 			return nil, err
 		}
 	}
@@ -194,10 +193,10 @@ func prepare(ctx context.Context, c *ast.Compiler, store storage.Store, query st
 func (e *Engine) Replace(other *Engine) error {
 	next, cur := other.current.Load(), e.current.Load()
 	if !next.model.Equal(cur.model) {
-		return fmt.Errorf("the new policy declares another link model (%s): restart nodeguard to cache and index what it reads", linkmodel.Query)
+		return fmt.Errorf("the new policy declares another link model (%s): restart nodeguard to cache and index what it reads", ModelQuery)
 	}
-	if (cur.queries[Orphan] != nil) != (next.queries[Orphan] != nil) || !next.nodeFields.Equal(cur.nodeFields) {
-		return fmt.Errorf("the new policy declares other orphan criteria entry points or Node fields (%s): restart nodeguard to use it", linkmodel.NodeFieldsQuery)
+	if (cur.queries[OrphanEntry] != nil) != (next.queries[OrphanEntry] != nil) || !next.nodeFields.Equal(cur.nodeFields) {
+		return fmt.Errorf("the new policy declares other orphan criteria entry points or Node fields (%s): restart nodeguard to use it", NodeFieldsQuery)
 	}
 	e.current.Store(next)
 	return nil
@@ -227,17 +226,17 @@ func (e *Engine) Eval(ctx context.Context, entry Entry, input ast.Value, out any
 
 // NodeFields returns the Node fields the orphan criteria of the policy e
 // runs read, or an error when that policy has no orphan criteria.
-func (e *Engine) NodeFields() (*linkmodel.NodeFields, error) {
+func (e *Engine) NodeFields() (*NodeFields, error) {
 	p := e.current.Load()
-	if p.queries[Orphan] == nil {
+	if p.queries[OrphanEntry] == nil {
 		return nil, fmt.Errorf("the policy (%s) has no orphan criteria (%s, %s): use a bundle built from this release's policies/",
-			p.policy.Source, Orphan.Query(), Screen.Query())
+			p.policy.Source, OrphanEntry.Query(), ScreenEntry.Query())
 	}
 	return p.nodeFields, nil
 }
 
 // Model returns the link model of the policy e runs.
-func (e *Engine) Model() *linkmodel.Model { return e.current.Load().model }
+func (e *Engine) Model() *Model { return e.current.Load().model }
 
 // Policy says which policy e runs now.
 func (e *Engine) Policy() Policy { return e.current.Load().policy }

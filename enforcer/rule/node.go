@@ -1,4 +1,4 @@
-package linkmodel
+package rule
 
 import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"

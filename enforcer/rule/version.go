@@ -2,7 +2,7 @@
 // (from the Go build's VCS stamp, or -ldflags at release), and which policy
 // it runs; also as the Prometheus gauges nodeguard_build_info and
 // nodeguard_policy_info.
-package version
+package rule
 
 import (
 	"fmt"
@@ -10,8 +10,6 @@ import (
 	"runtime/debug"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 )
 
 // Set at link time by `make build`/`make image` (-ldflags -X, see the
@@ -31,7 +29,7 @@ type Binary struct {
 }
 
 // Read returns the binary's version and commit.
-func Read() Binary {
+func ReadBinary() Binary {
 	b := Binary{Version: "(devel)", Commit: "unknown"}
 	info, ok := debug.ReadBuildInfo()
 	if ok {
@@ -58,19 +56,19 @@ func Read() Binary {
 }
 
 // Report is what `nodeguard version -o json` prints.
-type Report struct {
+type VersionReport struct {
 	Binary
-	Policy engine.Policy `json:"policy"`
+	Policy Policy `json:"policy"`
 }
 
 // Write prints r for people.
-func (r Report) Write(w io.Writer) error {
+func (r VersionReport) Write(w io.Writer) error {
 	commit := r.Commit
 	if r.Modified {
 		commit += " (modified)"
 	}
 	policy := "embedded, K8sNodeGuard template " + r.Policy.Version
-	if r.Policy.Source == engine.SourceBundle {
+	if r.Policy.Source == SourceBundle {
 		policy = fmt.Sprintf("bundle, revision %q", r.Policy.Revision)
 	}
 	_, err := fmt.Fprintf(w, "nodeguard %s\ncommit:  %s\ngo:      %s\npolicy:  %s\n", r.Version, commit, r.GoVersion, policy)
@@ -81,22 +79,22 @@ func (r Report) Write(w io.Writer) error {
 }
 
 // Metrics are the build and policy gauges and the reload error counter.
-type Metrics struct {
+type VersionMetrics struct {
 	ReloadErrors prometheus.Counter
 }
 
 // Register adds nodeguard_build_info, nodeguard_policy_info (read from
 // policy at each scrape, so a reloaded bundle shows) and
 // nodeguard_policy_reload_errors_total to reg.
-func Register(reg prometheus.Registerer, policy func() engine.Policy) (*Metrics, error) {
-	b := Read()
+func RegisterVersion(reg prometheus.Registerer, policy func() Policy) (*VersionMetrics, error) {
+	b := ReadBinary()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "nodeguard_build_info",
 		Help:        "Always 1; the labels say which nodeguard binary runs.",
 		ConstLabels: prometheus.Labels{"version": b.Version, "commit": b.Commit, "goversion": b.GoVersion},
 	})
 	build.Set(1)
-	m := &Metrics{ReloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
+	m := &VersionMetrics{ReloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "nodeguard_policy_reload_errors_total",
 		Help: "Bundle updates refused (bad signature, does not compile, ...); the last good policy kept running.",
 	})}
@@ -112,7 +110,7 @@ func Register(reg prometheus.Registerer, policy func() engine.Policy) (*Metrics,
 }
 
 type policyInfo struct {
-	policy func() engine.Policy
+	policy func() Policy
 	desc   *prometheus.Desc
 }
 

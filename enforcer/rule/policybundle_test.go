@@ -1,4 +1,4 @@
-package policybundle_test
+package rule_test
 
 import (
 	"archive/tar"
@@ -17,14 +17,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
-	"github.com/nodeguard/nodeguard/enforcer/engine"
-	"github.com/nodeguard/nodeguard/enforcer/policybundle"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testbundle"
 )
 
 // blockedReview is a DELETE of a Node whose DockerMachine still exists.
-func blockedReview() decision.Input {
+func blockedReview() rule.Input {
 	node := map[string]any{
 		"apiVersion": "v1", "kind": "Node",
 		"metadata": map[string]any{"name": "n1"},
@@ -35,7 +33,7 @@ func blockedReview() decision.Input {
 		"metadata": map[string]any{"namespace": "default", "name": "n1"},
 		"spec":     map[string]any{"providerID": "docker:////n1"},
 	}
-	return decision.Input{
+	return rule.Input{
 		Review: map[string]any{
 			"operation": "DELETE",
 			"kind":      map[string]any{"group": "", "version": "v1", "kind": "Node"},
@@ -54,9 +52,9 @@ func TestLoadAcceptsTheSignedBundleAsTarballAndDirectory(t *testing.T) {
 	tarball := testbundle.Nodeguard(t, "0.1.1+abc", key.Private)
 	dir := t.TempDir()
 	unpack(t, tarball, filepath.Join(dir, "unpacked"))
-	embedded, err := engine.New(ctx)
+	embedded, err := rule.NewEngine(ctx)
 	require.NoError(t, err)
-	want, err := decision.Evaluate(ctx, embedded, blockedReview())
+	want, err := rule.Evaluate(ctx, embedded, blockedReview())
 	require.NoError(t, err)
 	require.False(t, want.Allowed)
 
@@ -65,11 +63,11 @@ func TestLoadAcceptsTheSignedBundleAsTarballAndDirectory(t *testing.T) {
 		"directory": filepath.Join(dir, "unpacked"),
 	} {
 		t.Run(name, func(t *testing.T) {
-			e, err := policybundle.Load(ctx, policybundle.Options{Path: path, VerificationKeyFile: key.PublicKeyFile})
+			e, err := rule.LoadBundle(ctx, rule.BundleOptions{Path: path, VerificationKeyFile: key.PublicKeyFile})
 			require.NoError(t, err)
-			assert.Equal(t, engine.Policy{Source: engine.SourceBundle, Revision: "0.1.1+abc"}, e.Policy())
+			assert.Equal(t, rule.Policy{Source: rule.SourceBundle, Revision: "0.1.1+abc"}, e.Policy())
 			assert.Equal(t, embedded.DefaultParameters(), e.DefaultParameters())
-			got, err := decision.Evaluate(ctx, e, blockedReview())
+			got, err := rule.Evaluate(ctx, e, blockedReview())
 			require.NoError(t, err)
 			assert.Equal(t, want, got, "the bundle decides like the embedded rule")
 		})
@@ -84,14 +82,14 @@ func TestLoadRefusesBundlesItCannotTrust(t *testing.T) {
 
 	type refusal struct {
 		bundle []byte
-		opts   policybundle.Options
+		opts   rule.BundleOptions
 		want   string
 	}
 	cases := map[string]refusal{
-		"wrong scope":        {signed, policybundle.Options{Scope: "prod"}, "scope mismatch"},
-		"no key given":       {signed, policybundle.Options{VerificationKeyFile: "-"}, "--bundle-verification-key is required"},
-		"not a bundle":       {[]byte("hello"), policybundle.Options{}, "read and verify"},
-		"key file not found": {signed, policybundle.Options{VerificationKeyFile: filepath.Join(dir, "nope.pem")}, "read verification key"},
+		"wrong scope":        {signed, rule.BundleOptions{Scope: "prod"}, "scope mismatch"},
+		"no key given":       {signed, rule.BundleOptions{VerificationKeyFile: "-"}, "--bundle-verification-key is required"},
+		"not a bundle":       {[]byte("hello"), rule.BundleOptions{}, "read and verify"},
+		"key file not found": {signed, rule.BundleOptions{VerificationKeyFile: filepath.Join(dir, "nope.pem")}, "read verification key"},
 	}
 	for name, r := range testbundle.Refusals(t, key) {
 		cases[name] = refusal{bundle: r.Bundle, want: r.Want}
@@ -106,7 +104,7 @@ func TestLoadRefusesBundlesItCannotTrust(t *testing.T) {
 			case "-":
 				opts.VerificationKeyFile = ""
 			}
-			e, err := policybundle.Load(ctx, opts)
+			e, err := rule.LoadBundle(ctx, opts)
 			require.Error(t, err)
 			assert.Nil(t, e)
 			assert.Contains(t, err.Error(), tc.want)
@@ -121,14 +119,14 @@ func TestWatchSwapsInANewBundleAndKeepsTheOldOnABadOne(t *testing.T) {
 	key := testbundle.NewKey(t)
 	dir := t.TempDir()
 	path := testbundle.WriteFile(t, dir, "bundle.tar.gz", testbundle.Nodeguard(t, "r1", key.Private))
-	opts := policybundle.Options{Path: path, VerificationKeyFile: key.PublicKeyFile}
-	running, err := policybundle.Load(ctx, opts)
+	opts := rule.BundleOptions{Path: path, VerificationKeyFile: key.PublicKeyFile}
+	running, err := rule.LoadBundle(ctx, opts)
 	require.NoError(t, err)
 
 	var ok, failed atomic.Int32
 	lastErr := atomic.Pointer[error]{}
 	go func() {
-		_ = policybundle.Watch(ctx, opts, running, slog.New(slog.DiscardHandler), func(err error) {
+		_ = rule.WatchBundle(ctx, opts, running, slog.New(slog.DiscardHandler), func(err error) {
 			if err != nil {
 				failed.Add(1)
 				lastErr.Store(&err)
@@ -153,7 +151,7 @@ func TestWatchSwapsInANewBundleAndKeepsTheOldOnABadOne(t *testing.T) {
 	}, 10*time.Second, watchRetry, "the watch sees the new bundle")
 	assert.EqualValues(t, 1, ok.Load())
 	assert.Equal(t, "r2", running.Policy().Revision)
-	d, err := decision.Evaluate(ctx, running, blockedReview())
+	d, err := rule.Evaluate(ctx, running, blockedReview())
 	require.NoError(t, err)
 	assert.True(t, d.Allowed, "the new policy decides")
 
@@ -194,7 +192,7 @@ func TestWatchSwapsInANewBundleAndKeepsTheOldOnABadOne(t *testing.T) {
 	// The embedded rule again, signed: back to denying.
 	replace(t, path, testbundle.Nodeguard(t, "r5", key.Private))
 	require.Eventually(t, func() bool { return ok.Load() == 3 }, 10*time.Second, 20*time.Millisecond)
-	d, err = decision.Evaluate(ctx, running, blockedReview())
+	d, err = rule.Evaluate(ctx, running, blockedReview())
 	require.NoError(t, err)
 	assert.False(t, d.Allowed)
 	assert.Equal(t, "r5", running.Policy().Revision)
@@ -260,12 +258,12 @@ func TestWatchFollowsAConfigMapUpdate(t *testing.T) {
 	}
 	require.NoError(t, version("..v1", testbundle.Nodeguard(t, "r1", key.Private)))
 	require.NoError(t, os.Symlink("..data/bundle.tar.gz", filepath.Join(dir, "bundle.tar.gz")))
-	opts := policybundle.Options{Path: filepath.Join(dir, "bundle.tar.gz"), VerificationKeyFile: key.PublicKeyFile}
-	running, err := policybundle.Load(ctx, opts)
+	opts := rule.BundleOptions{Path: filepath.Join(dir, "bundle.tar.gz"), VerificationKeyFile: key.PublicKeyFile}
+	running, err := rule.LoadBundle(ctx, opts)
 	require.NoError(t, err)
 	reloaded := make(chan error, 4)
 	go func() {
-		_ = policybundle.Watch(ctx, opts, running, slog.New(slog.DiscardHandler), func(err error) { reloaded <- err })
+		_ = rule.WatchBundle(ctx, opts, running, slog.New(slog.DiscardHandler), func(err error) { reloaded <- err })
 	}()
 
 	// The watch is set up with no signal: the swap is made until a reload

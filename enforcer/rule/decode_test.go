@@ -1,4 +1,4 @@
-package engine
+package rule
 
 import (
 	"testing"
@@ -51,7 +51,7 @@ func TestDecodeRefusesWhatDoesNotFit(t *testing.T) {
 func TestInputLeavesOutWhatIsNil(t *testing.T) {
 	params, err := NewParameters(map[string]any{"exemptUsers": []any{"a"}})
 	require.NoError(t, err)
-	in, err := Input(map[string]any{"review": map[string]any{"name": "n"}, "inventory": map[string]any(nil),
+	in, err := InputValue(map[string]any{"review": map[string]any{"name": "n"}, "inventory": map[string]any(nil),
 		"parameters": Parameters{}, "grace": nil, "now": "t", "on": true, "p": params, "v": ast.String("s")})
 	require.NoError(t, err)
 	want := ast.MustParseTerm(`{"review": {"name": "n"}, "now": "t", "on": true, "p": {"exemptUsers": ["a"]}, "v": "s"}`).Value

@@ -1,4 +1,4 @@
-package linkmodel_test
+package rule_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/linkmodel"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -24,10 +24,10 @@ func declarations(t *testing.T) map[string]map[string]any {
 	t.Helper()
 	compiled, err := policies.Compile()
 	require.NoError(t, err)
-	rs, err := rego.New(rego.Query(linkmodel.Query), rego.Compiler(compiled)).Eval(context.Background())
+	rs, err := rego.New(rego.Query(rule.ModelQuery), rego.Compiler(compiled)).Eval(context.Background())
 	require.NoError(t, err)
 	embedded, ok := rego.ResultValue[map[string]any](rs)
-	require.True(t, ok, "the policy declares %s", linkmodel.Query)
+	require.True(t, ok, "the policy declares %s", rule.ModelQuery)
 	sixth := clone(t, embedded)
 	sixth["links"] = append(sixth["links"].([]any), map[string]any{
 		"type": "infraHostID", "role": "InfraMachine", "match": "equal",
@@ -40,7 +40,7 @@ func declarations(t *testing.T) map[string]map[string]any {
 	fewer := clone(t, embedded)
 	var kept []any
 	for _, l := range fewer["links"].([]any) {
-		if l.(map[string]any)["role"] != string(linkmodel.InfraMachine) {
+		if l.(map[string]any)["role"] != string(rule.InfraMachine) {
 			kept = append(kept, l)
 		}
 	}
@@ -57,26 +57,26 @@ func clone(t *testing.T, v map[string]any) map[string]any {
 	return out
 }
 
-func parse(t *testing.T, decl map[string]any) *linkmodel.Model {
+func parse(t *testing.T, decl map[string]any) *rule.Model {
 	t.Helper()
 	raw, err := json.Marshal(decl)
 	require.NoError(t, err)
-	m, err := linkmodel.Parse(raw)
+	m, err := rule.ParseModel(raw)
 	require.NoError(t, err)
 	return m
 }
 
 // path reads a declared path (a JSON list of strings).
-func path(v any) linkmodel.Path {
-	var out linkmodel.Path
+func path(v any) rule.Path {
+	var out rule.Path
 	for _, seg := range v.([]any) {
 		out = append(out, seg.(string))
 	}
 	return out
 }
 
-func paths(v any) []linkmodel.Path {
-	var out []linkmodel.Path
+func paths(v any) []rule.Path {
+	var out []rule.Path
 	for _, p := range v.([]any) {
 		out = append(out, path(p))
 	}
@@ -95,16 +95,16 @@ func TestModelHoldsEveryDeclaredLink(t *testing.T) {
 				d := d.(map[string]any)
 				l := m.Links[i]
 				assert.Equal(t, d["type"], l.Type)
-				assert.Equal(t, linkmodel.Role(d["role"].(string)), l.Role, l.Type)
-				assert.Equal(t, linkmodel.Match(d["match"].(string)), l.Match, l.Type)
+				assert.Equal(t, rule.Role(d["role"].(string)), l.Role, l.Type)
+				assert.Equal(t, rule.Match(d["match"].(string)), l.Match, l.Type)
 				assert.Equal(t, paths(d["node"]), l.Node, l.Type)
 				assert.Equal(t, paths(d["fields"]), l.Fields, l.Type)
 				assert.Equal(t, []string{d["when"].(string), d["blocks"].(string), d["phrase"].(string)}, []string{l.When, l.Blocks, l.Phrase}, l.Type)
 				assert.NotContains(t, []string{l.When, l.Blocks, l.Phrase}, "", "%s: people read these", l.Type)
 
-				ns := slices.IndexFunc(l.Fields, func(p linkmodel.Path) bool { return p.String() == "metadata.namespace" })
-				nm := slices.IndexFunc(l.Fields, func(p linkmodel.Path) bool { return p.String() == "metadata.name" })
-				keyed := l.Match == linkmodel.Equal && len(l.Fields) == 2 && ns >= 0 && nm >= 0
+				ns := slices.IndexFunc(l.Fields, func(p rule.Path) bool { return p.String() == "metadata.namespace" })
+				nm := slices.IndexFunc(l.Fields, func(p rule.Path) bool { return p.String() == "metadata.name" })
+				keyed := l.Match == rule.Equal && len(l.Fields) == 2 && ns >= 0 && nm >= 0
 				gotNS, gotName, ok := l.Keyed()
 				assert.Equal(t, keyed, ok, "%s names an object by namespace and name", l.Type)
 				if keyed {
@@ -116,7 +116,7 @@ func TestModelHoldsEveryDeclaredLink(t *testing.T) {
 			assert.Equal(t, paths(decl["node_fields"]), m.NodePaths())
 		})
 	}
-	assert.True(t, slices.ContainsFunc(linkmodel.MustEmbedded().Links, func(l linkmodel.Link) bool {
+	assert.True(t, slices.ContainsFunc(rule.MustEmbeddedModel().Links, func(l rule.Link) bool {
 		_, _, keyed := l.Keyed()
 		return keyed
 	}), "the embedded model names a Machine by namespace and name (the nodeAnnotation link)")
@@ -131,7 +131,7 @@ func TestShapesKeepTheDeclaredFields(t *testing.T) {
 	for name, decl := range declarations(t) {
 		t.Run(name, func(t *testing.T) {
 			m := parse(t, decl)
-			for _, role := range linkmodel.Roles() {
+			for _, role := range rule.Roles() {
 				want := map[string]bool{"metadata.namespace": true, "metadata.name": true,
 					path(decl["deletion_timestamp"]).String(): true, path(decl["cluster_label"]).String(): true}
 				if r, ok := decl["referrers"].(map[string]any)[string(role)].(map[string]any); ok {
@@ -142,7 +142,7 @@ func TestShapesKeepTheDeclaredFields(t *testing.T) {
 						want[path(r["reference"]).String()+"."+k] = true
 					}
 				}
-				if role == linkmodel.InfraMachine {
+				if role == rule.InfraMachine {
 					want[path(decl["provider_id"]).String()] = true
 				}
 				for _, l := range decl["links"].([]any) {
@@ -151,7 +151,7 @@ func TestShapesKeepTheDeclaredFields(t *testing.T) {
 						continue
 					}
 					for _, f := range paths(l["fields"]) {
-						if l["match"] == string(linkmodel.Contains) {
+						if l["match"] == string(rule.Contains) {
 							want[f.String()+"[]"] = true
 						} else {
 							want[f.String()] = true
@@ -201,7 +201,7 @@ func TestParseRefusesWhatTheEnforcerCannotFollow(t *testing.T) {
 		edit(m)
 		raw, err := json.Marshal(m)
 		require.NoError(t, err)
-		_, err = linkmodel.Parse(raw)
+		_, err = rule.ParseModel(raw)
 		return err
 	}
 	require.NoError(t, parse(func(map[string]any) {}))
@@ -249,7 +249,7 @@ func TestParseRefusesWhatTheEnforcerCannotFollow(t *testing.T) {
 // The Node reaches the rule as what the rule reads of it, whichever way it
 // came: decoded from a review or stripped from an object.
 func TestNodeKeepsWhatTheRuleReads(t *testing.T) {
-	m := linkmodel.MustEmbedded()
+	m := rule.MustEmbeddedModel()
 	raw := []byte(`{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1","labels":{"a":"b"},
 		"annotations":{"cluster.x-k8s.io/machine":"m1","cluster.x-k8s.io/cluster-namespace":"ns","other":"x"},
 		"managedFields":[{"manager":"kubelet"}]},
@@ -306,17 +306,17 @@ func toAny(s []string) []any {
 // The links that name a host are those on the Node's providerID alone: what
 // a tombstone remembers when the object carrying it goes.
 func TestProviderIDLinksAreTheLinksOnTheNodesProviderID(t *testing.T) {
-	m := linkmodel.MustEmbedded()
-	types := func(role linkmodel.Role) []string {
+	m := rule.MustEmbeddedModel()
+	types := func(role rule.Role) []string {
 		var out []string
 		for _, l := range m.ProviderIDLinks(role) {
 			out = append(out, l.Type)
 		}
 		return out
 	}
-	assert.Equal(t, linkmodel.Path{"spec", "providerID"}, m.NodeProviderID)
-	assert.Equal(t, []string{"machineProviderID"}, types(linkmodel.Machine))
-	assert.Equal(t, []string{"infraProviderID"}, types(linkmodel.InfraMachine))
-	assert.Equal(t, []string{"poolProviderIDList"}, types(linkmodel.InfraMachinePool))
-	assert.Equal(t, []string{"machinePoolProviderIDList"}, types(linkmodel.MachinePool))
+	assert.Equal(t, rule.Path{"spec", "providerID"}, m.NodeProviderID)
+	assert.Equal(t, []string{"machineProviderID"}, types(rule.Machine))
+	assert.Equal(t, []string{"infraProviderID"}, types(rule.InfraMachine))
+	assert.Equal(t, []string{"poolProviderIDList"}, types(rule.InfraMachinePool))
+	assert.Equal(t, []string{"machinePoolProviderIDList"}, types(rule.MachinePool))
 }

@@ -1,4 +1,4 @@
-package policybundle
+package rule
 
 import (
 	"context"
@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
-
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 )
 
 // settle is how long file events must stop before a reload: writers (cp,
@@ -25,7 +23,7 @@ const settle = 200 * time.Millisecond
 // ones (the informers were started from those: a restart is needed), is not
 // used: running keeps its policy and reloaded is called with the error.
 // reloaded, when set, is called with nil after each successful swap.
-func Watch(ctx context.Context, opts Options, running *engine.Engine, log *slog.Logger, reloaded func(error)) error {
+func WatchBundle(ctx context.Context, opts BundleOptions, running *Engine, log *slog.Logger, reloaded func(error)) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("watch bundle: %w", err)
@@ -82,8 +80,8 @@ func Watch(ctx context.Context, opts Options, running *engine.Engine, log *slog.
 	}
 }
 
-func reload(ctx context.Context, opts Options, running *engine.Engine) error {
-	next, err := Load(ctx, opts)
+func reload(ctx context.Context, opts BundleOptions, running *Engine) error {
+	next, err := LoadBundle(ctx, opts)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package decision_test
+package rule_test
 
 import (
 	"context"
@@ -8,15 +8,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/nodeguard/nodeguard/enforcer/decision"
-	"github.com/nodeguard/nodeguard/enforcer/engine"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
 func TestDenyIsShapedLikeTheRulesDenials(t *testing.T) {
-	d := decision.Deny(decision.ReasonNotReady, "not yet")
+	d := rule.Denial(rule.ReasonNotReady, "not yet")
 	assert.False(t, d.Allowed)
-	assert.Equal(t, decision.ReasonNotReady, d.Reason)
+	assert.Equal(t, rule.ReasonNotReady, d.Reason)
 	assert.Equal(t, []string{"not yet"}, d.Messages)
 	// Empty lists, not nil: -o json prints [] as the rule's answers do.
 	assert.NotNil(t, d.Blockers)
@@ -25,7 +24,7 @@ func TestDenyIsShapedLikeTheRulesDenials(t *testing.T) {
 }
 
 func TestEvaluateNamesTheReasonTheRuleGives(t *testing.T) {
-	eval, err := engine.New(context.Background())
+	eval, err := rule.NewEngine(context.Background())
 	require.NoError(t, err)
 	node := map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "n"}, "spec": map[string]any{"providerID": "docker:////n"}}
 	kind := map[string]any{"group": "", "version": "v1", "kind": "Node"}
@@ -40,17 +39,17 @@ func TestEvaluateNamesTheReasonTheRuleGives(t *testing.T) {
 		"Machine": map[string]any{"n": map[string]any{"metadata": map[string]any{"namespace": "default", "name": "n"}, "status": map[string]any{"nodeRef": map[string]any{"name": "n"}},
 			"spec": map[string]any{"infrastructureRef": map[string]any{"apiGroup": "example.com", "kind": "FooMachine", "name": "n"}}}},
 	}}}}
-	exempt, err := engine.NewParameters(map[string]any{"exemptGroups": []any{"ops"}})
+	exempt, err := rule.NewParameters(map[string]any{"exemptGroups": []any{"ops"}})
 	require.NoError(t, err)
-	for want, in := range map[string]decision.Input{
-		decision.ReasonNoLink:      {Review: del},
-		decision.ReasonNotJudged:   {Review: map[string]any{"operation": "UPDATE", "kind": kind, "name": "n", "oldObject": node}},
-		decision.ReasonUnjudgeable: {Review: map[string]any{"operation": "DELETE", "kind": kind, "name": "n"}},
-		decision.ReasonBlocked:     {Review: del, Inventory: infra("DockerMachine")},
-		decision.ReasonUnverified:  {Review: del, Inventory: machine},
-		decision.ReasonExempt:      {Review: del, Inventory: infra("DockerMachine"), Parameters: exempt},
+	for want, in := range map[string]rule.Input{
+		rule.ReasonNoLink:      {Review: del},
+		rule.ReasonNotJudged:   {Review: map[string]any{"operation": "UPDATE", "kind": kind, "name": "n", "oldObject": node}},
+		rule.ReasonUnjudgeable: {Review: map[string]any{"operation": "DELETE", "kind": kind, "name": "n"}},
+		rule.ReasonBlocked:     {Review: del, Inventory: infra("DockerMachine")},
+		rule.ReasonUnverified:  {Review: del, Inventory: machine},
+		rule.ReasonExempt:      {Review: del, Inventory: infra("DockerMachine"), Parameters: exempt},
 	} {
-		d, err := decision.Evaluate(context.Background(), eval, in)
+		d, err := rule.Evaluate(context.Background(), eval, in)
 		require.NoError(t, err)
 		assert.Equal(t, want, d.Reason, "%v", d.Messages)
 	}
@@ -78,12 +77,12 @@ func TestEvaluateRefusesADecisionWithoutTheRulesReason(t *testing.T) {
 			modules[policies.EnforcerEntry] = "package nodeguard\n\ndecision := " + tc.decision + "\n"
 			compiled, err := ast.CompileModulesWithOpt(modules, ast.CompileOpts{ParserOptions: ast.ParserOptions{RegoVersion: ast.RegoV1}})
 			require.NoError(t, err)
-			eval, err := engine.For(ctx, compiled, nil, engine.Policy{Source: engine.SourceBundle})
+			eval, err := rule.CompileEngine(ctx, compiled, nil, rule.Policy{Source: rule.SourceBundle})
 			require.NoError(t, err)
-			d, err := decision.Evaluate(ctx, eval, decision.Input{Review: review})
+			d, err := rule.Evaluate(ctx, eval, rule.Input{Review: review})
 			if tc.want == "" {
 				require.NoError(t, err)
-				assert.Equal(t, decision.ReasonUnjudgeable, d.Reason)
+				assert.Equal(t, rule.ReasonUnjudgeable, d.Reason)
 				return
 			}
 			assert.ErrorContains(t, err, tc.want)

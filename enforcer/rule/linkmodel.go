@@ -4,7 +4,7 @@
 // which fields to keep of each object and of a Node, which objects could be
 // linked to a Node, and what a Machine references. The enforcer holds no link
 // of its own: a link added to the declaration is followed with no Go change.
-package linkmodel
+package rule
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 )
 
 // Query is the declaration's document.
-const Query = "data.lib.nodeguard.link_model"
+const ModelQuery = "data.lib.nodeguard.link_model"
 
 // Role is what an object is to the rule.
 type Role string
@@ -151,12 +151,12 @@ func referenceKeys() []string { return []string{"apiGroup", "apiVersion", "kind"
 
 // Load evaluates the declaration in a compiled policy (the embedded one, or a
 // bundle's) with its data (nil: none) and checks it.
-func Load(ctx context.Context, compiled *ast.Compiler, store storage.Store) (*Model, error) {
-	raw, err := declared(ctx, compiled, store, Query)
+func LoadModel(ctx context.Context, compiled *ast.Compiler, store storage.Store) (*Model, error) {
+	raw, err := declared(ctx, compiled, store, ModelQuery)
 	if err != nil {
 		return nil, err
 	}
-	return Parse(raw)
+	return ParseModel(raw)
 }
 
 // declared evaluates a declaration of the policy, query, as the JSON Parse
@@ -181,30 +181,30 @@ func declared(ctx context.Context, compiled *ast.Compiler, store storage.Store, 
 }
 
 // Embedded loads the model of the policy compiled into the binary.
-func Embedded(ctx context.Context) (*Model, error) {
+func EmbeddedModel(ctx context.Context) (*Model, error) {
 	compiled, err := policies.Compile()
 	if err != nil {
 		return nil, err
 	}
-	return Load(ctx, compiled, nil)
+	return LoadModel(ctx, compiled, nil)
 }
 
 // Parse reads the declaration's JSON and derives the model from it.
-func Parse(raw []byte) (*Model, error) {
+func ParseModel(raw []byte) (*Model, error) {
 	var m Model
 	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, fmt.Errorf("decode %s: %w", Query, err)
+		return nil, fmt.Errorf("decode %s: %w", ModelQuery, err)
 	}
 	machine := m.Referrers[Machine]
 	m.MachineKind, m.Reference = machine.GroupKind(), machine.Reference
 	if err := m.check(); err != nil {
-		return nil, fmt.Errorf("%s: %w", Query, err)
+		return nil, fmt.Errorf("%s: %w", ModelQuery, err)
 	}
 	m.shapes, m.refSlot, m.referrer = map[Role]*record.Shape{}, map[Role][5]int{}, map[*record.Shape]Role{}
 	for _, role := range Roles() {
 		s, err := record.NewShape(m.spec(role))
 		if err != nil {
-			return nil, fmt.Errorf("%s: %s: %w", Query, role, err)
+			return nil, fmt.Errorf("%s: %s: %w", ModelQuery, role, err)
 		}
 		m.shapes[role] = s
 	}
@@ -218,7 +218,7 @@ func Parse(raw []byte) (*Model, error) {
 	}
 	node, err := record.NewShape(record.Spec{Scalars: m.NodePaths()})
 	if err != nil {
-		return nil, fmt.Errorf("%s: Node: %w", Query, err)
+		return nil, fmt.Errorf("%s: Node: %w", ModelQuery, err)
 	}
 	m.node = node
 	return &m, nil
@@ -469,8 +469,8 @@ func (m *Model) Groups(params map[string]any) map[string]bool {
 
 // MustEmbedded is Embedded for tests and benchmarks; it panics when the
 // embedded policy does not load, which its own tests rule out.
-func MustEmbedded() *Model {
-	m, err := Embedded(context.Background())
+func MustEmbeddedModel() *Model {
+	m, err := EmbeddedModel(context.Background())
 	if err != nil {
 		panic(err)
 	}

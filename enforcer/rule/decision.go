@@ -1,13 +1,11 @@
 // Package decision is the rule's answer to an admission review: the
 // decision types, the reasons, and Evaluate, which runs the policy's
 // decision entry point (data.nodeguard.decision) on an engine.Engine.
-package decision
+package rule
 
 import (
 	"context"
 	"fmt"
-
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 )
 
 // Input is what the rule reads: an AdmissionRequest-shaped review, an
@@ -15,11 +13,11 @@ import (
 type Input struct {
 	Review     map[string]any
 	Inventory  map[string]any
-	Parameters engine.Parameters
+	Parameters Parameters
 }
 
 // Link says how a blocker is linked to the Node.
-type Link struct {
+type BlockerLink struct {
 	Type    string `json:"type"`
 	Machine string `json:"machine,omitempty"`
 	// MachinePool names the MachinePool ("namespace/name") through which a
@@ -29,23 +27,23 @@ type Link struct {
 
 // Blocker is a linked InfraMachine (or pool) that still exists.
 type Blocker struct {
-	Group     string `json:"group"`
-	Version   string `json:"version"`
-	Kind      string `json:"kind"`
-	Namespace string `json:"namespace"`
-	Name      string `json:"name"`
-	Deleting  bool   `json:"deleting"`
-	Links     []Link `json:"links"`
+	Group     string        `json:"group"`
+	Version   string        `json:"version"`
+	Kind      string        `json:"kind"`
+	Namespace string        `json:"namespace"`
+	Name      string        `json:"name"`
+	Deleting  bool          `json:"deleting"`
+	Links     []BlockerLink `json:"links"`
 }
 
 // Unverified is a linked Machine's InfraMachine whose kind is not synced, so
 // its absence proves nothing.
 type Unverified struct {
-	Group     string `json:"group"`
-	Kind      string `json:"kind"`
-	Namespace string `json:"namespace"`
-	Name      string `json:"name"`
-	Links     []Link `json:"links"`
+	Group     string        `json:"group"`
+	Kind      string        `json:"kind"`
+	Namespace string        `json:"namespace"`
+	Name      string        `json:"name"`
+	Links     []BlockerLink `json:"links"`
 }
 
 // Reasons say in one word why a request was answered as it was: the
@@ -73,7 +71,7 @@ const (
 // Deny is a denial that no Rego evaluation produced (not ready, no fresh
 // read, no decision in time), shaped like the rule's so every caller prints
 // and counts it the same way.
-func Deny(reason, msg string) Decision {
+func Denial(reason, msg string) Decision {
 	return Decision{Allowed: false, Reason: reason, Blockers: []Blocker{}, Unverified: []Unverified{},
 		Messages: []string{msg}, Warnings: []string{}}
 }
@@ -89,20 +87,20 @@ type Decision struct {
 }
 
 // Evaluate runs the rule on one input, with the policy e runs.
-func Evaluate(ctx context.Context, e *engine.Engine, in Input) (Decision, error) {
-	input, err := engine.Input(map[string]any{"review": in.Review, "inventory": in.Inventory, "parameters": in.Parameters})
+func Evaluate(ctx context.Context, e *Engine, in Input) (Decision, error) {
+	input, err := InputValue(map[string]any{"review": in.Review, "inventory": in.Inventory, "parameters": in.Parameters})
 	if err != nil {
 		return Decision{}, err
 	}
 	var d Decision
-	if err := e.Eval(ctx, engine.Decision, input, &d); err != nil {
+	if err := e.Eval(ctx, DecisionEntry, input, &d); err != nil {
 		return Decision{}, err
 	}
 	// The rule says why; a policy that does not (or contradicts itself) gets
 	// no decision, which every caller turns into a denial.
 	if allowed, known := ruleVerdict(d.Reason); !known || allowed != d.Allowed {
 		return Decision{}, fmt.Errorf("evaluate %s: the decision (allowed %t) gives reason %q; the rule's reasons are %s, %s, %s (allowed) and %s, %s, %s, %s (denied)",
-			engine.Decision.Query(), d.Allowed, d.Reason, ReasonNoLink, ReasonExempt, ReasonNotJudged, ReasonBlocked, ReasonUnverified, ReasonMisrouted, ReasonUnjudgeable)
+			DecisionEntry.Query(), d.Allowed, d.Reason, ReasonNoLink, ReasonExempt, ReasonNotJudged, ReasonBlocked, ReasonUnverified, ReasonMisrouted, ReasonUnjudgeable)
 	}
 	return d, nil
 }

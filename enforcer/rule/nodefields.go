@@ -1,4 +1,4 @@
-package linkmodel
+package rule
 
 import (
 	"context"

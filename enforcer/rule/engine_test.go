@@ -1,4 +1,4 @@
-package engine_test
+package rule_test
 
 import (
 	"context"
@@ -10,12 +10,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/engine"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
 func TestKindsTakeTheRulesDefaultsForWhatIsNotGiven(t *testing.T) {
-	eval, err := engine.New(context.Background())
+	eval, err := rule.NewEngine(context.Background())
 	require.NoError(t, err)
 	infra, pools, err := eval.Kinds(nil)
 	require.NoError(t, err)
@@ -56,7 +56,7 @@ func TestAPolicyWithPartOfTheOrphanCriteriaIsRefused(t *testing.T) {
 		require.Contains(t, src, "\norphan_screen := {")
 		modules["nodeguard/verdicts.rego"] = strings.Replace(src, "\norphan_screen := {", "\nnot_the_screen := {", 1)
 	})
-	_, err := engine.For(context.Background(), c, nil, engine.Policy{Source: engine.SourceBundle})
+	_, err := rule.CompileEngine(context.Background(), c, nil, rule.Policy{Source: rule.SourceBundle})
 	assert.ErrorContains(t, err, "the policy has orphan criteria but no [data.nodeguard.orphan_screen]")
 }
 
@@ -69,18 +69,18 @@ func TestAnAnswerOfAnotherShapeIsAnError(t *testing.T) {
 		require.Contains(t, src, `"recheckAt": orphans.recheck_at(`)
 		modules["nodeguard/verdicts.rego"] = strings.Replace(src, `"recheckAt": orphans.recheck_at(`, `"recheckAt": 7, "was": orphans.recheck_at(`, 1)
 	})
-	e, err := engine.For(ctx, c, nil, engine.Policy{Source: engine.SourceBundle})
+	e, err := rule.CompileEngine(ctx, c, nil, rule.Policy{Source: rule.SourceBundle})
 	require.NoError(t, err)
-	input, err := engine.Input(map[string]any{"node": map[string]any{"metadata": map[string]any{"name": "n"}}, "now": "2026-11-30T12:00:00Z"})
+	input, err := rule.InputValue(map[string]any{"node": map[string]any{"metadata": map[string]any{"name": "n"}}, "now": "2026-11-30T12:00:00Z"})
 	require.NoError(t, err)
 	var screen struct {
 		Passes    bool   `json:"passes"`
 		RecheckAt string `json:"recheckAt"`
 	}
-	assert.ErrorContains(t, e.Eval(ctx, engine.Screen, input, &screen), `evaluate data.nodeguard.orphan_screen: field "recheckAt": want a string, got number`)
+	assert.ErrorContains(t, e.Eval(ctx, rule.ScreenEntry, input, &screen), `evaluate data.nodeguard.orphan_screen: field "recheckAt": want a string, got number`)
 	var more struct {
 		Passes bool   `json:"passes"`
 		Other  string `json:"other"`
 	}
-	assert.ErrorContains(t, e.Eval(ctx, engine.Screen, input, &more), `field "other" is missing`)
+	assert.ErrorContains(t, e.Eval(ctx, rule.ScreenEntry, input, &more), `field "other" is missing`)
 }

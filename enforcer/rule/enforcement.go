@@ -2,7 +2,7 @@
 // denies, as Gatekeeper's enforcementAction does: deny it (the default),
 // allow it with the denial as an admission warning (warn), or allow it
 // silently, logged and counted (dryrun). A rollout goes dryrun, warn, deny.
-package enforcement
+package rule
 
 import "fmt"
 
@@ -11,22 +11,22 @@ type Action string
 
 // The actions, named as Gatekeeper names them.
 const (
-	Deny   Action = "deny"
-	Warn   Action = "warn"
-	DryRun Action = "dryrun"
+	ActionDeny   Action = "deny"
+	ActionWarn   Action = "warn"
+	ActionDryRun Action = "dryrun"
 )
 
 // Annotation on a CAPI Cluster sets the action for its route (and, in mode
 // admission-policy, its policy's binding), over serve's
 // --enforcement-action.
-const Annotation = "nodeguard.io/enforcement-action"
+const ActionAnnotation = "nodeguard.io/enforcement-action"
 
 // Parse reads an action; "" is Deny.
-func Parse(s string) (Action, error) {
+func ParseAction(s string) (Action, error) {
 	switch a := Action(s); a {
 	case "":
-		return Deny, nil
-	case Deny, Warn, DryRun:
+		return ActionDeny, nil
+	case ActionDeny, ActionWarn, ActionDryRun:
 		return a, nil
 	}
 	return "", fmt.Errorf("enforcement action %q: want deny, warn or dryrun", s)
@@ -35,17 +35,17 @@ func Parse(s string) (Action, error) {
 // Of is the action a Cluster's annotations set, else fallback. An action
 // the annotation misspells is an error: the caller keeps fallback, and
 // says so, rather than guess.
-func Of(annotations map[string]string, fallback Action) (Action, error) {
-	v, ok := annotations[Annotation]
+func ActionOf(annotations map[string]string, fallback Action) (Action, error) {
+	v, ok := annotations[ActionAnnotation]
 	if !ok {
 		return fallback, nil
 	}
-	a, err := Parse(v)
+	a, err := ParseAction(v)
 	if err != nil {
-		return fallback, fmt.Errorf("annotation %s: %w", Annotation, err)
+		return fallback, fmt.Errorf("annotation %s: %w", ActionAnnotation, err)
 	}
 	return a, nil
 }
 
 // Enforced says whether a denial under a is answered as one.
-func (a Action) Enforced() bool { return a == Deny || a == "" }
+func (a Action) Enforced() bool { return a == ActionDeny || a == "" }

@@ -2,7 +2,7 @@
 // tarball `make bundle` writes, or a directory), verified with OPA's own
 // bundle verification before anything in it is compiled, and keeps a running
 // Engine on the newest valid bundle when the file changes.
-package policybundle
+package rule
 
 import (
 	"context"
@@ -12,12 +12,10 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	opabundle "github.com/open-policy-agent/opa/v1/bundle"
-
-	"github.com/nodeguard/nodeguard/enforcer/engine"
 )
 
 // Options are the --bundle flags, named as OPA names them.
-type Options struct {
+type BundleOptions struct {
 	// Path is a bundle tarball (.tar.gz) or a directory holding one unpacked.
 	Path string
 	// VerificationKeyFile is the PEM public key (or HMAC secret) the bundle's
@@ -43,7 +41,7 @@ const (
 // point from it. Any failure (no signature, a file that does not match it,
 // another key, Rego that does not compile, no entry point) is an error and
 // nothing of the bundle is used.
-func Load(ctx context.Context, opts Options) (*engine.Engine, error) {
+func LoadBundle(ctx context.Context, opts BundleOptions) (*Engine, error) {
 	b, err := read(opts)
 	if err != nil {
 		return nil, fmt.Errorf("bundle %s: %w", opts.Path, err)
@@ -57,14 +55,14 @@ func Load(ctx context.Context, opts Options) (*engine.Engine, error) {
 
 // Engine runs the verified bundle's policy when opts.Path is set, else the
 // embedded rule.
-func Engine(ctx context.Context, opts Options) (*engine.Engine, error) {
+func LoadEngine(ctx context.Context, opts BundleOptions) (*Engine, error) {
 	if opts.Path == "" {
-		return engine.New(ctx)
+		return NewEngine(ctx)
 	}
-	return Load(ctx, opts)
+	return LoadBundle(ctx, opts)
 }
 
-func read(opts Options) (opabundle.Bundle, error) {
+func read(opts BundleOptions) (opabundle.Bundle, error) {
 	if opts.VerificationKeyFile == "" {
 		return opabundle.Bundle{}, errors.New("--bundle-verification-key is required: nodeguard runs only signed bundles")
 	}
@@ -108,7 +106,7 @@ func read(opts Options) (opabundle.Bundle, error) {
 	return b, nil
 }
 
-func compile(ctx context.Context, b opabundle.Bundle) (*engine.Engine, error) {
+func compile(ctx context.Context, b opabundle.Bundle) (*Engine, error) {
 	modules := make(map[string]*ast.Module, len(b.Modules))
 	for _, m := range b.Modules {
 		modules[m.Path] = m.Parsed
@@ -117,5 +115,5 @@ func compile(ctx context.Context, b opabundle.Bundle) (*engine.Engine, error) {
 	if c.Compile(modules); c.Failed() {
 		return nil, fmt.Errorf("compile: %w", c.Errors)
 	}
-	return engine.For(ctx, c, b.Data, engine.Policy{Source: engine.SourceBundle, Revision: b.Manifest.Revision})
+	return CompileEngine(ctx, c, b.Data, Policy{Source: SourceBundle, Revision: b.Manifest.Revision})
 }

@@ -1,4 +1,4 @@
-package engine
+package rule
 
 import (
 	"fmt"
@@ -38,7 +38,7 @@ func (p Parameters) Map() map[string]any { return p.plain }
 // ast.InterfaceToValue (which, unlike rego.EvalInput, does not go through
 // JSON). A nil field, nil map or zero Parameters is left out, which the
 // entry points read as absent.
-func Input(fields map[string]any) (ast.Value, error) {
+func InputValue(fields map[string]any) (ast.Value, error) {
 	obj := ast.NewObject()
 	for key, x := range fields {
 		if m, ok := x.(map[string]any); ok && m == nil {
