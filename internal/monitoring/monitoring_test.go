@@ -40,7 +40,7 @@ type alertRule struct {
 }
 
 type ruleGroup struct {
-	Name  string `json:"name"`
+	Name  string      `json:"name"`
 	Rules []alertRule `json:"rules"`
 }
 
