@@ -49,7 +49,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/registrar"
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 )
 
 // ClusterKind is Cluster API's Cluster.
@@ -703,7 +703,7 @@ type Metrics struct {
 // nodeguard_workload_cluster_reachable{cluster} and
 // nodeguard_workload_cluster_health_checks_total{result}.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	r := registrar.New(reg)
+	r := metrics.New(reg)
 	m := &Metrics{
 		errors: r.CounterVec("nodeguard_workload_cluster_errors_total",
 			"Failures reaching a CAPI workload cluster, by cluster and stage: kubeconfig (its Secret missing, unreadable or invalid, or nodeguard's identity not installed), watch (its API server's list or watch failed) or health (its API server stopped answering).", "cluster", "stage"),

@@ -3,9 +3,8 @@ package events
 import (
 	"fmt"
 
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // Why an occurrence (a denial, or an Event nodeguard makes) was not
@@ -44,7 +43,7 @@ const deprecatedHelp = "(Deprecated: goes in a later release; use %s, which coun
 // of the denials alone, every label value at zero, so rates and alerts see
 // the first increment.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	r := registrar.New(reg)
+	r := metrics.New(reg)
 	const (
 		droppedHelp = "not recorded as (part of) an Event, by reason (queue-full, per-object-limit, series-limit, write-failed)."
 		writesHelp  = "to an API server, by operation (create, patch of the series count) and result (ok, error)."

@@ -18,8 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
-	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // Metrics are the fleet's Prometheus series, one set per Cluster: their
@@ -32,7 +32,7 @@ type Metrics struct {
 // nodeguard_workload_cluster_unguarded_reason and
 // nodeguard_workload_cluster_last_proof_timestamp_seconds.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	r := registrar.New(reg)
+	r := metrics.New(reg)
 	m := &Metrics{
 		guarded: r.GaugeVec("nodeguard_workload_cluster_guarded",
 			"1 when nodeguard's configuration in the CAPI workload cluster is as nodeguard wants it and its last dry-run proof reached nodeguard's route for that Cluster; 0 otherwise.",

@@ -25,9 +25,9 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/owned"
-	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // Protection is what nodeguard does about a cluster's ghosts besides
@@ -360,7 +360,7 @@ type Metrics struct {
 
 // NewMetrics registers nodeguard_ghost_nodes{cluster}.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	r := registrar.New(reg)
+	r := metrics.New(reg)
 	m := &Metrics{ghosts: r.GaugeVec("nodeguard_ghost_nodes",
 		"Ghost Nodes known now, by cluster (\"\" for the cluster nodeguard runs in): Nodes alive again with the providerID of a "+
 			"Machine, InfraMachine or pool membership that went away, linked by nothing. Their hosts were not destroyed.", "cluster")}

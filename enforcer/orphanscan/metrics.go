@@ -1,9 +1,8 @@
 package orphanscan
 
 import (
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // The stages of a judgment: the screen (the criteria that read only the
@@ -23,7 +22,7 @@ type Metrics struct {
 // nodeguard_orphan_judge_errors_total: with nothing changing, the first
 // grows only by the full passes.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	r := registrar.New(reg)
+	r := metrics.New(reg)
 	m := &Metrics{
 		judgments: r.CounterVec("nodeguard_orphan_judgments_total",
 			"Nodes judged against the orphan criteria, by stage: screen (what the Node alone decides), full (the inventory too).", "stage"),

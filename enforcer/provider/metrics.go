@@ -3,9 +3,8 @@ package provider
 import (
 	"time"
 
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // Metrics are the provider's Prometheus metrics, all prefixed
@@ -20,7 +19,7 @@ type Metrics struct {
 
 // NewMetrics registers the metrics on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	r := registrar.New(reg)
+	r := metrics.New(reg)
 	m := &Metrics{
 		requests: r.CounterVec("nodeguard_externaldata_requests_total",
 			"External data requests from Gatekeeper, by route and result (answered, rejected: an HTTP error, error: no answer could be written).", "route", "result"),
@@ -30,7 +29,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"Keys answered with an error instead of facts (Gatekeeper then denies the delete), by route and reason.", "route", "reason"),
 		duration: r.HistogramVec("nodeguard_externaldata_request_duration_seconds",
 			"Time to answer one external data request, fresh reads included.",
-			registrar.LatencyBuckets(), "route"),
+			metrics.LatencyBuckets(), "route"),
 	}
 	if err := r.Err("external data metrics"); err != nil {
 		return nil, err

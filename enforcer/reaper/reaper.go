@@ -24,8 +24,8 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
-	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // Target is one cluster whose Nodes are reconciled.
@@ -52,7 +52,7 @@ type Metrics struct {
 // nodeguard_orphan_nodes_deleted_total, both labelled by cluster ("" for
 // the cluster nodeguard runs in).
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	r := registrar.New(reg)
+	r := metrics.New(reg)
 	m := &Metrics{
 		orphans: r.GaugeVec("nodeguard_orphan_nodes",
 			"Orphan Nodes known now (CAPI Nodes whose Machine and InfraMachine are gone), by cluster.", "cluster"),

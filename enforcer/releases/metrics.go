@@ -1,9 +1,8 @@
 package releases
 
 import (
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // Metrics are the publisher's Prometheus series, by workload cluster.
@@ -19,7 +18,7 @@ type Metrics struct {
 // whose released Nodes no longer fit the ConfigMap, has Node deletes denied
 // there that the rule allows.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	r := registrar.New(reg)
+	r := metrics.New(reg)
 	m := &Metrics{
 		writes: r.CounterVec("nodeguard_release_writes_total",
 			"Writes of the released Nodes into a workload cluster in mode admission-policy, by result: ok, error (tried again at the next batch).", "cluster", "result"),

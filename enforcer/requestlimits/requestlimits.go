@@ -18,12 +18,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
-
-	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // MaxBodyBytes bounds a request. An AdmissionReview of a Node DELETE carries
@@ -282,7 +281,7 @@ type Metrics struct {
 
 // NewMetrics registers nodeguard_rejected_requests_total on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	r := registrar.New(reg)
+	r := metrics.New(reg)
 	m := &Metrics{rejected: r.CounterVec("nodeguard_rejected_requests_total",
 		"Requests answered with an HTTP error instead of a decision (malformed, wrong method or type, too large, no client certificate), by reason.", "reason")}
 	if err := r.Err("intake metrics"); err != nil {

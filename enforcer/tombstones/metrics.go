@@ -1,9 +1,8 @@
 package tombstones
 
 import (
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 // Metrics are the tombstones' Prometheus series.
@@ -18,7 +17,7 @@ type Metrics struct {
 // nodeguard_tombstone_writes_total{result} and
 // nodeguard_tombstone_reads_unreadable_total.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	r := registrar.New(reg)
+	r := metrics.New(reg)
 	m := &Metrics{
 		held: r.GaugeVec("nodeguard_tombstones",
 			"providerIDs tombstoned now: what carried them went away within the window (ghost Nodes are judged against them).").WithLabelValues(),

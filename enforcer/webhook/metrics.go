@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/nodeguard/nodeguard/enforcer/registrar"
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -18,7 +18,7 @@ type Metrics struct {
 // NewMetrics registers nodeguard_decisions_total and
 // nodeguard_decision_duration_seconds on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	r := registrar.New(reg)
+	r := metrics.New(reg)
 	m := &Metrics{
 		decisions: r.CounterVec("nodeguard_decisions_total",
 			"Admission reviews answered, by result (allowed, denied, error: the answer given), reason (the rule's), route, cluster (the CAPI Cluster NAMESPACE/NAME of a cluster route, \"\" on /validate: as many clusters as the fleet has) "+
@@ -26,7 +26,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"result", "reason", "route", "cluster", "enforcement_action"),
 		latency: r.HistogramVec("nodeguard_decision_duration_seconds",
 			"Time to answer one admission review, fresh reads included.",
-			registrar.LatencyBuckets(), "route"),
+			metrics.LatencyBuckets(), "route"),
 	}
 	// Every route's histogram exists from the start, at zero.
 	for _, route := range []string{RouteSelf, RouteCluster, RouteRegister, RouteRegisterCluster} {

@@ -1,7 +1,7 @@
-// Package registrar declares a package's Prometheus metrics in one line
+// Package metrics declares a package's Prometheus metrics in one line
 // each and registers them as it goes, keeping the first errors: every
 // NewMetrics then reads as the list of its metrics' names and help.
-package registrar
+package metrics
 
 import (
 	"errors"

@@ -1,20 +1,19 @@
-package registrar_test
+package metrics_test
 
 import (
 	"strings"
 	"testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/nodeguard/nodeguard/enforcer/registrar"
 )
 
 func TestMetricsAreRegisteredAsDeclared(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	r := registrar.New(reg)
+	r := metrics.New(reg)
 	r.Counter("a_total", "A.").Inc()
 	r.CounterVec("b_total", "B.", "x").WithLabelValues("1").Add(2)
 	r.GaugeVec("c", "C.", "y").WithLabelValues("2").Set(3)
@@ -43,7 +42,7 @@ d_seconds_count{z="3"} 1
 // not a panic.
 func TestADuplicateIsAnError(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	r := registrar.New(reg)
+	r := metrics.New(reg)
 	r.Counter("a_total", "A.")
 	r.Counter("a_total", "A.")
 	assert.ErrorContains(t, r.Err("test metrics"), "register test metrics: duplicate metrics collector registration attempted")
