@@ -22,7 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/identity"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/policies"
 )
@@ -34,7 +34,7 @@ const Entry = "nodeguard/released/released.rego"
 // Where the guard lives in a workload cluster.
 const (
 	// ParamsNamespace and ParamsName name the ConfigMap of released Nodes.
-	ParamsNamespace = identity.Namespace
+	ParamsNamespace = kube.Namespace
 	ParamsName      = "nodeguard-released"
 	// BlockerPrefix starts the key of a blocker's text: "_" is no character
 	// of a Node name, so no Node's key can be mistaken for one.
@@ -82,7 +82,7 @@ func Build(info Info, opts Options) (*admissionregistrationv1.ValidatingAdmissio
 	}
 	fail := admissionregistrationv1.Fail
 	forbidden := metav1.StatusReasonForbidden
-	meta := metav1.ObjectMeta{Name: info.Name, Labels: map[string]string{"app.kubernetes.io/managed-by": identity.ManagedBy},
+	meta := metav1.ObjectMeta{Name: info.Name, Labels: map[string]string{"app.kubernetes.io/managed-by": kube.ManagedBy},
 		Annotations: map[string]string{VersionAnnotation: info.Version}}
 	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
@@ -248,7 +248,7 @@ func Params(verdicts []Verdict, limit int) (cm *corev1.ConfigMap, omitted int, e
 	return &corev1.ConfigMap{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
 		ObjectMeta: metav1.ObjectMeta{Namespace: ParamsNamespace, Name: ParamsName,
-			Labels: map[string]string{"app.kubernetes.io/managed-by": identity.ManagedBy}},
+			Labels: map[string]string{"app.kubernetes.io/managed-by": kube.ManagedBy}},
 		Data: data,
 	}, omitted, nil
 }

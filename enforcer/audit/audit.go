@@ -20,10 +20,9 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
@@ -69,7 +68,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if opts.Output != "text" && opts.Output != "json" {
 		return 1, fmt.Errorf("-o %q: want text or json", opts.Output)
 	}
-	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
+	c, err := kube.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
 		return 1, err
 	}
@@ -86,7 +85,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	keys, err := clusters.Keys(ctx, c, opts.Cluster)
+	keys, err := kube.ClusterKeys(ctx, c, opts.Cluster)
 	if err != nil {
 		return 1, err
 	}
@@ -117,9 +116,9 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	return code, nil
 }
 
-func auditCluster(ctx context.Context, c kubeclient.Clients, g *guard.Guard, key string, user authenticationv1.UserInfo) Cluster {
+func auditCluster(ctx context.Context, c kube.Clients, g *guard.Guard, key string, user authenticationv1.UserInfo) Cluster {
 	r := Cluster{Cluster: key, Nodes: []Node{}, Reasons: map[string]int{}}
-	nodes, err := clusters.Nodes(ctx, c.Config, key)
+	nodes, err := kube.ClusterNodes(ctx, c.Config, key)
 	if err != nil {
 		r.Error = err.Error()
 		return r

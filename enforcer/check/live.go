@@ -10,9 +10,8 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -28,7 +27,7 @@ var nodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 // judges a Node of it. Without --constraint the parameters are the
 // cluster's Constraint, as serve's are.
 func judgeLive(ctx context.Context, opts Options, params map[string]any, eval *rule.Engine) (rule.Decision, error) {
-	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
+	c, err := kube.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
 		return rule.Decision{}, err
 	}
@@ -40,13 +39,13 @@ func judgeLive(ctx context.Context, opts Options, params map[string]any, eval *r
 	nodes := func(context.Context) (dynamic.ResourceInterface, error) { return c.Dynamic.Resource(nodeGVR), nil }
 	if opts.Cluster != "" {
 		nodes = func(ctx context.Context) (dynamic.ResourceInterface, error) {
-			return clusters.Nodes(ctx, c.Config, opts.Cluster)
+			return kube.ClusterNodes(ctx, c.Config, opts.Cluster)
 		}
 	}
 	return judgeWith(ctx, c, nodes, opts, params, eval)
 }
 
-func judgeWith(ctx context.Context, c kubeclient.Clients, nodes func(context.Context) (dynamic.ResourceInterface, error), opts Options,
+func judgeWith(ctx context.Context, c kube.Clients, nodes func(context.Context) (dynamic.ResourceInterface, error), opts Options,
 	params map[string]any, eval *rule.Engine) (rule.Decision, error) {
 	where, err := nodes(ctx)
 	if err != nil {

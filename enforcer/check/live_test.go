@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -19,7 +19,7 @@ func TestLiveCheckAgainstAnAPIServer(t *testing.T) {
 	client, mapper := testcluster.CAPD(t, "../../examples/capd-v1beta2")
 	opts := Options{Node: "dev-md-0-x7k2p-abcde", Output: "text"}
 
-	c := kubeclient.Clients{Dynamic: client, Mapper: mapper}
+	c := kube.Clients{Dynamic: client, Mapper: mapper}
 	nodes := func(context.Context) (dynamic.ResourceInterface, error) { return client.Resource(nodeGVR), nil }
 	d, err := judgeWith(ctx, c, nodes, opts, nil, testcluster.Engine(t))
 	require.NoError(t, err)

@@ -19,10 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
@@ -48,7 +46,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 2 * time.Minute
 	}
-	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
+	c, err := kube.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
 		return 1, err
 	}
@@ -59,7 +57,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	return run(ctx, c, kube, opts, out)
 }
 
-func run(ctx context.Context, c kubeclient.Clients, kube kubernetes.Interface, opts Options, out io.Writer) (int, error) {
+func run(ctx context.Context, c kube.Clients, kube kubernetes.Interface, opts Options, out io.Writer) (int, error) {
 	var replicas int32
 	var err error
 	if opts.Deployment != "" {
@@ -131,7 +129,7 @@ func scale(ctx context.Context, kube kubernetes.Interface, opts Options, replica
 
 // remove deletes what nodeguard owns: Gatekeeper's Provider and the fleet's
 // status here, and what the fleet installed in each workload cluster.
-func remove(ctx context.Context, c kubeclient.Clients, namespace string, out io.Writer) error {
+func remove(ctx context.Context, c kube.Clients, namespace string, out io.Writer) error {
 	var errs []error
 	here := []struct {
 		what            string
@@ -142,14 +140,14 @@ func remove(ctx context.Context, c kubeclient.Clients, namespace string, out io.
 		{"ConfigMap " + namespace + "/" + fleet.StatusName, schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, namespace, fleet.StatusName},
 	}
 	for _, h := range here {
-		deleted, err := owned.Delete(ctx, c.Dynamic, h.gvr, h.namespace, h.name)
+		deleted, err := kube.DeleteOwned(ctx, c.Dynamic, h.gvr, h.namespace, h.name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", h.what, err))
 		} else if deleted {
 			fmt.Fprintf(out, "cleanup: removed %s\n", h.what)
 		}
 	}
-	keys, err := clusters.Keys(ctx, c, "")
+	keys, err := kube.ClusterKeys(ctx, c, "")
 	if meta.IsNoMatchError(err) || meta.IsNoMatchError(errors.Unwrap(err)) {
 		return errors.Join(errs...) // no Cluster API here: no workload cluster to clean
 	}
@@ -157,7 +155,7 @@ func remove(ctx context.Context, c kubeclient.Clients, namespace string, out io.
 		return errors.Join(append(errs, err)...)
 	}
 	for _, key := range keys {
-		dyn, err := clusters.Dynamic(ctx, c.Config, key)
+		dyn, err := kube.ClusterDynamic(ctx, c.Config, key)
 		if err != nil {
 			// No kubeconfig, no fleet there either: nothing it could have installed.
 			fmt.Fprintf(out, "cleanup: Cluster %s skipped: %v\n", key, err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
@@ -18,8 +19,6 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
-
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 )
 
 // scales records the replicas each scale update asks for (the fake
@@ -42,8 +41,8 @@ func deployment() *appsv1.Deployment {
 		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](2), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "nodeguard"}}}}
 }
 
-func clients(dyn *dynamicfake.FakeDynamicClient) kubeclient.Clients {
-	return kubeclient.Clients{Dynamic: dyn, Mapper: meta.NewDefaultRESTMapper(nil)}
+func clients(dyn *dynamicfake.FakeDynamicClient) kube.Clients {
+	return kube.Clients{Dynamic: dyn, Mapper: meta.NewDefaultRESTMapper(nil)}
 }
 
 // Nothing to keep it from cleaning: nodeguard is scaled to 0 (the fleet

@@ -17,7 +17,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -48,7 +48,7 @@ type Enforcer struct {
 // Start starts the informers and returns at once; the Guard denies every
 // delete until Syncer.Ready reports the caches synced. Informers stop when
 // ctx is done.
-func Start(ctx context.Context, c kubeclient.Clients, opts Options) (*Enforcer, error) {
+func Start(ctx context.Context, c kube.Clients, opts Options) (*Enforcer, error) {
 	eval := opts.Engine
 	if eval == nil {
 		return nil, errors.New("live: no policy engine: the caller chooses the policy (policybundle.Engine)")

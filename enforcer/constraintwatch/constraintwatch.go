@@ -22,7 +22,6 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
@@ -77,7 +76,7 @@ func FromObject(obj *unstructured.Unstructured) (Spec, error) {
 // Read returns the Constraint's spec as the API server has it now. No CRD
 // or no Constraint is no error: the Spec is empty and From says which.
 func Read(ctx context.Context, client dynamic.Interface, mapper meta.RESTMapper, name string) (Spec, error) {
-	mapping, err := kubeclient.RESTMapping(mapper, GroupKind())
+	mapping, err := kube.RESTMapping(mapper, GroupKind())
 	if meta.IsNoMatchError(err) {
 		return Spec{From: "no " + GroupKind().String() + " CRD"}, nil
 	}
@@ -131,7 +130,7 @@ func Watch(ctx context.Context, opts Options) {
 	}
 	var mapping *meta.RESTMapping
 	err := wait.PollUntilContextCancel(ctx, opts.Recheck, true, func(context.Context) (bool, error) {
-		m, err := kubeclient.RESTMapping(opts.Mapper, GroupKind())
+		m, err := kube.RESTMapping(opts.Mapper, GroupKind())
 		if err != nil {
 			return false, nil // not served yet: Gatekeeper or its template comes later
 		}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -66,11 +65,11 @@ func (r *Reconciler) enroll(key string) {
 		if !ok {
 			return fmt.Errorf("no connection to workload cluster %s", key)
 		}
-		o, err := owned.From(admissionpolicy.ParamsGVR, cm)
+		o, err := kube.OwnedFrom(admissionpolicy.ParamsGVR, cm)
 		if err != nil {
 			return err
 		}
-		_, err = owned.Apply(ctx, c.Dynamic, o)
+		_, err = kube.ApplyOwned(ctx, c.Dynamic, o)
 		return err
 	})
 }
@@ -125,20 +124,20 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 	}
 	applied := false
 	for _, want := range []struct {
-		watch *kube.Object
+		watch *kube.ObjectWatch
 		gvr   schema.GroupVersionResource
 		obj   runtime.Object
 	}{{s.policy, admissionpolicy.PolicyGVR, policy}, {s.binding, admissionpolicy.BindingGVR, binding}} {
-		o, err := owned.From(want.gvr, want.obj)
+		o, err := kube.OwnedFrom(want.gvr, want.obj)
 		if err != nil {
 			st.Reason, st.Message = ReasonNotInstalled, err.Error()
 			return outcome{state: st}
 		}
 		have, _ := want.watch.Get()
-		if owned.Holds(have, o.Object, "spec") {
+		if kube.Holds(have, o.Object, "spec") {
 			continue
 		}
-		if _, _, err := owned.Restore(ctx, s.c.Dynamic, o, "spec"); err != nil {
+		if _, _, err := kube.RestoreOwned(ctx, s.c.Dynamic, o, "spec"); err != nil {
 			st.Reason, st.Message = failure(err, ReasonNotInstalled), fmt.Sprintf("install %s: %v%s", o, err, r.repaired(ctx, key, s, err))
 			return outcome{state: st, after: retryUnguarded}
 		}
@@ -256,7 +255,7 @@ func (s *session) unreleased(ctx context.Context) (*corev1.Node, error) {
 type policyObject struct {
 	gvr             schema.GroupVersionResource
 	namespace, name string
-	watch           *kube.Object
+	watch           *kube.ObjectWatch
 }
 
 func (r *Reconciler) policyObjects(s *session) (binding, policy, params policyObject) {
@@ -286,7 +285,7 @@ func (s *session) present(ctx context.Context, o policyObject) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return have.GetLabels()[owned.Label] == owned.Owner, nil
+	return have.GetLabels()[kube.ManagedByLabel] == kube.Owner, nil
 }
 
 // policyLeft says whether objects of mode admission-policy are (or may be)
@@ -310,9 +309,9 @@ func (r *Reconciler) policyLeft(ctx context.Context, s *session) bool {
 // with its own identity, or, where that may not, with the kubeconfig's
 // credentials.
 func (r *Reconciler) delete(ctx context.Context, s *session, gvr schema.GroupVersionResource, namespace, name string) (bool, error) {
-	deleted, err := owned.Delete(ctx, s.c.Dynamic, gvr, namespace, name)
+	deleted, err := kube.DeleteOwned(ctx, s.c.Dynamic, gvr, namespace, name)
 	if err != nil && (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)) && s.c.Admin != nil {
-		deleted, err = owned.Delete(ctx, s.c.Admin, gvr, namespace, name)
+		deleted, err = kube.DeleteOwned(ctx, s.c.Admin, gvr, namespace, name)
 	}
 	if err != nil && isNotServed(err) {
 		return false, nil

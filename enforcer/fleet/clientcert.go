@@ -27,8 +27,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 )
 
@@ -201,8 +200,8 @@ type ClientCerts struct {
 
 // keep issues the Cluster's client certificate where its Secret is missing,
 // holds another, or is due for renewal; it says whether it wrote.
-func (c *ClientCerts) keep(ctx context.Context, key string, meta clusters.Meta) (bool, error) {
-	ns, name, err := clusters.SplitKey(key)
+func (c *ClientCerts) keep(ctx context.Context, key string, meta kube.ClusterMeta) (bool, error) {
+	ns, name, err := kube.SplitKey(key)
 	if err != nil {
 		return false, err
 	}
@@ -221,19 +220,19 @@ func (c *ClientCerts) keep(ctx context.Context, key string, meta clusters.Meta) 
 	secret := &corev1.Secret{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + clientCertSuffix,
-			Labels: map[string]string{"app.kubernetes.io/name": "nodeguard", owned.Label: owned.Owner, "cluster.x-k8s.io/cluster-name": name}},
+			Labels: map[string]string{"app.kubernetes.io/name": "nodeguard", kube.ManagedByLabel: kube.Owner, "cluster.x-k8s.io/cluster-name": name}},
 		Type: corev1.SecretTypeOpaque,
 		Data: map[string][]byte{"value": kubeconfig},
 	}
 	if meta.UID != "" {
 		// It goes with its Cluster.
-		secret.OwnerReferences = []metav1.OwnerReference{{APIVersion: meta.APIVersion, Kind: clusters.ClusterKind.Kind, Name: name, UID: meta.UID}}
+		secret.OwnerReferences = []metav1.OwnerReference{{APIVersion: meta.APIVersion, Kind: kube.ClusterKind.Kind, Name: name, UID: meta.UID}}
 	}
-	o, err := owned.From(secrets, secret)
+	o, err := kube.OwnedFrom(secrets, secret)
 	if err != nil {
 		return false, err
 	}
-	if _, err := owned.Apply(ctx, c.Writer, o); err != nil {
+	if _, err := kube.ApplyOwned(ctx, c.Writer, o); err != nil {
 		return false, fmt.Errorf("write Secret %s: %w", ClientCertSecret(key), err)
 	}
 	return true, nil

@@ -22,7 +22,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -91,7 +91,7 @@ func TestClientCertSecretsAreKept(t *testing.T) {
 		return true, &u, secrets.Tracker().Add(&sec)
 	})
 	c := &ClientCerts{Issuer: i, Secrets: secrets, Writer: dyn}
-	meta := clusters.Meta{APIVersion: "cluster.x-k8s.io/v1beta2", UID: types.UID("uid-1")}
+	meta := kube.ClusterMeta{APIVersion: "cluster.x-k8s.io/v1beta2", UID: types.UID("uid-1")}
 	ctx := context.Background()
 	wrote, err := c.keep(ctx, "fleet/prod-1", meta)
 	require.NoError(t, err)

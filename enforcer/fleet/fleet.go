@@ -46,7 +46,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
@@ -59,7 +58,7 @@ type Options struct {
 	// Clusters are the workload clusters' connections and what is known of
 	// each Cluster; the caller runs it, with Session among its Start
 	// functions and Changed among its Changed functions.
-	Clusters *clusters.Set
+	Clusters *kube.ClusterSet
 	// URL is the base https URL where the workload API servers reach
 	// nodeguard serve; each cluster's route is appended.
 	URL string
@@ -388,7 +387,7 @@ func (r *Reconciler) reconcile(ctx context.Context, key string) kube.Result {
 
 // keepClientCert issues the Cluster's webhook client certificate where
 // asked to; it returns when to try again after a failure (0: no need).
-func (r *Reconciler) keepClientCert(ctx context.Context, key string, meta clusters.Meta) time.Duration {
+func (r *Reconciler) keepClientCert(ctx context.Context, key string, meta kube.ClusterMeta) time.Duration {
 	if r.opts.ClientCerts == nil || !r.included(meta) {
 		return 0
 	}
@@ -406,7 +405,7 @@ func (r *Reconciler) keepClientCert(ctx context.Context, key string, meta cluste
 // standby keeps a replica that does not lead ready to: the released Nodes
 // of a Cluster in mode admission-policy are judged here too (the publisher
 // writes only while leading), so a new leader publishes at once.
-func (r *Reconciler) standby(key string, meta clusters.Meta, t *tracked) {
+func (r *Reconciler) standby(key string, meta kube.ClusterMeta, t *tracked) {
 	if r.opts.Releases == nil || modeOf(meta) != ModeAdmissionPolicy || !r.included(meta) {
 		return
 	}
@@ -416,11 +415,11 @@ func (r *Reconciler) standby(key string, meta clusters.Meta, t *tracked) {
 }
 
 // included says whether nodeguard is to guard the Cluster at all.
-func (r *Reconciler) included(meta clusters.Meta) bool {
+func (r *Reconciler) included(meta kube.ClusterMeta) bool {
 	return !meta.Deleting && meta.Annotations[OptOutAnnotation] != "true" && r.opts.Selector.Matches(labels.Set(meta.Labels))
 }
 
-func modeOf(meta clusters.Meta) string {
+func modeOf(meta kube.ClusterMeta) string {
 	if m := meta.Annotations[ModeAnnotation]; m != "" {
 		return m
 	}
@@ -434,7 +433,7 @@ func (r *Reconciler) sessionOf(t *tracked) *session {
 }
 
 // decide brings one Cluster where its Meta says.
-func (r *Reconciler) decide(ctx context.Context, key string, meta clusters.Meta, t *tracked) outcome {
+func (r *Reconciler) decide(ctx context.Context, key string, meta kube.ClusterMeta, t *tracked) outcome {
 	s := r.sessionOf(t)
 	st := State{Cluster: key, Mode: modeOf(meta), LastProof: t.lastProof}
 	if s != nil {
@@ -457,7 +456,7 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta clusters.Meta,
 		}
 		return outcome{state: st}
 	case s == nil:
-		st.Reason, st.Message = ReasonNoKubeconfig, "no working kubeconfig Secret "+clusters.KubeconfigSecret(key)
+		st.Reason, st.Message = ReasonNoKubeconfig, "no working kubeconfig Secret "+kube.KubeconfigSecret(key)
 		err := r.opts.Clusters.Failure(key)
 		if err != nil {
 			// A connection starts by installing nodeguard's identity there,
@@ -570,15 +569,15 @@ func (r *Reconciler) next(t *tracked, st State) time.Duration {
 // session is one workload cluster's connection, as the fleet uses it:
 // clients to write and prove with, and the watches of what it keeps there.
 type session struct {
-	c *clusters.Cluster
+	c *kube.Cluster
 	// kube collects warnings per request (proofs), as JSON.
 	kube kubernetes.Interface
 	ctx  context.Context
 	// vwc is nodeguard's webhook configuration there; policy, binding and
 	// params the objects of mode admission-policy (nil without
 	// --fleet-admission-policy: nodeguard's identity may not read them).
-	vwc                     *kube.Object
-	policy, binding, params *kube.Object
+	vwc                     *kube.ObjectWatch
+	policy, binding, params *kube.ObjectWatch
 	// user is who the connection's credentials are there (asked once, by
 	// the first proof).
 	user string
@@ -598,7 +597,7 @@ type session struct {
 
 // Session watches what nodeguard keeps in the workload cluster c until ctx
 // is done (a clusters.Options.Start function).
-func (r *Reconciler) Session(ctx context.Context, c *clusters.Cluster) {
+func (r *Reconciler) Session(ctx context.Context, c *kube.Cluster) {
 	cfg := rest.CopyConfig(c.Config)
 	cfg.WarningHandlerWithContext = warningCollector{}
 	// JSON, not the connection's protobuf: proofs read Nodes' names only.
@@ -610,7 +609,7 @@ func (r *Reconciler) Session(ctx context.Context, c *clusters.Cluster) {
 	}
 	s := &session{c: c, kube: kc, ctx: ctx}
 	queue := func(*unstructured.Unstructured) { r.loop.Add(c.Key) }
-	watch := func(o kube.ObjectOptions) *kube.Object {
+	watch := func(o kube.ObjectOptions) *kube.ObjectWatch {
 		o.Client, o.Changed = c.Dynamic, queue
 		w, err := kube.WatchObject(o)
 		if err != nil {
@@ -622,7 +621,7 @@ func (r *Reconciler) Session(ctx context.Context, c *clusters.Cluster) {
 	if s.vwc = watch(kube.ObjectOptions{Resource: webhookconfig.GVR, Name: webhookconfig.Name}); s.vwc == nil {
 		return
 	}
-	watches := []*kube.Object{s.vwc}
+	watches := []*kube.ObjectWatch{s.vwc}
 	if r.opts.Releases != nil {
 		s.policy = watch(kube.ObjectOptions{Resource: admissionpolicy.PolicyGVR, Name: r.policyInfo.Name})
 		s.binding = watch(kube.ObjectOptions{Resource: admissionpolicy.BindingGVR, Name: r.policyInfo.Name})
@@ -652,7 +651,7 @@ func (r *Reconciler) Session(ctx context.Context, c *clusters.Cluster) {
 
 // synced says whether every watch of s has its first list.
 func (s *session) synced() bool {
-	for _, w := range []*kube.Object{s.vwc, s.policy, s.binding, s.params} {
+	for _, w := range []*kube.ObjectWatch{s.vwc, s.policy, s.binding, s.params} {
 		if w != nil && !w.Synced() {
 			return false
 		}

@@ -18,8 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -69,8 +68,8 @@ func TestUnreachableClustersLeakNothing(t *testing.T) {
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	require.NoError(t, os.WriteFile(caFile, caPEM(t), 0o600))
 	var r *Reconciler
-	set, err := clusters.New(clusters.Options{Management: kubeclient.Clients{Dynamic: dyn, Mapper: mapper}, Secrets: secrets,
-		Start:   func(ctx context.Context, c *clusters.Cluster) { r.Session(ctx, c) },
+	set, err := kube.NewClusterSet(kube.ClusterSetOptions{Management: kube.Clients{Dynamic: dyn, Mapper: mapper}, Secrets: secrets,
+		Start:   func(ctx context.Context, c *kube.Cluster) { r.Session(ctx, c) },
 		Changed: func(key string) { r.Changed(key) }})
 	require.NoError(t, err)
 	r, err = New(Options{Clusters: set, URL: "https://nodeguard.example.com", CAFiles: []string{caFile}, ProofTimeout: 2 * time.Second})

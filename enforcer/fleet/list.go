@@ -10,11 +10,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 )
 
 // ReasonNotReported is shown for a Cluster the reconciler has not reported
@@ -23,8 +21,8 @@ const ReasonNotReported = "not-reported"
 
 // List is every Cluster of the management cluster c with the State the
 // fleet reconciler reported for it (in namespace ns), sorted by key.
-func List(ctx context.Context, c kubeclient.Clients, ns string) ([]State, error) {
-	mapping, err := kubeclient.RESTMapping(c.Mapper, clusters.ClusterKind)
+func List(ctx context.Context, c kube.Clients, ns string) ([]State, error) {
+	mapping, err := kube.RESTMapping(c.Mapper, kube.ClusterKind)
 	if err != nil {
 		return nil, fmt.Errorf("the Cluster resource: %w", err)
 	}

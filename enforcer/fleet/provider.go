@@ -15,7 +15,6 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
@@ -56,8 +55,8 @@ func (k *ProviderKeeper) Run(ctx context.Context) error {
 	var (
 		ca       atomic.Pointer[string] // the bundle in place
 		watching sync.Once
-		provider *kube.Object
-		crd      *kube.Object
+		provider *kube.ObjectWatch
+		crd      *kube.ObjectWatch
 	)
 	loop := kube.NewLoop(kube.LoopOptions{Name: "gatekeeper-provider", MaxBackoff: 30 * time.Second}, func(ctx context.Context, _ string) kube.Result {
 		if obj, ok := crd.Get(); !ok || !inventory.CRDEstablished(obj) {
@@ -114,10 +113,10 @@ func (k *ProviderKeeper) keep(ctx context.Context, have *unstructured.Unstructur
 	}
 	// Gatekeeper may default fields of its own: only the ones nodeguard sets
 	// are compared, and an apply (never a replace) takes them back.
-	if owned.Sets(have, p, "spec") {
+	if kube.Sets(have, p, "spec") {
 		return opts.CABundle, nil
 	}
-	if _, err := owned.Apply(ctx, k.Client, owned.Object{Resource: webhookconfig.ProviderGVR, Object: p}); err != nil {
+	if _, err := kube.ApplyOwned(ctx, k.Client, kube.Owned{Resource: webhookconfig.ProviderGVR, Object: p}); err != nil {
 		return nil, err
 	}
 	k.Log.Info("Gatekeeper's Provider points at nodeguard", "provider", k.Name)

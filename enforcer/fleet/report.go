@@ -18,8 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
 )
 
 // Metrics are the fleet's Prometheus series, one set per Cluster: their
@@ -169,10 +169,10 @@ func (s *Status) flush(ctx context.Context) {
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "v1", "kind": "ConfigMap",
 		"metadata": map[string]any{"namespace": s.Namespace, "name": StatusName,
-			"labels": map[string]any{"app.kubernetes.io/name": "nodeguard", owned.Label: "nodeguard"}},
+			"labels": map[string]any{"app.kubernetes.io/name": "nodeguard", kube.ManagedByLabel: "nodeguard"}},
 		"data": data,
 	}}
-	if _, err := owned.Apply(ctx, s.Client, owned.Object{Resource: configMaps, Object: obj}); err != nil {
+	if _, err := kube.ApplyOwned(ctx, s.Client, kube.Owned{Resource: configMaps, Object: obj}); err != nil {
 		s.mu.Lock()
 		s.dirty, s.urgent = true, true
 		s.mu.Unlock()

@@ -19,8 +19,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
 func scheduler() *Reconciler {
@@ -96,7 +95,7 @@ func TestLeftoversNodeguardMayNotRemoveAreRemovedWithTheKubeconfig(t *testing.T)
 		u.SetGroupVersionKind(gvk)
 		u.SetNamespace(ns)
 		u.SetName(name)
-		u.SetLabels(map[string]string{owned.Label: owned.Owner})
+		u.SetLabels(map[string]string{kube.ManagedByLabel: kube.Owner})
 		return u
 	}
 	admin := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), gvrs,
@@ -107,7 +106,7 @@ func TestLeftoversNodeguardMayNotRemoveAreRemovedWithTheKubeconfig(t *testing.T)
 	r.opts.Log = slog.New(slog.DiscardHandler)
 	// A workload cluster with no Node: nothing to observe the binding's
 	// removal on.
-	s := &session{c: &clusters.Cluster{Key: "fleet/a", Dynamic: identity, Admin: admin}, kube: k8sfake.NewClientset()}
+	s := &session{c: &kube.Cluster{Key: "fleet/a", Dynamic: identity, Admin: admin}, kube: k8sfake.NewClientset()}
 	tr := &tracked{}
 	ctx := context.Background()
 	require.True(t, r.policyLeft(ctx, s), "found with the kubeconfig's credentials")

@@ -9,8 +9,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
-	"github.com/nodeguard/nodeguard/enforcer/identity"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
@@ -38,7 +37,7 @@ func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
 		{admissionpolicy.PolicyGVR, "", info.Name},
 		{admissionpolicy.ParamsGVR, admissionpolicy.ParamsNamespace, admissionpolicy.ParamsName},
 	}
-	ident, err := identity.Objects(identity.Options{})
+	ident, err := kube.IdentityObjects(kube.IdentityOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +56,7 @@ func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
 			case <-time.After(bindingApplyTime):
 			}
 		}
-		deleted, err := owned.Delete(ctx, dyn, o.gvr, o.namespace, o.name)
+		deleted, err := kube.DeleteOwned(ctx, dyn, o.gvr, o.namespace, o.name)
 		unbound = unbound || (deleted && o.gvr == admissionpolicy.BindingGVR)
 		switch {
 		case err != nil && !isNotServed(err):

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -48,13 +48,13 @@ func (r *Reconciler) guardWebhook(ctx context.Context, key string, s *session, t
 			return outcome{state: st, after: retryUnguarded}
 		}
 	}
-	if !owned.Holds(have, want.Object, "webhooks") {
-		if have != nil && have.GetResourceVersion() == s.written && owned.Holds(&unstructured.Unstructured{Object: s.wroteWanted}, want.Object, "webhooks") {
+	if !kube.Holds(have, want.Object, "webhooks") {
+		if have != nil && have.GetResourceVersion() == s.written && kube.Holds(&unstructured.Unstructured{Object: s.wroteWanted}, want.Object, "webhooks") {
 			st.Reason, st.Message = ReasonNotInstalled, "the API server stores nodeguard's configuration otherwise than written "+
 				"(a field it defaults?); not writing it again"
 			return outcome{state: st, after: retryUnguarded}
 		}
-		stored, replaced, err := owned.Restore(ctx, s.c.Dynamic, want, "webhooks")
+		stored, replaced, err := kube.RestoreOwned(ctx, s.c.Dynamic, want, "webhooks")
 		if err != nil {
 			st.Reason, st.Message = failure(err, ReasonNotInstalled), err.Error()+r.repaired(ctx, key, s, err)
 			st.CACurrent = have != nil && trusts(have, ca)

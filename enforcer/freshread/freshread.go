@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"golang.org/x/sync/singleflight"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -13,8 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 )
 
 // Reader implements guard.FreshReader with a dynamic client.
@@ -59,7 +58,7 @@ func (r *Reader) Get(ctx context.Context, gvk schema.GroupVersionKind, namespace
 }
 
 func (r *Reader) get(ctx context.Context, gvk schema.GroupVersionKind, namespace, name string) (*unstructured.Unstructured, error) {
-	mapping, err := kubeclient.RESTMapping(r.mapper, gvk.GroupKind(), gvk.Version)
+	mapping, err := kube.RESTMapping(r.mapper, gvk.GroupKind(), gvk.Version)
 	if err != nil {
 		return nil, fmt.Errorf("map %s to a resource: %w", gvk, err)
 	}

@@ -19,10 +19,9 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
@@ -83,7 +82,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if opts.Output != "text" && opts.Output != "json" {
 		return ExitError, fmt.Errorf("-o %q: want text or json", opts.Output)
 	}
-	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
+	c, err := kube.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
 		return ExitError, err
 	}
@@ -128,7 +127,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 // judge judges every Node with a tombstone, on fresh reads, in the cluster
 // of the kubeconfig (unless opts.Cluster names one) and the workload
 // clusters.
-func judge(ctx context.Context, c kubeclient.Clients, opts Options, params map[string]any, eval *rule.Engine, store *tombstones.Store,
+func judge(ctx context.Context, c kube.Clients, opts Options, params map[string]any, eval *rule.Engine, store *tombstones.Store,
 	report *Report) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
@@ -151,12 +150,12 @@ func judge(ctx context.Context, c kubeclient.Clients, opts Options, params map[s
 	if opts.Cluster == "" {
 		sources = append(sources, source{nodes: c.Dynamic.Resource(orphans.NodeGVR)})
 	}
-	keys, err := clusters.Keys(ctx, c, opts.Cluster)
+	keys, err := kube.ClusterKeys(ctx, c, opts.Cluster)
 	if err != nil {
 		return err
 	}
 	for _, key := range keys {
-		nodes, err := clusters.Nodes(ctx, c.Config, key)
+		nodes, err := kube.ClusterNodes(ctx, c.Config, key)
 		if err != nil {
 			report.Errors[key] = err.Error()
 			continue

@@ -25,9 +25,9 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
 )
 
 // Protection is what nodeguard does about a cluster's ghosts besides
@@ -271,7 +271,7 @@ func (tr *Tracker) setTaint(ctx context.Context, t Target, g orphans.Ghost, on b
 		if err := unstructured.SetNestedSlice(n.Object, taints, "spec", "taints"); err != nil {
 			return err
 		}
-		_, err = t.Nodes.Resource(orphans.NodeGVR).Update(ctx, n, metav1.UpdateOptions{FieldManager: owned.FieldManager})
+		_, err = t.Nodes.Resource(orphans.NodeGVR).Update(ctx, n, metav1.UpdateOptions{FieldManager: kube.FieldManager})
 		return err
 	})
 	what := "remove nodeguard's taint from"

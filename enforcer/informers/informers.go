@@ -28,7 +28,7 @@ import (
 	"k8s.io/client-go/util/watchlist"
 
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 )
 
@@ -450,7 +450,7 @@ func (s *Syncer) mapping(gk schema.GroupKind, version string) (*meta.RESTMapping
 	if version != "" {
 		versions = []string{version}
 	}
-	return kubeclient.RESTMapping(s.opts.Mapper, gk, versions...)
+	return kube.RESTMapping(s.opts.Mapper, gk, versions...)
 }
 
 // Ready returns nil once every informer has synced and every kind that

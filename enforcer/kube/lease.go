@@ -78,7 +78,7 @@ func Elect(ctx context.Context, o LeaseOptions) (*Leader, error) {
 		return nil, fmt.Errorf("leader election: %w", err)
 	}
 	l.current.Store(first)
-	var watch *Object
+	var watch *ObjectWatch
 	if o.Watch != nil {
 		if watch, err = WatchObject(ObjectOptions{Client: o.Watch, Resource: leases, Namespace: o.Namespace, Name: o.Name,
 			Changed: l.leaseChanged}); err != nil {

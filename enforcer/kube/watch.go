@@ -30,14 +30,14 @@ type ObjectOptions struct {
 // Object watches one object by name (a field selector on metadata.name): the
 // configurations nodeguard keeps, the Constraint it follows, a Lease. The
 // cache holds that object alone, without its managed fields.
-type Object struct {
+type ObjectWatch struct {
 	opts     ObjectOptions
 	informer cache.SharedIndexInformer
 	key      string
 }
 
 // WatchObject returns the watch of one object; Run runs it.
-func WatchObject(opts ObjectOptions) (*Object, error) {
+func WatchObject(opts ObjectOptions) (*ObjectWatch, error) {
 	if opts.Client == nil || opts.Name == "" {
 		return nil, fmt.Errorf("watch %s: a client and a name are required", opts.Resource.Resource)
 	}
@@ -46,7 +46,7 @@ func WatchObject(opts ObjectOptions) (*Object, error) {
 	if err := informer.SetTransform(dropManagedFields); err != nil {
 		return nil, fmt.Errorf("watch %s %s: %w", opts.Resource.Resource, opts.Name, err)
 	}
-	o := &Object{opts: opts, informer: informer, key: opts.Name}
+	o := &ObjectWatch{opts: opts, informer: informer, key: opts.Name}
 	if opts.Namespace != "" {
 		o.key = opts.Namespace + "/" + opts.Name
 	}
@@ -72,11 +72,11 @@ func WatchObject(opts ObjectOptions) (*Object, error) {
 }
 
 // Run watches until ctx is done.
-func (o *Object) Run(ctx context.Context) { o.informer.RunWithContext(ctx) }
+func (o *ObjectWatch) Run(ctx context.Context) { o.informer.RunWithContext(ctx) }
 
 // Get is the object as last seen; false when it does not exist (or was not
 // listed yet: see Synced).
-func (o *Object) Get() (*unstructured.Unstructured, bool) {
+func (o *ObjectWatch) Get() (*unstructured.Unstructured, bool) {
 	obj, ok, _ := o.informer.GetStore().GetByKey(o.key)
 	if !ok {
 		return nil, false
@@ -85,14 +85,14 @@ func (o *Object) Get() (*unstructured.Unstructured, bool) {
 	return u, ok
 }
 
-func (o *Object) current() *unstructured.Unstructured {
+func (o *ObjectWatch) current() *unstructured.Unstructured {
 	u, _ := o.Get()
 	return u
 }
 
 // Synced says whether the first list is in: before, Get's false means
 // nothing.
-func (o *Object) Synced() bool { return o.informer.HasSynced() }
+func (o *ObjectWatch) Synced() bool { return o.informer.HasSynced() }
 
 // dropManagedFields keeps an object without its managedFields, which
 // nothing here reads and which can be most of a small object.

@@ -20,7 +20,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
@@ -161,7 +161,7 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, ev
 }
 
 func runLive(ctx context.Context, opts CommandOptions, params map[string]any, eval *rule.Engine, now time.Time) (Report, error) {
-	c, err := kubeclient.Connect(opts.Kubeconfig, opts.Context)
+	c, err := kube.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
 		return Report{}, err
 	}
@@ -173,7 +173,7 @@ func runLive(ctx context.Context, opts CommandOptions, params map[string]any, ev
 	return runLiveWith(ctx, c, opts, params, eval, now)
 }
 
-func runLiveWith(ctx context.Context, c kubeclient.Clients, opts CommandOptions, params map[string]any, eval *rule.Engine, now time.Time) (Report, error) {
+func runLiveWith(ctx context.Context, c kube.Clients, opts CommandOptions, params map[string]any, eval *rule.Engine, now time.Time) (Report, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
 	e, err := clusterenforcer.Start(ctx, c, clusterenforcer.Options{Parameters: params, Engine: eval})

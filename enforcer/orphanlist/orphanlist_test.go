@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
@@ -18,7 +18,7 @@ import (
 func TestLiveListAndDelete(t *testing.T) {
 	ctx := context.Background()
 	client, mapper := testcluster.CAPD(t, "../reaper/testdata")
-	c := kubeclient.Clients{Dynamic: client, Mapper: mapper}
+	c := kube.Clients{Dynamic: client, Mapper: mapper}
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	eval, err := rule.NewEngine(ctx)
 	require.NoError(t, err)

@@ -22,7 +22,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
@@ -71,7 +71,7 @@ func newFixture(t *testing.T, del bool) *fixture {
 	t.Cleanup(cancel)
 	client, mapper := testcluster.CAPD(t, "../reaper/testdata")
 	f := &fixture{client: client, clock: clocktesting.NewFakeClock(t0), leading: true, protection: ghosts.Off, events: events.NewFakeRecorder(100)}
-	e, err := clusterenforcer.Start(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper}, clusterenforcer.Options{Engine: testcluster.Engine(t)})
+	e, err := clusterenforcer.Start(ctx, kube.Clients{Dynamic: client, Mapper: mapper}, clusterenforcer.Options{Engine: testcluster.Engine(t)})
 	require.NoError(t, err)
 	require.NoError(t, clusterenforcer.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
 	model := e.Inventory.Model()

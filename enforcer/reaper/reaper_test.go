@@ -29,7 +29,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
@@ -77,7 +77,7 @@ func newFixture(t *testing.T, opts Options) *fixture {
 		f.mu.Unlock()
 		return false, nil, nil // the tracker deletes it
 	})
-	e, err := clusterenforcer.Start(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper}, clusterenforcer.Options{Engine: testcluster.Engine(t)})
+	e, err := clusterenforcer.Start(ctx, kube.Clients{Dynamic: client, Mapper: mapper}, clusterenforcer.Options{Engine: testcluster.Engine(t)})
 	require.NoError(t, err)
 	require.NoError(t, clusterenforcer.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
 	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Grace: 5 * time.Minute})

@@ -9,7 +9,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
@@ -18,7 +18,7 @@ import (
 // initialConstraint is the Constraint nodeguard starts with: the file's
 // (--constraint), else the cluster's (--constraint-name), else none (the
 // rule's defaults). follow says whether its edits are followed.
-func initialConstraint(ctx context.Context, c kubeclient.Clients, opts Options) (spec constraintwatch.Spec, follow bool, err error) {
+func initialConstraint(ctx context.Context, c kube.Clients, opts Options) (spec constraintwatch.Spec, follow bool, err error) {
 	if opts.Constraint != "" {
 		params, err := manifest.ConstraintParameters(opts.Constraint)
 		return constraintwatch.Spec{Parameters: params, From: opts.Constraint}, false, err

@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nodeguard/nodeguard/enforcer/events"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
 // Client rate limits of the Events' own clients: apart from the informers'
@@ -42,7 +42,7 @@ const workloadEventsWait = 10 * time.Second
 // startEvents starts the one recorder of every Event nodeguard writes:
 // denials (unless --denial-events=false), deleted orphans, ghosts and the
 // fleet's. Nil, with no error, when there is no cluster to write them to.
-func startEvents(ctx context.Context, c kubeclient.Clients, opts Options, sessions *WorkloadSessions, m *events.Metrics, log *slog.Logger) (*events.Recorder, error) {
+func startEvents(ctx context.Context, c kube.Clients, opts Options, sessions *WorkloadSessions, m *events.Metrics, log *slog.Logger) (*events.Recorder, error) {
 	if c.Config == nil {
 		log.Warn("events off: no kubeconfig or in-cluster config to write them with")
 		return nil, nil

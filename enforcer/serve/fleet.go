@@ -17,7 +17,6 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -80,7 +79,7 @@ const (
 
 // startFleet runs the fleet reconciler when asked to (in bg), its sessions
 // joining sessions (which the caller runs); only the leader of leader writes.
-func startFleet(ctx context.Context, c kubeclient.Clients, opts Options, params map[string]any, sessions *WorkloadSessions,
+func startFleet(ctx context.Context, c kube.Clients, opts Options, params map[string]any, sessions *WorkloadSessions,
 	published *releases.Publisher, leader *kube.Leader, issuer *fleet.Issuer, metrics *fleet.Metrics, rec *events.Recorder, bg *sync.WaitGroup,
 	log *slog.Logger) (*fleet.Reconciler, error) {
 	f := opts.Fleet

@@ -19,7 +19,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
@@ -68,7 +68,7 @@ func startServeWith(t *testing.T, opts serve.Options) (*server, error) {
 	opts.MetricsBindAddress, opts.HealthProbeBindAddress = "127.0.0.1:0", "127.0.0.1:0"
 	opts.SideListening = func(name string, a net.Addr) { side <- name + "=" + a.String() }
 	go func() {
-		done <- serve.RunWith(ctx, kubeclient.Clients{Dynamic: api, Mapper: mapper}, opts, log, func(a net.Addr) { addr <- a })
+		done <- serve.RunWith(ctx, kube.Clients{Dynamic: api, Mapper: mapper}, opts, log, func(a net.Addr) { addr <- a })
 	}()
 	select {
 	case a := <-addr:

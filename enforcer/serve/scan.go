@@ -16,12 +16,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
@@ -96,7 +94,7 @@ func LeaseNamespace() string {
 // background until ctx is done, with clients of c's config; it returns the
 // scanner (nil when the scan is off), so a reloaded policy can have every
 // Node judged again.
-func startOrphanScan(ctx context.Context, c kubeclient.Clients, e *clusterenforcer.Enforcer, changes *informers.Relay, reg prometheus.Registerer,
+func startOrphanScan(ctx context.Context, c kube.Clients, e *clusterenforcer.Enforcer, changes *informers.Relay, reg prometheus.Registerer,
 	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, releases bool, leaders leaders, rec *events.Recorder, log *slog.Logger) (*orphanscan.Scanner, error) {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
@@ -113,7 +111,7 @@ func startOrphanScan(ctx context.Context, c kubeclient.Clients, e *clusterenforc
 		}
 		// The cluster's own Nodes, through the protobuf client (tests
 		// without a config watch through the dynamic client).
-		if scan.Nodes, err = kubeclient.Protobuf(c.Config); err != nil {
+		if scan.Nodes, err = kube.Protobuf(c.Config); err != nil {
 			return nil, err
 		}
 		scan.QPS, scan.Burst = c.Config.QPS, c.Config.Burst
@@ -131,7 +129,7 @@ type OrphanScan struct {
 	// (Leases, Events, kubeconfig Secrets), required to reap or to scan
 	// workload clusters; Nodes, when set, watches its Nodes (else
 	// Management.Dynamic does).
-	Management kubeclient.Clients
+	Management kube.Clients
 	Kube       kubernetes.Interface
 	Nodes      kubernetes.Interface
 	Enforcer   *clusterenforcer.Enforcer
@@ -279,7 +277,7 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 			}
 			sessions = own
 		}
-		sessions.Add(func(ctx context.Context, cl *clusters.Cluster) {
+		sessions.Add(func(ctx context.Context, cl *kube.Cluster) {
 			t := reaper.Target{Nodes: cl.Dynamic, ObserveOnly: !opts.WorkloadClusters}
 			if o.Events != nil && ((opts.Enabled && opts.WorkloadClusters) || store != nil) {
 				t.Recorder = o.Events.In(cl.Key, cl.Events)
@@ -340,7 +338,7 @@ func (g GhostOptions) protection() ghosts.Protection {
 type OrphanMetrics struct {
 	Reaper     *reaper.Metrics
 	Scan       *orphanscan.Metrics
-	Clusters   *clusters.Metrics
+	Clusters   *kube.ClusterMetrics
 	Releases   *releases.Metrics
 	Tombstones *tombstones.Metrics
 	Ghosts     *ghosts.Metrics
@@ -355,7 +353,7 @@ func registerOrphanMetrics(reg prometheus.Registerer) (*OrphanMetrics, error) {
 	if m.Scan, err = orphanscan.NewMetrics(reg); err != nil {
 		return nil, err
 	}
-	if m.Clusters, err = clusters.NewMetrics(reg); err != nil {
+	if m.Clusters, err = kube.NewClusterMetrics(reg); err != nil {
 		return nil, err
 	}
 	if m.Releases, err = releases.NewMetrics(reg); err != nil {
@@ -395,7 +393,7 @@ func watchNodes(ctx context.Context, scanner *orphanscan.Scanner, shape *record.
 // workload cluster costs client-go's bounded retries, a metric and a log
 // line, nothing more.
 type watchErrors struct {
-	metrics *clusters.Metrics
+	metrics *kube.ClusterMetrics
 	log     *slog.Logger
 
 	mu   sync.Mutex

@@ -9,18 +9,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
 )
 
 // An unreachable cluster costs a count per failed request and at most one
 // log line per cluster per watchErrorLogEvery, which says how many failed.
 func TestWatchErrorsAreCountedAndLoggedSparingly(t *testing.T) {
-	metrics, err := clusters.NewMetrics(prometheus.NewRegistry())
+	metrics, err := kube.NewClusterMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
 	var logs bytes.Buffer
 	w := &watchErrors{metrics: metrics, log: slog.New(slog.NewJSONHandler(&logs, nil)), last: map[string]time.Time{}}

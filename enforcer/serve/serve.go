@@ -26,10 +26,8 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/freshread"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
-	"github.com/nodeguard/nodeguard/enforcer/identity"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/probes"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
@@ -141,7 +139,7 @@ func clusterGVK() schema.GroupVersionKind {
 // Run serves until ctx is done. listening, when set, receives the address
 // once the port is open.
 func Run(ctx context.Context, opts Options, log *slog.Logger, listening func(net.Addr)) error {
-	c, err := kubeclient.ConnectWith(opts.Kubeconfig, opts.Context, opts.KubeAPIQPS, opts.KubeAPIBurst, kubeclient.LogWarnings(log))
+	c, err := kube.ConnectWith(opts.Kubeconfig, opts.Context, opts.KubeAPIQPS, opts.KubeAPIBurst, kube.LogWarnings(log))
 	if err != nil {
 		return err
 	}
@@ -149,7 +147,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, listening func(net
 }
 
 // RunWith is Run with clients already built.
-func RunWith(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.Logger, listening func(net.Addr)) error {
+func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger, listening func(net.Addr)) error {
 	// Whatever started here (informers, side servers) stops when it returns.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -328,7 +326,7 @@ func (l leaders) all() []*kube.Leader {
 }
 
 // electLeaders campaigns for the Leases of what is on.
-func electLeaders(ctx context.Context, c kubeclient.Clients, opts Options, sessions *WorkloadSessions, log *slog.Logger) (leaders, error) {
+func electLeaders(ctx context.Context, c kube.Clients, opts Options, sessions *WorkloadSessions, log *slog.Logger) (leaders, error) {
 	var l leaders
 	var err error
 	if opts.Fleet.Enabled {
@@ -361,7 +359,7 @@ func electLeaders(ctx context.Context, c kubeclient.Clients, opts Options, sessi
 
 // workloadSessions are the one set of workload-cluster sessions, when any
 // part works inside workload clusters.
-func workloadSessions(c kubeclient.Clients, opts Options, metrics *Metrics, log *slog.Logger) (*WorkloadSessions, error) {
+func workloadSessions(c kube.Clients, opts Options, metrics *Metrics, log *slog.Logger) (*WorkloadSessions, error) {
 	scan := (opts.Orphans.WorkloadClusters || opts.Fleet.AdmissionPolicy) && opts.Orphans.Interval > 0
 	if (!scan && !opts.Fleet.Enabled && !opts.DenialEventsWorkloadClusters) || c.Config == nil {
 		return nil, nil
@@ -377,7 +375,7 @@ func workloadSessions(c kubeclient.Clients, opts Options, metrics *Metrics, log 
 // client CA for Gatekeeper, the external data provider's, sharing one
 // intake. It returns the CA files whose client certificates the TLS server
 // asks for.
-func routes(ctx context.Context, c kubeclient.Clients, e *clusterenforcer.Enforcer, scanner *orphanscan.Scanner, metrics *Metrics, denied func(events.Denial),
+func routes(ctx context.Context, c kube.Clients, e *clusterenforcer.Enforcer, scanner *orphanscan.Scanner, metrics *Metrics, denied func(events.Denial),
 	action func() rule.Action, issuer *fleet.Issuer, opts Options, log *slog.Logger) (http.Handler, []string, error) {
 	in := requestlimits.New(requestlimits.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
 	clusters := freshread.New(c.Dynamic, c.Mapper)
@@ -477,7 +475,7 @@ func routes(ctx context.Context, c kubeclient.Clients, e *clusterenforcer.Enforc
 
 // keepProvider keeps Gatekeeper's Provider pointing at this nodeguard, when
 // asked to, in the background until ctx is done.
-func keepProvider(ctx context.Context, c kubeclient.Clients, opts Options, log *slog.Logger) error {
+func keepProvider(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger) error {
 	p := opts.GatekeeperProvider
 	if p.URL == "" && p.Service == "" {
 		return nil
@@ -549,5 +547,5 @@ func dryRunOnly(opts Options) string {
 	if opts.Orphans.Enabled && opts.Orphans.WorkloadClusters && !opts.Orphans.DryRun {
 		return ""
 	}
-	return identity.Username
+	return kube.Username
 }

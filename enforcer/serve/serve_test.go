@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
@@ -72,16 +72,16 @@ func TestServeRefusesToReapWithoutAConfig(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel() // stops the informers
 	client, mapper := testcluster.CAPD(t, "../../examples/capd-v1beta2")
-	err := serve.RunWith(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper},
+	err := serve.RunWith(ctx, kube.Clients{Dynamic: client, Mapper: mapper},
 		serve.Options{Listen: "127.0.0.1:0", Orphans: serve.ReapOptions{Enabled: true, Interval: time.Second}}, slog.New(slog.DiscardHandler), nil)
 	assert.ErrorContains(t, err, "reaping orphan Nodes needs a kubeconfig")
-	err = serve.RunWith(ctx, kubeclient.Clients{Dynamic: client, Mapper: mapper},
+	err = serve.RunWith(ctx, kube.Clients{Dynamic: client, Mapper: mapper},
 		serve.Options{Listen: "127.0.0.1:0", Orphans: serve.ReapOptions{Enabled: true}}, slog.New(slog.DiscardHandler), nil)
 	assert.ErrorContains(t, err, "--reap-orphan-nodes needs a positive --orphan-scan-interval")
 }
 
 func TestServeRefusesToStartWithoutCertificates(t *testing.T) {
 	client, mapper := testcluster.CAPD(t, "../../examples/capd-v1beta2")
-	err := serve.RunWith(context.Background(), kubeclient.Clients{Dynamic: client, Mapper: mapper}, serve.Options{Listen: "127.0.0.1:0"}, slog.New(slog.DiscardHandler), nil)
+	err := serve.RunWith(context.Background(), kube.Clients{Dynamic: client, Mapper: mapper}, serve.Options{Listen: "127.0.0.1:0"}, slog.New(slog.DiscardHandler), nil)
 	assert.ErrorContains(t, err, "--tls-cert-file")
 }

@@ -8,9 +8,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
-	"github.com/nodeguard/nodeguard/enforcer/identity"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
@@ -19,13 +17,13 @@ import (
 // watch, the fleet's configuration watch) adds itself before Run, and each
 // cluster's session runs them all on one kubeconfig.
 type WorkloadSessions struct {
-	Set *clusters.Set
+	Set *kube.ClusterSet
 	// Management is the management cluster's typed client the Set reads
 	// kubeconfig Secrets with, for the parts' own reads and writes there.
 	Management kubernetes.Interface
 
 	mu      sync.Mutex
-	starts  []func(context.Context, *clusters.Cluster)
+	starts  []func(context.Context, *kube.Cluster)
 	stopped []func(string)
 	changed []func(string)
 }
@@ -35,12 +33,12 @@ type WorkloadSessions struct {
 // in its cluster (package identity), allowed Node deletes when the fleet
 // (its proofs are dry-run deletes) or the reaper needs them, Node updates
 // when ghost detection may taint, and what the fleet installs.
-func NewWorkloadSessions(c kubeclient.Clients, secrets kubernetes.Interface, opts ReapOptions, fleet FleetOptions, qps float32, burst int,
-	metrics *clusters.Metrics, log *slog.Logger) (*WorkloadSessions, error) {
+func NewWorkloadSessions(c kube.Clients, secrets kubernetes.Interface, opts ReapOptions, fleet FleetOptions, qps float32, burst int,
+	metrics *kube.ClusterMetrics, log *slog.Logger) (*WorkloadSessions, error) {
 	w := &WorkloadSessions{Management: secrets}
 	// Taint: a Cluster may set ghost protection taint by annotation at any
 	// time, and the identity is installed once a session.
-	id := &identity.Options{Delete: fleet.Enabled || opts.Enabled, Taint: opts.Ghosts.Enabled() && opts.Interval > 0}
+	id := &kube.IdentityOptions{Delete: fleet.Enabled || opts.Enabled, Taint: opts.Ghosts.Enabled() && opts.Interval > 0}
 	if fleet.Enabled {
 		id.Owns = webhookconfig.Rules()
 	}
@@ -51,7 +49,7 @@ func NewWorkloadSessions(c kubeclient.Clients, secrets kubernetes.Interface, opt
 		}
 		id.Owns = append(id.Owns, admissionpolicy.Rules(info)...)
 	}
-	set, err := clusters.New(clusters.Options{Management: c, Secrets: secrets, Recheck: opts.KubeconfigRecheck, Identity: id,
+	set, err := kube.NewClusterSet(kube.ClusterSetOptions{Management: c, Secrets: secrets, Recheck: opts.KubeconfigRecheck, Identity: id,
 		QPS: qps, Burst: burst, Log: log, Metrics: metrics, Start: w.start, Stopped: w.stop, Changed: w.change})
 	if err != nil {
 		return nil, err
@@ -63,7 +61,7 @@ func NewWorkloadSessions(c kubeclient.Clients, secrets kubernetes.Interface, opt
 // Add registers a part: start runs in each session (until its ctx is done),
 // stopped after a session ended, changed (it must not block) when a Cluster
 // or its session changed. Any may be nil.
-func (w *WorkloadSessions) Add(start func(context.Context, *clusters.Cluster), stopped, changed func(string)) {
+func (w *WorkloadSessions) Add(start func(context.Context, *kube.Cluster), stopped, changed func(string)) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if start != nil {
@@ -84,7 +82,7 @@ func (w *WorkloadSessions) Run(ctx context.Context, log *slog.Logger) {
 	}
 }
 
-func (w *WorkloadSessions) start(ctx context.Context, c *clusters.Cluster) {
+func (w *WorkloadSessions) start(ctx context.Context, c *kube.Cluster) {
 	w.mu.Lock()
 	starts := w.starts
 	w.mu.Unlock()

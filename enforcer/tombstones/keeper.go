@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -15,9 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/util/retry"
-
-	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
 )
 
 // ConfigMap keeps the tombstones in nodeguard's namespace, so a restart
@@ -165,18 +163,18 @@ func (k *Keeper) Flush(ctx context.Context) {
 		k.Store.drop(providerIDs(oldest(ts, dropped)))
 	}
 	meta := map[string]any{"namespace": k.Namespace, "name": ConfigMapName,
-		"labels": map[string]any{"app.kubernetes.io/name": "nodeguard", owned.Label: "nodeguard"}}
+		"labels": map[string]any{"app.kubernetes.io/name": "nodeguard", kube.ManagedByLabel: "nodeguard"}}
 	obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
 		"data": map[string]any{ConfigMapKey: string(raw)}}}
-	write := owned.Apply
+	write := kube.ApplyOwned
 	if seen != "" {
 		meta["resourceVersion"] = seen
 	} else {
 		// Absent when last seen: create it, so two replicas creating it at
 		// once do not overwrite each other (the second reads and merges).
-		write = owned.Create
+		write = kube.CreateOwned
 	}
-	out, err := write(ctx, k.Client, owned.Object{Resource: configMaps, Object: obj})
+	out, err := write(ctx, k.Client, kube.Owned{Resource: configMaps, Object: obj})
 	switch {
 	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
 		k.Store.opts.Metrics.wrote("conflict")
@@ -307,7 +305,7 @@ func Clear(ctx context.Context, client dynamic.Interface, namespace string, prov
 		if err := unstructured.SetNestedField(cm.Object, string(enc), "data", ConfigMapKey); err != nil {
 			return err
 		}
-		_, err = client.Resource(configMaps).Namespace(namespace).Update(ctx, cm, metav1.UpdateOptions{FieldManager: owned.FieldManager})
+		_, err = client.Resource(configMaps).Namespace(namespace).Update(ctx, cm, metav1.UpdateOptions{FieldManager: kube.FieldManager})
 		return err
 	})
 	if err != nil {

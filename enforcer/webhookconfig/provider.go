@@ -13,7 +13,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -58,7 +58,7 @@ func BuildProvider(name string, opts Options) (*unstructured.Unstructured, error
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": ProviderGVR.GroupVersion().String(),
 		"kind":       "Provider",
-		"metadata":   map[string]any{"name": name, "labels": map[string]any{"app.kubernetes.io/name": "nodeguard", owned.Label: "nodeguard"}},
+		"metadata":   map[string]any{"name": name, "labels": map[string]any{"app.kubernetes.io/name": "nodeguard", kube.ManagedByLabel: "nodeguard"}},
 		"spec": map[string]any{
 			"url":      u.String(),
 			"timeout":  int64(ProviderTimeoutSeconds),
@@ -89,6 +89,6 @@ func ProviderYAML(p *unstructured.Unstructured) ([]byte, error) {
 // ApplyProvider creates or updates the Provider in the cluster of client
 // (server-side apply: nodeguard owns url, timeout and caBundle).
 func ApplyProvider(ctx context.Context, client dynamic.Interface, p *unstructured.Unstructured) error {
-	_, err := owned.Apply(ctx, client, owned.Object{Resource: ProviderGVR, Object: p})
+	_, err := kube.ApplyOwned(ctx, client, kube.Owned{Resource: ProviderGVR, Object: p})
 	return err
 }

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,9 +22,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/yaml"
-
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
 )
 
 // GVR is the ValidatingWebhookConfiguration resource.
@@ -173,7 +171,7 @@ func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguratio
 	noneOnDryRun := admissionregistrationv1.SideEffectClassNoneOnDryRun
 	equivalent := admissionregistrationv1.Equivalent
 	clusterScope := admissionregistrationv1.ClusterScope
-	meta := metav1.ObjectMeta{Name: Name, Labels: map[string]string{"app.kubernetes.io/name": "nodeguard", owned.Label: "nodeguard"}}
+	meta := metav1.ObjectMeta{Name: Name, Labels: map[string]string{"app.kubernetes.io/name": "nodeguard", kube.ManagedByLabel: "nodeguard"}}
 	if opts.Cluster != "" {
 		meta.Annotations = map[string]string{ClusterAnnotation: opts.Cluster}
 	}
@@ -303,8 +301,8 @@ func YAML(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) ([]byte, 
 }
 
 // Object is the configuration as owned writes it.
-func Object(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) (owned.Object, error) {
-	return owned.From(GVR, cfg)
+func Object(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) (kube.Owned, error) {
+	return kube.OwnedFrom(GVR, cfg)
 }
 
 // Apply writes the configuration into the cluster of client (server-side
@@ -315,7 +313,7 @@ func Apply(ctx context.Context, client dynamic.Interface, cfg *admissionregistra
 	if err != nil {
 		return err
 	}
-	_, _, err = owned.Restore(ctx, client, o, "webhooks")
+	_, _, err = kube.RestoreOwned(ctx, client, o, "webhooks")
 	return err
 }
 
@@ -332,7 +330,7 @@ func Target(ctx context.Context, mgmt kubernetes.Interface, self dynamic.Interfa
 	if _, _, err := splitKey("--cluster", cluster); err != nil {
 		return nil, "", err
 	}
-	cfg, err := clusters.Connect(ctx, mgmt, cluster)
+	cfg, err := kube.ConnectCluster(ctx, mgmt, cluster)
 	if err != nil {
 		return nil, "", err
 	}

@@ -24,7 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 )
 
@@ -236,7 +236,7 @@ func Config(env *envtest.Environment) *rest.Config {
 // Serve runs `nodeguard serve` in this process until ctx ends or stop is
 // called, and returns its https URL once it listens. stop waits for it to
 // finish and may be called more than once.
-func Serve(ctx context.Context, clients kubeclient.Clients, opts serve.Options, log *slog.Logger) (url string, stop func(), err error) {
+func Serve(ctx context.Context, clients kube.Clients, opts serve.Options, log *slog.Logger) (url string, stop func(), err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	addr := make(chan net.Addr, 1)
 	done := make(chan error, 1)

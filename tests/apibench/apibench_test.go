@@ -40,7 +40,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
@@ -567,8 +567,8 @@ func startAdmissionPolicy(b *testing.B, env *envtest.Environment, kube kubernete
 // manager).
 func applyOwned(b *testing.B, dyn dynamic.Interface, gvr schema.GroupVersionResource, obj runtime.Object) {
 	b.Helper()
-	applied, err := owned.From(gvr, obj)
+	applied, err := kube.OwnedFrom(gvr, obj)
 	require.NoError(b, err)
-	_, err = owned.Apply(context.Background(), dyn, applied)
+	_, err = kube.ApplyOwned(context.Background(), dyn, applied)
 	require.NoError(b, err)
 }

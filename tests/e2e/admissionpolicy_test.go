@@ -29,8 +29,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
+	ngkube "github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -42,9 +41,9 @@ import (
 // put applies obj as nodeguard does (server-side apply, its field manager).
 func put(t *testing.T, dyn dynamic.Interface, gvr schema.GroupVersionResource, obj runtime.Object) {
 	t.Helper()
-	o, err := owned.From(gvr, obj)
+	o, err := ngkube.OwnedFrom(gvr, obj)
 	require.NoError(t, err)
-	_, err = owned.Apply(context.Background(), dyn, o)
+	_, err = ngkube.ApplyOwned(context.Background(), dyn, o)
 	require.NoError(t, err)
 }
 
@@ -87,11 +86,11 @@ func TestAdmissionPolicyDecidesFromTheReleasedNodes(t *testing.T) {
 	require.NoError(t, err)
 	for gvr, obj := range map[schema.GroupVersionResource]runtime.Object{admissionpolicy.PolicyGVR: built, admissionpolicy.BindingGVR: builtBinding} {
 		put(t, dyn, gvr, obj)
-		want, err := owned.From(gvr, obj)
+		want, err := ngkube.OwnedFrom(gvr, obj)
 		require.NoError(t, err)
 		have, err := dyn.Resource(gvr).Get(ctx, want.Object.GetName(), metav1.GetOptions{})
 		require.NoError(t, err)
-		assert.True(t, owned.Holds(have, want.Object, "spec"), "%s stored as built, else the fleet writes it at every reconcile: %v",
+		assert.True(t, ngkube.Holds(have, want.Object, "spec"), "%s stored as built, else the fleet writes it at every reconcile: %v",
 			gvr.Resource, have.Object["spec"])
 	}
 	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: admissionpolicy.ParamsNamespace}}, metav1.CreateOptions{})
@@ -222,7 +221,7 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 	_, err := c.dyn.Resource(clustersGVR).Namespace("default").Patch(ctx, "dev", types.MergePatchType,
 		[]byte(`{"metadata":{"annotations":{"`+fleet.ModeAnnotation+`":"`+fleet.ModeAdmissionPolicy+`"}}}`), metav1.PatchOptions{})
 	require.NoError(t, err)
-	clients, err := kubeclient.FromConfig(localcluster.Config(mgmtEnv))
+	clients, err := ngkube.FromConfig(localcluster.Config(mgmtEnv))
 	require.NoError(t, err)
 	installConstraintCRD(t, clients.Config)
 	ca := testpki.New(t)

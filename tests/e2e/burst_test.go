@@ -14,12 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 )
 
 // withShippedRateLimits is cfg with the client rate limits `nodeguard serve`
@@ -27,7 +26,7 @@ import (
 // client, as it hid client-go's 5/s default before).
 func withShippedRateLimits(cfg *rest.Config) *rest.Config {
 	cfg = rest.CopyConfig(cfg)
-	cfg.QPS, cfg.Burst = kubeclient.DefaultQPS, kubeclient.DefaultBurst
+	cfg.QPS, cfg.Burst = kube.DefaultQPS, kube.DefaultBurst
 	return cfg
 }
 

@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
@@ -317,7 +317,7 @@ func TestCAPIManagementAndWorkloadClusters(t *testing.T) {
 	_, mgmtEnv := apiServerEnv(t)
 	_, workloadEnv := apiServerEnv(t)
 	c := startCAPI(t, mgmtEnv, workloadEnv)
-	clients, err := kubeclient.FromConfig(localcluster.Config(mgmtEnv))
+	clients, err := kube.FromConfig(localcluster.Config(mgmtEnv))
 	require.NoError(t, err)
 	serveFleet(t, clients, testpki.New(t), serve.Options{})
 	require.EventuallyWithT(t, func(col *assert.CollectT) {
@@ -417,7 +417,7 @@ func TestCAPIOrphanIsReapedInAWorkloadCluster(t *testing.T) {
 	_, mgmtEnv := apiServerEnv(t)
 	_, workloadEnv := apiServerEnv(t)
 	c := startCAPI(t, mgmtEnv, workloadEnv)
-	clients, err := kubeclient.FromConfig(localcluster.Config(mgmtEnv))
+	clients, err := kube.FromConfig(localcluster.Config(mgmtEnv))
 	require.NoError(t, err)
 	ca := testpki.New(t)
 	url, stop := serveWith(t, clients, ca, serve.Options{Listen: "127.0.0.1:0"})

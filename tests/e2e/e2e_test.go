@@ -37,7 +37,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/audit"
 	"github.com/nodeguard/nodeguard/enforcer/check"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
@@ -153,7 +153,7 @@ func keepLog(t *testing.T, name string, out, errOut *io.Writer) string {
 type running struct {
 	url     string
 	ca      *testpki.CA
-	clients kubeclient.Clients
+	clients kube.Clients
 	stop    func()
 }
 
@@ -169,7 +169,7 @@ func nodeguard(t *testing.T, cfg *rest.Config, constraint string) running {
 // API server's Node deletes at it.
 func nodeguardWith(t *testing.T, cfg *rest.Config, opts serve.Options) running {
 	t.Helper()
-	clients, err := kubeclient.FromConfig(cfg)
+	clients, err := kube.FromConfig(cfg)
 	require.NoError(t, err)
 	ca := testpki.New(t)
 	if opts.Listen == "" {
@@ -312,7 +312,7 @@ func TestKubectl(t *testing.T) {
 func TestManagementAndWorkloadClusters(t *testing.T) {
 	mgmt, mgmtEnv := apiServerEnv(t)
 	workload, workloadEnv := apiServerEnv(t)
-	clients, err := kubeclient.FromConfig(mgmt)
+	clients, err := kube.FromConfig(mgmt)
 	require.NoError(t, err)
 	url, caPEM := serveOn(t, clients, "")
 	dyn, err := dynamic.NewForConfig(mgmt)
@@ -412,7 +412,7 @@ func TestManagementAndWorkloadClusters(t *testing.T) {
 }
 
 // serveOn runs `nodeguard serve` over clients and returns its URL and CA.
-func serveOn(t *testing.T, clients kubeclient.Clients, constraint string) (string, []byte) {
+func serveOn(t *testing.T, clients kube.Clients, constraint string) (string, []byte) {
 	t.Helper()
 	ca := testpki.New(t)
 	url, _ := serveAt(t, clients, constraint, ca, "127.0.0.1:0")
@@ -423,7 +423,7 @@ func serveOn(t *testing.T, clients kubeclient.Clients, constraint string) (strin
 
 // serveAt runs `nodeguard serve` on listen with a certificate from ca, and
 // returns its URL and a function that stops it (also run at cleanup).
-func serveAt(t *testing.T, clients kubeclient.Clients, constraint string, ca *testpki.CA, listen string) (string, func()) {
+func serveAt(t *testing.T, clients kube.Clients, constraint string, ca *testpki.CA, listen string) (string, func()) {
 	t.Helper()
 	return serveWith(t, clients, ca, serve.Options{Listen: listen, Constraint: constraint})
 }

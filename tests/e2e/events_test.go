@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeguard/nodeguard/enforcer/events"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -135,7 +135,7 @@ func TestDenialEventsOfAWorkloadCluster(t *testing.T) {
 	// A cluster route's Events are written only for reviews whose caller
 	// the client CA authenticated: the workload API server presents one.
 	workload, workloadEnv, clientCA := authenticatingAPIServer(t)
-	clients, err := kubeclient.FromConfig(mgmt)
+	clients, err := kube.FromConfig(mgmt)
 	require.NoError(t, err)
 	ca := testpki.New(t)
 	toWorkload, _ := serveWith(t, clients, ca, serve.Options{Listen: "127.0.0.1:0", DenialEventsWorkloadClusters: true, ClientCAFile: clientCA.CAFile(t)})

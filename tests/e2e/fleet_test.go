@@ -33,9 +33,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/cleanup"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/identity"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
-	"github.com/nodeguard/nodeguard/enforcer/owned"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
@@ -76,7 +74,7 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 	copyFile(t, servingCA, nextCA)
 	listen := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	path := startRelay(t, listen)
-	clients, err := kubeclient.FromConfig(mgmt)
+	clients, err := kube.FromConfig(mgmt)
 	require.NoError(t, err)
 	stop := serveFleet(t, clients, ca, serve.Options{Listen: listen, CertFile: certFile, KeyFile: keyFile, ClusterRoutesClientCAFile: clientCA.CAFile(t),
 		Fleet: serve.FleetOptions{URL: "https://" + path.addr, CAFiles: []string{servingCA, nextCA}, CARetention: 3 * time.Second}})
@@ -142,10 +140,10 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 
 	t.Run("nodeguard works there as its own ServiceAccount, which may only dry-run deletes", func(t *testing.T) {
 		for _, key := range []string{"default/dev", "default/two"} {
-			assert.Equal(t, identity.Username, states(t)[key].Identity, key)
+			assert.Equal(t, kube.Username, states(t)[key].Identity, key)
 		}
 		ttl := int64(600)
-		tok, err := kube1.CoreV1().ServiceAccounts(identity.Namespace).CreateToken(ctx, identity.Name,
+		tok, err := kube1.CoreV1().ServiceAccounts(kube.Namespace).CreateToken(ctx, kube.Name,
 			&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &ttl}}, metav1.CreateOptions{})
 		require.NoError(t, err)
 		cfg := rest.AnonymousClientConfig(w1)
@@ -162,9 +160,9 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		// Its ClusterRoleBinding deleted: the next proof is refused, and
 		// the identity is installed again with the kubeconfig.
 		rbac := kube1.RbacV1().ClusterRoleBindings()
-		require.NoError(t, rbac.Delete(ctx, identity.Name, metav1.DeleteOptions{}))
+		require.NoError(t, rbac.Delete(ctx, kube.Name, metav1.DeleteOptions{}))
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			_, err := rbac.Get(ctx, identity.Name, metav1.GetOptions{})
+			_, err := rbac.Get(ctx, kube.Name, metav1.GetOptions{})
 			assert.NoError(c, err)
 		}, 4*fleetProof, 100*time.Millisecond, "installed again within a proof period or two")
 		require.EventuallyWithT(t, func(c *assert.CollectT) { assert.True(c, states(c)["default/dev"].Guarded) },
@@ -357,7 +355,7 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		stop() // the chart's hook scales nodeguard to 0 first: the fleet would restore what it removes
 		// Cluster two opted out: a configuration of the same name that Helm keeps there stays.
 		_, err := kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{
-			ObjectMeta: metav1.ObjectMeta{Name: webhookconfig.Name, Labels: map[string]string{owned.Label: "Helm"}}}, metav1.CreateOptions{})
+			ObjectMeta: metav1.ObjectMeta{Name: webhookconfig.Name, Labels: map[string]string{kube.ManagedByLabel: "Helm"}}}, metav1.CreateOptions{})
 		require.NoError(t, err)
 		// Cluster gone's API server does not answer: what it may still hold
 		// is reported, and the uninstall stops there.
@@ -376,7 +374,7 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		t.Logf("again, Cluster default/gone deleted:\n%s", out.String())
 		_, err = kube1.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
 		assert.True(t, apierrors.IsNotFound(err), "the fleet's configuration is gone: %v", err)
-		_, err = kube1.RbacV1().ClusterRoles().Get(ctx, identity.Name, metav1.GetOptions{})
+		_, err = kube1.RbacV1().ClusterRoles().Get(ctx, kube.Name, metav1.GetOptions{})
 		assert.True(t, apierrors.IsNotFound(err), "and nodeguard's identity there: %v", err)
 		_, err = kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
 		assert.NoError(t, err, "Helm's stays")
@@ -391,7 +389,7 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 // unless opts name a port and serving files, its status in namespace
 // default, proofs every fleetProof and kubeconfig Secrets read again every
 // 2 s (a rotation shows at once).
-func serveFleet(t *testing.T, clients kubeclient.Clients, ca *testpki.CA, opts serve.Options) (stop func()) {
+func serveFleet(t *testing.T, clients kube.Clients, ca *testpki.CA, opts serve.Options) (stop func()) {
 	t.Helper()
 	t.Setenv("POD_NAMESPACE", "default")
 	if opts.Listen == "" {

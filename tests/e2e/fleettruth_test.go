@@ -35,7 +35,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	ngkube "github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
@@ -193,7 +193,7 @@ func unguardedEvents(c require.TestingT, kube kubernetes.Interface, name string)
 }
 
 // fleetStates are the States `nodeguard clusters` reads, by Cluster key.
-func fleetStates(c require.TestingT, clients kubeclient.Clients) map[string]fleet.State {
+func fleetStates(c require.TestingT, clients ngkube.Clients) map[string]fleet.State {
 	list, err := fleet.List(context.Background(), clients, "default")
 	require.NoError(c, err)
 	out := map[string]fleet.State{}
@@ -215,7 +215,7 @@ func fleetStates(c require.TestingT, clients kubeclient.Clients) map[string]flee
 func TestTheFleetTellsTheTruth(t *testing.T) {
 	mgmt, mgmtEnv := apiServerEnv(t)
 	mgmtKube, dyn := clientsFor(t, mgmt)
-	clients, err := kubeclient.FromConfig(mgmt)
+	clients, err := ngkube.FromConfig(mgmt)
 	require.NoError(t, err)
 	ctx := context.Background()
 	serving, clientCA := testpki.New(t), testpki.New(t)
@@ -481,7 +481,7 @@ func TestTheFleetHandsOverInsideCAPIsWindow(t *testing.T) {
 	w, wEnv := apiServerEnv(t)
 	mgmtKube, dyn := clientsFor(t, mgmt)
 	kube, _ := clientsFor(t, w)
-	clients, err := kubeclient.FromConfig(mgmt)
+	clients, err := ngkube.FromConfig(mgmt)
 	require.NoError(t, err)
 	ctx := context.Background()
 	writeCluster(t, dyn, "dev", map[string]any{fleet.ModeAnnotation: fleet.ModeAdmissionPolicy})

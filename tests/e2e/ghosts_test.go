@@ -25,7 +25,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghostlist"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -104,7 +104,7 @@ func TestCAPIGhostNodes(t *testing.T) {
 	_, workloadEnv := apiServerEnv(t)
 	c := startCAPI(t, mgmtEnv, workloadEnv)
 	ctx := context.Background()
-	clients, err := kubeclient.FromConfig(localcluster.Config(mgmtEnv))
+	clients, err := kube.FromConfig(localcluster.Config(mgmtEnv))
 	require.NoError(t, err)
 	ca := testpki.New(t)
 	listen := "127.0.0.1:" + strconv.Itoa(freePort(t))

@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
@@ -59,7 +59,7 @@ func nodeguardReaping(t *testing.T, cfg *rest.Config, reap serve.ReapOptions) ru
 // serveWith runs `nodeguard serve` with opts (a certificate from ca unless
 // opts name one) and returns its URL and a function that stops it (also run
 // at cleanup).
-func serveWith(t *testing.T, clients kubeclient.Clients, ca *testpki.CA, opts serve.Options) (string, func()) {
+func serveWith(t *testing.T, clients kube.Clients, ca *testpki.CA, opts serve.Options) (string, func()) {
 	t.Helper()
 	if opts.CertFile == "" {
 		opts.CertFile, opts.KeyFile = ca.ServerFiles(t, "nodeguard")
@@ -210,7 +210,7 @@ func TestOrphanNodesAreReaped(t *testing.T) {
 // all that stands between the Node and its delete.
 func TestOrphanNodeWithItsInfraMachineIsKept(t *testing.T) {
 	cfg := apiServer(t)
-	clients, err := kubeclient.FromConfig(cfg)
+	clients, err := kube.FromConfig(cfg)
 	require.NoError(t, err)
 	serveWith(t, clients, testpki.New(t), serve.Options{Listen: "127.0.0.1:0", Orphans: reaping(time.Second)})
 	kube, dyn := clientsFor(t, cfg)
@@ -237,7 +237,7 @@ func TestOrphanNodesAreReapedInAWorkloadCluster(t *testing.T) {
 	reap := reaping(2 * time.Second)
 	reap.WorkloadClusters = true
 	// The management cluster's own Nodes are not judged here: no webhook there.
-	clients, err := kubeclient.FromConfig(mgmt)
+	clients, err := kube.FromConfig(mgmt)
 	require.NoError(t, err)
 	ca := testpki.New(t)
 	url, _ := serveWith(t, clients, ca, serve.Options{Listen: "127.0.0.1:0", Orphans: reap})

@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
@@ -57,7 +57,7 @@ func nodeguardProvider(t *testing.T, cfg *rest.Config, gatekeeperCA string, keep
 	if keep {
 		cfg = asDeployed(t, cfg, "external-data")
 	}
-	clients, err := kubeclient.FromConfig(cfg)
+	clients, err := kube.FromConfig(cfg)
 	require.NoError(t, err)
 	// The Provider's URL must be known before nodeguard listens.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -79,7 +79,7 @@ func nodeguardProvider(t *testing.T, cfg *rest.Config, gatekeeperCA string, keep
 // authority.
 func (p *provider) restart(t *testing.T, cfg *rest.Config) {
 	t.Helper()
-	clients, err := kubeclient.FromConfig(cfg)
+	clients, err := kube.FromConfig(cfg)
 	require.NoError(t, err)
 	_, p.stop = serveWith(t, clients, p.ca, p.opts)
 }
@@ -237,7 +237,7 @@ func asDeployed(t *testing.T, cfg *rest.Config, components ...string) *rest.Conf
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o600))
 	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
 	require.NoError(t, err)
-	clients, err := kubeclient.FromConfig(cfg)
+	clients, err := kube.FromConfig(cfg)
 	require.NoError(t, err)
 	for _, r := range m.Resources() {
 		if kind := r.GetKind(); kind != "Namespace" && kind != "ServiceAccount" && !strings.HasPrefix(r.GetApiVersion(), "rbac.") {

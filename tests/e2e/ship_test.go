@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	ngkube "github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
@@ -57,7 +57,7 @@ func TestChartPassesServerSideDryRun(t *testing.T) {
 	installCRDs(t, env, certManagerModule, "deploy/crds/crd-issuers.yaml", "deploy/crds/crd-certificates.yaml")
 	installCRDs(t, env, prometheusOperatorModule, "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
 		"example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml")
-	clients, err := kubeclient.FromConfig(cfg)
+	clients, err := ngkube.FromConfig(cfg)
 	require.NoError(t, err)
 	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeguard-system",
 		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}}}, metav1.CreateOptions{})
@@ -205,7 +205,7 @@ func TestServeWithASignedBundle(t *testing.T) {
 // server's Node deletes at it.
 func bundleServe(t *testing.T, cfg *rest.Config, kube kubernetes.Interface, bundle rule.BundleOptions) {
 	t.Helper()
-	clients, err := kubeclient.FromConfig(cfg)
+	clients, err := ngkube.FromConfig(cfg)
 	require.NoError(t, err)
 	ca := testpki.New(t)
 	cert, keyFile := ca.ServerFiles(t, "nodeguard")

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -17,8 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/scheme"
-
-	"github.com/nodeguard/nodeguard/enforcer/identity"
 )
 
 // nodeServer is a simulated workload API server: it serves one cluster's
@@ -222,7 +221,7 @@ func serveIdentity(w http.ResponseWriter, r *http.Request, cluster string) bool 
 			"status": map[string]any{"token": "token-of-" + cluster, "expirationTimestamp": time.Now().Add(time.Hour).UTC().Format(time.RFC3339)}})
 	case r.Method == http.MethodPost && r.URL.Path == "/apis/authentication.k8s.io/v1/selfsubjectreviews":
 		writeJSON(w, http.StatusCreated, map[string]any{"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
-			"status": map[string]any{"userInfo": map[string]any{"username": identity.Username}}})
+			"status": map[string]any{"userInfo": map[string]any{"username": kube.Username}}})
 	default:
 		return false
 	}

@@ -36,7 +36,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/informers"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/internal/stacks"
@@ -205,7 +205,7 @@ func (f *fleet) inventory(t testing.TB, ctx context.Context) *clusterenforcer.En
 		f.changes.Send(c)
 		f.relayed.Add(1)
 	}
-	e, err := clusterenforcer.Start(ctx, kubeclient.Clients{Dynamic: f.mgmt, Mapper: f.mapper}, clusterenforcer.Options{OnChange: relay, Engine: testcluster.Engine(t)})
+	e, err := clusterenforcer.Start(ctx, kube.Clients{Dynamic: f.mgmt, Mapper: f.mapper}, clusterenforcer.Options{OnChange: relay, Engine: testcluster.Engine(t)})
 	require.NoError(t, err)
 	require.NoError(t, clusterenforcer.WaitReady(ctx, e.Syncer.Ready, 5*time.Minute))
 	for _, n := range e.Inventory.Count() {
@@ -217,7 +217,7 @@ func (f *fleet) inventory(t testing.TB, ctx context.Context) *clusterenforcer.En
 // start runs the orphan scan over the inventory, as serve does.
 func (f *fleet) start(t testing.TB, ctx context.Context, e *clusterenforcer.Enforcer) {
 	t.Helper()
-	clients := kubeclient.Clients{Dynamic: f.mgmt, Mapper: f.mapper}
+	clients := kube.Clients{Dynamic: f.mgmt, Mapper: f.mapper}
 	scan := serve.OrphanScan{Management: clients, Kube: f.secrets, Enforcer: e, Changes: f.changes, Registry: f.reg,
 		Options: serve.ReapOptions{Grace: grace, Interval: interval, WorkloadClusters: true},
 		Log:     slog.New(slog.NewJSONHandler(&errorsOnly{t: t}, &slog.HandlerOptions{Level: slog.LevelWarn}))}

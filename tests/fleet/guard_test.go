@@ -24,10 +24,8 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
 	ngfleet "github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/identity"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/procstatus"
@@ -243,9 +241,9 @@ func startGuardFleet(t testing.TB, ctx context.Context, n int) *guardFleet {
 	dyn, mapper := testcluster.Serve([]testcluster.Kind{{GVK: clusterGVK, Resource: "clusters"}}, objs...)
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	require.NoError(t, os.WriteFile(caFile, testpki.CAPEM(t), 0o600))
-	set, err := clusters.New(clusters.Options{Management: kubeclient.Clients{Dynamic: dyn, Mapper: mapper}, Secrets: secrets,
-		Identity: &identity.Options{Delete: true, Owns: webhookconfig.Rules()},
-		Start:    func(ctx context.Context, c *clusters.Cluster) { f.r.Session(ctx, c) },
+	set, err := kube.NewClusterSet(kube.ClusterSetOptions{Management: kube.Clients{Dynamic: dyn, Mapper: mapper}, Secrets: secrets,
+		Identity: &kube.IdentityOptions{Delete: true, Owns: webhookconfig.Rules()},
+		Start:    func(ctx context.Context, c *kube.Cluster) { f.r.Session(ctx, c) },
 		Changed:  func(key string) { f.r.Changed(key) }})
 	require.NoError(t, err)
 	f.r, err = ngfleet.New(ngfleet.Options{Clusters: set, URL: "https://nodeguard.example.com", CAFiles: []string{caFile}, ProofInterval: *guardProofFlag})
@@ -315,7 +313,7 @@ func TestSmallFleetIsGuarded(t *testing.T) {
 	f := startGuardFleet(t, ctx, 20)
 	require.Eventually(t, func() bool { return f.guarded() == 20 }, time.Minute, 50*time.Millisecond)
 	for _, st := range f.r.States() {
-		assert.Equal(t, identity.Username, st.Identity, "%s: proven as nodeguard's own identity", st.Cluster)
+		assert.Equal(t, kube.Username, st.Identity, "%s: proven as nodeguard's own identity", st.Cluster)
 	}
 	s := f.servers["fleet/prod-0007"]
 	writes := s.requests["vwc-write"].Load()

@@ -35,7 +35,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
@@ -178,8 +178,8 @@ func unstructuredOf(obj map[string]any) *unstructured.Unstructured {
 var (
 	binDir       = flag.String("bin", os.Getenv("NODEGUARD_E2E_BIN"), "directory with kube-apiserver and etcd, for BenchmarkWebhookFresh (tests/e2e/tools/build.sh prints it)")
 	freshNodes   = flag.Int("fresh-nodes", 100, "CAPD Machines (Node, Machine, DockerMachine) on the API server for BenchmarkWebhookFresh")
-	kubeAPIQPS   = flag.Float64("kube-api-qps", float64(kubeclient.DefaultQPS), "nodeguard's client rate limit in BenchmarkWebhookFresh")
-	kubeAPIBurst = flag.Int("kube-api-burst", kubeclient.DefaultBurst, "nodeguard's client burst in BenchmarkWebhookFresh")
+	kubeAPIQPS   = flag.Float64("kube-api-qps", float64(kube.DefaultQPS), "nodeguard's client rate limit in BenchmarkWebhookFresh")
+	kubeAPIBurst = flag.Int("kube-api-burst", kube.DefaultBurst, "nodeguard's client burst in BenchmarkWebhookFresh")
 )
 
 // BenchmarkWebhookFresh is the live path: `nodeguard serve` with informers
@@ -209,7 +209,7 @@ func BenchmarkWebhookFresh(b *testing.B) {
 	}
 	cfg := rest.CopyConfig(admin)
 	cfg.QPS, cfg.Burst = float32(*kubeAPIQPS), *kubeAPIBurst
-	clients, err := kubeclient.FromConfig(cfg)
+	clients, err := kube.FromConfig(cfg)
 	require.NoError(b, err)
 	ca := testpki.New(b)
 	cert, key := ca.ServerFiles(b, "load")

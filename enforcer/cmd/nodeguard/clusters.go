@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 )
 
@@ -22,7 +22,7 @@ func clustersCommand(code *int) *cobra.Command {
 			"route), wired, CA current, the last proof and the reason when unguarded (docs/operate.md, \"The fleet\").",
 		Args: cobra.NoArgs,
 		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) {
-			c, err := kubeclient.Connect(kubeconfig, kcContext)
+			c, err := kube.Connect(kubeconfig, kcContext)
 			if err != nil {
 				return 1, err
 			}

@@ -33,7 +33,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghostlist"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/orphanlist"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
@@ -299,8 +299,8 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&opts.Orphans.Ghosts.Window, "ghost-window", tombstones.DefaultWindow, "how long the providerID of a Machine, InfraMachine or pool membership that went away stays tombstoned: a Node alive again with it, linked by nothing, is a ghost (docs/ghosts.md); 0 turns ghost detection off (it runs with the orphan scan)")
 	f.IntVar(&opts.Orphans.Ghosts.Max, "ghost-tombstones-max", tombstones.DefaultMax, "most tombstones kept (in the ConfigMap nodeguard-tombstones); the oldest go first")
 	f.Var(&protectionFlag{&opts.Orphans.Ghosts.Protection}, "ghost-protection", "what is done about a ghost Node besides reporting it: off, deny (its registration is denied: add the registration webhook, webhook-config --ghost-registrations; the fleet adds it) or taint (tainted "+ghosts.TaintKey+":NoExecute); a Cluster's nodeguard.io/ghost-protection annotation sets its own")
-	f.Float32Var(&opts.KubeAPIQPS, "kube-api-qps", kubeclient.DefaultQPS, "queries per second to the API server (informers and fresh reads); sized for bursts of Node deletes")
-	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", kubeclient.DefaultBurst, "burst of queries to the API server above --kube-api-qps")
+	f.Float32Var(&opts.KubeAPIQPS, "kube-api-qps", kube.DefaultQPS, "queries per second to the API server (informers and fresh reads); sized for bursts of Node deletes")
+	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", kube.DefaultBurst, "burst of queries to the API server above --kube-api-qps")
 	f.IntVar(&opts.MaxConcurrentDecisions, "max-concurrent-decisions", webhook.DefaultMaxConcurrentDecisions, "decisions made at once; further reviews wait for a slot within their deadline")
 	f.StringVar(&opts.MetricsBindAddress, "metrics-bind-address", serve.DefaultMetricsBindAddress, "address to serve /metrics on over HTTP; 0 disables")
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", serve.DefaultHealthProbeBindAddress, "address to serve /healthz and /readyz on over HTTP; 0 disables")
@@ -415,7 +415,7 @@ func webhookConfigCommand() *cobra.Command {
 				_, err = cmd.OutOrStdout().Write(out)
 				return err
 			}
-			c, err := kubeclient.Connect(kubeconfig, kcContext)
+			c, err := kube.Connect(kubeconfig, kcContext)
 			if err != nil {
 				return err
 			}
@@ -510,7 +510,7 @@ func (*matchConditionsFlag) Type() string { return "NAME=CEL" }
 type configObject struct {
 	what    string
 	render  func() ([]byte, error)
-	install func(ctx context.Context, mgmt kubernetes.Interface, c kubeclient.Clients) (string, error)
+	install func(ctx context.Context, mgmt kubernetes.Interface, c kube.Clients) (string, error)
 }
 
 func configManifest(ctx context.Context, opts webhookconfig.Options, gatekeeperProvider bool) (configObject, error) {
@@ -524,7 +524,7 @@ func configManifest(ctx context.Context, opts webhookconfig.Options, gatekeeperP
 			return configObject{}, err
 		}
 		return configObject{what: "Provider " + name, render: func() ([]byte, error) { return webhookconfig.ProviderYAML(p) },
-			install: func(ctx context.Context, mgmt kubernetes.Interface, c kubeclient.Clients) (string, error) {
+			install: func(ctx context.Context, mgmt kubernetes.Interface, c kube.Clients) (string, error) {
 				client, where, err := webhookconfig.Target(ctx, mgmt, c.Dynamic, opts.Cluster, dial)
 				if err != nil {
 					return "", err
@@ -537,7 +537,7 @@ func configManifest(ctx context.Context, opts webhookconfig.Options, gatekeeperP
 		return configObject{}, err
 	}
 	return configObject{what: "ValidatingWebhookConfiguration " + cfg.Name, render: func() ([]byte, error) { return webhookconfig.YAML(cfg) },
-		install: func(ctx context.Context, mgmt kubernetes.Interface, c kubeclient.Clients) (string, error) {
+		install: func(ctx context.Context, mgmt kubernetes.Interface, c kube.Clients) (string, error) {
 			client, where, err := webhookconfig.Target(ctx, mgmt, c.Dynamic, opts.Cluster, dial)
 			if err != nil {
 				return "", err

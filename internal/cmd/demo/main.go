@@ -33,7 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
@@ -264,7 +264,7 @@ func startNodeguard(ctx context.Context, cfg *rest.Config, work string) (string,
 	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
 		return "", "", nil, nil, fmt.Errorf("write key: %w", err)
 	}
-	clients, err := kubeclient.FromConfig(cfg)
+	clients, err := kube.FromConfig(cfg)
 	if err != nil {
 		return "", "", nil, nil, err
 	}

@@ -19,7 +19,7 @@
 // reach a workload cluster once use Connect, the same way from kubeconfig to
 // client. One loop (kube.Loop) reconciles every Cluster: its connection, its
 // Secret read again every Recheck, its next probe.
-package clusters
+package kube
 
 import (
 	"context"
@@ -46,9 +46,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nodeguard/nodeguard/enforcer/identity"
-	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
 )
 
@@ -76,14 +73,14 @@ type Cluster struct {
 	// Identity, when the Set installs one (Options.Identity), is
 	// nodeguard's own ServiceAccount there, which Config authenticates as;
 	// a part refused as unauthorized or forbidden has it Repair.
-	Identity *identity.Session
+	Identity *IdentitySession
 }
 
 // Options configure a Set.
-type Options struct {
+type ClusterSetOptions struct {
 	// Management is the management cluster: Clusters are watched through
 	// Dynamic and Mapper, kubeconfig Secrets read (GET only) through Secrets.
-	Management kubeclient.Clients
+	Management Clients
 	Secrets    kubernetes.Interface
 	// Recheck is how often every Cluster's Secret is read again, to see a
 	// rotated kubeconfig (default DefaultRecheck); failures retry sooner,
@@ -119,22 +116,22 @@ type Options struct {
 	// ServiceAccount in the workload cluster (package identity), installed
 	// with the kubeconfig's credentials when it starts; a cluster where that
 	// fails has no connection, and the failure is retried.
-	Identity *identity.Options
+	Identity *IdentityOptions
 	// Metrics, when set, counts failures and probes.
-	Metrics *Metrics
+	Metrics *ClusterMetrics
 }
 
 // DefaultRecheck is how often kubeconfig Secrets are read again.
-const DefaultRecheck = time.Minute
+const DefaultClusterRecheck = time.Minute
 
 // Set keeps one connection per workload Cluster with a readable kubeconfig.
-type Set struct {
-	opts Options
-	loop *kube.Loop[string]
+type ClusterSet struct {
+	opts ClusterSetOptions
+	loop *Loop[string]
 
 	mu        sync.Mutex
-	listed    bool            // the Clusters' informer synced
-	clusters  map[string]Meta // Clusters that exist
+	listed    bool                   // the Clusters' informer synced
+	clusters  map[string]ClusterMeta // Clusters that exist
 	conns     map[string]*conn
 	failures  map[string]error     // why a Cluster has no connection
 	secretDue map[string]time.Time // when its Secret is read next (absent: now)
@@ -142,7 +139,7 @@ type Set struct {
 
 // Meta is what the Set keeps of a Cluster: what says whether, and how, a
 // caller acts on it.
-type Meta struct {
+type ClusterMeta struct {
 	// APIVersion and UID name the Cluster object, for an Event on it.
 	APIVersion string
 	UID        types.UID
@@ -157,7 +154,7 @@ type Meta struct {
 // AnnotationPrefix starts the annotations of a Cluster that Meta keeps.
 const AnnotationPrefix = "nodeguard.io/"
 
-func (m Meta) equal(o Meta) bool {
+func (m ClusterMeta) equal(o ClusterMeta) bool {
 	return m.Deleting == o.Deleting && m.UID == o.UID && maps.Equal(m.Labels, o.Labels) && maps.Equal(m.Annotations, o.Annotations)
 }
 
@@ -169,18 +166,18 @@ type conn struct {
 	done    chan struct{}
 
 	// Guarded by the Set's mu.
-	health    Health
+	health    ClusterHealth
 	lastProbe time.Time
 	suspected bool // a request or watch failed since the last probe
 }
 
 // New returns a Set; Run runs it.
-func New(opts Options) (*Set, error) {
+func NewClusterSet(opts ClusterSetOptions) (*ClusterSet, error) {
 	if opts.Management.Dynamic == nil || opts.Management.Mapper == nil || opts.Secrets == nil || opts.Start == nil {
 		return nil, errors.New("clusters: the management cluster's clients and a Start function are required")
 	}
 	if opts.Recheck <= 0 {
-		opts.Recheck = DefaultRecheck
+		opts.Recheck = DefaultClusterRecheck
 	}
 	if opts.ProbeInterval <= 0 {
 		opts.ProbeInterval = DefaultProbeInterval
@@ -200,20 +197,20 @@ func New(opts Options) (*Set, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Set{
+	s := &ClusterSet{
 		opts:      opts,
-		clusters:  map[string]Meta{},
+		clusters:  map[string]ClusterMeta{},
 		conns:     map[string]*conn{},
 		failures:  map[string]error{},
 		secretDue: map[string]time.Time{},
 	}
-	s.loop = kube.NewLoop(kube.LoopOptions{Name: "workload-clusters", Workers: opts.Workers, BaseBackoff: defaultProbeBackoffBase,
+	s.loop = NewLoop(LoopOptions{Name: "workload-clusters", Workers: opts.Workers, BaseBackoff: defaultProbeBackoffBase,
 		MaxBackoff: opts.Recheck}, s.reconcile)
 	return s, nil
 }
 
 // Get returns the connection of the Cluster key, when it has one.
-func (s *Set) Get(key string) (*Cluster, bool) {
+func (s *ClusterSet) Get(key string) (*Cluster, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c, ok := s.conns[key]; ok {
@@ -226,7 +223,7 @@ func (s *Set) Get(key string) (*Cluster, bool) {
 // Cluster that is being connected (it exists, and no failure is known yet):
 // a caller that runs first thing after a start (a denial's Event) gets the
 // connection rather than a miss.
-func (s *Set) Await(ctx context.Context, key string, wait time.Duration) (*Cluster, error) {
+func (s *ClusterSet) Await(ctx context.Context, key string, wait time.Duration) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for {
@@ -250,23 +247,23 @@ func (s *Set) Await(ctx context.Context, key string, wait time.Duration) (*Clust
 
 // Health says whether the Cluster key's API server answers, as its
 // connection last found.
-func (s *Set) Health(key string) Health {
+func (s *ClusterSet) Health(key string) ClusterHealth {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c, ok := s.conns[key]; ok {
 		return c.health
 	}
-	return Health{}
+	return ClusterHealth{}
 }
 
-func (s *Set) synced() bool {
+func (s *ClusterSet) synced() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.listed
 }
 
 // Meta returns what the Set keeps of the Cluster key, and whether it exists.
-func (s *Set) Meta(key string) (Meta, bool) {
+func (s *ClusterSet) Meta(key string) (ClusterMeta, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m, ok := s.clusters[key]
@@ -274,7 +271,7 @@ func (s *Set) Meta(key string) (Meta, bool) {
 }
 
 // Clusters returns every Cluster that exists, sorted.
-func (s *Set) Clusters() []string {
+func (s *ClusterSet) Clusters() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Sorted(maps.Keys(s.clusters))
@@ -283,14 +280,14 @@ func (s *Set) Clusters() []string {
 // Failure is why the Cluster key has no connection (its kubeconfig Secret
 // is missing, unreadable or invalid, or nodeguard's identity could not be
 // installed there), or nil.
-func (s *Set) Failure(key string) error {
+func (s *ClusterSet) Failure(key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.failures[key]
 }
 
 // Keys returns the Clusters with a connection, sorted.
-func (s *Set) Keys() []string {
+func (s *ClusterSet) Keys() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Sorted(maps.Keys(s.conns))
@@ -298,7 +295,7 @@ func (s *Set) Keys() []string {
 
 // Run watches Clusters and keeps their connections until ctx is done; it
 // returns once every session has stopped.
-func (s *Set) Run(ctx context.Context) error {
+func (s *ClusterSet) Run(ctx context.Context) error {
 	mapping, err := s.clusterResource(ctx)
 	if err != nil {
 		return err
@@ -340,10 +337,10 @@ func (s *Set) Run(ctx context.Context) error {
 const clusterRetry = 30 * time.Second
 
 // clusterResource finds the Cluster resource, waiting for it to be served.
-func (s *Set) clusterResource(ctx context.Context) (*meta.RESTMapping, error) {
+func (s *ClusterSet) clusterResource(ctx context.Context) (*meta.RESTMapping, error) {
 	logged := false
 	for {
-		mapping, err := kubeclient.RESTMapping(s.opts.Management.Mapper, ClusterKind)
+		mapping, err := RESTMapping(s.opts.Management.Mapper, ClusterKind)
 		if err == nil {
 			return mapping, nil
 		}
@@ -387,7 +384,7 @@ func reduce(obj any) (any, error) {
 	return out, nil
 }
 
-func (s *Set) clusterEvent(obj any, exists bool) {
+func (s *ClusterSet) clusterEvent(obj any, exists bool) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
@@ -396,7 +393,7 @@ func (s *Set) clusterEvent(obj any, exists bool) {
 		return
 	}
 	key := m.GetNamespace() + "/" + m.GetName()
-	meta := Meta{UID: m.GetUID(), Labels: m.GetLabels(), Annotations: m.GetAnnotations(), Deleting: m.GetDeletionTimestamp() != nil}
+	meta := ClusterMeta{UID: m.GetUID(), Labels: m.GetLabels(), Annotations: m.GetAnnotations(), Deleting: m.GetDeletionTimestamp() != nil}
 	if u, ok := obj.(*unstructured.Unstructured); ok {
 		meta.APIVersion = u.GetAPIVersion()
 	}
@@ -418,7 +415,7 @@ func (s *Set) clusterEvent(obj any, exists bool) {
 	s.changed(key)
 }
 
-func (s *Set) changed(key string) {
+func (s *ClusterSet) changed(key string) {
 	if s.opts.Changed != nil {
 		s.opts.Changed(key)
 	}
@@ -427,7 +424,7 @@ func (s *Set) changed(key string) {
 // reconcile keeps the connection of key as its Cluster and Secret say, and
 // probes it when a probe is due; it asks to be run again when the next
 // Secret read or probe is.
-func (s *Set) reconcile(ctx context.Context, key string) kube.Result {
+func (s *ClusterSet) reconcile(ctx context.Context, key string) Result {
 	s.mu.Lock()
 	_, exists := s.clusters[key]
 	due, read := s.secretDue[key]
@@ -440,7 +437,7 @@ func (s *Set) reconcile(ctx context.Context, key string) kube.Result {
 		delete(s.secretDue, key)
 		s.mu.Unlock()
 		s.opts.Metrics.forget(key)
-		return kube.Result{}
+		return Result{}
 	}
 	now := time.Now()
 	if !read || !now.Before(due) || !connected {
@@ -464,20 +461,20 @@ func (s *Set) reconcile(ctx context.Context, key string) kube.Result {
 		}
 		s.mu.Unlock()
 		if !connected {
-			return kube.Result{Retry: ctx.Err() == nil}
+			return Result{Retry: ctx.Err() == nil}
 		}
 	}
 	next := s.probe(ctx, key)
 	s.mu.Lock()
 	secret := s.secretDue[key]
 	s.mu.Unlock()
-	return kube.Result{After: max(time.Millisecond, min(time.Until(secret), next))}
+	return Result{After: max(time.Millisecond, min(time.Until(secret), next))}
 }
 
 // setFailure records why key has no connection (nil: it has one, or the
 // failure is gone); a different failure is a change too: a missing Secret
 // that appears pointing at an API server that does not answer, say.
-func (s *Set) setFailure(ctx context.Context, key string, err error) {
+func (s *ClusterSet) setFailure(ctx context.Context, key string, err error) {
 	if ctx.Err() != nil {
 		err = nil
 	}
@@ -496,7 +493,7 @@ func (s *Set) setFailure(ctx context.Context, key string, err error) {
 
 // connect reads the Cluster's kubeconfig and (re)starts its connection when
 // there is none or the kubeconfig changed.
-func (s *Set) connect(ctx context.Context, key string) error {
+func (s *ClusterSet) connect(ctx context.Context, key string) error {
 	kubeconfig, err := ReadKubeconfig(ctx, s.opts.Secrets, key)
 	if err != nil {
 		if !unanswered(err) {
@@ -511,7 +508,7 @@ func (s *Set) connect(ctx context.Context, key string) error {
 	if running && current.digest == digest {
 		return nil
 	}
-	cfg, err := Config(key, kubeconfig)
+	cfg, err := ClusterConfig(key, kubeconfig)
 	if err != nil {
 		s.disconnect(key)
 		return err
@@ -537,12 +534,12 @@ func (s *Set) connect(ctx context.Context, key string) error {
 
 // identity installs nodeguard's ServiceAccount in c's cluster and returns
 // the clients that authenticate as it.
-func (s *Set) identity(ctx context.Context, c *Cluster, suspect func(error)) (*Cluster, error) {
+func (s *ClusterSet) identity(ctx context.Context, c *Cluster, suspect func(error)) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	opts := *s.opts.Identity
 	opts.Log = s.opts.Log.With("cluster", c.Key)
-	id, err := identity.Ensure(ctx, c.Config, opts)
+	id, err := EnsureIdentity(ctx, c.Config, opts)
 	if err != nil {
 		return nil, fmt.Errorf("workload cluster %s: nodeguard's own identity: %w", c.Key, err)
 	}
@@ -556,15 +553,15 @@ func (s *Set) identity(ctx context.Context, c *Cluster, suspect func(error)) (*C
 
 // build makes a Cluster's clients from cfg, every request observed for the
 // health checks.
-func (s *Set) build(key string, cfg *rest.Config, suspect func(error)) (*Cluster, error) {
+func (s *ClusterSet) build(key string, cfg *rest.Config, suspect func(error)) (*Cluster, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.QPS, cfg.Burst = s.opts.QPS, s.opts.Burst
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &observer{next: rt, suspect: suspect} })
-	clients, err := kubeclient.FromConfig(cfg)
+	clients, err := FromConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("clients of Cluster %s: %w", key, err)
 	}
-	kube, err := kubeclient.Protobuf(clients.Config)
+	kube, err := Protobuf(clients.Config)
 	if err != nil {
 		return nil, fmt.Errorf("clients of Cluster %s: %w", key, err)
 	}
@@ -577,7 +574,7 @@ func (s *Set) build(key string, cfg *rest.Config, suspect func(error)) (*Cluster
 	return &Cluster{Key: key, Config: clients.Config, Kube: kube, Dynamic: clients.Dynamic, Events: events.EventsV1()}, nil
 }
 
-func (s *Set) start(ctx context.Context, c *conn) {
+func (s *ClusterSet) start(ctx context.Context, c *conn) {
 	ctx, cancel := context.WithCancel(ctx)
 	c.cancel = cancel
 	key := c.cluster.Key
@@ -594,7 +591,7 @@ func (s *Set) start(ctx context.Context, c *conn) {
 }
 
 // disconnect ends the connection of key, if any, and waits for its session.
-func (s *Set) disconnect(key string) {
+func (s *ClusterSet) disconnect(key string) {
 	s.mu.Lock()
 	c, ok := s.conns[key]
 	delete(s.conns, key)
@@ -616,7 +613,7 @@ func (s *Set) disconnect(key string) {
 // suspect is told of a failed request or watch of connection c: its
 // cluster is probed now (at most once a second), not at the next
 // scheduled probe.
-func (s *Set) suspect(key string, c *conn, _ error) {
+func (s *ClusterSet) suspect(key string, c *conn, _ error) {
 	s.mu.Lock()
 	if s.conns[key] != c || c.suspected {
 		s.mu.Unlock()
@@ -631,7 +628,7 @@ func (s *Set) suspect(key string, c *conn, _ error) {
 // probe checks the connection of key when a check is due, tells its users
 // when it turned reachable or unreachable, and returns how long until the
 // next check is due.
-func (s *Set) probe(ctx context.Context, key string) time.Duration {
+func (s *ClusterSet) probe(ctx context.Context, key string) time.Duration {
 	s.mu.Lock()
 	c, ok := s.conns[key]
 	if !ok {
@@ -656,7 +653,7 @@ func (s *Set) probe(ctx context.Context, key string) time.Duration {
 	}
 	before := c.health
 	c.lastProbe, c.suspected = start, false
-	c.health = Health{Checked: true, Reachable: err == nil, Since: before.Since, Err: err}
+	c.health = ClusterHealth{Checked: true, Reachable: err == nil, Since: before.Since, Err: err}
 	turned := !before.Checked || before.Reachable != c.health.Reachable
 	if turned {
 		c.health.Since = start
@@ -677,7 +674,7 @@ func (s *Set) probe(ctx context.Context, key string) time.Duration {
 }
 
 // probeDue is when c is checked next; the caller holds mu.
-func (s *Set) probeDue(c *conn) time.Time {
+func (s *ClusterSet) probeDue(c *conn) time.Time {
 	if !c.health.Checked {
 		return time.Time{}
 	}
@@ -691,7 +688,7 @@ func (s *Set) probeDue(c *conn) time.Time {
 }
 
 // Metrics are the Set's Prometheus series.
-type Metrics struct {
+type ClusterMetrics struct {
 	errors   *prometheus.CounterVec
 	sessions *prometheus.GaugeVec
 	reachOK  *prometheus.GaugeVec
@@ -702,9 +699,9 @@ type Metrics struct {
 // stage}, nodeguard_workload_cluster_session{cluster},
 // nodeguard_workload_cluster_reachable{cluster} and
 // nodeguard_workload_cluster_health_checks_total{result}.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+func NewClusterMetrics(reg prometheus.Registerer) (*ClusterMetrics, error) {
 	r := metrics.New(reg)
-	m := &Metrics{
+	m := &ClusterMetrics{
 		errors: r.CounterVec("nodeguard_workload_cluster_errors_total",
 			"Failures reaching a CAPI workload cluster, by cluster and stage: kubeconfig (its Secret missing, unreadable or invalid, or nodeguard's identity not installed), watch (its API server's list or watch failed) or health (its API server stopped answering).", "cluster", "stage"),
 		sessions: r.GaugeVec("nodeguard_workload_cluster_session",
@@ -721,22 +718,22 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // Failed counts one failure of a cluster at a stage ("watch" for callers).
-func (m *Metrics) Failed(cluster, stage string) { m.failed(cluster, stage) }
+func (m *ClusterMetrics) Failed(cluster, stage string) { m.failed(cluster, stage) }
 
-func (m *Metrics) failed(cluster, stage string) {
+func (m *ClusterMetrics) failed(cluster, stage string) {
 	if m != nil {
 		m.errors.WithLabelValues(cluster, stage).Inc()
 	}
 }
 
 // forget drops the series of a Cluster that is gone.
-func (m *Metrics) forget(cluster string) {
+func (m *ClusterMetrics) forget(cluster string) {
 	if m != nil {
 		m.errors.DeletePartialMatch(prometheus.Labels{"cluster": cluster})
 	}
 }
 
-func (m *Metrics) running(cluster string, on bool) {
+func (m *ClusterMetrics) running(cluster string, on bool) {
 	if m == nil {
 		return
 	}
@@ -748,7 +745,7 @@ func (m *Metrics) running(cluster string, on bool) {
 }
 
 // reachable sets a cluster's gauge (nil: drops it).
-func (m *Metrics) reachable(cluster string, ok *bool) {
+func (m *ClusterMetrics) reachable(cluster string, ok *bool) {
 	if m == nil {
 		return
 	}
@@ -763,7 +760,7 @@ func (m *Metrics) reachable(cluster string, ok *bool) {
 	m.reachOK.WithLabelValues(cluster).Set(v)
 }
 
-func (m *Metrics) probed(err error) {
+func (m *ClusterMetrics) probed(err error) {
 	if m == nil {
 		return
 	}
@@ -775,7 +772,7 @@ func (m *Metrics) probed(err error) {
 }
 
 // Errors is the failure counter, for tests.
-func (m *Metrics) Errors() *prometheus.CounterVec { return m.errors }
+func (m *ClusterMetrics) Errors() *prometheus.CounterVec { return m.errors }
 
 // HealthChecks is the health checks' counter, for tests and benchmarks.
-func (m *Metrics) HealthChecks() *prometheus.CounterVec { return m.checks }
+func (m *ClusterMetrics) HealthChecks() *prometheus.CounterVec { return m.checks }

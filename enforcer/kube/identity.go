@@ -5,7 +5,7 @@
 // short-lived tokens, which the ServiceAccount renews itself. The admin
 // credentials are used again only when that fails (the ServiceAccount or its
 // bindings were deleted, or its token expired while nodeguard was down).
-package identity
+package kube
 
 import (
 	"context"
@@ -26,8 +26,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/transport"
-
-	"github.com/nodeguard/nodeguard/enforcer/owned"
 )
 
 // Where nodeguard's identity lives in a workload cluster.
@@ -47,7 +45,7 @@ const ManagedBy = "nodeguard"
 const DefaultTokenTTL = time.Hour
 
 // Options say what the identity may do.
-type Options struct {
+type IdentityOptions struct {
 	// Delete grants Node delete: the fleet's proofs are dry-run deletes,
 	// which RBAC authorizes as deletes, and the reaper deletes orphans.
 	// Without the reaper, nodeguard's webhook denies this identity every
@@ -66,24 +64,24 @@ type Options struct {
 }
 
 // Session is nodeguard's identity in one workload cluster.
-type Session struct {
+type IdentitySession struct {
 	// Config authenticates as the ServiceAccount (no admin credentials).
 	Config *rest.Config
 	admin  *rest.Config
-	opts   Options
+	opts   IdentityOptions
 	tokens *tokens
 }
 
 // Ensure installs the identity with admin (the kubeconfig's credentials),
 // gets its first token, and returns the session that uses it.
-func Ensure(ctx context.Context, admin *rest.Config, opts Options) (*Session, error) {
+func EnsureIdentity(ctx context.Context, admin *rest.Config, opts IdentityOptions) (*IdentitySession, error) {
 	if opts.TokenTTL <= 0 {
 		opts.TokenTTL = DefaultTokenTTL
 	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Session{admin: admin, opts: opts}
+	s := &IdentitySession{admin: admin, opts: opts}
 	if err := s.Repair(ctx); err != nil {
 		return nil, err
 	}
@@ -104,17 +102,17 @@ func Ensure(ctx context.Context, admin *rest.Config, opts Options) (*Session, er
 // Repair installs (again) the ServiceAccount and its RBAC with the admin
 // credentials: a caller whose requests are refused as unauthorized or
 // forbidden calls it, and Ensure does.
-func (s *Session) Repair(ctx context.Context) error {
+func (s *IdentitySession) Repair(ctx context.Context) error {
 	dyn, err := dynamic.NewForConfig(s.admin)
 	if err != nil {
 		return fmt.Errorf("identity: client with the kubeconfig's credentials: %w", err)
 	}
-	objs, err := Objects(s.opts)
+	objs, err := IdentityObjects(s.opts)
 	if err != nil {
 		return err
 	}
 	for _, o := range objs {
-		if _, err := owned.Apply(ctx, dyn, o); err != nil {
+		if _, err := ApplyOwned(ctx, dyn, o); err != nil {
 			return fmt.Errorf("identity: install nodeguard's ServiceAccount: %w", err)
 		}
 	}
@@ -124,8 +122,8 @@ func (s *Session) Repair(ctx context.Context) error {
 // Objects are what Ensure installs: the Namespace, the ServiceAccount, a
 // ClusterRole and a Role with what nodeguard does there, and their
 // bindings.
-func Objects(opts Options) ([]owned.Object, error) {
-	labels := map[string]string{"app.kubernetes.io/name": "nodeguard", owned.Label: ManagedBy}
+func IdentityObjects(opts IdentityOptions) ([]Owned, error) {
+	labels := map[string]string{"app.kubernetes.io/name": "nodeguard", ManagedByLabel: ManagedBy}
 	meta := func(namespace, name string) metav1.ObjectMeta {
 		return metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels}
 	}
@@ -160,9 +158,9 @@ func Objects(opts Options) ([]owned.Object, error) {
 			ObjectMeta: meta(Namespace, Name), Subjects: subject,
 			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: Name}}},
 	}
-	out := make([]owned.Object, 0, len(typed))
+	out := make([]Owned, 0, len(typed))
 	for _, t := range typed {
-		o, err := owned.From(t.gvr, t.obj)
+		o, err := OwnedFrom(t.gvr, t.obj)
 		if err != nil {
 			return nil, fmt.Errorf("identity: %w", err)
 		}
@@ -183,7 +181,7 @@ func tm(apiVersion, kind string) metav1.TypeMeta {
 // next token itself; only when that is refused are the admin credentials
 // used, after installing the identity again.
 type tokens struct {
-	session *Session
+	session *IdentitySession
 	now     func() time.Time
 
 	mu      sync.Mutex

@@ -1,4 +1,4 @@
-package clusters
+package kube
 
 import (
 	"context"
@@ -11,8 +11,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 )
 
 // SplitKey parses a Cluster's key, "namespace/name": both parts are
@@ -27,8 +25,8 @@ func SplitKey(key string) (namespace, name string, err error) {
 
 // Nodes is the Nodes resource of the workload cluster of CAPI Cluster key
 // ("namespace/name"): Dynamic's.
-func Nodes(ctx context.Context, management *rest.Config, key string) (dynamic.ResourceInterface, error) {
-	dyn, err := Dynamic(ctx, management, key)
+func ClusterNodes(ctx context.Context, management *rest.Config, key string) (dynamic.ResourceInterface, error) {
+	dyn, err := ClusterDynamic(ctx, management, key)
 	if err != nil {
 		return nil, err
 	}
@@ -40,7 +38,7 @@ func Nodes(ctx context.Context, management *rest.Config, key string) (dynamic.Re
 // management cluster of management: for the commands that reach a workload
 // cluster once (check, audit, cleanup, webhook-config), where serve keeps
 // connections (Set).
-func Dynamic(ctx context.Context, management *rest.Config, key string) (dynamic.Interface, error) {
+func ClusterDynamic(ctx context.Context, management *rest.Config, key string) (dynamic.Interface, error) {
 	if management == nil {
 		return nil, fmt.Errorf("cluster %s: no REST config to read its kubeconfig Secret with", key)
 	}
@@ -48,7 +46,7 @@ func Dynamic(ctx context.Context, management *rest.Config, key string) (dynamic.
 	if err != nil {
 		return nil, fmt.Errorf("create client: %w", err)
 	}
-	cfg, err := Connect(ctx, secrets, key)
+	cfg, err := ConnectCluster(ctx, secrets, key)
 	if err != nil {
 		return nil, err
 	}
@@ -61,8 +59,8 @@ func Dynamic(ctx context.Context, management *rest.Config, key string) (dynamic.
 
 // Keys are CAPI Clusters of the cluster of c, "namespace/name", sorted:
 // one, checked to exist, or all ("").
-func Keys(ctx context.Context, c kubeclient.Clients, one string) ([]string, error) {
-	mapping, err := kubeclient.RESTMapping(c.Mapper, ClusterKind)
+func ClusterKeys(ctx context.Context, c Clients, one string) ([]string, error) {
+	mapping, err := RESTMapping(c.Mapper, ClusterKind)
 	if err != nil {
 		return nil, fmt.Errorf("find Cluster API's Clusters: %w", err)
 	}

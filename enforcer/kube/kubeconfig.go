@@ -1,4 +1,4 @@
-package clusters
+package kube
 
 import (
 	"context"
@@ -61,7 +61,7 @@ func unanswered(err error) bool {
 // Config is the REST config of a workload Cluster's kubeconfig: the one way
 // from a kubeconfig to a client, for the Set's connections and the commands
 // that reach a workload cluster once.
-func Config(key string, kubeconfig []byte) (*rest.Config, error) {
+func ClusterConfig(key string, kubeconfig []byte) (*rest.Config, error) {
 	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig of Cluster %s (Secret %s): %w", key, KubeconfigSecret(key), err)
@@ -71,10 +71,10 @@ func Config(key string, kubeconfig []byte) (*rest.Config, error) {
 
 // Connect reads the kubeconfig of the workload Cluster key through secrets
 // and returns its REST config.
-func Connect(ctx context.Context, secrets kubernetes.Interface, key string) (*rest.Config, error) {
+func ConnectCluster(ctx context.Context, secrets kubernetes.Interface, key string) (*rest.Config, error) {
 	kubeconfig, err := ReadKubeconfig(ctx, secrets, key)
 	if err != nil {
 		return nil, err
 	}
-	return Config(key, kubeconfig)
+	return ClusterConfig(key, kubeconfig)
 }

@@ -1,4 +1,4 @@
-package kubeclient_test
+package kube_test
 
 import (
 	"bytes"
@@ -8,16 +8,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
 )
 
 // The API server's warnings reach the JSON log once each.
 func TestWarningsAreLoggedOnceEachAsJSON(t *testing.T) {
 	var out bytes.Buffer
-	h := kubeclient.LogWarnings(slog.New(slog.NewJSONHandler(&out, nil)))
+	h := kube.LogWarnings(slog.New(slog.NewJSONHandler(&out, nil)))
 	for range 3 {
 		h.HandleWarningHeaderWithContext(context.Background(), 299, "-", "infrastructure.cluster.x-k8s.io/v1beta2 DockerMachine is deprecated")
 	}

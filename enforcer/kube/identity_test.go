@@ -1,4 +1,4 @@
-package identity
+package kube
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 func TestObjectsGrantOnlyWhatIsAsked(t *testing.T) {
 	owns := rbacv1.PolicyRule{APIGroups: []string{"x.io"}, Resources: []string{"things"}, ResourceNames: []string{"one"}, Verbs: []string{"get"}}
 	for _, del := range []bool{false, true} {
-		objs, err := Objects(Options{Delete: del, Owns: []rbacv1.PolicyRule{owns}})
+		objs, err := IdentityObjects(IdentityOptions{Delete: del, Owns: []rbacv1.PolicyRule{owns}})
 		require.NoError(t, err)
 		kinds := map[string]map[string]any{}
 		for _, o := range objs {
@@ -92,7 +92,7 @@ func TestTokensRenewThemselvesAndFallBackToTheAdmin(t *testing.T) {
 	t.Cleanup(srv.Close)
 	admin := &rest.Config{Host: srv.URL, BearerToken: "admin"}
 	ctx := context.Background()
-	sess, err := Ensure(ctx, admin, Options{})
+	sess, err := EnsureIdentity(ctx, admin, IdentityOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, 6, s.applies, "installed with the admin's credentials")
 	assert.Equal(t, []string{"Bearer admin"}, s.tokens, "its first token asked by the admin")

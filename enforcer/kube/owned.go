@@ -3,7 +3,7 @@
 // way: server-side apply under one field manager, so `kubectl get
 // --show-managed-fields` names nodeguard for every field it set and another
 // manager's change to one of them is taken back on the next apply.
-package owned
+package kube
 
 import (
 	"context"
@@ -24,32 +24,32 @@ const FieldManager = "nodeguard"
 
 // Label marks an object as nodeguard's, and its value says which component
 // keeps it.
-const Label = "app.kubernetes.io/managed-by"
+const ManagedByLabel = "app.kubernetes.io/managed-by"
 
 // Object is what Apply writes: the resource and the object, cluster-scoped
 // when it has no namespace.
-type Object struct {
+type Owned struct {
 	Resource schema.GroupVersionResource
 	Object   *unstructured.Unstructured
 }
 
 // From converts a typed object (with its TypeMeta set) for Apply.
-func From(gvr schema.GroupVersionResource, obj runtime.Object) (Object, error) {
+func OwnedFrom(gvr schema.GroupVersionResource, obj runtime.Object) (Owned, error) {
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
 	if err != nil {
-		return Object{}, fmt.Errorf("convert %s: %w", gvr.Resource, err)
+		return Owned{}, fmt.Errorf("convert %s: %w", gvr.Resource, err)
 	}
-	return Object{Resource: gvr, Object: &unstructured.Unstructured{Object: m}}, nil
+	return Owned{Resource: gvr, Object: &unstructured.Unstructured{Object: m}}, nil
 }
 
-func (o Object) client(c dynamic.Interface) dynamic.ResourceInterface {
+func (o Owned) client(c dynamic.Interface) dynamic.ResourceInterface {
 	if ns := o.Object.GetNamespace(); ns != "" {
 		return c.Resource(o.Resource).Namespace(ns)
 	}
 	return c.Resource(o.Resource)
 }
 
-func (o Object) String() string {
+func (o Owned) String() string {
 	if ns := o.Object.GetNamespace(); ns != "" {
 		return fmt.Sprintf("%s %s/%s", o.Object.GetKind(), ns, o.Object.GetName())
 	}
@@ -58,7 +58,7 @@ func (o Object) String() string {
 
 // Apply writes o with server-side apply, forcing nodeguard's ownership of
 // the fields it sets, and returns the object as the API server stored it.
-func Apply(ctx context.Context, c dynamic.Interface, o Object) (*unstructured.Unstructured, error) {
+func ApplyOwned(ctx context.Context, c dynamic.Interface, o Owned) (*unstructured.Unstructured, error) {
 	out, err := o.client(c).Apply(ctx, o.Object.GetName(), o.Object, metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
 	if err != nil {
 		return nil, fmt.Errorf("apply %s: %w", o, err)
@@ -69,7 +69,7 @@ func Apply(ctx context.Context, c dynamic.Interface, o Object) (*unstructured.Un
 // Create writes o only if it does not exist yet (an apply cannot say so):
 // the error is AlreadyExists (apierrors.IsAlreadyExists) when another writer
 // created it first.
-func Create(ctx context.Context, c dynamic.Interface, o Object) (*unstructured.Unstructured, error) {
+func CreateOwned(ctx context.Context, c dynamic.Interface, o Owned) (*unstructured.Unstructured, error) {
 	out, err := o.client(c).Create(ctx, o.Object, metav1.CreateOptions{FieldManager: FieldManager})
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", o, err)
@@ -83,8 +83,8 @@ func Create(ctx context.Context, c dynamic.Interface, o Object) (*unstructured.U
 // objectSelector that would let Nodes pass, say), so where the applied
 // object still differs from o, the object is replaced by o as a whole.
 // It returns the stored object and whether it was replaced.
-func Restore(ctx context.Context, c dynamic.Interface, o Object, fields ...string) (*unstructured.Unstructured, bool, error) {
-	out, err := Apply(ctx, c, o)
+func RestoreOwned(ctx context.Context, c dynamic.Interface, o Owned, fields ...string) (*unstructured.Unstructured, bool, error) {
+	out, err := ApplyOwned(ctx, c, o)
 	if err != nil {
 		return nil, false, err
 	}
@@ -158,7 +158,7 @@ const Owner = "nodeguard"
 // Delete removes the object name of gvr (in namespace, "" when
 // cluster-scoped) if Label says nodeguard keeps it: one it does not own is
 // left alone. A missing object is no error.
-func Delete(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionResource, namespace, name string) (bool, error) {
+func DeleteOwned(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionResource, namespace, name string) (bool, error) {
 	var r dynamic.ResourceInterface = c.Resource(gvr)
 	if namespace != "" {
 		r = c.Resource(gvr).Namespace(namespace)
@@ -170,7 +170,7 @@ func Delete(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionRes
 	if err != nil {
 		return false, fmt.Errorf("get %s %s: %w", gvr.Resource, name, err)
 	}
-	if have.GetLabels()[Label] != Owner {
+	if have.GetLabels()[ManagedByLabel] != Owner {
 		return false, nil
 	}
 	uid := have.GetUID()

@@ -1,4 +1,4 @@
-package clusters
+package kube
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 )
 
 // Health is what the Set knows of whether a workload API server answers.
-type Health struct {
+type ClusterHealth struct {
 	// Checked: a probe ran in this connection; before, Reachable means
 	// nothing.
 	Checked bool

@@ -1,4 +1,4 @@
-package clusters_test
+package kube_test
 
 import (
 	"bytes"
@@ -29,9 +29,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusters"
-	"github.com/nodeguard/nodeguard/enforcer/identity"
-	"github.com/nodeguard/nodeguard/enforcer/kubeclient"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
@@ -53,12 +51,12 @@ var (
 type management struct {
 	dyn     dynamic.Interface
 	secrets *fake.Clientset
-	clients kubeclient.Clients
+	clients kube.Clients
 }
 
 func newManagement() *management {
 	dyn, mapper := testcluster.Serve([]testcluster.Kind{{GVK: clusterGVK, Resource: "clusters"}})
-	return &management{dyn: dyn, secrets: fake.NewClientset(), clients: kubeclient.Clients{Dynamic: dyn, Mapper: mapper}}
+	return &management{dyn: dyn, secrets: fake.NewClientset(), clients: kube.Clients{Dynamic: dyn, Mapper: mapper}}
 }
 
 func (m *management) cluster(t testing.TB, name string) {
@@ -89,7 +87,7 @@ type sessions struct {
 	log     []string
 }
 
-func (s *sessions) start(ctx context.Context, c *clusters.Cluster) {
+func (s *sessions) start(ctx context.Context, c *kube.Cluster) {
 	s.mu.Lock()
 	s.running[c.Key] = c.Config.Host
 	s.log = append(s.log, "start "+c.Key+" "+c.Config.Host)
@@ -107,7 +105,7 @@ func (s *sessions) server(key string) string {
 	return s.running[key]
 }
 
-func run(t *testing.T, set *clusters.Set) {
+func run(t *testing.T, set *kube.ClusterSet) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -147,10 +145,10 @@ func TestSessionsFollowClustersAndTheirSecrets(t *testing.T) {
 	})
 	s := &sessions{running: map[string]string{}}
 	reg := prometheus.NewRegistry()
-	metrics, err := clusters.NewMetrics(reg)
+	metrics, err := kube.NewClusterMetrics(reg)
 	require.NoError(t, err)
 	logs := &testlog.Buffer{}
-	set, err := clusters.New(clusters.Options{Management: m.clients, Secrets: m.secrets, Recheck: 100 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond,
+	set, err := kube.NewClusterSet(kube.ClusterSetOptions{Management: m.clients, Secrets: m.secrets, Recheck: 100 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond,
 		Start: s.start, Metrics: metrics, Log: slog.New(slog.NewJSONHandler(logs, nil))})
 	require.NoError(t, err)
 	run(t, set)
@@ -224,8 +222,8 @@ func TestAnUnreachableClusterLeaksNothing(t *testing.T) {
 	var mu sync.Mutex
 	failures := map[string]int{}
 	watching := map[string]bool{}
-	set, err := clusters.New(clusters.Options{Management: m.clients, Secrets: m.secrets, Recheck: time.Minute,
-		Start: func(ctx context.Context, c *clusters.Cluster) {
+	set, err := kube.NewClusterSet(kube.ClusterSetOptions{Management: m.clients, Secrets: m.secrets, Recheck: time.Minute,
+		Start: func(ctx context.Context, c *kube.Cluster) {
 			w, err := nodecache.NewWatch(nodecache.WatchOptions{Shape: shape, Kube: c.Kube, OnError: func(error) {
 				mu.Lock()
 				failures[c.Key]++
@@ -296,8 +294,8 @@ func TestAnUnreachableClusterLeaksNothing(t *testing.T) {
 func TestWaitsForTheClusterResource(t *testing.T) {
 	dyn, mapper := testcluster.Serve(nil)
 	logs := &testlog.Buffer{}
-	set, err := clusters.New(clusters.Options{Management: kubeclient.Clients{Dynamic: dyn, Mapper: mapper}, Secrets: fake.NewClientset(),
-		Start: func(context.Context, *clusters.Cluster) {}, Log: slog.New(slog.NewJSONHandler(logs, nil))})
+	set, err := kube.NewClusterSet(kube.ClusterSetOptions{Management: kube.Clients{Dynamic: dyn, Mapper: mapper}, Secrets: fake.NewClientset(),
+		Start: func(context.Context, *kube.Cluster) {}, Log: slog.New(slog.NewJSONHandler(logs, nil))})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
@@ -312,19 +310,19 @@ func TestWaitsForTheClusterResource(t *testing.T) {
 func TestConnectReadsTheKubeconfigSecret(t *testing.T) {
 	ctx := context.Background()
 	m := newManagement()
-	_, err := clusters.Connect(ctx, m.secrets, "fleet/prod-1")
+	_, err := kube.ConnectCluster(ctx, m.secrets, "fleet/prod-1")
 	assert.True(t, apierrors.IsNotFound(err), "%v", err)
 	m.secret(t, "prod-1", kubeconfig(t, "https://a.example:6443"))
-	cfg, err := clusters.Connect(ctx, m.secrets, "fleet/prod-1")
+	cfg, err := kube.ConnectCluster(ctx, m.secrets, "fleet/prod-1")
 	require.NoError(t, err)
 	assert.Equal(t, "https://a.example:6443", cfg.Host)
 	m.secret(t, "prod-1", nil)
-	_, err = clusters.Connect(ctx, m.secrets, "fleet/prod-1")
+	_, err = kube.ConnectCluster(ctx, m.secrets, "fleet/prod-1")
 	assert.ErrorContains(t, err, `Secret fleet/prod-1-kubeconfig has no key "value"`)
 	m.secret(t, "prod-1", []byte("{not yaml"))
-	_, err = clusters.Connect(ctx, m.secrets, "fleet/prod-1")
+	_, err = kube.ConnectCluster(ctx, m.secrets, "fleet/prod-1")
 	assert.ErrorContains(t, err, "kubeconfig of Cluster fleet/prod-1 (Secret fleet/prod-1-kubeconfig)")
-	_, err = clusters.Connect(ctx, m.secrets, "prod-1")
+	_, err = kube.ConnectCluster(ctx, m.secrets, "prod-1")
 	assert.ErrorContains(t, err, "want NAMESPACE/NAME")
 }
 
@@ -370,13 +368,13 @@ func TestHealthIsCheckedAndTold(t *testing.T) {
 	m := newManagement()
 	api := newReadyz(t)
 	changed := make(chan string, 100)
-	sessions := make(chan *clusters.Cluster, 1)
+	sessions := make(chan *kube.Cluster, 1)
 	reg := prometheus.NewRegistry()
-	metrics, err := clusters.NewMetrics(reg)
+	metrics, err := kube.NewClusterMetrics(reg)
 	require.NoError(t, err)
-	set, err := clusters.New(clusters.Options{Management: m.clients, Secrets: m.secrets, Recheck: time.Hour,
+	set, err := kube.NewClusterSet(kube.ClusterSetOptions{Management: m.clients, Secrets: m.secrets, Recheck: time.Hour,
 		ProbeInterval: time.Hour, UnreachableProbeInterval: 200 * time.Millisecond, ProbeTimeout: time.Second, Metrics: metrics,
-		Start: func(ctx context.Context, c *clusters.Cluster) {
+		Start: func(ctx context.Context, c *kube.Cluster) {
 			sessions <- c
 			<-ctx.Done()
 		},
@@ -428,8 +426,8 @@ func TestHealthIsCheckedAndTold(t *testing.T) {
 func TestChangedWhenTheFailureChanges(t *testing.T) {
 	m := newManagement()
 	changed := make(chan string, 100)
-	set, err := clusters.New(clusters.Options{Management: m.clients, Secrets: m.secrets, Recheck: time.Hour,
-		Identity: &identity.Options{}, Start: func(ctx context.Context, _ *clusters.Cluster) { <-ctx.Done() },
+	set, err := kube.NewClusterSet(kube.ClusterSetOptions{Management: m.clients, Secrets: m.secrets, Recheck: time.Hour,
+		Identity: &kube.IdentityOptions{}, Start: func(ctx context.Context, _ *kube.Cluster) { <-ctx.Done() },
 		Changed: func(key string) { changed <- key }})
 	require.NoError(t, err)
 	run(t, set)
