@@ -30,7 +30,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -453,7 +453,7 @@ func TestChartValues(t *testing.T) {
 	h.decode(t, "ConfigMap/nodeguard-constraint", &cm)
 	path := filepath.Join(t.TempDir(), "constraint.yaml")
 	require.NoError(t, os.WriteFile(path, []byte(cm.Data["constraint.yaml"]), 0o600))
-	params, err := manifest.ConstraintParameters(path)
+	params, err := facts.ConstraintParameters(path)
 	require.NoError(t, err)
 	assert.Equal(t, map[string]any{"exemptGroups": []any{"nodeguard:break-glass"}}, params)
 	var key corev1.ConfigMap

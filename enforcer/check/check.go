@@ -13,9 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -57,7 +56,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if opts.Output != "text" && opts.Output != "json" {
 		return ExitError, fmt.Errorf("-o %q: want text or json", opts.Output)
 	}
-	params, err := manifest.ConstraintParameters(opts.Constraint)
+	params, err := facts.ConstraintParameters(opts.Constraint)
 	if err != nil {
 		return ExitError, err
 	}
@@ -87,7 +86,7 @@ func judge(ctx context.Context, opts Options, params map[string]any, eval *rule.
 }
 
 func offline(ctx context.Context, opts Options, params map[string]any, eval *rule.Engine) (rule.Decision, error) {
-	objs, err := manifest.Load(opts.Files...)
+	objs, err := facts.LoadManifests(opts.Files...)
 	if err != nil {
 		return rule.Decision{}, err
 	}
@@ -110,16 +109,16 @@ func offline(ctx context.Context, opts Options, params map[string]any, eval *rul
 		if o.GroupVersionKind().GroupKind() != crdKind() {
 			continue
 		}
-		if k, ok := inventory.ContractKindOf(o); ok {
+		if k, ok := facts.ContractKindOf(o); ok {
 			switch gk := k.GVK.GroupKind(); {
-			case k.Role == inventory.InfraMachinePool && !slices.Contains(pools, gk):
+			case k.Role == facts.InfraMachinePool && !slices.Contains(pools, gk):
 				pools = append(pools, gk)
-			case k.Role == inventory.InfraMachine && !slices.Contains(infra, gk):
+			case k.Role == facts.InfraMachine && !slices.Contains(infra, gk):
 				infra = append(infra, gk)
 			}
 		}
 	}
-	inv, err := inventory.FromObjects(eval.Model(), objs, infra, pools)
+	inv, err := facts.FromObjects(eval.Model(), objs, infra, pools)
 	if err != nil {
 		return rule.Decision{}, err
 	}

@@ -13,10 +13,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/nodeguard/nodeguard/enforcer/freshread"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/informers"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
@@ -34,15 +32,15 @@ type Options struct {
 	Engine *rule.Engine
 	// OnChange, when set, gets every change of the inventory from the
 	// informers' first objects on (the orphan scan's informers.Relay).
-	OnChange func(informers.Change)
+	OnChange func(facts.Change)
 }
 
 // Enforcer is a Guard over informer caches of one cluster.
 type Enforcer struct {
 	Engine    *rule.Engine
 	Guard     *guard.Guard
-	Syncer    *informers.Syncer
-	Inventory *inventory.Inventory
+	Syncer    *facts.Syncer
+	Inventory *facts.Inventory
 }
 
 // Start starts the informers and returns at once; the Guard denies every
@@ -57,10 +55,10 @@ func Start(ctx context.Context, c kube.Clients, opts Options) (*Enforcer, error)
 	if err != nil {
 		return nil, err
 	}
-	inv := inventory.New(eval.Model())
+	inv := facts.NewInventory(eval.Model())
 	// Kinds are found by the contract too, so a provider kind no parameter
 	// lists still blocks (informers/contract.go).
-	syncer := informers.New(inv, informers.Options{Client: c.Dynamic, Mapper: c.Mapper, InfraKinds: infraKinds, PoolKinds: poolKinds, Contract: true})
+	syncer := facts.NewSyncer(inv, facts.SyncerOptions{Client: c.Dynamic, Mapper: c.Mapper, InfraKinds: infraKinds, PoolKinds: poolKinds, Contract: true})
 	if opts.OnChange != nil {
 		if err := syncer.Subscribe(opts.OnChange); err != nil {
 			return nil, err
@@ -78,7 +76,7 @@ func Start(ctx context.Context, c kube.Clients, opts Options) (*Enforcer, error)
 		FreshTimeout: opts.FreshTimeout,
 	}
 	if !opts.NoFreshReads {
-		gopts.Fresh = freshread.New(c.Dynamic, c.Mapper)
+		gopts.Fresh = facts.NewFreshReader(c.Dynamic, c.Mapper)
 	}
 	g, err := guard.New(ctx, inv, gopts)
 	if err != nil {

@@ -21,8 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -32,7 +32,7 @@ const DefaultName = "node-deletion-guard"
 // GroupKind is the Constraint's: Gatekeeper serves a CRD of this kind once
 // the K8sNodeGuard ConstraintTemplate is applied.
 func GroupKind() schema.GroupKind {
-	return schema.GroupKind{Group: "constraints.gatekeeper.sh", Kind: manifest.ConstraintKind}
+	return schema.GroupKind{Group: "constraints.gatekeeper.sh", Kind: facts.ConstraintKind}
 }
 
 // Spec is what nodeguard takes from the Constraint.
@@ -55,7 +55,7 @@ func (s Spec) Same(o Spec) bool {
 // FromObject reads a Constraint. An action nodeguard does not take (e.g.
 // Gatekeeper's "scoped") is an error: guessing one would be wrong either way.
 func FromObject(obj *unstructured.Unstructured) (Spec, error) {
-	name := fmt.Sprintf("%s %s", manifest.ConstraintKind, obj.GetName())
+	name := fmt.Sprintf("%s %s", facts.ConstraintKind, obj.GetName())
 	params, _, err := unstructured.NestedMap(obj.Object, "spec", "parameters")
 	if err != nil {
 		return Spec{}, fmt.Errorf("%s: spec.parameters: %w", name, err)
@@ -85,10 +85,10 @@ func Read(ctx context.Context, client dynamic.Interface, mapper meta.RESTMapper,
 	}
 	obj, err := client.Resource(mapping.Resource).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return Spec{From: "no " + manifest.ConstraintKind + " " + name}, nil
+		return Spec{From: "no " + facts.ConstraintKind + " " + name}, nil
 	}
 	if err != nil {
-		return Spec{}, fmt.Errorf("read %s %s: %w", manifest.ConstraintKind, name, err)
+		return Spec{}, fmt.Errorf("read %s %s: %w", facts.ConstraintKind, name, err)
 	}
 	return FromObject(obj)
 }
@@ -144,7 +144,7 @@ func Watch(ctx context.Context, opts Options) {
 	obj, err := kube.WatchObject(kube.ObjectOptions{Client: opts.Client, Resource: mapping.Resource, Name: opts.Name,
 		Changed: func(u *unstructured.Unstructured) {
 			if u == nil {
-				w.apply(ctx, Spec{From: manifest.ConstraintKind + " " + opts.Name + " deleted"})
+				w.apply(ctx, Spec{From: facts.ConstraintKind + " " + opts.Name + " deleted"})
 				return
 			}
 			w.changed(ctx, u)

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -59,7 +59,7 @@ func (k *ProviderKeeper) Run(ctx context.Context) error {
 		crd      *kube.ObjectWatch
 	)
 	loop := kube.NewLoop(kube.LoopOptions{Name: "gatekeeper-provider", MaxBackoff: 30 * time.Second}, func(ctx context.Context, _ string) kube.Result {
-		if obj, ok := crd.Get(); !ok || !inventory.CRDEstablished(obj) {
+		if obj, ok := crd.Get(); !ok || !facts.CRDEstablished(obj) {
 			return kube.Result{} // its CRD's events queue it again
 		}
 		// The Provider itself is watched once its CRD is served: before, a

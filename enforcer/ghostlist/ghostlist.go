@@ -20,12 +20,11 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
 
 // Exit codes: a ghost found is worth a non-zero exit, as an unguarded
@@ -55,9 +54,9 @@ type Options struct {
 
 // Report is what -o json prints.
 type Report struct {
-	Ghosts     []Ghost                `json:"ghosts"`
-	Kept       []Ghost                `json:"kept"`
-	Tombstones []tombstones.Tombstone `json:"tombstones"`
+	Ghosts     []Ghost           `json:"ghosts"`
+	Kept       []Ghost           `json:"kept"`
+	Tombstones []facts.Tombstone `json:"tombstones"`
 	// Errors are the workload clusters whose Nodes could not be read.
 	Errors map[string]string `json:"errors,omitempty"`
 }
@@ -65,13 +64,13 @@ type Report struct {
 // Ghost is one Node whose providerID is tombstoned: a ghost (Kept empty) or
 // not, and why not.
 type Ghost struct {
-	Cluster    string               `json:"cluster"`
-	Node       string               `json:"node"`
-	ProviderID string               `json:"providerID"`
-	Reason     string               `json:"reason,omitempty"`
-	Kept       []string             `json:"kept,omitempty"`
-	Tainted    bool                 `json:"tainted"`
-	Tombstone  tombstones.Tombstone `json:"tombstone"`
+	Cluster    string          `json:"cluster"`
+	Node       string          `json:"node"`
+	ProviderID string          `json:"providerID"`
+	Reason     string          `json:"reason,omitempty"`
+	Kept       []string        `json:"kept,omitempty"`
+	Tainted    bool            `json:"tainted"`
+	Tombstone  facts.Tombstone `json:"tombstone"`
 }
 
 const syncTimeout = 60 * time.Second
@@ -89,7 +88,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if len(opts.Clear) > 0 {
 		return clear(ctx, c.Dynamic, opts, out)
 	}
-	params, err := manifest.ConstraintParameters(opts.Constraint)
+	params, err := facts.ConstraintParameters(opts.Constraint)
 	if err != nil {
 		return ExitError, err
 	}
@@ -102,7 +101,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if err != nil {
 		return ExitError, err
 	}
-	store, err := tombstones.Load(ctx, c.Dynamic, opts.Namespace)
+	store, err := facts.LoadTombstones(ctx, c.Dynamic, opts.Namespace)
 	if err != nil {
 		return ExitError, err
 	}
@@ -127,8 +126,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 // judge judges every Node with a tombstone, on fresh reads, in the cluster
 // of the kubeconfig (unless opts.Cluster names one) and the workload
 // clusters.
-func judge(ctx context.Context, c kube.Clients, opts Options, params map[string]any, eval *rule.Engine, store *tombstones.Store,
-	report *Report) error {
+func judge(ctx context.Context, c kube.Clients, opts Options, params map[string]any, eval *rule.Engine, store *facts.Tombstones, report *Report) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
 	e, err := clusterenforcer.Start(ctx, c, clusterenforcer.Options{Parameters: params, Engine: eval})
@@ -207,7 +205,7 @@ func tainted(n *unstructured.Unstructured) bool {
 }
 
 func clear(ctx context.Context, client dynamic.Interface, opts Options, out io.Writer) (int, error) {
-	found, err := tombstones.Clear(ctx, client, opts.Namespace, opts.Clear)
+	found, err := facts.ClearTombstones(ctx, client, opts.Namespace, opts.Clear)
 	if err != nil {
 		return ExitError, err
 	}

@@ -19,7 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -76,7 +76,7 @@ type Options struct {
 // Guard decides Node deletes; it is safe for concurrent use.
 type Guard struct {
 	engine *rule.Engine
-	inv    *inventory.Inventory
+	inv    *facts.Inventory
 	opts   Options
 	// set is the parameters in force; SetParameters swaps it whole, so a
 	// decision reads one set from start to end.
@@ -108,7 +108,7 @@ type route struct {
 const maxRoutes = 1024
 
 // New prepares the rule once.
-func New(ctx context.Context, inv *inventory.Inventory, opts Options) (*Guard, error) {
+func New(ctx context.Context, inv *facts.Inventory, opts Options) (*Guard, error) {
 	if opts.Engine == nil {
 		return nil, errors.New("guard: no policy engine: the caller chooses the policy (policybundle.Engine)")
 	}
@@ -197,7 +197,7 @@ func (g *Guard) Decide(ctx context.Context, req Request) (rule.Decision, error) 
 	}
 	d, err := rule.Evaluate(ctx, g.engine, rule.Input{
 		Review:     seen.Review(),
-		Inventory:  inventory.Layout(objs),
+		Inventory:  facts.Layout(objs),
 		Parameters: params,
 	})
 	if err != nil || d.Reason != rule.ReasonNoLink {
@@ -333,7 +333,7 @@ func kindList(gvks []schema.GroupVersionKind) []any {
 // the ones that are gone, and reads what the cache lacks: the objects the
 // Machines reference, and the Machine the Node names (with what it
 // references). Neither a stale "gone" nor a stale "present" decides.
-func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, refs []inventory.Ref) ([]*unstructured.Unstructured, error) {
+func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, refs []facts.Ref) ([]*unstructured.Unstructured, error) {
 	ctx, cancel := context.WithTimeout(ctx, g.opts.FreshTimeout)
 	defer cancel()
 	// Kinds the inventory watches, with their roles, looked up once rather
@@ -346,14 +346,14 @@ func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, 
 			}
 		}
 	}
-	have := map[inventory.Ref]bool{}
+	have := map[facts.Ref]bool{}
 	// The candidates at the version they were cached at, and the refs at the
 	// version their kind is watched at (a kind not watched is not read: an
 	// InfraMachine of it stays unverified, and the rule denies).
-	var wave []inventory.Ref
-	var roles []inventory.Role
+	var wave []facts.Ref
+	var roles []facts.Role
 	for _, o := range objs {
-		ref := inventory.Ref{GVK: o.GroupVersionKind(), Namespace: o.GetNamespace(), Name: o.GetName()}
+		ref := facts.Ref{GVK: o.GroupVersionKind(), Namespace: o.GetNamespace(), Name: o.GetName()}
 		w, ok := watched[ref.GVK.GroupKind()]
 		if ok && !have[unversioned(ref)] {
 			have[unversioned(ref)] = true
@@ -401,7 +401,7 @@ func (g *Guard) refresh(ctx context.Context, objs []*unstructured.Unstructured, 
 
 type watchedKind struct {
 	gvk  schema.GroupVersionKind
-	role inventory.Role
+	role facts.Role
 }
 
 // maxParallelReads bounds the concurrent GETs of one decision: a Node has a
@@ -409,7 +409,7 @@ type watchedKind struct {
 const maxParallelReads = 8
 
 // readAll reads refs concurrently; an object that does not exist is nil.
-func (g *Guard) readAll(ctx context.Context, refs []inventory.Ref) ([]*unstructured.Unstructured, error) {
+func (g *Guard) readAll(ctx context.Context, refs []facts.Ref) ([]*unstructured.Unstructured, error) {
 	out := make([]*unstructured.Unstructured, len(refs))
 	eg, ctx := errgroup.WithContext(ctx)
 	eg.SetLimit(maxParallelReads)
@@ -426,7 +426,7 @@ func (g *Guard) readAll(ctx context.Context, refs []inventory.Ref) ([]*unstructu
 	return out, eg.Wait()
 }
 
-func unversioned(r inventory.Ref) inventory.Ref {
+func unversioned(r facts.Ref) facts.Ref {
 	r.GVK.Version = ""
 	return r
 }

@@ -20,9 +20,8 @@ import (
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/freshread"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
@@ -55,16 +54,16 @@ func capdNode() *unstructured.Unstructured {
 }
 
 // cache builds an inventory holding the given objects.
-func cache(t *testing.T, objs ...*unstructured.Unstructured) *inventory.Inventory {
+func cache(t *testing.T, objs ...*unstructured.Unstructured) *facts.Inventory {
 	t.Helper()
-	inv := inventory.New(rule.MustEmbeddedModel())
-	machines, infras := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
-	inv.AddKind(machineGVK, inventory.Machine, machines)
-	inv.AddKind(dockerGVK, inventory.InfraMachine, infras)
+	inv := facts.NewInventory(rule.MustEmbeddedModel())
+	machines, infras := inv.NewStore(facts.Machine), inv.NewStore(facts.InfraMachine)
+	inv.AddKind(machineGVK, facts.Machine, machines)
+	inv.AddKind(dockerGVK, facts.InfraMachine, infras)
 	for _, o := range objs {
-		store, role := infras, inventory.InfraMachine
+		store, role := infras, facts.InfraMachine
 		if o.GetKind() == "Machine" {
-			store, role = machines, inventory.Machine
+			store, role = machines, facts.Machine
 		}
 		require.NoError(t, store.Add(inv.Record(o, role)))
 	}
@@ -76,13 +75,13 @@ func apiServer(objs ...runtime.Object) (*dynamicfake.FakeDynamicClient, meta.RES
 	return testcluster.Serve([]testcluster.Kind{{GVK: machineGVK, Resource: "machines"}, {GVK: dockerGVK, Resource: "dockermachines"}}, objs...)
 }
 
-func decide(t *testing.T, inv *inventory.Inventory, opts guard.Options, req guard.Request) (bool, []string) {
+func decide(t *testing.T, inv *facts.Inventory, opts guard.Options, req guard.Request) (bool, []string) {
 	t.Helper()
 	d := decideFull(t, inv, opts, req)
 	return d.Allowed, d.Messages
 }
 
-func decideFull(t *testing.T, inv *inventory.Inventory, opts guard.Options, req guard.Request) rule.Decision {
+func decideFull(t *testing.T, inv *facts.Inventory, opts guard.Options, req guard.Request) rule.Decision {
 	t.Helper()
 	g, err := newGuard(context.Background(), inv, opts)
 	require.NoError(t, err)
@@ -109,7 +108,7 @@ func TestReasons(t *testing.T) {
 		rule.ReasonNoLink:          decideFull(t, cache(t, capdMachine()), guard.Options{}, node),
 		rule.ReasonUnverified:      decideFull(t, cache(t, capdMachine()), guard.Options{SyncedKinds: none}, node),
 		rule.ReasonNotReady:        decideFull(t, cache(t), notReady, node),
-		rule.ReasonFreshReadFailed: decideFull(t, cache(t, capdMachine()), guard.Options{Fresh: freshread.New(client, mapper)}, node),
+		rule.ReasonFreshReadFailed: decideFull(t, cache(t, capdMachine()), guard.Options{Fresh: facts.NewFreshReader(client, mapper)}, node),
 		rule.ReasonExempt: decideFull(t, cache(t, capdMachine(), capdInfra()),
 			guard.Options{Parameters: map[string]any{"exemptUsers": []any{"ops"}}}, exempt),
 	} {
@@ -128,7 +127,7 @@ func TestCacheOnlyDecisions(t *testing.T) {
 
 func TestFreshReadSeesAnInfraMachineTheCacheMissed(t *testing.T) {
 	client, mapper := apiServer(capdMachine(), capdInfra())
-	allowed, msgs := decide(t, cache(t, capdMachine()), guard.Options{Fresh: freshread.New(client, mapper)}, guard.Request{Node: capdNode()})
+	allowed, msgs := decide(t, cache(t, capdMachine()), guard.Options{Fresh: facts.NewFreshReader(client, mapper)}, guard.Request{Node: capdNode()})
 	assert.False(t, allowed, "a stale 'gone' in the cache must not allow")
 	assert.Contains(t, msgs[0], "DockerMachine default/m1")
 }
@@ -141,7 +140,7 @@ func TestFreshReadFindsTheAnnotatedMachineTheCacheLacks(t *testing.T) {
 	allowed, _ := decide(t, cache(t), guard.Options{}, guard.Request{Node: node})
 	require.True(t, allowed, "the cache alone knows no link")
 
-	allowed, msgs := decide(t, cache(t), guard.Options{Fresh: freshread.New(client, mapper)}, guard.Request{Node: node})
+	allowed, msgs := decide(t, cache(t), guard.Options{Fresh: facts.NewFreshReader(client, mapper)}, guard.Request{Node: node})
 	assert.False(t, allowed, "the Machine the Node names, and its InfraMachine, are read from the API server")
 	assert.Contains(t, msgs[0], "DockerMachine default/m1")
 }
@@ -157,7 +156,7 @@ func TestFreshReadKeepsWhatTheRuleReads(t *testing.T) {
 	infra.SetFinalizers([]string{"dockermachine.infrastructure.cluster.x-k8s.io"})
 	infra.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "capd", Operation: metav1.ManagedFieldsOperationUpdate}})
 	client, mapper := apiServer(capdMachine(), infra)
-	d := decideFull(t, cache(t, capdMachine()), guard.Options{Fresh: freshread.New(client, mapper)}, guard.Request{Node: capdNode()})
+	d := decideFull(t, cache(t, capdMachine()), guard.Options{Fresh: facts.NewFreshReader(client, mapper)}, guard.Request{Node: capdNode()})
 	assert.False(t, d.Allowed)
 	require.Len(t, d.Blockers, 1)
 	assert.True(t, d.Blockers[0].Deleting, "the deletionTimestamp survives the strip")
@@ -166,7 +165,7 @@ func TestFreshReadKeepsWhatTheRuleReads(t *testing.T) {
 
 func TestFreshReadDropsAnInfraMachineAlreadyGone(t *testing.T) {
 	client, mapper := apiServer(capdMachine())
-	allowed, _ := decide(t, cache(t, capdMachine(), capdInfra()), guard.Options{Fresh: freshread.New(client, mapper)}, guard.Request{Node: capdNode()})
+	allowed, _ := decide(t, cache(t, capdMachine(), capdInfra()), guard.Options{Fresh: facts.NewFreshReader(client, mapper)}, guard.Request{Node: capdNode()})
 	assert.True(t, allowed, "a stale 'present' in the cache must not deny CAPI's own delete")
 }
 
@@ -175,7 +174,7 @@ func TestFreshReadFailureDenies(t *testing.T) {
 	client.PrependReactor("get", "dockermachines", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("etcdserver: request timed out")
 	})
-	allowed, msgs := decide(t, cache(t, capdMachine()), guard.Options{Fresh: freshread.New(client, mapper)}, guard.Request{Node: capdNode()})
+	allowed, msgs := decide(t, cache(t, capdMachine()), guard.Options{Fresh: facts.NewFreshReader(client, mapper)}, guard.Request{Node: capdNode()})
 	assert.False(t, allowed)
 	assert.Contains(t, msgs[0], "could not re-read")
 	assert.Contains(t, msgs[0], "etcdserver: request timed out")
@@ -414,7 +413,7 @@ func TestFreshReadsOfOneDecisionRunConcurrently(t *testing.T) {
 	// Two candidates (the Machine and its DockerMachine) are one wave: a
 	// decision pays one round trip for them, not two.
 	client, mapper := apiServer(capdMachine(), capdInfra())
-	reads := &concurrency{FreshReader: freshread.New(client, mapper), want: 2, together: make(chan struct{})}
+	reads := &concurrency{FreshReader: facts.NewFreshReader(client, mapper), want: 2, together: make(chan struct{})}
 	allowed, msgs := decide(t, cache(t, capdMachine(), capdInfra()), guard.Options{Fresh: reads}, guard.Request{Node: capdNode()})
 	assert.False(t, allowed)
 	assert.Contains(t, msgs[0], "DockerMachine default/m1")
@@ -422,7 +421,7 @@ func TestFreshReadsOfOneDecisionRunConcurrently(t *testing.T) {
 }
 
 // newGuard is guard.New with the embedded policy when opts names none.
-func newGuard(ctx context.Context, inv *inventory.Inventory, opts guard.Options) (*guard.Guard, error) {
+func newGuard(ctx context.Context, inv *facts.Inventory, opts guard.Options) (*guard.Guard, error) {
 	if opts.Engine == nil {
 		e, err := rule.NewEngine(ctx)
 		if err != nil {

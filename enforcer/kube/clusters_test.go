@@ -29,8 +29,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testlog"
@@ -217,14 +217,14 @@ func TestAnUnreachableClusterLeaksNothing(t *testing.T) {
 	m := newManagement()
 	eval, err := rule.NewEngine(context.Background())
 	require.NoError(t, err)
-	shape, err := nodecache.ShapeOf(eval)
+	shape, err := facts.NodeShapeOf(eval)
 	require.NoError(t, err)
 	var mu sync.Mutex
 	failures := map[string]int{}
 	watching := map[string]bool{}
 	set, err := kube.NewClusterSet(kube.ClusterSetOptions{Management: m.clients, Secrets: m.secrets, Recheck: time.Minute,
 		Start: func(ctx context.Context, c *kube.Cluster) {
-			w, err := nodecache.NewWatch(nodecache.WatchOptions{Shape: shape, Kube: c.Kube, OnError: func(error) {
+			w, err := facts.NewNodeWatch(facts.NodeWatchOptions{Shape: shape, Kube: c.Kube, OnError: func(error) {
 				mu.Lock()
 				failures[c.Key]++
 				mu.Unlock()

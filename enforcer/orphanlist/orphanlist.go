@@ -18,14 +18,12 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
 
 // Exit codes of `nodeguard orphans`: finding orphans is not an error.
@@ -99,7 +97,7 @@ func Run(ctx context.Context, opts CommandOptions, out io.Writer) (int, error) {
 		}
 		now = t
 	}
-	params, err := manifest.ConstraintParameters(opts.Constraint)
+	params, err := facts.ConstraintParameters(opts.Constraint)
 	if err != nil {
 		return ExitError, err
 	}
@@ -127,7 +125,7 @@ func find(ctx context.Context, opts CommandOptions, params map[string]any, eval 
 }
 
 func offline(ctx context.Context, opts CommandOptions, params map[string]any, eval *rule.Engine, now time.Time) (Report, error) {
-	objs, err := manifest.Load(opts.Files...)
+	objs, err := facts.LoadManifests(opts.Files...)
 	if err != nil {
 		return Report{}, err
 	}
@@ -141,7 +139,7 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, ev
 	if err != nil {
 		return Report{}, err
 	}
-	inv, err := inventory.FromObjects(eval.Model(), objs, infra, pools)
+	inv, err := facts.FromObjects(eval.Model(), objs, infra, pools)
 	if err != nil {
 		return Report{}, err
 	}
@@ -183,7 +181,7 @@ func runLiveWith(ctx context.Context, c kube.Clients, opts CommandOptions, param
 	if err := clusterenforcer.WaitReady(ctx, e.Syncer.Ready, liveSyncTimeout); err != nil {
 		return Report{}, err
 	}
-	stones, err := tombstones.Load(ctx, c.Dynamic, opts.Namespace)
+	stones, err := facts.LoadTombstones(ctx, c.Dynamic, opts.Namespace)
 	if err != nil {
 		return Report{}, err
 	}

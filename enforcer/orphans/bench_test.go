@@ -10,8 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
@@ -46,7 +46,7 @@ func BenchmarkScan(b *testing.B) {
 					"spec":     map[string]any{"providerID": pid},
 				}})
 			}
-			inv, err := inventory.FromObjects(rule.MustEmbeddedModel(), objs, []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"}}, nil)
+			inv, err := facts.FromObjects(rule.MustEmbeddedModel(), objs, []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "DockerMachine"}}, nil)
 			require.NoError(b, err)
 			g, err := guard.New(ctx, inv, guard.Options{Engine: testcluster.Engine(b)})
 			require.NoError(b, err)

@@ -7,7 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
@@ -47,9 +47,9 @@ func NewEvidence(model *rule.Model) *Evidence {
 }
 
 // EvidenceOf walks the inventory's InfraMachines once: for one-off judgments.
-func EvidenceOf(inv *inventory.Inventory) *Evidence {
+func EvidenceOf(inv *facts.Inventory) *Evidence {
 	e := NewEvidence(inv.Model())
-	for _, r := range inv.Records(inventory.InfraMachine) {
+	for _, r := range inv.Records(facts.InfraMachine) {
 		e.Update(nil, r)
 	}
 	return e

@@ -5,24 +5,24 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
-func dockerMachine(inv *inventory.Inventory, name, cluster, pid string) *record.Record {
+func dockerMachine(inv *facts.Inventory, name, cluster, pid string) *record.Record {
 	o := testcluster.Object(testcluster.DockerMachineGVK, "default", name, map[string]any{"spec": map[string]any{"providerID": pid}})
 	o.SetLabels(map[string]string{"cluster.x-k8s.io/cluster-name": cluster})
-	return inv.Record(o, inventory.InfraMachine)
+	return inv.Record(o, facts.InfraMachine)
 }
 
 // Evidence changes only when a (kind, namespace, cluster, scheme) appears or
 // goes, and always shows an InfraMachine that still exists.
 func TestEvidenceFollowsItsKeys(t *testing.T) {
 	model := rule.MustEmbeddedModel()
-	inv := inventory.New(model)
+	inv := facts.NewInventory(model)
 	e := orphans.NewEvidence(model)
 	a := dockerMachine(inv, "a", "dev", "docker:////a")
 	b := dockerMachine(inv, "b", "dev", "docker:////b")

@@ -16,10 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
 
 // NodeGVR is the resource of core Nodes.
@@ -87,7 +86,7 @@ type Input struct {
 	MatchProviderID bool
 	// Tombstone is the one of the Node's providerID, if any: a ghost is
 	// never an orphan.
-	Tombstone *tombstones.Tombstone
+	Tombstone *facts.Tombstone
 }
 
 // value is the entry points' input; a nil inventory, parameters or
@@ -149,7 +148,7 @@ type Options struct {
 	Guard *guard.Guard
 	// Inventory is the Guard's inventory, scanned for evidence of which
 	// providerID schemes the synced InfraMachines use; required.
-	Inventory *inventory.Inventory
+	Inventory *facts.Inventory
 	// Evidence, when set, is that evidence kept up to date by the caller
 	// (Evidence.Update on every InfraMachine change) instead of a walk of
 	// the inventory per call.
@@ -161,7 +160,7 @@ type Options struct {
 	// Tombstones, when set, are the providerIDs whose Machine, InfraMachine
 	// or pool membership went away: the ghost criteria read them, and the
 	// orphan criteria keep a ghost.
-	Tombstones *tombstones.Store
+	Tombstones *facts.Tombstones
 }
 
 // Finder judges Nodes against the orphan criteria.
@@ -189,7 +188,7 @@ func NewFinder(opts Options) (*Finder, error) {
 }
 
 // Inventory is the inventory the Finder judges from.
-func (f *Finder) Inventory() *inventory.Inventory { return f.opts.Inventory }
+func (f *Finder) Inventory() *facts.Inventory { return f.opts.Inventory }
 
 // Grace is the grace period the Finder judges with.
 func (f *Finder) Grace() time.Duration { return f.opts.Grace }
@@ -235,7 +234,7 @@ func (f *Finder) input(r Route, node *unstructured.Unstructured, inv map[string]
 
 // Tombstone returns the tombstone of node's providerID, or nil: the Rego
 // reads a Node without one as no ghost, so nothing else is looked up.
-func (f *Finder) Tombstone(node *unstructured.Unstructured) *tombstones.Tombstone {
+func (f *Finder) Tombstone(node *unstructured.Unstructured) *facts.Tombstone {
 	if f.opts.Tombstones == nil {
 		return nil
 	}
@@ -275,7 +274,7 @@ func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, 
 			return nil, err
 		}
 		objs = append(objs, evidence...)
-		v, err := f.eval.Evaluate(ctx, f.input(r, node, inventory.Layout(objs), now))
+		v, err := f.eval.Evaluate(ctx, f.input(r, node, facts.Layout(objs), now))
 		if err != nil {
 			return nil, fmt.Errorf("judge Node %q: %w", node.GetName(), err)
 		}
@@ -309,7 +308,7 @@ func (f *Finder) Releases(ctx context.Context, nodes []*unstructured.Unstructure
 		if err != nil {
 			return nil, err
 		}
-		input, err := rule.InputValue(map[string]any{"node": node.Object, "inventory": inventory.Layout(objs), "parameters": r.params})
+		input, err := rule.InputValue(map[string]any{"node": node.Object, "inventory": facts.Layout(objs), "parameters": r.params})
 		if err != nil {
 			return nil, err
 		}
@@ -333,8 +332,8 @@ type Ghost struct {
 	Reason     string   `json:"reason"`
 
 	// The Node judged, and the tombstone it was judged with.
-	UID       types.UID             `json:"-"`
-	Tombstone *tombstones.Tombstone `json:"-"`
+	UID       types.UID        `json:"-"`
+	Tombstone *facts.Tombstone `json:"-"`
 }
 
 // Ghost judges whether node is a ghost on route r at time now, from the
@@ -349,7 +348,7 @@ func (f *Finder) Ghost(ctx context.Context, r Route, node *unstructured.Unstruct
 	if err != nil {
 		return Ghost{}, err
 	}
-	input, err := rule.InputValue(map[string]any{"node": node.Object, "inventory": inventory.Layout(objs), "parameters": r.params,
+	input, err := rule.InputValue(map[string]any{"node": node.Object, "inventory": facts.Layout(objs), "parameters": r.params,
 		"tombstone": t.Value(), "now": now.UTC().Format(time.RFC3339Nano)})
 	if err != nil {
 		return Ghost{}, err
@@ -394,7 +393,7 @@ func (f *Finder) Registration(ctx context.Context, cluster, operation string, no
 		oldNode = old.Object
 	}
 	input, err := rule.InputValue(map[string]any{"operation": operation, "node": node.Object, "oldNode": oldNode,
-		"inventory": inventory.Layout(objs), "parameters": r.params, "tombstone": t.Value(), "now": now.UTC().Format(time.RFC3339Nano)})
+		"inventory": facts.Layout(objs), "parameters": r.params, "tombstone": t.Value(), "now": now.UTC().Format(time.RFC3339Nano)})
 	if err != nil {
 		return Registration{}, err
 	}

@@ -13,12 +13,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -75,7 +73,7 @@ func TestEvaluatorPassesEveryInput(t *testing.T) {
 func finderOver(t *testing.T, eval *rule.Engine) (*orphans.Finder, []*unstructured.Unstructured) {
 	t.Helper()
 	ctx := context.Background()
-	objs, err := manifest.Load("testdata")
+	objs, err := facts.LoadManifests("testdata")
 	require.NoError(t, err)
 	var nodes []*unstructured.Unstructured
 	for _, o := range objs {
@@ -85,7 +83,7 @@ func finderOver(t *testing.T, eval *rule.Engine) (*orphans.Finder, []*unstructur
 	}
 	infra, pools, err := eval.Kinds(nil)
 	require.NoError(t, err)
-	inv, err := inventory.FromObjects(eval.Model(), objs, infra, pools)
+	inv, err := facts.FromObjects(eval.Model(), objs, infra, pools)
 	require.NoError(t, err)
 	g, err := guard.New(ctx, inv, guard.Options{Engine: eval})
 	require.NoError(t, err)
@@ -239,15 +237,15 @@ func TestTheFinderJudgesGhostsAndRegistrationsWithTheTombstones(t *testing.T) {
 	for _, n := range nodes {
 		byName[n.GetName()] = n
 	}
-	objs, err := manifest.Load("testdata")
+	objs, err := facts.LoadManifests("testdata")
 	require.NoError(t, err)
 	infra, pools, err := embedded.Kinds(nil)
 	require.NoError(t, err)
-	inv, err := inventory.FromObjects(embedded.Model(), objs, infra, pools)
+	inv, err := facts.FromObjects(embedded.Model(), objs, infra, pools)
 	require.NoError(t, err)
 	g, err := guard.New(ctx, inv, guard.Options{Engine: embedded})
 	require.NoError(t, err)
-	store := tombstones.New(tombstones.Options{Window: 7 * 24 * time.Hour, Clock: clocktesting.NewFakeClock(now)})
+	store := facts.NewTombstones(facts.TombstoneOptions{Window: 7 * 24 * time.Hour, Clock: clocktesting.NewFakeClock(now)})
 	f, err := orphans.NewFinder(orphans.Options{Guard: g, Inventory: inv, Tombstones: store})
 	require.NoError(t, err)
 	route, err := f.Route("")
@@ -260,7 +258,7 @@ func TestTheFinderJudgesGhostsAndRegistrationsWithTheTombstones(t *testing.T) {
 	assert.Nil(t, gh.Tombstone, "no tombstone: no evaluation")
 
 	// Gone at 11:30, after the Node last changed: the Node left behind, an orphan.
-	store.Record(tombstones.Tombstone{ProviderID: "docker:////dev-md-0-left", Object: "DockerMachine default/dev-md-0-left",
+	store.Record(facts.Tombstone{ProviderID: "docker:////dev-md-0-left", Object: "DockerMachine default/dev-md-0-left",
 		DeletedAt: now.Add(-30 * time.Minute)})
 	gh, err = f.Ghost(ctx, route, left, now, false)
 	require.NoError(t, err)
@@ -272,7 +270,7 @@ func TestTheFinderJudgesGhostsAndRegistrationsWithTheTombstones(t *testing.T) {
 
 	// Gone the day before the Node was created: it registered again.
 	store.End("docker:////dev-md-0-left")
-	store.Record(tombstones.Tombstone{ProviderID: "docker:////dev-md-0-left", Object: "DockerMachine default/dev-md-0-left",
+	store.Record(facts.Tombstone{ProviderID: "docker:////dev-md-0-left", Object: "DockerMachine default/dev-md-0-left",
 		DeletedAt: time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC)})
 	gh, err = f.Ghost(ctx, route, left, now, true)
 	require.NoError(t, err)
@@ -292,7 +290,7 @@ func TestTheFinderJudgesGhostsAndRegistrationsWithTheTombstones(t *testing.T) {
 	assert.True(t, reg.Allowed, "an update that does not set the providerID registers nothing")
 
 	// Its DockerMachine exists: a tombstone of its providerID blocks nothing.
-	store.Record(tombstones.Tombstone{ProviderID: "docker:////dev-md-0-infra", Object: "Machine default/dev-md-0-infra", DeletedAt: now.Add(-time.Hour)})
+	store.Record(facts.Tombstone{ProviderID: "docker:////dev-md-0-infra", Object: "Machine default/dev-md-0-infra", DeletedAt: now.Add(-time.Hour)})
 	reg, err = f.Registration(ctx, "", "CREATE", byName["dev-md-0-infra"], nil, now)
 	require.NoError(t, err)
 	assert.True(t, reg.Allowed)

@@ -25,15 +25,13 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/clock"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
-	"github.com/nodeguard/nodeguard/enforcer/informers"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
 
 // Nodes is one cluster's Node cache (nodecache.Watch, or nodecache.Nodes
@@ -76,7 +74,7 @@ type Options struct {
 	// Tombstones, when set, are kept from the inventory's changes
 	// (Tombstones.Follow); the Finder judges with the same store. Its
 	// Changed should be the Scanner's TombstoneChanged.
-	Tombstones *tombstones.Store
+	Tombstones *facts.Tombstones
 	// Ghosts, when set, is told whether each Node judged is a ghost.
 	Ghosts *ghosts.Tracker
 }
@@ -170,8 +168,8 @@ func (s *Scanner) NodeChanged(cluster, node string) {
 // ObjectChanged asks for every Node the old or new object could link to
 // to be judged now, and for every Node when the providerID schemes the
 // InfraMachines show change (informers.Syncer.Subscribe).
-func (s *Scanner) ObjectChanged(c informers.Change) {
-	if c.Role == inventory.InfraMachine && s.opts.Evidence.Update(c.Old, c.New) {
+func (s *Scanner) ObjectChanged(c facts.Change) {
+	if c.Role == facts.InfraMachine && s.opts.Evidence.Update(c.Old, c.New) {
 		s.JudgeAll()
 	}
 	if s.opts.Tombstones != nil {
@@ -179,7 +177,7 @@ func (s *Scanner) ObjectChanged(c informers.Change) {
 	}
 	// The Nodes the object links, directly or through the referrers that
 	// name it (an InfraMachine through its Machine).
-	linked := map[inventory.Role][]*record.Record{}
+	linked := map[facts.Role][]*record.Record{}
 	inv := s.opts.Finder.Inventory()
 	for _, r := range []*record.Record{c.Old, c.New} {
 		if r == nil {
@@ -195,7 +193,7 @@ func (s *Scanner) ObjectChanged(c informers.Change) {
 	for role, records := range linked {
 		for _, l := range s.opts.Model.LinksOf(role) {
 			for _, r := range records {
-				values := inventory.LinkValues(r, l)
+				values := facts.LinkValues(r, l)
 				if len(values) == 0 {
 					continue
 				}
@@ -234,7 +232,7 @@ func (s *Scanner) TombstoneChanged(providerID string) {
 // providerIDLink is a link on the Node's providerID alone: its Node index
 // finds the Nodes with a providerID.
 func (s *Scanner) providerIDLink() (rule.Link, bool) {
-	for _, role := range inventory.Roles() {
+	for _, role := range facts.Roles() {
 		if ls := s.opts.Model.ProviderIDLinks(role); len(ls) > 0 {
 			return ls[0], true
 		}

@@ -20,15 +20,13 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
-	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
-	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -44,7 +42,7 @@ type fixture struct {
 	clock   *clocktesting.FakeClock
 	scanner *orphanscan.Scanner
 	reaper  *reaper.Reaper
-	nodes   *nodecache.Watch
+	nodes   *facts.NodeWatch
 	leading bool
 	// untrusted, when set, is what Ready answers: a cache recovering from a
 	// broken watch (serve passes Syncer.Recovering through Ready).
@@ -54,7 +52,7 @@ type fixture struct {
 	published atomic.Pointer[map[string]string]
 	// The ghosts: the tombstones kept from the inventory's changes, what was
 	// done about each ghost, and the Events recorded.
-	tombstones *tombstones.Store
+	tombstones *facts.Tombstones
 	ghosts     *ghosts.Tracker
 	protection ghosts.Protection
 	events     *events.FakeRecorder
@@ -75,10 +73,10 @@ func newFixture(t *testing.T, del bool) *fixture {
 	require.NoError(t, err)
 	require.NoError(t, clusterenforcer.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
 	model := e.Inventory.Model()
-	shape, err := nodecache.ShapeOf(e.Engine)
+	shape, err := facts.NodeShapeOf(e.Engine)
 	require.NoError(t, err)
 	evidence := orphans.NewEvidence(model)
-	f.tombstones = tombstones.New(tombstones.Options{Clock: f.clock, Changed: func(pid string) { f.scanner.TombstoneChanged(pid) }})
+	f.tombstones = facts.NewTombstones(facts.TombstoneOptions{Clock: f.clock, Changed: func(pid string) { f.scanner.TombstoneChanged(pid) }})
 	f.ghosts = ghosts.New(ghosts.Options{Protection: func(string) ghosts.Protection { return f.protection }})
 	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence, Grace: 5 * time.Minute,
 		Tombstones: f.tombstones})
@@ -104,11 +102,11 @@ func newFixture(t *testing.T, del bool) *fixture {
 	for _, n := range e.Inventory.Count() {
 		f.objects += n
 	}
-	require.NoError(t, e.Syncer.Subscribe(func(c informers.Change) {
+	require.NoError(t, e.Syncer.Subscribe(func(c facts.Change) {
 		f.scanner.ObjectChanged(c)
 		f.objectChanges.Add(1)
 	}))
-	f.nodes, err = nodecache.NewWatch(nodecache.WatchOptions{Shape: shape, Dynamic: client,
+	f.nodes, err = facts.NewNodeWatch(facts.NodeWatchOptions{Shape: shape, Dynamic: client,
 		OnChange: func(n string) {
 			f.scanner.NodeChanged("", n)
 			f.nodeChanges.Add(1)
@@ -240,7 +238,7 @@ func TestLeadershipComingActsOnTheOrphansSeen(t *testing.T) {
 }
 
 // notSynced is a cluster whose Node cache has not synced.
-type notSynced struct{ *nodecache.Watch }
+type notSynced struct{ *facts.NodeWatch }
 
 func (notSynced) HasSynced() bool { return false }
 
@@ -262,7 +260,7 @@ func TestAClusterIsJudgedOnceItsCacheSynced(t *testing.T) {
 // syncsQuietly is a cluster whose Node cache syncs with no event after the
 // scan first asked it.
 type syncsQuietly struct {
-	*nodecache.Watch
+	*facts.NodeWatch
 	asked, synced *atomic.Bool
 }
 

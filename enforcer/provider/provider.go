@@ -25,7 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
@@ -297,7 +297,7 @@ func (h *handler) facts(ctx context.Context, cluster string, node *unstructured.
 			return result{err: &keyError{ErrorFreshReadFailed, fmt.Sprintf("nodeguard could not re-read the objects linked to Node %q "+
 				"from the API server (%v); retry shortly", node.GetName(), err)}}
 		}
-		return result{value: map[string]any{"inventory": inventory.Layout(objs), "parameters": params.Map()}}
+		return result{value: map[string]any{"inventory": facts.Layout(objs), "parameters": params.Map()}}
 	})
 	return r.value, r.err
 }

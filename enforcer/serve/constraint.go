@@ -8,9 +8,9 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
@@ -20,7 +20,7 @@ import (
 // rule's defaults). follow says whether its edits are followed.
 func initialConstraint(ctx context.Context, c kube.Clients, opts Options) (spec constraintwatch.Spec, follow bool, err error) {
 	if opts.Constraint != "" {
-		params, err := manifest.ConstraintParameters(opts.Constraint)
+		params, err := facts.ConstraintParameters(opts.Constraint)
 		return constraintwatch.Spec{Parameters: params, From: opts.Constraint}, false, err
 	}
 	if opts.ConstraintName == "" || c.Dynamic == nil || c.Mapper == nil {

@@ -19,8 +19,8 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
@@ -91,7 +91,7 @@ func startServeWith(t *testing.T, opts serve.Options) (*server, error) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	}, 10*time.Second, 20*time.Millisecond)
-	objs, err := manifest.Load("../../examples/capd-v1beta2/node.yaml")
+	objs, err := facts.LoadManifests("../../examples/capd-v1beta2/node.yaml")
 	require.NoError(t, err)
 	s.node = objs[0].GetName()
 	node, _ := json.Marshal(objs[0].Object)

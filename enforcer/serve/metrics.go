@@ -9,8 +9,8 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/events"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
@@ -22,7 +22,7 @@ type Sources struct {
 	Policy func() rule.Policy
 	Cached func() map[schema.GroupVersionKind]int
 	// Watched says which kinds the informers watch and why.
-	Watched func() []informers.Watched
+	Watched func() []facts.Watched
 	Ready   func() error
 }
 
@@ -115,7 +115,7 @@ type cachedObjects struct {
 }
 
 type watchedKinds struct {
-	watched func() []informers.Watched
+	watched func() []facts.Watched
 	desc    *prometheus.Desc
 }
 

@@ -17,16 +17,14 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/events"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
-	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
-	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 )
 
 // ReapOptions are the orphan-Node flags of `nodeguard serve`.
@@ -94,7 +92,7 @@ func LeaseNamespace() string {
 // background until ctx is done, with clients of c's config; it returns the
 // scanner (nil when the scan is off), so a reloaded policy can have every
 // Node judged again.
-func startOrphanScan(ctx context.Context, c kube.Clients, e *clusterenforcer.Enforcer, changes *informers.Relay, reg prometheus.Registerer,
+func startOrphanScan(ctx context.Context, c kube.Clients, e *clusterenforcer.Enforcer, changes *facts.Relay, reg prometheus.Registerer,
 	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, releases bool, leaders leaders, rec *events.Recorder, log *slog.Logger) (*orphanscan.Scanner, error) {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
@@ -135,7 +133,7 @@ type OrphanScan struct {
 	Enforcer   *clusterenforcer.Enforcer
 	// Changes, when set, relays the inventory's changes from before the
 	// scan started (clusterenforcer.Options.OnChange); else the scan subscribes now.
-	Changes *informers.Relay
+	Changes *facts.Relay
 	// Registry gets the scan's per-cluster gauges, and its counters unless
 	// Metrics holds them already (serve.Register's).
 	Registry prometheus.Registerer
@@ -169,7 +167,7 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	model := e.Inventory.Model()
-	shape, err := nodecache.ShapeOf(e.Engine)
+	shape, err := facts.NodeShapeOf(e.Engine)
 	if err != nil {
 		return nil, fmt.Errorf("orphan scan: %w", err)
 	}
@@ -181,10 +179,10 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 	}
 	var scanner *orphanscan.Scanner
 	sessions := o.Sessions // the scan's own, when it runs them, from below
-	var store *tombstones.Store
+	var store *facts.Tombstones
 	var tracker *ghosts.Tracker
 	if opts.Ghosts.Enabled() {
-		store = tombstones.New(tombstones.Options{Window: opts.Ghosts.Window, Max: opts.Ghosts.Max, Metrics: m.Tombstones,
+		store = facts.NewTombstones(facts.TombstoneOptions{Window: opts.Ghosts.Window, Max: opts.Ghosts.Max, Metrics: m.Tombstones,
 			Changed: func(pid string) { scanner.TombstoneChanged(pid) }})
 		tracker = ghosts.New(ghosts.Options{Protection: func(cluster string) ghosts.Protection { return o.protection(sessions, cluster) },
 			Metrics: m.Ghosts, Log: log})
@@ -247,7 +245,7 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 	if store != nil && c.Dynamic != nil {
 		// Before the inventory's changes reach the store: those replayed
 		// since the informers started end or add to what it held.
-		keeper := &tombstones.Keeper{Store: store, Client: c.Dynamic, Namespace: o.namespace(), Log: log}
+		keeper := &facts.TombstoneKeeper{Store: store, Client: c.Dynamic, Namespace: o.namespace(), Log: log}
 		if err := keeper.Load(ctx); err != nil {
 			// Ghost bookkeeping is not the delete rule: serve goes on,
 			// detecting from what it sees, writing nothing over what it
@@ -340,7 +338,7 @@ type OrphanMetrics struct {
 	Scan       *orphanscan.Metrics
 	Clusters   *kube.ClusterMetrics
 	Releases   *releases.Metrics
-	Tombstones *tombstones.Metrics
+	Tombstones *facts.TombstoneMetrics
 	Ghosts     *ghosts.Metrics
 }
 
@@ -359,7 +357,7 @@ func registerOrphanMetrics(reg prometheus.Registerer) (*OrphanMetrics, error) {
 	if m.Releases, err = releases.NewMetrics(reg); err != nil {
 		return nil, err
 	}
-	if m.Tombstones, err = tombstones.NewMetrics(reg); err != nil {
+	if m.Tombstones, err = facts.NewTombstoneMetrics(reg); err != nil {
 		return nil, err
 	}
 	if m.Ghosts, err = ghosts.NewMetrics(reg); err != nil {
@@ -372,7 +370,7 @@ func registerOrphanMetrics(reg prometheus.Registerer) (*OrphanMetrics, error) {
 // wait, it returns only then (a workload session), else at once.
 func watchNodes(ctx context.Context, scanner *orphanscan.Scanner, shape *record.Shape, cluster string,
 	kube kubernetes.Interface, dyn dynamic.Interface, t reaper.Target, errs *watchErrors, wait bool) error {
-	w, err := nodecache.NewWatch(nodecache.WatchOptions{Shape: shape, Kube: kube, Dynamic: dyn,
+	w, err := facts.NewNodeWatch(facts.NodeWatchOptions{Shape: shape, Kube: kube, Dynamic: dyn,
 		OnChange: func(node string) { scanner.NodeChanged(cluster, node) },
 		OnError:  func(err error) { errs.report(ctx, cluster, err) },
 	})

@@ -23,10 +23,9 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/events"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/freshread"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
-	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/probes"
@@ -164,9 +163,9 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	params := spec.Parameters
 	lopts := clusterenforcer.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Engine: eval}
 	// The orphan scan hears of every inventory change from the first.
-	var changes *informers.Relay
+	var changes *facts.Relay
 	if opts.Orphans.Interval > 0 {
-		changes = &informers.Relay{}
+		changes = &facts.Relay{}
 		lopts.OnChange = changes.Send
 	}
 	e, err := clusterenforcer.Start(ctx, c, lopts)
@@ -378,7 +377,7 @@ func workloadSessions(c kube.Clients, opts Options, metrics *Metrics, log *slog.
 func routes(ctx context.Context, c kube.Clients, e *clusterenforcer.Enforcer, scanner *orphanscan.Scanner, metrics *Metrics, denied func(events.Denial),
 	action func() rule.Action, issuer *fleet.Issuer, opts Options, log *slog.Logger) (http.Handler, []string, error) {
 	in := requestlimits.New(requestlimits.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
-	clusters := freshread.New(c.Dynamic, c.Mapper)
+	clusters := facts.NewFreshReader(c.Dynamic, c.Mapper)
 	cluster := func(ctx context.Context, namespace, name string) (bool, rule.Action, error) {
 		obj, err := clusters.Get(ctx, clusterGVK(), namespace, name)
 		if obj == nil || err != nil {

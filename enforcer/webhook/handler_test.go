@@ -26,8 +26,8 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/events"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
@@ -39,7 +39,7 @@ import (
 const linkedNode = "dev-md-0-x7k2p-abcde" // its DockerMachine exists in the example
 
 // example is a Guard over the CAPD example, where ops is an exempt group.
-func example(t testing.TB) (*guard.Guard, *inventory.Inventory, map[string]*unstructured.Unstructured) {
+func example(t testing.TB) (*guard.Guard, *facts.Inventory, map[string]*unstructured.Unstructured) {
 	return testcluster.ExampleGuard(t, "../../examples/capd-v1beta2", guard.Options{Parameters: map[string]any{"exemptGroups": []any{"ops"}}})
 }
 

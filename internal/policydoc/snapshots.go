@@ -18,8 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -65,7 +64,7 @@ func Scenarios(root string) ([]Scenario, error) {
 	}
 	var out []Scenario
 	for _, t := range s.Tests {
-		params, err := manifest.ConstraintParameters(filepath.Join(root, "constraints", t.Constraint))
+		params, err := facts.ConstraintParameters(filepath.Join(root, "constraints", t.Constraint))
 		if err != nil {
 			return nil, err
 		}
@@ -81,7 +80,7 @@ func Scenarios(root string) ([]Scenario, error) {
 			}
 			var inv []*unstructured.Unstructured
 			for _, f := range c.Inventory {
-				o, err := manifest.Load(filepath.Join(root, "constraints", f))
+				o, err := facts.LoadManifests(filepath.Join(root, "constraints", f))
 				if err != nil {
 					return nil, err
 				}
@@ -96,7 +95,7 @@ func Scenarios(root string) ([]Scenario, error) {
 	}
 	sort.Strings(dirs)
 	for _, dir := range dirs {
-		objs, err := manifest.Load(dir)
+		objs, err := facts.LoadManifests(dir)
 		if err != nil {
 			return nil, err
 		}
@@ -137,7 +136,7 @@ func Decide(ctx context.Context, scenarios []Scenario) ([]Snapshot, error) {
 		if err != nil {
 			return nil, fmt.Errorf("scenario %s: %w", s.Name, err)
 		}
-		d, err := rule.Evaluate(ctx, eval, rule.Input{Review: s.Review, Inventory: inventory.Layout(s.Objects), Parameters: params})
+		d, err := rule.Evaluate(ctx, eval, rule.Input{Review: s.Review, Inventory: facts.Layout(s.Objects), Parameters: params})
 		if err != nil {
 			return nil, fmt.Errorf("scenario %s: %w", s.Name, err)
 		}

@@ -25,7 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/policies"
@@ -216,7 +216,7 @@ func project(ctx context.Context, files Files) ([]*tester.Builtin, error) {
 // does: a reviewed Node as the webhook decodes it, a judged one as the orphan
 // scan's Node caches keep it, a user's groups as the guard keeps them.
 func builtins(model *rule.Model, shape *record.Shape, defaults map[string]any) []*tester.Builtin {
-	inv := inventory.New(model)
+	inv := facts.NewInventory(model)
 	node := func(v any) any {
 		m, ok := v.(map[string]any)
 		if !ok {
@@ -325,7 +325,7 @@ func poolKinds(params map[string]any) map[string]bool {
 // projectInventory replaces every object of a Gatekeeper-shaped inventory
 // with what the enforcer caches of it: a Machine, a pool of the parameters'
 // pool kinds, or else an InfraMachine (any kind a Machine may reference).
-func projectInventory(inv *inventory.Inventory, model *rule.Model, v any, pools map[string]bool) any {
+func projectInventory(inv *facts.Inventory, model *rule.Model, v any, pools map[string]bool) any {
 	top, _ := v.(map[string]any)
 	namespaces, ok := top["namespace"].(map[string]any)
 	if !ok {
@@ -346,16 +346,16 @@ func projectInventory(inv *inventory.Inventory, model *rule.Model, v any, pools 
 					}
 					u := &unstructured.Unstructured{Object: o}
 					gk := schema.FromAPIVersionAndKind(gv, kind).GroupKind()
-					role := inventory.InfraMachine
+					role := facts.InfraMachine
 					for r, ref := range model.Referrers {
 						if gk == ref.GroupKind() {
 							role = r
 						}
 					}
 					switch {
-					case role != inventory.InfraMachine:
+					case role != facts.InfraMachine:
 					case pools[kind]:
-						role = inventory.InfraMachinePool
+						role = facts.InfraMachinePool
 					}
 					outName[name] = inv.Record(u, role).Unstructured().Object
 				}

@@ -17,9 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -84,7 +83,7 @@ var capd = []Kind{
 // (namespace/name pairs), and the DockerMachine CRD with its contract label.
 func CAPD(t testing.TB, dir string, clusters ...[2]string) (*dynamicfake.FakeDynamicClient, meta.RESTMapper) {
 	t.Helper()
-	objs, err := manifest.Load(dir)
+	objs, err := facts.LoadManifests(dir)
 	require.NoError(t, err)
 	crd := Object(crdGVK, "", "dockermachines.infrastructure.cluster.x-k8s.io", nil)
 	crd.SetLabels(map[string]string{"cluster.x-k8s.io/v1beta2": "v1beta1_v1beta2"})
@@ -101,9 +100,9 @@ func CAPD(t testing.TB, dir string, clusters ...[2]string) (*dynamicfake.FakeDyn
 // ExampleGuard is a Guard with opts over the manifests under dir (the CAPD
 // example) as its whole inventory, DockerMachines synced; it returns the
 // inventory too, and the example's Nodes by name.
-func ExampleGuard(t testing.TB, dir string, opts guard.Options) (*guard.Guard, *inventory.Inventory, map[string]*unstructured.Unstructured) {
+func ExampleGuard(t testing.TB, dir string, opts guard.Options) (*guard.Guard, *facts.Inventory, map[string]*unstructured.Unstructured) {
 	t.Helper()
-	objs, err := manifest.Load(dir)
+	objs, err := facts.LoadManifests(dir)
 	require.NoError(t, err)
 	nodes := map[string]*unstructured.Unstructured{}
 	for _, o := range objs {
@@ -111,7 +110,7 @@ func ExampleGuard(t testing.TB, dir string, opts guard.Options) (*guard.Guard, *
 			nodes[o.GetName()] = o
 		}
 	}
-	inv, err := inventory.FromObjects(rule.MustEmbeddedModel(), objs, []schema.GroupKind{DockerMachineGVK.GroupKind()}, nil)
+	inv, err := facts.FromObjects(rule.MustEmbeddedModel(), objs, []schema.GroupKind{DockerMachineGVK.GroupKind()}, nil)
 	require.NoError(t, err)
 	if opts.Engine == nil {
 		opts.Engine = Engine(t)

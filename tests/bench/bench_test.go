@@ -21,8 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/gatekeeper"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
@@ -97,17 +97,17 @@ func objects(n int) (node *unstructured.Unstructured, objs []*unstructured.Unstr
 }
 
 // enforcerInventory fills informer-shaped stores through the same transform.
-func enforcerInventory(b testing.TB, objs []*unstructured.Unstructured) *inventory.Inventory {
-	inv := inventory.New(rule.MustEmbeddedModel())
-	machines, infras := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
-	inv.AddKind(machineGVK, inventory.Machine, machines)
-	inv.AddKind(dockerGVK, inventory.InfraMachine, infras)
+func enforcerInventory(b testing.TB, objs []*unstructured.Unstructured) *facts.Inventory {
+	inv := facts.NewInventory(rule.MustEmbeddedModel())
+	machines, infras := inv.NewStore(facts.Machine), inv.NewStore(facts.InfraMachine)
+	inv.AddKind(machineGVK, facts.Machine, machines)
+	inv.AddKind(dockerGVK, facts.InfraMachine, infras)
 	for _, o := range objs {
 		// The informer decodes a fresh object and transforms it; a deep copy
 		// stands for the decoded object, so strings the record shares count.
-		store, role := infras, inventory.InfraMachine
+		store, role := infras, facts.InfraMachine
 		if o.GetKind() == "Machine" {
-			store, role = machines, inventory.Machine
+			store, role = machines, facts.Machine
 		}
 		stripped, err := inv.Transform(role)(o.DeepCopy())
 		require.NoError(b, err)
@@ -187,7 +187,7 @@ func TestDumpDecisionInput(t *testing.T) {
 	candidates, _ := inv.Candidates(node)
 	raw, err := json.MarshalIndent(map[string]any{
 		"review":     guard.Request{Node: node, UserInfo: user}.Review(),
-		"inventory":  inventory.Layout(candidates),
+		"inventory":  facts.Layout(candidates),
 		"parameters": g.Parameters(),
 	}, "", "  ")
 	require.NoError(t, err)

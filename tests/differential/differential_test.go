@@ -28,8 +28,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
@@ -120,7 +120,7 @@ func gatekeeperDecision(t *testing.T, ctx context.Context, engine *gatekeeper.En
 
 func enforcerDecision(t *testing.T, ctx context.Context, eval *rule.Engine, params map[string]any, s scenario) outcome {
 	t.Helper()
-	inv, err := inventory.FromObjects(eval.Model(), s.Objects, groupKinds(params["infraMachineKinds"]), groupKinds(params["infraMachinePoolKinds"]))
+	inv, err := facts.FromObjects(eval.Model(), s.Objects, groupKinds(params["infraMachineKinds"]), groupKinds(params["infraMachinePoolKinds"]))
 	require.NoError(t, err)
 	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Engine: eval})
 	require.NoError(t, err)
@@ -481,7 +481,7 @@ func deleting(s scenario) bool {
 // objects with params as its --constraint.
 func providerGuard(t *testing.T, ctx context.Context, eval *rule.Engine, params map[string]any, s scenario) *guard.Guard {
 	t.Helper()
-	inv, err := inventory.FromObjects(eval.Model(), s.Objects, groupKinds(params["infraMachineKinds"]), groupKinds(params["infraMachinePoolKinds"]))
+	inv, err := facts.FromObjects(eval.Model(), s.Objects, groupKinds(params["infraMachineKinds"]), groupKinds(params["infraMachinePoolKinds"]))
 	require.NoError(t, err)
 	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Engine: eval})
 	require.NoError(t, err)

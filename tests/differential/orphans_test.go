@@ -19,10 +19,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/informers"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	"github.com/nodeguard/nodeguard/enforcer/nodecache"
 	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
@@ -47,7 +45,7 @@ func TestNarrowedOrphanJudgeAgreesWithAFullPass(t *testing.T) {
 	ctx := context.Background()
 	eval, err := rule.NewEngine(ctx)
 	require.NoError(t, err)
-	shape, err := nodecache.ShapeOf(eval)
+	shape, err := facts.NodeShapeOf(eval)
 	require.NoError(t, err)
 	var judged, full, found, checks int
 	for i := range *orphanScenarios {
@@ -86,13 +84,13 @@ var routes = []string{"", "ns-a/c1"}
 type history struct {
 	t               *testing.T
 	rng             *rand.Rand
-	inv             *inventory.Inventory
+	inv             *facts.Inventory
 	shape           *record.Shape
 	finder          *orphans.Finder
 	scanner         *orphanscan.Scanner
 	reaper          *reaper.Reaper
 	clock           *clocktesting.FakeClock
-	nodes           map[string]*nodecache.Nodes // by route: each route watches the same Nodes
+	nodes           map[string]*facts.Nodes // by route: each route watches the same Nodes
 	objects         map[string]*unstructured.Unstructured
 	matchProviderID bool
 	log             []string
@@ -112,13 +110,13 @@ func newHistory(t *testing.T, eval *rule.Engine, shape *record.Shape, matchProvi
 	t.Helper()
 	ctx := context.Background()
 	model := eval.Model()
-	inv := inventory.New(model)
-	inv.AddKind(machineV1beta2, inventory.Machine, inv.NewStore(inventory.Machine))
-	inv.AddKind(machineV1beta1, inventory.Machine, inv.NewStore(inventory.Machine))
+	inv := facts.NewInventory(model)
+	inv.AddKind(machineV1beta2, facts.Machine, inv.NewStore(facts.Machine))
+	inv.AddKind(machineV1beta1, facts.Machine, inv.NewStore(facts.Machine))
 	for _, k := range infraKinds {
-		inv.AddKind(schema.GroupVersionKind{Group: k.group, Version: k.version, Kind: k.kind}, inventory.InfraMachine, inv.NewStore(inventory.InfraMachine))
+		inv.AddKind(schema.GroupVersionKind{Group: k.group, Version: k.version, Kind: k.kind}, facts.InfraMachine, inv.NewStore(facts.InfraMachine))
 	}
-	inv.AddKind(poolGVK, inventory.InfraMachinePool, inv.NewStore(inventory.InfraMachinePool))
+	inv.AddKind(poolGVK, facts.InfraMachinePool, inv.NewStore(facts.InfraMachinePool))
 	g, err := guard.New(ctx, inv, guard.Options{Engine: eval})
 	require.NoError(t, err)
 	evidence := orphans.NewEvidence(model)
@@ -138,10 +136,10 @@ func newHistory(t *testing.T, eval *rule.Engine, shape *record.Shape, matchProvi
 		Ready: func() error { return nil }, Interval: 1000 * time.Hour, Clock: clock, Releases: pub})
 	require.NoError(t, err)
 	h := &history{t: t, rng: rng, inv: inv, shape: shape, finder: finder, scanner: scanner, reaper: r, clock: clock,
-		nodes: map[string]*nodecache.Nodes{}, objects: map[string]*unstructured.Unstructured{}, matchProviderID: matchProviderID,
+		nodes: map[string]*facts.Nodes{}, objects: map[string]*unstructured.Unstructured{}, matchProviderID: matchProviderID,
 		releases: pub, published: map[string]map[string]string{}}
 	for _, route := range routes {
-		h.nodes[route] = nodecache.NewNodes(shape, nil, func(n string) { scanner.NodeChanged(route, n) })
+		h.nodes[route] = facts.NewNodes(shape, nil, func(n string) { scanner.NodeChanged(route, n) })
 		scanner.AddCluster(route, synced{h.nodes[route]}, reaper.Target{})
 		if pub != nil {
 			pub.Enroll(route, func(_ context.Context, cm *corev1.ConfigMap) error {
@@ -165,7 +163,7 @@ func newHistory(t *testing.T, eval *rule.Engine, shape *record.Shape, matchProvi
 }
 
 // synced is a Node cache that is always synced, as one fed directly is.
-type synced struct{ *nodecache.Nodes }
+type synced struct{ *facts.Nodes }
 
 func (synced) HasSynced() bool { return true }
 
@@ -198,7 +196,7 @@ func (h *history) change() {
 
 // put stores an object in its kind's store and tells the scanner, as an
 // informer would.
-func (h *history) put(o *unstructured.Unstructured, role inventory.Role) {
+func (h *history) put(o *unstructured.Unstructured, role facts.Role) {
 	k := o.GroupVersionKind().String() + " " + o.GetNamespace() + "/" + o.GetName()
 	// A kind's objects are one version: drop the other version of a Machine.
 	for _, other := range []schema.GroupVersionKind{machineV1beta2, machineV1beta1} {
@@ -217,7 +215,7 @@ func (h *history) put(o *unstructured.Unstructured, role inventory.Role) {
 	require.NoError(h.t, h.store(o.GroupVersionKind()).Add(r))
 	h.objects[k] = o
 	h.log = append(h.log, fmt.Sprintf("put %s %v", k, o.Object))
-	h.scanner.ObjectChanged(informers.Change{Role: role, Old: old, New: r})
+	h.scanner.ObjectChanged(facts.Change{Role: role, Old: old, New: r})
 }
 
 func (h *history) remove(k string, o *unstructured.Unstructured) {
@@ -226,7 +224,7 @@ func (h *history) remove(k string, o *unstructured.Unstructured) {
 	require.NoError(h.t, h.store(o.GroupVersionKind()).Delete(r))
 	delete(h.objects, k)
 	h.log = append(h.log, "delete "+k)
-	h.scanner.ObjectChanged(informers.Change{Role: role, Old: r})
+	h.scanner.ObjectChanged(facts.Change{Role: role, Old: r})
 }
 
 func (h *history) deleteObject() {
@@ -242,14 +240,14 @@ func (h *history) deleteObject() {
 	h.remove(k, h.objects[k])
 }
 
-func (h *history) role(gvk schema.GroupVersionKind) inventory.Role {
+func (h *history) role(gvk schema.GroupVersionKind) facts.Role {
 	switch gvk.GroupKind() {
 	case machineV1beta2.GroupKind():
-		return inventory.Machine
+		return facts.Machine
 	case poolGVK.GroupKind():
-		return inventory.InfraMachinePool
+		return facts.InfraMachinePool
 	}
-	return inventory.InfraMachine
+	return facts.InfraMachine
 }
 
 func (h *history) store(gvk schema.GroupVersionKind) cache.Store {
@@ -289,7 +287,7 @@ func (h *history) putMachine(name string) {
 	if rng.IntN(6) == 0 {
 		m.Object["metadata"].(map[string]any)["deletionTimestamp"] = "2026-11-30T10:00:00Z"
 	}
-	h.put(m, inventory.Machine)
+	h.put(m, facts.Machine)
 }
 
 func (h *history) putInfra(name string) {
@@ -298,7 +296,7 @@ func (h *history) putInfra(name string) {
 	if h.rng.IntN(3) == 0 {
 		o.Object["spec"] = map[string]any{"providerID": fmt.Sprintf("aws:///us-east-1a/i-%d", h.rng.IntN(3))}
 	}
-	h.put(o, inventory.InfraMachine)
+	h.put(o, facts.InfraMachine)
 }
 
 func (h *history) putPool() {
@@ -309,7 +307,7 @@ func (h *history) putPool() {
 	}
 	p.Object["spec"] = map[string]any{"providerIDList": ids}
 	labelCluster(h.rng, p, pick(h.rng, clusters))
-	h.put(p, inventory.InfraMachinePool)
+	h.put(p, facts.InfraMachinePool)
 }
 
 // putNode adds or changes a Node: annotations naming a Machine (or a gone

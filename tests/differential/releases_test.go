@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
-	"github.com/nodeguard/nodeguard/enforcer/nodecache"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -26,7 +26,7 @@ func TestPublishedReleasesAgreeWithAFullPass(t *testing.T) {
 	ctx := context.Background()
 	eval, err := rule.NewEngine(ctx)
 	require.NoError(t, err)
-	shape, err := nodecache.ShapeOf(eval)
+	shape, err := facts.NodeShapeOf(eval)
 	require.NoError(t, err)
 	var checks, released, blocked, nodes int
 	for i := range *orphanScenarios {

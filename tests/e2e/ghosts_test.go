@@ -22,12 +22,12 @@ import (
 	v1helper "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghostlist"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -140,7 +140,7 @@ func TestCAPIGhostNodes(t *testing.T) {
 	gone(t, "Node "+name, 60*time.Second, c.getNode(name))
 	gone(t, "Machine "+name, 60*time.Second, c.getMachine(name))
 	require.EventuallyWithT(t, func(col *assert.CollectT) {
-		ts, _, err := tombstones.Read(ctx, clients.Dynamic, "default")
+		ts, _, err := facts.ReadTombstones(ctx, clients.Dynamic, "default")
 		require.NoError(col, err)
 		require.Len(col, ts, 1)
 		assert.Equal(col, pid, ts[0].ProviderID)
@@ -264,9 +264,9 @@ func TestCAPIGhostNodes(t *testing.T) {
 		}, 10*time.Second, 20*time.Millisecond)
 		t.Logf("tombstone cleared: the ghost's taint removed %s later", time.Since(cleared).Round(time.Millisecond))
 		require.Never(t, func() bool {
-			ts, _, err := tombstones.Read(ctx, clients.Dynamic, "default")
+			ts, _, err := facts.ReadTombstones(ctx, clients.Dynamic, "default")
 			return err != nil || len(ts) > 0
-		}, 2*tombstones.DefaultWriteInterval, 50*time.Millisecond, "serve took the clear; it did not write the tombstone back")
+		}, 2*facts.DefaultTombstoneWriteInterval, 50*time.Millisecond, "serve took the clear; it did not write the tombstone back")
 		// The host stopped for good: its Node goes like any unlinked one.
 		require.NoError(t, c.nodes.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}))
 	})
@@ -277,7 +277,7 @@ func TestCAPIGhostNodes(t *testing.T) {
 		require.NoError(t, c.dyn.Resource(machines).Namespace("default").Delete(ctx, reused, metav1.DeleteOptions{}))
 		gone(t, "Machine "+reused, 60*time.Second, c.getMachine(reused))
 		require.EventuallyWithT(t, func(col *assert.CollectT) {
-			ts, _, err := tombstones.Read(ctx, clients.Dynamic, "default")
+			ts, _, err := facts.ReadTombstones(ctx, clients.Dynamic, "default")
 			require.NoError(col, err)
 			require.Len(col, ts, 1)
 		}, 10*time.Second, 50*time.Millisecond, "tombstoned")
@@ -286,7 +286,7 @@ func TestCAPIGhostNodes(t *testing.T) {
 		n, err := c.nodes.CoreV1().Nodes().Get(ctx, reused, metav1.GetOptions{})
 		require.NoError(t, err)
 		require.EventuallyWithT(t, func(col *assert.CollectT) {
-			ts, _, err := tombstones.Read(ctx, clients.Dynamic, "default")
+			ts, _, err := facts.ReadTombstones(ctx, clients.Dynamic, "default")
 			require.NoError(col, err)
 			assert.Empty(col, ts, "the new link ended the tombstone")
 		}, 10*time.Second, 50*time.Millisecond)
@@ -302,20 +302,20 @@ func TestCAPIGhostNodes(t *testing.T) {
 	// the merge, losing neither's tombstone.
 	t.Run("two replicas creating the tombstones ConfigMap lose nothing", func(t *testing.T) {
 		const ns = "kube-public"
-		keeper := func() (*tombstones.Keeper, *tombstones.Store) {
-			s := tombstones.New(tombstones.Options{})
-			k := &tombstones.Keeper{Store: s, Client: c.dyn, Namespace: ns}
+		keeper := func() (*facts.TombstoneKeeper, *facts.Tombstones) {
+			s := facts.NewTombstones(facts.TombstoneOptions{})
+			k := &facts.TombstoneKeeper{Store: s, Client: c.dyn, Namespace: ns}
 			require.NoError(t, k.Load(ctx))
 			return k, s
 		}
 		ka, a := keeper()
 		kb, b := keeper()
-		a.Record(tombstones.Tombstone{ProviderID: "docker:////a", Object: "DockerMachine default/a", DeletedAt: time.Now()})
-		b.Record(tombstones.Tombstone{ProviderID: "docker:////b", Object: "DockerMachine default/b", DeletedAt: time.Now()})
+		a.Record(facts.Tombstone{ProviderID: "docker:////a", Object: "DockerMachine default/a", DeletedAt: time.Now()})
+		b.Record(facts.Tombstone{ProviderID: "docker:////b", Object: "DockerMachine default/b", DeletedAt: time.Now()})
 		ka.Flush(ctx)
 		kb.Flush(ctx) // AlreadyExists: reads a's
 		kb.Flush(ctx) // writes the merge under a's resourceVersion
-		ts, ok, err := tombstones.Read(ctx, c.dyn, ns)
+		ts, ok, err := facts.ReadTombstones(ctx, c.dyn, ns)
 		require.NoError(t, err)
 		require.True(t, ok)
 		var pids []string

@@ -35,7 +35,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
-	"github.com/nodeguard/nodeguard/enforcer/informers"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
@@ -120,7 +120,7 @@ type fleet struct {
 	mapper   meta.RESTMapper
 	secrets  *fake.Clientset
 	scanner  *orphanscan.Scanner
-	changes  *informers.Relay
+	changes  *facts.Relay
 	// relayed counts the inventory's changes passed to the relay (each
 	// reaches the scan once it started); objects is how many the inventory
 	// holds once synced, each of which comes first as an add.
@@ -200,8 +200,8 @@ func (f *fleet) secret(t testing.TB, cluster, server string) {
 // changes relayed to the scan once it starts.
 func (f *fleet) inventory(t testing.TB, ctx context.Context) *clusterenforcer.Enforcer {
 	t.Helper()
-	f.changes = &informers.Relay{}
-	relay := func(c informers.Change) {
+	f.changes = &facts.Relay{}
+	relay := func(c facts.Change) {
 		f.changes.Send(c)
 		f.relayed.Add(1)
 	}

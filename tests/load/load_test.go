@@ -33,8 +33,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
@@ -57,15 +57,15 @@ var (
 
 // fleet caches n CAPD Machines and DockerMachines and returns one DELETE
 // review per Node, so requests spread over the inventory.
-func fleet(b *testing.B, n int) (*inventory.Inventory, [][]byte) {
-	inv := inventory.New(rule.MustEmbeddedModel())
-	ms, ds := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
-	inv.AddKind(machineGVK, inventory.Machine, ms)
-	inv.AddKind(dockerGVK, inventory.InfraMachine, ds)
+func fleet(b *testing.B, n int) (*facts.Inventory, [][]byte) {
+	inv := facts.NewInventory(rule.MustEmbeddedModel())
+	ms, ds := inv.NewStore(facts.Machine), inv.NewStore(facts.InfraMachine)
+	inv.AddKind(machineGVK, facts.Machine, ms)
+	inv.AddKind(dockerGVK, facts.InfraMachine, ds)
 	add := func(store interface{ Add(any) error }, gvk schema.GroupVersionKind, obj map[string]any) {
-		role := inventory.InfraMachine
+		role := facts.InfraMachine
 		if gvk == machineGVK {
-			role = inventory.Machine
+			role = facts.Machine
 		}
 		r, err := inv.Transform(role)(unstructuredOf(obj))
 		require.NoError(b, err)

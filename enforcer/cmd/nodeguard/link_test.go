@@ -18,8 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	sigsyaml "sigs.k8s.io/yaml"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/policydoc"
@@ -121,13 +121,13 @@ func TestEnforcerFollowsALinkDeclaredOnlyInPolicies(t *testing.T) {
 
 	eval, err := rule.LoadBundle(ctx, rule.BundleOptions{Path: bundle, VerificationKeyFile: key.PublicKeyFile})
 	require.NoError(t, err)
-	inv := inventory.New(eval.Model())
+	inv := facts.NewInventory(eval.Model())
 	gvk := schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerMachine"}
-	store := inv.NewStore(inventory.InfraMachine)
-	inv.AddKind(gvk, inventory.InfraMachine, store)
+	store := inv.NewStore(facts.InfraMachine)
+	inv.AddKind(gvk, facts.InfraMachine, store)
 	machine := &unstructured.Unstructured{}
 	require.NoError(t, runtime.DecodeInto(unstructured.UnstructuredJSONScheme, yamlToJSON(t, hostMachine), machine))
-	require.NoError(t, store.Add(inv.Record(machine, inventory.InfraMachine)))
+	require.NoError(t, store.Add(inv.Record(machine, facts.InfraMachine)))
 	fresh := &freshReads{objs: map[string]*unstructured.Unstructured{"default/host-7": machine}}
 	g, err := guard.New(ctx, inv, guard.Options{Engine: eval, Fresh: fresh})
 	require.NoError(t, err)

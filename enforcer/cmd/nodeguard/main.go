@@ -30,6 +30,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/check"
 	"github.com/nodeguard/nodeguard/enforcer/cleanup"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghostlist"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
@@ -39,7 +40,6 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
-	"github.com/nodeguard/nodeguard/enforcer/tombstones"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
@@ -296,8 +296,8 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.BoolVar(&opts.Orphans.MatchProviderID, "orphan-match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
 	f.DurationVar(&opts.Orphans.Interval, "orphan-scan-interval", serve.DefaultOrphanScanInterval, "period of the full pass over the Node caches, the safety net under judging Nodes as they and what links them change (nodeguard_orphan_nodes); 0 turns the scan off")
 	f.StringVar(&opts.Orphans.LeaseNamespace, "leader-election-namespace", "", "namespace of the orphan reaper's Lease and of the tombstones' ConfigMap (default: $POD_NAMESPACE, else nodeguard-system)")
-	f.DurationVar(&opts.Orphans.Ghosts.Window, "ghost-window", tombstones.DefaultWindow, "how long the providerID of a Machine, InfraMachine or pool membership that went away stays tombstoned: a Node alive again with it, linked by nothing, is a ghost (docs/ghosts.md); 0 turns ghost detection off (it runs with the orphan scan)")
-	f.IntVar(&opts.Orphans.Ghosts.Max, "ghost-tombstones-max", tombstones.DefaultMax, "most tombstones kept (in the ConfigMap nodeguard-tombstones); the oldest go first")
+	f.DurationVar(&opts.Orphans.Ghosts.Window, "ghost-window", facts.DefaultWindow, "how long the providerID of a Machine, InfraMachine or pool membership that went away stays tombstoned: a Node alive again with it, linked by nothing, is a ghost (docs/ghosts.md); 0 turns ghost detection off (it runs with the orphan scan)")
+	f.IntVar(&opts.Orphans.Ghosts.Max, "ghost-tombstones-max", facts.DefaultMax, "most tombstones kept (in the ConfigMap nodeguard-tombstones); the oldest go first")
 	f.Var(&protectionFlag{&opts.Orphans.Ghosts.Protection}, "ghost-protection", "what is done about a ghost Node besides reporting it: off, deny (its registration is denied: add the registration webhook, webhook-config --ghost-registrations; the fleet adds it) or taint (tainted "+ghosts.TaintKey+":NoExecute); a Cluster's nodeguard.io/ghost-protection annotation sets its own")
 	f.Float32Var(&opts.KubeAPIQPS, "kube-api-qps", kube.DefaultQPS, "queries per second to the API server (informers and fresh reads); sized for bursts of Node deletes")
 	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", kube.DefaultBurst, "burst of queries to the API server above --kube-api-qps")

@@ -11,9 +11,8 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
-	manifests "github.com/nodeguard/nodeguard/enforcer/manifest"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/internal/policytest"
@@ -158,13 +157,13 @@ spec:
 		t.Helper()
 		eval, err := rule.LoadBundle(ctx, rule.BundleOptions{Path: bundle, VerificationKeyFile: key.PublicKeyFile})
 		require.NoError(t, err)
-		params, err := manifests.ConstraintParameters(constraint)
+		params, err := facts.ConstraintParameters(constraint)
 		require.NoError(t, err)
-		cluster, err := manifests.Load(objs[1], objs[3])
+		cluster, err := facts.LoadManifests(objs[1], objs[3])
 		require.NoError(t, err)
 		infra, pools, err := eval.Kinds(params)
 		require.NoError(t, err)
-		inv, err := inventory.FromObjects(eval.Model(), cluster, infra, pools)
+		inv, err := facts.FromObjects(eval.Model(), cluster, infra, pools)
 		require.NoError(t, err)
 		g, err := guard.New(ctx, inv, guard.Options{Engine: eval, Parameters: params})
 		require.NoError(t, err)

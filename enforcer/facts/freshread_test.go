@@ -1,4 +1,4 @@
-package freshread_test
+package facts_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/freshread"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -38,7 +38,7 @@ func concurrentReads(t *testing.T) {
 		<-release
 		return false, nil, nil // on to the tracker
 	})
-	r := freshread.New(client, mapper)
+	r := facts.NewFreshReader(client, mapper)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -4,7 +4,7 @@
 // served version, every kind a Machine references (resolved as Cluster API
 // does, through the CRD's contract label), and the kinds the parameters name
 // that the API server serves. A kind that appears later gets its informer then.
-package informers
+package facts
 
 import (
 	"context"
@@ -27,7 +27,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/watchlist"
 
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 )
@@ -35,7 +34,7 @@ import (
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // Options configure a Syncer.
-type Options struct {
+type SyncerOptions struct {
 	Client dynamic.Interface
 	// Mapper maps kinds to resources; when it can reset (a deferred
 	// discovery mapper), a miss resets it once so new CRDs are seen.
@@ -54,12 +53,12 @@ type Options struct {
 
 // Syncer starts informers and reports readiness.
 type Syncer struct {
-	opts Options
-	inv  *inventory.Inventory
+	opts SyncerOptions
+	inv  *Inventory
 
 	mu         sync.Mutex
 	informers  map[schema.GroupKind]tracked
-	referenced map[schema.GroupKind]inventory.Role // kinds cached referrers reference, as the role they name
+	referenced map[schema.GroupKind]Role // kinds cached referrers reference, as the role they name
 	failed     map[schema.GroupKind]error
 	// contract is the CRD informer that finds kinds by the contract (nil
 	// when not asked for).
@@ -72,7 +71,7 @@ type Syncer struct {
 // Change is one event of a cached object: Old is nil for an add, New for a
 // delete (whose Old is the last state seen, for a delete the watch missed).
 type Change struct {
-	Role     inventory.Role
+	Role     Role
 	Old, New *record.Record
 }
 
@@ -92,7 +91,7 @@ func (s *Syncer) Subscribe(f func(Change)) error {
 }
 
 // handler sends one role's events to f.
-func handler(role inventory.Role, f func(Change)) cache.ResourceEventHandler {
+func handler(role Role, f func(Change)) cache.ResourceEventHandler {
 	record := func(obj any) *record.Record {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj
@@ -109,7 +108,7 @@ func handler(role inventory.Role, f func(Change)) cache.ResourceEventHandler {
 
 type tracked struct {
 	gvk  schema.GroupVersionKind
-	role inventory.Role
+	role Role
 	// sources say why the kind is watched (Source*), each once.
 	sources  []string
 	stop     context.CancelFunc
@@ -124,7 +123,7 @@ type tracked struct {
 }
 
 // New returns a Syncer that fills inv.
-func New(inv *inventory.Inventory, opts Options) *Syncer {
+func NewSyncer(inv *Inventory, opts SyncerOptions) *Syncer {
 	if opts.RetryInterval == 0 {
 		opts.RetryInterval = 10 * time.Second
 	}
@@ -132,7 +131,7 @@ func New(inv *inventory.Inventory, opts Options) *Syncer {
 		opts:       opts,
 		inv:        inv,
 		informers:  map[schema.GroupKind]tracked{},
-		referenced: map[schema.GroupKind]inventory.Role{},
+		referenced: map[schema.GroupKind]Role{},
 		failed:     map[schema.GroupKind]error{},
 		pending:    make(chan schema.GroupKind, 64),
 	}
@@ -149,21 +148,21 @@ func (s *Syncer) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("find the served version of Cluster API Machines: %w", err)
 	}
-	if err := s.track(machine, inventory.Machine, SourceReferrer, nil); err != nil {
+	if err := s.track(machine, Machine, SourceReferrer, nil); err != nil {
 		return err
 	}
 	// Other referrers (MachinePools) are optional: Cluster API serves them
 	// only with its MachinePool feature.
-	for _, role := range inventory.Roles() {
-		if r, ok := model.Referrers[role]; ok && role != inventory.Machine {
+	for _, role := range Roles() {
+		if r, ok := model.Referrers[role]; ok && role != Machine {
 			s.trackIfServed(r.GroupKind(), role, SourceReferrer)
 		}
 	}
 	for _, gk := range s.opts.InfraKinds {
-		s.trackIfServed(gk, inventory.InfraMachine, SourceParameter)
+		s.trackIfServed(gk, InfraMachine, SourceParameter)
 	}
 	for _, gk := range s.opts.PoolKinds {
-		s.trackIfServed(gk, inventory.InfraMachinePool, SourceParameter)
+		s.trackIfServed(gk, InfraMachinePool, SourceParameter)
 	}
 	if s.opts.Contract {
 		if err := s.startContract(); err != nil {
@@ -181,9 +180,9 @@ func (s *Syncer) Start(ctx context.Context) error {
 func (s *Syncer) AddParameterKinds(infra, pools []schema.GroupKind) {
 	for _, k := range []struct {
 		kinds []schema.GroupKind
-		role  inventory.Role
+		role  Role
 		list  *[]schema.GroupKind
-	}{{infra, inventory.InfraMachine, &s.opts.InfraKinds}, {pools, inventory.InfraMachinePool, &s.opts.PoolKinds}} {
+	}{{infra, InfraMachine, &s.opts.InfraKinds}, {pools, InfraMachinePool, &s.opts.PoolKinds}} {
 		for _, gk := range k.kinds {
 			s.mu.Lock()
 			known := slices.Contains(*k.list, gk)
@@ -211,7 +210,7 @@ const (
 	SourceContract = "contract"
 )
 
-func (s *Syncer) trackIfServed(gk schema.GroupKind, role inventory.Role, source string) {
+func (s *Syncer) trackIfServed(gk schema.GroupKind, role Role, source string) {
 	gvk, err := s.preferred(gk)
 	if err != nil {
 		return // not served here: a Machine referencing it stays unverified
@@ -226,7 +225,7 @@ func (s *Syncer) trackIfServed(gk schema.GroupKind, role inventory.Role, source 
 // track starts the informer of one kind, once; a kind already watched only
 // notes the new source. resource, when set, is the kind's resource (a CRD
 // says it), else the mapper finds it.
-func (s *Syncer) track(gvk schema.GroupVersionKind, role inventory.Role, source string, resource *schema.GroupVersionResource) error {
+func (s *Syncer) track(gvk schema.GroupVersionKind, role Role, source string, resource *schema.GroupVersionResource) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t, ok := s.informers[gvk.GroupKind()]; ok {
@@ -348,7 +347,7 @@ func (s *Syncer) Recovering() error {
 
 // onReferrer notes the kind a Machine or MachinePool references (as the role
 // its reference names) and queues it if new.
-func (s *Syncer) onReferrer(obj any, names inventory.Role) {
+func (s *Syncer) onReferrer(obj any, names Role) {
 	r, ok := obj.(*record.Record)
 	if !ok {
 		return
@@ -431,7 +430,7 @@ func (s *Syncer) contractVersion(ctx context.Context, gk schema.GroupKind) (sche
 	if err != nil {
 		return schema.GroupVersionKind{}, fmt.Errorf("read CRD of %s: %w", gk, err)
 	}
-	if v, ok := inventory.ContractVersion(crd.GetLabels()); ok {
+	if v, ok := ContractVersion(crd.GetLabels()); ok {
 		return gk.WithVersion(v), nil
 	}
 	return mapping.GroupVersionKind, nil
@@ -496,9 +495,9 @@ func (s *Syncer) SyncedKinds() (infra, pools []schema.GroupVersionKind) {
 			continue
 		}
 		switch t.role {
-		case inventory.InfraMachine:
+		case InfraMachine:
 			infra = append(infra, t.gvk)
-		case inventory.InfraMachinePool:
+		case InfraMachinePool:
 			pools = append(pools, t.gvk)
 		}
 	}

@@ -1,33 +1,31 @@
-package informers_test
+package facts_test
 
 import (
 	"sync"
 	"testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/stretchr/testify/assert"
-
-	"github.com/nodeguard/nodeguard/enforcer/informers"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 )
 
 // Changes sent before Connect, and while it delivers them, reach the
 // subscriber once each and in the order sent.
 func TestRelayKeepsOrder(t *testing.T) {
-	var r informers.Relay
+	var r facts.Relay
 	var mu sync.Mutex
-	var got []inventory.Role
+	var got []facts.Role
 	for range 1000 {
-		r.Send(informers.Change{Role: inventory.Machine})
+		r.Send(facts.Change{Role: facts.Machine})
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for range 1000 {
-			r.Send(informers.Change{Role: inventory.InfraMachine})
+			r.Send(facts.Change{Role: facts.InfraMachine})
 		}
 	}()
-	r.Connect(func(c informers.Change) {
+	r.Connect(func(c facts.Change) {
 		mu.Lock()
 		got = append(got, c.Role)
 		mu.Unlock()
@@ -37,9 +35,9 @@ func TestRelayKeepsOrder(t *testing.T) {
 	defer mu.Unlock()
 	assert.Len(t, got, 2000)
 	for i := range 1000 {
-		assert.Equal(t, inventory.Machine, got[i], "the changes kept come first")
+		assert.Equal(t, facts.Machine, got[i], "the changes kept come first")
 	}
 	for _, role := range got[1000:] {
-		assert.Equal(t, inventory.InfraMachine, role)
+		assert.Equal(t, facts.InfraMachine, role)
 	}
 }

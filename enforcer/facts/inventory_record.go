@@ -1,4 +1,4 @@
-package inventory
+package facts
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package informers_test
+package facts_test
 
 import (
 	"context"
@@ -21,8 +21,7 @@ import (
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	clienttesting "k8s.io/client-go/testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/informers"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
@@ -35,7 +34,7 @@ var (
 
 var object = testcluster.Object
 
-func machine(name, infraGroup, infraKind string) *unstructured.Unstructured {
+func informerMachine(name, infraGroup, infraKind string) *unstructured.Unstructured {
 	return object(testcluster.MachineGVK, "default", name, map[string]any{
 		"spec":   map[string]any{"infrastructureRef": map[string]any{"apiGroup": infraGroup, "kind": infraKind, "name": name}},
 		"status": map[string]any{"nodeRef": map[string]any{"name": name}},
@@ -66,7 +65,7 @@ func setup(t *testing.T, objs ...runtime.Object) (*dynamicfake.FakeDynamicClient
 // its contract label.
 func dockerM1() []runtime.Object {
 	return []runtime.Object{
-		machine("m1", "infrastructure.cluster.x-k8s.io", "DockerMachine"),
+		informerMachine("m1", "infrastructure.cluster.x-k8s.io", "DockerMachine"),
 		object(testcluster.DockerMachineGVK, "default", "m1", map[string]any{"spec": map[string]any{"providerID": "docker:////m1"}}),
 		crd("dockermachines.infrastructure.cluster.x-k8s.io", map[string]string{"cluster.x-k8s.io/v1beta2": "v1beta2"}),
 	}
@@ -77,8 +76,8 @@ func TestSyncerFindsKindsAndBecomesReady(t *testing.T) {
 	defer cancel()
 	client, mapper := setup(t, append(dockerM1(),
 		crd("foomachines.infrastructure.example.com", map[string]string{"cluster.x-k8s.io/v1beta1": "v1alpha1_v1beta1"}))...)
-	inv := inventory.New(rule.MustEmbeddedModel())
-	s := informers.New(inv, informers.Options{
+	inv := facts.NewInventory(rule.MustEmbeddedModel())
+	s := facts.NewSyncer(inv, facts.SyncerOptions{
 		Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond,
 		InfraKinds: []schema.GroupKind{{Group: "infrastructure.cluster.x-k8s.io", Kind: "AWSMachine"}}, // not served
 		PoolKinds:  []schema.GroupKind{testcluster.DockerMachinePoolGVK.GroupKind()},
@@ -105,7 +104,7 @@ func TestSyncerFindsKindsAndBecomesReady(t *testing.T) {
 	// A Machine referencing a new kind: its informer starts at the CRD's
 	// contract version (the last one listed).
 	_, err := client.Resource(testcluster.MachineGVK.GroupVersion().WithResource("machines")).Namespace("default").
-		Create(ctx, machine("m2", "infrastructure.example.com", "FooMachine"), metav1.CreateOptions{})
+		Create(ctx, informerMachine("m2", "infrastructure.example.com", "FooMachine"), metav1.CreateOptions{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		infra, _ := s.SyncedKinds()
@@ -127,8 +126,8 @@ func TestSyncerFindsKindsAndBecomesReady(t *testing.T) {
 func TestUnresolvableKindDoesNotBlockReadiness(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	client, mapper := setup(t, machine("m1", "infrastructure.unknown.io", "GhostMachine"))
-	s := informers.New(inventory.New(rule.MustEmbeddedModel()), informers.Options{Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond})
+	client, mapper := setup(t, informerMachine("m1", "infrastructure.unknown.io", "GhostMachine"))
+	s := facts.NewSyncer(facts.NewInventory(rule.MustEmbeddedModel()), facts.SyncerOptions{Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond})
 	require.NoError(t, s.Start(ctx))
 	require.Eventually(t, func() bool { return s.Ready() == nil }, 5*time.Second, 10*time.Millisecond)
 	failed := s.Failed()
@@ -139,7 +138,7 @@ func TestUnresolvableKindDoesNotBlockReadiness(t *testing.T) {
 
 func TestStartFailsWithoutMachines(t *testing.T) {
 	client := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())
-	s := informers.New(inventory.New(rule.MustEmbeddedModel()), informers.Options{Client: client, Mapper: meta.NewDefaultRESTMapper(nil)})
+	s := facts.NewSyncer(facts.NewInventory(rule.MustEmbeddedModel()), facts.SyncerOptions{Client: client, Mapper: meta.NewDefaultRESTMapper(nil)})
 	assert.ErrorContains(t, s.Start(context.Background()), "served version of Cluster API Machines")
 }
 
@@ -173,8 +172,8 @@ func TestACacheWhoseWatchBrokeIsNotTrustedUntilItCaughtUp(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	inv := inventory.New(rule.MustEmbeddedModel())
-	s := informers.New(inv, informers.Options{Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond})
+	inv := facts.NewInventory(rule.MustEmbeddedModel())
+	s := facts.NewSyncer(inv, facts.SyncerOptions{Client: client, Mapper: mapper, RetryInterval: 50 * time.Millisecond})
 	require.NoError(t, s.Start(ctx))
 	require.Eventually(t, func() bool { return s.Ready() == nil }, 5*time.Second, 10*time.Millisecond)
 	require.NoError(t, s.Recovering())
@@ -218,8 +217,8 @@ func TestAddParameterKindsWatchesANewKind(t *testing.T) {
 	defer cancel()
 	pool := object(testcluster.DockerMachinePoolGVK, "default", "p1", map[string]any{"spec": map[string]any{"providerIDList": []any{"docker:////p1-0"}}})
 	client, mapper := setup(t, pool)
-	inv := inventory.New(rule.MustEmbeddedModel())
-	s := informers.New(inv, informers.Options{Client: client, Mapper: mapper})
+	inv := facts.NewInventory(rule.MustEmbeddedModel())
+	s := facts.NewSyncer(inv, facts.SyncerOptions{Client: client, Mapper: mapper})
 	require.NoError(t, s.Start(ctx))
 	require.Eventually(t, func() bool { return s.Ready() == nil }, 5*time.Second, 10*time.Millisecond)
 	_, pools := s.SyncedKinds()
@@ -239,5 +238,5 @@ func TestAddParameterKindsWatchesANewKind(t *testing.T) {
 			sources = w.Sources
 		}
 	}
-	assert.Equal(t, []string{informers.SourceParameter}, sources)
+	assert.Equal(t, []string{facts.SourceParameter}, sources)
 }

@@ -1,4 +1,4 @@
-package tombstones
+package facts
 
 import (
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
@@ -6,7 +6,7 @@ import (
 )
 
 // Metrics are the tombstones' Prometheus series.
-type Metrics struct {
+type TombstoneMetrics struct {
 	held    prometheus.Gauge
 	evicts  prometheus.Counter
 	writes  *prometheus.CounterVec
@@ -16,9 +16,9 @@ type Metrics struct {
 // NewMetrics registers nodeguard_tombstones, nodeguard_tombstones_evicted_total,
 // nodeguard_tombstone_writes_total{result} and
 // nodeguard_tombstone_reads_unreadable_total.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+func NewTombstoneMetrics(reg prometheus.Registerer) (*TombstoneMetrics, error) {
 	r := metrics.New(reg)
-	m := &Metrics{
+	m := &TombstoneMetrics{
 		held: r.GaugeVec("nodeguard_tombstones",
 			"providerIDs tombstoned now: what carried them went away within the window (ghost Nodes are judged against them).").WithLabelValues(),
 		evicts: r.Counter("nodeguard_tombstones_evicted_total",
@@ -34,25 +34,25 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-func (m *Metrics) set(n int) {
+func (m *TombstoneMetrics) set(n int) {
 	if m != nil {
 		m.held.Set(float64(n))
 	}
 }
 
-func (m *Metrics) evicted(n int) {
+func (m *TombstoneMetrics) evicted(n int) {
 	if m != nil && n > 0 {
 		m.evicts.Add(float64(n))
 	}
 }
 
-func (m *Metrics) wrote(result string) {
+func (m *TombstoneMetrics) wrote(result string) {
 	if m != nil {
 		m.writes.WithLabelValues(result).Inc()
 	}
 }
 
-func (m *Metrics) unreadable() {
+func (m *TombstoneMetrics) unreadable() {
 	if m != nil {
 		m.ignored.Inc()
 	}

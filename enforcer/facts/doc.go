@@ -6,4 +6,4 @@
 // indexes (the shape's, in the informer's store) from what a Machine,
 // InfraMachine or pool could link by to the Nodes it could link, so a change
 // to such an object re-judges only those Nodes.
-package nodecache
+package facts

@@ -1,4 +1,4 @@
-package tombstones
+package facts
 
 import (
 	"context"
@@ -34,7 +34,7 @@ var configMaps = schema.GroupVersionResource{Version: "v1", Resource: "configmap
 
 // DefaultWriteInterval bounds how often the ConfigMap is written, and how
 // long a tombstone waits to survive a restart.
-const DefaultWriteInterval = time.Second
+const DefaultTombstoneWriteInterval = time.Second
 
 // Keeper keeps a Store in the ConfigMap: Load reads it at start, Run writes
 // what changed (server-side apply, with the resourceVersion it last saw as
@@ -42,8 +42,8 @@ const DefaultWriteInterval = time.Second
 // changes made here replayed on it. Deleting the ConfigMap clears every
 // tombstone. Content it cannot decode is never written over: the store
 // goes on without it, and it is read again when it changes.
-type Keeper struct {
-	Store     *Store
+type TombstoneKeeper struct {
+	Store     *Tombstones
 	Client    dynamic.Interface
 	Namespace string
 	Interval  time.Duration // default DefaultWriteInterval
@@ -69,7 +69,7 @@ const errorLogEvery = time.Minute
 // ConfigMap is none. Call it before the inventory's changes reach the store.
 // When it cannot be read, nothing is written over it until it is read (the
 // watch, or Flush reading again), and the error says why.
-func (k *Keeper) Load(ctx context.Context) error {
+func (k *TombstoneKeeper) Load(ctx context.Context) error {
 	cm, err := k.Client.Resource(configMaps).Namespace(k.Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		k.mu.Lock()
@@ -90,7 +90,7 @@ func (k *Keeper) Load(ctx context.Context) error {
 
 // take makes cm (nil: deleted) the store's base, unless it is what this
 // keeper last wrote.
-func (k *Keeper) take(cm *unstructured.Unstructured) {
+func (k *TombstoneKeeper) take(cm *unstructured.Unstructured) {
 	rv := ""
 	var raw string
 	if cm != nil {
@@ -103,7 +103,7 @@ func (k *Keeper) take(cm *unstructured.Unstructured) {
 		return
 	}
 	k.seen = rv
-	ts, err := Decode(raw)
+	ts, err := DecodeTombstones(raw)
 	k.unreadable, k.unread = err != nil, false
 	k.mu.Unlock()
 	if err != nil {
@@ -117,10 +117,10 @@ func (k *Keeper) take(cm *unstructured.Unstructured) {
 
 // Run watches the ConfigMap and writes the store's changes until ctx is
 // done.
-func (k *Keeper) Run(ctx context.Context) {
+func (k *TombstoneKeeper) Run(ctx context.Context) {
 	interval := k.Interval
 	if interval <= 0 {
-		interval = DefaultWriteInterval
+		interval = DefaultTombstoneWriteInterval
 	}
 	watch, err := kube.WatchObject(kube.ObjectOptions{Client: k.Client, Resource: configMaps, Namespace: k.Namespace, Name: ConfigMapName,
 		Changed: k.take})
@@ -135,7 +135,7 @@ func (k *Keeper) Run(ctx context.Context) {
 // Flush writes the store when it differs from the ConfigMap; a conflict
 // (someone else wrote it) reads it again, and the next Flush writes the
 // merge.
-func (k *Keeper) Flush(ctx context.Context) {
+func (k *TombstoneKeeper) Flush(ctx context.Context) {
 	k.mu.Lock()
 	unread := k.unread
 	k.mu.Unlock()
@@ -200,7 +200,7 @@ func (k *Keeper) Flush(ctx context.Context) {
 }
 
 // logError logs a failure of reading or writing at most once a minute.
-func (k *Keeper) logError(msg string, err error) {
+func (k *TombstoneKeeper) logError(msg string, err error) {
 	k.mu.Lock()
 	quiet := time.Since(k.lastErr) < errorLogEvery
 	if !quiet {
@@ -212,7 +212,7 @@ func (k *Keeper) logError(msg string, err error) {
 	}
 }
 
-func (k *Keeper) log() *slog.Logger {
+func (k *TombstoneKeeper) log() *slog.Logger {
 	if k.Log == nil {
 		return slog.New(slog.DiscardHandler)
 	}
@@ -224,7 +224,7 @@ func fit(ts []Tombstone) ([]byte, []Tombstone, error) {
 	ts = slices.Clone(ts)
 	slices.SortFunc(ts, func(a, b Tombstone) int { return byAge(b, a) })
 	for {
-		raw, err := Encode(ts)
+		raw, err := EncodeTombstones(ts)
 		if err != nil || len(raw) <= MaxBytes {
 			return raw, ts, err
 		}
@@ -251,7 +251,7 @@ func providerIDs(ts []Tombstone) []string {
 
 // Read returns the tombstones the ConfigMap holds, the newest first, and
 // whether it exists.
-func Read(ctx context.Context, client dynamic.Interface, namespace string) ([]Tombstone, bool, error) {
+func ReadTombstones(ctx context.Context, client dynamic.Interface, namespace string) ([]Tombstone, bool, error) {
 	cm, err := client.Resource(configMaps).Namespace(namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, false, nil
@@ -260,7 +260,7 @@ func Read(ctx context.Context, client dynamic.Interface, namespace string) ([]To
 		return nil, false, fmt.Errorf("read ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
 	}
 	raw, _, _ := unstructured.NestedString(cm.Object, "data", ConfigMapKey)
-	ts, err := Decode(raw)
+	ts, err := DecodeTombstones(raw)
 	if err != nil {
 		return nil, true, fmt.Errorf("ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
 	}
@@ -271,7 +271,7 @@ func Read(ctx context.Context, client dynamic.Interface, namespace string) ([]To
 // Clear removes the tombstones of providerIDs from the ConfigMap (the
 // operator's `nodeguard ghosts --clear`), retrying on conflicts; nodeguard
 // serve takes the edit as it comes. It returns those it found.
-func Clear(ctx context.Context, client dynamic.Interface, namespace string, providerIDs []string) ([]string, error) {
+func ClearTombstones(ctx context.Context, client dynamic.Interface, namespace string, providerIDs []string) ([]string, error) {
 	var found []string
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		found = nil
@@ -283,7 +283,7 @@ func Clear(ctx context.Context, client dynamic.Interface, namespace string, prov
 			return err
 		}
 		raw, _, _ := unstructured.NestedString(cm.Object, "data", ConfigMapKey)
-		ts, err := Decode(raw)
+		ts, err := DecodeTombstones(raw)
 		if err != nil {
 			return err
 		}
@@ -298,7 +298,7 @@ func Clear(ctx context.Context, client dynamic.Interface, namespace string, prov
 		if len(found) == 0 {
 			return nil
 		}
-		enc, err := Encode(kept)
+		enc, err := EncodeTombstones(kept)
 		if err != nil {
 			return err
 		}
@@ -317,14 +317,14 @@ func Clear(ctx context.Context, client dynamic.Interface, namespace string, prov
 // Load returns a Store holding what the ConfigMap holds now, for a command
 // that judges once (`nodeguard ghosts`, `nodeguard orphans`): an absent
 // ConfigMap is no tombstone.
-func Load(ctx context.Context, client dynamic.Interface, namespace string) (*Store, error) {
-	ts, _, err := Read(ctx, client, namespace)
+func LoadTombstones(ctx context.Context, client dynamic.Interface, namespace string) (*Tombstones, error) {
+	ts, _, err := ReadTombstones(ctx, client, namespace)
 	if err != nil {
 		return nil, err
 	}
 	// Read only: it keeps all the ConfigMap holds, whatever the bound
 	// serve writes it with.
-	s := New(Options{Max: max(1, len(ts))})
+	s := NewTombstones(TombstoneOptions{Max: max(1, len(ts))})
 	s.reload(ts)
 	return s, nil
 }

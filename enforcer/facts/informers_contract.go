@@ -1,4 +1,4 @@
-package informers
+package facts
 
 import (
 	"fmt"
@@ -9,8 +9,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
-
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 )
 
 // Kinds by the contract: Cluster API's contract says which CRDs are
@@ -50,7 +48,7 @@ func reduceCRD(obj any) (any, error) {
 			conditions = append(conditions, map[string]any{"type": c["type"], "status": c["status"]})
 		}
 	}
-	gk, plural := inventory.CRDNames(crd)
+	gk, plural := CRDNames(crd)
 	out := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": crd.GetAPIVersion(), "kind": crd.GetKind(),
 		"metadata": map[string]any{"name": crd.GetName(), "resourceVersion": crd.GetResourceVersion()},
@@ -76,10 +74,10 @@ func (s *Syncer) startContract() error {
 	}
 	onCRD := func(obj any) {
 		crd, ok := obj.(*unstructured.Unstructured)
-		if !ok || !inventory.CRDEstablished(crd) {
+		if !ok || !CRDEstablished(crd) {
 			return
 		}
-		if k, ok := inventory.ContractKindOf(crd); ok {
+		if k, ok := ContractKindOf(crd); ok {
 			if err := s.track(k.GVK, k.Role, SourceContract, &k.Resource); err != nil {
 				s.mu.Lock()
 				s.failed[k.GVK.GroupKind()] = err
@@ -97,7 +95,7 @@ func (s *Syncer) startContract() error {
 				obj = d.Obj
 			}
 			if crd, ok := obj.(*unstructured.Unstructured); ok {
-				gk, _ := inventory.CRDNames(crd)
+				gk, _ := CRDNames(crd)
 				s.untrack(gk)
 			}
 		},
@@ -114,22 +112,22 @@ func (s *Syncer) startContract() error {
 // trackParameterKind watches a kind the parameters list once its CRD is
 // established, at the served version the mapper prefers.
 func (s *Syncer) trackParameterKind(crd *unstructured.Unstructured) {
-	gk, _ := inventory.CRDNames(crd)
+	gk, _ := CRDNames(crd)
 	s.mu.Lock()
 	infra, pool := slices.Contains(s.opts.InfraKinds, gk), slices.Contains(s.opts.PoolKinds, gk)
 	s.mu.Unlock()
 	switch {
 	case infra:
-		s.trackIfServed(gk, inventory.InfraMachine, SourceParameter)
+		s.trackIfServed(gk, InfraMachine, SourceParameter)
 	case pool:
-		s.trackIfServed(gk, inventory.InfraMachinePool, SourceParameter)
+		s.trackIfServed(gk, InfraMachinePool, SourceParameter)
 	}
 }
 
 // Watched is one watched kind and why.
 type Watched struct {
 	GVK     schema.GroupVersionKind
-	Role    inventory.Role
+	Role    Role
 	Sources []string
 	Synced  bool
 }

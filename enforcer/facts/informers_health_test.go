@@ -1,4 +1,4 @@
-package informers
+package facts
 
 import (
 	"sync/atomic"

@@ -1,4 +1,4 @@
-package nodecache_test
+package facts_test
 
 import (
 	"runtime"
@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/nodeguard/nodeguard/enforcer/nodecache"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/internal/testnodes"
 )
 
@@ -20,7 +20,7 @@ func BenchmarkMemoryPerNode(b *testing.B) {
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		nodes := nodecache.NewNodes(s, nil, nil)
+		nodes := facts.NewNodes(s, nil, nil)
 		for i := range n {
 			r, err := s.Reduce(testnodes.Real(i))
 			require.NoError(b, err)

@@ -1,14 +1,13 @@
-package manifest_test
+package facts_test
 
 import (
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/nodeguard/nodeguard/enforcer/manifest"
 )
 
 func write(t *testing.T, dir, name, body string) string {
@@ -21,7 +20,7 @@ func write(t *testing.T, dir, name, body string) string {
 
 func names(t *testing.T, paths ...string) []string {
 	t.Helper()
-	objs, err := manifest.Load(paths...)
+	objs, err := facts.LoadManifests(paths...)
 	require.NoError(t, err)
 	var out []string
 	for _, o := range objs {
@@ -53,31 +52,31 @@ func TestLoadErrorsNameFileAndLine(t *testing.T) {
 			`separator\.yaml:5: invalid Yaml document separator: not a comment`},
 		{"bad.json", "{\n  \"apiVersion\": \"v1\",\n  \"kind\": \"Node\",\n  \"metadata\": {\"name\": \"x\"\n}\n", `bad\.json:\d+: `},
 	} {
-		_, err := manifest.Load(write(t, dir, tc.file, tc.content))
+		_, err := facts.LoadManifests(write(t, dir, tc.file, tc.content))
 		if assert.Error(t, err, tc.file) {
 			assert.Regexp(t, tc.want, err.Error())
 		}
 	}
 
-	_, err := manifest.Load(filepath.Join(dir, "missing.yaml"))
+	_, err := facts.LoadManifests(filepath.Join(dir, "missing.yaml"))
 	assert.ErrorContains(t, err, "missing.yaml")
 
 	empty := filepath.Join(dir, "empty")
 	require.NoError(t, os.Mkdir(empty, 0o755))
-	_, err = manifest.Load(empty)
+	_, err = facts.LoadManifests(empty)
 	assert.ErrorContains(t, err, "no .yaml, .yml or .json files")
 }
 
 func TestConstraintParameters(t *testing.T) {
-	params, err := manifest.ConstraintParameters("../../constraints/constraint.yaml")
+	params, err := facts.ConstraintParameters("../../constraints/constraint.yaml")
 	require.NoError(t, err)
 	assert.Equal(t, false, params["allowUnverifiedKinds"])
 	assert.NotEmpty(t, params["infraMachineKinds"])
 
-	params, err = manifest.ConstraintParameters("")
+	params, err = facts.ConstraintParameters("")
 	require.NoError(t, err)
 	assert.Nil(t, params, "no file: the rule's defaults")
 
-	_, err = manifest.ConstraintParameters("../../constraints/syncset.yaml")
+	_, err = facts.ConstraintParameters("../../constraints/syncset.yaml")
 	assert.ErrorContains(t, err, "want exactly one K8sNodeGuard, found 0")
 }

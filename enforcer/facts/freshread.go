@@ -1,6 +1,6 @@
 // Package freshread reads single objects straight from the API server, so a
 // decision never rests on a lagging informer cache.
-package freshread
+package facts
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 )
 
 // Reader implements guard.FreshReader with a dynamic client.
-type Reader struct {
+type FreshReader struct {
 	client dynamic.Interface
 	mapper meta.RESTMapper
 	// reads lets concurrent Gets of one object share one GET (a burst of
@@ -27,13 +27,13 @@ type Reader struct {
 }
 
 // New returns a Reader; the mapper turns kinds into resources.
-func New(client dynamic.Interface, mapper meta.RESTMapper) *Reader {
-	return &Reader{client: client, mapper: mapper}
+func NewFreshReader(client dynamic.Interface, mapper meta.RESTMapper) *FreshReader {
+	return &FreshReader{client: client, mapper: mapper}
 }
 
 // Get returns the object, or nil when it does not exist. Concurrent callers
 // of the same object may receive the same *Unstructured: do not modify it.
-func (r *Reader) Get(ctx context.Context, gvk schema.GroupVersionKind, namespace, name string) (*unstructured.Unstructured, error) {
+func (r *FreshReader) Get(ctx context.Context, gvk schema.GroupVersionKind, namespace, name string) (*unstructured.Unstructured, error) {
 	key := gvk.String() + "|" + namespace + "/" + name
 	ch := r.reads.DoChan(key, func() (any, error) {
 		// The first caller's deadline bounds the shared GET; its
@@ -57,7 +57,7 @@ func (r *Reader) Get(ctx context.Context, gvk schema.GroupVersionKind, namespace
 	}
 }
 
-func (r *Reader) get(ctx context.Context, gvk schema.GroupVersionKind, namespace, name string) (*unstructured.Unstructured, error) {
+func (r *FreshReader) get(ctx context.Context, gvk schema.GroupVersionKind, namespace, name string) (*unstructured.Unstructured, error) {
 	mapping, err := kube.RESTMapping(r.mapper, gvk.GroupKind(), gvk.Version)
 	if err != nil {
 		return nil, fmt.Errorf("map %s to a resource: %w", gvk, err)

@@ -1,11 +1,9 @@
-package tombstones
+package facts
 
 import (
 	"slices"
 	"time"
 
-	"github.com/nodeguard/nodeguard/enforcer/informers"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
@@ -18,7 +16,7 @@ import (
 // not (an add: a new object, or one the informers list at start) ends its
 // tombstone. nodeName, when set, names the Node that has a providerID now
 // (evidence); a Machine's own link by Node name is asked first.
-func (s *Store) Follow(model *rule.Model, c informers.Change, nodeName func(providerID string) string) {
+func (s *Tombstones) Follow(model *rule.Model, c Change, nodeName func(providerID string) string) {
 	for _, l := range model.ProviderIDLinks(c.Role) {
 		was, is := carried(c.Old, l), carried(c.New, l)
 		for _, pid := range is {
@@ -56,7 +54,7 @@ func carried(r *record.Record, l rule.Link) []string {
 		return nil
 	}
 	var out []string
-	for _, v := range inventory.LinkValues(r, l) {
+	for _, v := range LinkValues(r, l) {
 		out = append(out, v[0])
 	}
 	return out
@@ -67,7 +65,7 @@ func carried(r *record.Record, l rule.Link) []string {
 func namedNode(model *rule.Model, role rule.Role, r *record.Record) string {
 	for _, l := range model.LinksOf(role) {
 		if len(l.Node) == 1 && slices.Equal(l.Node[0], rule.Path{"metadata", "name"}) {
-			if vs := inventory.LinkValues(r, l); len(vs) > 0 {
+			if vs := LinkValues(r, l); len(vs) > 0 {
 				return vs[0][0]
 			}
 		}

@@ -1,4 +1,4 @@
-package inventory_test
+package facts_test
 
 import (
 	"fmt"
@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
@@ -53,22 +53,22 @@ func keys(objs []*unstructured.Unstructured) []string {
 
 func TestCandidatesFindEveryLinkAndNothingElse(t *testing.T) {
 	inv := newInventory()
-	machines, infras, pools := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine), inv.NewStore(inventory.InfraMachinePool)
-	inv.AddKind(machineV1beta2, inventory.Machine, machines)
-	inv.AddKind(dockerMachine, inventory.InfraMachine, infras)
-	inv.AddKind(dockerPool, inventory.InfraMachinePool, pools)
+	machines, infras, pools := inv.NewStore(facts.Machine), inv.NewStore(facts.InfraMachine), inv.NewStore(facts.InfraMachinePool)
+	inv.AddKind(machineV1beta2, facts.Machine, machines)
+	inv.AddKind(dockerMachine, facts.InfraMachine, infras)
+	inv.AddKind(dockerPool, facts.InfraMachinePool, pools)
 	for i := range 1000 {
 		name := fmt.Sprintf("other-%d", i)
-		add(t, inv, machines, inventory.Machine, machine("default", name, name, "docker:////"+name, name))
-		add(t, inv, infras, inventory.InfraMachine, obj(dockerMachine, "default", name, map[string]any{"spec": map[string]any{"providerID": "docker:////" + name}}))
+		add(t, inv, machines, facts.Machine, machine("default", name, name, "docker:////"+name, name))
+		add(t, inv, infras, facts.InfraMachine, obj(dockerMachine, "default", name, map[string]any{"spec": map[string]any{"providerID": "docker:////" + name}}))
 	}
-	add(t, inv, machines, inventory.Machine, machine("default", "by-node-ref", "n1", "", "infra-a"))
-	add(t, inv, machines, inventory.Machine, machine("default", "by-provider-id", "", "docker:////n1", "infra-b"))
-	add(t, inv, machines, inventory.Machine, machine("team", "by-annotation", "", "", "infra-c"))
-	add(t, inv, infras, inventory.InfraMachine, obj(dockerMachine, "default", "infra-a", nil))
-	add(t, inv, infras, inventory.InfraMachine, obj(dockerMachine, "team", "infra-c", nil))
-	add(t, inv, infras, inventory.InfraMachine, obj(dockerMachine, "default", "orphan", map[string]any{"spec": map[string]any{"providerID": "docker:////n1"}}))
-	add(t, inv, pools, inventory.InfraMachinePool, obj(dockerPool, "default", "pool", map[string]any{"spec": map[string]any{"providerIDList": []any{"docker:////x", "docker:////n1"}}}))
+	add(t, inv, machines, facts.Machine, machine("default", "by-node-ref", "n1", "", "infra-a"))
+	add(t, inv, machines, facts.Machine, machine("default", "by-provider-id", "", "docker:////n1", "infra-b"))
+	add(t, inv, machines, facts.Machine, machine("team", "by-annotation", "", "", "infra-c"))
+	add(t, inv, infras, facts.InfraMachine, obj(dockerMachine, "default", "infra-a", nil))
+	add(t, inv, infras, facts.InfraMachine, obj(dockerMachine, "team", "infra-c", nil))
+	add(t, inv, infras, facts.InfraMachine, obj(dockerMachine, "default", "orphan", map[string]any{"spec": map[string]any{"providerID": "docker:////n1"}}))
+	add(t, inv, pools, facts.InfraMachinePool, obj(dockerPool, "default", "pool", map[string]any{"spec": map[string]any{"providerIDList": []any{"docker:////x", "docker:////n1"}}}))
 
 	objs, refs := inv.Candidates(node("n1", "docker:////n1", map[string]string{
 		"cluster.x-k8s.io/machine": "by-annotation", "cluster.x-k8s.io/cluster-namespace": "team",
@@ -88,16 +88,16 @@ func TestCandidatesFindEveryLinkAndNothingElse(t *testing.T) {
 
 func TestCandidatesNameTheAnnotatedMachineTheCacheLacks(t *testing.T) {
 	inv := newInventory()
-	machines := inv.NewStore(inventory.Machine)
-	inv.AddKind(machineV1beta2, inventory.Machine, machines)
+	machines := inv.NewStore(facts.Machine)
+	inv.AddKind(machineV1beta2, facts.Machine, machines)
 	annotated := node("n1", "", map[string]string{"cluster.x-k8s.io/machine": "m", "cluster.x-k8s.io/cluster-namespace": "team"})
 
 	objs, refs := inv.Candidates(annotated)
 	assert.Empty(t, objs)
 	require.Len(t, refs, 1, "the Machine the Node names is a ref, for fresh reads")
-	assert.Equal(t, inventory.Ref{GVK: schema.GroupVersionKind{Group: "cluster.x-k8s.io", Kind: "Machine"}, Namespace: "team", Name: "m"}, refs[0])
+	assert.Equal(t, facts.Ref{GVK: schema.GroupVersionKind{Group: "cluster.x-k8s.io", Kind: "Machine"}, Namespace: "team", Name: "m"}, refs[0])
 
-	add(t, inv, machines, inventory.Machine, machine("team", "m", "", "", "infra"))
+	add(t, inv, machines, facts.Machine, machine("team", "m", "", "", "infra"))
 	objs, refs = inv.Candidates(annotated)
 	assert.Equal(t, []string{"Machine team/m"}, keys(objs))
 	require.Len(t, refs, 1, "once cached, only what the Machine references is a ref")
@@ -106,10 +106,10 @@ func TestCandidatesNameTheAnnotatedMachineTheCacheLacks(t *testing.T) {
 
 func TestCandidatesWithoutProviderIDOrAnnotations(t *testing.T) {
 	inv := newInventory()
-	machines, infras := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
-	inv.AddKind(machineV1beta2, inventory.Machine, machines)
-	inv.AddKind(dockerMachine, inventory.InfraMachine, infras)
-	add(t, inv, infras, inventory.InfraMachine, obj(dockerMachine, "default", "empty-id", map[string]any{"spec": map[string]any{"providerID": ""}}))
+	machines, infras := inv.NewStore(facts.Machine), inv.NewStore(facts.InfraMachine)
+	inv.AddKind(machineV1beta2, facts.Machine, machines)
+	inv.AddKind(dockerMachine, facts.InfraMachine, infras)
+	add(t, inv, infras, facts.InfraMachine, obj(dockerMachine, "default", "empty-id", map[string]any{"spec": map[string]any{"providerID": ""}}))
 	objs, refs := inv.Candidates(node("n1", "", nil))
 	assert.Empty(t, objs, "an empty providerID must not match objects without one")
 	assert.Empty(t, refs)
@@ -120,25 +120,25 @@ func TestReferenceShapes(t *testing.T) {
 	m := obj(machineV1beta2, "ns", "m", map[string]any{"spec": map[string]any{"infrastructureRef": map[string]any{
 		"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "AWSMachine", "name": "a",
 	}}})
-	ref, ok := inv.Reference(m, inventory.Machine)
+	ref, ok := inv.Reference(m, facts.Machine)
 	require.True(t, ok)
-	assert.Equal(t, inventory.Ref{GVK: schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Kind: "AWSMachine"}, Namespace: "ns", Name: "a"}, ref)
+	assert.Equal(t, facts.Ref{GVK: schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Kind: "AWSMachine"}, Namespace: "ns", Name: "a"}, ref)
 
 	old := obj(schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta1", Kind: "Machine"}, "ns", "m",
 		map[string]any{"spec": map[string]any{"infrastructureRef": map[string]any{
 			"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "AWSMachine", "name": "a", "namespace": "other",
 		}}})
-	ref, ok = inv.Reference(old, inventory.Machine)
+	ref, ok = inv.Reference(old, facts.Machine)
 	require.True(t, ok)
-	assert.Equal(t, inventory.Ref{GVK: schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "AWSMachine"}, Namespace: "other", Name: "a"}, ref)
+	assert.Equal(t, facts.Ref{GVK: schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "AWSMachine"}, Namespace: "other", Name: "a"}, ref)
 
-	_, ok = inv.Reference(obj(machineV1beta2, "ns", "m", nil), inventory.Machine)
+	_, ok = inv.Reference(obj(machineV1beta2, "ns", "m", nil), facts.Machine)
 	assert.False(t, ok)
 }
 
-func newInventory() *inventory.Inventory { return inventory.New(rule.MustEmbeddedModel()) }
+func newInventory() *facts.Inventory { return facts.NewInventory(rule.MustEmbeddedModel()) }
 
-func add(t *testing.T, inv *inventory.Inventory, store cache.Indexer, role inventory.Role, u *unstructured.Unstructured) {
+func add(t *testing.T, inv *facts.Inventory, store cache.Indexer, role facts.Role, u *unstructured.Unstructured) {
 	t.Helper()
 	require.NoError(t, store.Add(inv.Record(u, role)))
 }
@@ -156,7 +156,7 @@ func TestStripKeepsOnlyWhatTheRuleReads(t *testing.T) {
 	require.NoError(t, unstructured.SetNestedField(m.Object, "2026-11-29T10:00:00Z", "metadata", "deletionTimestamp"))
 
 	inv := newInventory()
-	transform := inv.Transform(inventory.Machine)
+	transform := inv.Transform(facts.Machine)
 	out, err := transform(m)
 	require.NoError(t, err)
 	r := out.(*record.Record)
@@ -191,15 +191,15 @@ func TestRecordKeepsPoolListsAndV1beta1Refs(t *testing.T) {
 			"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "AWSMachine", "name": "a", "namespace": "other",
 		}}})
 	inv := newInventory()
-	assert.Equal(t, pool.Object, inv.Record(pool, inventory.InfraMachinePool).Unstructured().Object)
-	assert.Equal(t, old.Object, inv.Record(old, inventory.Machine).Unstructured().Object)
-	copied := inv.Record(old, inventory.Machine).DeepCopyObject().(*record.Record)
+	assert.Equal(t, pool.Object, inv.Record(pool, facts.InfraMachinePool).Unstructured().Object)
+	assert.Equal(t, old.Object, inv.Record(old, facts.Machine).Unstructured().Object)
+	copied := inv.Record(old, facts.Machine).DeepCopyObject().(*record.Record)
 	assert.Equal(t, old.Object, copied.Unstructured().Object)
 }
 
 func TestLayoutIsGatekeepersShape(t *testing.T) {
 	m := machine("default", "m", "n1", "", "m")
-	got := inventory.Layout([]*unstructured.Unstructured{m})
+	got := facts.Layout([]*unstructured.Unstructured{m})
 	assert.Equal(t, m.Object, got["namespace"].(map[string]any)["default"].(map[string]any)["cluster.x-k8s.io/v1beta2"].(map[string]any)["Machine"].(map[string]any)["m"])
 }
 
@@ -211,11 +211,11 @@ func TestFromObjectsKeepsMachinesListedAndReferencedKinds(t *testing.T) {
 		obj(schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "FooMachinePool"}, "default", "p", nil),
 		node("n1", "", nil),
 	}
-	inv, err := inventory.FromObjects(rule.MustEmbeddedModel(), objs, nil, []schema.GroupKind{{Group: "example.com", Kind: "FooMachinePool"}})
+	inv, err := facts.FromObjects(rule.MustEmbeddedModel(), objs, nil, []schema.GroupKind{{Group: "example.com", Kind: "FooMachinePool"}})
 	require.NoError(t, err)
-	assert.Equal(t, []schema.GroupVersionKind{machineV1beta2}, inv.Kinds(inventory.Machine))
-	assert.Equal(t, []schema.GroupVersionKind{dockerMachine}, inv.Kinds(inventory.InfraMachine))
-	assert.Equal(t, "example.com/v1, Kind=FooMachinePool", inv.Kinds(inventory.InfraMachinePool)[0].String())
+	assert.Equal(t, []schema.GroupVersionKind{machineV1beta2}, inv.Kinds(facts.Machine))
+	assert.Equal(t, []schema.GroupVersionKind{dockerMachine}, inv.Kinds(facts.InfraMachine))
+	assert.Equal(t, "example.com/v1, Kind=FooMachinePool", inv.Kinds(facts.InfraMachinePool)[0].String())
 	got, _ := inv.Candidates(node("n1", "", nil))
 	assert.ElementsMatch(t, []string{"Machine default/m", "DockerMachine default/x"}, keys(got), "no namespace means default")
 	assert.Equal(t, 1, inv.Count()[dockerMachine])
@@ -227,19 +227,19 @@ func TestCandidatesFollowAVersionedReference(t *testing.T) {
 	v1beta1 := schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta1", Kind: "DockerMachine"}
 	for _, cached := range []schema.GroupVersionKind{v1beta1, dockerMachine} {
 		inv := newInventory()
-		machines, infras := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
-		inv.AddKind(machineV1beta2, inventory.Machine, machines)
-		inv.AddKind(cached, inventory.InfraMachine, infras)
+		machines, infras := inv.NewStore(facts.Machine), inv.NewStore(facts.InfraMachine)
+		inv.AddKind(machineV1beta2, facts.Machine, machines)
+		inv.AddKind(cached, facts.InfraMachine, infras)
 		m := obj(machineV1beta2, "default", "m", map[string]any{
 			"spec":   map[string]any{"infrastructureRef": map[string]any{"apiVersion": v1beta1.GroupVersion().String(), "kind": "DockerMachine", "name": "d", "namespace": "default"}},
 			"status": map[string]any{"nodeRef": map[string]any{"name": "n1"}},
 		})
-		add(t, inv, machines, inventory.Machine, m)
-		add(t, inv, infras, inventory.InfraMachine, obj(cached, "default", "d", nil))
+		add(t, inv, machines, facts.Machine, m)
+		add(t, inv, infras, facts.InfraMachine, obj(cached, "default", "d", nil))
 		objs, refs := inv.Candidates(node("n1", "", nil))
 		assert.ElementsMatch(t, []string{"Machine default/m", "DockerMachine default/d"}, keys(objs), cached.Version)
 		require.Len(t, refs, 1)
-		assert.Equal(t, inventory.Ref{GVK: v1beta1, Namespace: "default", Name: "d"}, refs[0])
+		assert.Equal(t, facts.Ref{GVK: v1beta1, Namespace: "default", Name: "d"}, refs[0])
 	}
 }
 
@@ -247,34 +247,34 @@ func TestCandidatesFollowAVersionedReference(t *testing.T) {
 // ref, and nothing else: its Node is linked through them.
 func TestReferringFindsTheMachinesThatNameAnInfraMachine(t *testing.T) {
 	inv := newInventory()
-	machines, infras := inv.NewStore(inventory.Machine), inv.NewStore(inventory.InfraMachine)
-	inv.AddKind(machineV1beta2, inventory.Machine, machines)
-	inv.AddKind(dockerMachine, inventory.InfraMachine, infras)
-	add(t, inv, machines, inventory.Machine, machine("default", "m", "n", "", "dm"))
-	add(t, inv, machines, inventory.Machine, machine("other", "m", "n2", "", "dm"))
-	add(t, inv, machines, inventory.Machine, machine("default", "m2", "n3", "", "dm2"))
+	machines, infras := inv.NewStore(facts.Machine), inv.NewStore(facts.InfraMachine)
+	inv.AddKind(machineV1beta2, facts.Machine, machines)
+	inv.AddKind(dockerMachine, facts.InfraMachine, infras)
+	add(t, inv, machines, facts.Machine, machine("default", "m", "n", "", "dm"))
+	add(t, inv, machines, facts.Machine, machine("other", "m", "n2", "", "dm"))
+	add(t, inv, machines, facts.Machine, machine("default", "m2", "n3", "", "dm2"))
 	v1beta1 := obj(schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta1", Kind: "Machine"}, "default", "old", map[string]any{
 		"spec": map[string]any{"infrastructureRef": map[string]any{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachine", "name": "dm", "namespace": "default"}}})
-	add(t, inv, machines, inventory.Machine, v1beta1)
+	add(t, inv, machines, facts.Machine, v1beta1)
 
-	dm := inv.Record(obj(dockerMachine, "default", "dm", nil), inventory.InfraMachine)
-	got := inv.Referring(inventory.InfraMachine, dm)
+	dm := inv.Record(obj(dockerMachine, "default", "dm", nil), facts.InfraMachine)
+	got := inv.Referring(facts.InfraMachine, dm)
 	var names []string
-	for _, r := range got[inventory.Machine] {
+	for _, r := range got[facts.Machine] {
 		names = append(names, r.Namespace()+"/"+r.Name())
 	}
 	assert.ElementsMatch(t, []string{"default/m", "default/old"}, names)
 	assert.Len(t, got, 1, "only Machines reference DockerMachines")
-	assert.Empty(t, inv.Referring(inventory.InfraMachine, inv.Record(obj(dockerMachine, "default", "none", nil), inventory.InfraMachine)))
+	assert.Empty(t, inv.Referring(facts.InfraMachine, inv.Record(obj(dockerMachine, "default", "none", nil), facts.InfraMachine)))
 
 	// The index holds buckets of references, shared by many at this count:
 	// each DockerMachine still finds exactly its own Machine.
 	for i := range 10000 {
-		add(t, inv, machines, inventory.Machine, machine("fleet", fmt.Sprintf("m-%d", i), "", "", fmt.Sprintf("dm-%d", i)))
+		add(t, inv, machines, facts.Machine, machine("fleet", fmt.Sprintf("m-%d", i), "", "", fmt.Sprintf("dm-%d", i)))
 	}
 	for _, i := range []int{0, 1, 4096, 9999} {
-		got := inv.Referring(inventory.InfraMachine, inv.Record(obj(dockerMachine, "fleet", fmt.Sprintf("dm-%d", i), nil), inventory.InfraMachine))
-		require.Len(t, got[inventory.Machine], 1, "dm-%d", i)
-		assert.Equal(t, fmt.Sprintf("m-%d", i), got[inventory.Machine][0].Name())
+		got := inv.Referring(facts.InfraMachine, inv.Record(obj(dockerMachine, "fleet", fmt.Sprintf("dm-%d", i), nil), facts.InfraMachine))
+		require.Len(t, got[facts.Machine], 1, "dm-%d", i)
+		assert.Equal(t, fmt.Sprintf("m-%d", i), got[facts.Machine][0].Name())
 	}
 }

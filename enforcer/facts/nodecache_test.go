@@ -1,4 +1,4 @@
-package nodecache_test
+package facts_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/nodeguard/nodeguard/enforcer/nodecache"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testnodes"
@@ -24,7 +24,7 @@ func shape(t testing.TB) *record.Shape {
 	t.Helper()
 	eval, err := rule.NewEngine(context.Background())
 	require.NoError(t, err)
-	s, err := nodecache.ShapeOf(eval)
+	s, err := facts.NodeShapeOf(eval)
 	require.NoError(t, err)
 	return s
 }
@@ -59,7 +59,7 @@ func TestTheShapeIsThePolicys(t *testing.T) {
 func TestOnlyAChangeTheCriteriaReadIsAChange(t *testing.T) {
 	s := shape(t)
 	var changed []string
-	nodes := nodecache.NewNodes(s, nil, func(name string) { changed = append(changed, name) })
+	nodes := facts.NewNodes(s, nil, func(name string) { changed = append(changed, name) })
 	n := testnodes.Real(3)
 	add := func(n *corev1.Node) {
 		r, err := s.Reduce(n)
@@ -98,7 +98,7 @@ func TestOnlyAChangeTheCriteriaReadIsAChange(t *testing.T) {
 func TestLinkedFindsTheNodesAnObjectCouldLink(t *testing.T) {
 	s := shape(t)
 	model := rule.MustEmbeddedModel()
-	nodes := nodecache.NewNodes(s, nil, nil)
+	nodes := facts.NewNodes(s, nil, nil)
 	for i := range 3 {
 		r, err := s.Reduce(testnodes.Real(i))
 		require.NoError(t, err)
@@ -149,7 +149,7 @@ func TestWatchFollowsTheAPIServer(t *testing.T) {
 	client := fake.NewClientset(testnodes.Real(0), testnodes.Real(1))
 	var mu sync.Mutex
 	changed := map[string]int{}
-	w, err := nodecache.NewWatch(nodecache.WatchOptions{Shape: s, Kube: client, OnChange: func(name string) {
+	w, err := facts.NewNodeWatch(facts.NodeWatchOptions{Shape: s, Kube: client, OnChange: func(name string) {
 		mu.Lock()
 		changed[name]++
 		mu.Unlock()

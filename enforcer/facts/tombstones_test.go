@@ -1,4 +1,4 @@
-package tombstones
+package facts
 
 import (
 	"context"
@@ -18,24 +18,23 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/informers"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 var t0 = time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 
-func newStore(t *testing.T, opts Options) (*Store, *clocktesting.FakeClock, *[]string) {
+func newStore(t *testing.T, opts TombstoneOptions) (*Tombstones, *clocktesting.FakeClock, *[]string) {
 	t.Helper()
 	clock := clocktesting.NewFakeClock(t0)
 	var changed []string
 	opts.Clock = clock
 	opts.Changed = func(pid string) { changed = append(changed, pid) }
-	return New(opts), clock, &changed
+	return NewTombstones(opts), clock, &changed
 }
 
 func TestARecordLastsItsWindow(t *testing.T) {
-	s, clock, changed := newStore(t, Options{Window: time.Hour})
+	s, clock, changed := newStore(t, TombstoneOptions{Window: time.Hour})
 	s.Record(Tombstone{ProviderID: "aws:///a/i-1", Object: "AWSMachine ns/m1", DeletedAt: t0.Add(-time.Minute)})
 	got, ok := s.Get("aws:///a/i-1")
 	require.True(t, ok)
@@ -53,7 +52,7 @@ func TestARecordLastsItsWindow(t *testing.T) {
 // days later) is tombstoned for the whole window from when it went, as
 // deleted when its deletion began.
 func TestAStuckDeletionIsTombstonedForTheWholeWindow(t *testing.T) {
-	s, _, _ := newStore(t, Options{Window: time.Hour})
+	s, _, _ := newStore(t, TombstoneOptions{Window: time.Hour})
 	s.Record(Tombstone{ProviderID: "p", Object: "AWSMachine ns/m1", DeletedAt: t0.Add(-72 * time.Hour)})
 	got, ok := s.Get("p")
 	require.True(t, ok, "tombstoned although its deletion began three windows ago")
@@ -65,7 +64,7 @@ func TestAStuckDeletionIsTombstonedForTheWholeWindow(t *testing.T) {
 // the later, names the tombstone; a second record of the same deletion
 // changes nothing.
 func TestTheLaterDeletionNamesTheTombstone(t *testing.T) {
-	s, _, changed := newStore(t, Options{})
+	s, _, changed := newStore(t, TombstoneOptions{})
 	infra := Tombstone{ProviderID: "p", Object: "DockerMachine default/m", DeletedAt: t0.Add(-time.Minute)}
 	machine := Tombstone{ProviderID: "p", Object: "Machine default/m", Node: "m", DeletedAt: t0.Add(-10 * time.Minute)}
 	s.Record(infra)
@@ -79,7 +78,7 @@ func TestTheLaterDeletionNamesTheTombstone(t *testing.T) {
 }
 
 func TestANewLinkEndsTheTombstone(t *testing.T) {
-	s, _, changed := newStore(t, Options{})
+	s, _, changed := newStore(t, TombstoneOptions{})
 	s.Record(Tombstone{ProviderID: "p", Object: "x", DeletedAt: t0})
 	assert.True(t, s.End("p"))
 	assert.False(t, s.End("p"))
@@ -88,7 +87,7 @@ func TestANewLinkEndsTheTombstone(t *testing.T) {
 }
 
 func TestTheOldestGoFirstBeyondMax(t *testing.T) {
-	s, _, changed := newStore(t, Options{Max: 3})
+	s, _, changed := newStore(t, TombstoneOptions{Max: 3})
 	for i := range 5 {
 		s.Record(Tombstone{ProviderID: fmt.Sprint("p", i), Object: "x", DeletedAt: t0.Add(time.Duration(i) * time.Minute)})
 	}
@@ -104,7 +103,7 @@ func TestTheOldestGoFirstBeyondMax(t *testing.T) {
 // becomes the base, and the changes made here since the last write are
 // replayed on it; a write clears them.
 func TestAReloadKeepsTheChangesMadeSinceTheLastWrite(t *testing.T) {
-	s, _, changed := newStore(t, Options{})
+	s, _, changed := newStore(t, TombstoneOptions{})
 	a := Tombstone{ProviderID: "a", Object: "x", DeletedAt: t0}
 	b := Tombstone{ProviderID: "b", Object: "y", DeletedAt: t0}
 	s.Record(a)
@@ -130,7 +129,7 @@ func TestAReloadKeepsTheChangesMadeSinceTheLastWrite(t *testing.T) {
 }
 
 func TestPendingDropsWhatEnded(t *testing.T) {
-	s, clock, changed := newStore(t, Options{Window: time.Minute})
+	s, clock, changed := newStore(t, TombstoneOptions{Window: time.Minute})
 	s.Record(Tombstone{ProviderID: "a", Object: "x", DeletedAt: t0})
 	ts, n, _ := s.pending()
 	s.written(ts, n)
@@ -155,17 +154,17 @@ func TestFitKeepsTheNewestUnderMaxBytes(t *testing.T) {
 	assert.Less(t, len(kept), len(ts))
 	assert.Greater(t, len(kept), len(ts)/2)
 	assert.Equal(t, ts[len(ts)-1].ProviderID, kept[0].ProviderID, "the newest kept")
-	back, err := Decode(string(raw))
+	back, err := DecodeTombstones(string(raw))
 	require.NoError(t, err)
 	assert.Equal(t, kept, back)
 }
 
 func TestDecodeRefusesWhatItCannotRead(t *testing.T) {
-	_, err := Decode(`{"not": "a list"}`)
+	_, err := DecodeTombstones(`{"not": "a list"}`)
 	assert.Error(t, err)
-	_, err = Decode(`[{"object": "x"}]`)
+	_, err = DecodeTombstones(`[{"object": "x"}]`)
 	assert.ErrorContains(t, err, "no providerID")
-	ts, err := Decode("")
+	ts, err := DecodeTombstones("")
 	assert.NoError(t, err)
 	assert.Empty(t, ts)
 }
@@ -181,15 +180,15 @@ func reduced(t *testing.T, model *rule.Model, role rule.Role, obj map[string]any
 // the Node's name.
 func TestFollowTombstonesWhatWentAndEndsWhatCame(t *testing.T) {
 	model := rule.MustEmbeddedModel()
-	s, _, _ := newStore(t, Options{})
+	s, _, _ := newStore(t, TombstoneOptions{})
 	machine := reduced(t, model, rule.Machine, map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
 		"metadata": map[string]any{"namespace": "default", "name": "m1", "deletionTimestamp": "2026-12-04T11:00:00Z",
 			"labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}},
 		"spec":   map[string]any{"providerID": "docker:////m1", "clusterName": "dev"},
 		"status": map[string]any{"nodeRef": map[string]any{"name": "node-1"}}})
-	s.Follow(model, informers.Change{Role: rule.Machine, New: machine}, nil)
+	s.Follow(model, Change{Role: rule.Machine, New: machine}, nil)
 	assert.Zero(t, s.Len(), "an add tombstones nothing")
-	s.Follow(model, informers.Change{Role: rule.Machine, Old: machine}, nil)
+	s.Follow(model, Change{Role: rule.Machine, Old: machine}, nil)
 	got, ok := s.Get("docker:////m1")
 	require.True(t, ok)
 	assert.Equal(t, Tombstone{ProviderID: "docker:////m1", Object: "Machine default/m1", Node: "node-1", Cluster: "default/dev",
@@ -200,7 +199,7 @@ func TestFollowTombstonesWhatWentAndEndsWhatCame(t *testing.T) {
 			"kind": "DockerMachinePool", "metadata": map[string]any{"namespace": "default", "name": "pool"},
 			"spec": map[string]any{"providerIDList": ids}})
 	}
-	s.Follow(model, informers.Change{Role: rule.InfraMachinePool, Old: pool("a", "b"), New: pool("a")},
+	s.Follow(model, Change{Role: rule.InfraMachinePool, Old: pool("a", "b"), New: pool("a")},
 		func(pid string) string { return "node-of-" + pid })
 	got, ok = s.Get("b")
 	require.True(t, ok, "a pool that stops listing an instance tombstones it")
@@ -209,19 +208,19 @@ func TestFollowTombstonesWhatWentAndEndsWhatCame(t *testing.T) {
 	_, ok = s.Get("a")
 	assert.False(t, ok)
 
-	s.Follow(model, informers.Change{Role: rule.InfraMachinePool, Old: pool("a"), New: pool("a", "b")}, nil)
+	s.Follow(model, Change{Role: rule.InfraMachinePool, Old: pool("a"), New: pool("a", "b")}, nil)
 	_, ok = s.Get("b")
 	assert.False(t, ok, "listed again: a legitimate reuse")
-	s.Follow(model, informers.Change{Role: rule.Machine, Old: machine, New: machine}, nil)
+	s.Follow(model, Change{Role: rule.Machine, Old: machine, New: machine}, nil)
 	_, ok = s.Get("docker:////m1")
 	assert.True(t, ok, "an update that carried it before is no new link")
 }
 
 func TestEncodeIsNewestFirstAndNeverNull(t *testing.T) {
-	raw, err := Encode(nil)
+	raw, err := EncodeTombstones(nil)
 	require.NoError(t, err)
 	assert.Equal(t, "[]", string(raw))
-	raw, err = Encode([]Tombstone{{ProviderID: "old", DeletedAt: t0}, {ProviderID: "new", DeletedAt: t0.Add(time.Second)}})
+	raw, err = EncodeTombstones([]Tombstone{{ProviderID: "old", DeletedAt: t0}, {ProviderID: "new", DeletedAt: t0.Add(time.Second)}})
 	require.NoError(t, err)
 	assert.Less(t, strings.Index(string(raw), `"new"`), strings.Index(string(raw), `"old"`))
 }
@@ -246,8 +245,8 @@ func TestAKeeperThatCouldNotReadWritesNothing(t *testing.T) {
 			return true, nil, errors.New("the write reached the API")
 		})
 	}
-	s, _, _ := newStore(t, Options{})
-	k := &Keeper{Store: s, Client: client, Namespace: "nodeguard-system"}
+	s, _, _ := newStore(t, TombstoneOptions{})
+	k := &TombstoneKeeper{Store: s, Client: client, Namespace: "nodeguard-system"}
 	require.ErrorContains(t, k.Load(context.Background()), "no Role")
 	s.Record(Tombstone{ProviderID: "p", Object: "x", DeletedAt: t0})
 	k.Flush(context.Background())
@@ -263,8 +262,8 @@ func TestAKeeperThatCouldNotReadWritesNothing(t *testing.T) {
 // The watch event of an earlier write of this keeper, arriving after a newer
 // one, is not taken as news: the store does not roll back to it.
 func TestAKeepersOwnOlderWriteIsNotNews(t *testing.T) {
-	s, _, _ := newStore(t, Options{})
-	k := &Keeper{Store: s, Namespace: "nodeguard-system", seen: "11", wrote: []string{"10", "11"}}
+	s, _, _ := newStore(t, TombstoneOptions{})
+	k := &TombstoneKeeper{Store: s, Namespace: "nodeguard-system", seen: "11", wrote: []string{"10", "11"}}
 	s.Record(Tombstone{ProviderID: "p", Object: "x", DeletedAt: t0})
 	older := &unstructured.Unstructured{Object: map[string]any{"data": map[string]any{ConfigMapKey: "[]"}}}
 	older.SetResourceVersion("10")
@@ -286,13 +285,13 @@ func TestLoadKeepsAllTheConfigMapHolds(t *testing.T) {
 	for i := range DefaultMax + 500 {
 		ts = append(ts, Tombstone{ProviderID: fmt.Sprintf("p-%d", i), Object: "x", DeletedAt: t0, Until: t0.Add(time.Hour)})
 	}
-	raw, err := Encode(ts)
+	raw, err := EncodeTombstones(ts)
 	require.NoError(t, err)
 	cm := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
 		"metadata": map[string]any{"namespace": "nodeguard-system", "name": ConfigMapName}, "data": map[string]any{ConfigMapKey: string(raw)}}}
 	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{configMaps: "ConfigMapList"}, cm)
-	s, err := Load(context.Background(), client, "nodeguard-system")
+	s, err := LoadTombstones(context.Background(), client, "nodeguard-system")
 	require.NoError(t, err)
 	assert.Equal(t, len(ts), s.Len())
 }

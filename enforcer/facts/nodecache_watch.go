@@ -1,4 +1,4 @@
-package nodecache
+package facts
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 var nodesGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 
 // WatchOptions configure a Watch.
-type WatchOptions struct {
+type NodeWatchOptions struct {
 	Shape *record.Shape
 	// Kube watches Nodes through the typed client (protobuf when its config
 	// asks for it: a Node decodes several times faster than as JSON); when
@@ -40,13 +40,13 @@ type WatchOptions struct {
 // Watch is a Nodes cache filled by an informer: one list (or, on an API
 // server that streams it, one watch) and then watch events, never a list per
 // pass. Each Node is reduced as it arrives, so the cache holds only Nodes.
-type Watch struct {
+type NodeWatch struct {
 	*Nodes
 	informer cache.SharedIndexInformer
 }
 
 // NewWatch builds the informer; Run starts it.
-func NewWatch(opts WatchOptions) (*Watch, error) {
+func NewNodeWatch(opts NodeWatchOptions) (*NodeWatch, error) {
 	var (
 		list    func(context.Context, metav1.ListOptions) (runtime.Object, error)
 		watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)
@@ -108,7 +108,7 @@ func NewWatch(opts WatchOptions) (*Watch, error) {
 	if err := informer.SetWatchErrorHandlerWithContext(func(context.Context, *cache.Reflector, error) {}); err != nil {
 		return nil, fmt.Errorf("nodecache: set watch error handler: %w", err)
 	}
-	w := &Watch{Nodes: NewNodes(shape, informer.GetIndexer(), opts.OnChange), informer: informer}
+	w := &NodeWatch{Nodes: NewNodes(shape, informer.GetIndexer(), opts.OnChange), informer: informer}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if n, ok := obj.(*record.Record); ok {
@@ -137,7 +137,7 @@ func NewWatch(opts WatchOptions) (*Watch, error) {
 }
 
 // Run runs the informer until ctx is done; nothing of it outlives the call.
-func (w *Watch) Run(ctx context.Context) { w.informer.RunWithContext(ctx) }
+func (w *NodeWatch) Run(ctx context.Context) { w.informer.RunWithContext(ctx) }
 
 // HasSynced reports whether the first list (or streamed watch) is in.
-func (w *Watch) HasSynced() bool { return w.informer.HasSynced() }
+func (w *NodeWatch) HasSynced() bool { return w.informer.HasSynced() }

@@ -1,4 +1,4 @@
-package nodecache
+package facts
 
 import (
 	"fmt"
@@ -14,7 +14,7 @@ import (
 
 // ShapeOf is the Node shape of the policy e runs: the link model's
 // NodeCacheShape for its orphan criteria's Node fields, which it must have.
-func ShapeOf(e *rule.Engine) (*record.Shape, error) {
+func NodeShapeOf(e *rule.Engine) (*record.Shape, error) {
 	fields, err := e.NodeFields()
 	if err != nil {
 		return nil, err

@@ -1,6 +1,6 @@
 // Package manifest reads Kubernetes objects from files and directories:
 // multi-document YAML, JSON, and List kinds. Errors name the file and line.
-package manifest
+package facts
 
 import (
 	"bufio"
@@ -22,7 +22,7 @@ import (
 
 // Load reads every object from the given files and directories (directories
 // recursively, files ending in .yaml, .yml or .json), in path order.
-func Load(paths ...string) ([]*unstructured.Unstructured, error) {
+func LoadManifests(paths ...string) ([]*unstructured.Unstructured, error) {
 	var objs []*unstructured.Unstructured
 	for _, p := range paths {
 		files, err := expand(p)
@@ -30,7 +30,7 @@ func Load(paths ...string) ([]*unstructured.Unstructured, error) {
 			return nil, err
 		}
 		for _, f := range files {
-			got, err := LoadFile(f)
+			got, err := LoadManifestFile(f)
 			if err != nil {
 				return nil, err
 			}
@@ -76,7 +76,7 @@ var yamlLine = regexp.MustCompile(`line (\d+)`)
 // LoadFile reads the objects of one file: its YAML documents as kubectl
 // splits them (apimachinery's YAMLReader; JSON is YAML), each error naming
 // the file and the line.
-func LoadFile(path string) ([]*unstructured.Unstructured, error) {
+func LoadManifestFile(path string) ([]*unstructured.Unstructured, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
@@ -207,7 +207,7 @@ func ConstraintParameters(path string) (map[string]any, error) {
 	if path == "" {
 		return nil, nil
 	}
-	objs, err := LoadFile(path)
+	objs, err := LoadManifestFile(path)
 	if err != nil {
 		return nil, err
 	}

@@ -11,7 +11,7 @@
 // evidence only. A providerID carried again by a new link ends its
 // tombstone. The store is bounded (Options.Max, and a ConfigMap's size when
 // kept, see Keeper) and drops the oldest first.
-package tombstones
+package facts
 
 import (
 	"encoding/json"
@@ -55,7 +55,7 @@ const (
 )
 
 // Options configure a Store.
-type Options struct {
+type TombstoneOptions struct {
 	// Window is how long a providerID stays tombstoned (default
 	// DefaultWindow).
 	Window time.Duration
@@ -67,12 +67,12 @@ type Options struct {
 	// moved or ended, after the change (outside the store's lock).
 	Changed func(providerID string)
 	// Metrics, when set, exports the count and the evictions.
-	Metrics *Metrics
+	Metrics *TombstoneMetrics
 }
 
 // Store holds the tombstones; safe for concurrent use.
-type Store struct {
-	opts Options
+type Tombstones struct {
+	opts TombstoneOptions
 
 	mu      sync.Mutex
 	current map[string]Tombstone
@@ -90,7 +90,7 @@ type op struct {
 }
 
 // New returns an empty Store.
-func New(opts Options) *Store {
+func NewTombstones(opts TombstoneOptions) *Tombstones {
 	if opts.Window <= 0 {
 		opts.Window = DefaultWindow
 	}
@@ -100,18 +100,18 @@ func New(opts Options) *Store {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Store{opts: opts, current: map[string]Tombstone{}, base: map[string]Tombstone{}}
+	return &Tombstones{opts: opts, current: map[string]Tombstone{}, base: map[string]Tombstone{}}
 }
 
 // Window is how long a providerID stays tombstoned.
-func (s *Store) Window() time.Duration { return s.opts.Window }
+func (s *Tombstones) Window() time.Duration { return s.opts.Window }
 
 // Record tombstones t.ProviderID for the window from now (or from
 // t.DeletedAt, if later), as deleted at t.DeletedAt. A
 // providerID tombstoned already keeps the later deletion (its object and
 // time: the InfraMachine's over the Machine's whose deletion began first),
 // and the Node name either knew.
-func (s *Store) Record(t Tombstone) {
+func (s *Tombstones) Record(t Tombstone) {
 	if t.ProviderID == "" {
 		return
 	}
@@ -134,7 +134,7 @@ func (s *Store) Record(t Tombstone) {
 
 // End ends the tombstone of a providerID a new link carries: a legitimate
 // reuse. It reports whether there was one.
-func (s *Store) End(providerID string) bool {
+func (s *Tombstones) End(providerID string) bool {
 	s.mu.Lock()
 	changed := s.apply(s.current, op{end: providerID})
 	if changed {
@@ -146,7 +146,7 @@ func (s *Store) End(providerID string) bool {
 }
 
 // apply makes one change to m and reports whether m changed.
-func (s *Store) apply(m map[string]Tombstone, o op) bool {
+func (s *Tombstones) apply(m map[string]Tombstone, o op) bool {
 	if o.end != "" {
 		_, had := m[o.end]
 		delete(m, o.end)
@@ -171,7 +171,7 @@ func (s *Store) apply(m map[string]Tombstone, o op) bool {
 
 // evict drops the oldest tombstones of m beyond max and returns their
 // providerIDs.
-func (s *Store) evict(m map[string]Tombstone, max int) []string {
+func (s *Tombstones) evict(m map[string]Tombstone, max int) []string {
 	if len(m) <= max {
 		return nil
 	}
@@ -202,7 +202,7 @@ func compareStrings(a, b string) int {
 	return 0
 }
 
-func (s *Store) tell(changed bool, providerID string, also ...string) {
+func (s *Tombstones) tell(changed bool, providerID string, also ...string) {
 	s.opts.Metrics.set(s.Len())
 	if s.opts.Changed == nil {
 		return
@@ -216,7 +216,7 @@ func (s *Store) tell(changed bool, providerID string, also ...string) {
 }
 
 // Get returns the tombstone of a providerID whose window has not passed.
-func (s *Store) Get(providerID string) (Tombstone, bool) {
+func (s *Tombstones) Get(providerID string) (Tombstone, bool) {
 	if providerID == "" {
 		return Tombstone{}, false
 	}
@@ -231,7 +231,7 @@ func (s *Store) Get(providerID string) (Tombstone, bool) {
 
 // List returns every tombstone whose window has not passed, the newest
 // deletion first.
-func (s *Store) List() []Tombstone {
+func (s *Tombstones) List() []Tombstone {
 	now := s.opts.Clock.Now()
 	s.mu.Lock()
 	out := make([]Tombstone, 0, len(s.current))
@@ -247,7 +247,7 @@ func (s *Store) List() []Tombstone {
 
 // Len is the number of tombstones held (some may have ended their window
 // since the last Keeper write pruned them).
-func (s *Store) Len() int {
+func (s *Tombstones) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.current)
@@ -255,7 +255,7 @@ func (s *Store) Len() int {
 
 // Encode is the JSON a ConfigMap keeps of tombstones: an array, the newest
 // deletion first.
-func Encode(ts []Tombstone) ([]byte, error) {
+func EncodeTombstones(ts []Tombstone) ([]byte, error) {
 	ts = slices.Clone(ts)
 	slices.SortFunc(ts, func(a, b Tombstone) int { return byAge(b, a) })
 	if ts == nil {
@@ -265,7 +265,7 @@ func Encode(ts []Tombstone) ([]byte, error) {
 }
 
 // Decode reads what Encode wrote.
-func Decode(raw string) ([]Tombstone, error) {
+func DecodeTombstones(raw string) ([]Tombstone, error) {
 	if raw == "" {
 		return nil, nil
 	}
@@ -284,7 +284,7 @@ func Decode(raw string) ([]Tombstone, error) {
 // reload takes ts as what the ConfigMap holds now (written by someone else:
 // another replica, `nodeguard ghosts --clear`, or nothing when it was
 // deleted) and replays on it the changes made here since the last write.
-func (s *Store) reload(ts []Tombstone) {
+func (s *Tombstones) reload(ts []Tombstone) {
 	base := make(map[string]Tombstone, len(ts))
 	for _, t := range ts {
 		base[t.ProviderID] = t
@@ -320,7 +320,7 @@ func (s *Store) reload(ts []Tombstone) {
 // pending returns what to write: the tombstones whose window has not passed
 // (the others are dropped now), the number of changes they include, and
 // whether they differ from what the ConfigMap holds.
-func (s *Store) pending() ([]Tombstone, int, bool) {
+func (s *Tombstones) pending() ([]Tombstone, int, bool) {
 	now := s.opts.Clock.Now()
 	s.mu.Lock()
 	var expired []string
@@ -342,7 +342,7 @@ func (s *Store) pending() ([]Tombstone, int, bool) {
 
 // written says the ConfigMap now holds ts, which includes the first n
 // changes made here.
-func (s *Store) written(ts []Tombstone, n int) {
+func (s *Tombstones) written(ts []Tombstone, n int) {
 	base := make(map[string]Tombstone, len(ts))
 	for _, t := range ts {
 		base[t.ProviderID] = t
@@ -354,7 +354,7 @@ func (s *Store) written(ts []Tombstone, n int) {
 }
 
 // drop removes tombstones that did not fit the ConfigMap, as evictions.
-func (s *Store) drop(pids []string) {
+func (s *Tombstones) drop(pids []string) {
 	s.mu.Lock()
 	for _, pid := range pids {
 		delete(s.current, pid)

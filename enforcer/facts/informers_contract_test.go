@@ -1,4 +1,4 @@
-package informers_test
+package facts_test
 
 import (
 	"context"
@@ -11,8 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/informers"
-	"github.com/nodeguard/nodeguard/enforcer/inventory"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
@@ -38,8 +37,8 @@ func TestKindsAreFoundByTheContract(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	client, mapper := setup(t, dockerM1()...)
-	inv := inventory.New(rule.MustEmbeddedModel())
-	s := informers.New(inv, informers.Options{Client: client, Mapper: mapper, RetryInterval: time.Hour, Contract: true})
+	inv := facts.NewInventory(rule.MustEmbeddedModel())
+	s := facts.NewSyncer(inv, facts.SyncerOptions{Client: client, Mapper: mapper, RetryInterval: time.Hour, Contract: true})
 	require.NoError(t, s.Start(ctx))
 	require.Eventually(t, func() bool { return s.Ready() == nil }, 5*time.Second, 10*time.Millisecond)
 
@@ -58,37 +57,37 @@ func TestKindsAreFoundByTheContract(t *testing.T) {
 		if w.GVK == fooGVK {
 			sources = w.Sources
 			assert.True(t, w.Synced)
-			assert.Equal(t, inventory.InfraMachine, w.Role)
+			assert.Equal(t, facts.InfraMachine, w.Role)
 		}
 	}
-	assert.Equal(t, []string{informers.SourceContract}, sources)
+	assert.Equal(t, []string{facts.SourceContract}, sources)
 
 	require.NoError(t, crds.Delete(ctx, foo.GetName(), metav1.DeleteOptions{}))
 	require.Eventually(t, func() bool {
 		infra, _ := s.SyncedKinds()
 		return len(infra) == 1
 	}, 5*time.Second, 10*time.Millisecond, "a CRD gone takes its kind with it")
-	assert.NotContains(t, inv.Kinds(inventory.InfraMachine), fooGVK)
+	assert.NotContains(t, inv.Kinds(facts.InfraMachine), fooGVK)
 }
 
 func TestContractKindOf(t *testing.T) {
 	contract := map[string]string{"cluster.x-k8s.io/v1beta1": "v1beta1_v1beta2"}
 	for name, tc := range map[string]struct {
 		crd  *unstructured.Unstructured
-		role inventory.Role
+		role facts.Role
 		ok   bool
 	}{
-		"InfraMachine": {providerCRD("awsmachines", "infrastructure.cluster.x-k8s.io", "AWSMachine", "v1beta2", contract, "providerID", "instanceType"), inventory.InfraMachine, true},
+		"InfraMachine": {providerCRD("awsmachines", "infrastructure.cluster.x-k8s.io", "AWSMachine", "v1beta2", contract, "providerID", "instanceType"), facts.InfraMachine, true},
 		// AWSMachinePool, AzureMachinePool, DockerMachinePool have both.
-		"self-managed pool": {providerCRD("awsmachinepools", "infrastructure.cluster.x-k8s.io", "AWSMachinePool", "v1beta2", contract, "providerID", "providerIDList"), inventory.InfraMachinePool, true},
-		"managed pool":      {providerCRD("awsmanagedmachinepools", "infrastructure.cluster.x-k8s.io", "AWSManagedMachinePool", "v1beta2", contract, "providerIDList"), inventory.InfraMachinePool, true},
+		"self-managed pool": {providerCRD("awsmachinepools", "infrastructure.cluster.x-k8s.io", "AWSMachinePool", "v1beta2", contract, "providerID", "providerIDList"), facts.InfraMachinePool, true},
+		"managed pool":      {providerCRD("awsmanagedmachinepools", "infrastructure.cluster.x-k8s.io", "AWSManagedMachinePool", "v1beta2", contract, "providerIDList"), facts.InfraMachinePool, true},
 		"template":          {providerCRD("awsmachinetemplates", "infrastructure.cluster.x-k8s.io", "AWSMachineTemplate", "v1beta2", contract, "template"), "", false},
 		"no contract label": {providerCRD("foomachines", "example.com", "FooMachine", "v1", nil, "providerID"), "", false},
 		// The label names v1beta2; the CRD serves only v1beta1.
 		"contract version not served": {providerCRD("barmachines", "example.com", "BarMachine", "v1beta1", contract, "providerID"), "", false},
 	} {
 		t.Run(name, func(t *testing.T) {
-			k, ok := inventory.ContractKindOf(tc.crd)
+			k, ok := facts.ContractKindOf(tc.crd)
 			require.Equal(t, tc.ok, ok)
 			if ok {
 				assert.Equal(t, tc.role, k.Role)
@@ -97,7 +96,7 @@ func TestContractKindOf(t *testing.T) {
 			}
 		})
 	}
-	v, ok := inventory.ContractVersion(map[string]string{"cluster.x-k8s.io/v1beta1": "v1beta1", "cluster.x-k8s.io/v1beta2": "v1alpha4_v1beta2_v1beta1"})
+	v, ok := facts.ContractVersion(map[string]string{"cluster.x-k8s.io/v1beta1": "v1beta1", "cluster.x-k8s.io/v1beta2": "v1alpha4_v1beta2_v1beta1"})
 	assert.True(t, ok)
 	assert.Equal(t, "v1beta2", v, "the newest contract's label, its highest version")
 }

@@ -3,7 +3,7 @@
 // asks: which objects could be linked to this Node? It serves both informer
 // caches (live) and objects read from files (offline), so both paths pick
 // candidates the same way.
-package inventory
+package facts
 
 import (
 	"fmt"
@@ -89,7 +89,7 @@ type kindStore struct {
 }
 
 // New returns an empty inventory following model.
-func New(model *rule.Model) *Inventory {
+func NewInventory(model *rule.Model) *Inventory {
 	return &Inventory{
 		model:  model,
 		stores: map[schema.GroupVersionKind]kindStore{},

@@ -1,4 +1,4 @@
-package inventory
+package facts
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ import (
 // (Nodes, Clusters, ...) is ignored. Objects without a namespace are
 // taken to be in "default", as kubectl would create them.
 func FromObjects(model *rule.Model, objs []*unstructured.Unstructured, infraKinds, poolKinds []schema.GroupKind) (*Inventory, error) {
-	inv := New(model)
+	inv := NewInventory(model)
 	roles := map[schema.GroupKind]Role{}
 	for _, gk := range infraKinds {
 		roles[gk] = InfraMachine
