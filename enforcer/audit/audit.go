@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
@@ -93,11 +92,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	defer cancel() // stops the informers
 	// From the caches alone: an audit judges every Node, and a delete
 	// re-reads its candidates fresh anyway.
-	e, err := clusterenforcer.Start(ctx, c, clusterenforcer.Options{Parameters: params, Engine: eval, NoFreshReads: true})
+	e, err := guard.StartEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval, NoFreshReads: true})
 	if err != nil {
 		return 1, err
 	}
-	if err := clusterenforcer.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
+	if err := guard.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
 		return 1, err
 	}
 	user := authenticationv1.UserInfo{Username: opts.User, Groups: opts.Groups}

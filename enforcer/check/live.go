@@ -9,8 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
@@ -60,11 +60,11 @@ func judgeWith(ctx context.Context, c kube.Clients, nodes func(context.Context) 
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
-	e, err := clusterenforcer.Start(ctx, c, clusterenforcer.Options{Parameters: params, Engine: eval})
+	e, err := guard.StartEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
 	if err != nil {
 		return rule.Decision{}, err
 	}
-	if err := clusterenforcer.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
+	if err := guard.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
 		return rule.Decision{}, err
 	}
 	return e.Guard.Decide(ctx, request(opts, node))

@@ -18,12 +18,11 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -129,14 +128,14 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 func judge(ctx context.Context, c kube.Clients, opts Options, params map[string]any, eval *rule.Engine, store *facts.Tombstones, report *Report) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
-	e, err := clusterenforcer.Start(ctx, c, clusterenforcer.Options{Parameters: params, Engine: eval})
+	e, err := guard.StartEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
 	if err != nil {
 		return err
 	}
-	if err := clusterenforcer.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
+	if err := guard.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
 		return err
 	}
-	f, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Tombstones: store})
+	f, err := guard.NewFinder(guard.FinderOptions{Guard: e.Guard, Inventory: e.Inventory, Tombstones: store})
 	if err != nil {
 		return err
 	}
@@ -146,7 +145,7 @@ func judge(ctx context.Context, c kube.Clients, opts Options, params map[string]
 	}
 	var sources []source
 	if opts.Cluster == "" {
-		sources = append(sources, source{nodes: c.Dynamic.Resource(orphans.NodeGVR)})
+		sources = append(sources, source{nodes: c.Dynamic.Resource(guard.NodeGVR)})
 	}
 	keys, err := kube.ClusterKeys(ctx, c, opts.Cluster)
 	if err != nil {

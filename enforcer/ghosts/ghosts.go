@@ -25,9 +25,9 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
 )
 
 // Protection is what nodeguard does about a cluster's ghosts besides
@@ -130,7 +130,7 @@ type key struct{ cluster, node string }
 
 // ghost is one Node seen a ghost, and what was done about it.
 type ghost struct {
-	verdict   orphans.Ghost
+	verdict   guard.Ghost
 	since     time.Time
 	confirmed bool // a ghost for Confirm: reported
 	tainted   bool
@@ -138,10 +138,10 @@ type ghost struct {
 
 // Record is a ghost as `nodeguard ghosts` and the logs show it.
 type Record struct {
-	Cluster string        `json:"cluster"`
-	Ghost   orphans.Ghost `json:"ghost"`
-	Since   time.Time     `json:"since"`
-	Tainted bool          `json:"tainted"`
+	Cluster string      `json:"cluster"`
+	Ghost   guard.Ghost `json:"ghost"`
+	Since   time.Time   `json:"since"`
+	Tainted bool        `json:"tainted"`
 }
 
 // New returns a Tracker with no ghost.
@@ -169,7 +169,7 @@ func (tr *Tracker) protection(cluster string) Protection {
 // no ghost loses the taint nodeguard set; untaint asks to make sure of that
 // even when this process never set it (its tombstone changed: it may have
 // been set before a restart).
-func (tr *Tracker) Observe(ctx context.Context, t Target, g orphans.Ghost, now time.Time, untaint bool) (time.Time, error) {
+func (tr *Tracker) Observe(ctx context.Context, t Target, g guard.Ghost, now time.Time, untaint bool) (time.Time, error) {
 	k := key{cluster: t.Cluster, node: g.Node}
 	tr.mu.Lock()
 	if tr.gone[t.Cluster] {
@@ -225,12 +225,12 @@ func (tr *Tracker) Observe(ctx context.Context, t Target, g orphans.Ghost, now t
 	return time.Time{}, nil
 }
 
-func (tr *Tracker) untaint(ctx context.Context, t Target, g orphans.Ghost) error {
+func (tr *Tracker) untaint(ctx context.Context, t Target, g guard.Ghost) error {
 	return tr.setTaint(ctx, t, g, false)
 }
 
 // nodeRef is what the Event is about: the Node, by name and UID.
-func nodeRef(g orphans.Ghost) *unstructured.Unstructured {
+func nodeRef(g guard.Ghost) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion("v1")
 	u.SetKind("Node")
@@ -243,9 +243,9 @@ func nodeRef(g orphans.Ghost) *unstructured.Unstructured {
 // UID: a Node re-created under the name is judged again on its own),
 // reading it first: client-go's strategic merge replaces a Node's taints
 // whole, so an update with its resourceVersion keeps everyone else's.
-func (tr *Tracker) setTaint(ctx context.Context, t Target, g orphans.Ghost, on bool) error {
+func (tr *Tracker) setTaint(ctx context.Context, t Target, g guard.Ghost, on bool) error {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := t.Nodes.Resource(orphans.NodeGVR).Get(ctx, g.Node, metav1.GetOptions{})
+		n, err := t.Nodes.Resource(guard.NodeGVR).Get(ctx, g.Node, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
@@ -271,7 +271,7 @@ func (tr *Tracker) setTaint(ctx context.Context, t Target, g orphans.Ghost, on b
 		if err := unstructured.SetNestedSlice(n.Object, taints, "spec", "taints"); err != nil {
 			return err
 		}
-		_, err = t.Nodes.Resource(orphans.NodeGVR).Update(ctx, n, metav1.UpdateOptions{FieldManager: kube.FieldManager})
+		_, err = t.Nodes.Resource(guard.NodeGVR).Update(ctx, n, metav1.UpdateOptions{FieldManager: kube.FieldManager})
 		return err
 	})
 	what := "remove nodeguard's taint from"

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 )
 
 // A Workload cluster removed while one of its Nodes was being judged: the
@@ -25,7 +25,7 @@ func TestAVerdictToldAfterItsClusterWentBringsNothingBack(t *testing.T) {
 	tr := ghosts.New(ghosts.Options{Metrics: m, Confirm: time.Second})
 	ctx := context.Background()
 	target := ghosts.Target{Cluster: "fleet/dev"}
-	g := orphans.Ghost{Node: "dev-md-0-x", ProviderID: "docker:////dev-md-0-x", Ghost: true, UID: "u1", Reason: "alive again"}
+	g := guard.Ghost{Node: "dev-md-0-x", ProviderID: "docker:////dev-md-0-x", Ghost: true, UID: "u1", Reason: "alive again"}
 	t0 := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
 	series := func() int { return testutil.CollectAndCount(reg, "nodeguard_ghost_nodes") }
 	confirm := func(at time.Time) {

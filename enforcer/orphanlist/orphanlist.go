@@ -16,12 +16,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
@@ -147,7 +145,7 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, ev
 	if err != nil {
 		return Report{}, err
 	}
-	f, err := orphans.NewFinder(orphans.Options{Guard: g, Inventory: inv, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
+	f, err := guard.NewFinder(guard.FinderOptions{Guard: g, Inventory: inv, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
 	if err != nil {
 		return Report{}, err
 	}
@@ -174,18 +172,18 @@ func runLive(ctx context.Context, opts CommandOptions, params map[string]any, ev
 func runLiveWith(ctx context.Context, c kube.Clients, opts CommandOptions, params map[string]any, eval *rule.Engine, now time.Time) (Report, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
-	e, err := clusterenforcer.Start(ctx, c, clusterenforcer.Options{Parameters: params, Engine: eval})
+	e, err := guard.StartEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
 	if err != nil {
 		return Report{}, err
 	}
-	if err := clusterenforcer.WaitReady(ctx, e.Syncer.Ready, liveSyncTimeout); err != nil {
+	if err := guard.WaitReady(ctx, e.Syncer.Ready, liveSyncTimeout); err != nil {
 		return Report{}, err
 	}
 	stones, err := facts.LoadTombstones(ctx, c.Dynamic, opts.Namespace)
 	if err != nil {
 		return Report{}, err
 	}
-	f, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID,
+	f, err := guard.NewFinder(guard.FinderOptions{Guard: e.Guard, Inventory: e.Inventory, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID,
 		Tombstones: stones})
 	if err != nil {
 		return Report{}, err
@@ -215,7 +213,7 @@ func runLiveWith(ctx context.Context, c kube.Clients, opts CommandOptions, param
 
 // ListNodes reads every Node from the API server.
 func ListNodes(ctx context.Context, client dynamic.Interface) ([]*unstructured.Unstructured, error) {
-	list, err := client.Resource(orphans.NodeGVR).List(ctx, metav1.ListOptions{})
+	list, err := client.Resource(guard.NodeGVR).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
@@ -228,7 +226,7 @@ func ListNodes(ctx context.Context, client dynamic.Interface) ([]*unstructured.U
 }
 
 // NewReport sorts verdicts into orphans and the CAPI-managed Nodes kept.
-func NewReport(verdicts []orphans.Verdict) Report {
+func NewReport(verdicts []guard.OrphanVerdict) Report {
 	r := Report{Orphans: []Orphan{}, Kept: []Kept{}}
 	for _, v := range verdicts {
 		switch {

@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
@@ -33,7 +33,7 @@ func TestLiveListAndDelete(t *testing.T) {
 	r, err = runLiveWith(ctx, c, CommandOptions{Output: "json", Delete: true}, nil, eval, now)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"dev-md-0-left"}, r.Deleted)
-	list, err := client.Resource(orphans.NodeGVR).List(ctx, metav1.ListOptions{})
+	list, err := client.Resource(guard.NodeGVR).List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
 	assert.Len(t, list.Items, 7, "only the orphan was deleted")
 	for _, n := range list.Items {

@@ -27,7 +27,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
@@ -47,8 +47,8 @@ type Nodes interface {
 // Options configure a Scanner.
 type Options struct {
 	// Finder judges a Node from the caches; it must judge with Evidence.
-	Finder   *orphans.Finder
-	Evidence *orphans.Evidence
+	Finder   *guard.Finder
+	Evidence *guard.Evidence
 	// Reaper is told every verdict, and acts.
 	Reaper *reaper.Reaper
 	// Model is the link model the inventory follows.
@@ -101,7 +101,7 @@ type Scanner struct {
 	lastLog    time.Time
 	suppressed int
 	// routes are RunDue's converted parameters; only RunDue uses them.
-	routes map[string]orphans.Route
+	routes map[string]guard.Route
 	// untaint are Nodes whose tombstone changed: judged no ghost, they lose
 	// a taint nodeguard may have set before a restart.
 	untaint map[key]bool
@@ -266,7 +266,7 @@ func (s *Scanner) nodeWith(providerID string) string {
 }
 
 // Finder is what the scan judges with: its policy, caches and tombstones.
-func (s *Scanner) Finder() *orphans.Finder { return s.opts.Finder }
+func (s *Scanner) Finder() *guard.Finder { return s.opts.Finder }
 
 // Releases is the publisher the scan judges Nodes for (nil: none).
 func (s *Scanner) Releases() *releases.Publisher { return s.opts.Releases }
@@ -356,7 +356,7 @@ func (s *Scanner) RunDue(ctx context.Context, now time.Time) Result {
 	}
 	s.mu.Unlock()
 	res.Full = full
-	s.routes = map[string]orphans.Route{}
+	s.routes = map[string]guard.Route{}
 	for _, name := range slices.Sorted(maps.Keys(plan)) {
 		w := plan[name]
 		nodes := w.keys
@@ -414,7 +414,7 @@ func (s *Scanner) judge(ctx context.Context, c *cluster, name string, now time.T
 		s.failed(c, name, now, err, res)
 		return
 	}
-	v := orphans.Verdict{Node: name, UID: node.UID(), ResourceVersion: node.ResourceVersion()}
+	v := guard.OrphanVerdict{Node: name, UID: node.UID(), ResourceVersion: node.ResourceVersion()}
 	if !screen.Passes {
 		if !screen.RecheckAt.IsZero() {
 			s.after(c.name, name, now, screen.RecheckAt)
@@ -446,7 +446,7 @@ func (s *Scanner) judge(ctx context.Context, c *cluster, name string, now time.T
 
 // ghost tells the tracker whether a Node is a ghost, from the caches: the
 // tracker reports and taints, never deletes, so a fresh read buys nothing.
-func (s *Scanner) ghost(ctx context.Context, c *cluster, route orphans.Route, u *unstructured.Unstructured, now time.Time, res *Result) {
+func (s *Scanner) ghost(ctx context.Context, c *cluster, route guard.Route, u *unstructured.Unstructured, now time.Time, res *Result) {
 	k := key{cluster: c.name, node: u.GetName()}
 	s.mu.Lock()
 	untaint := s.untaint[k]
@@ -477,7 +477,7 @@ func (s *Scanner) ghost(ctx context.Context, c *cluster, route orphans.Route, u 
 
 // route is a cluster route's parameters, converted once per RunDue (they
 // change only with the synced kinds, which RunDue watches).
-func (s *Scanner) route(cluster string) (orphans.Route, error) {
+func (s *Scanner) route(cluster string) (guard.Route, error) {
 	if r, ok := s.routes[cluster]; ok {
 		return r, nil
 	}

@@ -19,11 +19,10 @@ import (
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
@@ -69,16 +68,16 @@ func newFixture(t *testing.T, del bool) *fixture {
 	t.Cleanup(cancel)
 	client, mapper := testcluster.CAPD(t, "../reaper/testdata")
 	f := &fixture{client: client, clock: clocktesting.NewFakeClock(t0), leading: true, protection: ghosts.Off, events: events.NewFakeRecorder(100)}
-	e, err := clusterenforcer.Start(ctx, kube.Clients{Dynamic: client, Mapper: mapper}, clusterenforcer.Options{Engine: testcluster.Engine(t)})
+	e, err := guard.StartEnforcer(ctx, kube.Clients{Dynamic: client, Mapper: mapper}, guard.EnforcerOptions{Engine: testcluster.Engine(t)})
 	require.NoError(t, err)
-	require.NoError(t, clusterenforcer.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
+	require.NoError(t, guard.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
 	model := e.Inventory.Model()
 	shape, err := facts.NodeShapeOf(e.Engine)
 	require.NoError(t, err)
-	evidence := orphans.NewEvidence(model)
+	evidence := guard.NewEvidence(model)
 	f.tombstones = facts.NewTombstones(facts.TombstoneOptions{Clock: f.clock, Changed: func(pid string) { f.scanner.TombstoneChanged(pid) }})
 	f.ghosts = ghosts.New(ghosts.Options{Protection: func(string) ghosts.Protection { return f.protection }})
-	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence, Grace: 5 * time.Minute,
+	finder, err := guard.NewFinder(guard.FinderOptions{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence, Grace: 5 * time.Minute,
 		Tombstones: f.tombstones})
 	require.NoError(t, err)
 	f.reaper, err = reaper.New(reaper.Options{Finder: finder, Delete: del, IsLeader: func() bool { return f.leading }, Clock: f.clock})

@@ -24,8 +24,8 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
 )
 
 // Target is one cluster whose Nodes are reconciled.
@@ -68,7 +68,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 // Options configure a Reaper.
 type Options struct {
 	// Finder judges Nodes; its Guard should re-read objects fresh.
-	Finder *orphans.Finder
+	Finder *guard.Finder
 	// Delete turns deleting on (--reap-orphan-nodes); off, passes only
 	// observe and export the gauge.
 	Delete bool
@@ -148,7 +148,7 @@ const retryLimit = 5 * time.Minute
 // deletes it if it still is one. It returns what it did, and when the Node
 // should be judged again for the reaper's sake (zero: not until something
 // changes). An error comes with Failed.
-func (r *Reaper) Observe(ctx context.Context, t Target, v orphans.Verdict, now time.Time) (Outcome, time.Time, error) {
+func (r *Reaper) Observe(ctx context.Context, t Target, v guard.OrphanVerdict, now time.Time) (Outcome, time.Time, error) {
 	k := nodeKey{cluster: t.Cluster, node: v.Node}
 	if !v.Orphan {
 		r.Forget(t.Cluster, v.Node)
@@ -273,9 +273,9 @@ func (r *Reaper) gauge(cluster string) {
 
 // act re-reads the Node and everything the criteria read, and deletes it
 // only if it is the same Node (UID) and still an orphan.
-func (r *Reaper) act(ctx context.Context, t Target, seen orphans.Verdict) (Outcome, error) {
+func (r *Reaper) act(ctx context.Context, t Target, seen guard.OrphanVerdict) (Outcome, error) {
 	log := r.opts.Log.With("node", seen.Node, "uid", string(seen.UID), "cluster", t.Cluster)
-	fresh, err := t.Nodes.Resource(orphans.NodeGVR).Get(ctx, seen.Node, metav1.GetOptions{})
+	fresh, err := t.Nodes.Resource(guard.NodeGVR).Get(ctx, seen.Node, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		r.Forget(t.Cluster, seen.Node)
 		return NotDeleted, nil
@@ -331,12 +331,12 @@ func (r *Reaper) act(ctx context.Context, t Target, seen orphans.Verdict) (Outco
 // preconditions make the API server refuse when the Node was re-registered
 // under the same name (UID) or changed since (resourceVersion). The delete
 // goes through admission, so nodeguard's own webhook judges it too.
-func DeleteNode(ctx context.Context, client dynamic.Interface, v orphans.Verdict) error {
+func DeleteNode(ctx context.Context, client dynamic.Interface, v guard.OrphanVerdict) error {
 	if v.UID == "" || v.ResourceVersion == "" {
 		return fmt.Errorf("delete Node %q: no UID or resourceVersion to make the delete conditional", v.Node)
 	}
 	uid, rv := v.UID, v.ResourceVersion
-	err := client.Resource(orphans.NodeGVR).Delete(ctx, v.Node, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+	err := client.Resource(guard.NodeGVR).Delete(ctx, v.Node, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
 	if err != nil {
 		return fmt.Errorf("delete Node %q (uid %s, resourceVersion %s): %w", v.Node, uid, rv, err)
 	}

@@ -28,9 +28,8 @@ import (
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -40,7 +39,7 @@ var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 // with fresh reads over it, and a Reaper on a fake clock.
 type fixture struct {
 	client   *dynamicfake.FakeDynamicClient
-	finder   *orphans.Finder
+	finder   *guard.Finder
 	clock    *clocktesting.FakeClock
 	reaper   *Reaper
 	recorder *events.FakeRecorder
@@ -60,7 +59,7 @@ func newFixture(t *testing.T, opts Options) *fixture {
 	// The fake does not check delete preconditions; the API server does.
 	client.PrependReactor("delete", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		del := a.(k8stesting.DeleteActionImpl)
-		cur, err := client.Tracker().Get(orphans.NodeGVR, "", del.Name)
+		cur, err := client.Tracker().Get(guard.NodeGVR, "", del.Name)
 		if err != nil {
 			return true, nil, err
 		}
@@ -70,17 +69,17 @@ func newFixture(t *testing.T, opts Options) *fixture {
 			return true, nil, fmt.Errorf("test: delete of Node %s without UID and resourceVersion preconditions", del.Name)
 		}
 		if *pre.UID != m.GetUID() || *pre.ResourceVersion != m.GetResourceVersion() {
-			return true, nil, apierrors.NewConflict(orphans.NodeGVR.GroupResource(), del.Name, fmt.Errorf("precondition failed"))
+			return true, nil, apierrors.NewConflict(guard.NodeGVR.GroupResource(), del.Name, fmt.Errorf("precondition failed"))
 		}
 		f.mu.Lock()
 		f.deletes = append(f.deletes, del.Name)
 		f.mu.Unlock()
 		return false, nil, nil // the tracker deletes it
 	})
-	e, err := clusterenforcer.Start(ctx, kube.Clients{Dynamic: client, Mapper: mapper}, clusterenforcer.Options{Engine: testcluster.Engine(t)})
+	e, err := guard.StartEnforcer(ctx, kube.Clients{Dynamic: client, Mapper: mapper}, guard.EnforcerOptions{Engine: testcluster.Engine(t)})
 	require.NoError(t, err)
-	require.NoError(t, clusterenforcer.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
-	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Grace: 5 * time.Minute})
+	require.NoError(t, guard.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
+	finder, err := guard.NewFinder(guard.FinderOptions{Guard: e.Guard, Inventory: e.Inventory, Grace: 5 * time.Minute})
 	require.NoError(t, err)
 	f.finder = finder
 	f.metrics, err = NewMetrics(prometheus.NewRegistry())
@@ -110,7 +109,7 @@ func (f *fixture) pass(t *testing.T) Result {
 	t.Helper()
 	ctx := context.Background()
 	now := f.clock.Now()
-	list, err := f.client.Resource(orphans.NodeGVR).List(ctx, metav1.ListOptions{})
+	list, err := f.client.Resource(guard.NodeGVR).List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
 	nodes := make([]*unstructured.Unstructured, len(list.Items))
 	for i := range list.Items {
@@ -138,7 +137,7 @@ func (f *fixture) pass(t *testing.T) Result {
 
 func (f *fixture) nodes(t *testing.T) []string {
 	t.Helper()
-	list, err := f.client.Resource(orphans.NodeGVR).List(context.Background(), metav1.ListOptions{})
+	list, err := f.client.Resource(guard.NodeGVR).List(context.Background(), metav1.ListOptions{})
 	require.NoError(t, err)
 	var names []string
 	for _, n := range list.Items {
@@ -282,12 +281,12 @@ func TestObservesWithoutReaping(t *testing.T) {
 // UID and resourceVersion, as when a host re-joins under its old name.
 func reRegister(t *testing.T, f *fixture, name string) *unstructured.Unstructured {
 	t.Helper()
-	old, err := f.client.Tracker().Get(orphans.NodeGVR, "", name)
+	old, err := f.client.Tracker().Get(guard.NodeGVR, "", name)
 	require.NoError(t, err)
 	n := old.(*unstructured.Unstructured).DeepCopy()
 	n.SetUID(types.UID("11111111-0000-4000-8000-000000000001"))
 	n.SetResourceVersion("900")
-	require.NoError(t, f.client.Tracker().Delete(orphans.NodeGVR, "", name))
+	require.NoError(t, f.client.Tracker().Delete(guard.NodeGVR, "", name))
 	require.NoError(t, f.client.Tracker().Add(n))
 	return old.(*unstructured.Unstructured)
 }
@@ -331,7 +330,7 @@ func TestNeverDeletesANodeReRegisteredBeforeTheDelete(t *testing.T) {
 	res := f.pass(t)
 	assert.NotContains(t, res.Deleted, "dev-md-0-left")
 	assert.NotContains(t, f.deleted(), "dev-md-0-left")
-	n, err := f.client.Tracker().Get(orphans.NodeGVR, "", "dev-md-0-left")
+	n, err := f.client.Tracker().Get(guard.NodeGVR, "", "dev-md-0-left")
 	require.NoError(t, err)
 	assert.Equal(t, types.UID("11111111-0000-4000-8000-000000000001"), n.(*unstructured.Unstructured).GetUID())
 	assert.Contains(t, f.logs.String(), "precondition failed")
@@ -358,7 +357,7 @@ func TestNeverDeletesWhenAMachineAppearsBeforeTheDelete(t *testing.T) {
 func TestObserveSaysWhenToLookAgain(t *testing.T) {
 	f := newFixture(t, Options{Delete: true, IsLeader: leader})
 	ctx := context.Background()
-	v := orphans.Verdict{Node: "dev-md-0-left", Orphan: true, UID: "00000000-0000-4000-8000-000000000001"}
+	v := guard.OrphanVerdict{Node: "dev-md-0-left", Orphan: true, UID: "00000000-0000-4000-8000-000000000001"}
 	outcome, next, err := f.reaper.Observe(ctx, f.target(), v, t0)
 	require.NoError(t, err)
 	assert.Equal(t, FirstSeen, outcome)
@@ -384,7 +383,7 @@ func TestObserveSaysWhenToLookAgain(t *testing.T) {
 	assert.Equal(t, []string{"dev-md-0-left"}, f.reaper.Orphans(""), "still an orphan, still counted")
 
 	// Another Node under the name: observation starts over.
-	outcome, _, err = f.reaper.Observe(ctx, f.target(), orphans.Verdict{Node: "dev-md-0-left", Orphan: true, UID: "other"}, now)
+	outcome, _, err = f.reaper.Observe(ctx, f.target(), guard.OrphanVerdict{Node: "dev-md-0-left", Orphan: true, UID: "other"}, now)
 	require.NoError(t, err)
 	assert.Equal(t, FirstSeen, outcome)
 
@@ -410,7 +409,7 @@ func TestObserveSaysWhenToLookAgain(t *testing.T) {
 
 func TestNotTheLeaderOnlyObserves(t *testing.T) {
 	f := newFixture(t, Options{Delete: true, IsLeader: func() bool { return false }})
-	v := orphans.Verdict{Node: "dev-md-0-left", Orphan: true, UID: "00000000-0000-4000-8000-000000000001"}
+	v := guard.OrphanVerdict{Node: "dev-md-0-left", Orphan: true, UID: "00000000-0000-4000-8000-000000000001"}
 	_, _, err := f.reaper.Observe(context.Background(), f.target(), v, t0)
 	require.NoError(t, err)
 	outcome, next, err := f.reaper.Observe(context.Background(), f.target(), v, t0.Add(time.Hour))
@@ -462,7 +461,7 @@ func TestAnObservedOnlyClusterIsNeverReaped(t *testing.T) {
 func (f *fixture) observeAll(t *testing.T, target Target) (errs []error) {
 	t.Helper()
 	ctx := context.Background()
-	list, err := f.client.Resource(orphans.NodeGVR).List(ctx, metav1.ListOptions{})
+	list, err := f.client.Resource(guard.NodeGVR).List(ctx, metav1.ListOptions{})
 	require.NoError(t, err)
 	nodes := make([]*unstructured.Unstructured, len(list.Items))
 	for i := range list.Items {
@@ -480,6 +479,6 @@ func (f *fixture) observeAll(t *testing.T, target Target) (errs []error) {
 
 func TestDeleteNeedsPreconditions(t *testing.T) {
 	client, _ := testcluster.CAPD(t, "../orphans/testdata")
-	err := DeleteNode(context.Background(), client, orphans.Verdict{Node: "dev-md-0-recent"})
+	err := DeleteNode(context.Background(), client, guard.OrphanVerdict{Node: "dev-md-0-recent"})
 	assert.ErrorContains(t, err, "no UID or resourceVersion")
 }

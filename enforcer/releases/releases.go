@@ -27,14 +27,14 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 )
 
 // Options configure a Publisher.
 type Options struct {
 	// Judge is the rule's release verdict for Nodes of a cluster, from the
 	// caches or, with fresh, from fresh reads (orphans.Finder.Releases).
-	Judge func(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, fresh bool) ([]orphans.Release, error)
+	Judge func(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, fresh bool) ([]guard.Release, error)
 	// Ready is nil once the management cluster's caches can be trusted
 	// (synced, not recovering).
 	Ready func() error

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
 )
 
@@ -23,22 +23,22 @@ import (
 // written.
 type world struct {
 	mu      sync.Mutex
-	cached  map[string]orphans.Release
-	fresh   map[string]orphans.Release
+	cached  map[string]guard.Release
+	fresh   map[string]guard.Release
 	ready   error
 	written []map[string]string
 	failing bool
 	freshN  int
 }
 
-func (w *world) judge(_ context.Context, nodes []*unstructured.Unstructured, _ string, fresh bool) ([]orphans.Release, error) {
+func (w *world) judge(_ context.Context, nodes []*unstructured.Unstructured, _ string, fresh bool) ([]guard.Release, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	from := w.cached
 	if fresh {
 		from, w.freshN = w.fresh, w.freshN+1
 	}
-	out := make([]orphans.Release, len(nodes))
+	out := make([]guard.Release, len(nodes))
 	for i, n := range nodes {
 		out[i] = from[n.GetName()]
 		out[i].UID = n.GetUID()
@@ -74,7 +74,7 @@ func node(name, uid string) *unstructured.Unstructured {
 
 func start(t *testing.T) (*world, *releases.Publisher) {
 	t.Helper()
-	w := &world{cached: map[string]orphans.Release{}, fresh: map[string]orphans.Release{}}
+	w := &world{cached: map[string]guard.Release{}, fresh: map[string]guard.Release{}}
 	p, err := releases.New(releases.Options{Judge: w.judge, Ready: func() error {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -88,10 +88,10 @@ func start(t *testing.T) (*world, *releases.Publisher) {
 func TestReleasedOnlyWhatFreshReadsConfirm(t *testing.T) {
 	ctx := context.Background()
 	w, p := start(t)
-	w.cached["gone"], w.fresh["gone"] = orphans.Release{Released: true}, orphans.Release{Released: true}
+	w.cached["gone"], w.fresh["gone"] = guard.Release{Released: true}, guard.Release{Released: true}
 	// The caches lag: they say released, a fresh read finds the DockerMachine.
-	w.cached["lagging"], w.fresh["lagging"] = orphans.Release{Released: true}, orphans.Release{Blocker: "DockerMachine default/lagging is being deleted but still exists."}
-	w.cached["running"] = orphans.Release{}
+	w.cached["lagging"], w.fresh["lagging"] = guard.Release{Released: true}, guard.Release{Blocker: "DockerMachine default/lagging is being deleted but still exists."}
+	w.cached["running"] = guard.Release{}
 	for _, n := range []*unstructured.Unstructured{node("gone", "u-gone"), node("lagging", "u-lagging"), node("running", "u-running")} {
 		require.NoError(t, p.Judge(ctx, "fleet/prod", n))
 	}
@@ -112,14 +112,14 @@ func TestReleasedOnlyWhatFreshReadsConfirm(t *testing.T) {
 func TestARevocationNeedsNoFreshRead(t *testing.T) {
 	ctx := context.Background()
 	w, p := start(t)
-	w.cached["n"], w.fresh["n"] = orphans.Release{Released: true}, orphans.Release{Released: true}
+	w.cached["n"], w.fresh["n"] = guard.Release{Released: true}, guard.Release{Released: true}
 	require.NoError(t, p.Judge(ctx, "fleet/prod", node("n", "u-1")))
 	p.Synced("fleet/prod")
 	p.Flush(ctx)
 	require.Equal(t, map[string]string{"n": "u-1"}, w.last())
 
 	// A link appears (a Machine that names it): revoked at once.
-	w.cached["n"] = orphans.Release{}
+	w.cached["n"] = guard.Release{}
 	reads := w.freshN
 	require.NoError(t, p.Judge(ctx, "fleet/prod", node("n", "u-1")))
 	p.Flush(ctx)
@@ -130,12 +130,12 @@ func TestARevocationNeedsNoFreshRead(t *testing.T) {
 func TestARecreatedNodeIsJudgedAnew(t *testing.T) {
 	ctx := context.Background()
 	w, p := start(t)
-	w.cached["n"], w.fresh["n"] = orphans.Release{Released: true}, orphans.Release{Released: true}
+	w.cached["n"], w.fresh["n"] = guard.Release{Released: true}, guard.Release{Released: true}
 	require.NoError(t, p.Judge(ctx, "fleet/prod", node("n", "u-1")))
 	p.Synced("fleet/prod")
 	reads := w.freshN
 	p.Forget("fleet/prod", "n")
-	w.fresh["n"] = orphans.Release{} // the new host is linked after all
+	w.fresh["n"] = guard.Release{} // the new host is linked after all
 	require.NoError(t, p.Judge(ctx, "fleet/prod", node("n", "u-2")))
 	assert.Equal(t, reads+1, w.freshN, "another UID is another Node: confirmed again")
 	p.Flush(ctx)
@@ -145,8 +145,8 @@ func TestARecreatedNodeIsJudgedAnew(t *testing.T) {
 func TestNothingNewIsReleasedWhileTheCachesAreNotReady(t *testing.T) {
 	ctx := context.Background()
 	w, p := start(t)
-	w.cached["kept"], w.fresh["kept"] = orphans.Release{Released: true}, orphans.Release{Released: true}
-	w.cached["new"], w.fresh["new"] = orphans.Release{Released: true}, orphans.Release{Released: true}
+	w.cached["kept"], w.fresh["kept"] = guard.Release{Released: true}, guard.Release{Released: true}
+	w.cached["new"], w.fresh["new"] = guard.Release{Released: true}, guard.Release{Released: true}
 	require.NoError(t, p.Judge(ctx, "fleet/prod", node("kept", "u-kept")))
 	p.Synced("fleet/prod")
 	w.ready = errors.New("the management cluster's caches are recovering")
@@ -159,7 +159,7 @@ func TestNothingNewIsReleasedWhileTheCachesAreNotReady(t *testing.T) {
 func TestAFailedWriteIsTriedAgain(t *testing.T) {
 	ctx := context.Background()
 	w, p := start(t)
-	w.cached["n"], w.fresh["n"] = orphans.Release{Released: true}, orphans.Release{Released: true}
+	w.cached["n"], w.fresh["n"] = guard.Release{Released: true}, guard.Release{Released: true}
 	require.NoError(t, p.Judge(ctx, "fleet/prod", node("n", "u-1")))
 	p.Synced("fleet/prod")
 	w.failing = true
@@ -186,13 +186,13 @@ func TestWritesAndOmissionsAreCounted(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := releases.NewMetrics(reg)
 	require.NoError(t, err)
-	w := &world{cached: map[string]orphans.Release{}, fresh: map[string]orphans.Release{}}
+	w := &world{cached: map[string]guard.Release{}, fresh: map[string]guard.Release{}}
 	// Room for two of the three released Nodes (name and UID: 4 bytes each).
 	p, err := releases.New(releases.Options{Judge: w.judge, Ready: func() error { return nil }, Limit: 8, Metrics: m})
 	require.NoError(t, err)
 	p.Enroll("fleet/prod", w.write)
 	for _, n := range []string{"a", "b", "c"} {
-		w.cached[n], w.fresh[n] = orphans.Release{Released: true}, orphans.Release{Released: true}
+		w.cached[n], w.fresh[n] = guard.Release{Released: true}, guard.Release{Released: true}
 		require.NoError(t, p.Judge(ctx, "fleet/prod", node(n, "u-"+n)))
 	}
 	p.Synced("fleet/prod")

@@ -6,10 +6,10 @@ import (
 	"log/slog"
 	"sync/atomic"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
@@ -38,7 +38,7 @@ func initialConstraint(ctx context.Context, c kube.Clients, opts Options) (spec 
 // parameters, the kinds watched, the fleet's admission policy exemptions and
 // the enforcement action, all or none.
 type liveConstraint struct {
-	enforcer *clusterenforcer.Enforcer
+	enforcer *guard.Enforcer
 	fleet    *fleet.Reconciler
 	scanner  *orphanscan.Scanner
 	// flag is --enforcement-action, in force where the Constraint sets none.
@@ -46,7 +46,7 @@ type liveConstraint struct {
 	action atomic.Value // enforcement.Action
 }
 
-func newLiveConstraint(e *clusterenforcer.Enforcer, spec constraintwatch.Spec, flag rule.Action, log *slog.Logger) *liveConstraint {
+func newLiveConstraint(e *guard.Enforcer, spec constraintwatch.Spec, flag rule.Action, log *slog.Logger) *liveConstraint {
 	l := &liveConstraint{enforcer: e, flag: flag}
 	l.setAction(spec)
 	if spec.Action != "" && flag != "" && spec.Action != flag {

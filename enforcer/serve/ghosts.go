@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/webhook"
 )
 
@@ -14,7 +14,7 @@ import (
 // other protection, or a cluster whose protection cannot be read, allows.
 // Nothing is denied while the inventory is not ready: registrations fail
 // open, unlike Node deletes.
-func registrations(finder *orphans.Finder, protection func(ctx context.Context, cluster string) (ghosts.Protection, error),
+func registrations(finder *guard.Finder, protection func(ctx context.Context, cluster string) (ghosts.Protection, error),
 	ready func() error) func(context.Context, webhook.Registration) (webhook.RegistrationAnswer, error) {
 	return func(ctx context.Context, r webhook.Registration) (webhook.RegistrationAnswer, error) {
 		p, err := protection(ctx, r.Cluster)

@@ -15,12 +15,11 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/record"
@@ -92,7 +91,7 @@ func LeaseNamespace() string {
 // background until ctx is done, with clients of c's config; it returns the
 // scanner (nil when the scan is off), so a reloaded policy can have every
 // Node judged again.
-func startOrphanScan(ctx context.Context, c kube.Clients, e *clusterenforcer.Enforcer, changes *facts.Relay, reg prometheus.Registerer,
+func startOrphanScan(ctx context.Context, c kube.Clients, e *guard.Enforcer, changes *facts.Relay, reg prometheus.Registerer,
 	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, releases bool, leaders leaders, rec *events.Recorder, log *slog.Logger) (*orphanscan.Scanner, error) {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
@@ -130,7 +129,7 @@ type OrphanScan struct {
 	Management kube.Clients
 	Kube       kubernetes.Interface
 	Nodes      kubernetes.Interface
-	Enforcer   *clusterenforcer.Enforcer
+	Enforcer   *guard.Enforcer
 	// Changes, when set, relays the inventory's changes from before the
 	// scan started (clusterenforcer.Options.OnChange); else the scan subscribes now.
 	Changes *facts.Relay
@@ -187,8 +186,8 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		tracker = ghosts.New(ghosts.Options{Protection: func(cluster string) ghosts.Protection { return o.protection(sessions, cluster) },
 			Metrics: m.Ghosts, Log: log})
 	}
-	evidence := orphans.NewEvidence(model)
-	finder, err := orphans.NewFinder(orphans.Options{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence,
+	evidence := guard.NewEvidence(model)
+	finder, err := guard.NewFinder(guard.FinderOptions{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence,
 		Grace: opts.Grace, MatchProviderID: opts.MatchProviderID, Tombstones: store})
 	if err != nil {
 		return nil, err

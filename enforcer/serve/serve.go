@@ -20,12 +20,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/probes"
@@ -161,14 +161,14 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 		return err
 	}
 	params := spec.Parameters
-	lopts := clusterenforcer.Options{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Engine: eval}
+	lopts := guard.EnforcerOptions{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Engine: eval}
 	// The orphan scan hears of every inventory change from the first.
 	var changes *facts.Relay
 	if opts.Orphans.Interval > 0 {
 		changes = &facts.Relay{}
 		lopts.OnChange = changes.Send
 	}
-	e, err := clusterenforcer.Start(ctx, c, lopts)
+	e, err := guard.StartEnforcer(ctx, c, lopts)
 	if err != nil {
 		return err
 	}
@@ -374,7 +374,7 @@ func workloadSessions(c kube.Clients, opts Options, metrics *Metrics, log *slog.
 // client CA for Gatekeeper, the external data provider's, sharing one
 // intake. It returns the CA files whose client certificates the TLS server
 // asks for.
-func routes(ctx context.Context, c kube.Clients, e *clusterenforcer.Enforcer, scanner *orphanscan.Scanner, metrics *Metrics, denied func(events.Denial),
+func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *orphanscan.Scanner, metrics *Metrics, denied func(events.Denial),
 	action func() rule.Action, issuer *fleet.Issuer, opts Options, log *slog.Logger) (http.Handler, []string, error) {
 	in := requestlimits.New(requestlimits.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
 	clusters := facts.NewFreshReader(c.Dynamic, c.Mapper)

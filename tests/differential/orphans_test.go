@@ -21,7 +21,6 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/record"
@@ -86,7 +85,7 @@ type history struct {
 	rng             *rand.Rand
 	inv             *facts.Inventory
 	shape           *record.Shape
-	finder          *orphans.Finder
+	finder          *guard.Finder
 	scanner         *orphanscan.Scanner
 	reaper          *reaper.Reaper
 	clock           *clocktesting.FakeClock
@@ -119,8 +118,8 @@ func newHistory(t *testing.T, eval *rule.Engine, shape *record.Shape, matchProvi
 	inv.AddKind(poolGVK, facts.InfraMachinePool, inv.NewStore(facts.InfraMachinePool))
 	g, err := guard.New(ctx, inv, guard.Options{Engine: eval})
 	require.NoError(t, err)
-	evidence := orphans.NewEvidence(model)
-	finder, err := orphans.NewFinder(orphans.Options{Guard: g, Inventory: inv, Evidence: evidence, Grace: 5 * time.Minute, MatchProviderID: matchProviderID})
+	evidence := guard.NewEvidence(model)
+	finder, err := guard.NewFinder(guard.FinderOptions{Guard: g, Inventory: inv, Evidence: evidence, Grace: 5 * time.Minute, MatchProviderID: matchProviderID})
 	require.NoError(t, err)
 	clock := clocktesting.NewFakeClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	r, err := reaper.New(reaper.Options{Finder: finder, Clock: clock})

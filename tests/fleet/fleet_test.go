@@ -34,8 +34,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
@@ -198,16 +198,16 @@ func (f *fleet) secret(t testing.TB, cluster, server string) {
 
 // inventory runs the management cluster's informers, as serve does, their
 // changes relayed to the scan once it starts.
-func (f *fleet) inventory(t testing.TB, ctx context.Context) *clusterenforcer.Enforcer {
+func (f *fleet) inventory(t testing.TB, ctx context.Context) *guard.Enforcer {
 	t.Helper()
 	f.changes = &facts.Relay{}
 	relay := func(c facts.Change) {
 		f.changes.Send(c)
 		f.relayed.Add(1)
 	}
-	e, err := clusterenforcer.Start(ctx, kube.Clients{Dynamic: f.mgmt, Mapper: f.mapper}, clusterenforcer.Options{OnChange: relay, Engine: testcluster.Engine(t)})
+	e, err := guard.StartEnforcer(ctx, kube.Clients{Dynamic: f.mgmt, Mapper: f.mapper}, guard.EnforcerOptions{OnChange: relay, Engine: testcluster.Engine(t)})
 	require.NoError(t, err)
-	require.NoError(t, clusterenforcer.WaitReady(ctx, e.Syncer.Ready, 5*time.Minute))
+	require.NoError(t, guard.WaitReady(ctx, e.Syncer.Ready, 5*time.Minute))
 	for _, n := range e.Inventory.Count() {
 		f.objects += int64(n)
 	}
@@ -215,7 +215,7 @@ func (f *fleet) inventory(t testing.TB, ctx context.Context) *clusterenforcer.En
 }
 
 // start runs the orphan scan over the inventory, as serve does.
-func (f *fleet) start(t testing.TB, ctx context.Context, e *clusterenforcer.Enforcer) {
+func (f *fleet) start(t testing.TB, ctx context.Context, e *guard.Enforcer) {
 	t.Helper()
 	clients := kube.Clients{Dynamic: f.mgmt, Mapper: f.mapper}
 	scan := serve.OrphanScan{Management: clients, Kube: f.secrets, Enforcer: e, Changes: f.changes, Registry: f.reg,

@@ -1,4 +1,4 @@
-package clusterenforcer_test
+package guard_test
 
 import (
 	"context"
@@ -6,15 +6,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/stretchr/testify/assert"
-
-	"github.com/nodeguard/nodeguard/enforcer/clusterenforcer"
 )
 
 func TestWaitReady(t *testing.T) {
 	ctx := context.Background()
 	calls := 0
-	assert.NoError(t, clusterenforcer.WaitReady(ctx, func() error {
+	assert.NoError(t, guard.WaitReady(ctx, func() error {
 		if calls++; calls < 3 {
 			return errors.New("waiting")
 		}
@@ -22,10 +21,10 @@ func TestWaitReady(t *testing.T) {
 	}, 5*time.Second))
 	assert.Equal(t, 3, calls)
 
-	err := clusterenforcer.WaitReady(ctx, func() error { return errors.New("waiting for DockerMachine") }, 120*time.Millisecond)
+	err := guard.WaitReady(ctx, func() error { return errors.New("waiting for DockerMachine") }, 120*time.Millisecond)
 	assert.ErrorContains(t, err, "caches not synced after 120ms: waiting for DockerMachine")
 
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	assert.ErrorIs(t, clusterenforcer.WaitReady(cancelled, func() error { return errors.New("waiting") }, time.Minute), context.Canceled)
+	assert.ErrorIs(t, guard.WaitReady(cancelled, func() error { return errors.New("waiting") }, time.Minute), context.Canceled)
 }

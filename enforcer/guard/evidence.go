@@ -1,4 +1,4 @@
-package orphans
+package guard
 
 import (
 	"sort"

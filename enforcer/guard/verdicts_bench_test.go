@@ -1,4 +1,4 @@
-package orphans
+package guard_test
 
 import (
 	"context"
@@ -50,7 +50,7 @@ func BenchmarkScan(b *testing.B) {
 			require.NoError(b, err)
 			g, err := guard.New(ctx, inv, guard.Options{Engine: testcluster.Engine(b)})
 			require.NoError(b, err)
-			f, err := NewFinder(Options{Guard: g, Inventory: inv})
+			f, err := guard.NewFinder(guard.FinderOptions{Guard: g, Inventory: inv})
 			require.NoError(b, err)
 			now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 			b.ResetTimer()

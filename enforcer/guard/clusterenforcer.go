@@ -3,7 +3,7 @@
 // webhook (`nodeguard serve`), the live `nodeguard check` and `nodeguard
 // orphans` share it, so all judge a Node the same way. kubeclient builds the
 // clients it runs on.
-package clusterenforcer
+package guard
 
 import (
 	"context"
@@ -14,13 +14,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
-	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // Options configure an Enforcer.
-type Options struct {
+type EnforcerOptions struct {
 	// Parameters are a Constraint's spec.parameters (nil: the defaults).
 	Parameters map[string]any
 	// NoFreshReads answers from the informer caches alone.
@@ -38,7 +37,7 @@ type Options struct {
 // Enforcer is a Guard over informer caches of one cluster.
 type Enforcer struct {
 	Engine    *rule.Engine
-	Guard     *guard.Guard
+	Guard     *Guard
 	Syncer    *facts.Syncer
 	Inventory *facts.Inventory
 }
@@ -46,7 +45,7 @@ type Enforcer struct {
 // Start starts the informers and returns at once; the Guard denies every
 // delete until Syncer.Ready reports the caches synced. Informers stop when
 // ctx is done.
-func Start(ctx context.Context, c kube.Clients, opts Options) (*Enforcer, error) {
+func StartEnforcer(ctx context.Context, c kube.Clients, opts EnforcerOptions) (*Enforcer, error) {
 	eval := opts.Engine
 	if eval == nil {
 		return nil, errors.New("live: no policy engine: the caller chooses the policy (policybundle.Engine)")
@@ -67,7 +66,7 @@ func Start(ctx context.Context, c kube.Clients, opts Options) (*Enforcer, error)
 	if err := syncer.Start(ctx); err != nil {
 		return nil, err
 	}
-	gopts := guard.Options{
+	gopts := Options{
 		Parameters:   opts.Parameters,
 		Engine:       eval,
 		SyncedKinds:  syncer.SyncedKinds,
@@ -78,7 +77,7 @@ func Start(ctx context.Context, c kube.Clients, opts Options) (*Enforcer, error)
 	if !opts.NoFreshReads {
 		gopts.Fresh = facts.NewFreshReader(c.Dynamic, c.Mapper)
 	}
-	g, err := guard.New(ctx, inv, gopts)
+	g, err := New(ctx, inv, gopts)
 	if err != nil {
 		return nil, err
 	}

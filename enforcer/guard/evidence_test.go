@@ -1,4 +1,4 @@
-package orphans_test
+package guard_test
 
 import (
 	"testing"
@@ -6,7 +6,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
@@ -23,7 +23,7 @@ func dockerMachine(inv *facts.Inventory, name, cluster, pid string) *record.Reco
 func TestEvidenceFollowsItsKeys(t *testing.T) {
 	model := rule.MustEmbeddedModel()
 	inv := facts.NewInventory(model)
-	e := orphans.NewEvidence(model)
+	e := guard.NewEvidence(model)
 	a := dockerMachine(inv, "a", "dev", "docker:////a")
 	b := dockerMachine(inv, "b", "dev", "docker:////b")
 	assert.True(t, e.Update(nil, a), "the first docker:// InfraMachine of dev")

@@ -1,4 +1,4 @@
-package orphans_test
+package guard_test
 
 import (
 	"context"
@@ -15,7 +15,6 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/orphans"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/policies"
 )
@@ -30,12 +29,12 @@ func TestDefaultGraceMatchesTheRego(t *testing.T) {
 	require.Len(t, rs, 1)
 	d, err := time.ParseDuration(rs[0].Expressions[0].Value.(string))
 	require.NoError(t, err)
-	assert.Equal(t, orphans.DefaultGrace, d)
+	assert.Equal(t, guard.DefaultOrphanGrace, d)
 }
 
 func TestEvaluatorPassesEveryInput(t *testing.T) {
 	ctx := context.Background()
-	e, err := orphans.NewEvaluator(ctx)
+	e, err := guard.NewEvaluator(ctx)
 	require.NoError(t, err)
 	node := map[string]any{
 		"apiVersion": "v1", "kind": "Node",
@@ -50,27 +49,27 @@ func TestEvaluatorPassesEveryInput(t *testing.T) {
 		"DockerMachine": map[string]any{"other": map[string]any{"metadata": map[string]any{"name": "other"}, "spec": map[string]any{"providerID": "docker:////other"}}},
 	}}}}
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	v, err := e.Evaluate(ctx, orphans.Input{Node: node, Inventory: inv, Now: now, Grace: 59 * time.Minute})
+	v, err := e.Evaluate(ctx, guard.VerdictInput{Node: node, Inventory: inv, Now: now, Grace: 59 * time.Minute})
 	require.NoError(t, err)
 	assert.True(t, v.Orphan)
 	assert.Equal(t, "default/m", v.Machine)
 	assert.Equal(t, "default/dev", v.Cluster)
 	assert.Empty(t, v.Kept)
-	v, err = e.Evaluate(ctx, orphans.Input{Node: node, Inventory: inv, Now: now, Grace: 61 * time.Minute})
+	v, err = e.Evaluate(ctx, guard.VerdictInput{Node: node, Inventory: inv, Now: now, Grace: 61 * time.Minute})
 	require.NoError(t, err)
 	assert.False(t, v.Orphan)
 	// Without the evidence, the absence of a DockerMachine proves nothing.
-	v, err = e.Evaluate(ctx, orphans.Input{Node: node, Now: now, Grace: 59 * time.Minute})
+	v, err = e.Evaluate(ctx, guard.VerdictInput{Node: node, Now: now, Grace: 59 * time.Minute})
 	require.NoError(t, err)
 	assert.False(t, v.Orphan)
 	// A clock an hour behind sees the Node NotReady for no time at all.
-	v, err = e.Evaluate(ctx, orphans.Input{Node: node, Inventory: inv, Now: now.Add(-time.Hour), Grace: time.Second})
+	v, err = e.Evaluate(ctx, guard.VerdictInput{Node: node, Inventory: inv, Now: now.Add(-time.Hour), Grace: time.Second})
 	require.NoError(t, err)
 	assert.False(t, v.Orphan)
 }
 
 // finderOver is a Finder over testdata/ whose Guard decides with eval.
-func finderOver(t *testing.T, eval *rule.Engine) (*orphans.Finder, []*unstructured.Unstructured) {
+func finderOver(t *testing.T, eval *rule.Engine) (*guard.Finder, []*unstructured.Unstructured) {
 	t.Helper()
 	ctx := context.Background()
 	objs, err := facts.LoadManifests("testdata")
@@ -87,14 +86,14 @@ func finderOver(t *testing.T, eval *rule.Engine) (*orphans.Finder, []*unstructur
 	require.NoError(t, err)
 	g, err := guard.New(ctx, inv, guard.Options{Engine: eval})
 	require.NoError(t, err)
-	f, err := orphans.NewFinder(orphans.Options{Guard: g, Inventory: inv})
+	f, err := guard.NewFinder(guard.FinderOptions{Guard: g, Inventory: inv})
 	require.NoError(t, err)
 	return f, nodes
 }
 
 // embeddedFinder is finderOver the embedded policy, that policy, and the
 // time testdata/'s Nodes are judged at.
-func embeddedFinder(t *testing.T) (*rule.Engine, *orphans.Finder, []*unstructured.Unstructured, time.Time) {
+func embeddedFinder(t *testing.T) (*rule.Engine, *guard.Finder, []*unstructured.Unstructured, time.Time) {
 	t.Helper()
 	embedded, err := rule.NewEngine(context.Background())
 	require.NoError(t, err)
@@ -102,7 +101,7 @@ func embeddedFinder(t *testing.T) (*rule.Engine, *orphans.Finder, []*unstructure
 	return embedded, f, nodes, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 }
 
-func orphanNames(vs []orphans.Verdict) []string {
+func orphanNames(vs []guard.OrphanVerdict) []string {
 	var out []string
 	for _, v := range vs {
 		if v.Orphan {
@@ -172,7 +171,7 @@ func TestAPolicyWithoutOrphanCriteriaIsRefused(t *testing.T) {
 	entry, err := policies.Read(policies.EnforcerEntry)
 	require.NoError(t, err)
 	eval := bundleOf(t, sources(append(files, entry)))
-	_, err = orphans.EvaluatorFor(eval)
+	_, err = guard.EvaluatorFor(eval)
 	assert.ErrorContains(t, err, "has no orphan criteria")
 	embedded, err := rule.NewEngine(context.Background())
 	require.NoError(t, err)
@@ -190,15 +189,15 @@ func TestScreenSaysWhatTheNodeAloneDecides(t *testing.T) {
 	require.NoError(t, err)
 	s, err := f.Screen(ctx, r, byName["dev-md-0-ready"], now)
 	require.NoError(t, err)
-	assert.Equal(t, orphans.Screen{}, s, "Ready: kept, until it changes")
+	assert.Equal(t, guard.Screen{}, s, "Ready: kept, until it changes")
 	// Not Ready since 11:58: the grace alone keeps it, until 12:03.
 	s, err = f.Screen(ctx, r, byName["dev-md-0-recent"], now)
 	require.NoError(t, err)
-	assert.Equal(t, orphans.Screen{RecheckAt: time.Date(2026, 11, 30, 12, 3, 0, 0, time.UTC)}, s)
+	assert.Equal(t, guard.Screen{RecheckAt: time.Date(2026, 11, 30, 12, 3, 0, 0, time.UTC)}, s)
 	// Passes; its Machine keeps it, which only the full criteria see.
 	s, err = f.Screen(ctx, r, byName["dev-md-0-deleting"], now)
 	require.NoError(t, err)
-	assert.Equal(t, orphans.Screen{Passes: true}, s)
+	assert.Equal(t, guard.Screen{Passes: true}, s)
 	// Judged for another Cluster, it is not that Cluster's.
 	other, err := f.Route("default/other")
 	require.NoError(t, err)
@@ -214,7 +213,7 @@ func TestReleasesAreTheRulesVerdictForAnyone(t *testing.T) {
 	_, f, nodes, _ := embeddedFinder(t)
 	rs, err := f.Releases(ctx, nodes, "", false)
 	require.NoError(t, err)
-	got := map[string]orphans.Release{}
+	got := map[string]guard.Release{}
 	for i, n := range nodes {
 		got[n.GetName()] = rs[i]
 		assert.Equal(t, n.GetUID(), rs[i].UID)
@@ -246,7 +245,7 @@ func TestTheFinderJudgesGhostsAndRegistrationsWithTheTombstones(t *testing.T) {
 	g, err := guard.New(ctx, inv, guard.Options{Engine: embedded})
 	require.NoError(t, err)
 	store := facts.NewTombstones(facts.TombstoneOptions{Window: 7 * 24 * time.Hour, Clock: clocktesting.NewFakeClock(now)})
-	f, err := orphans.NewFinder(orphans.Options{Guard: g, Inventory: inv, Tombstones: store})
+	f, err := guard.NewFinder(guard.FinderOptions{Guard: g, Inventory: inv, Tombstones: store})
 	require.NoError(t, err)
 	route, err := f.Route("")
 	require.NoError(t, err)

@@ -4,7 +4,7 @@
 // orphan_screen), run by the engine the Guard decides with; this package
 // picks what the criteria read for each Node, through that Guard (indexes,
 // fresh reads, parameters), and evaluates them.
-package orphans
+package guard
 
 import (
 	"context"
@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
-	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -26,10 +25,10 @@ var NodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 
 // DefaultGrace is how long a Node must have been not Ready (the Rego's
 // default_grace; a test keeps them equal).
-const DefaultGrace = 5 * time.Minute
+const DefaultOrphanGrace = 5 * time.Minute
 
 // Verdict is the criteria's answer for one Node.
-type Verdict struct {
+type OrphanVerdict struct {
 	Node          string   `json:"node"`
 	Orphan        bool     `json:"orphan"`
 	Managed       bool     `json:"managed"`
@@ -77,7 +76,7 @@ func EvaluatorFor(e *rule.Engine) (*Evaluator, error) {
 }
 
 // Input is what the criteria read for one Node.
-type Input struct {
+type VerdictInput struct {
 	Node            map[string]any
 	Inventory       map[string]any
 	Parameters      rule.Parameters
@@ -91,7 +90,7 @@ type Input struct {
 
 // value is the entry points' input; a nil inventory, parameters or
 // tombstone is left out, which the Rego reads as empty.
-func (in Input) value() (ast.Value, error) {
+func (in VerdictInput) value() (ast.Value, error) {
 	var tombstone map[string]any
 	if in.Tombstone != nil {
 		tombstone = in.Tombstone.Value()
@@ -104,20 +103,20 @@ func (in Input) value() (ast.Value, error) {
 }
 
 // Evaluate runs the criteria on one input.
-func (e *Evaluator) Evaluate(ctx context.Context, in Input) (Verdict, error) {
+func (e *Evaluator) Evaluate(ctx context.Context, in VerdictInput) (OrphanVerdict, error) {
 	input, err := in.value()
 	if err != nil {
-		return Verdict{}, err
+		return OrphanVerdict{}, err
 	}
-	var v Verdict
+	var v OrphanVerdict
 	if err := e.engine.Eval(ctx, rule.OrphanEntry, input, &v); err != nil {
-		return Verdict{}, err
+		return OrphanVerdict{}, err
 	}
 	return v, nil
 }
 
 // Screen runs the criteria that read only the Node (in.Inventory unused).
-func (e *Evaluator) Screen(ctx context.Context, in Input) (Screen, error) {
+func (e *Evaluator) Screen(ctx context.Context, in VerdictInput) (Screen, error) {
 	in.Inventory = nil
 	input, err := in.value()
 	if err != nil {
@@ -142,10 +141,10 @@ func (e *Evaluator) Screen(ctx context.Context, in Input) (Screen, error) {
 }
 
 // Options configure a Finder.
-type Options struct {
+type FinderOptions struct {
 	// Guard supplies the objects the rule reads for a Node (indexes, fresh
 	// reads), the effective parameters, and the policy; required.
-	Guard *guard.Guard
+	Guard *Guard
 	// Inventory is the Guard's inventory, scanned for evidence of which
 	// providerID schemes the synced InfraMachines use; required.
 	Inventory *facts.Inventory
@@ -166,11 +165,11 @@ type Options struct {
 // Finder judges Nodes against the orphan criteria.
 type Finder struct {
 	eval *Evaluator
-	opts Options
+	opts FinderOptions
 }
 
 // NewFinder judges with the Guard's policy.
-func NewFinder(opts Options) (*Finder, error) {
+func NewFinder(opts FinderOptions) (*Finder, error) {
 	if opts.Guard == nil {
 		return nil, fmt.Errorf("orphans: a Guard is required")
 	}
@@ -178,7 +177,7 @@ func NewFinder(opts Options) (*Finder, error) {
 		return nil, fmt.Errorf("orphans: the inventory is required")
 	}
 	if opts.Grace == 0 {
-		opts.Grace = DefaultGrace
+		opts.Grace = DefaultOrphanGrace
 	}
 	eval, err := EvaluatorFor(opts.Guard.Engine())
 	if err != nil {
@@ -198,13 +197,13 @@ func (f *Finder) Grace() time.Duration { return f.opts.Grace }
 // ("namespace/name", or "" for all) scopes the Machines and InfraMachines
 // that count, as the webhook's /validate/clusters route does. An error means
 // no verdict at all: callers must then act on none.
-func (f *Finder) Judge(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, now time.Time) ([]Verdict, error) {
+func (f *Finder) Judge(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, now time.Time) ([]OrphanVerdict, error) {
 	return f.judge(ctx, nodes, cluster, now, true)
 }
 
 // Scan is Judge from the informer caches alone: for Nodes judged without
 // acting on them. Act only on what Judge confirms.
-func (f *Finder) Scan(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, now time.Time) ([]Verdict, error) {
+func (f *Finder) Scan(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, now time.Time) ([]OrphanVerdict, error) {
 	return f.judge(ctx, nodes, cluster, now, false)
 }
 
@@ -227,8 +226,8 @@ func (f *Finder) Route(cluster string) (Route, error) {
 
 // input is what the criteria read of node with inv, on the route's
 // parameters at time now.
-func (f *Finder) input(r Route, node *unstructured.Unstructured, inv map[string]any, now time.Time) Input {
-	return Input{Node: node.Object, Inventory: inv, Parameters: r.params, Now: now, Grace: f.opts.Grace, MatchProviderID: f.opts.MatchProviderID,
+func (f *Finder) input(r Route, node *unstructured.Unstructured, inv map[string]any, now time.Time) VerdictInput {
+	return VerdictInput{Node: node.Object, Inventory: inv, Parameters: r.params, Now: now, Grace: f.opts.Grace, MatchProviderID: f.opts.MatchProviderID,
 		Tombstone: f.Tombstone(node)}
 }
 
@@ -256,7 +255,7 @@ func (f *Finder) Screen(ctx context.Context, r Route, node *unstructured.Unstruc
 	return s, nil
 }
 
-func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, now time.Time, fresh bool) ([]Verdict, error) {
+func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, now time.Time, fresh bool) ([]OrphanVerdict, error) {
 	r, err := f.Route(cluster)
 	if err != nil {
 		return nil, err
@@ -267,7 +266,7 @@ func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, 
 	} else {
 		evidence = EvidenceOf(f.opts.Inventory).Objects()
 	}
-	out := make([]Verdict, 0, len(nodes))
+	out := make([]OrphanVerdict, 0, len(nodes))
 	for _, node := range nodes {
 		objs, err := f.opts.Guard.Objects(ctx, node, fresh)
 		if err != nil {
