@@ -30,8 +30,8 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -382,7 +382,7 @@ func TestChartWebhookIsWhatWebhookConfigBuilds(t *testing.T) {
 	h := chart(t, "tls.certManager.enabled=false", "tls.caBundle="+string(ca))
 	var got admissionregistrationv1.ValidatingWebhookConfiguration
 	h.decode(t, "ValidatingWebhookConfiguration/nodeguard", &got)
-	want, err := webhookconfig.Build(webhookconfig.Options{Service: namespace + "/nodeguard", CABundle: ca})
+	want, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{Service: namespace + "/nodeguard", CABundle: ca})
 	require.NoError(t, err)
 	assert.Equal(t, want.Name, got.Name)
 	assert.Equal(t, want.Webhooks, got.Webhooks)
@@ -405,7 +405,7 @@ func TestChartWebhookIsWhatWebhookConfigBuilds(t *testing.T) {
 		"webhook.matchConditions[0].expression=request.userInfo.username != 'ops'")
 	got = admissionregistrationv1.ValidatingWebhookConfiguration{}
 	h.decode(t, "ValidatingWebhookConfiguration/nodeguard", &got)
-	want, err = webhookconfig.Build(webhookconfig.Options{Service: namespace + "/nodeguard", CABundle: ca, Webhook: webhookconfig.Settings{
+	want, err = admission.BuildWebhookConfig(admission.WebhookConfigOptions{Service: namespace + "/nodeguard", CABundle: ca, Webhook: admission.WebhookSettings{
 		FailurePolicy: admissionregistrationv1.Ignore, TimeoutSeconds: 3, ObjectSelector: "tier=worker",
 		MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "not-ops", Expression: "request.userInfo.username != 'ops'"}}}})
 	require.NoError(t, err)
@@ -738,7 +738,7 @@ func TestChartGhosts(t *testing.T) {
 	require.NoError(t, err)
 	var got admissionregistrationv1.ValidatingWebhookConfiguration
 	chart(t, "tls.certManager.enabled=false", "tls.caBundle="+string(ca), "ghosts.protection=deny").decode(t, "ValidatingWebhookConfiguration/nodeguard", &got)
-	want, err := webhookconfig.Build(webhookconfig.Options{Service: namespace + "/nodeguard", CABundle: ca, Registrations: true})
+	want, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{Service: namespace + "/nodeguard", CABundle: ca, Registrations: true})
 	require.NoError(t, err)
 	wj, _ := json.Marshal(want.Webhooks)
 	gj, _ := json.Marshal(got.Webhooks)

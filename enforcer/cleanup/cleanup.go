@@ -19,9 +19,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // Options are the flags of `nodeguard cleanup`.
@@ -136,7 +136,7 @@ func remove(ctx context.Context, c kube.Clients, namespace string, out io.Writer
 		gvr             schema.GroupVersionResource
 		namespace, name string
 	}{
-		{"Gatekeeper Provider nodeguard", webhookconfig.ProviderGVR, "", "nodeguard"},
+		{"Gatekeeper Provider nodeguard", admission.ProviderGVR, "", "nodeguard"},
 		{"ConfigMap " + namespace + "/" + fleet.StatusName, schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, namespace, fleet.StatusName},
 	}
 	for _, h := range here {

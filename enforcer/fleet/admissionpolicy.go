@@ -13,10 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // ModeAdmissionPolicy has the workload API server decide Node deletes itself,
@@ -39,7 +38,7 @@ const (
 // servesPolicies says whether the workload API server serves
 // ValidatingAdmissionPolicy at v1 (GA in Kubernetes 1.30).
 func servesPolicies(s *session) (bool, error) {
-	list, err := s.kube.Discovery().ServerResourcesForGroupVersion(admissionpolicy.PolicyGVR.GroupVersion().String())
+	list, err := s.kube.Discovery().ServerResourcesForGroupVersion(admission.PolicyGVR.GroupVersion().String())
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
@@ -47,7 +46,7 @@ func servesPolicies(s *session) (bool, error) {
 		return false, err
 	}
 	for _, res := range list.APIResources {
-		if res.Name == admissionpolicy.PolicyGVR.Resource {
+		if res.Name == admission.PolicyGVR.Resource {
 			return true, nil
 		}
 	}
@@ -65,7 +64,7 @@ func (r *Reconciler) enroll(key string) {
 		if !ok {
 			return fmt.Errorf("no connection to workload cluster %s", key)
 		}
-		o, err := kube.OwnedFrom(admissionpolicy.ParamsGVR, cm)
+		o, err := kube.OwnedFrom(admission.ParamsGVR, cm)
 		if err != nil {
 			return err
 		}
@@ -106,18 +105,18 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 			if t.entering.IsZero() {
 				t.entering = time.Now()
 			}
-			st.Reason, st.Message = ReasonNotInstalled, "the released Nodes ("+admissionpolicy.ParamsNamespace+"/"+admissionpolicy.ParamsName+
+			st.Reason, st.Message = ReasonNotInstalled, "the released Nodes ("+admission.ParamsNamespace+"/"+admission.ParamsName+
 				") are not published there yet (every Node is judged first); the policy is installed once they are"
 			return outcome{state: st, settling: time.Since(t.entering) < publishWait, after: r.opts.SettleRetry}
 		}
-		st.Reason, st.Message = ReasonNotInstalled, "the released Nodes ("+admissionpolicy.ParamsNamespace+"/"+admissionpolicy.ParamsName+
+		st.Reason, st.Message = ReasonNotInstalled, "the released Nodes ("+admission.ParamsNamespace+"/"+admission.ParamsName+
 			") are not there: every Node delete is denied until they are written again"
 		return outcome{state: st, after: r.opts.SettleRetry}
 	}
 	t.entering = time.Time{}
 	opts := r.policyOptions()
 	opts.Action = action
-	policy, binding, err := admissionpolicy.Build(r.policyInfo, opts)
+	policy, binding, err := admission.BuildPolicy(r.policyInfo, opts)
 	if err != nil {
 		st.Reason, st.Message = ReasonNotInstalled, err.Error()
 		return outcome{state: st}
@@ -127,7 +126,7 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 		watch *kube.ObjectWatch
 		gvr   schema.GroupVersionResource
 		obj   runtime.Object
-	}{{s.policy, admissionpolicy.PolicyGVR, policy}, {s.binding, admissionpolicy.BindingGVR, binding}} {
+	}{{s.policy, admission.PolicyGVR, policy}, {s.binding, admission.BindingGVR, binding}} {
 		o, err := kube.OwnedFrom(want.gvr, want.obj)
 		if err != nil {
 			st.Reason, st.Message = ReasonNotInstalled, err.Error()
@@ -158,7 +157,7 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 	}
 	// Proven: the webhook configuration of mode webhook can go.
 	if _, ok := s.vwc.Get(); ok {
-		if _, err := r.delete(ctx, s, webhookconfig.GVR, "", webhookconfig.Name); err != nil {
+		if _, err := r.delete(ctx, s, admission.WebhookConfigGVR, "", admission.Name); err != nil {
 			r.opts.Log.Warn("fleet: cannot remove the webhook configuration of mode webhook; trying again", "cluster", key, "error", err.Error())
 			o.after = min(o.after, retryUnguarded)
 		}
@@ -259,9 +258,9 @@ type policyObject struct {
 }
 
 func (r *Reconciler) policyObjects(s *session) (binding, policy, params policyObject) {
-	return policyObject{admissionpolicy.BindingGVR, "", r.policyInfo.Name, s.binding},
-		policyObject{admissionpolicy.PolicyGVR, "", r.policyInfo.Name, s.policy},
-		policyObject{admissionpolicy.ParamsGVR, admissionpolicy.ParamsNamespace, admissionpolicy.ParamsName, s.params}
+	return policyObject{admission.BindingGVR, "", r.policyInfo.Name, s.binding},
+		policyObject{admission.PolicyGVR, "", r.policyInfo.Name, s.policy},
+		policyObject{admission.ParamsGVR, admission.ParamsNamespace, admission.ParamsName, s.params}
 }
 
 // present says whether a policy object is there: from its watch, or,
@@ -407,7 +406,7 @@ func (r *Reconciler) removeAll(ctx context.Context, key string, s *session, t *t
 		return 0 // its return is told
 	}
 	if _, ok := s.vwc.Get(); ok {
-		deleted, err := r.delete(ctx, s, webhookconfig.GVR, "", webhookconfig.Name)
+		deleted, err := r.delete(ctx, s, admission.WebhookConfigGVR, "", admission.Name)
 		if err != nil {
 			r.opts.Log.Warn("fleet: cannot remove nodeguard's configuration; trying again", "cluster", key, "error", err.Error())
 			return retryUnguarded

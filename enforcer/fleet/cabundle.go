@@ -4,11 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"os"
 	"slices"
 	"time"
-
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // The CA bundle the workload clusters are given is every certificate of
@@ -36,7 +35,7 @@ func readCerts(files []string) ([][]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read CA file: %w", err)
 		}
-		in, err := webhookconfig.Certificates(b)
+		in, err := admission.Certificates(b)
 		if err != nil {
 			return nil, fmt.Errorf("CA file %s: %w", f, err)
 		}

@@ -27,8 +27,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
 )
 
 // Each workload cluster's API server can present a client certificate of
@@ -144,7 +144,7 @@ func (i *Issuer) Kubeconfig(key string, now time.Time) ([]byte, error) {
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: webhook.ClusterClientName(key), Organization: []string{"nodeguard.io"}},
+		Subject:      pkix.Name{CommonName: admission.ClusterClientName(key), Organization: []string{"nodeguard.io"}},
 		NotBefore:    now.Add(-5 * time.Minute), NotAfter: now.Add(i.validity),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
@@ -177,7 +177,7 @@ func (i *Issuer) current(kubeconfig []byte, key string, now time.Time) bool {
 		return false
 	}
 	cert, err := x509.ParseCertificate(block.Bytes)
-	if err != nil || cert.Subject.CommonName != webhook.ClusterClientName(key) || !bytes.Equal(cert.RawIssuer, i.cert.RawSubject) {
+	if err != nil || cert.Subject.CommonName != admission.ClusterClientName(key) || !bytes.Equal(cert.RawIssuer, i.cert.RawSubject) {
 		return false
 	}
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: i.pool, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {

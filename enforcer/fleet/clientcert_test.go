@@ -22,8 +22,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -46,7 +46,7 @@ func TestTheIssuedKubeconfigIsTheClusters(t *testing.T) {
 	block, _ := pem.Decode(user.ClientCertificateData)
 	cert, err := x509.ParseCertificate(block.Bytes)
 	require.NoError(t, err)
-	assert.Equal(t, webhook.ClusterClientName("fleet/prod-1"), cert.Subject.CommonName)
+	assert.Equal(t, admission.ClusterClientName("fleet/prod-1"), cert.Subject.CommonName)
 	_, err = cert.Verify(x509.VerifyOptions{Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
 	assert.NoError(t, err)
 

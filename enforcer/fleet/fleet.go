@@ -45,12 +45,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // Options configure a Reconciler.
@@ -69,7 +68,7 @@ type Options struct {
 	Selector labels.Selector
 	// Webhook are the configuration's own settings (failure policy,
 	// timeout, which Nodes); a proof dry-runs a Node its selector picks.
-	Webhook webhookconfig.Settings
+	Webhook admission.WebhookSettings
 	// ProofInterval is how long after its last proof a guarded cluster is
 	// proven again (default DefaultProofInterval); an unguarded one is
 	// looked at again sooner.
@@ -104,7 +103,7 @@ type Options struct {
 	// mode admission-policy (without it the mode is reported unsupported);
 	// AdmissionPolicy says how their policy is built.
 	Releases        *releases.Publisher
-	AdmissionPolicy admissionpolicy.Options
+	AdmissionPolicy admission.PolicyOptions
 	// ClientCerts, when set, issues each selected Cluster's workload API
 	// server a webhook client certificate of its own (clientcert.go).
 	ClientCerts *ClientCerts
@@ -146,8 +145,8 @@ type Reconciler struct {
 	ca       retainer
 	// policyInfo names and versions the policy of mode admission-policy;
 	// policy is how it is built (SetExempt changes the exemptions).
-	policyInfo admissionpolicy.Info
-	policy     admissionpolicy.Options
+	policyInfo admission.PolicyInfo
+	policy     admission.PolicyOptions
 }
 
 // tracked is what the reconciler keeps of one Cluster between reconciles.
@@ -196,7 +195,7 @@ func New(opts Options) (*Reconciler, error) {
 	}
 	kept := retainer{keep: opts.CARetention}
 	ca := kept.bundle(time.Now(), certs)
-	if _, err := webhookconfig.Build(webhookconfig.Options{URL: opts.URL, CABundle: ca, Cluster: "a/b", Webhook: opts.Webhook}); err != nil {
+	if _, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: opts.URL, CABundle: ca, Cluster: "a/b", Webhook: opts.Webhook}); err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
 	if opts.Selector == nil {
@@ -223,11 +222,11 @@ func New(opts Options) (*Reconciler, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	info, err := admissionpolicy.LoadInfo()
+	info, err := admission.LoadPolicyInfo()
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	if _, _, err := admissionpolicy.Build(info, opts.AdmissionPolicy); err != nil {
+	if _, _, err := admission.BuildPolicy(info, opts.AdmissionPolicy); err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
 	r := &Reconciler{
@@ -250,7 +249,7 @@ func (r *Reconciler) SetExempt(users, groups []string) error {
 	r.mu.Lock()
 	next := r.policy
 	next.ExemptUsers, next.ExemptGroups = users, groups
-	if _, _, err := admissionpolicy.Build(r.policyInfo, next); err != nil {
+	if _, _, err := admission.BuildPolicy(r.policyInfo, next); err != nil {
 		r.mu.Unlock()
 		return fmt.Errorf("fleet: %w", err)
 	}
@@ -282,7 +281,7 @@ func (r *Reconciler) Reprove() {
 func (r *Reconciler) Lead() { r.Reprove() }
 
 // policyOptions is how the admission policy is built now.
-func (r *Reconciler) policyOptions() admissionpolicy.Options {
+func (r *Reconciler) policyOptions() admission.PolicyOptions {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.policy
@@ -618,14 +617,14 @@ func (r *Reconciler) Session(ctx context.Context, c *kube.Cluster) {
 		}
 		return w
 	}
-	if s.vwc = watch(kube.ObjectOptions{Resource: webhookconfig.GVR, Name: webhookconfig.Name}); s.vwc == nil {
+	if s.vwc = watch(kube.ObjectOptions{Resource: admission.WebhookConfigGVR, Name: admission.Name}); s.vwc == nil {
 		return
 	}
 	watches := []*kube.ObjectWatch{s.vwc}
 	if r.opts.Releases != nil {
-		s.policy = watch(kube.ObjectOptions{Resource: admissionpolicy.PolicyGVR, Name: r.policyInfo.Name})
-		s.binding = watch(kube.ObjectOptions{Resource: admissionpolicy.BindingGVR, Name: r.policyInfo.Name})
-		s.params = watch(kube.ObjectOptions{Resource: admissionpolicy.ParamsGVR, Namespace: admissionpolicy.ParamsNamespace, Name: admissionpolicy.ParamsName})
+		s.policy = watch(kube.ObjectOptions{Resource: admission.PolicyGVR, Name: r.policyInfo.Name})
+		s.binding = watch(kube.ObjectOptions{Resource: admission.BindingGVR, Name: r.policyInfo.Name})
+		s.params = watch(kube.ObjectOptions{Resource: admission.ParamsGVR, Namespace: admission.ParamsNamespace, Name: admission.ParamsName})
 		if s.policy == nil || s.binding == nil || s.params == nil {
 			return
 		}
@@ -698,7 +697,7 @@ func failure(err error, otherwise string) string {
 }
 
 func isWebhookCallFailure(err error) bool {
-	return strings.Contains(err.Error(), "failed calling webhook \""+webhookconfig.WebhookName+"\"")
+	return strings.Contains(err.Error(), "failed calling webhook \""+admission.WebhookName+"\"")
 }
 
 func isCertificateError(err error) bool {

@@ -13,9 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // ProviderKeeper keeps Gatekeeper's external data Provider in one cluster
@@ -29,7 +29,7 @@ type ProviderKeeper struct {
 	// Name is the Provider the K8sNodeGuardExternal template asks.
 	Name string
 	// Options say where Gatekeeper reaches nodeguard (URL or Service).
-	Options webhookconfig.Options
+	Options admission.WebhookConfigOptions
 	CAFiles []string
 	// CAInterval is how often the CA files are read (default 5s).
 	CAInterval time.Duration
@@ -39,7 +39,7 @@ type ProviderKeeper struct {
 var crds = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // providerCRD is the name of Gatekeeper's Provider CRD.
-var providerCRD = webhookconfig.ProviderGVR.Resource + "." + webhookconfig.ProviderGVR.Group
+var providerCRD = admission.ProviderGVR.Resource + "." + admission.ProviderGVR.Group
 
 // Run keeps the Provider until ctx is done.
 func (k *ProviderKeeper) Run(ctx context.Context) error {
@@ -83,7 +83,7 @@ func (k *ProviderKeeper) Run(ctx context.Context) error {
 	if crd, err = kube.WatchObject(kube.ObjectOptions{Client: k.Client, Resource: crds, Name: providerCRD, Changed: poke}); err != nil {
 		return fmt.Errorf("gatekeeper provider: watch its CRD: %w", err)
 	}
-	if provider, err = kube.WatchObject(kube.ObjectOptions{Client: k.Client, Resource: webhookconfig.ProviderGVR, Name: k.Name, Changed: poke}); err != nil {
+	if provider, err = kube.WatchObject(kube.ObjectOptions{Client: k.Client, Resource: admission.ProviderGVR, Name: k.Name, Changed: poke}); err != nil {
 		return fmt.Errorf("gatekeeper provider: watch it: %w", err)
 	}
 	go crd.Run(ctx)
@@ -107,7 +107,7 @@ func (k *ProviderKeeper) keep(ctx context.Context, have *unstructured.Unstructur
 	}
 	opts := k.Options
 	opts.CABundle = joinCerts(certs)
-	p, err := webhookconfig.BuildProvider(k.Name, opts)
+	p, err := admission.BuildProvider(k.Name, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +116,7 @@ func (k *ProviderKeeper) keep(ctx context.Context, have *unstructured.Unstructur
 	if kube.Sets(have, p, "spec") {
 		return opts.CABundle, nil
 	}
-	if _, err := kube.ApplyOwned(ctx, k.Client, kube.Owned{Resource: webhookconfig.ProviderGVR, Object: p}); err != nil {
+	if _, err := kube.ApplyOwned(ctx, k.Client, kube.Owned{Resource: admission.ProviderGVR, Object: p}); err != nil {
 		return nil, err
 	}
 	k.Log.Info("Gatekeeper's Provider points at nodeguard", "provider", k.Name)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,8 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	clienttesting "k8s.io/client-go/testing"
-
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // The Provider is written the moment Gatekeeper's Provider CRD is
@@ -29,7 +28,7 @@ func TestProviderIsWrittenWhenGatekeeperArrivesAndTheCAChanges(t *testing.T) {
 	first := caPEM(t)
 	require.NoError(t, os.WriteFile(caFile, first, 0o600))
 	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		webhookconfig.ProviderGVR: "ProviderList", crds: "CustomResourceDefinitionList"})
+		admission.ProviderGVR: "ProviderList", crds: "CustomResourceDefinitionList"})
 	var mu sync.Mutex
 	var applied []string // each apply's caBundle
 	client.PrependReactor("patch", "providers", func(a clienttesting.Action) (bool, runtime.Object, error) {
@@ -50,7 +49,7 @@ func TestProviderIsWrittenWhenGatekeeperArrivesAndTheCAChanges(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	k := &ProviderKeeper{Client: client, Name: "nodeguard", Options: webhookconfig.Options{URL: "https://127.0.0.1:8443"},
+	k := &ProviderKeeper{Client: client, Name: "nodeguard", Options: admission.WebhookConfigOptions{URL: "https://127.0.0.1:8443"},
 		CAFiles: []string{caFile}, CAInterval: 20 * time.Millisecond}
 	go func() { done <- k.Run(ctx) }()
 	defer func() { cancel(); require.NoError(t, <-done) }()

@@ -18,7 +18,7 @@ import (
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
@@ -80,10 +80,10 @@ func TestAProofThatNeverMatchedIsRetriedAtTheUnguardedPace(t *testing.T) {
 // removed with the kubeconfig's credentials, binding first, once a
 // connection, and never retried with the identity.
 func TestLeftoversNodeguardMayNotRemoveAreRemovedWithTheKubeconfig(t *testing.T) {
-	info, err := admissionpolicy.LoadInfo()
+	info, err := admission.LoadPolicyInfo()
 	require.NoError(t, err)
-	gvrs := map[schema.GroupVersionResource]string{admissionpolicy.PolicyGVR: "ValidatingAdmissionPolicyList",
-		admissionpolicy.BindingGVR: "ValidatingAdmissionPolicyBindingList", admissionpolicy.ParamsGVR: "ConfigMapList"}
+	gvrs := map[schema.GroupVersionResource]string{admission.PolicyGVR: "ValidatingAdmissionPolicyList",
+		admission.BindingGVR: "ValidatingAdmissionPolicyBindingList", admission.ParamsGVR: "ConfigMapList"}
 	identity := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), gvrs)
 	forbidden := 0
 	identity.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -99,9 +99,9 @@ func TestLeftoversNodeguardMayNotRemoveAreRemovedWithTheKubeconfig(t *testing.T)
 		return u
 	}
 	admin := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), gvrs,
-		mine(admissionpolicy.BindingGVR.GroupVersion().WithKind("ValidatingAdmissionPolicyBinding"), "", info.Name),
-		mine(admissionpolicy.PolicyGVR.GroupVersion().WithKind("ValidatingAdmissionPolicy"), "", info.Name),
-		mine(schema.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}, admissionpolicy.ParamsNamespace, admissionpolicy.ParamsName))
+		mine(admission.BindingGVR.GroupVersion().WithKind("ValidatingAdmissionPolicyBinding"), "", info.Name),
+		mine(admission.PolicyGVR.GroupVersion().WithKind("ValidatingAdmissionPolicy"), "", info.Name),
+		mine(schema.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}, admission.ParamsNamespace, admission.ParamsName))
 	r := &Reconciler{policyInfo: info, opts: scheduler().opts}
 	r.opts.Log = slog.New(slog.DiscardHandler)
 	// A workload cluster with no Node: nothing to observe the binding's
@@ -111,17 +111,17 @@ func TestLeftoversNodeguardMayNotRemoveAreRemovedWithTheKubeconfig(t *testing.T)
 	ctx := context.Background()
 	require.True(t, r.policyLeft(ctx, s), "found with the kubeconfig's credentials")
 	assert.False(t, r.removePolicy(ctx, "fleet/a", s, tr), "the binding goes first")
-	_, err = admin.Resource(admissionpolicy.BindingGVR).Get(ctx, info.Name, metav1.GetOptions{})
+	_, err = admin.Resource(admission.BindingGVR).Get(ctx, info.Name, metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "binding removed: %v", err)
-	_, err = admin.Resource(admissionpolicy.PolicyGVR).Get(ctx, info.Name, metav1.GetOptions{})
+	_, err = admin.Resource(admission.PolicyGVR).Get(ctx, info.Name, metav1.GetOptions{})
 	assert.NoError(t, err, "the policy waits for the API server to stop applying its binding")
 	assert.False(t, r.removePolicy(ctx, "fleet/a", s, tr), "not before the API server can have applied the removal")
 	// No Node to observe it on: taken as applied bindingApplyTime after
 	// the delete.
 	tr.removing = time.Now().Add(-bindingApplyTime)
 	assert.True(t, r.removePolicy(ctx, "fleet/a", s, tr))
-	for gvr, ns := range map[schema.GroupVersionResource]string{admissionpolicy.PolicyGVR: "", admissionpolicy.ParamsGVR: admissionpolicy.ParamsNamespace} {
-		_, err = admin.Resource(gvr).Namespace(ns).Get(ctx, map[string]string{"": info.Name, admissionpolicy.ParamsNamespace: admissionpolicy.ParamsName}[ns], metav1.GetOptions{})
+	for gvr, ns := range map[schema.GroupVersionResource]string{admission.PolicyGVR: "", admission.ParamsGVR: admission.ParamsNamespace} {
+		_, err = admin.Resource(gvr).Namespace(ns).Get(ctx, map[string]string{"": info.Name, admission.ParamsNamespace: admission.ParamsName}[ns], metav1.GetOptions{})
 		assert.True(t, apierrors.IsNotFound(err), "%s removed: %v", gvr.Resource, err)
 	}
 	assert.True(t, s.leftoversChecked)

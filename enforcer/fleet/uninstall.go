@@ -8,9 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // Uninstall removes from a workload cluster what the fleet installs there:
@@ -23,7 +22,7 @@ import (
 // things in it. It returns what it removed, and the first object it could
 // not.
 func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
-	info, err := admissionpolicy.LoadInfo()
+	info, err := admission.LoadPolicyInfo()
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
@@ -32,10 +31,10 @@ func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
 		namespace, name string
 	}
 	objs := []object{
-		{webhookconfig.GVR, "", webhookconfig.Name},
-		{admissionpolicy.BindingGVR, "", info.Name},
-		{admissionpolicy.PolicyGVR, "", info.Name},
-		{admissionpolicy.ParamsGVR, admissionpolicy.ParamsNamespace, admissionpolicy.ParamsName},
+		{admission.WebhookConfigGVR, "", admission.Name},
+		{admission.BindingGVR, "", info.Name},
+		{admission.PolicyGVR, "", info.Name},
+		{admission.ParamsGVR, admission.ParamsNamespace, admission.ParamsName},
 	}
 	ident, err := kube.IdentityObjects(kube.IdentityOptions{})
 	if err != nil {
@@ -49,7 +48,7 @@ func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
 	var removed []string
 	unbound := false
 	for _, o := range objs {
-		if o.gvr == admissionpolicy.PolicyGVR && unbound {
+		if o.gvr == admission.PolicyGVR && unbound {
 			select {
 			case <-ctx.Done():
 				return removed, ctx.Err()
@@ -57,7 +56,7 @@ func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
 			}
 		}
 		deleted, err := kube.DeleteOwned(ctx, dyn, o.gvr, o.namespace, o.name)
-		unbound = unbound || (deleted && o.gvr == admissionpolicy.BindingGVR)
+		unbound = unbound || (deleted && o.gvr == admission.BindingGVR)
 		switch {
 		case err != nil && !isNotServed(err):
 			// The rest would fail alike (an API server that does not answer).

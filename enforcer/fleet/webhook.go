@@ -12,11 +12,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // guardWebhook keeps mode webhook: the configuration installed where it is
@@ -27,13 +26,13 @@ func (r *Reconciler) guardWebhook(ctx context.Context, key string, s *session, t
 	if !s.synced() {
 		return r.unsynced(t, st)
 	}
-	cfg, err := webhookconfig.Build(webhookconfig.Options{URL: r.opts.URL, CABundle: ca, Cluster: key, Webhook: r.opts.Webhook,
+	cfg, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: r.opts.URL, CABundle: ca, Cluster: key, Webhook: r.opts.Webhook,
 		Registrations: registrations})
 	if err != nil {
 		st.Reason, st.Message = ReasonNotInstalled, err.Error()
 		return outcome{state: st}
 	}
-	want, err := webhookconfig.Object(cfg)
+	want, err := admission.WebhookConfigObject(cfg)
 	if err != nil {
 		st.Reason, st.Message = ReasonNotInstalled, err.Error()
 		return outcome{state: st}
@@ -176,9 +175,9 @@ func (r *Reconciler) proveWebhook(ctx context.Context, key string, s *session, t
 		}
 	}
 	warnings, err := r.dryRun(ctx, s, node)
-	mark := webhook.DryRunWarning(key)
+	mark := admission.DryRunWarning(key)
 	if slices.Contains(warnings, mark) {
-		return r.matched(t, st, webhook.DryRunAction(warnings), "the route's enforcement action is dryrun: nodeguard judges every Node delete there and denies none")
+		return r.matched(t, st, admission.DryRunAction(warnings), "the route's enforcement action is dryrun: nodeguard judges every Node delete there and denies none")
 	}
 	p := proof{lag: true}
 	switch {
@@ -234,7 +233,7 @@ func registrationsOf(s *session) ghosts.Protection {
 	}
 	hooks, _, _ := unstructured.NestedSlice(have.Object, "webhooks")
 	for _, h := range hooks {
-		if m, _ := h.(map[string]any); m["name"] == webhookconfig.RegistrationWebhookName {
+		if m, _ := h.(map[string]any); m["name"] == admission.RegistrationWebhookName {
 			return ghosts.Deny
 		}
 	}
@@ -246,7 +245,7 @@ func claimedBy(have *unstructured.Unstructured) string {
 	if have == nil {
 		return ""
 	}
-	return have.GetAnnotations()[webhookconfig.ClusterAnnotation]
+	return have.GetAnnotations()[admission.ClusterAnnotation]
 }
 
 // trusts says whether the stored configuration carries the CA bundle ca.
@@ -255,7 +254,7 @@ func trusts(have *unstructured.Unstructured, ca []byte) bool {
 	for _, h := range hooks {
 		m, _ := h.(map[string]any)
 		var hook admissionregistrationv1.ValidatingWebhook
-		if err := fromUnstructured(m, &hook); err == nil && hook.Name == webhookconfig.WebhookName {
+		if err := fromUnstructured(m, &hook); err == nil && hook.Name == admission.WebhookName {
 			return string(hook.ClientConfig.CABundle) == string(ca)
 		}
 	}

@@ -26,7 +26,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 )
 
@@ -68,8 +68,8 @@ type Publisher struct {
 
 type cluster struct {
 	write    Write
-	verdicts map[string]admissionpolicy.Verdict // by Node name
-	synced   bool                               // every Node judged once
+	verdicts map[string]admission.ReleaseVerdict // by Node name
+	synced   bool                                // every Node judged once
 	dirty    bool
 }
 
@@ -79,7 +79,7 @@ func New(opts Options) (*Publisher, error) {
 		return nil, fmt.Errorf("releases: a Judge and the caches' readiness are required")
 	}
 	if opts.Limit <= 0 {
-		opts.Limit = admissionpolicy.MaxParamsBytes
+		opts.Limit = admission.MaxParamsBytes
 	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
@@ -91,7 +91,7 @@ func New(opts Options) (*Publisher, error) {
 // Nodes are judged again before anything is written.
 func (p *Publisher) Enroll(name string, write Write) {
 	p.mu.Lock()
-	p.clusters[name] = &cluster{write: write, verdicts: map[string]admissionpolicy.Verdict{}}
+	p.clusters[name] = &cluster{write: write, verdicts: map[string]admission.ReleaseVerdict{}}
 	p.mu.Unlock()
 	if p.opts.Rejudge != nil {
 		p.opts.Rejudge(name)
@@ -125,7 +125,7 @@ func (p *Publisher) Judge(ctx context.Context, name string, node *unstructured.U
 		p.revoke(name, node.GetName(), "")
 		return fmt.Errorf("judge the release of Node %q: %w", node.GetName(), err)
 	}
-	v := admissionpolicy.Verdict{Node: node.GetName(), UID: string(rs[0].UID), Released: rs[0].Released, Blocker: rs[0].Blocker}
+	v := admission.ReleaseVerdict{Node: node.GetName(), UID: string(rs[0].UID), Released: rs[0].Released, Blocker: rs[0].Blocker}
 	if v.Released && !p.holds(name, v) {
 		// New: confirm on fresh reads, and only while the caches are sound.
 		if err := p.opts.Ready(); err != nil {
@@ -144,7 +144,7 @@ func (p *Publisher) Judge(ctx context.Context, name string, node *unstructured.U
 }
 
 // holds says whether v's Node is released already, for its UID.
-func (p *Publisher) holds(name string, v admissionpolicy.Verdict) bool {
+func (p *Publisher) holds(name string, v admission.ReleaseVerdict) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c := p.clusters[name]
@@ -155,7 +155,7 @@ func (p *Publisher) holds(name string, v admissionpolicy.Verdict) bool {
 	return ok && have.Released && have.UID == v.UID
 }
 
-func (p *Publisher) set(name string, v admissionpolicy.Verdict) {
+func (p *Publisher) set(name string, v admission.ReleaseVerdict) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c := p.clusters[name]
@@ -170,7 +170,7 @@ func (p *Publisher) set(name string, v admissionpolicy.Verdict) {
 
 // revoke records a Node as not released (blocker: its text, if any).
 func (p *Publisher) revoke(name, node, blocker string) {
-	p.set(name, admissionpolicy.Verdict{Node: node, Blocker: blocker})
+	p.set(name, admission.ReleaseVerdict{Node: node, Blocker: blocker})
 }
 
 // Forget drops a Node that is gone.
@@ -211,7 +211,7 @@ func (p *Publisher) Flush(ctx context.Context) {
 	type job struct {
 		name     string
 		c        *cluster
-		verdicts []admissionpolicy.Verdict
+		verdicts []admission.ReleaseVerdict
 	}
 	var jobs []job
 	leading := p.opts.Leading == nil || p.opts.Leading()
@@ -236,7 +236,7 @@ func (p *Publisher) Flush(ctx context.Context) {
 	}
 	p.mu.Unlock()
 	for _, j := range jobs {
-		cm, omitted, err := admissionpolicy.Params(j.verdicts, p.opts.Limit)
+		cm, omitted, err := admission.PolicyParams(j.verdicts, p.opts.Limit)
 		if err == nil {
 			err = j.c.write(ctx, cm)
 		}
@@ -261,15 +261,15 @@ func released(cm *corev1.ConfigMap) int {
 	}
 	n := 0
 	for k := range cm.Data {
-		if !strings.HasPrefix(k, admissionpolicy.BlockerPrefix) {
+		if !strings.HasPrefix(k, admission.BlockerPrefix) {
 			n++
 		}
 	}
 	return n
 }
 
-func valuesOf(m map[string]admissionpolicy.Verdict) []admissionpolicy.Verdict {
-	out := make([]admissionpolicy.Verdict, 0, len(m))
+func valuesOf(m map[string]admission.ReleaseVerdict) []admission.ReleaseVerdict {
+	out := make([]admission.ReleaseVerdict, 0, len(m))
 	for v := range maps.Values(m) {
 		out = append(out, v)
 	}

@@ -12,14 +12,13 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // FleetOptions are the fleet reconciler's flags of `nodeguard serve`.
@@ -50,7 +49,7 @@ type FleetOptions struct {
 	AdmissionPolicyAction string
 	// Webhook are the settings of the configuration kept in each workload
 	// cluster (--fleet-webhook-*): failure policy, timeout, which Nodes.
-	Webhook webhookconfig.Settings
+	Webhook admission.WebhookSettings
 	// ClientCACertFile and ClientCAKeyFile, when set, are the CA that issues
 	// each selected Cluster's workload API server a webhook client
 	// certificate of its own (Secret <name>-nodeguard-webhook-client beside
@@ -109,7 +108,7 @@ func startFleet(ctx context.Context, c kube.Clients, opts Options, params map[st
 	}
 	r, err := fleet.New(fleet.Options{Clusters: sessions.Set, URL: f.URL, CAFiles: caFiles, Selector: selector, Webhook: f.Webhook,
 		ProofInterval: f.ProofInterval, CARetention: f.CARetention, Leading: leader.Leading, Log: log, GhostProtection: fleetGhostProtection(opts),
-		ClientCerts: certs, Releases: published, AdmissionPolicy: admissionpolicy.Options{ExemptUsers: stringsParam(params, "exemptUsers"), ExemptGroups: stringsParam(params, "exemptGroups"),
+		ClientCerts: certs, Releases: published, AdmissionPolicy: admission.PolicyOptions{ExemptUsers: stringsParam(params, "exemptUsers"), ExemptGroups: stringsParam(params, "exemptGroups"),
 			Action: rule.Action(f.AdmissionPolicyAction)},
 		Report:    func(s fleet.State) { metrics.Report(s); status.Report(s) },
 		Forgotten: func(key string) { metrics.Forget(key); status.Forget(key) },

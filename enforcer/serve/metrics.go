@@ -7,14 +7,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/provider"
-	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
 )
 
 // Sources are what nodeguard serve's gauges read at each scrape.
@@ -28,15 +26,15 @@ type Sources struct {
 
 // Metrics are the series of every part of nodeguard serve.
 type Metrics struct {
-	Webhook *webhook.Metrics
+	Webhook *admission.WebhookMetrics
 	// Intake counts the requests of the review port that got an HTTP
 	// error, for the routes that share its Intake.
-	Intake  *requestlimits.Metrics
+	Intake  *admission.IntakeMetrics
 	Policy  *rule.VersionMetrics
 	Orphans *OrphanMetrics
 	Events  *events.Metrics
 	// Provider counts Gatekeeper's external data requests.
-	Provider *provider.Metrics
+	Provider *admission.ProviderMetrics
 	// Fleet holds each workload cluster's guard.
 	Fleet *fleet.Metrics
 	// Constraint counts the Constraint edits applied and refused.
@@ -69,10 +67,10 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 	if m.Policy, err = rule.RegisterVersion(reg, src.Policy); err != nil {
 		return nil, err
 	}
-	if m.Webhook, err = webhook.NewMetrics(reg); err != nil {
+	if m.Webhook, err = admission.NewWebhookMetrics(reg); err != nil {
 		return nil, err
 	}
-	if m.Intake, err = requestlimits.NewMetrics(reg); err != nil {
+	if m.Intake, err = admission.NewIntakeMetrics(reg); err != nil {
 		return nil, err
 	}
 	if src.Cached != nil {
@@ -96,7 +94,7 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 	if m.Events, err = events.NewMetrics(reg); err != nil {
 		return nil, err
 	}
-	if m.Provider, err = provider.NewMetrics(reg); err != nil {
+	if m.Provider, err = admission.NewProviderMetrics(reg); err != nil {
 		return nil, err
 	}
 	if m.Fleet, err = fleet.NewMetrics(reg); err != nil {

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
@@ -28,14 +29,8 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
-	"github.com/nodeguard/nodeguard/enforcer/probes"
-	"github.com/nodeguard/nodeguard/enforcer/provider"
 	"github.com/nodeguard/nodeguard/enforcer/releases"
-	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // Options are the flags of `nodeguard serve`.
@@ -248,7 +243,7 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	srv, err := tlsserver.New(handler, tlsserver.Options{CertFile: opts.CertFile, KeyFile: opts.KeyFile, ClientCAFiles: clientCAs,
+	srv, err := admission.NewTLSServer(handler, admission.TLSOptions{CertFile: opts.CertFile, KeyFile: opts.KeyFile, ClientCAFiles: clientCAs,
 		MinVersion: opts.TLSMinVersion, CipherSuites: opts.TLSCipherSuites}, log)
 	if err != nil {
 		return err
@@ -258,7 +253,7 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	}
 	side := []sideServer{
 		{"metrics", opts.MetricsBindAddress, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), "/metrics"},
-		{"health probes", opts.HealthProbeBindAddress, probes.Handler(e.Syncer.Ready), ""},
+		{"health probes", opts.HealthProbeBindAddress, admission.ProbeHandler(e.Syncer.Ready), ""},
 	}
 	for _, s := range side {
 		if s.address == "" || s.address == "0" {
@@ -376,7 +371,7 @@ func workloadSessions(c kube.Clients, opts Options, metrics *Metrics, log *slog.
 // asks for.
 func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *orphanscan.Scanner, metrics *Metrics, denied func(events.Denial),
 	action func() rule.Action, issuer *fleet.Issuer, opts Options, log *slog.Logger) (http.Handler, []string, error) {
-	in := requestlimits.New(requestlimits.Options{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
+	in := admission.NewIntake(admission.IntakeOptions{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
 	clusters := facts.NewFreshReader(c.Dynamic, c.Mapper)
 	cluster := func(ctx context.Context, namespace, name string) (bool, rule.Action, error) {
 		obj, err := clusters.Get(ctx, clusterGVK(), namespace, name)
@@ -395,7 +390,7 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *orp
 		ok, _, err := cluster(ctx, namespace, name)
 		return ok, err
 	}
-	var register func(context.Context, webhook.Registration) (webhook.RegistrationAnswer, error)
+	var register func(context.Context, admission.Registration) (admission.RegistrationAnswer, error)
 	if scanner != nil && opts.Orphans.Ghosts.Enabled() {
 		def := opts.Orphans.Ghosts.protection()
 		protection := func(ctx context.Context, key string) (ghosts.Protection, error) {
@@ -427,7 +422,7 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *orp
 			return nil, nil
 		}
 		caFiles = append(caFiles, file)
-		return tlsserver.LoadCAs(file)
+		return admission.LoadCAs(file)
 	}
 	reviewCAs, err := clientCAs(opts.ClientCAFile)
 	if err != nil {
@@ -447,9 +442,9 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *orp
 	// Each package's handler routes its own paths; this one only sends each
 	// prefix there.
 	mux := http.NewServeMux()
-	reviews := webhook.New(webhook.Options{Decider: e.Guard, Cluster: cluster, Action: action, ClientCAs: reviewCAs, ClusterClientCAs: clusterCAs, ClusterIdentities: identities, SelfCluster: opts.SelfCluster,
+	reviews := admission.NewWebhook(admission.WebhookOptions{Decider: e.Guard, Cluster: cluster, Action: action, ClientCAs: reviewCAs, ClusterClientCAs: clusterCAs, ClusterIdentities: identities, SelfCluster: opts.SelfCluster,
 		DryRunOnlyUser: dryRunOnly(opts), Intake: in, Metrics: metrics.Webhook, Log: log, Denied: denied, Register: register})
-	for _, route := range []string{webhook.RouteSelf, webhook.RouteRegister} {
+	for _, route := range []string{admission.WebhookRouteSelf, admission.RouteRegister} {
 		mux.Handle(route, reviews)
 		mux.Handle(route+"/", reviews)
 	}
@@ -461,14 +456,14 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *orp
 		return nil, nil, err
 	}
 	// Answered a little before Gatekeeper gives up on the request.
-	facts, err := provider.New(provider.Options{Facts: e.Guard, ClientCAs: gatekeeperCAs, ClusterExists: clusterExists, Intake: in,
-		Timeout: webhookconfig.ProviderTimeoutSeconds*time.Second - 200*time.Millisecond, Metrics: metrics.Provider, Log: log})
+	facts, err := admission.NewProvider(admission.ProviderOptions{Facts: e.Guard, ClientCAs: gatekeeperCAs, ClusterExists: clusterExists, Intake: in,
+		Timeout: admission.ProviderTimeoutSeconds*time.Second - 200*time.Millisecond, Metrics: metrics.Provider, Log: log})
 	if err != nil {
 		return nil, nil, err
 	}
-	mux.Handle(provider.RouteSelf, facts)
-	mux.Handle(provider.RouteSelf+"/", facts)
-	log.Info("serving Gatekeeper's external data", "routes", []string{provider.RouteSelf, provider.RouteCluster})
+	mux.Handle(admission.ProviderRouteSelf, facts)
+	mux.Handle(admission.ProviderRouteSelf+"/", facts)
+	log.Info("serving Gatekeeper's external data", "routes", []string{admission.ProviderRouteSelf, admission.ProviderRouteCluster})
 	return mux, caFiles, nil
 }
 
@@ -483,7 +478,7 @@ func keepProvider(ctx context.Context, c kube.Clients, opts Options, log *slog.L
 		return fmt.Errorf("--gatekeeper-provider-url and --gatekeeper-provider-service need --externaldata-client-ca-file: " +
 			"the Provider's route answers only Gatekeeper")
 	}
-	name, err := webhookconfig.ProviderName(ctx)
+	name, err := admission.ProviderName(ctx)
 	if err != nil {
 		return err
 	}
@@ -491,7 +486,7 @@ func keepProvider(ctx context.Context, c kube.Clients, opts Options, log *slog.L
 	if caFile == "" {
 		caFile = filepath.Join(filepath.Dir(opts.CertFile), "ca.crt")
 	}
-	keeper := &fleet.ProviderKeeper{Client: c.Dynamic, Name: name, Options: webhookconfig.Options{URL: p.URL, Service: p.Service},
+	keeper := &fleet.ProviderKeeper{Client: c.Dynamic, Name: name, Options: admission.WebhookConfigOptions{URL: p.URL, Service: p.Service},
 		CAFiles: []string{caFile}, Log: log}
 	go func() {
 		if err := keeper.Run(ctx); err != nil {

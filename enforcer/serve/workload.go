@@ -7,9 +7,8 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 // WorkloadSessions is the one set of workload-cluster sessions serve runs:
@@ -40,14 +39,14 @@ func NewWorkloadSessions(c kube.Clients, secrets kubernetes.Interface, opts Reap
 	// time, and the identity is installed once a session.
 	id := &kube.IdentityOptions{Delete: fleet.Enabled || opts.Enabled, Taint: opts.Ghosts.Enabled() && opts.Interval > 0}
 	if fleet.Enabled {
-		id.Owns = webhookconfig.Rules()
+		id.Owns = admission.WebhookRules()
 	}
 	if fleet.Enabled && fleet.AdmissionPolicy {
-		info, err := admissionpolicy.LoadInfo()
+		info, err := admission.LoadPolicyInfo()
 		if err != nil {
 			return nil, err
 		}
-		id.Owns = append(id.Owns, admissionpolicy.Rules(info)...)
+		id.Owns = append(id.Owns, admission.PolicyRules(info)...)
 	}
 	set, err := kube.NewClusterSet(kube.ClusterSetOptions{Management: c, Secrets: secrets, Recheck: opts.KubeconfigRecheck, Identity: id,
 		QPS: qps, Burst: burst, Log: log, Metrics: metrics, Start: w.start, Stopped: w.stop, Changed: w.change})

@@ -29,7 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsyaml "sigs.k8s.io/yaml"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/policies"
 )
 
@@ -449,7 +449,7 @@ func encode(doc map[string]any) ([]byte, error) {
 const AdmissionPolicyDir = "admission-policy"
 
 func admissionPolicy(out map[string]map[string]any, declared map[string]policies.Parameter) error {
-	info, err := admissionpolicy.LoadInfo()
+	info, err := admission.LoadPolicyInfo()
 	if err != nil {
 		return err
 	}
@@ -461,7 +461,7 @@ func admissionPolicy(out map[string]map[string]any, declared map[string]policies
 	if err != nil {
 		return err
 	}
-	policy, binding, err := admissionpolicy.Build(info, admissionpolicy.Options{ExemptUsers: users, ExemptGroups: groups})
+	policy, binding, err := admission.BuildPolicy(info, admission.PolicyOptions{ExemptUsers: users, ExemptGroups: groups})
 	if err != nil {
 		return err
 	}

@@ -18,13 +18,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/provider"
-	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/monitoring"
 )
 
@@ -315,10 +313,10 @@ func TestQueriesReadExportedMetrics(t *testing.T) {
 		"nodeguard_decisions_total": {rule.ReasonNoLink, rule.ReasonExempt, rule.ReasonNotJudged, rule.ReasonBlocked,
 			rule.ReasonUnverified, rule.ReasonMisrouted, rule.ReasonUnjudgeable, rule.ReasonNotReady, rule.ReasonCacheRecovering, rule.ReasonFreshReadFailed,
 			rule.ReasonError, rule.ReasonBusy, rule.ReasonBadRequest},
-		"nodeguard_rejected_requests_total": {requestlimits.RejectMethod, requestlimits.RejectClientCert, requestlimits.RejectContentType, requestlimits.RejectTooLarge,
-			requestlimits.RejectNoLength, requestlimits.RejectRead, requestlimits.RejectBusy, webhook.RejectMalformed, webhook.RejectNotReview,
-			webhook.RejectNoRequest, webhook.RejectNoUID, webhook.RejectBadOldObject, provider.RejectMalformed, provider.RejectNotRequest,
-			provider.RejectKeys},
+		"nodeguard_rejected_requests_total": {admission.RejectMethod, admission.RejectClientCert, admission.RejectContentType, admission.RejectTooLarge,
+			admission.RejectNoLength, admission.RejectRead, admission.RejectBusy, admission.RejectMalformed, admission.RejectNotReview,
+			admission.RejectNoRequest, admission.RejectNoUID, admission.RejectBadOldObject, admission.RejectMalformedProvider, admission.RejectNotRequest,
+			admission.RejectKeys},
 		"nodeguard_workload_cluster_unguarded_reason": fleet.Reasons(),
 		"nodeguard_events_dropped_total":              {events.DropQueueFull, events.DropPerObject, events.DropSeries, events.DropWriteFailed},
 	}

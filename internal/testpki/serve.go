@@ -12,21 +12,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
-
-	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 )
 
 // Serve runs h behind nodeguard's TLS server on a loopback port, with a
 // server certificate of p unless opts names one, until the test ends or stop
 // is called; stop returns what the server's Serve returned.
-func (p *CA) Serve(t testing.TB, h http.Handler, opts tlsserver.Options) (url string, stop func() error) {
+func (p *CA) Serve(t testing.TB, h http.Handler, opts admission.TLSOptions) (url string, stop func() error) {
 	t.Helper()
 	if opts.CertFile == "" {
 		opts.CertFile, opts.KeyFile = p.ServerFiles(t, "server")
 	}
-	srv, err := tlsserver.New(h, opts, nil)
+	srv, err := admission.NewTLSServer(h, opts, nil)
 	require.NoError(t, err)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

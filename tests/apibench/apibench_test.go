@@ -39,9 +39,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/procstatus"
@@ -485,7 +484,7 @@ func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Inte
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		_ = log.Close()
-		_ = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, webhookconfig.Name, metav1.DeleteOptions{})
+		_ = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, admission.Name, metav1.DeleteOptions{})
 	}
 	caPEM, err := os.ReadFile(ca.CAFile(b))
 	require.NoError(b, err)
@@ -509,9 +508,9 @@ func startNodeguard(b *testing.B, env *envtest.Environment, kube kubernetes.Inte
 	rss := rssMiB(b, cmd.Process.Pid)
 	b.Logf("nodeguard serve %v: ready %s after start, RSS %.0f MiB", extra, ready.Round(time.Millisecond), rss)
 	if as == asWebhook {
-		vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
+		vwc, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: url, CABundle: caPEM})
 		require.NoError(b, err)
-		require.NoError(b, webhookconfig.Apply(ctx, dynamic.NewForConfigOrDie(localcluster.Config(env)), vwc))
+		require.NoError(b, admission.ApplyWebhookConfig(ctx, dynamic.NewForConfigOrDie(localcluster.Config(env)), vwc))
 	}
 	return webhook{stop: stop, ready: ready, rssMiB: rss, rss: func(b *testing.B) float64 { return rssMiB(b, cmd.Process.Pid) }}
 }
@@ -537,29 +536,29 @@ func startAdmissionPolicy(b *testing.B, env *envtest.Environment, kube kubernete
 	ctx := context.Background()
 	dyn, err := dynamic.NewForConfig(env.Config)
 	require.NoError(b, err)
-	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: admissionpolicy.ParamsNamespace}}, metav1.CreateOptions{})
+	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: admission.ParamsNamespace}}, metav1.CreateOptions{})
 	if !apierrors.IsAlreadyExists(err) {
 		require.NoError(b, err)
 	}
 	free, err := kube.CoreV1().Nodes().Get(ctx, allowedNode, metav1.GetOptions{})
 	require.NoError(b, err)
-	verdicts := []admissionpolicy.Verdict{{Node: allowedNode, UID: string(free.UID), Released: true}}
+	verdicts := []admission.ReleaseVerdict{{Node: allowedNode, UID: string(free.UID), Released: true}}
 	// Other released Nodes, as a large cluster scaling down publishes them
 	// (the API server converts the whole ConfigMap for each request).
 	for i := range *releasedNodes {
-		verdicts = append(verdicts, admissionpolicy.Verdict{Node: fmt.Sprintf("gone-%06d", i), UID: fmt.Sprintf("00000000-0000-4000-8000-%012d", i), Released: true})
+		verdicts = append(verdicts, admission.ReleaseVerdict{Node: fmt.Sprintf("gone-%06d", i), UID: fmt.Sprintf("00000000-0000-4000-8000-%012d", i), Released: true})
 	}
-	cm, omitted, err := admissionpolicy.Params(verdicts, admissionpolicy.MaxParamsBytes)
+	cm, omitted, err := admission.PolicyParams(verdicts, admission.MaxParamsBytes)
 	require.NoError(b, err)
 	require.Zero(b, omitted, "-released-nodes beyond what one ConfigMap holds")
 	policy, binding, err := constraints.AdmissionPolicyManifests(filepath.Join("..", "..", "constraints"))
 	require.NoError(b, err)
-	applyOwned(b, dyn, admissionpolicy.ParamsGVR, cm)
-	applyOwned(b, dyn, admissionpolicy.PolicyGVR, policy)
-	applyOwned(b, dyn, admissionpolicy.BindingGVR, binding)
+	applyOwned(b, dyn, admission.ParamsGVR, cm)
+	applyOwned(b, dyn, admission.PolicyGVR, policy)
+	applyOwned(b, dyn, admission.BindingGVR, binding)
 	return func() {
-		_ = dyn.Resource(admissionpolicy.BindingGVR).Delete(ctx, binding.Name, metav1.DeleteOptions{})
-		_ = dyn.Resource(admissionpolicy.PolicyGVR).Delete(ctx, policy.Name, metav1.DeleteOptions{})
+		_ = dyn.Resource(admission.BindingGVR).Delete(ctx, binding.Name, metav1.DeleteOptions{})
+		_ = dyn.Resource(admission.PolicyGVR).Delete(ctx, policy.Name, metav1.DeleteOptions{})
 	}
 }
 

@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/internal/constraints"
 )
 
@@ -56,13 +56,13 @@ func BenchmarkAdmissionPolicyAdded(b *testing.B) {
 		policy.Spec.ParamKind, policy.Spec.MatchConditions, policy.Spec.Variables = nil, nil, nil
 		policy.Spec.Validations = []admissionregistrationv1.Validation{{Expression: fmt.Sprintf("oldObject.metadata.name != %q", blockedNode), Reason: &forbidden}}
 		binding.Spec.ParamRef = nil
-		applyOwned(b, dyn, admissionpolicy.PolicyGVR, policy)
+		applyOwned(b, dyn, admission.PolicyGVR, policy)
 	}
 	bind := func(on bool) {
 		if on {
-			applyOwned(b, dyn, admissionpolicy.BindingGVR, binding)
+			applyOwned(b, dyn, admission.BindingGVR, binding)
 		} else {
-			err := dyn.Resource(admissionpolicy.BindingGVR).Delete(ctx, binding.Name, metav1.DeleteOptions{})
+			err := dyn.Resource(admission.BindingGVR).Delete(ctx, binding.Name, metav1.DeleteOptions{})
 			require.True(b, err == nil || apierrors.IsNotFound(err), "%v", err)
 		}
 		// Bound when the blocked Node is denied, unbound when it is not, ten

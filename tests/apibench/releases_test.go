@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 )
@@ -66,7 +66,7 @@ func BenchmarkReleaseLatency(b *testing.B) {
 	ng := startNodeguard(b, mgmtEnv, mgmt, bin, strings.Fields(*nodeguardArgs), asFleet)
 	defer ng.stop()
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := workload.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Get(ctx, admissionpolicy.ParamsName, metav1.GetOptions{})
+		_, err := workload.CoreV1().ConfigMaps(admission.ParamsNamespace).Get(ctx, admission.ParamsName, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
@@ -224,8 +224,8 @@ type releases struct {
 func watchReleases(b *testing.B, workload kubernetes.Interface) *releases {
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
-	w, err := workload.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Watch(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("metadata.name", admissionpolicy.ParamsName).String()})
+	w, err := workload.CoreV1().ConfigMaps(admission.ParamsNamespace).Watch(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("metadata.name", admission.ParamsName).String()})
 	require.NoError(b, err)
 	r := &releases{listed: map[string]time.Time{}, unlisted: map[string]time.Time{}}
 	go func() {
@@ -243,7 +243,7 @@ func watchReleases(b *testing.B, workload kubernetes.Interface) *releases {
 			r.events = append(r.events, now)
 			r.size = max(r.size, size)
 			for k := range cm.Data {
-				if _, ok := r.listed[k]; !ok && !strings.HasPrefix(k, admissionpolicy.BlockerPrefix) {
+				if _, ok := r.listed[k]; !ok && !strings.HasPrefix(k, admission.BlockerPrefix) {
 					r.listed[k] = now
 				}
 			}

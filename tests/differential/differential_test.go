@@ -28,12 +28,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/provider"
-	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/internal/gatekeeper"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 	"github.com/nodeguard/nodeguard/policies"
@@ -517,12 +515,12 @@ type providerServer struct {
 
 // startProvider serves nodeguard's provider routes over TLS, for clients
 // with a certificate of their own CA, as nodeguard serve does for Gatekeeper.
-func startProvider(t *testing.T, facts provider.Facts) providerServer {
+func startProvider(t *testing.T, facts admission.ProviderFacts) providerServer {
 	t.Helper()
 	serving, gatekeeperCA := testpki.New(t), testpki.New(t)
-	h, err := provider.New(provider.Options{Facts: facts, ClientCAs: gatekeeperCA.Pool(), Intake: requestlimits.New(requestlimits.Options{Timeout: 5 * time.Second})})
+	h, err := admission.NewProvider(admission.ProviderOptions{Facts: facts, ClientCAs: gatekeeperCA.Pool(), Intake: admission.NewIntake(admission.IntakeOptions{Timeout: 5 * time.Second})})
 	require.NoError(t, err)
-	url, _ := serving.Serve(t, h, tlsserver.Options{ClientCAFiles: []string{gatekeeperCA.CAFile(t)}})
+	url, _ := serving.Serve(t, h, admission.TLSOptions{ClientCAFiles: []string{gatekeeperCA.CAFile(t)}})
 	dir := t.TempDir()
 	certPEM, keyPEM := gatekeeperCA.Issue(t, 3, x509.ExtKeyUsageClientAuth)
 	out := providerServer{url: url, clientCert: filepath.Join(dir, "tls.crt"), clientKey: filepath.Join(dir, "tls.key")}

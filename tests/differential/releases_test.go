@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
@@ -47,7 +47,7 @@ func TestPublishedReleasesAgreeWithAFullPass(t *testing.T) {
 						i, *seed, h.matchProviderID, step, route, diff, strings.Join(h.log, "\n"), h.dumpNodes())
 				}
 				for k := range want {
-					if strings.HasPrefix(k, admissionpolicy.BlockerPrefix) {
+					if strings.HasPrefix(k, admission.BlockerPrefix) {
 						blocked++
 					} else {
 						released++
@@ -76,11 +76,11 @@ func (h *history) fullRelease(route string) map[string]string {
 	}
 	rs, err := h.finder.Releases(context.Background(), nodes, route, false)
 	require.NoError(h.t, err)
-	vs := make([]admissionpolicy.Verdict, 0, len(rs))
+	vs := make([]admission.ReleaseVerdict, 0, len(rs))
 	for i, r := range rs {
-		vs = append(vs, admissionpolicy.Verdict{Node: nodes[i].GetName(), UID: string(r.UID), Released: r.Released, Blocker: r.Blocker})
+		vs = append(vs, admission.ReleaseVerdict{Node: nodes[i].GetName(), UID: string(r.UID), Released: r.Released, Blocker: r.Blocker})
 	}
-	cm, omitted, err := admissionpolicy.Params(vs, admissionpolicy.MaxParamsBytes)
+	cm, omitted, err := admission.PolicyParams(vs, admission.MaxParamsBytes)
 	require.NoError(h.t, err)
 	require.Zero(h.t, omitted)
 	return cm.Data

@@ -26,13 +26,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	ngkube "github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -77,14 +76,14 @@ func TestAdmissionPolicyDecidesFromTheReleasedNodes(t *testing.T) {
 
 	policy, binding, err := constraints.AdmissionPolicyManifests(filepath.Join("..", "..", "constraints"))
 	require.NoError(t, err)
-	put(t, dyn, admissionpolicy.PolicyGVR, policy)
-	put(t, dyn, admissionpolicy.BindingGVR, binding)
+	put(t, dyn, admission.PolicyGVR, policy)
+	put(t, dyn, admission.BindingGVR, binding)
 	// As the fleet builds them (the committed files leave out empty
 	// selectors): stored exactly as built, with nothing the API server
 	// defaults left unset.
-	built, builtBinding, err := admissionpolicy.Build(mustInfo(t), admissionpolicy.Options{})
+	built, builtBinding, err := admission.BuildPolicy(mustInfo(t), admission.PolicyOptions{})
 	require.NoError(t, err)
-	for gvr, obj := range map[schema.GroupVersionResource]runtime.Object{admissionpolicy.PolicyGVR: built, admissionpolicy.BindingGVR: builtBinding} {
+	for gvr, obj := range map[schema.GroupVersionResource]runtime.Object{admission.PolicyGVR: built, admission.BindingGVR: builtBinding} {
 		put(t, dyn, gvr, obj)
 		want, err := ngkube.OwnedFrom(gvr, obj)
 		require.NoError(t, err)
@@ -93,7 +92,7 @@ func TestAdmissionPolicyDecidesFromTheReleasedNodes(t *testing.T) {
 		assert.True(t, ngkube.Holds(have, want.Object, "spec"), "%s stored as built, else the fleet writes it at every reconcile: %v",
 			gvr.Resource, have.Object["spec"])
 	}
-	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: admissionpolicy.ParamsNamespace}}, metav1.CreateOptions{})
+	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: admission.ParamsNamespace}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	node := func(name string) *corev1.Node {
 		n, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
@@ -101,11 +100,11 @@ func TestAdmissionPolicyDecidesFromTheReleasedNodes(t *testing.T) {
 		return n
 	}
 	running, teardown, gone := node("running"), node("teardown"), node("gone")
-	publish := func(verdicts ...admissionpolicy.Verdict) {
-		cm, omitted, err := admissionpolicy.Params(verdicts, admissionpolicy.MaxParamsBytes)
+	publish := func(verdicts ...admission.ReleaseVerdict) {
+		cm, omitted, err := admission.PolicyParams(verdicts, admission.MaxParamsBytes)
 		require.NoError(t, err)
 		require.Zero(t, omitted)
-		put(t, dyn, admissionpolicy.ParamsGVR, cm)
+		put(t, dyn, admission.ParamsGVR, cm)
 	}
 	denied := func(t require.TestingT, err error, want string) {
 		require.Error(t, err)
@@ -125,9 +124,9 @@ func TestAdmissionPolicyDecidesFromTheReleasedNodes(t *testing.T) {
 		}, 30*time.Second, 100*time.Millisecond, "parameterNotFoundAction: Deny")
 	})
 
-	publish(admissionpolicy.Verdict{Node: running.Name},
-		admissionpolicy.Verdict{Node: teardown.Name, Blocker: "Node \"teardown\" cannot be deleted: DockerMachine default/teardown is being deleted but still exists."},
-		admissionpolicy.Verdict{Node: gone.Name, UID: string(gone.UID), Released: true})
+	publish(admission.ReleaseVerdict{Node: running.Name},
+		admission.ReleaseVerdict{Node: teardown.Name, Blocker: "Node \"teardown\" cannot be deleted: DockerMachine default/teardown is being deleted but still exists."},
+		admission.ReleaseVerdict{Node: gone.Name, UID: string(gone.UID), Released: true})
 
 	t.Run("a blocked Node is denied, a released one allowed", func(t *testing.T) {
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
@@ -145,10 +144,10 @@ func TestAdmissionPolicyDecidesFromTheReleasedNodes(t *testing.T) {
 	})
 
 	t.Run("exempt users and groups are not judged", func(t *testing.T) {
-		p, b, err := admissionpolicy.Build(mustInfo(t), admissionpolicy.Options{ExemptUsers: []string{"alice"}, ExemptGroups: []string{"nodeguard:break-glass"}})
+		p, b, err := admission.BuildPolicy(mustInfo(t), admission.PolicyOptions{ExemptUsers: []string{"alice"}, ExemptGroups: []string{"nodeguard:break-glass"}})
 		require.NoError(t, err)
-		put(t, dyn, admissionpolicy.PolicyGVR, p)
-		put(t, dyn, admissionpolicy.BindingGVR, b)
+		put(t, dyn, admission.PolicyGVR, p)
+		put(t, dyn, admission.BindingGVR, b)
 		as := func(user string, groups ...string) kubernetes.Interface {
 			c := rest.CopyConfig(cfg)
 			c.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: append(groups, "system:masters")}
@@ -164,10 +163,10 @@ func TestAdmissionPolicyDecidesFromTheReleasedNodes(t *testing.T) {
 	})
 
 	t.Run("warn allows with the denial as a warning", func(t *testing.T) {
-		p, b, err := admissionpolicy.Build(mustInfo(t), admissionpolicy.Options{Action: rule.ActionWarn})
+		p, b, err := admission.BuildPolicy(mustInfo(t), admission.PolicyOptions{Action: rule.ActionWarn})
 		require.NoError(t, err)
-		put(t, dyn, admissionpolicy.PolicyGVR, p)
-		put(t, dyn, admissionpolicy.BindingGVR, b)
+		put(t, dyn, admission.PolicyGVR, p)
+		put(t, dyn, admission.BindingGVR, b)
 		seen := &warnings{}
 		c := rest.CopyConfig(cfg)
 		c.WarningHandlerWithContext = seen
@@ -180,10 +179,10 @@ func TestAdmissionPolicyDecidesFromTheReleasedNodes(t *testing.T) {
 	})
 }
 
-func mustInfo(t *testing.T) admissionpolicy.Info {
+func mustInfo(t *testing.T) admission.PolicyInfo {
 	t.Helper()
-	info, err := admissionpolicy.LoadInfo()
-	require.NoError(t, err, fmt.Sprintf("METADATA of policies/%s", admissionpolicy.Entry))
+	info, err := admission.LoadPolicyInfo()
+	require.NoError(t, err, fmt.Sprintf("METADATA of policies/%s", admission.PolicyEntry))
 	return info
 }
 
@@ -241,7 +240,7 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 		assert.Equal(col, fleet.ModeAdmissionPolicy, states[0].Mode)
 	}, 60*time.Second, 200*time.Millisecond, "guarded and proven by the policy's denial")
 	t.Logf("guarded and proven %s after nodeguard started", time.Since(started).Round(100*time.Millisecond))
-	_, err = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+	_, err = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, admission.Name, metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "no webhook in this mode: %v", err)
 
 	policyDenies := func(c require.TestingT, node, want string) {
@@ -251,7 +250,7 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 		assert.Contains(c, err.Error(), want)
 	}
 	released := func(c require.TestingT, node string) {
-		cm, err := kube.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Get(ctx, admissionpolicy.ParamsName, metav1.GetOptions{})
+		cm, err := kube.CoreV1().ConfigMaps(admission.ParamsNamespace).Get(ctx, admission.ParamsName, metav1.GetOptions{})
 		require.NoError(c, err)
 		n, err := kube.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		require.NoError(c, err)
@@ -265,7 +264,7 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 		policyDenies(t, "dev-cp-0", `Node "dev-cp-0" cannot be deleted: nodeguard has not released it`)
 	})
 	t.Run("the released Nodes deleted are published again", func(t *testing.T) {
-		require.NoError(t, kube.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Delete(ctx, admissionpolicy.ParamsName, metav1.DeleteOptions{}))
+		require.NoError(t, kube.CoreV1().ConfigMaps(admission.ParamsNamespace).Delete(ctx, admission.ParamsName, metav1.DeleteOptions{}))
 		require.EventuallyWithT(t, func(c *assert.CollectT) { released(c, "free") }, 10*time.Second, 50*time.Millisecond)
 	})
 
@@ -280,7 +279,7 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 		defer cancel()
 		go func() {
 			_ = wait.PollUntilContextCancel(pollCtx, 10*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-				cm, err := kube.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Get(ctx, admissionpolicy.ParamsName, metav1.GetOptions{})
+				cm, err := kube.CoreV1().ConfigMaps(admission.ParamsNamespace).Get(ctx, admission.ParamsName, metav1.GetOptions{})
 				if err == nil && cm.Data[name] != "" {
 					visible <- time.Now()
 					return true, nil
@@ -336,7 +335,7 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 		require.NotEqual(t, old.UID, again.UID)
 		policyDenies(t, "free", "re-created under its name")
 
-		require.NoError(t, kube.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Delete(ctx, admissionpolicy.ParamsName, metav1.DeleteOptions{}))
+		require.NoError(t, kube.CoreV1().ConfigMaps(admission.ParamsNamespace).Delete(ctx, admission.ParamsName, metav1.DeleteOptions{}))
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
 			policyDenies(c, "dev-cp-0", "no params found for policy binding")
 		}, 10*time.Second, 50*time.Millisecond, "without the released Nodes every delete is denied")

@@ -22,10 +22,10 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -342,10 +342,10 @@ func TestCAPIManagementAndWorkloadClusters(t *testing.T) {
 func (c *capiCluster) installWebhook(t *testing.T, url string, caPEM []byte) {
 	t.Helper()
 	mgmtKube, _ := clientsFor(t, localcluster.Config(c.mgmtEnv))
-	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: "default/dev"})
+	vwc, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: url, CABundle: caPEM, Cluster: "default/dev"})
 	require.NoError(t, err)
 	client, where := target(t, mgmtKube, nil, "default/dev")
-	require.NoError(t, webhookconfig.Apply(context.Background(), client, vwc))
+	require.NoError(t, admission.ApplyWebhookConfig(context.Background(), client, vwc))
 	t.Logf("webhook installed into %s", where)
 }
 

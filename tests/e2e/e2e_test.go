@@ -35,11 +35,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/audit"
 	"github.com/nodeguard/nodeguard/enforcer/check"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -178,9 +178,9 @@ func nodeguardWith(t *testing.T, cfg *rest.Config, opts serve.Options) running {
 	url, stop := serveWith(t, clients, ca, opts)
 	caPEM, err := os.ReadFile(ca.CAFile(t))
 	require.NoError(t, err)
-	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
+	vwc, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: url, CABundle: caPEM})
 	require.NoError(t, err)
-	require.NoError(t, webhookconfig.Apply(context.Background(), dynamic.NewForConfigOrDie(cfg), vwc))
+	require.NoError(t, admission.ApplyWebhookConfig(context.Background(), dynamic.NewForConfigOrDie(cfg), vwc))
 	return running{url: url, ca: ca, clients: clients, stop: stop}
 }
 
@@ -188,7 +188,7 @@ func nodeguardWith(t *testing.T, cfg *rest.Config, opts serve.Options) running {
 // ("": self), and says where that is.
 func target(t *testing.T, mgmt kubernetes.Interface, self dynamic.Interface, cluster string) (dynamic.Interface, string) {
 	t.Helper()
-	client, where, err := webhookconfig.Target(context.Background(), mgmt, self, cluster,
+	client, where, err := admission.InstallTarget(context.Background(), mgmt, self, cluster,
 		func(cfg *rest.Config) (dynamic.Interface, error) { return dynamic.NewForConfig(cfg) })
 	require.NoError(t, err)
 	return client, where
@@ -344,10 +344,10 @@ func TestManagementAndWorkloadClusters(t *testing.T) {
 		require.NoError(t, err)
 	}
 	install := func(cluster string) {
-		vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: cluster})
+		vwc, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: url, CABundle: caPEM, Cluster: cluster})
 		require.NoError(t, err)
 		client, where := target(t, mgmtKube, dyn, cluster)
-		require.NoError(t, webhookconfig.Apply(ctx, client, vwc))
+		require.NoError(t, admission.ApplyWebhookConfig(ctx, client, vwc))
 		assert.Equal(t, "workload cluster "+cluster, where)
 	}
 	node := func() {

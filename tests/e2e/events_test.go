@@ -17,10 +17,10 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -151,9 +151,9 @@ func TestDenialEventsOfAWorkloadCluster(t *testing.T) {
 	caPEM, err := os.ReadFile(ca.CAFile(t))
 	require.NoError(t, err)
 	route := func(url string) {
-		vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: "default/dev"})
+		vwc, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: url, CABundle: caPEM, Cluster: "default/dev"})
 		require.NoError(t, err)
-		require.NoError(t, webhookconfig.Apply(ctx, dynamic.NewForConfigOrDie(workload), vwc))
+		require.NoError(t, admission.ApplyWebhookConfig(ctx, dynamic.NewForConfigOrDie(workload), vwc))
 	}
 
 	route(toWorkload)

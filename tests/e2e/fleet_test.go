@@ -31,11 +31,11 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/cleanup"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -170,10 +170,10 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 	})
 
 	t.Run("a deleted configuration is restored and the delete still denied", func(t *testing.T) {
-		require.NoError(t, kube1.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, webhookconfig.Name, metav1.DeleteOptions{}))
+		require.NoError(t, kube1.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, admission.Name, metav1.DeleteOptions{}))
 		deleted := time.Now()
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			_, err := kube1.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+			_, err := kube1.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, admission.Name, metav1.GetOptions{})
 			assert.NoError(c, err)
 		}, 10*time.Second, 50*time.Millisecond, "restored within 10 s")
 		t.Logf("deleted configuration restored after %s", time.Since(deleted).Round(10*time.Millisecond))
@@ -183,7 +183,7 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 
 	t.Run("another manager's edits are taken back", func(t *testing.T) {
 		api := kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-		vwc, err := api.Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+		vwc, err := api.Get(ctx, admission.Name, metav1.GetOptions{})
 		require.NoError(t, err)
 		want := vwc.Webhooks[0].ClientConfig.CABundle
 		// A foreign CA, and an objectSelector that would let every Node pass.
@@ -192,7 +192,7 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		_, err = api.Update(ctx, vwc, metav1.UpdateOptions{FieldManager: "someone-else"})
 		require.NoError(t, err)
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			got, err := api.Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+			got, err := api.Get(ctx, admission.Name, metav1.GetOptions{})
 			require.NoError(c, err)
 			assert.Equal(c, want, got.Webhooks[0].ClientConfig.CABundle)
 			assert.Empty(c, got.Webhooks[0].ObjectSelector.MatchLabels)
@@ -231,7 +231,7 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		}
 		oldPEM, nextPEM := mustRead(t, servingCA), mustRead(t, next.CAFile(t))
 		bundleHas := func(c *assert.CollectT, k kubernetes.Interface, caPEM []byte, want bool) {
-			vwc, err := k.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+			vwc, err := k.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, admission.Name, metav1.GetOptions{})
 			require.NoError(c, err)
 			assert.Equal(c, want, bytes.Contains(vwc.Webhooks[0].ClientConfig.CABundle, caPEM), "bundle trusts the CA")
 		}
@@ -323,7 +323,7 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		_, err := dyn.Resource(clustersGVR).Namespace("default").Patch(ctx, "two", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		require.NoError(t, err)
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			_, err := kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+			_, err := kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, admission.Name, metav1.GetOptions{})
 			assert.True(c, apierrors.IsNotFound(err), "removed: %v", err)
 			assert.Equal(c, fleet.ReasonOptedOut, states(c)["default/two"].Reason)
 		}, 30*time.Second, 200*time.Millisecond)
@@ -343,9 +343,9 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 			s := states(c)
 			assert.True(c, s["default/dev2"].Guarded, "%+v", s["default/dev2"])
 			assert.NotContains(c, s, "default/dev", "the deleted Cluster is forgotten")
-			vwc, err := kube1.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+			vwc, err := kube1.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, admission.Name, metav1.GetOptions{})
 			require.NoError(c, err)
-			assert.Equal(c, "default/dev2", vwc.Annotations[webhookconfig.ClusterAnnotation])
+			assert.Equal(c, "default/dev2", vwc.Annotations[admission.ClusterAnnotation])
 		}, 30*time.Second, 200*time.Millisecond)
 		// The Node's annotations still name Cluster dev: misrouted on dev2's route.
 		denied(t, kube1, "md-0-a", "the route of Cluster default/dev2")
@@ -355,7 +355,7 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		stop() // the chart's hook scales nodeguard to 0 first: the fleet would restore what it removes
 		// Cluster two opted out: a configuration of the same name that Helm keeps there stays.
 		_, err := kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{
-			ObjectMeta: metav1.ObjectMeta{Name: webhookconfig.Name, Labels: map[string]string{kube.ManagedByLabel: "Helm"}}}, metav1.CreateOptions{})
+			ObjectMeta: metav1.ObjectMeta{Name: admission.Name, Labels: map[string]string{kube.ManagedByLabel: "Helm"}}}, metav1.CreateOptions{})
 		require.NoError(t, err)
 		// Cluster gone's API server does not answer: what it may still hold
 		// is reported, and the uninstall stops there.
@@ -372,11 +372,11 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, 0, code, out.String())
 		t.Logf("again, Cluster default/gone deleted:\n%s", out.String())
-		_, err = kube1.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+		_, err = kube1.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, admission.Name, metav1.GetOptions{})
 		assert.True(t, apierrors.IsNotFound(err), "the fleet's configuration is gone: %v", err)
 		_, err = kube1.RbacV1().ClusterRoles().Get(ctx, kube.Name, metav1.GetOptions{})
 		assert.True(t, apierrors.IsNotFound(err), "and nodeguard's identity there: %v", err)
-		_, err = kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+		_, err = kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, admission.Name, metav1.GetOptions{})
 		assert.NoError(t, err, "Helm's stays")
 		_, err = mgmtKube.CoreV1().ConfigMaps("default").Get(ctx, fleet.StatusName, metav1.GetOptions{})
 		assert.True(t, apierrors.IsNotFound(err), "the fleet's status is gone: %v", err)

@@ -33,13 +33,11 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	ngkube "github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -311,7 +309,7 @@ func TestTheFleetTellsTheTruth(t *testing.T) {
 				assert.Contains(t, e, "("+fleet.ReasonNoKubeconfig+")", "%s: no WorkloadClusterUnguarded Event but the missing Secret's", key)
 			}
 		}
-		_, err := kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+		_, err := kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, admission.Name, metav1.GetOptions{})
 		assert.True(t, apierrors.IsNotFound(err), "mode admission-policy installs no webhook: %v", err)
 		err = kube1.CoreV1().Nodes().Delete(ctx, "dev-md-0", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
 		require.Error(t, err)
@@ -339,7 +337,7 @@ func TestTheFleetTellsTheTruth(t *testing.T) {
 		assert.Contains(t, body, "was not issued for Cluster default/two")
 		code, body = post("/validate/clusters/default/dev")
 		assert.Equal(t, http.StatusBadRequest, code, "its own route takes it (and finds no review in {}): %s", body)
-		n, ok := ng.metric(t, "nodeguard_rejected_requests_total", `reason="`+webhook.RejectWrongCluster+`"`)
+		n, ok := ng.metric(t, "nodeguard_rejected_requests_total", `reason="`+admission.RejectWrongCluster+`"`)
 		assert.True(t, ok)
 		assert.Equal(t, 1.0, n, "counted")
 	})
@@ -395,7 +393,7 @@ func TestTheFleetTellsTheTruth(t *testing.T) {
 			assert.True(c, s.Guarded && s.Mode == fleet.ModeWebhook, "%+v", s)
 			_, err := kube2.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, "nodeguard", metav1.GetOptions{})
 			assert.True(c, apierrors.IsNotFound(err), "binding removed: %v", err)
-			_, err = kube2.CoreV1().ConfigMaps(admissionpolicy.ParamsNamespace).Get(ctx, admissionpolicy.ParamsName, metav1.GetOptions{})
+			_, err = kube2.CoreV1().ConfigMaps(admission.ParamsNamespace).Get(ctx, admission.ParamsName, metav1.GetOptions{})
 			assert.True(c, apierrors.IsNotFound(err), "released Nodes removed: %v", err)
 		}, 60*time.Second, 100*time.Millisecond)
 		took := time.Since(switched)

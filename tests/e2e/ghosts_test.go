@@ -22,13 +22,13 @@ import (
 	v1helper "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghostlist"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -126,7 +126,7 @@ func TestCAPIGhostNodes(t *testing.T) {
 			require.NoError(col, err)
 			require.Len(col, states, 1)
 			assert.True(col, states[0].Guarded, "%+v", states[0])
-			cfg, err := c.nodes.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+			cfg, err := c.nodes.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, admission.Name, metav1.GetOptions{})
 			require.NoError(col, err)
 			assert.Len(col, cfg.Webhooks, 2, "the delete webhook and the registration webhook")
 		}, 60*time.Second, 200*time.Millisecond, what)
@@ -166,7 +166,7 @@ func TestCAPIGhostNodes(t *testing.T) {
 		t.Logf("registrations judged %s after nodeguard restarted", time.Since(restarted).Round(time.Millisecond))
 		_, err := kubeletRegisters(ctx, c, name)
 		require.Error(t, err, "the kubelet's Node create is refused")
-		assert.Contains(t, err.Error(), `admission webhook "`+webhookconfig.RegistrationWebhookName+`" denied the request`)
+		assert.Contains(t, err.Error(), `admission webhook "`+admission.RegistrationWebhookName+`" denied the request`)
 		assert.Contains(t, err.Error(), `may not register: providerID "`+pid+`" was carried by DockerMachine default/`+name)
 		assert.Contains(t, err.Error(), "nodeguard ghosts --clear "+pid)
 		t.Logf("the kubelet's registration: %v", err)
@@ -189,7 +189,7 @@ func TestCAPIGhostNodes(t *testing.T) {
 			[]byte(`{"metadata":{"annotations":{"`+ghosts.Annotation+`":"taint"}}}`), metav1.PatchOptions{})
 		require.NoError(t, err)
 		require.EventuallyWithT(t, func(col *assert.CollectT) {
-			cfg, err := c.nodes.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.Name, metav1.GetOptions{})
+			cfg, err := c.nodes.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, admission.Name, metav1.GetOptions{})
 			require.NoError(col, err)
 			assert.Len(col, cfg.Webhooks, 1, "the registration webhook removed")
 		}, 30*time.Second, 100*time.Millisecond)

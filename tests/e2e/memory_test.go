@@ -27,7 +27,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/internal/hostile"
 	"github.com/nodeguard/nodeguard/internal/procstatus"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -72,9 +72,9 @@ func nodeguardProcess(t *testing.T, env *envtest.Environment, register bool) pro
 	if register {
 		caPEM, err := os.ReadFile(ca.CAFile(t))
 		require.NoError(t, err)
-		vwc, err := webhookconfig.Build(webhookconfig.Options{URL: p.url, CABundle: caPEM})
+		vwc, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: p.url, CABundle: caPEM})
 		require.NoError(t, err)
-		require.NoError(t, webhookconfig.Apply(context.Background(), dynamic.NewForConfigOrDie(env.Config), vwc))
+		require.NoError(t, admission.ApplyWebhookConfig(context.Background(), dynamic.NewForConfigOrDie(env.Config), vwc))
 	}
 	return p
 }

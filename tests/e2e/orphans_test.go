@@ -21,10 +21,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -252,9 +252,9 @@ func TestOrphanNodesAreReapedInAWorkloadCluster(t *testing.T) {
 	// The workload cluster's Node deletes go to nodeguard's route for Cluster default/dev.
 	caPEM, err := os.ReadFile(ca.CAFile(t))
 	require.NoError(t, err)
-	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM, Cluster: "default/dev"})
+	vwc, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: url, CABundle: caPEM, Cluster: "default/dev"})
 	require.NoError(t, err)
-	require.NoError(t, webhookconfig.Apply(ctx, dynamic.NewForConfigOrDie(workload), vwc))
+	require.NoError(t, admission.ApplyWebhookConfig(ctx, dynamic.NewForConfigOrDie(workload), vwc))
 
 	for _, name := range []string{"control-plane-0", "left-behind", "still-ready"} {
 		workloadMachine(t, dyn, mgmtKube, workloadKube, name)

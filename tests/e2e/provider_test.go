@@ -25,9 +25,9 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -98,7 +98,7 @@ func TestGatekeeperAsksNodeguard(t *testing.T) {
 
 	// nodeguard wrote the Provider Gatekeeper calls: its URL and its CA.
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		p, err := dyn.Resource(webhookconfig.ProviderGVR).Get(ctx, "nodeguard", metav1.GetOptions{})
+		p, err := dyn.Resource(admission.ProviderGVR).Get(ctx, "nodeguard", metav1.GetOptions{})
 		require.NoError(c, err)
 		url, _, _ := unstructured.NestedString(p.Object, "spec", "url")
 		ca, _, _ := unstructured.NestedString(p.Object, "spec", "caBundle")
@@ -261,9 +261,9 @@ func asDeployed(t *testing.T, cfg *rest.Config, components ...string) *rest.Conf
 // webhook-config --gatekeeper-provider --cluster NS/NAME --apply` does.
 func installProvider(t *testing.T, mgmt kubernetes.Interface, ng *provider, cluster string) {
 	t.Helper()
-	p, err := webhookconfig.BuildProvider("nodeguard", webhookconfig.Options{URL: ng.url, CABundle: ng.caPEM, Cluster: cluster})
+	p, err := admission.BuildProvider("nodeguard", admission.WebhookConfigOptions{URL: ng.url, CABundle: ng.caPEM, Cluster: cluster})
 	require.NoError(t, err)
 	client, where := target(t, mgmt, nil, cluster)
-	require.NoError(t, webhookconfig.ApplyProvider(context.Background(), client, p))
+	require.NoError(t, admission.ApplyProvider(context.Background(), client, p))
 	require.Equal(t, "workload cluster "+cluster, where)
 }

@@ -25,10 +25,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	ngkube "github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testbundle"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -215,7 +215,7 @@ func bundleServe(t *testing.T, cfg *rest.Config, kube kubernetes.Interface, bund
 	t.Cleanup(stop)
 	caPEM, err := os.ReadFile(ca.CAFile(t))
 	require.NoError(t, err)
-	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
+	vwc, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: url, CABundle: caPEM})
 	require.NoError(t, err)
-	require.NoError(t, webhookconfig.Apply(context.Background(), dynamic.NewForConfigOrDie(cfg), vwc))
+	require.NoError(t, admission.ApplyWebhookConfig(context.Background(), dynamic.NewForConfigOrDie(cfg), vwc))
 }

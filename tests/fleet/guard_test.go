@@ -24,10 +24,9 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	ngfleet "github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/procstatus"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -100,7 +99,7 @@ func (s *guardServer) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		s.mu.Unlock()
 		if strings.HasSuffix(url, "/validate/clusters/"+s.cluster) {
-			w.Header().Add("Warning", `299 - "`+webhook.DryRunWarning(s.cluster)+`"`)
+			w.Header().Add("Warning", `299 - "`+admission.DryRunWarning(s.cluster)+`"`)
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"apiVersion": "v1", "kind": "Status", "status": "Success"})
 	case serveIdentity(w, r, s.cluster):
@@ -242,7 +241,7 @@ func startGuardFleet(t testing.TB, ctx context.Context, n int) *guardFleet {
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	require.NoError(t, os.WriteFile(caFile, testpki.CAPEM(t), 0o600))
 	set, err := kube.NewClusterSet(kube.ClusterSetOptions{Management: kube.Clients{Dynamic: dyn, Mapper: mapper}, Secrets: secrets,
-		Identity: &kube.IdentityOptions{Delete: true, Owns: webhookconfig.Rules()},
+		Identity: &kube.IdentityOptions{Delete: true, Owns: admission.WebhookRules()},
 		Start:    func(ctx context.Context, c *kube.Cluster) { f.r.Session(ctx, c) },
 		Changed:  func(key string) { f.r.Changed(key) }})
 	require.NoError(t, err)

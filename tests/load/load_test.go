@@ -33,13 +33,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -112,7 +111,7 @@ func BenchmarkWebhook(b *testing.B) {
 	g, err := guard.New(context.Background(), inv, guard.Options{Engine: testcluster.Engine(b)})
 	require.NoError(b, err)
 	ca := testpki.New(b)
-	url, _ := ca.Serve(b, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{})
+	url, _ := ca.Serve(b, admission.NewWebhook(admission.WebhookOptions{Decider: g}), admission.TLSOptions{})
 	client := &http.Client{Transport: &http.Transport{
 		TLSClientConfig:     &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12},
 		MaxIdleConnsPerHost: 1024,

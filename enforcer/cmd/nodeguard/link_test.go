@@ -18,10 +18,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	sigsyaml "sigs.k8s.io/yaml"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/policydoc"
 	"github.com/nodeguard/nodeguard/internal/policytest"
 	"github.com/nodeguard/nodeguard/internal/testbundle"
@@ -174,9 +174,9 @@ func admit(t *testing.T, g *guard.Guard, user authenticationv1.UserInfo, node []
 	body, err := json.Marshal(review)
 	require.NoError(t, err)
 	rec := httptest.NewRecorder()
-	req := httptest.NewRequest(http.MethodPost, webhook.RouteSelf, bytes.NewReader(body))
+	req := httptest.NewRequest(http.MethodPost, admission.WebhookRouteSelf, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
-	webhook.New(webhook.Options{Decider: g}).ServeHTTP(rec, req)
+	admission.NewWebhook(admission.WebhookOptions{Decider: g}).ServeHTTP(rec, req)
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 	var answer admissionv1.AdmissionReview
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &answer))

@@ -26,6 +26,7 @@ import (
 	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/audit"
 	"github.com/nodeguard/nodeguard/enforcer/check"
 	"github.com/nodeguard/nodeguard/enforcer/cleanup"
@@ -39,9 +40,6 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/orphanlist"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 )
 
 func main() {
@@ -301,13 +299,13 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.Var(&protectionFlag{&opts.Orphans.Ghosts.Protection}, "ghost-protection", "what is done about a ghost Node besides reporting it: off, deny (its registration is denied: add the registration webhook, webhook-config --ghost-registrations; the fleet adds it) or taint (tainted "+ghosts.TaintKey+":NoExecute); a Cluster's nodeguard.io/ghost-protection annotation sets its own")
 	f.Float32Var(&opts.KubeAPIQPS, "kube-api-qps", kube.DefaultQPS, "queries per second to the API server (informers and fresh reads); sized for bursts of Node deletes")
 	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", kube.DefaultBurst, "burst of queries to the API server above --kube-api-qps")
-	f.IntVar(&opts.MaxConcurrentDecisions, "max-concurrent-decisions", webhook.DefaultMaxConcurrentDecisions, "decisions made at once; further reviews wait for a slot within their deadline")
+	f.IntVar(&opts.MaxConcurrentDecisions, "max-concurrent-decisions", admission.DefaultMaxConcurrent, "decisions made at once; further reviews wait for a slot within their deadline")
 	f.StringVar(&opts.MetricsBindAddress, "metrics-bind-address", serve.DefaultMetricsBindAddress, "address to serve /metrics on over HTTP; 0 disables")
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", serve.DefaultHealthProbeBindAddress, "address to serve /healthz and /readyz on over HTTP; 0 disables")
 	negatedVar(f, &opts.NoDenialEvents, "denial-events", "record a Warning Event NodeDeleteDenied on the Node of each denied delete (aggregated and rate-limited; docs/operate.md)")
 	f.BoolVar(&opts.DenialEventsWorkloadClusters, "denial-events-workload-clusters", false, "record the Events of /validate/clusters/NS/NAME in that workload cluster, through its <name>-kubeconfig Secret (needs Secret get); otherwise on the Machine in this cluster")
-	f.StringVar(&opts.TLSMinVersion, "tls-min-version", tlsserver.DefaultMinVersion, "lowest TLS version accepted: VersionTLS12 or VersionTLS13")
-	f.StringSliceVar(&opts.TLSCipherSuites, "tls-cipher-suites", tlsserver.DefaultCipherSuites(), "TLS 1.2 cipher suites accepted, comma-separated IANA names (TLS 1.3 suites are always AEAD)")
+	f.StringVar(&opts.TLSMinVersion, "tls-min-version", admission.DefaultMinVersion, "lowest TLS version accepted: VersionTLS12 or VersionTLS13")
+	f.StringSliceVar(&opts.TLSCipherSuites, "tls-cipher-suites", admission.DefaultCipherSuites(), "TLS 1.2 cipher suites accepted, comma-separated IANA names (TLS 1.3 suites are always AEAD)")
 	f.StringVar(&opts.SelfCluster, "self-cluster", "", "CAPI Cluster NAMESPACE/NAME this cluster itself is: /validate counts only its Machines, and denies a Node whose CAPI annotations name another Cluster (set it on a CAPI-managed management cluster)")
 	f.BoolVar(&opts.Fleet.Enabled, "fleet", false, "guard every selected CAPI workload cluster: keep nodeguard's ValidatingWebhookConfiguration there (through its <name>-kubeconfig Secret) and prove it with dry-run Node deletes; one replica acts, holding a Lease")
 	f.StringVar(&opts.Fleet.URL, "fleet-url", "", "with --fleet: base https URL where the workload API servers reach this nodeguard")
@@ -379,7 +377,7 @@ func kubectlPluginName(arg0 string) string {
 
 func webhookConfigCommand() *cobra.Command {
 	var (
-		opts                  webhookconfig.Options
+		opts                  admission.WebhookConfigOptions
 		caFile                string
 		apply                 bool
 		gatekeeperProvider    bool
@@ -446,9 +444,9 @@ func webhookConfigCommand() *cobra.Command {
 }
 
 // webhookFlags are the webhook's own settings, named prefix+NAME.
-func webhookFlags(f *pflag.FlagSet, prefix string, s *webhookconfig.Settings) {
+func webhookFlags(f *pflag.FlagSet, prefix string, s *admission.WebhookSettings) {
 	f.Var(&failurePolicyFlag{&s.FailurePolicy}, prefix+"failure-policy", "what the API server does when nodeguard cannot be reached: Fail (deny the Node delete) or Ignore (admit it: the rule then holds only while nodeguard answers)")
-	f.Int32Var(&s.TimeoutSeconds, prefix+"timeout-seconds", webhookconfig.TimeoutSeconds, "how long the API server waits for nodeguard (1-30); keep serve's --request-timeout below it")
+	f.Int32Var(&s.TimeoutSeconds, prefix+"timeout-seconds", admission.TimeoutSeconds, "how long the API server waits for nodeguard (1-30); keep serve's --request-timeout below it")
 	f.StringVar(&s.ObjectSelector, prefix+"object-selector", "", "label selector on the Nodes whose deletes are sent (default: every Node)")
 	f.Var(&matchConditionsFlag{&s.MatchConditions}, prefix+"match-condition", "NAME=CEL: a condition a Node delete must meet to be sent (repeatable), e.g. 'not-break-glass=!(\"break-glass\" in request.userInfo.groups)'")
 }
@@ -513,36 +511,36 @@ type configObject struct {
 	install func(ctx context.Context, mgmt kubernetes.Interface, c kube.Clients) (string, error)
 }
 
-func configManifest(ctx context.Context, opts webhookconfig.Options, gatekeeperProvider bool) (configObject, error) {
+func configManifest(ctx context.Context, opts admission.WebhookConfigOptions, gatekeeperProvider bool) (configObject, error) {
 	if gatekeeperProvider {
-		name, err := webhookconfig.ProviderName(ctx)
+		name, err := admission.ProviderName(ctx)
 		if err != nil {
 			return configObject{}, err
 		}
-		p, err := webhookconfig.BuildProvider(name, opts)
+		p, err := admission.BuildProvider(name, opts)
 		if err != nil {
 			return configObject{}, err
 		}
-		return configObject{what: "Provider " + name, render: func() ([]byte, error) { return webhookconfig.ProviderYAML(p) },
+		return configObject{what: "Provider " + name, render: func() ([]byte, error) { return admission.ProviderYAML(p) },
 			install: func(ctx context.Context, mgmt kubernetes.Interface, c kube.Clients) (string, error) {
-				client, where, err := webhookconfig.Target(ctx, mgmt, c.Dynamic, opts.Cluster, dial)
+				client, where, err := admission.InstallTarget(ctx, mgmt, c.Dynamic, opts.Cluster, dial)
 				if err != nil {
 					return "", err
 				}
-				return where, webhookconfig.ApplyProvider(ctx, client, p)
+				return where, admission.ApplyProvider(ctx, client, p)
 			}}, nil
 	}
-	cfg, err := webhookconfig.Build(opts)
+	cfg, err := admission.BuildWebhookConfig(opts)
 	if err != nil {
 		return configObject{}, err
 	}
-	return configObject{what: "ValidatingWebhookConfiguration " + cfg.Name, render: func() ([]byte, error) { return webhookconfig.YAML(cfg) },
+	return configObject{what: "ValidatingWebhookConfiguration " + cfg.Name, render: func() ([]byte, error) { return admission.WebhookConfigYAML(cfg) },
 		install: func(ctx context.Context, mgmt kubernetes.Interface, c kube.Clients) (string, error) {
-			client, where, err := webhookconfig.Target(ctx, mgmt, c.Dynamic, opts.Cluster, dial)
+			client, where, err := admission.InstallTarget(ctx, mgmt, c.Dynamic, opts.Cluster, dial)
 			if err != nil {
 				return "", err
 			}
-			return where, webhookconfig.Apply(ctx, client, cfg)
+			return where, admission.ApplyWebhookConfig(ctx, client, cfg)
 		}}, nil
 }
 

@@ -33,9 +33,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 )
 
@@ -100,11 +100,11 @@ func run(ctx context.Context, bin string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("client: %w", err)
 	}
-	vwc, err := webhookconfig.Build(webhookconfig.Options{URL: url, CABundle: caPEM})
+	vwc, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: url, CABundle: caPEM})
 	if err != nil {
 		return err
 	}
-	if err := webhookconfig.Apply(ctx, dyn, vwc); err != nil {
+	if err := admission.ApplyWebhookConfig(ctx, dyn, vwc); err != nil {
 		return err
 	}
 	say("   ValidatingWebhookConfiguration %q sends every Node DELETE to it (failurePolicy: Fail)", vwc.Name)

@@ -21,7 +21,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/nodeguard/nodeguard/enforcer/admissionpolicy"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/internal/monitoring"
 	"github.com/nodeguard/nodeguard/internal/policydoc"
@@ -190,7 +190,7 @@ func reviewDocs(ctx context.Context, root string, check bool) (map[string][]byte
 // digest of its generated manifests: a changed policy or binding needs a new
 // version (and its CHANGELOG section), as a changed decision does.
 func admissionPolicyLedger(root string, rendered map[string][]byte, check bool) (map[string][]byte, error) {
-	info, err := admissionpolicy.LoadInfo()
+	info, err := admission.LoadPolicyInfo()
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +217,7 @@ func admissionPolicyLedger(root string, rendered map[string][]byte, check bool) 
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	cur := policydoc.Entry{Version: info.Version, Decisions: fmt.Sprintf("sha256:%x", h.Sum(nil)), Sync: []string{}}
-	updated, err := ledger.Record(admissionpolicy.Entry, cur, []string{"the generated " + strings.Join(manifests, " and ")})
+	updated, err := ledger.Record(admission.PolicyEntry, cur, []string{"the generated " + strings.Join(manifests, " and ")})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", info.Kind, err)
 	}

@@ -1,4 +1,4 @@
-package provider
+package admission
 
 import (
 	"time"
@@ -10,7 +10,7 @@ import (
 // Metrics are the provider's Prometheus metrics, all prefixed
 // nodeguard_externaldata_. Requests answered with an HTTP error are also
 // counted by reason in nodeguard_rejected_requests_total (intake).
-type Metrics struct {
+type ProviderMetrics struct {
 	requests  *prometheus.CounterVec
 	keys      *prometheus.CounterVec
 	keyErrors *prometheus.CounterVec
@@ -18,9 +18,9 @@ type Metrics struct {
 }
 
 // NewMetrics registers the metrics on reg.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+func NewProviderMetrics(reg prometheus.Registerer) (*ProviderMetrics, error) {
 	r := metrics.New(reg)
-	m := &Metrics{
+	m := &ProviderMetrics{
 		requests: r.CounterVec("nodeguard_externaldata_requests_total",
 			"External data requests from Gatekeeper, by route and result (answered, rejected: an HTTP error, error: no answer could be written).", "route", "result"),
 		keys: r.CounterVec("nodeguard_externaldata_keys_total",
@@ -38,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // request counts one request; a nil Metrics counts nothing.
-func (m *Metrics) request(route, result string, took time.Duration) {
+func (m *ProviderMetrics) request(route, result string, took time.Duration) {
 	if m == nil {
 		return
 	}
@@ -47,7 +47,7 @@ func (m *Metrics) request(route, result string, took time.Duration) {
 }
 
 // key counts one key answered, with err when it got no facts.
-func (m *Metrics) key(route string, err *keyError) {
+func (m *ProviderMetrics) key(route string, err *keyError) {
 	if m == nil {
 		return
 	}

@@ -1,4 +1,4 @@
-package provider_test
+package admission_test
 
 import (
 	"context"
@@ -20,17 +20,15 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/provider"
-	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
 	"github.com/nodeguard/nodeguard/internal/stacks"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
-const linkedNode = "dev-md-0-x7k2p-abcde" // its Machine and DockerMachine exist in the example
+const providerLinkedNode = "dev-md-0-x7k2p-abcde" // its Machine and DockerMachine exist in the example
 
 // exampleGuard is a Guard over the CAPD example (no fresh reads).
 func exampleGuard(t testing.TB) (*guard.Guard, map[string]*unstructured.Unstructured) {
@@ -53,7 +51,7 @@ func request(keys ...string) []byte {
 	return b
 }
 
-type server struct {
+type providerServer struct {
 	url     string
 	pki     *testpki.CA
 	reg     *prometheus.Registry
@@ -63,18 +61,18 @@ type server struct {
 // serve runs the provider behind nodeguard's TLS server. Clients: "gatekeeper"
 // has a certificate of the provider's client CA, "apiserver" one of the review
 // routes' CA, "anonymous" none.
-func serve(t testing.TB, facts provider.Facts, clusterExists func(context.Context, string, string) (bool, error)) *server {
+func providerServe(t testing.TB, facts admission.ProviderFacts, clusterExists func(context.Context, string, string) (bool, error)) *providerServer {
 	t.Helper()
 	pki, gatekeeperCA, apiServerCA := testpki.New(t), testpki.New(t), testpki.New(t)
 	reg := prometheus.NewRegistry()
-	im, err := requestlimits.NewMetrics(reg)
+	im, err := admission.NewIntakeMetrics(reg)
 	require.NoError(t, err)
-	pm, err := provider.NewMetrics(reg)
+	pm, err := admission.NewProviderMetrics(reg)
 	require.NoError(t, err)
-	in := requestlimits.New(requestlimits.Options{Timeout: 2 * time.Second, Metrics: im})
-	h, err := provider.New(provider.Options{Facts: facts, ClientCAs: gatekeeperCA.Pool(), ClusterExists: clusterExists, Intake: in, Metrics: pm})
+	in := admission.NewIntake(admission.IntakeOptions{Timeout: 2 * time.Second, Metrics: im})
+	h, err := admission.NewProvider(admission.ProviderOptions{Facts: facts, ClientCAs: gatekeeperCA.Pool(), ClusterExists: clusterExists, Intake: in, Metrics: pm})
 	require.NoError(t, err)
-	url, _ := pki.Serve(t, h, tlsserver.Options{ClientCAFiles: []string{gatekeeperCA.CAFile(t), apiServerCA.CAFile(t)}})
+	url, _ := pki.Serve(t, h, admission.TLSOptions{ClientCAFiles: []string{gatekeeperCA.CAFile(t), apiServerCA.CAFile(t)}})
 	client := func(ca *testpki.CA) *http.Client {
 		// As Gatekeeper's client: TLS 1.3, its webhook certificate.
 		cfg := &tls.Config{RootCAs: pki.Pool(), MinVersion: tls.VersionTLS13, ServerName: "127.0.0.1"}
@@ -86,11 +84,11 @@ func serve(t testing.TB, facts provider.Facts, clusterExists func(context.Contex
 		}
 		return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
 	}
-	return &server{url: url, pki: pki, reg: reg, clients: map[string]*http.Client{
+	return &providerServer{url: url, pki: pki, reg: reg, clients: map[string]*http.Client{
 		"gatekeeper": client(gatekeeperCA), "apiserver": client(apiServerCA), "anonymous": client(nil)}}
 }
 
-func (s *server) post(t testing.TB, client, path string, body []byte) (int, string, *externaldata.ProviderResponse) {
+func (s *providerServer) post(t testing.TB, client, path string, body []byte) (int, string, *externaldata.ProviderResponse) {
 	t.Helper()
 	return testpki.Post[externaldata.ProviderResponse](t, s.clients[client], s.url+path, "application/json", body)
 }
@@ -114,10 +112,10 @@ func kinds(t testing.TB, value any) []string {
 
 func TestEachKeyIsAnsweredWithWhatTheRuleReadsForItsNode(t *testing.T) {
 	g, nodes := exampleGuard(t)
-	s := serve(t, g, nil)
+	s := providerServe(t, g, nil)
 	free := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Node",
 		"metadata": map[string]any{"name": "free-0"}, "spec": map[string]any{"providerID": "docker:////free-0"}}}
-	linked, unlinked := key(t, "uid-1", nodes[linkedNode]), key(t, "uid-2", free)
+	linked, unlinked := key(t, "uid-1", nodes[providerLinkedNode]), key(t, "uid-2", free)
 	code, raw, out := s.post(t, "gatekeeper", "/externaldata", request(linked, unlinked))
 	require.Equal(t, 200, code, raw)
 	assert.Equal(t, "ProviderResponse", string(out.Kind))
@@ -126,7 +124,7 @@ func TestEachKeyIsAnsweredWithWhatTheRuleReadsForItsNode(t *testing.T) {
 	first := out.Response.Items[0]
 	assert.Equal(t, linked, first.Key)
 	assert.Empty(t, first.Error)
-	assert.ElementsMatch(t, []string{"Machine default/" + linkedNode, "DockerMachine default/" + linkedNode}, kinds(t, first.Value))
+	assert.ElementsMatch(t, []string{"Machine default/" + providerLinkedNode, "DockerMachine default/" + providerLinkedNode}, kinds(t, first.Value))
 	params := first.Value.(map[string]any)["parameters"].(map[string]any)
 	assert.Contains(t, params, "infraMachineKinds", "the synced kinds, which the rule takes from the answer")
 	assert.Equal(t, unlinked, out.Response.Items[1].Key)
@@ -137,11 +135,11 @@ func TestEachKeyIsAnsweredWithWhatTheRuleReadsForItsNode(t *testing.T) {
 
 func TestBadKeysGetAnErrorEachAndTheOthersTheirFacts(t *testing.T) {
 	g, nodes := exampleGuard(t)
-	s := serve(t, g, nil)
-	good := key(t, "uid-1", nodes[linkedNode])
+	s := providerServe(t, g, nil)
+	good := key(t, "uid-1", nodes[providerLinkedNode])
 	bad := map[string]string{
 		"not JSON":          "dev-md-0",
-		"no uid":            key(t, "", nodes[linkedNode]),
+		"no uid":            key(t, "", nodes[providerLinkedNode]),
 		"no Node":           `{"uid":"u"}`,
 		"no name":           `{"uid":"u","node":{"spec":{"providerID":"docker:////x"}}}`,
 		"non-string field":  `{"uid":"u","node":{"metadata":{"name":"x"},"spec":{"providerID":7}}}`,
@@ -170,8 +168,8 @@ nodeguard_externaldata_key_errors_total{reason="bad-key",route="/externaldata"} 
 // server's (the review routes' CA), not none.
 func TestOnlyGatekeepersCertificateIsAnswered(t *testing.T) {
 	g, nodes := exampleGuard(t)
-	s := serve(t, g, nil)
-	body := request(key(t, "uid-1", nodes[linkedNode]))
+	s := providerServe(t, g, nil)
+	body := request(key(t, "uid-1", nodes[providerLinkedNode]))
 	for _, client := range []string{"anonymous", "apiserver"} {
 		code, raw, _ := s.post(t, client, "/externaldata", body)
 		assert.Equal(t, http.StatusUnauthorized, code, client+": "+raw)
@@ -192,9 +190,9 @@ nodeguard_rejected_requests_total{reason="client-cert"} 4
 
 func TestMalformedRequestsAreRejected(t *testing.T) {
 	g, nodes := exampleGuard(t)
-	s := serve(t, g, nil)
-	k := key(t, "uid-1", nodes[linkedNode])
-	many := make([]string, provider.MaxKeys+1)
+	s := providerServe(t, g, nil)
+	k := key(t, "uid-1", nodes[providerLinkedNode])
+	many := make([]string, admission.MaxProviderKeys+1)
 	for i := range many {
 		many[i] = k
 	}
@@ -214,8 +212,8 @@ func TestMalformedRequestsAreRejected(t *testing.T) {
 	}
 }
 
-// facts wraps a Guard to fail as a live one can.
-type facts struct {
+// fakeFacts wraps a Guard to fail as a live one can.
+type fakeFacts struct {
 	*guard.Guard
 	notReady   error
 	recovering error
@@ -226,16 +224,16 @@ type facts struct {
 	parsed atomic.Int64
 }
 
-func (f *facts) Ready() error { return f.notReady }
+func (f *fakeFacts) Ready() error { return f.notReady }
 
-func (f *facts) Recovering() error { return f.recovering }
+func (f *fakeFacts) Recovering() error { return f.recovering }
 
-func (f *facts) Model() *rule.Model {
+func (f *fakeFacts) Model() *rule.Model {
 	f.parsed.Add(1)
 	return f.Guard.Model()
 }
 
-func (f *facts) Objects(ctx context.Context, node *unstructured.Unstructured, fresh bool) ([]*unstructured.Unstructured, error) {
+func (f *fakeFacts) Objects(ctx context.Context, node *unstructured.Unstructured, fresh bool) ([]*unstructured.Unstructured, error) {
 	f.reads.Add(1)
 	if f.objects != nil {
 		if err := f.objects(ctx); err != nil {
@@ -247,25 +245,25 @@ func (f *facts) Objects(ctx context.Context, node *unstructured.Unstructured, fr
 
 func TestWhatCannotBeReadIsAnErrorNeverAnEmptyAnswer(t *testing.T) {
 	g, nodes := exampleGuard(t)
-	k := key(t, "uid-1", nodes[linkedNode])
+	k := key(t, "uid-1", nodes[providerLinkedNode])
 
-	s := serve(t, &facts{Guard: g, notReady: errors.New("waiting for DockerMachine informer")}, nil)
+	s := providerServe(t, &fakeFacts{Guard: g, notReady: errors.New("waiting for DockerMachine informer")}, nil)
 	_, _, out := s.post(t, "gatekeeper", "/externaldata", request(k))
 	assert.Contains(t, out.Response.Items[0].Error, "nodeguard is not ready (waiting for DockerMachine informer)")
 	assert.Nil(t, out.Response.Items[0].Value)
 
-	s = serve(t, &facts{Guard: g, recovering: errors.New("the cache of DockerMachine is catching up")}, nil)
+	s = providerServe(t, &fakeFacts{Guard: g, recovering: errors.New("the cache of DockerMachine is catching up")}, nil)
 	_, _, out = s.post(t, "gatekeeper", "/externaldata", request(k))
 	assert.Contains(t, out.Response.Items[0].Error, "the cache of DockerMachine is catching up, so nodeguard cannot tell everything linked")
 	assert.Nil(t, out.Response.Items[0].Value, "an answer could lack what was made while the watch was down")
 
-	s = serve(t, &facts{Guard: g, objects: func(context.Context) error { return errors.New("get Machine: connection refused") }}, nil)
+	s = providerServe(t, &fakeFacts{Guard: g, objects: func(context.Context) error { return errors.New("get Machine: connection refused") }}, nil)
 	_, _, out = s.post(t, "gatekeeper", "/externaldata", request(k))
-	assert.Contains(t, out.Response.Items[0].Error, "could not re-read the objects linked to Node \""+linkedNode+"\"")
+	assert.Contains(t, out.Response.Items[0].Error, "could not re-read the objects linked to Node \""+providerLinkedNode+"\"")
 	assert.Contains(t, out.Response.Items[0].Error, "connection refused")
 
 	exists := func(_ context.Context, ns, name string) (bool, error) { return ns == "default" && name == "dev", nil }
-	s = serve(t, g, exists)
+	s = providerServe(t, g, exists)
 	_, _, out = s.post(t, "gatekeeper", "/externaldata/clusters/default/other", request(k))
 	assert.Contains(t, out.Response.Items[0].Error, "names Cluster default/other, which the management cluster does not have")
 	_, _, out = s.post(t, "gatekeeper", "/externaldata/clusters/default/dev", request(k))
@@ -279,14 +277,14 @@ func TestWhatCannotBeReadIsAnErrorNeverAnEmptyAnswer(t *testing.T) {
 func TestConcurrentKeysOfOneNodeShareOneRead(t *testing.T) {
 	g, nodes := exampleGuard(t)
 	release := make(chan struct{})
-	f := &facts{Guard: g, objects: func(context.Context) error { <-release; return nil }}
-	s := serve(t, f, nil)
+	f := &fakeFacts{Guard: g, objects: func(context.Context) error { <-release; return nil }}
+	s := providerServe(t, f, nil)
 	var wg sync.WaitGroup
 	for i := range 5 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, _, out := s.post(t, "gatekeeper", "/externaldata", request(key(t, "uid-"+string(rune('a'+i)), nodes[linkedNode])))
+			_, _, out := s.post(t, "gatekeeper", "/externaldata", request(key(t, "uid-"+string(rune('a'+i)), nodes[providerLinkedNode])))
 			assert.Empty(t, out.Response.Items[0].Error)
 		}()
 	}
@@ -294,7 +292,7 @@ func TestConcurrentKeysOfOneNodeShareOneRead(t *testing.T) {
 	// microsecond away), and it waits for release. No event announces the
 	// join: the stacks show the four others waiting on the first's flight.
 	require.Eventually(t, func() bool { return f.parsed.Load() == 5 }, 10*time.Second, time.Millisecond)
-	require.Eventually(t, func() bool { return f.reads.Load() == 1 && stacks.Count(flightWaiter...) == 4 }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return f.reads.Load() == 1 && stacks.Count(providerFlightWaiter...) == 4 }, 10*time.Second, time.Millisecond,
 		"the first key reads, the four others wait on its flight")
 	close(release)
 	wg.Wait()
@@ -302,4 +300,4 @@ func TestConcurrentKeysOfOneNodeShareOneRead(t *testing.T) {
 }
 
 // flightWaiter is where a goroutine waits that joined another's read.
-var flightWaiter = []string{"singleflight.(*Group).Do(", "sync.(*WaitGroup).Wait"}
+var providerFlightWaiter = []string{"singleflight.(*Group).Do(", "sync.(*WaitGroup).Wait"}

@@ -7,7 +7,7 @@
 // policies/nodeguard/released's, published by nodeguard. Exempt users and
 // groups are rendered into the policy's match conditions from the rule's
 // declared parameters.
-package admissionpolicy
+package admission
 
 import (
 	"errors"
@@ -29,7 +29,7 @@ import (
 
 // Entry is the Rego the verdicts come from; its METADATA carries the name,
 // kind and version of what is generated from it.
-const Entry = "nodeguard/released/released.rego"
+const PolicyEntry = "nodeguard/released/released.rego"
 
 // Where the guard lives in a workload cluster.
 const (
@@ -51,21 +51,21 @@ var (
 )
 
 // Info is the METADATA of Entry.
-type Info struct {
+type PolicyInfo struct {
 	Name, Kind, Version, Title string
 }
 
 // LoadInfo reads the METADATA of Entry.
-func LoadInfo() (Info, error) {
-	title, _, custom, err := policies.PackageMetadata(Entry, "policy", "kind", "version")
+func LoadPolicyInfo() (PolicyInfo, error) {
+	title, _, custom, err := policies.PackageMetadata(PolicyEntry, "policy", "kind", "version")
 	if err != nil {
-		return Info{}, err
+		return PolicyInfo{}, err
 	}
-	return Info{Title: title, Name: custom["policy"], Kind: custom["kind"], Version: custom["version"]}, nil
+	return PolicyInfo{Title: title, Name: custom["policy"], Kind: custom["kind"], Version: custom["version"]}, nil
 }
 
 // Options say what to build.
-type Options struct {
+type PolicyOptions struct {
 	// ExemptUsers and ExemptGroups may delete any Node (the rule's declared
 	// parameters of those names).
 	ExemptUsers, ExemptGroups []string
@@ -75,7 +75,7 @@ type Options struct {
 }
 
 // Build returns the policy and its binding.
-func Build(info Info, opts Options) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, error) {
+func BuildPolicy(info PolicyInfo, opts PolicyOptions) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, error) {
 	actions, err := validationActions(opts.Action)
 	if err != nil {
 		return nil, nil, err
@@ -174,7 +174,7 @@ func list(values []string) string {
 // cannot be limited by name), the ConfigMap of released Nodes, and get on
 // every ConfigMap, which the API server requires of whoever writes a policy
 // whose paramKind is ConfigMap.
-func Rules(info Info) []rbacv1.PolicyRule {
+func PolicyRules(info PolicyInfo) []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"validatingadmissionpolicies", "validatingadmissionpolicybindings"},
 			Verbs: []string{"create"}},
@@ -190,7 +190,7 @@ func Rules(info Info) []rbacv1.PolicyRule {
 }
 
 // Verdict is what is published of one Node.
-type Verdict struct {
+type ReleaseVerdict struct {
 	Node, UID string
 	Released  bool
 	// Blocker is the rule's text for a blocked Node in teardown ("": none).
@@ -209,12 +209,12 @@ const maxBlockerBytes = 1024
 // does not fit in limit bytes is left out, blockers first, then releases
 // (in name order, so the same verdicts give the same object): a Node left
 // out stays denied, which is safe; omitted counts them.
-func Params(verdicts []Verdict, limit int) (cm *corev1.ConfigMap, omitted int, err error) {
+func PolicyParams(verdicts []ReleaseVerdict, limit int) (cm *corev1.ConfigMap, omitted int, err error) {
 	data := map[string]string{}
 	size := 0
-	sorted := append([]Verdict(nil), verdicts...)
+	sorted := append([]ReleaseVerdict(nil), verdicts...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Node < sorted[j].Node })
-	var blockers []Verdict
+	var blockers []ReleaseVerdict
 	for _, v := range sorted {
 		if v.Node == "" {
 			return nil, 0, errors.New("admission policy: a verdict without a Node name")

@@ -1,4 +1,4 @@
-package webhookconfig
+package admission
 
 import (
 	"context"
@@ -30,7 +30,7 @@ var ProviderGVR = schema.GroupVersionResource{Group: "externaldata.gatekeeper.sh
 // K8sNodeGuardExternal template's keys to nodeguard serve: its external data
 // route (with Cluster, /externaldata/clusters/NS/NAME) at URL or in Service,
 // trusting the CABundle nodeguard's certificate is signed by.
-func BuildProvider(name string, opts Options) (*unstructured.Unstructured, error) {
+func BuildProvider(name string, opts WebhookConfigOptions) (*unstructured.Unstructured, error) {
 	path, err := checked(opts, "/externaldata")
 	if err != nil {
 		return nil, err

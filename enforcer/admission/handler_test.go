@@ -1,4 +1,4 @@
-package webhook_test
+package admission_test
 
 import (
 	"bytes"
@@ -25,13 +25,11 @@ import (
 	eventsfake "k8s.io/client-go/kubernetes/typed/events/v1/fake"
 	clienttesting "k8s.io/client-go/testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -72,11 +70,11 @@ type server struct {
 
 // serve runs the handler behind nodeguard's TLS server on a loopback port,
 // with a certificate from a new CA unless opts names one from pki.
-func serve(t testing.TB, h http.Handler, opts tlsserver.Options, clientCert *tls.Certificate) *server {
+func serve(t testing.TB, h http.Handler, opts admission.TLSOptions, clientCert *tls.Certificate) *server {
 	return serveWith(t, testpki.New(t), h, opts, clientCert)
 }
 
-func serveWith(t testing.TB, pki *testpki.CA, h http.Handler, opts tlsserver.Options, clientCert *tls.Certificate) *server {
+func serveWith(t testing.TB, pki *testpki.CA, h http.Handler, opts admission.TLSOptions, clientCert *tls.Certificate) *server {
 	t.Helper()
 	url, stop := pki.Serve(t, h, opts)
 	tlsCfg := &tls.Config{RootCAs: pki.Pool(), MinVersion: tls.VersionTLS12, ServerName: "127.0.0.1"}
@@ -97,7 +95,7 @@ func (s *server) post(t testing.TB, path, contentType string, body []byte) (int,
 
 func TestDecisions(t *testing.T) {
 	g, _, nodes := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g}), admission.TLSOptions{}, nil)
 
 	_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 	require.NotNil(t, out.Response)
@@ -148,7 +146,7 @@ func TestClusterRoute(t *testing.T) {
 		}
 		return known[ns+"/"+name], "", nil
 	}
-	s := serve(t, webhook.New(webhook.Options{Decider: g, Cluster: exists}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: exists}), admission.TLSOptions{}, nil)
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 
 	_, _, out := s.post(t, "/validate/clusters/default/dev", "application/json", body)
@@ -180,7 +178,7 @@ func TestClusterRoute(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	g, _, nodes := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g}), admission.TLSOptions{}, nil)
 	node := nodes[linkedNode].Object
 	noRequest := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`)
 	notANode := review(admissionv1.Delete, "Node", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "p"}})
@@ -196,7 +194,7 @@ func TestBadInput(t *testing.T) {
 		says              string
 	}{
 		{"wrong content type", "text/plain", review(admissionv1.Delete, "Node", node), http.StatusUnsupportedMediaType, "want application/json"},
-		{"too big", "application/json", bytes.Repeat([]byte(" "), webhook.MaxBodyBytes+1), http.StatusRequestEntityTooLarge, "body over"},
+		{"too big", "application/json", bytes.Repeat([]byte(" "), admission.MaxBodyBytes+1), http.StatusRequestEntityTooLarge, "body over"},
 		{"malformed JSON", "application/json", []byte(`{"apiVersion":`), http.StatusBadRequest, "malformed AdmissionReview JSON"},
 		{"no request", "application/json", noRequest, http.StatusBadRequest, "has no request"},
 		{"no uid", "application/json", noUID, http.StatusBadRequest, "no uid"},
@@ -243,7 +241,7 @@ func TestNoDecisionDenies(t *testing.T) {
 	failing := deciderFunc(func(context.Context, guard.Request) (rule.Decision, error) {
 		return rule.Decision{}, errors.New("rego: eval_conflict_error")
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: failing}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: failing}), admission.TLSOptions{}, nil)
 	_, _, out := s.post(t, "/validate", "application/json", body)
 	assert.False(t, out.Response.Allowed)
 	assert.EqualValues(t, http.StatusInternalServerError, out.Response.Result.Code)
@@ -254,7 +252,7 @@ func TestNoDecisionDenies(t *testing.T) {
 		<-ctx.Done()
 		return rule.Decision{}, ctx.Err()
 	})
-	s = serve(t, webhook.New(webhook.Options{Decider: hanging, Timeout: 200 * time.Millisecond}), tlsserver.Options{}, nil)
+	s = serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: hanging, Timeout: 200 * time.Millisecond}), admission.TLSOptions{}, nil)
 	start := time.Now()
 	_, _, out = s.post(t, "/validate", "application/json", body)
 	assert.Less(t, time.Since(start), 2*time.Second)
@@ -266,7 +264,7 @@ func TestNoDecisionDenies(t *testing.T) {
 // NetworkPolicy can keep from whoever reaches the review port.
 func TestReviewPortServesOnlyReviews(t *testing.T) {
 	g, _, _ := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g}), admission.TLSOptions{}, nil)
 	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
 		resp, err := s.client.Get(s.url + path)
 		require.NoError(t, err)
@@ -278,12 +276,12 @@ func TestReviewPortServesOnlyReviews(t *testing.T) {
 func TestMetrics(t *testing.T) {
 	g, _, nodes := example(t)
 	reg := prometheus.NewRegistry()
-	m, err := webhook.NewMetrics(reg)
+	m, err := admission.NewWebhookMetrics(reg)
 	require.NoError(t, err)
-	im, err := requestlimits.NewMetrics(reg)
+	im, err := admission.NewIntakeMetrics(reg)
 	require.NoError(t, err)
-	h := webhook.New(webhook.Options{Decider: g, Metrics: m, Intake: requestlimits.New(requestlimits.Options{Metrics: im})})
-	s := serve(t, h, tlsserver.Options{}, nil)
+	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Metrics: m, Intake: admission.NewIntake(admission.IntakeOptions{Metrics: im})})
+	s := serve(t, h, admission.TLSOptions{}, nil)
 	metrics := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer metrics.Close()
 	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
@@ -316,12 +314,12 @@ func TestMetrics(t *testing.T) {
 func TestFreshReadErrorsAreCountedByTheirReason(t *testing.T) {
 	_, _, nodes := example(t)
 	reg := prometheus.NewRegistry()
-	m, err := webhook.NewMetrics(reg)
+	m, err := admission.NewWebhookMetrics(reg)
 	require.NoError(t, err)
 	failing := deciderFunc(func(_ context.Context, req guard.Request) (rule.Decision, error) {
 		return rule.Denial(rule.ReasonFreshReadFailed, "could not re-read"), nil
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: failing, Metrics: m}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: failing, Metrics: m}), admission.TLSOptions{}, nil)
 	s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP nodeguard_decisions_total Admission reviews answered, by result (allowed, denied, error: the answer given), reason (the rule's), route, cluster (the CAPI Cluster NAMESPACE/NAME of a cluster route, "" on /validate: as many clusters as the fleet has) and enforcement_action (deny, warn, dryrun: a reason that denies, answered allowed, is a denial warn or dryrun admitted).
@@ -332,7 +330,7 @@ nodeguard_decisions_total{cluster="",enforcement_action="deny",reason="fresh-rea
 
 func TestConcurrentReviews(t *testing.T) {
 	g, _, nodes := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g}), admission.TLSOptions{}, nil)
 	denied := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 	exempt := review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "ops")
 	bodies := make([][]byte, 200)
@@ -353,7 +351,7 @@ func TestGracefulShutdownFinishesInFlightReviews(t *testing.T) {
 		<-finish
 		return rule.Decision{Allowed: true, Reason: rule.ReasonNoLink}, nil
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: slow}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: slow}), admission.TLSOptions{}, nil)
 	result := make(chan *admissionv1.AdmissionReview, 1)
 	go func() {
 		_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
@@ -391,13 +389,13 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 	g, _, nodes := example(t)
 	var mu sync.Mutex
 	var got []events.Denial
-	h := webhook.New(webhook.Options{Decider: g, Cluster: func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil },
+	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil },
 		Denied: func(d events.Denial) {
 			mu.Lock()
 			defer mu.Unlock()
 			got = append(got, d)
 		}})
-	s := serve(t, h, tlsserver.Options{}, nil)
+	s := serve(t, h, admission.TLSOptions{}, nil)
 	node := nodes[linkedNode].DeepCopy()
 	node.SetUID("0b8d0b0e-5a5e-4c1a-9d5e-7a5b7c1d2e3f")
 
@@ -431,13 +429,13 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 	}
 	// A denial of another kind (here: a Pod on a route naming no Cluster
 	// the management cluster has) is not a Node's.
-	h = webhook.New(webhook.Options{Decider: g, Cluster: func(context.Context, string, string) (bool, rule.Action, error) { return false, "", nil },
+	h = admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: func(context.Context, string, string) (bool, rule.Action, error) { return false, "", nil },
 		Denied: func(d events.Denial) {
 			mu.Lock()
 			defer mu.Unlock()
 			got = append(got, d)
 		}})
-	s = serve(t, h, tlsserver.Options{}, nil)
+	s = serve(t, h, admission.TLSOptions{}, nil)
 	_, _, out = s.post(t, "/validate/clusters/default/typo", "application/json",
 		review(admissionv1.Delete, "Pod", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "p"}}))
 	assert.False(t, out.Response.Allowed)
@@ -463,7 +461,7 @@ func BenchmarkDeniedReview(b *testing.B) {
 	defer cancel()
 	go rec.Run(ctx)
 	for name, denied := range map[string]func(events.Denial){"events-off": nil, "events-on": rec.Record} {
-		h := webhook.New(webhook.Options{Decider: g, Denied: denied})
+		h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Denied: denied})
 		b.Run(name, func(b *testing.B) {
 			for b.Loop() {
 				w := httptest.NewRecorder()
@@ -483,7 +481,7 @@ func BenchmarkDeniedReview(b *testing.B) {
 // answers. A review that is not a dry run carries no such warning.
 func TestDryRunAnswerNamesTheRoute(t *testing.T) {
 	g, _, nodes := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g}), admission.TLSOptions{}, nil)
 	dryRun := func(body []byte) []byte {
 		return bytes.Replace(body, []byte(`"request":{`), []byte(`"request":{"dryRun":true,`), 1)
 	}
@@ -498,7 +496,7 @@ func TestDryRunAnswerNamesTheRoute(t *testing.T) {
 		assert.Contains(t, out.Response.Warnings, want, "a denied dry run on %s", path)
 		_, _, out = s.post(t, path, "application/json", dryRun(review(admissionv1.Delete, "Node", bare.Object)))
 		assert.Contains(t, out.Response.Warnings, want, "a dry run on %s", path)
-		assert.Equal(t, want, webhook.DryRunWarning(strings.TrimPrefix(strings.TrimPrefix(path, "/validate"), "/clusters/")))
+		assert.Equal(t, want, admission.DryRunWarning(strings.TrimPrefix(strings.TrimPrefix(path, "/validate"), "/clusters/")))
 		_, _, out = s.post(t, path, "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 		assert.Empty(t, out.Response.Warnings, "not a dry run")
 	}
@@ -509,7 +507,7 @@ func TestDryRunAnswerNamesTheRoute(t *testing.T) {
 // apart. Others, and /validate, are judged as ever.
 func TestDryRunOnlyUserMayNotDelete(t *testing.T) {
 	g, _, nodes := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g, DryRunOnlyUser: "system:serviceaccount:nodeguard-system:nodeguard"}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, DryRunOnlyUser: "system:serviceaccount:nodeguard-system:nodeguard"}), admission.TLSOptions{}, nil)
 	bare := nodes[linkedNode].DeepCopy()
 	bare.SetAnnotations(nil)
 	bare.SetName("unlinked")
@@ -541,7 +539,7 @@ func TestSelfClusterScopesTheSelfRoute(t *testing.T) {
 	g, _, nodes := example(t)
 	exists := func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil }
 	for cluster, want := range map[string]string{"default/dev": "DockerMachine", "default/mgmt": "this review came on the route of Cluster default/mgmt"} {
-		s := serve(t, webhook.New(webhook.Options{Decider: g, Cluster: exists, SelfCluster: cluster}), tlsserver.Options{}, nil)
+		s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: exists, SelfCluster: cluster}), admission.TLSOptions{}, nil)
 		_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 		assert.False(t, out.Response.Allowed, cluster)
 		assert.Contains(t, out.Response.Result.Message, want, cluster)
@@ -557,10 +555,10 @@ func TestEnforcementActions(t *testing.T) {
 	var mu sync.Mutex
 	var told []events.Denial
 	reg := prometheus.NewRegistry()
-	m, err := webhook.NewMetrics(reg)
+	m, err := admission.NewWebhookMetrics(reg)
 	require.NoError(t, err)
 	actions := map[string]rule.Action{"default/dev": "", "default/audit": rule.ActionDryRun, "default/strict": rule.ActionDeny}
-	h := webhook.New(webhook.Options{Decider: g, Action: func() rule.Action { return rule.ActionWarn }, Metrics: m, DryRunOnlyUser: "alice",
+	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Action: func() rule.Action { return rule.ActionWarn }, Metrics: m, DryRunOnlyUser: "alice",
 		Cluster: func(_ context.Context, ns, name string) (bool, rule.Action, error) {
 			a, ok := actions[ns+"/"+name]
 			return ok, a, nil
@@ -570,7 +568,7 @@ func TestEnforcementActions(t *testing.T) {
 			defer mu.Unlock()
 			told = append(told, d)
 		}})
-	s := serve(t, h, tlsserver.Options{}, nil)
+	s := serve(t, h, admission.TLSOptions{}, nil)
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 	would := "nodeguard (enforcement action warn, blocked): this delete would be denied: "
 
@@ -587,13 +585,13 @@ func TestEnforcementActions(t *testing.T) {
 	dryRun := bytes.Replace(body, []byte(`"operation"`), []byte(`"dryRun":true,"operation"`), 1)
 	_, _, out = s.post(t, "/validate/clusters/default/audit", "application/json", dryRun)
 	require.True(t, out.Response.Allowed, "dryrun admits")
-	assert.Equal(t, []string{webhook.DryRunWarning("default/audit"), "nodeguard: enforcement action on this route: dryrun"}, out.Response.Warnings,
+	assert.Equal(t, []string{admission.DryRunWarning("default/audit"), "nodeguard: enforcement action on this route: dryrun"}, out.Response.Warnings,
 		"dryrun adds no warning of the denial; a dry run says which route judged it, and under which action")
-	assert.Equal(t, rule.ActionDryRun, webhook.DryRunAction(out.Response.Warnings), "what the fleet's proof reads")
+	assert.Equal(t, rule.ActionDryRun, admission.DryRunAction(out.Response.Warnings), "what the fleet's proof reads")
 
 	_, _, out = s.post(t, "/validate/clusters/default/strict", "application/json", dryRun)
 	assert.False(t, out.Response.Allowed, "the Cluster's deny overrides the default warn")
-	assert.Equal(t, rule.ActionDeny, webhook.DryRunAction(out.Response.Warnings), "deny says nothing more")
+	assert.Equal(t, rule.ActionDeny, admission.DryRunAction(out.Response.Warnings), "deny says nothing more")
 
 	// (The Node names Cluster default/dev: on the other routes it is
 	// misrouted, a denial like any.) alice may only dry-run on a cluster

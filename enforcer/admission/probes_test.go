@@ -1,4 +1,4 @@
-package probes_test
+package admission_test
 
 import (
 	"errors"
@@ -8,17 +8,16 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/nodeguard/nodeguard/enforcer/probes"
 )
 
 func TestProbes(t *testing.T) {
 	var mu sync.Mutex
 	readyErr := errors.New("waiting for DockerMachine")
 	ready := func() error { mu.Lock(); defer mu.Unlock(); return readyErr }
-	srv := httptest.NewServer(probes.Handler(ready))
+	srv := httptest.NewServer(admission.ProbeHandler(ready))
 	defer srv.Close()
 	get := func(path string) (int, string) {
 		resp, err := srv.Client().Get(srv.URL + path)

@@ -5,7 +5,7 @@
 // rejected request costs in logs. The admission review routes and the
 // external data routes share one Intake, so together they stay within one
 // budget.
-package requestlimits
+package admission
 
 import (
 	"context"
@@ -80,13 +80,13 @@ const (
 )
 
 // Options configure an Intake.
-type Options struct {
+type IntakeOptions struct {
 	// Timeout is each request's deadline (default 4s).
 	Timeout time.Duration
 	// MaxConcurrent bounds the work done at once; the others wait within
 	// their deadline (default DefaultMaxConcurrent).
 	MaxConcurrent int
-	Metrics       *Metrics
+	Metrics       *IntakeMetrics
 	Log           *slog.Logger
 	// LogInterval is the least time between two log lines about rejected
 	// requests (default 1s); the lines between are counted, not written.
@@ -95,7 +95,7 @@ type Options struct {
 
 // Intake is safe for concurrent use.
 type Intake struct {
-	opts Options
+	opts IntakeOptions
 	// slots bounds concurrent work; its waiters are served in order.
 	slots *semaphore.Weighted
 	// small and large are the byte budget's lanes.
@@ -111,7 +111,7 @@ type Intake struct {
 }
 
 // New returns an Intake.
-func New(opts Options) *Intake {
+func NewIntake(opts IntakeOptions) *Intake {
 	if opts.Timeout == 0 {
 		opts.Timeout = 4 * time.Second
 	}
@@ -135,37 +135,37 @@ func (in *Intake) Timeout() time.Duration { return in.opts.Timeout }
 // Error is a request that cannot be answered: the route answers with the
 // HTTP status instead (for an admission webhook the API server then applies
 // its failurePolicy; for Gatekeeper's external data, a system error).
-type Error struct {
+type IntakeError struct {
 	Code   int
 	Reason string // a Reject* constant or the route's own
 	Msg    string
 }
 
-func (e *Error) Error() string { return e.Msg }
+func (e *IntakeError) Error() string { return e.Msg }
 
 // BadRequest is a 400 with the route's reason.
-func BadRequest(reason, format string, args ...any) *Error {
-	return &Error{Code: http.StatusBadRequest, Reason: reason, Msg: fmt.Sprintf(format, args...)}
+func BadRequest(reason, format string, args ...any) *IntakeError {
+	return &IntakeError{Code: http.StatusBadRequest, Reason: reason, Msg: fmt.Sprintf(format, args...)}
 }
 
 // Read checks the transport, takes the byte budget for the body's declared
 // length, and only then reads it; the caller runs the returned func once it
 // has answered. clients, when set, is the CA the route's clients must
 // present a certificate of.
-func (in *Intake) Read(w http.ResponseWriter, r *http.Request, clients *x509.CertPool) ([]byte, func(), *Error) {
+func (in *Intake) Read(w http.ResponseWriter, r *http.Request, clients *x509.CertPool) ([]byte, func(), *IntakeError) {
 	if r.Method != http.MethodPost {
-		return nil, nil, &Error{http.StatusMethodNotAllowed, RejectMethod, fmt.Sprintf("method %s not allowed: send the request with POST", r.Method)}
+		return nil, nil, &IntakeError{http.StatusMethodNotAllowed, RejectMethod, fmt.Sprintf("method %s not allowed: send the request with POST", r.Method)}
 	}
 	if clients != nil && !Verified(r, clients) {
-		return nil, nil, &Error{http.StatusUnauthorized, RejectClientCert, "a client certificate signed by this route's client CA is required"}
+		return nil, nil, &IntakeError{http.StatusUnauthorized, RejectClientCert, "a client certificate signed by this route's client CA is required"}
 	}
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return nil, nil, &Error{http.StatusUnsupportedMediaType, RejectContentType, fmt.Sprintf("content type %q not supported: want application/json", r.Header.Get("Content-Type"))}
+		return nil, nil, &IntakeError{http.StatusUnsupportedMediaType, RejectContentType, fmt.Sprintf("content type %q not supported: want application/json", r.Header.Get("Content-Type"))}
 	}
 	n, known := r.ContentLength, r.ContentLength >= 0
 	switch {
 	case n > MaxBodyBytes:
-		return nil, nil, &Error{http.StatusRequestEntityTooLarge, RejectTooLarge, fmt.Sprintf("body over %d bytes", MaxBodyBytes)}
+		return nil, nil, &IntakeError{http.StatusRequestEntityTooLarge, RejectTooLarge, fmt.Sprintf("body over %d bytes", MaxBodyBytes)}
 	case !known:
 		n = UnknownLengthBytes
 	}
@@ -173,7 +173,7 @@ func (in *Intake) Read(w http.ResponseWriter, r *http.Request, clients *x509.Cer
 	defer cancel()
 	release, ok := in.acquire(ctx, n)
 	if !ok {
-		return nil, nil, &Error{http.StatusServiceUnavailable, RejectBusy, "too many large requests at once; retry"}
+		return nil, nil, &IntakeError{http.StatusServiceUnavailable, RejectBusy, "too many large requests at once; retry"}
 	}
 	// One byte more than the budget tells a body longer than it said.
 	body, err := io.ReadAll(io.LimitReader(r.Body, n+1))
@@ -183,7 +183,7 @@ func (in *Intake) Read(w http.ResponseWriter, r *http.Request, clients *x509.Cer
 		return nil, nil, BadRequest(RejectRead, "read body: %v", err)
 	case int64(len(body)) > n && !known:
 		release()
-		return nil, nil, &Error{http.StatusLengthRequired, RejectNoLength, fmt.Sprintf("a body over %d bytes needs a Content-Length", UnknownLengthBytes)}
+		return nil, nil, &IntakeError{http.StatusLengthRequired, RejectNoLength, fmt.Sprintf("a body over %d bytes needs a Content-Length", UnknownLengthBytes)}
 	case known && int64(len(body)) != n:
 		release()
 		return nil, nil, BadRequest(RejectRead, "read body: %d bytes, Content-Length said %d", len(body), n)
@@ -229,7 +229,7 @@ func Verified(r *http.Request, clients *x509.CertPool) bool {
 
 // Reject answers a request that cannot be answered with its HTTP error,
 // counts it and logs it sparingly; what says the route.
-func (in *Intake) Reject(w http.ResponseWriter, e *Error, what, route, cluster string) {
+func (in *Intake) Reject(w http.ResponseWriter, e *IntakeError, what, route, cluster string) {
 	if e.Code == http.StatusMethodNotAllowed {
 		w.Header().Set("Allow", http.MethodPost)
 	}
@@ -275,14 +275,14 @@ func Do[T any](ctx context.Context, in *Intake, key string, busy func() T, work 
 }
 
 // Metrics are what an Intake counts.
-type Metrics struct {
+type IntakeMetrics struct {
 	rejected *prometheus.CounterVec
 }
 
 // NewMetrics registers nodeguard_rejected_requests_total on reg.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+func NewIntakeMetrics(reg prometheus.Registerer) (*IntakeMetrics, error) {
 	r := metrics.New(reg)
-	m := &Metrics{rejected: r.CounterVec("nodeguard_rejected_requests_total",
+	m := &IntakeMetrics{rejected: r.CounterVec("nodeguard_rejected_requests_total",
 		"Requests answered with an HTTP error instead of a decision (malformed, wrong method or type, too large, no client certificate), by reason.", "reason")}
 	if err := r.Err("intake metrics"); err != nil {
 		return nil, err
@@ -292,7 +292,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 
 // rejectedRequest counts one request answered with an HTTP error; a nil
 // Metrics counts nothing.
-func (m *Metrics) rejectedRequest(reason string) {
+func (m *IntakeMetrics) rejectedRequest(reason string) {
 	if m == nil {
 		return
 	}

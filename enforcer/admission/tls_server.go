@@ -2,7 +2,7 @@
 // certificate reloaded when its files change, TLS settings named as
 // Kubernetes names them, optional client certificates, bounded connections
 // and HTTP/2 streams, and a graceful shutdown.
-package tlsserver
+package admission
 
 import (
 	"context"
@@ -40,7 +40,7 @@ func DefaultCipherSuites() []string {
 }
 
 // Options are the server's certificate files and TLS settings.
-type Options struct {
+type TLSOptions struct {
 	CertFile, KeyFile string
 	// ClientCAFiles, when set, make the server ask for client certificates
 	// signed by one of them; each route checks its own CA (see
@@ -77,14 +77,14 @@ func LoadCAs(files ...string) (*x509.CertPool, error) {
 
 // Server is the HTTPS server; its certificate is reloaded when the files
 // change.
-type Server struct {
+type TLSServer struct {
 	http    *http.Server
 	watcher *certwatcher.CertWatcher
 	log     *slog.Logger
 }
 
 // New loads the certificate and builds the server; nothing listens yet.
-func New(handler http.Handler, opts Options, log *slog.Logger) (*Server, error) {
+func NewTLSServer(handler http.Handler, opts TLSOptions, log *slog.Logger) (*TLSServer, error) {
 	if opts.CertFile == "" || opts.KeyFile == "" {
 		return nil, errors.New("--tls-cert-file and --tls-private-key-file are required: the API server only calls webhooks over HTTPS")
 	}
@@ -127,7 +127,7 @@ func New(handler http.Handler, opts Options, log *slog.Logger) (*Server, error) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{
+	return &TLSServer{
 		http: &http.Server{
 			Handler:           handler,
 			TLSConfig:         cfg,
@@ -153,7 +153,7 @@ func New(handler http.Handler, opts Options, log *slog.Logger) (*Server, error) 
 
 // Serve answers on l until ctx is done, then drains in-flight reviews for up
 // to grace before returning.
-func (s *Server) Serve(ctx context.Context, l net.Listener, grace time.Duration) error {
+func (s *TLSServer) Serve(ctx context.Context, l net.Listener, grace time.Duration) error {
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go func() {

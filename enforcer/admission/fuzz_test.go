@@ -1,4 +1,4 @@
-package webhook_test
+package admission_test
 
 import (
 	"bytes"
@@ -7,9 +7,8 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	admissionv1 "k8s.io/api/admission/v1"
-
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
 )
 
 // FuzzValidate feeds arbitrary bodies to /validate: the handler must never
@@ -19,7 +18,7 @@ import (
 // The seeds run with every `go test`; `go test -fuzz FuzzValidate` explores.
 func FuzzValidate(f *testing.F) {
 	g, _, nodes := example(f)
-	h := webhook.New(webhook.Options{Decider: g})
+	h := admission.NewWebhook(admission.WebhookOptions{Decider: g})
 	node := nodes[linkedNode].Object
 	f.Add(review(admissionv1.Delete, "Node", node))
 	f.Add(review(admissionv1.Delete, "Node", node, "ops"))

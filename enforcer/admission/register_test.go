@@ -1,4 +1,4 @@
-package webhook_test
+package admission_test
 
 import (
 	"context"
@@ -7,12 +7,10 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
-
-	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
 )
 
 // registration is an AdmissionReview of a Node CREATE (old nil) or UPDATE.
@@ -40,14 +38,14 @@ func kubeletNode(pid string) map[string]any {
 // nodeguard).
 func TestRegistrationRoutes(t *testing.T) {
 	g, _, _ := example(t)
-	var got []webhook.Registration
-	answer := webhook.RegistrationAnswer{Reason: webhook.ReasonGhost, Message: "nodeguard: Node \"ip-10-0-1-7\" may not register: its host was not destroyed"}
+	var got []admission.Registration
+	answer := admission.RegistrationAnswer{Reason: admission.ReasonGhost, Message: "nodeguard: Node \"ip-10-0-1-7\" may not register: its host was not destroyed"}
 	var fail error
-	s := serve(t, webhook.New(webhook.Options{Decider: g, SelfCluster: "default/mgmt",
-		Register: func(_ context.Context, r webhook.Registration) (webhook.RegistrationAnswer, error) {
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, SelfCluster: "default/mgmt",
+		Register: func(_ context.Context, r admission.Registration) (admission.RegistrationAnswer, error) {
 			got = append(got, r)
 			return answer, fail
-		}}), tlsserver.Options{}, nil)
+		}}), admission.TLSOptions{}, nil)
 
 	code, _, resp := s.post(t, "/register/clusters/default/dev", "application/json", registration(admissionv1.Create, kubeletNode("aws:///a/i-1"), nil))
 	require.Equal(t, http.StatusOK, code)
@@ -82,7 +80,7 @@ func TestRegistrationRoutes(t *testing.T) {
 // Without a judge (ghost detection off), every registration is admitted.
 func TestRegistrationsAreAdmittedWithoutAJudge(t *testing.T) {
 	g, _, _ := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g}), admission.TLSOptions{}, nil)
 	code, _, resp := s.post(t, "/register", "application/json", registration(admissionv1.Create, kubeletNode("aws:///a/i-1"), nil))
 	require.Equal(t, http.StatusOK, code)
 	assert.True(t, resp.Response.Allowed)

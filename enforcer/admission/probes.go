@@ -1,7 +1,7 @@
 // Package probes serves nodeguard's health probes: /healthz (the process
 // answers) and /readyz (every needed informer has synced), on a port of their
 // own that a NetworkPolicy can keep from the API server's callers.
-package probes
+package admission
 
 import (
 	"io"
@@ -10,7 +10,7 @@ import (
 
 // Handler returns /healthz and /readyz; ready reports why the process is not
 // ready, nil when it is (nil ready: always ready).
-func Handler(ready func() error) http.Handler {
+func ProbeHandler(ready func() error) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {

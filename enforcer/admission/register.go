@@ -1,4 +1,4 @@
-package webhook
+package admission
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -89,11 +88,11 @@ func (h *handler) register(w http.ResponseWriter, r *http.Request, route, cluste
 		OldObject *node     `json:"oldObject"`
 	}{Object: &node{model: h.model}, OldObject: &node{model: h.model}}
 	if err := json.Unmarshal(body, &review); err != nil {
-		h.reject(w, requestlimits.BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err), route, cluster, start)
+		h.reject(w, BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err), route, cluster, start)
 		return
 	}
 	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" || review.Request == nil || review.Request.UID == "" {
-		h.reject(w, requestlimits.BadRequest(RejectNotReview, "want an AdmissionReview admission.k8s.io/v1 with a request and its uid"), route, cluster, start)
+		h.reject(w, BadRequest(RejectNotReview, "want an AdmissionReview admission.k8s.io/v1 with a request and its uid"), route, cluster, start)
 		return
 	}
 	req := review.Request

@@ -1,4 +1,4 @@
-package webhook_test
+package admission_test
 
 import (
 	"context"
@@ -11,10 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -22,8 +21,8 @@ func TestClientCertificateRequiredForReviews(t *testing.T) {
 	g, _, nodes := example(t)
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
-	h := webhook.New(webhook.Options{Decider: g, ClientCAs: p.Pool()})
-	opts := tlsserver.Options{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
+	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, ClientCAs: p.Pool()})
+	opts := admission.TLSOptions{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 
 	anonymous := serveWith(t, p, h, opts, nil)
@@ -70,8 +69,8 @@ func TestClusterRouteEventsOnlyForAuthenticatedReviews(t *testing.T) {
 		return len(told)
 	}
 
-	open := serveWith(t, p, webhook.New(webhook.Options{Decider: g, Cluster: exists, Denied: denied}),
-		tlsserver.Options{CertFile: certFile, KeyFile: keyFile}, nil)
+	open := serveWith(t, p, admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: exists, Denied: denied}),
+		admission.TLSOptions{CertFile: certFile, KeyFile: keyFile}, nil)
 	_, _, out := open.post(t, "/validate/clusters/default/dev", "application/json", body)
 	assert.False(t, out.Response.Allowed, "denied all the same")
 	_, _, out = open.post(t, "/validate", "application/json", body)
@@ -81,8 +80,8 @@ func TestClusterRouteEventsOnlyForAuthenticatedReviews(t *testing.T) {
 	certPEM, keyPEM := p.Issue(t, 9, x509.ExtKeyUsageClientAuth)
 	clientCert, err := tls.X509KeyPair(certPEM, keyPEM)
 	require.NoError(t, err)
-	authenticated := serveWith(t, p, webhook.New(webhook.Options{Decider: g, Cluster: exists, Denied: denied, ClientCAs: p.Pool()}),
-		tlsserver.Options{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}, &clientCert)
+	authenticated := serveWith(t, p, admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: exists, Denied: denied, ClientCAs: p.Pool()}),
+		admission.TLSOptions{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}, &clientCert)
 	_, _, out = authenticated.post(t, "/validate/clusters/default/dev", "application/json", body)
 	assert.False(t, out.Response.Allowed)
 	assert.Equal(t, 2, count(), "an authenticated cluster route's denial is told")
@@ -99,8 +98,8 @@ func TestClusterRoutesAloneRequireClientCertificates(t *testing.T) {
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
 	exists := func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil }
-	h := webhook.New(webhook.Options{Decider: g, Cluster: exists, ClusterClientCAs: p.Pool()})
-	opts := tlsserver.Options{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
+	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: exists, ClusterClientCAs: p.Pool()})
+	opts := admission.TLSOptions{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 	anonymous := serveWith(t, p, h, opts, nil)
 	code, msg, _ := anonymous.post(t, "/validate/clusters/default/dev", "application/json", body)
@@ -127,11 +126,11 @@ func TestClusterRoutesTakeOnlyTheirOwnClustersCertificate(t *testing.T) {
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
 	exists := func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil }
-	h := webhook.New(webhook.Options{Decider: g, Cluster: exists, ClusterIdentities: p.Pool()})
-	opts := tlsserver.Options{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
+	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: exists, ClusterIdentities: p.Pool()})
+	opts := admission.TLSOptions{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 	issued := func(cluster string) *tls.Certificate {
-		certPEM, keyPEM, err := p.LeafNamed(webhook.ClusterClientName(cluster), x509.ExtKeyUsageClientAuth)
+		certPEM, keyPEM, err := p.LeafNamed(admission.ClusterClientName(cluster), x509.ExtKeyUsageClientAuth)
 		require.NoError(t, err)
 		c, err := tls.X509KeyPair(certPEM, keyPEM)
 		require.NoError(t, err)

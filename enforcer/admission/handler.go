@@ -4,7 +4,7 @@
 // controller-runtime's admission.Webhook answers a malformed request with HTTP
 // 200 and an errored AdmissionReview; nodeguard answers with the HTTP status
 // that names the fault (405, 415, 413, 400), so this handler is its own, small.
-package webhook
+package admission
 
 import (
 	"bytes"
@@ -28,21 +28,13 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
-// MaxBodyBytes bounds an AdmissionReview (requestlimits.MaxBodyBytes).
-const MaxBodyBytes = requestlimits.MaxBodyBytes
-
-// DefaultMaxConcurrentDecisions bounds the decisions evaluating at once
-// (requestlimits.DefaultMaxConcurrent).
-const DefaultMaxConcurrentDecisions = requestlimits.DefaultMaxConcurrent
-
 // Routes, also the values of the metrics' route label.
 const (
-	RouteSelf    = "/validate"
-	RouteCluster = "/validate/clusters/{namespace}/{name}"
+	WebhookRouteSelf    = "/validate"
+	WebhookRouteCluster = "/validate/clusters/{namespace}/{name}"
 )
 
 // Reasons of nodeguard_rejected_requests_total that are the review routes'
@@ -66,7 +58,7 @@ type Decider interface {
 }
 
 // Options configure the handler.
-type Options struct {
+type WebhookOptions struct {
 	Decider Decider
 	// Cluster, when set, is asked on the cluster route: whether the
 	// management cluster has the Cluster (one it does not know is a wrong
@@ -96,15 +88,15 @@ type Options struct {
 	// Intake bounds the work of the review routes, shared with the other
 	// routes of the port (and counts what it rejects); when nil, one is
 	// built from Timeout, MaxConcurrentDecisions, Log and LogInterval.
-	Intake *requestlimits.Intake
+	Intake *Intake
 	// Timeout is each review's deadline; keep it below the webhook's
 	// timeoutSeconds (default 4s).
 	Timeout time.Duration
 	// MaxConcurrentDecisions bounds the decisions evaluating at once; the
 	// others wait within their deadline (default
-	// DefaultMaxConcurrentDecisions).
+	// DefaultMaxConcurrent).
 	MaxConcurrentDecisions int
-	Metrics                *Metrics
+	Metrics                *WebhookMetrics
 	Log                    *slog.Logger
 	// LogInterval is the least time between two log lines about rejected
 	// requests (default 1s); the lines between are counted, not written.
@@ -132,9 +124,9 @@ type Options struct {
 }
 
 type handler struct {
-	opts   Options
+	opts   WebhookOptions
 	model  *rule.Model
-	intake *requestlimits.Intake
+	intake *Intake
 	// keepGroup says which of a user's groups the Decider reads.
 	keepGroup func(string) bool
 }
@@ -143,23 +135,23 @@ type handler struct {
 // /validate/clusters/NS/NAME, and the registration routes /register and
 // /register/clusters/NS/NAME. Probes and metrics are served apart (package
 // probes), on ports a NetworkPolicy can keep from the API server's callers.
-func New(opts Options) http.Handler {
+func NewWebhook(opts WebhookOptions) http.Handler {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	in := opts.Intake
 	if in == nil {
-		in = requestlimits.New(requestlimits.Options{Timeout: opts.Timeout, MaxConcurrent: opts.MaxConcurrentDecisions,
+		in = NewIntake(IntakeOptions{Timeout: opts.Timeout, MaxConcurrent: opts.MaxConcurrentDecisions,
 			Log: opts.Log, LogInterval: opts.LogInterval})
 	}
 	h := &handler{opts: opts, model: opts.Decider.Model(), intake: in, keepGroup: opts.Decider.KeepGroup}
 	mux := http.NewServeMux()
-	mux.HandleFunc(RouteSelf, func(w http.ResponseWriter, r *http.Request) {
-		h.validate(w, r, RouteSelf, opts.SelfCluster, DryRunWarning(""))
+	mux.HandleFunc(WebhookRouteSelf, func(w http.ResponseWriter, r *http.Request) {
+		h.validate(w, r, WebhookRouteSelf, opts.SelfCluster, DryRunWarning(""))
 	})
-	mux.HandleFunc(RouteCluster, func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc(WebhookRouteCluster, func(w http.ResponseWriter, r *http.Request) {
 		cluster := r.PathValue("namespace") + "/" + r.PathValue("name")
-		h.validate(w, r, RouteCluster, cluster, DryRunWarning(cluster))
+		h.validate(w, r, WebhookRouteCluster, cluster, DryRunWarning(cluster))
 	})
 	mux.HandleFunc(RouteRegister, func(w http.ResponseWriter, r *http.Request) {
 		h.register(w, r, RouteRegister, opts.SelfCluster)
@@ -192,7 +184,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	}
 	dryRun := review.Request.DryRun != nil && *review.Request.DryRun
 	var v verdict
-	if route == RouteCluster && !dryRun && h.opts.DryRunOnlyUser != "" && req.UserInfo.Username == h.opts.DryRunOnlyUser && isNodeDelete(req) {
+	if route == WebhookRouteCluster && !dryRun && h.opts.DryRunOnlyUser != "" && req.UserInfo.Username == h.opts.DryRunOnlyUser && isNodeDelete(req) {
 		v = verdict{Decision: rule.Denial(rule.ReasonDryRunOnly, fmt.Sprintf("Node %q cannot be deleted by %s: nodeguard's own identity "+
 			"deletes workload Nodes only when its orphan reaper works there (--reap-orphan-nodes with --reap-workload-clusters); "+
 			"it may dry-run deletes, which prove the cluster guarded.", req.Name, req.UserInfo.Username)), action: rule.ActionDeny}
@@ -240,9 +232,9 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	// A dry run must have no side effects (the webhook says NoneOnDryRun).
 	authenticated := clients != nil // intake refused any other caller
 	// dryrun is silent: logged and counted, no Event.
-	if !d.Allowed && v.action != rule.ActionDryRun && !dryRun && h.opts.Denied != nil && isNodeDelete(req) && (route == RouteSelf || authenticated) {
+	if !d.Allowed && v.action != rule.ActionDryRun && !dryRun && h.opts.Denied != nil && isNodeDelete(req) && (route == WebhookRouteSelf || authenticated) {
 		where := cluster // the workload cluster the Node lives in; /validate's is this one
-		if route == RouteSelf {
+		if route == WebhookRouteSelf {
 			where = ""
 		}
 		h.opts.Denied(events.Denial{Cluster: where, Node: req.Name, NodeUID: uidOf(review.Request.OldObject.bytes()), User: req.UserInfo.Username,
@@ -253,7 +245,7 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 // DryRunWarning is the warning every dry-run review's answer carries: it
 // names the route (and so the cluster) that judged it.
 func DryRunWarning(cluster string) string {
-	route := RouteSelf
+	route := WebhookRouteSelf
 	if cluster != "" {
 		route += "/clusters/" + cluster
 	}
@@ -320,14 +312,14 @@ func jsonField(dec *json.Decoder, key string) bool {
 
 // reject answers a request that cannot be judged with its HTTP error: the
 // API server then applies the webhook's failurePolicy (Fail: denied).
-func (h *handler) reject(w http.ResponseWriter, herr *requestlimits.Error, route, cluster string, start time.Time) {
+func (h *handler) reject(w http.ResponseWriter, herr *IntakeError, route, cluster string, start time.Time) {
 	h.intake.Reject(w, herr, "admission request", route, cluster)
 	h.opts.Metrics.observe(route, cluster, "error", rule.ReasonBadRequest, h.action(""), time.Since(start))
 }
 
 // clientCAs is the CA whose client certificates route requires, or nil.
 func (h *handler) clientCAs(route string) *x509.CertPool {
-	cluster := route == RouteCluster || route == RouteRegisterCluster
+	cluster := route == WebhookRouteCluster || route == RouteRegisterCluster
 	switch {
 	case cluster && h.opts.ClusterIdentities != nil:
 		return h.opts.ClusterIdentities
@@ -348,20 +340,20 @@ func ClusterClientName(key string) string { return "nodeguard-workload-cluster:"
 // identified refuses, on a cluster route with per-Cluster identities, a
 // client whose certificate (verified by the intake) was issued for another
 // Cluster.
-func (h *handler) identified(r *http.Request, route, cluster string) *requestlimits.Error {
-	if h.opts.ClusterIdentities == nil || (route != RouteCluster && route != RouteRegisterCluster) {
+func (h *handler) identified(r *http.Request, route, cluster string) *IntakeError {
+	if h.opts.ClusterIdentities == nil || (route != WebhookRouteCluster && route != RouteRegisterCluster) {
 		return nil
 	}
 	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && r.TLS.PeerCertificates[0].Subject.CommonName == ClusterClientName(cluster) {
 		return nil
 	}
-	return &requestlimits.Error{Code: http.StatusUnauthorized, Reason: RejectWrongCluster,
+	return &IntakeError{Code: http.StatusUnauthorized, Reason: RejectWrongCluster,
 		Msg: "the client certificate was not issued for Cluster " + cluster + ": this route answers only that Cluster's API server"}
 }
 
 // read checks the transport and decodes the AdmissionReview; the caller runs
 // the returned func once it has answered.
-func (h *handler) read(w http.ResponseWriter, r *http.Request, clients *x509.CertPool) (*admissionReview, func(), *requestlimits.Error) {
+func (h *handler) read(w http.ResponseWriter, r *http.Request, clients *x509.CertPool) (*admissionReview, func(), *IntakeError) {
 	body, release, herr := h.intake.Read(w, r, clients)
 	if herr != nil {
 		return nil, nil, herr
@@ -374,23 +366,23 @@ func (h *handler) read(w http.ResponseWriter, r *http.Request, clients *x509.Cer
 	return review, release, nil
 }
 
-func (h *handler) decode(body []byte) (*admissionReview, *requestlimits.Error) {
+func (h *handler) decode(body []byte) (*admissionReview, *IntakeError) {
 	review, err := decodeReview(body, h.model, h.keepGroup)
 	if err != nil {
 		var oldObject *oldObjectError
 		if errors.As(err, &oldObject) {
-			return nil, requestlimits.BadRequest(RejectBadOldObject, "oldObject does not decode: %v", err)
+			return nil, BadRequest(RejectBadOldObject, "oldObject does not decode: %v", err)
 		}
-		return nil, requestlimits.BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err)
+		return nil, BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err)
 	}
 	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" {
-		return nil, requestlimits.BadRequest(RejectNotReview, "want apiVersion admission.k8s.io/v1, kind AdmissionReview; got %q, %q", review.APIVersion, review.Kind)
+		return nil, BadRequest(RejectNotReview, "want apiVersion admission.k8s.io/v1, kind AdmissionReview; got %q, %q", review.APIVersion, review.Kind)
 	}
 	if !review.Request.present {
-		return nil, requestlimits.BadRequest(RejectNoRequest, "AdmissionReview has no request")
+		return nil, BadRequest(RejectNoRequest, "AdmissionReview has no request")
 	}
 	if review.Request.UID == "" {
-		return nil, requestlimits.BadRequest(RejectNoUID, "AdmissionReview request has no uid")
+		return nil, BadRequest(RejectNoUID, "AdmissionReview request has no uid")
 	}
 	return review, nil
 }
@@ -399,7 +391,7 @@ func (h *handler) decode(body []byte) (*admissionReview, *requestlimits.Error) {
 // into the Decider's request; the rule, not this, decides which requests it
 // judges. Without an oldObject (the API server sends the Node there on
 // DELETE), Node stays nil and the rule denies a Node delete it cannot judge.
-func request(req *admissionRequest, cluster string) (guard.Request, *requestlimits.Error) {
+func request(req *admissionRequest, cluster string) (guard.Request, *IntakeError) {
 	out := guard.Request{Operation: req.Operation, Kind: req.Kind, Name: req.Name, Cluster: cluster}
 	out.UserInfo.Username = req.UserInfo.Username
 	if req.UserInfo.Groups != nil {
@@ -414,7 +406,7 @@ func request(req *admissionRequest, cluster string) (guard.Request, *requestlimi
 	// would read one kind of object as another.
 	apiVersion := schema.GroupVersion{Group: req.Kind.Group, Version: req.Kind.Version}.String()
 	if obj.GetAPIVersion() != apiVersion || obj.GetKind() != req.Kind.Kind || obj.GetName() == "" {
-		return guard.Request{}, requestlimits.BadRequest(RejectBadOldObject, "oldObject is %s %s %q, want a named %s %s (the request's kind)",
+		return guard.Request{}, BadRequest(RejectBadOldObject, "oldObject is %s %s %q, want a named %s %s (the request's kind)",
 			obj.GetAPIVersion(), obj.GetKind(), obj.GetName(), apiVersion, req.Kind.Kind)
 	}
 	out.Node = obj
@@ -437,7 +429,7 @@ func (h *handler) decide(ctx context.Context, req guard.Request, groups []byte) 
 		return h.fallback(rule.Denial(rule.ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
 			"(--max-concurrent-decisions) and none finished in time; retry shortly.", req.Name)))
 	}
-	return requestlimits.Do(ctx, h.intake, key, busy, func(ctx context.Context) verdict { return h.decideNow(ctx, req) })
+	return Do(ctx, h.intake, key, busy, func(ctx context.Context) verdict { return h.decideNow(ctx, req) })
 }
 
 // verdict is a decision and the enforcement action it is answered under.

@@ -1,4 +1,4 @@
-package webhook
+package admission
 
 import (
 	"time"
@@ -10,16 +10,16 @@ import (
 )
 
 // Metrics are the review routes' Prometheus metrics.
-type Metrics struct {
+type WebhookMetrics struct {
 	decisions *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
 }
 
 // NewMetrics registers nodeguard_decisions_total and
 // nodeguard_decision_duration_seconds on reg.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+func NewWebhookMetrics(reg prometheus.Registerer) (*WebhookMetrics, error) {
 	r := metrics.New(reg)
-	m := &Metrics{
+	m := &WebhookMetrics{
 		decisions: r.CounterVec("nodeguard_decisions_total",
 			"Admission reviews answered, by result (allowed, denied, error: the answer given), reason (the rule's), route, cluster (the CAPI Cluster NAMESPACE/NAME of a cluster route, \"\" on /validate: as many clusters as the fleet has) "+
 				"and enforcement_action (deny, warn, dryrun: a reason that denies, answered allowed, is a denial warn or dryrun admitted).",
@@ -29,7 +29,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			metrics.LatencyBuckets(), "route"),
 	}
 	// Every route's histogram exists from the start, at zero.
-	for _, route := range []string{RouteSelf, RouteCluster, RouteRegister, RouteRegisterCluster} {
+	for _, route := range []string{WebhookRouteSelf, WebhookRouteCluster, RouteRegister, RouteRegisterCluster} {
 		m.latency.WithLabelValues(route)
 	}
 	if err := r.Err("review metrics"); err != nil {
@@ -39,7 +39,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // observe counts one answer; a nil Metrics counts nothing.
-func (m *Metrics) observe(route, cluster, result, reason string, action rule.Action, took time.Duration) {
+func (m *WebhookMetrics) observe(route, cluster, result, reason string, action rule.Action, took time.Duration) {
 	if m == nil {
 		return
 	}

@@ -7,7 +7,7 @@
 // in Gatekeeper's data.inventory layout, and the parameters nodeguard
 // supplies (the kinds it syncs, the route's cluster scope). It decides
 // nothing: the rule does, in Rego, inside Gatekeeper.
-package provider
+package admission
 
 import (
 	"context"
@@ -26,26 +26,25 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
-	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // Routes, also the values of the metrics' route label.
 const (
-	RouteSelf    = "/externaldata"
-	RouteCluster = "/externaldata/clusters/{namespace}/{name}"
+	ProviderRouteSelf    = "/externaldata"
+	ProviderRouteCluster = "/externaldata/clusters/{namespace}/{name}"
 )
 
 // MaxKeys bounds the keys of one request. The template sends one per review;
 // a request naming many Nodes is not Gatekeeper's, and each key costs fresh
 // reads.
-const MaxKeys = 16
+const MaxProviderKeys = 16
 
 // Reasons of nodeguard_rejected_requests_total that are the provider's own.
 const (
-	RejectMalformed  = "malformed-provider-request"
-	RejectNotRequest = "not-provider-request"
-	RejectKeys       = "keys"
+	RejectMalformedProvider = "malformed-provider-request"
+	RejectNotRequest        = "not-provider-request"
+	RejectKeys              = "keys"
 )
 
 // Reasons of nodeguard_externaldata_key_errors_total: why a key got an error
@@ -60,7 +59,7 @@ const (
 )
 
 // Facts are what the provider reads; *guard.Guard has them.
-type Facts interface {
+type ProviderFacts interface {
 	// Objects returns what the rule would read for node: the candidates the
 	// indexes pick, re-read from the API server when fresh is set (and the
 	// Guard has fresh reads). It fails while the inventory is not synced.
@@ -77,8 +76,8 @@ type Facts interface {
 }
 
 // Options configure the provider's routes.
-type Options struct {
-	Facts Facts
+type ProviderOptions struct {
+	Facts ProviderFacts
 	// ClientCAs is the CA of Gatekeeper's client certificate (Gatekeeper
 	// presents its webhook certificate when it calls a provider); every
 	// other caller gets 401. Required.
@@ -87,21 +86,21 @@ type Options struct {
 	// cluster lacks is a wrong URL, and every key gets an error.
 	ClusterExists func(ctx context.Context, namespace, name string) (bool, error)
 	// Intake bounds the work, shared with the review routes of the port.
-	Intake *requestlimits.Intake
+	Intake *Intake
 	// Timeout is each request's deadline, below the Provider's timeout
 	// (default: the Intake's).
 	Timeout time.Duration
-	Metrics *Metrics
+	Metrics *ProviderMetrics
 	Log     *slog.Logger
 }
 
-type handler struct {
-	opts Options
+type providerHandler struct {
+	opts ProviderOptions
 }
 
 // New returns the provider's routes: /externaldata and
 // /externaldata/clusters/NAMESPACE/NAME.
-func New(opts Options) (http.Handler, error) {
+func NewProvider(opts ProviderOptions) (http.Handler, error) {
 	if opts.ClientCAs == nil {
 		return nil, fmt.Errorf("the external data provider needs the CA of Gatekeeper's client certificate")
 	}
@@ -111,16 +110,16 @@ func New(opts Options) (http.Handler, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	h := &handler{opts: opts}
+	h := &providerHandler{opts: opts}
 	mux := http.NewServeMux()
-	mux.HandleFunc(RouteSelf, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, RouteSelf, "") })
-	mux.HandleFunc(RouteCluster, func(w http.ResponseWriter, r *http.Request) {
-		h.serve(w, r, RouteCluster, r.PathValue("namespace")+"/"+r.PathValue("name"))
+	mux.HandleFunc(ProviderRouteSelf, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, ProviderRouteSelf, "") })
+	mux.HandleFunc(ProviderRouteCluster, func(w http.ResponseWriter, r *http.Request) {
+		h.serve(w, r, ProviderRouteCluster, r.PathValue("namespace")+"/"+r.PathValue("name"))
 	})
 	return mux, nil
 }
 
-func (h *handler) serve(w http.ResponseWriter, r *http.Request, route, cluster string) {
+func (h *providerHandler) serve(w http.ResponseWriter, r *http.Request, route, cluster string) {
 	start := time.Now()
 	keys, release, herr := h.read(w, r)
 	if herr != nil {
@@ -154,7 +153,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, route, cluster s
 
 // read checks the transport and decodes the ProviderRequest's keys; the
 // caller runs the returned func once it has answered.
-func (h *handler) read(w http.ResponseWriter, r *http.Request) ([]string, func(), *requestlimits.Error) {
+func (h *providerHandler) read(w http.ResponseWriter, r *http.Request) ([]string, func(), *IntakeError) {
 	body, release, herr := h.opts.Intake.Read(w, r, h.opts.ClientCAs)
 	if herr != nil {
 		return nil, nil, herr
@@ -163,11 +162,11 @@ func (h *handler) read(w http.ResponseWriter, r *http.Request) ([]string, func()
 	err := json.Unmarshal(body, &req)
 	switch {
 	case err != nil:
-		herr = requestlimits.BadRequest(RejectMalformed, "malformed ProviderRequest JSON: %v", err)
+		herr = BadRequest(RejectMalformedProvider, "malformed ProviderRequest JSON: %v", err)
 	case req.Kind != "ProviderRequest" || !strings.HasPrefix(req.APIVersion, "externaldata.gatekeeper.sh/"):
-		herr = requestlimits.BadRequest(RejectNotRequest, "want kind ProviderRequest of externaldata.gatekeeper.sh; got %q, %q", req.APIVersion, req.Kind)
-	case len(req.Request.Keys) == 0 || len(req.Request.Keys) > MaxKeys:
-		herr = requestlimits.BadRequest(RejectKeys, "want 1 to %d keys, got %d", MaxKeys, len(req.Request.Keys))
+		herr = BadRequest(RejectNotRequest, "want kind ProviderRequest of externaldata.gatekeeper.sh; got %q, %q", req.APIVersion, req.Kind)
+	case len(req.Request.Keys) == 0 || len(req.Request.Keys) > MaxProviderKeys:
+		herr = BadRequest(RejectKeys, "want 1 to %d keys, got %d", MaxProviderKeys, len(req.Request.Keys))
 	}
 	if herr != nil {
 		release()
@@ -177,7 +176,7 @@ func (h *handler) read(w http.ResponseWriter, r *http.Request) ([]string, func()
 }
 
 // answer is one item per key, in order: facts, or an error saying why not.
-func (h *handler) answer(ctx context.Context, route, cluster string, keys []string) []externaldata.Item {
+func (h *providerHandler) answer(ctx context.Context, route, cluster string, keys []string) []externaldata.Item {
 	items := make([]externaldata.Item, len(keys))
 	clusterErr := h.checkCluster(ctx, cluster)
 	for i, key := range keys {
@@ -211,7 +210,7 @@ type keyError struct {
 	msg    string
 }
 
-func (h *handler) checkCluster(ctx context.Context, cluster string) *keyError {
+func (h *providerHandler) checkCluster(ctx context.Context, cluster string) *keyError {
 	if cluster == "" || h.opts.ClusterExists == nil {
 		return nil
 	}
@@ -234,7 +233,7 @@ func (h *handler) checkCluster(ctx context.Context, cluster string) *keyError {
 
 // parse reads a key: {"uid": ..., "node": {declared Node fields}}. The Node
 // is decoded into only the fields the rule declares, whatever the key holds.
-func (h *handler) parse(key string) (*unstructured.Unstructured, string, *keyError) {
+func (h *providerHandler) parse(key string) (*unstructured.Unstructured, string, *keyError) {
 	var k struct {
 		UID  string          `json:"uid"`
 		Node json.RawMessage `json:"node"`
@@ -266,12 +265,12 @@ func badKey(format string, args ...any) *keyError {
 
 // facts reads what the rule needs for node, within the request's deadline;
 // concurrent keys of the same Node and route share one read.
-func (h *handler) facts(ctx context.Context, cluster string, node *unstructured.Unstructured) (map[string]any, *keyError) {
+func (h *providerHandler) facts(ctx context.Context, cluster string, node *unstructured.Unstructured) (map[string]any, *keyError) {
 	type result struct {
 		value map[string]any
 		err   *keyError
 	}
-	key, err := flightKey(cluster, node)
+	key, err := providerFlightKey(cluster, node)
 	if err != nil {
 		return nil, &keyError{ErrorBadKey, err.Error()}
 	}
@@ -279,7 +278,7 @@ func (h *handler) facts(ctx context.Context, cluster string, node *unstructured.
 		return result{err: &keyError{ErrorBusy, "nodeguard is answering as many requests as it may at once (--max-concurrent-decisions) " +
 			"and none finished in time; retry shortly"}}
 	}
-	r := requestlimits.Do(ctx, h.opts.Intake, key, busy, func(ctx context.Context) result {
+	r := Do(ctx, h.opts.Intake, key, busy, func(ctx context.Context) result {
 		if err := h.opts.Facts.Ready(); err != nil {
 			return result{err: &keyError{ErrorNotReady, fmt.Sprintf("nodeguard is not ready (%v), so it cannot tell what is linked to Node %q; "+
 				"retry once it reports ready", err, node.GetName())}}
@@ -304,7 +303,7 @@ func (h *handler) facts(ctx context.Context, cluster string, node *unstructured.
 
 // flightKey is what a provider answer depends on: the route's cluster and
 // the Node as the rule reads it (not the review's uid), hashed.
-func flightKey(cluster string, node *unstructured.Unstructured) (string, error) {
+func providerFlightKey(cluster string, node *unstructured.Unstructured) (string, error) {
 	raw, err := json.Marshal(node.Object)
 	if err != nil {
 		return "", fmt.Errorf("key the Node: %w", err)

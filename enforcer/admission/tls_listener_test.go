@@ -1,4 +1,4 @@
-package tlsserver
+package admission
 
 import (
 	"io"

@@ -1,7 +1,7 @@
 // Package webhookconfig writes the ValidatingWebhookConfiguration that sends
 // Node deletes to `nodeguard serve`, and installs it into a workload cluster
 // through the CAPI kubeconfig Secret of the management cluster.
-package webhookconfig
+package admission
 
 import (
 	"context"
@@ -25,7 +25,7 @@ import (
 )
 
 // GVR is the ValidatingWebhookConfiguration resource.
-var GVR = schema.GroupVersionResource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "validatingwebhookconfigurations"}
+var WebhookConfigGVR = schema.GroupVersionResource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "validatingwebhookconfigurations"}
 
 // ClusterAnnotation, on a configuration nodeguard keeps in a workload
 // cluster, names the CAPI Cluster ("namespace/name") it routes to.
@@ -45,16 +45,16 @@ const (
 // an identity of nodeguard's in a workload cluster (package identity).
 // Create cannot be limited to a name (RBAC does not know it before), so
 // that identity can create any configuration; everything else only Name.
-func Rules() []rbacv1.PolicyRule {
+func WebhookRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
-		{APIGroups: []string{GVR.Group}, Resources: []string{GVR.Resource}, Verbs: []string{"create"}},
-		{APIGroups: []string{GVR.Group}, Resources: []string{GVR.Resource}, ResourceNames: []string{Name},
+		{APIGroups: []string{WebhookConfigGVR.Group}, Resources: []string{WebhookConfigGVR.Resource}, Verbs: []string{"create"}},
+		{APIGroups: []string{WebhookConfigGVR.Group}, Resources: []string{WebhookConfigGVR.Resource}, ResourceNames: []string{Name},
 			Verbs: []string{"get", "list", "watch", "patch", "update", "delete"}},
 	}
 }
 
 // Options say where the webhook is and which Machines count.
-type Options struct {
+type WebhookConfigOptions struct {
 	// URL is the server's base URL (https); the route is appended.
 	URL string
 	// Service, "namespace/name", is the alternative to URL for a server in
@@ -66,7 +66,7 @@ type Options struct {
 	// that CAPI Cluster's Machines count.
 	Cluster string
 	// Webhook are the webhook's own settings; zero: Fail, 5 s, every Node.
-	Webhook Settings
+	Webhook WebhookSettings
 	// Registrations adds the registration webhook (ghost protection deny):
 	// Node CREATEs, and the UPDATEs that set spec.providerID, go to
 	// /register (/register/clusters/NS/NAME), in an entry of its own with
@@ -91,7 +91,7 @@ const RegistersCondition = "request.operation == 'CREATE' || " +
 // policy, the timeout, and which Node deletes it sends at all. Nodes are
 // cluster-scoped, so an object selector on Node labels and CEL match
 // conditions are what narrow it (no namespace selector applies).
-type Settings struct {
+type WebhookSettings struct {
 	// FailurePolicy is Fail unless set. Ignore admits every Node delete
 	// while nodeguard cannot be reached: the rule then holds only while it
 	// answers.
@@ -107,7 +107,7 @@ type Settings struct {
 
 // webhookFields checks the settings and returns them as the webhook's
 // fields, defaults filled in as the API server would fill them.
-func (s Settings) webhookFields() (admissionregistrationv1.FailurePolicyType, int32, *metav1.LabelSelector, error) {
+func (s WebhookSettings) webhookFields() (admissionregistrationv1.FailurePolicyType, int32, *metav1.LabelSelector, error) {
 	policy := s.FailurePolicy
 	switch policy {
 	case "":
@@ -141,7 +141,7 @@ func (s Settings) webhookFields() (admissionregistrationv1.FailurePolicyType, in
 // checked checks opts' CA bundle and returns the path of route (a webhook's
 // or the provider's) for opts' Cluster: route/clusters/NS/NAME, or route
 // itself without one.
-func checked(opts Options, route string) (string, error) {
+func checked(opts WebhookConfigOptions, route string) (string, error) {
 	if err := checkCABundle(opts.CABundle); err != nil {
 		return "", err
 	}
@@ -158,7 +158,7 @@ func checked(opts Options, route string) (string, error) {
 // Build returns the configuration: Node DELETE only, failurePolicy Fail
 // (opts.Webhook changes that), and with opts.Registrations the
 // registration webhook.
-func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
 	client, err := clientConfig(opts, "/validate")
 	if err != nil {
 		return nil, err
@@ -227,7 +227,7 @@ func Build(opts Options) (*admissionregistrationv1.ValidatingWebhookConfiguratio
 }
 
 // clientConfig is where the API server reaches route (for opts' Cluster).
-func clientConfig(opts Options, route string) (admissionregistrationv1.WebhookClientConfig, error) {
+func clientConfig(opts WebhookConfigOptions, route string) (admissionregistrationv1.WebhookClientConfig, error) {
 	path, err := checked(opts, route)
 	if err != nil {
 		return admissionregistrationv1.WebhookClientConfig{}, err
@@ -292,7 +292,7 @@ func Certificates(bundle []byte) ([][]byte, error) {
 }
 
 // YAML renders the configuration for kubectl apply.
-func YAML(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) ([]byte, error) {
+func WebhookConfigYAML(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) ([]byte, error) {
 	out, err := yaml.Marshal(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("render ValidatingWebhookConfiguration: %w", err)
@@ -301,15 +301,15 @@ func YAML(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) ([]byte, 
 }
 
 // Object is the configuration as owned writes it.
-func Object(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) (kube.Owned, error) {
-	return kube.OwnedFrom(GVR, cfg)
+func WebhookConfigObject(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) (kube.Owned, error) {
+	return kube.OwnedFrom(WebhookConfigGVR, cfg)
 }
 
 // Apply writes the configuration into the cluster of client (server-side
 // apply, nodeguard's field manager), replacing it whole where another
 // manager added fields to it.
-func Apply(ctx context.Context, client dynamic.Interface, cfg *admissionregistrationv1.ValidatingWebhookConfiguration) error {
-	o, err := Object(cfg)
+func ApplyWebhookConfig(ctx context.Context, client dynamic.Interface, cfg *admissionregistrationv1.ValidatingWebhookConfiguration) error {
+	o, err := WebhookConfigObject(cfg)
 	if err != nil {
 		return err
 	}
@@ -322,7 +322,7 @@ func Apply(ctx context.Context, client dynamic.Interface, cfg *admissionregistra
 // Secret in the management cluster mgmt (package clusters' one way there),
 // connected by connect (dynamic.NewForConfig); with no cluster, self, the
 // management cluster's own (self-hosted). It says where that is.
-func Target(ctx context.Context, mgmt kubernetes.Interface, self dynamic.Interface, cluster string,
+func InstallTarget(ctx context.Context, mgmt kubernetes.Interface, self dynamic.Interface, cluster string,
 	connect func(*rest.Config) (dynamic.Interface, error)) (dynamic.Interface, string, error) {
 	if cluster == "" {
 		return self, "the cluster of the kubeconfig", nil

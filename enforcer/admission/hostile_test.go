@@ -1,4 +1,4 @@
-package webhook_test
+package admission_test
 
 import (
 	"bytes"
@@ -23,11 +23,9 @@ import (
 
 	"bufio"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/requestlimits"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/enforcer/tlsserver"
-	"github.com/nodeguard/nodeguard/enforcer/webhook"
 	"github.com/nodeguard/nodeguard/internal/hostile"
 	"github.com/nodeguard/nodeguard/internal/stacks"
 	"github.com/nodeguard/nodeguard/internal/testlog"
@@ -96,8 +94,8 @@ func TestSameReviewsShareOneDecision(t *testing.T) {
 		<-release
 		return rule.Decision{Allowed: req.UserInfo.Username == "bob", Reason: rule.ReasonNoLink}, nil
 	})
-	in := &arrivals{next: webhook.New(webhook.Options{Decider: blocking})}
-	s := serve(t, in, tlsserver.Options{}, nil)
+	in := &arrivals{next: admission.NewWebhook(admission.WebhookOptions{Decider: blocking})}
+	s := serve(t, in, admission.TLSOptions{}, nil)
 	alice := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 	bob := bytes.Replace(alice, []byte(`"username":"alice"`), []byte(`"username":"bob"`), 1)
 
@@ -185,7 +183,7 @@ func (d *heldDecider) decider() deciderFunc {
 func TestConcurrentDecisionsAreBounded(t *testing.T) {
 	_, _, nodes := example(t)
 	held := newHeldDecider()
-	s := serve(t, webhook.New(webhook.Options{Decider: held.decider(), MaxConcurrentDecisions: 2}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: held.decider(), MaxConcurrentDecisions: 2}), admission.TLSOptions{}, nil)
 	bodies := make([][]byte, 12)
 	for i := range bodies {
 		// A user each: no two reviews share a decision.
@@ -208,7 +206,7 @@ func TestConcurrentDecisionsAreBounded(t *testing.T) {
 		<-unstick
 		return rule.Decision{Allowed: true, Reason: rule.ReasonNoLink}, nil
 	})
-	s = serve(t, webhook.New(webhook.Options{Decider: stuck, MaxConcurrentDecisions: 1, Timeout: 300 * time.Millisecond}), tlsserver.Options{}, nil)
+	s = serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: stuck, MaxConcurrentDecisions: 1, Timeout: 300 * time.Millisecond}), admission.TLSOptions{}, nil)
 	t.Cleanup(func() { close(unstick) }) // before the server's stop, which drains the first review
 	go func() {
 		_, _ = s.answer("/validate", review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "first"))
@@ -227,11 +225,11 @@ func TestConcurrentDecisionsAreBounded(t *testing.T) {
 func TestRejectedRequestsAreCountedAndLoggedSparingly(t *testing.T) {
 	g, _, nodes := example(t)
 	reg := prometheus.NewRegistry()
-	im, err := requestlimits.NewMetrics(reg)
+	im, err := admission.NewIntakeMetrics(reg)
 	require.NoError(t, err)
 	log, logs := testlog.JSON()
-	in := requestlimits.New(requestlimits.Options{Metrics: im, Log: log, LogInterval: time.Hour})
-	s := serve(t, webhook.New(webhook.Options{Decider: g, Intake: in}), tlsserver.Options{}, nil)
+	in := admission.NewIntake(admission.IntakeOptions{Metrics: im, Log: log, LogInterval: time.Hour})
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, Intake: in}), admission.TLSOptions{}, nil)
 	for range 50 {
 		s.post(t, "/validate", "application/json", []byte(`{"apiVersion":`))
 	}
@@ -280,7 +278,7 @@ func TestHostileReviewsStayWithinTheMemoryBound(t *testing.T) {
 	g, _, _ := example(t)
 	// A deadline far past the default: this measures memory, and under the
 	// race detector on a loaded machine a 1 MiB decode can take seconds.
-	s := serve(t, webhook.New(webhook.Options{Decider: g, Timeout: time.Minute}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, Timeout: time.Minute}), admission.TLSOptions{}, nil)
 	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(400 << 20))
 
@@ -292,7 +290,7 @@ func TestHostileReviewsStayWithinTheMemoryBound(t *testing.T) {
 		batch := make([][]byte, 8)
 		for i := range batch {
 			batch[i] = hostile.Review(shape, fmt.Sprintf("hostile-%d", i), i)
-			require.Less(t, len(batch[i]), webhook.MaxBodyBytes)
+			require.Less(t, len(batch[i]), admission.MaxBodyBytes)
 		}
 		runtime.GC()
 		metrics.Read(sample)
@@ -354,10 +352,10 @@ func realisticLargeNode() map[string]any {
 // judged, not refused as too large.
 func TestLargestRealNodeFits(t *testing.T) {
 	g, _, _ := example(t)
-	s := serve(t, webhook.New(webhook.Options{Decider: g}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g}), admission.TLSOptions{}, nil)
 	body := review(admissionv1.Delete, "Node", realisticLargeNode())
-	t.Logf("review of a Node with 50 images and 256 KiB of annotations: %d KiB (limit %d KiB)", len(body)>>10, webhook.MaxBodyBytes>>10)
-	assert.Less(t, len(body), webhook.MaxBodyBytes*3/4, "a quarter of the limit to spare")
+	t.Logf("review of a Node with 50 images and 256 KiB of annotations: %d KiB (limit %d KiB)", len(body)>>10, admission.MaxBodyBytes>>10)
+	assert.Less(t, len(body), admission.MaxBodyBytes*3/4, "a quarter of the limit to spare")
 	code, msg, out := s.post(t, "/validate", "application/json", body)
 	require.Equal(t, http.StatusOK, code, msg)
 	assert.True(t, out.Response.Allowed)
@@ -370,7 +368,7 @@ func TestLargeReviewsQueueForTheirBytes(t *testing.T) {
 	// Deadlines far past the default: the reviews waiting for their bytes
 	// wait until the test has seen them all, and under the race detector on
 	// a loaded machine decoding 1 MiB takes seconds.
-	s := serve(t, webhook.New(webhook.Options{Decider: held.decider(), Timeout: time.Minute}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: held.decider(), Timeout: time.Minute}), admission.TLSOptions{}, nil)
 	send := func(bodies [][]byte, queued func() bool, why string) {
 		answered := make(chan struct{})
 		go func() { defer close(answered); s.answerAll(t, bodies, always) }()
@@ -460,8 +458,8 @@ func realisticNode(name string) map[string]any {
 func TestRealNodeReviewsTakeTheSmallLane(t *testing.T) {
 	body := review(admissionv1.Delete, "Node", realisticNode("prod-md-0-x7k2p-abcde"), "system:masters", "system:authenticated")
 	t.Logf("DELETE review of a Node with kubelet's 50 images, labels, conditions and managed fields: %.1f KiB; the small lane takes up to %d KiB",
-		float64(len(body))/1024, requestlimits.SmallBytes>>10)
-	assert.Less(t, len(body), requestlimits.SmallBytes/2, "twice the room")
+		float64(len(body))/1024, admission.SmallBytes>>10)
+	assert.Less(t, len(body), admission.SmallBytes/2, "twice the room")
 }
 
 // Small reviews never wait behind large ones: with the large lane full of
@@ -482,7 +480,7 @@ func TestSmallReviewsNeverWaitBehindLargeOnes(t *testing.T) {
 	})
 	// Deadlines far past the default: the order is what is tested, and under
 	// the race detector on a loaded machine decoding 1 MiB takes seconds.
-	s := serve(t, webhook.New(webhook.Options{Decider: decider, Timeout: time.Minute}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: decider, Timeout: time.Minute}), admission.TLSOptions{}, nil)
 	wait := s.sendLarge(8)
 	defer func() { close(release); wait() }()
 	require.Eventually(t, func() bool { return large.Load() == 4 }, time.Minute, 10*time.Millisecond, "four large reviews hold the large lane")
@@ -537,11 +535,11 @@ func TestTheBudgetComesBeforeTheBody(t *testing.T) {
 		<-release
 		return rule.Decision{Allowed: true, Reason: rule.ReasonNoLink}, nil
 	})
-	s := serve(t, webhook.New(webhook.Options{Decider: decider, Timeout: 2 * time.Second}), tlsserver.Options{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: decider, Timeout: 2 * time.Second}), admission.TLSOptions{}, nil)
 	head := func(length string) string {
 		return "POST /validate HTTP/1.1\r\nHost: nodeguard\r\nContent-Type: application/json\r\n" + length + "\r\n"
 	}
-	assert.Equal(t, http.StatusRequestEntityTooLarge, rawPost(t, s, head(fmt.Sprintf("Content-Length: %d\r\n", webhook.MaxBodyBytes+1)), nil))
+	assert.Equal(t, http.StatusRequestEntityTooLarge, rawPost(t, s, head(fmt.Sprintf("Content-Length: %d\r\n", admission.MaxBodyBytes+1)), nil))
 
 	wait := s.sendLarge(4)
 	require.Eventually(t, func() bool { return held.Load() == 4 }, 10*time.Second, 10*time.Millisecond)

@@ -1,4 +1,4 @@
-package webhookconfig_test
+package admission_test
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/webhookconfig"
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -28,7 +28,7 @@ var caBundle = testpki.CAPEM
 
 func TestBuildSendsOnlyNodeDeletesAndFailsClosed(t *testing.T) {
 	ca := caBundle(t)
-	cfg, err := webhookconfig.Build(webhookconfig.Options{URL: "https://nodeguard.example.com:8443/", CABundle: ca, Cluster: "fleet/prod-1"})
+	cfg, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: "https://nodeguard.example.com:8443/", CABundle: ca, Cluster: "fleet/prod-1"})
 	require.NoError(t, err)
 	require.Len(t, cfg.Webhooks, 1)
 	w := cfg.Webhooks[0]
@@ -44,12 +44,12 @@ func TestBuildSendsOnlyNodeDeletesAndFailsClosed(t *testing.T) {
 	assert.Equal(t, []string{"v1"}, w.AdmissionReviewVersions)
 	assert.Equal(t, admissionregistrationv1.Equivalent, *w.MatchPolicy)
 
-	out, err := webhookconfig.YAML(cfg)
+	out, err := admission.WebhookConfigYAML(cfg)
 	require.NoError(t, err)
 	assert.Contains(t, string(out), "kind: ValidatingWebhookConfiguration")
 	assert.Contains(t, string(out), "failurePolicy: Fail")
 
-	self, err := webhookconfig.Build(webhookconfig.Options{Service: "nodeguard-system/nodeguard", CABundle: ca})
+	self, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{Service: "nodeguard-system/nodeguard", CABundle: ca})
 	require.NoError(t, err)
 	assert.Nil(t, self.Webhooks[0].ClientConfig.URL)
 	assert.Equal(t, "/validate", *self.Webhooks[0].ClientConfig.Service.Path)
@@ -57,7 +57,7 @@ func TestBuildSendsOnlyNodeDeletesAndFailsClosed(t *testing.T) {
 
 func TestBuildRejectsBadOptions(t *testing.T) {
 	ca := caBundle(t)
-	for want, opts := range map[string]webhookconfig.Options{
+	for want, opts := range map[string]admission.WebhookConfigOptions{
 		"--ca-bundle-file is required": {URL: "https://x"},
 		"no PEM certificate":           {URL: "https://x", CABundle: []byte("not pem")},
 		"want https://":                {URL: "http://x", CABundle: ca},
@@ -65,20 +65,20 @@ func TestBuildRejectsBadOptions(t *testing.T) {
 		"--url (or --service)":         {CABundle: ca},
 		"not both":                     {URL: "https://x", Service: "a/b", CABundle: ca},
 	} {
-		_, err := webhookconfig.Build(opts)
+		_, err := admission.BuildWebhookConfig(opts)
 		assert.ErrorContains(t, err, want)
 	}
 	for _, key := range []string{"prod-1", "/prod-1", "fleet/", "fleet/prod/1"} {
-		_, err := webhookconfig.Build(webhookconfig.Options{URL: "https://x", CABundle: ca, Cluster: key})
+		_, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: "https://x", CABundle: ca, Cluster: key})
 		assert.ErrorContains(t, err, fmt.Sprintf("--cluster %q: want NAMESPACE/NAME", key))
-		_, err = webhookconfig.Build(webhookconfig.Options{Service: key, CABundle: ca})
+		_, err = admission.BuildWebhookConfig(admission.WebhookConfigOptions{Service: key, CABundle: ca})
 		assert.ErrorContains(t, err, fmt.Sprintf("--service %q: want NAMESPACE/NAME", key))
 	}
 }
 
 func TestInstallIntoAWorkloadClusterThroughItsKubeconfigSecret(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := webhookconfig.Build(webhookconfig.Options{URL: "https://nodeguard.example.com", CABundle: caBundle(t), Cluster: "fleet/prod-1"})
+	cfg, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: "https://nodeguard.example.com", CABundle: caBundle(t), Cluster: "fleet/prod-1"})
 	require.NoError(t, err)
 	mgmt := fake.NewClientset(&corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "fleet", Name: "prod-1-kubeconfig"},
@@ -101,11 +101,11 @@ func TestInstallIntoAWorkloadClusterThroughItsKubeconfigSecret(t *testing.T) {
 	var got string
 	connect := func(cfg *rest.Config) (dynamic.Interface, error) { got = cfg.Host; return workload, nil }
 	install := func(cluster string) (string, error) {
-		client, where, err := webhookconfig.Target(ctx, mgmt, self, cluster, connect)
+		client, where, err := admission.InstallTarget(ctx, mgmt, self, cluster, connect)
 		if err != nil {
 			return "", err
 		}
-		return where, webhookconfig.Apply(ctx, client, cfg)
+		return where, admission.ApplyWebhookConfig(ctx, client, cfg)
 	}
 
 	where, err := install("fleet/prod-1")
@@ -114,7 +114,7 @@ func TestInstallIntoAWorkloadClusterThroughItsKubeconfigSecret(t *testing.T) {
 	assert.Equal(t, "https://prod-1.example:6443", got, "connected as the Cluster's kubeconfig says")
 	require.Len(t, applied, 1)
 	assert.Equal(t, *cfg.Webhooks[0].ClientConfig.URL, *applied[0].Webhooks[0].ClientConfig.URL)
-	assert.Equal(t, "fleet/prod-1", applied[0].Annotations[webhookconfig.ClusterAnnotation])
+	assert.Equal(t, "fleet/prod-1", applied[0].Annotations[admission.ClusterAnnotation])
 	assert.Empty(t, self.Actions(), "nothing is installed into the management cluster")
 
 	// Applying again writes the renewed CA bundle.
@@ -132,16 +132,16 @@ func TestInstallIntoAWorkloadClusterThroughItsKubeconfigSecret(t *testing.T) {
 // server fills them; what it would refuse is refused here.
 func TestWebhookSettings(t *testing.T) {
 	ca := caBundle(t)
-	cfg, err := webhookconfig.Build(webhookconfig.Options{URL: "https://ng", CABundle: ca})
+	cfg, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: "https://ng", CABundle: ca})
 	require.NoError(t, err)
 	w := cfg.Webhooks[0]
 	assert.Equal(t, admissionregistrationv1.Fail, *w.FailurePolicy)
-	assert.EqualValues(t, webhookconfig.TimeoutSeconds, *w.TimeoutSeconds)
+	assert.EqualValues(t, admission.TimeoutSeconds, *w.TimeoutSeconds)
 	assert.Equal(t, &metav1.LabelSelector{}, w.ObjectSelector)
 	assert.Empty(t, w.MatchConditions)
 
 	cond := admissionregistrationv1.MatchCondition{Name: "not-ops", Expression: "request.userInfo.username != 'ops'"}
-	cfg, err = webhookconfig.Build(webhookconfig.Options{URL: "https://ng", CABundle: ca, Webhook: webhookconfig.Settings{
+	cfg, err = admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: "https://ng", CABundle: ca, Webhook: admission.WebhookSettings{
 		FailurePolicy: admissionregistrationv1.Ignore, TimeoutSeconds: 2, ObjectSelector: "tier=worker,!control-plane", MatchConditions: []admissionregistrationv1.MatchCondition{cond}}})
 	require.NoError(t, err)
 	w = cfg.Webhooks[0]
@@ -151,13 +151,13 @@ func TestWebhookSettings(t *testing.T) {
 	require.Len(t, w.ObjectSelector.MatchExpressions, 1)
 	assert.Equal(t, []admissionregistrationv1.MatchCondition{cond}, w.MatchConditions)
 
-	for want, s := range map[string]webhookconfig.Settings{
+	for want, s := range map[string]admission.WebhookSettings{
 		"want Fail or Ignore":                   {FailurePolicy: "Never"},
 		"the API server takes 1 to 30":          {TimeoutSeconds: 31},
 		"object selector":                       {ObjectSelector: "a in (b"},
 		"a name and an expression are required": {MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "x"}}},
 	} {
-		_, err := webhookconfig.Build(webhookconfig.Options{URL: "https://ng", CABundle: ca, Webhook: s})
+		_, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: "https://ng", CABundle: ca, Webhook: s})
 		assert.ErrorContains(t, err, want)
 	}
 }
@@ -168,27 +168,27 @@ func TestWebhookSettings(t *testing.T) {
 // before.
 func TestRegistrationsHaveAWebhookOfTheirOwnThatFailsOpen(t *testing.T) {
 	ca := caBundle(t)
-	plain, err := webhookconfig.Build(webhookconfig.Options{URL: "https://ng.example.com", CABundle: ca, Cluster: "fleet/prod-1"})
+	plain, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: "https://ng.example.com", CABundle: ca, Cluster: "fleet/prod-1"})
 	require.NoError(t, err)
-	cfg, err := webhookconfig.Build(webhookconfig.Options{URL: "https://ng.example.com", CABundle: ca, Cluster: "fleet/prod-1", Registrations: true,
-		Webhook: webhookconfig.Settings{ObjectSelector: "pool=a"}})
+	cfg, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: "https://ng.example.com", CABundle: ca, Cluster: "fleet/prod-1", Registrations: true,
+		Webhook: admission.WebhookSettings{ObjectSelector: "pool=a"}})
 	require.NoError(t, err)
 	require.Len(t, cfg.Webhooks, 2)
 	assert.Equal(t, plain.Webhooks[0].Name, cfg.Webhooks[0].Name)
 	w := cfg.Webhooks[1]
-	assert.Equal(t, webhookconfig.RegistrationWebhookName, w.Name)
+	assert.Equal(t, admission.RegistrationWebhookName, w.Name)
 	assert.Equal(t, "https://ng.example.com/register/clusters/fleet/prod-1", *w.ClientConfig.URL)
 	assert.Equal(t, admissionregistrationv1.Ignore, *w.FailurePolicy)
-	assert.Equal(t, int32(webhookconfig.RegistrationTimeoutSeconds), *w.TimeoutSeconds)
+	assert.Equal(t, int32(admission.RegistrationTimeoutSeconds), *w.TimeoutSeconds)
 	assert.Equal(t, admissionregistrationv1.SideEffectClassNone, *w.SideEffects)
 	require.Len(t, w.Rules, 1)
 	assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}, w.Rules[0].Operations)
 	assert.Equal(t, []string{"nodes"}, w.Rules[0].Resources, "not nodes/status")
 	assert.Equal(t, &metav1.LabelSelector{}, w.ObjectSelector, "every Node registering: the delete webhook's selector is about deletes")
 	require.Len(t, w.MatchConditions, 1)
-	assert.Equal(t, webhookconfig.RegistersCondition, w.MatchConditions[0].Expression)
+	assert.Equal(t, admission.RegistersCondition, w.MatchConditions[0].Expression)
 
-	self, err := webhookconfig.Build(webhookconfig.Options{Service: "nodeguard-system/nodeguard", CABundle: ca, Registrations: true})
+	self, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{Service: "nodeguard-system/nodeguard", CABundle: ca, Registrations: true})
 	require.NoError(t, err)
 	assert.Equal(t, "/register", *self.Webhooks[1].ClientConfig.Service.Path)
 }
