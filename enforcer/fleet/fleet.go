@@ -46,9 +46,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
-	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/releases"
+	"github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -102,7 +101,7 @@ type Options struct {
 	// Releases, when set, publishes the released Nodes of the Clusters in
 	// mode admission-policy (without it the mode is reported unsupported);
 	// AdmissionPolicy says how their policy is built.
-	Releases        *releases.Publisher
+	Releases        *nodes.Publisher
 	AdmissionPolicy admission.PolicyOptions
 	// ClientCerts, when set, issues each selected Cluster's workload API
 	// server a webhook client certificate of its own (clientcert.go).
@@ -112,7 +111,7 @@ type Options struct {
 	// deny, a Cluster in mode webhook gets the registration webhook too
 	// (mode admission-policy has no network path for it: taint is what
 	// protects there).
-	GhostProtection ghosts.Protection
+	GhostProtection nodes.Protection
 	Log             *slog.Logger
 }
 
@@ -494,9 +493,9 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta kube.ClusterMe
 		st.Action = string(action)
 		return r.guardPolicy(ctx, key, s, t, st, action)
 	}
-	protection, err := ghosts.Of(meta.Annotations, r.opts.GhostProtection)
+	protection, err := nodes.ProtectionOf(meta.Annotations, r.opts.GhostProtection)
 	if r.opts.GhostProtection == "" {
-		protection, err = ghosts.Off, nil
+		protection, err = nodes.ProtectionOff, nil
 	}
 	if err != nil {
 		// The registration webhook stays as it is until it is fixed.
@@ -506,7 +505,7 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta kube.ClusterMe
 	r.mu.Lock()
 	ca := r.caBundle
 	r.mu.Unlock()
-	return r.guardWebhook(ctx, key, s, t, st, ca, protection == ghosts.Deny, meta.Annotations[rule.ActionAnnotation])
+	return r.guardWebhook(ctx, key, s, t, st, ca, protection == nodes.ProtectionDeny, meta.Annotations[rule.ActionAnnotation])
 }
 
 // report records a Cluster's State, and tells of it.

@@ -13,8 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
-	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
+	"github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -226,18 +226,18 @@ func (r *Reconciler) dryRun(ctx context.Context, s *session, node *corev1.Node) 
 
 // registrationsOf is the protection the configuration stored in a cluster
 // carries out: deny when it has the registration webhook.
-func registrationsOf(s *session) ghosts.Protection {
+func registrationsOf(s *session) nodes.Protection {
 	have, ok := s.vwc.Get()
 	if !ok {
-		return ghosts.Off
+		return nodes.ProtectionOff
 	}
 	hooks, _, _ := unstructured.NestedSlice(have.Object, "webhooks")
 	for _, h := range hooks {
 		if m, _ := h.(map[string]any); m["name"] == admission.RegistrationWebhookName {
-			return ghosts.Deny
+			return nodes.ProtectionDeny
 		}
 	}
-	return ghosts.Off
+	return nodes.ProtectionOff
 }
 
 // claimedBy is the Cluster a stored configuration routes to, "" when none.

@@ -20,9 +20,9 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
-	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
+	"github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -199,7 +199,7 @@ func tainted(n *unstructured.Unstructured) bool {
 	taints, _, _ := unstructured.NestedSlice(n.Object, "spec", "taints")
 	return slices.ContainsFunc(taints, func(x any) bool {
 		m, _ := x.(map[string]any)
-		return m["key"] == ghosts.TaintKey
+		return m["key"] == nodes.TaintKey
 	})
 }
 
@@ -236,7 +236,7 @@ func print(out io.Writer, opts Options, r Report) error {
 	for _, g := range r.Ghosts {
 		taint := "not tainted"
 		if g.Tainted {
-			taint = "tainted " + ghosts.TaintKey
+			taint = "tainted " + nodes.TaintKey
 		}
 		fmt.Fprintf(out, "GHOST: Node %q%s: %s (%s; tombstone until %s).\n", g.Node, where(g), g.Reason, taint, g.Tombstone.Until.Format(time.RFC3339))
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/reaper"
+	ngnodes "github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -202,7 +202,7 @@ func runLiveWith(ctx context.Context, c kube.Clients, opts CommandOptions, param
 			if !v.Orphan {
 				continue
 			}
-			if err := reaper.DeleteNode(ctx, c.Dynamic, v); err != nil {
+			if err := ngnodes.DeleteNode(ctx, c.Dynamic, v); err != nil {
 				return report, err
 			}
 			report.Deleted = append(report.Deleted, v.Node)

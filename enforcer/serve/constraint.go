@@ -11,7 +11,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
+	"github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -40,7 +40,7 @@ func initialConstraint(ctx context.Context, c kube.Clients, opts Options) (spec 
 type liveConstraint struct {
 	enforcer *guard.Enforcer
 	fleet    *fleet.Reconciler
-	scanner  *orphanscan.Scanner
+	scanner  *nodes.Scanner
 	// flag is --enforcement-action, in force where the Constraint sets none.
 	flag   rule.Action
 	action atomic.Value // enforcement.Action

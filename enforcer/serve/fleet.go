@@ -15,9 +15,8 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/releases"
+	"github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -79,7 +78,7 @@ const (
 // startFleet runs the fleet reconciler when asked to (in bg), its sessions
 // joining sessions (which the caller runs); only the leader of leader writes.
 func startFleet(ctx context.Context, c kube.Clients, opts Options, params map[string]any, sessions *WorkloadSessions,
-	published *releases.Publisher, leader *kube.Leader, issuer *fleet.Issuer, metrics *fleet.Metrics, rec *events.Recorder, bg *sync.WaitGroup,
+	published *nodes.Publisher, leader *kube.Leader, issuer *fleet.Issuer, metrics *fleet.Metrics, rec *events.Recorder, bg *sync.WaitGroup,
 	log *slog.Logger) (*fleet.Reconciler, error) {
 	f := opts.Fleet
 	if !f.Enabled {
@@ -164,7 +163,7 @@ func stringsParam(params map[string]any, name string) []string {
 // fleetGhostProtection is the Clusters' default ghost protection: the
 // flag's, when ghosts are detected at all, else "" (the registration webhook
 // is of no use then: every registration would be admitted).
-func fleetGhostProtection(opts Options) ghosts.Protection {
+func fleetGhostProtection(opts Options) nodes.Protection {
 	if !opts.Orphans.Ghosts.Enabled() || opts.Orphans.Interval <= 0 {
 		return ""
 	}

@@ -17,13 +17,10 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
-	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
-	"github.com/nodeguard/nodeguard/enforcer/reaper"
+	"github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/record"
-	"github.com/nodeguard/nodeguard/enforcer/releases"
 )
 
 // ReapOptions are the orphan-Node flags of `nodeguard serve`.
@@ -66,7 +63,7 @@ type GhostOptions struct {
 	// Protection is what is done about a ghost besides reporting it
 	// (--ghost-protection: off, deny, taint; "" is off); a Cluster's
 	// annotation nodeguard.io/ghost-protection sets its own.
-	Protection ghosts.Protection
+	Protection nodes.Protection
 }
 
 // Enabled says whether ghosts are detected (the orphan scan must run too).
@@ -92,7 +89,7 @@ func LeaseNamespace() string {
 // scanner (nil when the scan is off), so a reloaded policy can have every
 // Node judged again.
 func startOrphanScan(ctx context.Context, c kube.Clients, e *guard.Enforcer, changes *facts.Relay, reg prometheus.Registerer,
-	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, releases bool, leaders leaders, rec *events.Recorder, log *slog.Logger) (*orphanscan.Scanner, error) {
+	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, releases bool, leaders leaders, rec *events.Recorder, log *slog.Logger) (*nodes.Scanner, error) {
 	if opts.Interval <= 0 {
 		if opts.Enabled {
 			return nil, fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
@@ -160,7 +157,7 @@ type OrphanScan struct {
 
 // Start runs the scan until ctx is done: a reduced Node cache per cluster,
 // judged as it and the inventory change, and the reaper when enabled.
-func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
+func (o OrphanScan) Start(ctx context.Context) (*nodes.Scanner, error) {
 	e, opts, log, c := o.Enforcer, o.Options, o.Log, o.Management
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -176,14 +173,14 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 			return nil, err
 		}
 	}
-	var scanner *orphanscan.Scanner
+	var scanner *nodes.Scanner
 	sessions := o.Sessions // the scan's own, when it runs them, from below
 	var store *facts.Tombstones
-	var tracker *ghosts.Tracker
+	var tracker *nodes.GhostTracker
 	if opts.Ghosts.Enabled() {
 		store = facts.NewTombstones(facts.TombstoneOptions{Window: opts.Ghosts.Window, Max: opts.Ghosts.Max, Metrics: m.Tombstones,
 			Changed: func(pid string) { scanner.TombstoneChanged(pid) }})
-		tracker = ghosts.New(ghosts.Options{Protection: func(cluster string) ghosts.Protection { return o.protection(sessions, cluster) },
+		tracker = nodes.NewGhostTracker(nodes.GhostOptions{Protection: func(cluster string) nodes.Protection { return o.protection(sessions, cluster) },
 			Metrics: m.Ghosts, Log: log})
 	}
 	evidence := guard.NewEvidence(model)
@@ -192,12 +189,12 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 	if err != nil {
 		return nil, err
 	}
-	ropts := reaper.Options{Finder: finder, Delete: opts.Enabled, DryRun: opts.DryRun, Log: log, Metrics: m.Reaper}
+	ropts := nodes.ReaperOptions{Finder: finder, Delete: opts.Enabled, DryRun: opts.DryRun, Log: log, Metrics: m.Reaper}
 	mgmt := o.Kube
 	if (opts.Enabled || opts.WorkloadClusters) && mgmt == nil {
 		return nil, fmt.Errorf("reaping orphan Nodes needs a kubeconfig or in-cluster config")
 	}
-	self := reaper.Target{Nodes: c.Dynamic}
+	self := nodes.ReapTarget{Nodes: c.Dynamic}
 	if opts.Enabled || store != nil {
 		// OrphanNodeDeleted and GhostNode Events.
 		self.Recorder = o.Events.In("", nil)
@@ -212,7 +209,7 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		ropts.IsLeader = leader.Leading
 		ropts.Permitted = SwitchPermits(mgmt)
 	}
-	r, err := reaper.New(ropts)
+	r, err := nodes.NewReaper(ropts)
 	if err != nil {
 		return nil, err
 	}
@@ -224,18 +221,18 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 		}
 		return e.Syncer.Recovering()
 	}
-	var published *releases.Publisher
+	var published *nodes.Publisher
 	if o.Releases {
 		var leading func() bool
 		if o.ReleaseLeader != nil {
 			leading = o.ReleaseLeader.Leading
 		}
-		if published, err = releases.New(releases.Options{Judge: finder.Releases, Ready: ready, Log: log, Metrics: m.Releases, Leading: leading,
+		if published, err = nodes.NewPublisher(nodes.PublisherOptions{Judge: finder.Releases, Ready: ready, Log: log, Metrics: m.Releases, Leading: leading,
 			Rejudge: func(cluster string) { scanner.JudgeCluster(cluster) }}); err != nil {
 			return nil, err
 		}
 	}
-	scanner, err = orphanscan.New(orphanscan.Options{Finder: finder, Evidence: evidence, Reaper: r, Model: model,
+	scanner, err = nodes.NewScanner(nodes.ScanOptions{Finder: finder, Evidence: evidence, Reaper: r, Model: model,
 		Ready: ready, SyncedKinds: e.Syncer.SyncedKinds, Interval: opts.Interval, Log: log, Metrics: m.Scan, Releases: published,
 		Tombstones: store, Ghosts: tracker})
 	if err != nil {
@@ -275,7 +272,7 @@ func (o OrphanScan) Start(ctx context.Context) (*orphanscan.Scanner, error) {
 			sessions = own
 		}
 		sessions.Add(func(ctx context.Context, cl *kube.Cluster) {
-			t := reaper.Target{Nodes: cl.Dynamic, ObserveOnly: !opts.WorkloadClusters}
+			t := nodes.ReapTarget{Nodes: cl.Dynamic, ObserveOnly: !opts.WorkloadClusters}
 			if o.Events != nil && ((opts.Enabled && opts.WorkloadClusters) || store != nil) {
 				t.Recorder = o.Events.In(cl.Key, cl.Events)
 			}
@@ -307,7 +304,7 @@ func (o OrphanScan) namespace() string {
 
 // protection is a cluster's ghost protection: its Cluster's annotation, else
 // the flag's.
-func (o OrphanScan) protection(sessions *WorkloadSessions, cluster string) ghosts.Protection {
+func (o OrphanScan) protection(sessions *WorkloadSessions, cluster string) nodes.Protection {
 	def := o.Options.Ghosts.protection()
 	if cluster == "" || sessions == nil {
 		return def
@@ -316,16 +313,16 @@ func (o OrphanScan) protection(sessions *WorkloadSessions, cluster string) ghost
 	if !ok {
 		return def
 	}
-	p, err := ghosts.Of(meta.Annotations, def)
+	p, err := nodes.ProtectionOf(meta.Annotations, def)
 	if err != nil && o.Log != nil {
 		o.Log.Warn("Cluster's ghost protection ignored", "cluster", cluster, "error", err.Error())
 	}
 	return p
 }
 
-func (g GhostOptions) protection() ghosts.Protection {
+func (g GhostOptions) protection() nodes.Protection {
 	if g.Protection == "" {
-		return ghosts.Off
+		return nodes.ProtectionOff
 	}
 	return g.Protection
 }
@@ -333,33 +330,33 @@ func (g GhostOptions) protection() ghosts.Protection {
 // OrphanMetrics are the counters of the orphan scan, the reaper, the
 // workload-cluster sessions, the releases, the tombstones and the ghosts.
 type OrphanMetrics struct {
-	Reaper     *reaper.Metrics
-	Scan       *orphanscan.Metrics
+	Reaper     *nodes.ReaperMetrics
+	Scan       *nodes.ScanMetrics
 	Clusters   *kube.ClusterMetrics
-	Releases   *releases.Metrics
+	Releases   *nodes.ReleaseMetrics
 	Tombstones *facts.TombstoneMetrics
-	Ghosts     *ghosts.Metrics
+	Ghosts     *nodes.GhostMetrics
 }
 
 func registerOrphanMetrics(reg prometheus.Registerer) (*OrphanMetrics, error) {
 	var m OrphanMetrics
 	var err error
-	if m.Reaper, err = reaper.NewMetrics(reg); err != nil {
+	if m.Reaper, err = nodes.NewReaperMetrics(reg); err != nil {
 		return nil, err
 	}
-	if m.Scan, err = orphanscan.NewMetrics(reg); err != nil {
+	if m.Scan, err = nodes.NewScanMetrics(reg); err != nil {
 		return nil, err
 	}
 	if m.Clusters, err = kube.NewClusterMetrics(reg); err != nil {
 		return nil, err
 	}
-	if m.Releases, err = releases.NewMetrics(reg); err != nil {
+	if m.Releases, err = nodes.NewReleaseMetrics(reg); err != nil {
 		return nil, err
 	}
 	if m.Tombstones, err = facts.NewTombstoneMetrics(reg); err != nil {
 		return nil, err
 	}
-	if m.Ghosts, err = ghosts.NewMetrics(reg); err != nil {
+	if m.Ghosts, err = nodes.NewGhostMetrics(reg); err != nil {
 		return nil, err
 	}
 	return &m, nil
@@ -367,8 +364,8 @@ func registerOrphanMetrics(reg prometheus.Registerer) (*OrphanMetrics, error) {
 
 // watchNodes caches a cluster's Nodes for the scanner until ctx is done; with
 // wait, it returns only then (a workload session), else at once.
-func watchNodes(ctx context.Context, scanner *orphanscan.Scanner, shape *record.Shape, cluster string,
-	kube kubernetes.Interface, dyn dynamic.Interface, t reaper.Target, errs *watchErrors, wait bool) error {
+func watchNodes(ctx context.Context, scanner *nodes.Scanner, shape *record.Shape, cluster string,
+	kube kubernetes.Interface, dyn dynamic.Interface, t nodes.ReapTarget, errs *watchErrors, wait bool) error {
 	w, err := facts.NewNodeWatch(facts.NodeWatchOptions{Shape: shape, Kube: kube, Dynamic: dyn,
 		OnChange: func(node string) { scanner.NodeChanged(cluster, node) },
 		OnError:  func(err error) { errs.report(ctx, cluster, err) },

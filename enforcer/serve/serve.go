@@ -25,11 +25,9 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
-	"github.com/nodeguard/nodeguard/enforcer/releases"
+	"github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -203,7 +201,7 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	var published *releases.Publisher
+	var published *nodes.Publisher
 	if publish {
 		published = scanner.Releases()
 	}
@@ -369,7 +367,7 @@ func workloadSessions(c kube.Clients, opts Options, metrics *Metrics, log *slog.
 // client CA for Gatekeeper, the external data provider's, sharing one
 // intake. It returns the CA files whose client certificates the TLS server
 // asks for.
-func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *orphanscan.Scanner, metrics *Metrics, denied func(events.Denial),
+func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *nodes.Scanner, metrics *Metrics, denied func(events.Denial),
 	action func() rule.Action, issuer *fleet.Issuer, opts Options, log *slog.Logger) (http.Handler, []string, error) {
 	in := admission.NewIntake(admission.IntakeOptions{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
 	clusters := facts.NewFreshReader(c.Dynamic, c.Mapper)
@@ -393,7 +391,7 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *orp
 	var register func(context.Context, admission.Registration) (admission.RegistrationAnswer, error)
 	if scanner != nil && opts.Orphans.Ghosts.Enabled() {
 		def := opts.Orphans.Ghosts.protection()
-		protection := func(ctx context.Context, key string) (ghosts.Protection, error) {
+		protection := func(ctx context.Context, key string) (nodes.Protection, error) {
 			if key == "" {
 				return def, nil
 			}
@@ -405,7 +403,7 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *orp
 			if obj == nil || err != nil {
 				return def, fmt.Errorf("read Cluster %s: %w", key, err)
 			}
-			return ghosts.Of(obj.GetAnnotations(), def)
+			return nodes.ProtectionOf(obj.GetAnnotations(), def)
 		}
 		register = registrations(scanner.Finder(), protection, func() error {
 			if err := e.Syncer.Ready(); err != nil {

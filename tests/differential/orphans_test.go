@@ -21,10 +21,8 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
-	"github.com/nodeguard/nodeguard/enforcer/reaper"
+	"github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/record"
-	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -86,8 +84,8 @@ type history struct {
 	inv             *facts.Inventory
 	shape           *record.Shape
 	finder          *guard.Finder
-	scanner         *orphanscan.Scanner
-	reaper          *reaper.Reaper
+	scanner         *nodes.Scanner
+	reaper          *nodes.Reaper
 	clock           *clocktesting.FakeClock
 	nodes           map[string]*facts.Nodes // by route: each route watches the same Nodes
 	objects         map[string]*unstructured.Unstructured
@@ -95,7 +93,7 @@ type history struct {
 	log             []string
 	// releases, when set, publishes each route's released Nodes into
 	// published (by route: the ConfigMap's data last written).
-	releases  *releases.Publisher
+	releases  *nodes.Publisher
 	published map[string]map[string]string
 }
 
@@ -122,16 +120,16 @@ func newHistory(t *testing.T, eval *rule.Engine, shape *record.Shape, matchProvi
 	finder, err := guard.NewFinder(guard.FinderOptions{Guard: g, Inventory: inv, Evidence: evidence, Grace: 5 * time.Minute, MatchProviderID: matchProviderID})
 	require.NoError(t, err)
 	clock := clocktesting.NewFakeClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
-	r, err := reaper.New(reaper.Options{Finder: finder, Clock: clock})
+	r, err := nodes.NewReaper(nodes.ReaperOptions{Finder: finder, Clock: clock})
 	require.NoError(t, err)
-	var scanner *orphanscan.Scanner
-	var pub *releases.Publisher
+	var scanner *nodes.Scanner
+	var pub *nodes.Publisher
 	if publish {
-		pub, err = releases.New(releases.Options{Judge: finder.Releases, Ready: func() error { return nil },
+		pub, err = nodes.NewPublisher(nodes.PublisherOptions{Judge: finder.Releases, Ready: func() error { return nil },
 			Rejudge: func(c string) { scanner.JudgeCluster(c) }})
 		require.NoError(t, err)
 	}
-	scanner, err = orphanscan.New(orphanscan.Options{Finder: finder, Evidence: evidence, Reaper: r, Model: model,
+	scanner, err = nodes.NewScanner(nodes.ScanOptions{Finder: finder, Evidence: evidence, Reaper: r, Model: model,
 		Ready: func() error { return nil }, Interval: 1000 * time.Hour, Clock: clock, Releases: pub})
 	require.NoError(t, err)
 	h := &history{t: t, rng: rng, inv: inv, shape: shape, finder: finder, scanner: scanner, reaper: r, clock: clock,
@@ -139,7 +137,7 @@ func newHistory(t *testing.T, eval *rule.Engine, shape *record.Shape, matchProvi
 		releases: pub, published: map[string]map[string]string{}}
 	for _, route := range routes {
 		h.nodes[route] = facts.NewNodes(shape, nil, func(n string) { scanner.NodeChanged(route, n) })
-		scanner.AddCluster(route, synced{h.nodes[route]}, reaper.Target{})
+		scanner.AddCluster(route, synced{h.nodes[route]}, nodes.ReapTarget{})
 		if pub != nil {
 			pub.Enroll(route, func(_ context.Context, cm *corev1.ConfigMap) error {
 				h.published[route] = cm.Data

@@ -22,8 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
-	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
+	ngnodes "github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
@@ -86,7 +86,7 @@ type countGhosts struct {
 }
 
 func (c countGhosts) Handle(ctx context.Context, r slog.Record) error {
-	if r.Message == ghosts.LogMessage {
+	if r.Message == ngnodes.LogMessage {
 		c.n.Add(1)
 	}
 	return c.Handler.Handle(ctx, r)

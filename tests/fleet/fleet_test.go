@@ -37,7 +37,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
+	"github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/internal/stacks"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
@@ -119,7 +119,7 @@ type fleet struct {
 	mgmt     *dynamicfake.FakeDynamicClient
 	mapper   meta.RESTMapper
 	secrets  *fake.Clientset
-	scanner  *orphanscan.Scanner
+	scanner  *nodes.Scanner
 	changes  *facts.Relay
 	// relayed counts the inventory's changes passed to the relay (each
 	// reaches the scan once it started); objects is how many the inventory

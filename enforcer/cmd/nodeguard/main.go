@@ -34,9 +34,9 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghostlist"
-	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
+	"github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/orphanlist"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
@@ -296,7 +296,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.StringVar(&opts.Orphans.LeaseNamespace, "leader-election-namespace", "", "namespace of the orphan reaper's Lease and of the tombstones' ConfigMap (default: $POD_NAMESPACE, else nodeguard-system)")
 	f.DurationVar(&opts.Orphans.Ghosts.Window, "ghost-window", facts.DefaultWindow, "how long the providerID of a Machine, InfraMachine or pool membership that went away stays tombstoned: a Node alive again with it, linked by nothing, is a ghost (docs/ghosts.md); 0 turns ghost detection off (it runs with the orphan scan)")
 	f.IntVar(&opts.Orphans.Ghosts.Max, "ghost-tombstones-max", facts.DefaultMax, "most tombstones kept (in the ConfigMap nodeguard-tombstones); the oldest go first")
-	f.Var(&protectionFlag{&opts.Orphans.Ghosts.Protection}, "ghost-protection", "what is done about a ghost Node besides reporting it: off, deny (its registration is denied: add the registration webhook, webhook-config --ghost-registrations; the fleet adds it) or taint (tainted "+ghosts.TaintKey+":NoExecute); a Cluster's nodeguard.io/ghost-protection annotation sets its own")
+	f.Var(&protectionFlag{&opts.Orphans.Ghosts.Protection}, "ghost-protection", "what is done about a ghost Node besides reporting it: off, deny (its registration is denied: add the registration webhook, webhook-config --ghost-registrations; the fleet adds it) or taint (tainted "+nodes.TaintKey+":NoExecute); a Cluster's nodeguard.io/ghost-protection annotation sets its own")
 	f.Float32Var(&opts.KubeAPIQPS, "kube-api-qps", kube.DefaultQPS, "queries per second to the API server (informers and fresh reads); sized for bursts of Node deletes")
 	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", kube.DefaultBurst, "burst of queries to the API server above --kube-api-qps")
 	f.IntVar(&opts.MaxConcurrentDecisions, "max-concurrent-decisions", admission.DefaultMaxConcurrent, "decisions made at once; further reviews wait for a slot within their deadline")
@@ -569,17 +569,17 @@ func (f *actionFlag) Set(s string) error {
 func (*actionFlag) Type() string { return "action" }
 
 // protectionFlag is --ghost-protection: off, deny or taint.
-type protectionFlag struct{ p *ghosts.Protection }
+type protectionFlag struct{ p *nodes.Protection }
 
 func (f *protectionFlag) String() string {
 	if f.p == nil || *f.p == "" {
-		return string(ghosts.Off)
+		return string(nodes.ProtectionOff)
 	}
 	return string(*f.p)
 }
 
 func (f *protectionFlag) Set(s string) error {
-	p, err := ghosts.ParseProtection(s, ghosts.Off)
+	p, err := nodes.ParseProtection(s, nodes.ProtectionOff)
 	if err != nil {
 		return err
 	}

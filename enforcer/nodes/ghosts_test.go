@@ -1,4 +1,4 @@
-package ghosts_test
+package nodes_test
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/nodes"
 )
 
 // A Workload cluster removed while one of its Nodes was being judged: the
@@ -20,11 +20,11 @@ import (
 // for a cluster nobody watches); added again, the cluster is judged again.
 func TestAVerdictToldAfterItsClusterWentBringsNothingBack(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := ghosts.NewMetrics(reg)
+	m, err := nodes.NewGhostMetrics(reg)
 	require.NoError(t, err)
-	tr := ghosts.New(ghosts.Options{Metrics: m, Confirm: time.Second})
+	tr := nodes.NewGhostTracker(nodes.GhostOptions{Metrics: m, Confirm: time.Second})
 	ctx := context.Background()
-	target := ghosts.Target{Cluster: "fleet/dev"}
+	target := nodes.GhostTarget{Cluster: "fleet/dev"}
 	g := guard.Ghost{Node: "dev-md-0-x", ProviderID: "docker:////dev-md-0-x", Ghost: true, UID: "u1", Reason: "alive again"}
 	t0 := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
 	series := func() int { return testutil.CollectAndCount(reg, "nodeguard_ghost_nodes") }

@@ -1,4 +1,4 @@
-package releases_test
+package nodes_test
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/releases"
+	"github.com/nodeguard/nodeguard/enforcer/nodes"
 )
 
 // world is what the caches and fresh reads say of each Node, and what was
@@ -72,10 +72,10 @@ func node(name, uid string) *unstructured.Unstructured {
 	return n
 }
 
-func start(t *testing.T) (*world, *releases.Publisher) {
+func start(t *testing.T) (*world, *nodes.Publisher) {
 	t.Helper()
 	w := &world{cached: map[string]guard.Release{}, fresh: map[string]guard.Release{}}
-	p, err := releases.New(releases.Options{Judge: w.judge, Ready: func() error {
+	p, err := nodes.NewPublisher(nodes.PublisherOptions{Judge: w.judge, Ready: func() error {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		return w.ready
@@ -184,11 +184,11 @@ func TestOnlyEnrolledClustersAreJudged(t *testing.T) {
 func TestWritesAndOmissionsAreCounted(t *testing.T) {
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
-	m, err := releases.NewMetrics(reg)
+	m, err := nodes.NewReleaseMetrics(reg)
 	require.NoError(t, err)
 	w := &world{cached: map[string]guard.Release{}, fresh: map[string]guard.Release{}}
 	// Room for two of the three released Nodes (name and UID: 4 bytes each).
-	p, err := releases.New(releases.Options{Judge: w.judge, Ready: func() error { return nil }, Limit: 8, Metrics: m})
+	p, err := nodes.NewPublisher(nodes.PublisherOptions{Judge: w.judge, Ready: func() error { return nil }, Limit: 8, Metrics: m})
 	require.NoError(t, err)
 	p.Enroll("fleet/prod", w.write)
 	for _, n := range []string{"a", "b", "c"} {

@@ -5,7 +5,7 @@
 // still, by the one replica holding the lease, and with UID and
 // resourceVersion preconditions so a Node re-registered under the same name
 // is never deleted. The delete goes through admission like any other.
-package reaper
+package nodes
 
 import (
 	"context"
@@ -29,7 +29,7 @@ import (
 )
 
 // Target is one cluster whose Nodes are reconciled.
-type Target struct {
+type ReapTarget struct {
 	// Cluster scopes the Machines that count: "" for the cluster nodeguard
 	// runs in (self-hosted), "namespace/name" for a CAPI workload cluster.
 	Cluster string
@@ -43,7 +43,7 @@ type Target struct {
 }
 
 // Metrics are the reaper's Prometheus series.
-type Metrics struct {
+type ReaperMetrics struct {
 	orphans *prometheus.GaugeVec
 	deleted *prometheus.CounterVec
 }
@@ -51,9 +51,9 @@ type Metrics struct {
 // NewMetrics registers nodeguard_orphan_nodes and
 // nodeguard_orphan_nodes_deleted_total, both labelled by cluster ("" for
 // the cluster nodeguard runs in).
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+func NewReaperMetrics(reg prometheus.Registerer) (*ReaperMetrics, error) {
 	r := metrics.New(reg)
-	m := &Metrics{
+	m := &ReaperMetrics{
 		orphans: r.GaugeVec("nodeguard_orphan_nodes",
 			"Orphan Nodes known now (CAPI Nodes whose Machine and InfraMachine are gone), by cluster.", "cluster"),
 		deleted: r.CounterVec("nodeguard_orphan_nodes_deleted_total",
@@ -66,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // Options configure a Reaper.
-type Options struct {
+type ReaperOptions struct {
 	// Finder judges Nodes; its Guard should re-read objects fresh.
 	Finder *guard.Finder
 	// Delete turns deleting on (--reap-orphan-nodes); off, passes only
@@ -81,7 +81,7 @@ type Options struct {
 	// Log receives one JSON line per deletion (and per would-be deletion).
 	Log *slog.Logger
 	// Metrics, when set, exports the gauge and the counter.
-	Metrics *Metrics
+	Metrics *ReaperMetrics
 	// Permitted, when set, is asked right before every delete, in any
 	// cluster: an error (the operator's switch is off) leaves the Node,
 	// and the sighting is tried again later. It is what makes one object
@@ -91,7 +91,7 @@ type Options struct {
 
 // Reaper remembers, per Node, when it first saw it an orphan.
 type Reaper struct {
-	opts Options
+	opts ReaperOptions
 
 	mu   sync.Mutex
 	seen map[nodeKey]sighting
@@ -112,7 +112,7 @@ type sighting struct {
 }
 
 // New returns a Reaper.
-func New(opts Options) (*Reaper, error) {
+func NewReaper(opts ReaperOptions) (*Reaper, error) {
 	if opts.Finder == nil {
 		return nil, fmt.Errorf("reaper: a Finder is required")
 	}
@@ -148,7 +148,7 @@ const retryLimit = 5 * time.Minute
 // deletes it if it still is one. It returns what it did, and when the Node
 // should be judged again for the reaper's sake (zero: not until something
 // changes). An error comes with Failed.
-func (r *Reaper) Observe(ctx context.Context, t Target, v guard.OrphanVerdict, now time.Time) (Outcome, time.Time, error) {
+func (r *Reaper) Observe(ctx context.Context, t ReapTarget, v guard.OrphanVerdict, now time.Time) (Outcome, time.Time, error) {
 	k := nodeKey{cluster: t.Cluster, node: v.Node}
 	if !v.Orphan {
 		r.Forget(t.Cluster, v.Node)
@@ -273,7 +273,7 @@ func (r *Reaper) gauge(cluster string) {
 
 // act re-reads the Node and everything the criteria read, and deletes it
 // only if it is the same Node (UID) and still an orphan.
-func (r *Reaper) act(ctx context.Context, t Target, seen guard.OrphanVerdict) (Outcome, error) {
+func (r *Reaper) act(ctx context.Context, t ReapTarget, seen guard.OrphanVerdict) (Outcome, error) {
 	log := r.opts.Log.With("node", seen.Node, "uid", string(seen.UID), "cluster", t.Cluster)
 	fresh, err := t.Nodes.Resource(guard.NodeGVR).Get(ctx, seen.Node, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {

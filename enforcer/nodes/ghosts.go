@@ -6,7 +6,7 @@
 // no Pod is scheduled or kept there, removing it once the Node is no ghost
 // any more. It never deletes one: deleting it again would free its Pods'
 // identities while the host runs.
-package ghosts
+package nodes
 
 import (
 	"context"
@@ -38,23 +38,23 @@ type Protection string
 const (
 	// Off reports ghosts (metric, Event, `nodeguard ghosts`) and does
 	// nothing else.
-	Off Protection = "off"
+	ProtectionOff Protection = "off"
 	// Deny has the registration webhook (its own entry, failurePolicy
 	// Ignore) deny a ghost's Node CREATE, and the UPDATE that sets a
 	// tombstoned providerID: the kubelet keeps retrying, nothing is
 	// scheduled there. Ghosts that registered anyway are reported.
-	Deny Protection = "deny"
+	ProtectionDeny Protection = "deny"
 	// Taint lets the ghost register and taints it NoExecute (TaintKey):
 	// nothing is scheduled there, nothing without a toleration kept.
-	Taint Protection = "taint"
+	ProtectionTaint Protection = "taint"
 )
 
 // Protections lists them, for flags and errors.
-func Protections() []Protection { return []Protection{Off, Deny, Taint} }
+func Protections() []Protection { return []Protection{ProtectionOff, ProtectionDeny, ProtectionTaint} }
 
 // Annotation on a CAPI Cluster sets its protection, over the default
 // (serve --ghost-protection).
-const Annotation = "nodeguard.io/ghost-protection"
+const GhostAnnotation = "nodeguard.io/ghost-protection"
 
 // What nodeguard writes on a ghost: its taint, its Event's reason, and the
 // log line of a Node first seen a ghost.
@@ -77,16 +77,16 @@ func ParseProtection(s string, def Protection) (Protection, error) {
 }
 
 // Of is a Cluster's protection: its annotation, else def.
-func Of(annotations map[string]string, def Protection) (Protection, error) {
-	p, err := ParseProtection(annotations[Annotation], def)
+func ProtectionOf(annotations map[string]string, def Protection) (Protection, error) {
+	p, err := ParseProtection(annotations[GhostAnnotation], def)
 	if err != nil {
-		return def, fmt.Errorf("annotation %s: %w", Annotation, err)
+		return def, fmt.Errorf("annotation %s: %w", GhostAnnotation, err)
 	}
 	return p, nil
 }
 
 // Target is one cluster whose ghosts are acted on.
-type Target struct {
+type GhostTarget struct {
 	// Cluster is "" for the cluster nodeguard runs in, else the workload
 	// Cluster's "namespace/name".
 	Cluster string
@@ -97,13 +97,13 @@ type Target struct {
 }
 
 // Options configure a Tracker.
-type Options struct {
+type GhostOptions struct {
 	// Protection is a cluster's protection (nil: Off everywhere).
 	Protection func(cluster string) Protection
 	// Confirm is how long a Node must stay a ghost before it is reported
 	// and acted on (default DefaultConfirm).
 	Confirm time.Duration
-	Metrics *Metrics
+	Metrics *GhostMetrics
 	Log     *slog.Logger
 }
 
@@ -112,21 +112,21 @@ type Options struct {
 // two API servers, so for some milliseconds a legitimate reuse of a
 // providerID can look like a ghost; a verdict that holds this long is no
 // informer's lag.
-const DefaultConfirm = 2 * time.Second
+const DefaultGhostConfirm = 2 * time.Second
 
 // Tracker remembers the ghosts seen; safe for concurrent use.
-type Tracker struct {
-	opts Options
+type GhostTracker struct {
+	opts GhostOptions
 
 	mu     sync.Mutex
-	ghosts map[key]*ghost
+	ghosts map[ghostKey]*ghost
 	// gone are the clusters ForgetCluster dropped, until AddCluster: a
 	// judgment in flight when its cluster went brings back neither its
 	// ghosts nor its gauge.
 	gone map[string]bool
 }
 
-type key struct{ cluster, node string }
+type ghostKey struct{ cluster, node string }
 
 // ghost is one Node seen a ghost, and what was done about it.
 type ghost struct {
@@ -137,7 +137,7 @@ type ghost struct {
 }
 
 // Record is a ghost as `nodeguard ghosts` and the logs show it.
-type Record struct {
+type GhostRecord struct {
 	Cluster string      `json:"cluster"`
 	Ghost   guard.Ghost `json:"ghost"`
 	Since   time.Time   `json:"since"`
@@ -145,19 +145,19 @@ type Record struct {
 }
 
 // New returns a Tracker with no ghost.
-func New(opts Options) *Tracker {
+func NewGhostTracker(opts GhostOptions) *GhostTracker {
 	if opts.Confirm <= 0 {
-		opts.Confirm = DefaultConfirm
+		opts.Confirm = DefaultGhostConfirm
 	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Tracker{opts: opts, ghosts: map[key]*ghost{}, gone: map[string]bool{}}
+	return &GhostTracker{opts: opts, ghosts: map[ghostKey]*ghost{}, gone: map[string]bool{}}
 }
 
-func (tr *Tracker) protection(cluster string) Protection {
+func (tr *GhostTracker) protection(cluster string) Protection {
 	if tr.opts.Protection == nil {
-		return Off
+		return ProtectionOff
 	}
 	return tr.opts.Protection(cluster)
 }
@@ -169,8 +169,8 @@ func (tr *Tracker) protection(cluster string) Protection {
 // no ghost loses the taint nodeguard set; untaint asks to make sure of that
 // even when this process never set it (its tombstone changed: it may have
 // been set before a restart).
-func (tr *Tracker) Observe(ctx context.Context, t Target, g guard.Ghost, now time.Time, untaint bool) (time.Time, error) {
-	k := key{cluster: t.Cluster, node: g.Node}
+func (tr *GhostTracker) Observe(ctx context.Context, t GhostTarget, g guard.Ghost, now time.Time, untaint bool) (time.Time, error) {
+	k := ghostKey{cluster: t.Cluster, node: g.Node}
 	tr.mu.Lock()
 	if tr.gone[t.Cluster] {
 		tr.mu.Unlock()
@@ -200,7 +200,7 @@ func (tr *Tracker) Observe(ctx context.Context, t Target, g guard.Ghost, now tim
 	}
 	report := !have.confirmed
 	have.confirmed = true
-	taint := tr.protection(t.Cluster) == Taint && !have.tainted
+	taint := tr.protection(t.Cluster) == ProtectionTaint && !have.tainted
 	tr.mu.Unlock()
 	if report {
 		tr.report(t.Cluster)
@@ -225,7 +225,7 @@ func (tr *Tracker) Observe(ctx context.Context, t Target, g guard.Ghost, now tim
 	return time.Time{}, nil
 }
 
-func (tr *Tracker) untaint(ctx context.Context, t Target, g guard.Ghost) error {
+func (tr *GhostTracker) untaint(ctx context.Context, t GhostTarget, g guard.Ghost) error {
 	return tr.setTaint(ctx, t, g, false)
 }
 
@@ -243,7 +243,7 @@ func nodeRef(g guard.Ghost) *unstructured.Unstructured {
 // UID: a Node re-created under the name is judged again on its own),
 // reading it first: client-go's strategic merge replaces a Node's taints
 // whole, so an update with its resourceVersion keeps everyone else's.
-func (tr *Tracker) setTaint(ctx context.Context, t Target, g guard.Ghost, on bool) error {
+func (tr *GhostTracker) setTaint(ctx context.Context, t GhostTarget, g guard.Ghost, on bool) error {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		n, err := t.Nodes.Resource(guard.NodeGVR).Get(ctx, g.Node, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -288,10 +288,10 @@ func (tr *Tracker) setTaint(ctx context.Context, t Target, g guard.Ghost, on boo
 }
 
 // Forget drops a Node that is gone.
-func (tr *Tracker) Forget(cluster, node string) {
+func (tr *GhostTracker) Forget(cluster, node string) {
 	tr.mu.Lock()
-	g, had := tr.ghosts[key{cluster: cluster, node: node}]
-	delete(tr.ghosts, key{cluster: cluster, node: node})
+	g, had := tr.ghosts[ghostKey{cluster: cluster, node: node}]
+	delete(tr.ghosts, ghostKey{cluster: cluster, node: node})
 	tr.mu.Unlock()
 	if had && g.confirmed {
 		tr.report(cluster)
@@ -299,7 +299,7 @@ func (tr *Tracker) Forget(cluster, node string) {
 }
 
 // AddCluster lets a cluster be judged again after ForgetCluster.
-func (tr *Tracker) AddCluster(cluster string) {
+func (tr *GhostTracker) AddCluster(cluster string) {
 	tr.mu.Lock()
 	delete(tr.gone, cluster)
 	tr.mu.Unlock()
@@ -307,7 +307,7 @@ func (tr *Tracker) AddCluster(cluster string) {
 
 // ForgetCluster drops every ghost of a cluster no longer judged, and its
 // gauge, and ignores its verdicts until AddCluster.
-func (tr *Tracker) ForgetCluster(cluster string) {
+func (tr *GhostTracker) ForgetCluster(cluster string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	tr.gone[cluster] = true
@@ -321,7 +321,7 @@ func (tr *Tracker) ForgetCluster(cluster string) {
 
 // report sets a cluster's gauge to its ghosts reported now; under the lock,
 // so a report counted before ForgetCluster cannot set it after.
-func (tr *Tracker) report(cluster string) {
+func (tr *GhostTracker) report(cluster string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	if tr.gone[cluster] {
@@ -337,31 +337,31 @@ func (tr *Tracker) report(cluster string) {
 }
 
 // Ghosts returns every ghost reported now, by cluster and Node name.
-func (tr *Tracker) Ghosts() []Record {
+func (tr *GhostTracker) Ghosts() []GhostRecord {
 	tr.mu.Lock()
-	out := make([]Record, 0, len(tr.ghosts))
+	out := make([]GhostRecord, 0, len(tr.ghosts))
 	for k, g := range tr.ghosts {
 		if !g.confirmed {
 			continue
 		}
-		out = append(out, Record{Cluster: k.cluster, Ghost: g.verdict, Since: g.since, Tainted: g.tainted})
+		out = append(out, GhostRecord{Cluster: k.cluster, Ghost: g.verdict, Since: g.since, Tainted: g.tainted})
 	}
 	tr.mu.Unlock()
-	slices.SortFunc(out, func(a, b Record) int {
+	slices.SortFunc(out, func(a, b GhostRecord) int {
 		return strings.Compare(a.Cluster+"\x00"+a.Ghost.Node, b.Cluster+"\x00"+b.Ghost.Node)
 	})
 	return out
 }
 
 // Metrics are the ghosts' Prometheus series.
-type Metrics struct {
+type GhostMetrics struct {
 	ghosts *prometheus.GaugeVec
 }
 
 // NewMetrics registers nodeguard_ghost_nodes{cluster}.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+func NewGhostMetrics(reg prometheus.Registerer) (*GhostMetrics, error) {
 	r := metrics.New(reg)
-	m := &Metrics{ghosts: r.GaugeVec("nodeguard_ghost_nodes",
+	m := &GhostMetrics{ghosts: r.GaugeVec("nodeguard_ghost_nodes",
 		"Ghost Nodes known now, by cluster (\"\" for the cluster nodeguard runs in): Nodes alive again with the providerID of a "+
 			"Machine, InfraMachine or pool membership that went away, linked by nothing. Their hosts were not destroyed.", "cluster")}
 	if err := r.Err("ghost metrics"); err != nil {
@@ -370,13 +370,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-func (m *Metrics) set(cluster string, n int) {
+func (m *GhostMetrics) set(cluster string, n int) {
 	if m != nil {
 		m.ghosts.WithLabelValues(cluster).Set(float64(n))
 	}
 }
 
-func (m *Metrics) forget(cluster string) {
+func (m *GhostMetrics) forget(cluster string) {
 	if m != nil {
 		m.ghosts.DeleteLabelValues(cluster)
 	}

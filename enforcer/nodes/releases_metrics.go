@@ -1,4 +1,4 @@
-package releases
+package nodes
 
 import (
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
@@ -6,7 +6,7 @@ import (
 )
 
 // Metrics are the publisher's Prometheus series, by workload cluster.
-type Metrics struct {
+type ReleaseMetrics struct {
 	writes   *prometheus.CounterVec
 	released *prometheus.GaugeVec
 	omitted  *prometheus.GaugeVec
@@ -17,9 +17,9 @@ type Metrics struct {
 // nodeguard_release_omitted_nodes{cluster}: a cluster whose writes fail, or
 // whose released Nodes no longer fit the ConfigMap, has Node deletes denied
 // there that the rule allows.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+func NewReleaseMetrics(reg prometheus.Registerer) (*ReleaseMetrics, error) {
 	r := metrics.New(reg)
-	m := &Metrics{
+	m := &ReleaseMetrics{
 		writes: r.CounterVec("nodeguard_release_writes_total",
 			"Writes of the released Nodes into a workload cluster in mode admission-policy, by result: ok, error (tried again at the next batch).", "cluster", "result"),
 		released: r.GaugeVec("nodeguard_released_nodes",
@@ -33,7 +33,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-func (m *Metrics) wrote(cluster string, released, omitted int, err error) {
+func (m *ReleaseMetrics) wrote(cluster string, released, omitted int, err error) {
 	if m == nil {
 		return
 	}
@@ -46,7 +46,7 @@ func (m *Metrics) wrote(cluster string, released, omitted int, err error) {
 	m.omitted.WithLabelValues(cluster).Set(float64(omitted))
 }
 
-func (m *Metrics) forget(cluster string) {
+func (m *ReleaseMetrics) forget(cluster string) {
 	if m == nil {
 		return
 	}

@@ -9,7 +9,7 @@
 // with the fleet: with nothing changing it judges nothing until that pass.
 // tests/differential checks that it finds exactly the orphans a full pass
 // finds.
-package orphanscan
+package nodes
 
 import (
 	"context"
@@ -26,17 +26,14 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
-	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/reaper"
 	"github.com/nodeguard/nodeguard/enforcer/record"
-	"github.com/nodeguard/nodeguard/enforcer/releases"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // Nodes is one cluster's Node cache (nodecache.Watch, or nodecache.Nodes
 // fed directly).
-type Nodes interface {
+type NodeCache interface {
 	HasSynced() bool
 	Get(name string) (*record.Record, bool)
 	Names() []string
@@ -45,12 +42,12 @@ type Nodes interface {
 }
 
 // Options configure a Scanner.
-type Options struct {
+type ScanOptions struct {
 	// Finder judges a Node from the caches; it must judge with Evidence.
 	Finder   *guard.Finder
 	Evidence *guard.Evidence
 	// Reaper is told every verdict, and acts.
-	Reaper *reaper.Reaper
+	Reaper *Reaper
 	// Model is the link model the inventory follows.
 	Model *rule.Model
 	// Ready returns nil once the inventory is synced; nothing is judged
@@ -66,17 +63,17 @@ type Options struct {
 	Clock clock.WithTicker
 	Log   *slog.Logger
 	// Metrics, when set, counts judgments.
-	Metrics *Metrics
+	Metrics *ScanMetrics
 	// Releases, when set, is given every Node judged, for the clusters
 	// enrolled there (mode admission-policy): the scan's triggers are the
 	// changes that can release a Node or revoke its release.
-	Releases *releases.Publisher
+	Releases *Publisher
 	// Tombstones, when set, are kept from the inventory's changes
 	// (Tombstones.Follow); the Finder judges with the same store. Its
 	// Changed should be the Scanner's TombstoneChanged.
 	Tombstones *facts.Tombstones
 	// Ghosts, when set, is told whether each Node judged is a ghost.
-	Ghosts *ghosts.Tracker
+	Ghosts *GhostTracker
 }
 
 // retryDelay is how long a Node whose judgment failed waits to be judged
@@ -86,11 +83,11 @@ const retryDelay = 10 * time.Second
 // Scanner judges the Nodes of every cluster added to it; safe for
 // concurrent use (events arrive on informer goroutines).
 type Scanner struct {
-	opts Options
+	opts ScanOptions
 	wake chan struct{}
 
 	mu       sync.Mutex
-	clusters map[string]*cluster
+	clusters map[string]*scanCluster
 	due      *schedule
 	nextFull time.Time
 	full     bool // every Node of every cluster is to be judged
@@ -104,18 +101,18 @@ type Scanner struct {
 	routes map[string]guard.Route
 	// untaint are Nodes whose tombstone changed: judged no ghost, they lose
 	// a taint nodeguard may have set before a restart.
-	untaint map[key]bool
+	untaint map[scanKey]bool
 }
 
-type cluster struct {
+type scanCluster struct {
 	name   string
-	nodes  Nodes
-	target reaper.Target
+	nodes  NodeCache
+	target ReapTarget
 	judged bool // a pass over its Nodes ran since it synced
 }
 
 // New returns a Scanner with no clusters.
-func New(opts Options) (*Scanner, error) {
+func NewScanner(opts ScanOptions) (*Scanner, error) {
 	if opts.Finder == nil || opts.Evidence == nil || opts.Reaper == nil || opts.Model == nil || opts.Ready == nil {
 		return nil, fmt.Errorf("orphanscan: a Finder, its Evidence, a Reaper, the link model and the inventory's readiness are required")
 	}
@@ -128,20 +125,20 @@ func New(opts Options) (*Scanner, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Scanner{opts: opts, wake: make(chan struct{}, 1), clusters: map[string]*cluster{}, due: newSchedule(), untaint: map[key]bool{}}, nil
+	return &Scanner{opts: opts, wake: make(chan struct{}, 1), clusters: map[string]*scanCluster{}, due: newSchedule(), untaint: map[scanKey]bool{}}, nil
 }
 
 // AddCluster starts judging the Nodes of a cluster ("" for the one
 // nodeguard runs in, else "namespace/name"), replacing any cache it had:
 // every Node of it is judged once the cache has synced.
-func (s *Scanner) AddCluster(name string, nodes Nodes, target reaper.Target) {
+func (s *Scanner) AddCluster(name string, nodes NodeCache, target ReapTarget) {
 	target.Cluster = name
 	s.opts.Reaper.AddCluster(name)
 	if s.opts.Ghosts != nil {
 		s.opts.Ghosts.AddCluster(name)
 	}
 	s.mu.Lock()
-	s.clusters[name] = &cluster{name: name, nodes: nodes, target: target}
+	s.clusters[name] = &scanCluster{name: name, nodes: nodes, target: target}
 	s.mu.Unlock()
 	s.signal()
 }
@@ -160,7 +157,7 @@ func (s *Scanner) RemoveCluster(name string) {
 // NodeChanged asks for a Node to be judged now (nodecache's OnChange).
 func (s *Scanner) NodeChanged(cluster, node string) {
 	s.mu.Lock()
-	s.due.add(key{cluster: cluster, node: node}, s.opts.Clock.Now())
+	s.due.add(scanKey{cluster: cluster, node: node}, s.opts.Clock.Now())
 	s.mu.Unlock()
 	s.signal()
 }
@@ -199,7 +196,7 @@ func (s *Scanner) ObjectChanged(c facts.Change) {
 				}
 				for _, cl := range s.clusters {
 					for _, node := range cl.nodes.Linked(l, values) {
-						s.due.add(key{cluster: cl.name, node: node}, now)
+						s.due.add(scanKey{cluster: cl.name, node: node}, now)
 					}
 				}
 			}
@@ -220,7 +217,7 @@ func (s *Scanner) TombstoneChanged(providerID string) {
 	s.mu.Lock()
 	for _, cl := range s.clusters {
 		for _, node := range cl.nodes.Linked(l, [][]string{{providerID}}) {
-			k := key{cluster: cl.name, node: node}
+			k := scanKey{cluster: cl.name, node: node}
 			s.due.add(k, now)
 			s.untaint[k] = true
 		}
@@ -269,7 +266,7 @@ func (s *Scanner) nodeWith(providerID string) string {
 func (s *Scanner) Finder() *guard.Finder { return s.opts.Finder }
 
 // Releases is the publisher the scan judges Nodes for (nil: none).
-func (s *Scanner) Releases() *releases.Publisher { return s.opts.Releases }
+func (s *Scanner) Releases() *Publisher { return s.opts.Releases }
 
 // JudgeCluster asks for every Node of one cluster to be judged again (a
 // cluster just enrolled for its releases).
@@ -299,7 +296,7 @@ func (s *Scanner) signal() {
 }
 
 // Result says what one RunDue did.
-type Result struct {
+type ScanResult struct {
 	Judged  int      // Nodes judged
 	Full    bool     // a full pass ran
 	Deleted []string // Nodes deleted
@@ -310,13 +307,13 @@ type Result struct {
 // RunDue judges every Node due at now, and every Node of every cluster when
 // a full pass is due (or of a cluster whose cache just synced). Run calls
 // it; it must not run twice at once.
-func (s *Scanner) RunDue(ctx context.Context, now time.Time) Result {
-	var res Result
+func (s *Scanner) RunDue(ctx context.Context, now time.Time) ScanResult {
+	var res ScanResult
 	if err := s.opts.Ready(); err != nil {
 		return res
 	}
 	type work struct {
-		c    *cluster
+		c    *scanCluster
 		all  bool
 		keys []string
 	}
@@ -380,7 +377,7 @@ func (s *Scanner) RunDue(ctx context.Context, now time.Time) Result {
 }
 
 // judge judges one Node and tells the reaper.
-func (s *Scanner) judge(ctx context.Context, c *cluster, name string, now time.Time, res *Result) {
+func (s *Scanner) judge(ctx context.Context, c *scanCluster, name string, now time.Time, res *ScanResult) {
 	node, ok := c.nodes.Get(name)
 	if !ok {
 		s.opts.Reaper.Forget(c.name, name)
@@ -434,9 +431,9 @@ func (s *Scanner) judge(ctx context.Context, c *cluster, name string, now time.T
 		res.Errors++
 	}
 	switch outcome {
-	case reaper.Deleted:
+	case Deleted:
 		res.Deleted = append(res.Deleted, name)
-	case reaper.WouldDelete:
+	case WouldDelete:
 		res.Would = append(res.Would, name)
 	}
 	if !next.IsZero() {
@@ -446,15 +443,15 @@ func (s *Scanner) judge(ctx context.Context, c *cluster, name string, now time.T
 
 // ghost tells the tracker whether a Node is a ghost, from the caches: the
 // tracker reports and taints, never deletes, so a fresh read buys nothing.
-func (s *Scanner) ghost(ctx context.Context, c *cluster, route guard.Route, u *unstructured.Unstructured, now time.Time, res *Result) {
-	k := key{cluster: c.name, node: u.GetName()}
+func (s *Scanner) ghost(ctx context.Context, c *scanCluster, route guard.Route, u *unstructured.Unstructured, now time.Time, res *ScanResult) {
+	k := scanKey{cluster: c.name, node: u.GetName()}
 	s.mu.Lock()
 	untaint := s.untaint[k]
 	delete(s.untaint, k)
 	s.mu.Unlock()
 	g, err := s.opts.Finder.Ghost(ctx, route, u, now, false)
 	if err == nil {
-		t := ghosts.Target{Cluster: c.name, Nodes: c.target.Nodes, Recorder: c.target.Recorder}
+		t := GhostTarget{Cluster: c.name, Nodes: c.target.Nodes, Recorder: c.target.Recorder}
 		var next time.Time
 		if next, err = s.opts.Ghosts.Observe(ctx, t, g, now, untaint); err == nil && !next.IsZero() {
 			s.after(c.name, u.GetName(), now, next)
@@ -495,11 +492,11 @@ func (s *Scanner) after(cluster, node string, now, t time.Time) {
 		t = now.Add(time.Second)
 	}
 	s.mu.Lock()
-	s.due.add(key{cluster: cluster, node: node}, t)
+	s.due.add(scanKey{cluster: cluster, node: node}, t)
 	s.mu.Unlock()
 }
 
-func (s *Scanner) failed(c *cluster, name string, now time.Time, err error, res *Result) {
+func (s *Scanner) failed(c *scanCluster, name string, now time.Time, err error, res *ScanResult) {
 	res.Errors++
 	s.opts.Metrics.failed()
 	s.logError("orphan scan: judging a Node failed; trying again later", c.name, name, err)
@@ -584,7 +581,7 @@ func (s *Scanner) Describe(ch chan<- *prometheus.Desc) {
 // Collect: see Describe.
 func (s *Scanner) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock()
-	clusters := make([]*cluster, 0, len(s.clusters))
+	clusters := make([]*scanCluster, 0, len(s.clusters))
 	for _, c := range s.clusters {
 		clusters = append(clusters, c)
 	}

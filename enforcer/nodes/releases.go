@@ -12,7 +12,7 @@
 // batched per cluster (Flush), and a cluster is written only once every
 // one of its Nodes was judged (Synced), so a restart never publishes a
 // partial list over a whole one.
-package releases
+package nodes
 
 import (
 	"context"
@@ -31,7 +31,7 @@ import (
 )
 
 // Options configure a Publisher.
-type Options struct {
+type PublisherOptions struct {
 	// Judge is the rule's release verdict for Nodes of a cluster, from the
 	// caches or, with fresh, from fresh reads (orphans.Finder.Releases).
 	Judge func(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, fresh bool) ([]guard.Release, error)
@@ -50,31 +50,31 @@ type Options struct {
 	Limit int
 	Log   *slog.Logger
 	// Metrics, when set, counts the writes and what they listed.
-	Metrics *Metrics
+	Metrics *ReleaseMetrics
 }
 
 // Write stores the released Nodes in one workload cluster.
-type Write func(ctx context.Context, cm *corev1.ConfigMap) error
+type WriteReleases func(ctx context.Context, cm *corev1.ConfigMap) error
 
 // Publisher keeps the released Nodes of the clusters enrolled; safe for
 // concurrent use.
 type Publisher struct {
-	opts Options
+	opts PublisherOptions
 
 	mu       sync.Mutex
-	clusters map[string]*cluster
+	clusters map[string]*releaseCluster
 	leading  bool // as last flushed
 }
 
-type cluster struct {
-	write    Write
+type releaseCluster struct {
+	write    WriteReleases
 	verdicts map[string]admission.ReleaseVerdict // by Node name
 	synced   bool                                // every Node judged once
 	dirty    bool
 }
 
 // New returns a Publisher with no cluster enrolled.
-func New(opts Options) (*Publisher, error) {
+func NewPublisher(opts PublisherOptions) (*Publisher, error) {
 	if opts.Judge == nil || opts.Ready == nil {
 		return nil, fmt.Errorf("releases: a Judge and the caches' readiness are required")
 	}
@@ -84,14 +84,14 @@ func New(opts Options) (*Publisher, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Publisher{opts: opts, clusters: map[string]*cluster{}}, nil
+	return &Publisher{opts: opts, clusters: map[string]*releaseCluster{}}, nil
 }
 
 // Enroll publishes the releases of a cluster with write, from scratch: its
 // Nodes are judged again before anything is written.
-func (p *Publisher) Enroll(name string, write Write) {
+func (p *Publisher) Enroll(name string, write WriteReleases) {
 	p.mu.Lock()
-	p.clusters[name] = &cluster{write: write, verdicts: map[string]admission.ReleaseVerdict{}}
+	p.clusters[name] = &releaseCluster{write: write, verdicts: map[string]admission.ReleaseVerdict{}}
 	p.mu.Unlock()
 	if p.opts.Rejudge != nil {
 		p.opts.Rejudge(name)
@@ -210,7 +210,7 @@ func (p *Publisher) Rewrite(name string) {
 func (p *Publisher) Flush(ctx context.Context) {
 	type job struct {
 		name     string
-		c        *cluster
+		c        *releaseCluster
 		verdicts []admission.ReleaseVerdict
 	}
 	var jobs []job

@@ -1,4 +1,4 @@
-package orphanscan
+package nodes
 
 import (
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
@@ -13,7 +13,7 @@ const (
 )
 
 // Metrics are the scan's Prometheus series.
-type Metrics struct {
+type ScanMetrics struct {
 	judgments *prometheus.CounterVec
 	errors    prometheus.Counter
 }
@@ -21,9 +21,9 @@ type Metrics struct {
 // NewMetrics registers nodeguard_orphan_judgments_total{stage} and
 // nodeguard_orphan_judge_errors_total: with nothing changing, the first
 // grows only by the full passes.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+func NewScanMetrics(reg prometheus.Registerer) (*ScanMetrics, error) {
 	r := metrics.New(reg)
-	m := &Metrics{
+	m := &ScanMetrics{
 		judgments: r.CounterVec("nodeguard_orphan_judgments_total",
 			"Nodes judged against the orphan criteria, by stage: screen (what the Node alone decides), full (the inventory too).", "stage"),
 		errors: r.Counter("nodeguard_orphan_judge_errors_total",
@@ -35,13 +35,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-func (m *Metrics) judged(stage string) {
+func (m *ScanMetrics) judged(stage string) {
 	if m != nil {
 		m.judgments.WithLabelValues(stage).Inc()
 	}
 }
 
-func (m *Metrics) failed() {
+func (m *ScanMetrics) failed() {
 	if m != nil {
 		m.errors.Inc()
 	}

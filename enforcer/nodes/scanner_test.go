@@ -1,4 +1,4 @@
-package orphanscan_test
+package nodes_test
 
 import (
 	"context"
@@ -20,12 +20,9 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
-	"github.com/nodeguard/nodeguard/enforcer/ghosts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
-	"github.com/nodeguard/nodeguard/enforcer/orphanscan"
-	"github.com/nodeguard/nodeguard/enforcer/reaper"
-	"github.com/nodeguard/nodeguard/enforcer/releases"
+	"github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
@@ -39,21 +36,21 @@ const interval = 30 * time.Minute
 type fixture struct {
 	client  *dynamicfake.FakeDynamicClient
 	clock   *clocktesting.FakeClock
-	scanner *orphanscan.Scanner
-	reaper  *reaper.Reaper
+	scanner *nodes.Scanner
+	reaper  *nodes.Reaper
 	nodes   *facts.NodeWatch
 	leading bool
 	// untrusted, when set, is what Ready answers: a cache recovering from a
 	// broken watch (serve passes Syncer.Recovering through Ready).
 	untrusted error
 	// published is what the release publisher last wrote of the cluster.
-	releases  *releases.Publisher
+	releases  *nodes.Publisher
 	published atomic.Pointer[map[string]string]
 	// The ghosts: the tombstones kept from the inventory's changes, what was
 	// done about each ghost, and the Events recorded.
 	tombstones *facts.Tombstones
-	ghosts     *ghosts.Tracker
-	protection ghosts.Protection
+	ghosts     *nodes.GhostTracker
+	protection nodes.Protection
 	events     *events.FakeRecorder
 	// The changes told to the scanner (the inventory's, the Node cache's),
 	// and how many objects the inventory held when the scanner subscribed
@@ -67,7 +64,7 @@ func newFixture(t *testing.T, del bool) *fixture {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	client, mapper := testcluster.CAPD(t, "../reaper/testdata")
-	f := &fixture{client: client, clock: clocktesting.NewFakeClock(t0), leading: true, protection: ghosts.Off, events: events.NewFakeRecorder(100)}
+	f := &fixture{client: client, clock: clocktesting.NewFakeClock(t0), leading: true, protection: nodes.ProtectionOff, events: events.NewFakeRecorder(100)}
 	e, err := guard.StartEnforcer(ctx, kube.Clients{Dynamic: client, Mapper: mapper}, guard.EnforcerOptions{Engine: testcluster.Engine(t)})
 	require.NoError(t, err)
 	require.NoError(t, guard.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
@@ -76,19 +73,19 @@ func newFixture(t *testing.T, del bool) *fixture {
 	require.NoError(t, err)
 	evidence := guard.NewEvidence(model)
 	f.tombstones = facts.NewTombstones(facts.TombstoneOptions{Clock: f.clock, Changed: func(pid string) { f.scanner.TombstoneChanged(pid) }})
-	f.ghosts = ghosts.New(ghosts.Options{Protection: func(string) ghosts.Protection { return f.protection }})
+	f.ghosts = nodes.NewGhostTracker(nodes.GhostOptions{Protection: func(string) nodes.Protection { return f.protection }})
 	finder, err := guard.NewFinder(guard.FinderOptions{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence, Grace: 5 * time.Minute,
 		Tombstones: f.tombstones})
 	require.NoError(t, err)
-	f.reaper, err = reaper.New(reaper.Options{Finder: finder, Delete: del, IsLeader: func() bool { return f.leading }, Clock: f.clock})
+	f.reaper, err = nodes.NewReaper(nodes.ReaperOptions{Finder: finder, Delete: del, IsLeader: func() bool { return f.leading }, Clock: f.clock})
 	require.NoError(t, err)
-	f.releases, err = releases.New(releases.Options{Judge: finder.Releases, Ready: e.Syncer.Ready})
+	f.releases, err = nodes.NewPublisher(nodes.PublisherOptions{Judge: finder.Releases, Ready: e.Syncer.Ready})
 	require.NoError(t, err)
 	f.releases.Enroll("", func(_ context.Context, cm *corev1.ConfigMap) error {
 		f.published.Store(&cm.Data)
 		return nil
 	})
-	f.scanner, err = orphanscan.New(orphanscan.Options{Finder: finder, Evidence: evidence, Reaper: f.reaper, Model: model, Releases: f.releases,
+	f.scanner, err = nodes.NewScanner(nodes.ScanOptions{Finder: finder, Evidence: evidence, Reaper: f.reaper, Model: model, Releases: f.releases,
 		Ready: func() error {
 			if f.untrusted != nil {
 				return f.untrusted
@@ -111,7 +108,7 @@ func newFixture(t *testing.T, del bool) *fixture {
 			f.nodeChanges.Add(1)
 		}})
 	require.NoError(t, err)
-	f.scanner.AddCluster("", f.nodes, reaper.Target{Nodes: client, Recorder: f.events})
+	f.scanner.AddCluster("", f.nodes, nodes.ReapTarget{Nodes: client, Recorder: f.events})
 	go f.nodes.Run(ctx)
 	require.Eventually(t, f.nodes.HasSynced, 5*time.Second, 10*time.Millisecond)
 	return f
@@ -121,12 +118,12 @@ func newFixture(t *testing.T, del bool) *fixture {
 // asynchronously, have all been told to the scanner, then runs what is due
 // at the clock's time until nothing more is, and returns how many Nodes
 // were judged.
-func (f *fixture) settle(t *testing.T) orphanscan.Result {
+func (f *fixture) settle(t *testing.T) nodes.ScanResult {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		return f.objectChanges.Load() >= int64(f.objects) && f.nodeChanges.Load() >= int64(len(f.nodes.Names()))
 	}, 5*time.Second, 10*time.Millisecond, "every cached object and Node is told to the scanner as an add")
-	var total orphanscan.Result
+	var total nodes.ScanResult
 	for range 10 {
 		res := f.scanner.RunDue(context.Background(), f.clock.Now())
 		total.Judged += res.Judged
@@ -140,7 +137,7 @@ func (f *fixture) settle(t *testing.T) orphanscan.Result {
 	return total
 }
 
-func (f *fixture) at(t *testing.T, d time.Duration) orphanscan.Result {
+func (f *fixture) at(t *testing.T, d time.Duration) nodes.ScanResult {
 	t.Helper()
 	f.clock.SetTime(t0.Add(d))
 	return f.scanner.RunDue(context.Background(), f.clock.Now())
@@ -245,10 +242,10 @@ func (notSynced) HasSynced() bool { return false }
 // nothing); once it syncs, all its Nodes are.
 func TestAClusterIsJudgedOnceItsCacheSynced(t *testing.T) {
 	f := newFixture(t, false)
-	f.scanner.AddCluster("default/dev", notSynced{f.nodes}, reaper.Target{Nodes: f.client})
+	f.scanner.AddCluster("default/dev", notSynced{f.nodes}, nodes.ReapTarget{Nodes: f.client})
 	f.settle(t)
 	assert.Empty(t, f.reaper.Orphans("default/dev"))
-	f.scanner.AddCluster("default/dev", f.nodes, reaper.Target{Nodes: f.client})
+	f.scanner.AddCluster("default/dev", f.nodes, nodes.ReapTarget{Nodes: f.client})
 	res := f.at(t, time.Second)
 	assert.Equal(t, 8, res.Judged)
 	assert.Equal(t, []string{"dev-md-0-left"}, f.reaper.Orphans("default/dev"))
@@ -275,7 +272,7 @@ func TestAClusterThatSyncsWithoutAnEventIsJudgedWithinASecond(t *testing.T) {
 	f := newFixture(t, false)
 	f.settle(t)
 	var asked, synced atomic.Bool
-	f.scanner.AddCluster("default/dev", syncsQuietly{f.nodes, &asked, &synced}, reaper.Target{Nodes: f.client})
+	f.scanner.AddCluster("default/dev", syncsQuietly{f.nodes, &asked, &synced}, nodes.ReapTarget{Nodes: f.client})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go f.scanner.Run(ctx)
@@ -421,7 +418,7 @@ func (f *fixture) until(t *testing.T, cond func() bool, msg string) {
 // the ghost is no more and loses the taint.
 func TestAGhostIsReportedTaintedAndNeverReaped(t *testing.T) {
 	f := newFixture(t, true)
-	f.protection = ghosts.Taint
+	f.protection = nodes.ProtectionTaint
 	f.settle(t)
 	ctx := context.Background()
 	const node, pid = "dev-md-0-deleting", "docker:////dev-md-0-deleting"
@@ -449,12 +446,12 @@ func TestAGhostIsReportedTaintedAndNeverReaped(t *testing.T) {
 	}, "the Node cache has it, and the scanner was told of its delete and its add")
 	f.scanner.RunDue(ctx, f.clock.Now())
 	assert.Empty(t, f.ghosts.Ghosts(), "a ghost first seen is reported once it stayed one for the confirmation")
-	f.clock.Step(ghosts.DefaultConfirm)
+	f.clock.Step(nodes.DefaultGhostConfirm)
 	f.until(t, func() bool { return len(f.ghosts.Ghosts()) == 1 }, "the re-registered Node is a ghost")
 	g := f.ghosts.Ghosts()[0]
 	assert.Equal(t, node, g.Ghost.Node)
 	assert.Contains(t, g.Ghost.Reason, `providerID "docker:////dev-md-0-deleting" was carried by`)
-	assert.Equal(t, []string{ghosts.TaintKey}, f.taints(t, node))
+	assert.Equal(t, []string{nodes.TaintKey}, f.taints(t, node))
 	select {
 	case e := <-f.events.Events:
 		assert.Contains(t, e, "Warning GhostNode")
@@ -482,7 +479,7 @@ func TestAGhostIsReportedTaintedAndNeverReaped(t *testing.T) {
 	f.until(t, func() bool { return len(f.ghosts.Ghosts()) == 0 }, "a Machine carrying the providerID again: no ghost")
 	_, ok := f.tombstones.Get(pid)
 	assert.False(t, ok, "the tombstone ended")
-	assert.Equal(t, []string{ghosts.TaintKey}, f.taints(t, node), "the first removal failed")
+	assert.Equal(t, []string{nodes.TaintKey}, f.taints(t, node), "the first removal failed")
 	f.until(t, func() bool {
 		f.clock.Step(time.Second)
 		return len(f.taints(t, node)) == 0
@@ -507,7 +504,7 @@ func TestAGhostIsOnlyReportedWhenProtectionIsOff(t *testing.T) {
 // though the first removal fails and nothing about its tombstone changes.
 func TestAGhostLinkedAgainLosesItsTaintThoughTheFirstRemovalFails(t *testing.T) {
 	f := newFixture(t, true)
-	f.protection = ghosts.Taint
+	f.protection = nodes.ProtectionTaint
 	f.settle(t)
 	const node = "dev-md-0-deleting"
 	f.ghostOf(t, node)

@@ -1,4 +1,4 @@
-package reaper
+package nodes
 
 import (
 	"bytes"
@@ -44,13 +44,13 @@ type fixture struct {
 	reaper   *Reaper
 	recorder *events.FakeRecorder
 	logs     *bytes.Buffer
-	metrics  *Metrics
+	metrics  *ReaperMetrics
 
 	mu      sync.Mutex
 	deletes []string // names of delete calls the API server accepted
 }
 
-func newFixture(t *testing.T, opts Options) *fixture {
+func newFixture(t *testing.T, opts ReaperOptions) *fixture {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -82,21 +82,21 @@ func newFixture(t *testing.T, opts Options) *fixture {
 	finder, err := guard.NewFinder(guard.FinderOptions{Guard: e.Guard, Inventory: e.Inventory, Grace: 5 * time.Minute})
 	require.NoError(t, err)
 	f.finder = finder
-	f.metrics, err = NewMetrics(prometheus.NewRegistry())
+	f.metrics, err = NewReaperMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
 	opts.Finder, opts.Clock, opts.Metrics = finder, f.clock, f.metrics
 	opts.Log = slog.New(slog.NewJSONHandler(f.logs, nil))
-	f.reaper, err = New(opts)
+	f.reaper, err = NewReaper(opts)
 	require.NoError(t, err)
 	return f
 }
 
-func (f *fixture) target() Target {
-	return Target{Nodes: f.client, Recorder: f.recorder}
+func (f *fixture) target() ReapTarget {
+	return ReapTarget{Nodes: f.client, Recorder: f.recorder}
 }
 
 // Result says what one pass did.
-type Result struct {
+type ReapResult struct {
 	Orphans []string // Nodes found orphan in this pass
 	Deleted []string // Nodes deleted (never in dry-run)
 	Would   []string // Nodes a dry-run would have deleted
@@ -105,7 +105,7 @@ type Result struct {
 // pass judges every Node from the caches and tells the reaper each verdict,
 // as a full pass of orphanscan.Scanner does (whose tests cover when Nodes
 // are judged; these cover what the reaper makes of the verdicts).
-func (f *fixture) pass(t *testing.T) Result {
+func (f *fixture) pass(t *testing.T) ReapResult {
 	t.Helper()
 	ctx := context.Background()
 	now := f.clock.Now()
@@ -117,7 +117,7 @@ func (f *fixture) pass(t *testing.T) Result {
 	}
 	verdicts, err := f.finder.Scan(ctx, nodes, "", now)
 	require.NoError(t, err)
-	var res Result
+	var res ReapResult
 	for _, v := range verdicts {
 		if v.Orphan {
 			res.Orphans = append(res.Orphans, v.Node)
@@ -185,7 +185,7 @@ var mustStay = []string{
 }
 
 func TestDeletesTheLeftBehindNodeAfterTwoObservationsAGraceApart(t *testing.T) {
-	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	f := newFixture(t, ReaperOptions{Delete: true, IsLeader: leader})
 
 	res := f.pass(t)
 	assert.Equal(t, []string{"dev-md-0-left"}, res.Orphans)
@@ -231,7 +231,7 @@ func TestDeletesTheLeftBehindNodeAfterTwoObservationsAGraceApart(t *testing.T) {
 }
 
 func TestNeverDeletesWhatIsNotAnOrphan(t *testing.T) {
-	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	f := newFixture(t, ReaperOptions{Delete: true, IsLeader: leader})
 	for i := 0; i < 3; i++ {
 		f.pass(t)
 		f.clock.Step(10 * time.Minute)
@@ -244,7 +244,7 @@ func TestNeverDeletesWhatIsNotAnOrphan(t *testing.T) {
 }
 
 func TestNeverDeletesInDryRun(t *testing.T) {
-	f := newFixture(t, Options{Delete: true, DryRun: true, IsLeader: leader})
+	f := newFixture(t, ReaperOptions{Delete: true, DryRun: true, IsLeader: leader})
 	f.pass(t)
 	f.clock.Step(10 * time.Minute)
 	res := f.pass(t)
@@ -260,7 +260,7 @@ func TestNeverDeletesInDryRun(t *testing.T) {
 }
 
 func TestNeverDeletesWithoutTheLease(t *testing.T) {
-	f := newFixture(t, Options{Delete: true, IsLeader: func() bool { return false }})
+	f := newFixture(t, ReaperOptions{Delete: true, IsLeader: func() bool { return false }})
 	f.pass(t)
 	f.clock.Step(10 * time.Minute)
 	res := f.pass(t)
@@ -269,7 +269,7 @@ func TestNeverDeletesWithoutTheLease(t *testing.T) {
 }
 
 func TestObservesWithoutReaping(t *testing.T) {
-	f := newFixture(t, Options{IsLeader: leader}) // --reap-orphan-nodes off
+	f := newFixture(t, ReaperOptions{IsLeader: leader}) // --reap-orphan-nodes off
 	f.pass(t)
 	f.clock.Step(10 * time.Minute)
 	f.pass(t)
@@ -292,7 +292,7 @@ func reRegister(t *testing.T, f *fixture, name string) *unstructured.Unstructure
 }
 
 func TestNeverDeletesANodeReRegisteredBetweenObservations(t *testing.T) {
-	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	f := newFixture(t, ReaperOptions{Delete: true, IsLeader: leader})
 	f.pass(t)
 	reRegister(t, f, "dev-md-0-left")
 	f.clock.Step(10 * time.Minute)
@@ -303,7 +303,7 @@ func TestNeverDeletesANodeReRegisteredBetweenObservations(t *testing.T) {
 }
 
 func TestNeverDeletesANodeReRegisteredBeforeTheFreshRead(t *testing.T) {
-	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	f := newFixture(t, ReaperOptions{Delete: true, IsLeader: leader})
 	f.pass(t)
 	f.clock.Step(10 * time.Minute)
 	// The list still shows the old Node; by the fresh read it was replaced.
@@ -312,7 +312,7 @@ func TestNeverDeletesANodeReRegisteredBeforeTheFreshRead(t *testing.T) {
 }
 
 func TestNeverDeletesANodeReRegisteredBeforeTheDelete(t *testing.T) {
-	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	f := newFixture(t, ReaperOptions{Delete: true, IsLeader: leader})
 	f.pass(t)
 	f.clock.Step(10 * time.Minute)
 	// The fresh read still returns the old Node; the API server holds the
@@ -337,7 +337,7 @@ func TestNeverDeletesANodeReRegisteredBeforeTheDelete(t *testing.T) {
 }
 
 func TestNeverDeletesWhenAMachineAppearsBeforeTheDelete(t *testing.T) {
-	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	f := newFixture(t, ReaperOptions{Delete: true, IsLeader: leader})
 	f.pass(t)
 	f.clock.Step(10 * time.Minute)
 	// A Machine linking the Node by nodeRef appears; the informer has not seen
@@ -355,7 +355,7 @@ func TestNeverDeletesWhenAMachineAppearsBeforeTheDelete(t *testing.T) {
 // for a second observation, and after a failed attempt at a time that backs
 // off, at most retryLimit away.
 func TestObserveSaysWhenToLookAgain(t *testing.T) {
-	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	f := newFixture(t, ReaperOptions{Delete: true, IsLeader: leader})
 	ctx := context.Background()
 	v := guard.OrphanVerdict{Node: "dev-md-0-left", Orphan: true, UID: "00000000-0000-4000-8000-000000000001"}
 	outcome, next, err := f.reaper.Observe(ctx, f.target(), v, t0)
@@ -408,7 +408,7 @@ func TestObserveSaysWhenToLookAgain(t *testing.T) {
 }
 
 func TestNotTheLeaderOnlyObserves(t *testing.T) {
-	f := newFixture(t, Options{Delete: true, IsLeader: func() bool { return false }})
+	f := newFixture(t, ReaperOptions{Delete: true, IsLeader: func() bool { return false }})
 	v := guard.OrphanVerdict{Node: "dev-md-0-left", Orphan: true, UID: "00000000-0000-4000-8000-000000000001"}
 	_, _, err := f.reaper.Observe(context.Background(), f.target(), v, t0)
 	require.NoError(t, err)
@@ -424,7 +424,7 @@ func TestNotTheLeaderOnlyObserves(t *testing.T) {
 // next pass without waiting a new grace.
 func TestNeverDeletesWhileTheSwitchIsOff(t *testing.T) {
 	var on atomic.Bool
-	f := newFixture(t, Options{Delete: true, IsLeader: leader, Permitted: func(context.Context) error {
+	f := newFixture(t, ReaperOptions{Delete: true, IsLeader: leader, Permitted: func(context.Context) error {
 		if on.Load() {
 			return nil
 		}
@@ -445,7 +445,7 @@ func TestNeverDeletesWhileTheSwitchIsOff(t *testing.T) {
 // A cluster watched only for its releases is never reaped, whatever the
 // reaper may do elsewhere.
 func TestAnObservedOnlyClusterIsNeverReaped(t *testing.T) {
-	f := newFixture(t, Options{Delete: true, IsLeader: leader})
+	f := newFixture(t, ReaperOptions{Delete: true, IsLeader: leader})
 	observed := f.target()
 	observed.ObserveOnly = true
 	for range 2 {
@@ -458,7 +458,7 @@ func TestAnObservedOnlyClusterIsNeverReaped(t *testing.T) {
 
 // observeAll tells the reaper the verdict of every Node, judged from the
 // caches, against t, and returns what failed.
-func (f *fixture) observeAll(t *testing.T, target Target) (errs []error) {
+func (f *fixture) observeAll(t *testing.T, target ReapTarget) (errs []error) {
 	t.Helper()
 	ctx := context.Background()
 	list, err := f.client.Resource(guard.NodeGVR).List(ctx, metav1.ListOptions{})
