@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
@@ -76,7 +75,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 		return 1, err
 	}
 	if opts.Constraint == "" {
-		if params, err = constraintwatch.Parameters(ctx, c.Dynamic, c.Mapper); err != nil {
+		if params, err = facts.LiveConstraintParameters(ctx, c.Dynamic, c.Mapper); err != nil {
 			return 1, err
 		}
 	}

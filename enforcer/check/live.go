@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
@@ -32,7 +32,7 @@ func judgeLive(ctx context.Context, opts Options, params map[string]any, eval *r
 		return rule.Decision{}, err
 	}
 	if opts.Constraint == "" {
-		if params, err = constraintwatch.Parameters(ctx, c.Dynamic, c.Mapper); err != nil {
+		if params, err = facts.LiveConstraintParameters(ctx, c.Dynamic, c.Mapper); err != nil {
 			return rule.Decision{}, err
 		}
 	}

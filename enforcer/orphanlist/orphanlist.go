@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
@@ -162,7 +161,7 @@ func runLive(ctx context.Context, opts CommandOptions, params map[string]any, ev
 		return Report{}, err
 	}
 	if opts.Constraint == "" {
-		if params, err = constraintwatch.Parameters(ctx, c.Dynamic, c.Mapper); err != nil {
+		if params, err = facts.LiveConstraintParameters(ctx, c.Dynamic, c.Mapper); err != nil {
 			return Report{}, err
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"sync/atomic"
 
-	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
@@ -18,15 +17,15 @@ import (
 // initialConstraint is the Constraint nodeguard starts with: the file's
 // (--constraint), else the cluster's (--constraint-name), else none (the
 // rule's defaults). follow says whether its edits are followed.
-func initialConstraint(ctx context.Context, c kube.Clients, opts Options) (spec constraintwatch.Spec, follow bool, err error) {
+func initialConstraint(ctx context.Context, c kube.Clients, opts Options) (spec facts.ConstraintSpec, follow bool, err error) {
 	if opts.Constraint != "" {
 		params, err := facts.ConstraintParameters(opts.Constraint)
-		return constraintwatch.Spec{Parameters: params, From: opts.Constraint}, false, err
+		return facts.ConstraintSpec{Parameters: params, From: opts.Constraint}, false, err
 	}
 	if opts.ConstraintName == "" || c.Dynamic == nil || c.Mapper == nil {
-		return constraintwatch.Spec{From: "no Constraint asked for"}, false, nil
+		return facts.ConstraintSpec{From: "no Constraint asked for"}, false, nil
 	}
-	spec, err = constraintwatch.Read(ctx, c.Dynamic, c.Mapper, opts.ConstraintName)
+	spec, err = facts.ReadConstraint(ctx, c.Dynamic, c.Mapper, opts.ConstraintName)
 	if err != nil {
 		return spec, false, fmt.Errorf("%w (nodeguard reads its parameters there; grant it get, list and watch on "+
 			"k8snodeguard.constraints.gatekeeper.sh, pass --constraint FILE, or --constraint-name=\"\" for the rule's defaults)", err)
@@ -46,7 +45,7 @@ type liveConstraint struct {
 	action atomic.Value // enforcement.Action
 }
 
-func newLiveConstraint(e *guard.Enforcer, spec constraintwatch.Spec, flag rule.Action, log *slog.Logger) *liveConstraint {
+func newLiveConstraint(e *guard.Enforcer, spec facts.ConstraintSpec, flag rule.Action, log *slog.Logger) *liveConstraint {
 	l := &liveConstraint{enforcer: e, flag: flag}
 	l.setAction(spec)
 	if spec.Action != "" && flag != "" && spec.Action != flag {
@@ -59,7 +58,7 @@ func newLiveConstraint(e *guard.Enforcer, spec constraintwatch.Spec, flag rule.A
 // Action is the enforcement action in force.
 func (l *liveConstraint) Action() rule.Action { return l.action.Load().(rule.Action) }
 
-func (l *liveConstraint) setAction(spec constraintwatch.Spec) {
+func (l *liveConstraint) setAction(spec facts.ConstraintSpec) {
 	a := spec.Action
 	if a == "" {
 		a = l.flag
@@ -71,7 +70,7 @@ func (l *liveConstraint) setAction(spec constraintwatch.Spec) {
 }
 
 // Apply is constraintwatch.Options.Apply.
-func (l *liveConstraint) Apply(_ context.Context, spec constraintwatch.Spec) error {
+func (l *liveConstraint) Apply(_ context.Context, spec facts.ConstraintSpec) error {
 	e := l.enforcer
 	infra, pools, err := e.Engine.Kinds(spec.Parameters)
 	if err != nil {

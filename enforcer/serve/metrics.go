@@ -8,7 +8,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
-	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
@@ -38,7 +37,7 @@ type Metrics struct {
 	// Fleet holds each workload cluster's guard.
 	Fleet *fleet.Metrics
 	// Constraint counts the Constraint edits applied and refused.
-	Constraint *constraintwatch.Metrics
+	Constraint *facts.ConstraintMetrics
 }
 
 // Register registers on reg every series nodeguard serve exports, whether or
@@ -100,7 +99,7 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 	if m.Fleet, err = fleet.NewMetrics(reg); err != nil {
 		return nil, err
 	}
-	if m.Constraint, err = constraintwatch.NewMetrics(reg); err != nil {
+	if m.Constraint, err = facts.NewConstraintMetrics(reg); err != nil {
 		return nil, err
 	}
 	return &m, nil

@@ -21,7 +21,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
-	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
@@ -216,7 +215,7 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	constraint := newLiveConstraint(e, spec, opts.EnforcementAction, log)
 	constraint.fleet, constraint.scanner = reconciler, scanner
 	if follow {
-		go constraintwatch.Watch(ctx, constraintwatch.Options{Client: c.Dynamic, Mapper: c.Mapper, Name: opts.ConstraintName,
+		go facts.WatchConstraint(ctx, facts.ConstraintWatchOptions{Client: c.Dynamic, Mapper: c.Mapper, Name: opts.ConstraintName,
 			Applied: spec, Apply: constraint.Apply, Metrics: metrics.Constraint, Log: log})
 	}
 	if sessions != nil {

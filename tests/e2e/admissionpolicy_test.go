@@ -27,7 +27,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
-	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	ngkube "github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
@@ -227,7 +227,7 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 	t.Setenv("POD_NAMESPACE", "default")
 	// An hour between proofs: the policy's denials counted below are then
 	// the test's and CAPI's alone.
-	opts := serve.Options{ConstraintName: constraintwatch.DefaultName, Fleet: serve.FleetOptions{Enabled: true, AdmissionPolicy: true,
+	opts := serve.Options{ConstraintName: facts.DefaultConstraintName, Fleet: serve.FleetOptions{Enabled: true, AdmissionPolicy: true,
 		URL: "https://127.0.0.1:" + strconv.Itoa(freePort(t)), CAFiles: []string{ca.CAFile(t)}, ProofInterval: time.Hour}}
 	opts.Orphans.Interval, opts.Orphans.KubeconfigRecheck, opts.Orphans.Ghosts = serve.DefaultOrphanScanInterval, 2*time.Second, detecting()
 	started := time.Now()
@@ -315,7 +315,7 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 		require.EventuallyWithT(t, func(c *assert.CollectT) { assert.NoError(c, dryRunDelete(ctx, alice, "dev-cp-0")) },
 			30*time.Second, 20*time.Millisecond, "alice exempt in the workload cluster's policy")
 		t.Logf("exemptUsers [alice] in force in the workload cluster %s after the edit", time.Since(edited).Round(time.Millisecond))
-		require.NoError(t, c.dyn.Resource(constraintGVR).Delete(ctx, constraintwatch.DefaultName, metav1.DeleteOptions{}))
+		require.NoError(t, c.dyn.Resource(constraintGVR).Delete(ctx, facts.DefaultConstraintName, metav1.DeleteOptions{}))
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
 			err := dryRunDelete(ctx, alice, "dev-cp-0")
 			require.Error(c, err)

@@ -21,8 +21,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/events"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 )
@@ -75,7 +75,7 @@ func TestServeFollowsTheConstraintWithoutARestart(t *testing.T) {
 	cfg := apiServer(t)
 	kube, dyn := clientsFor(t, cfg)
 	installConstraintCRD(t, cfg)
-	nodeguardWith(t, cfg, serve.Options{ConstraintName: constraintwatch.DefaultName})
+	nodeguardWith(t, cfg, serve.Options{ConstraintName: facts.DefaultConstraintName})
 	capdMachine(t, dyn, "md-0-live", false)
 	ctx := context.Background()
 	// attempt is one dry-run delete of the Node, as alice or the admin, with
@@ -121,7 +121,7 @@ func TestServeFollowsTheConstraintWithoutARestart(t *testing.T) {
 	set("scoped", "alice")
 	require.Never(t, func() bool { return !warned(attempt(false)) }, 2*time.Second, 100*time.Millisecond, "a refused edit changes nothing")
 
-	require.NoError(t, dyn.Resource(constraintGVR).Delete(ctx, constraintwatch.DefaultName, metav1.DeleteOptions{}))
+	require.NoError(t, dyn.Resource(constraintGVR).Delete(ctx, facts.DefaultConstraintName, metav1.DeleteOptions{}))
 	until("Constraint deleted: the defaults", true, deniedToAlice)
 	_, err := kube.CoreV1().Nodes().Get(ctx, "md-0-live", metav1.GetOptions{})
 	require.NoError(t, err, "every delete above was a dry run")
@@ -157,10 +157,10 @@ func setConstraint(t *testing.T, dyn dynamic.Interface, action string, exempt ..
 		spec["enforcementAction"] = action
 	}
 	obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "constraints.gatekeeper.sh/v1beta1", "kind": "K8sNodeGuard",
-		"metadata": map[string]any{"name": constraintwatch.DefaultName}, "spec": spec}}
+		"metadata": map[string]any{"name": facts.DefaultConstraintName}, "spec": spec}}
 	data, err := obj.MarshalJSON()
 	require.NoError(t, err)
-	_, err = dyn.Resource(constraintGVR).Patch(context.Background(), constraintwatch.DefaultName, types.ApplyPatchType, data,
+	_, err = dyn.Resource(constraintGVR).Patch(context.Background(), facts.DefaultConstraintName, types.ApplyPatchType, data,
 		metav1.PatchOptions{FieldManager: "e2e", Force: ptr.To(true)})
 	require.NoError(t, err)
 }

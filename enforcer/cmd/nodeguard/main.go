@@ -30,7 +30,6 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/audit"
 	"github.com/nodeguard/nodeguard/enforcer/check"
 	"github.com/nodeguard/nodeguard/enforcer/cleanup"
-	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/ghostlist"
@@ -278,7 +277,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster whose Machines count (default: in-cluster)")
 	f.StringVar(&opts.Context, "context", "", "kubeconfig context")
 	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from, read once (default: the cluster's Constraint, --constraint-name)")
-	f.StringVar(&opts.ConstraintName, "constraint-name", constraintwatch.DefaultName, "without --constraint: the K8sNodeGuard Constraint in the cluster whose spec.parameters and spec.enforcementAction are in force, edits applied while serving; none there (or no Gatekeeper CRD): the rule's defaults; \"\": do not read it")
+	f.StringVar(&opts.ConstraintName, "constraint-name", facts.DefaultConstraintName, "without --constraint: the K8sNodeGuard Constraint in the cluster whose spec.parameters and spec.enforcementAction are in force, edits applied while serving; none there (or no Gatekeeper CRD): the rule's defaults; \"\": do not read it")
 	negatedVar(f, &opts.NoFreshReads, "fresh-reads", "re-read the objects linked to a Node from the API server before answering; false answers from the informer caches alone (a lagging cache can then decide)")
 	f.BoolVar(&opts.NoFreshReads, "no-fresh-reads", false, "the same as --fresh-reads=false")
 	_ = f.MarkDeprecated("no-fresh-reads", "use --fresh-reads=false; --no-fresh-reads goes in a later release")

@@ -3,7 +3,7 @@
 // parameters and spec.enforcementAction are applied while serving, without a
 // restart. A cluster without the Constraint's CRD (no Gatekeeper, or its
 // template not applied yet) is looked at again until it has one.
-package constraintwatch
+package facts
 
 import (
 	"context"
@@ -21,22 +21,21 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // DefaultName is the Constraint constraints/constraint.yaml applies.
-const DefaultName = "node-deletion-guard"
+const DefaultConstraintName = "node-deletion-guard"
 
 // GroupKind is the Constraint's: Gatekeeper serves a CRD of this kind once
 // the K8sNodeGuard ConstraintTemplate is applied.
-func GroupKind() schema.GroupKind {
-	return schema.GroupKind{Group: "constraints.gatekeeper.sh", Kind: facts.ConstraintKind}
+func ConstraintGroupKind() schema.GroupKind {
+	return schema.GroupKind{Group: "constraints.gatekeeper.sh", Kind: ConstraintKind}
 }
 
 // Spec is what nodeguard takes from the Constraint.
-type Spec struct {
+type ConstraintSpec struct {
 	// Parameters are spec.parameters (nil: none, the rule's defaults).
 	Parameters map[string]any
 	// Action is spec.enforcementAction; "" when the Constraint sets none or
@@ -48,26 +47,26 @@ type Spec struct {
 }
 
 // Same says whether s and o would decide alike.
-func (s Spec) Same(o Spec) bool {
+func (s ConstraintSpec) Same(o ConstraintSpec) bool {
 	return s.Action == o.Action && reflect.DeepEqual(s.Parameters, o.Parameters)
 }
 
 // FromObject reads a Constraint. An action nodeguard does not take (e.g.
 // Gatekeeper's "scoped") is an error: guessing one would be wrong either way.
-func FromObject(obj *unstructured.Unstructured) (Spec, error) {
-	name := fmt.Sprintf("%s %s", facts.ConstraintKind, obj.GetName())
+func ConstraintSpecOf(obj *unstructured.Unstructured) (ConstraintSpec, error) {
+	name := fmt.Sprintf("%s %s", ConstraintKind, obj.GetName())
 	params, _, err := unstructured.NestedMap(obj.Object, "spec", "parameters")
 	if err != nil {
-		return Spec{}, fmt.Errorf("%s: spec.parameters: %w", name, err)
+		return ConstraintSpec{}, fmt.Errorf("%s: spec.parameters: %w", name, err)
 	}
 	raw, _, err := unstructured.NestedString(obj.Object, "spec", "enforcementAction")
 	if err != nil {
-		return Spec{}, fmt.Errorf("%s: spec.enforcementAction: %w", name, err)
+		return ConstraintSpec{}, fmt.Errorf("%s: spec.enforcementAction: %w", name, err)
 	}
-	s := Spec{Parameters: params, From: fmt.Sprintf("%s (resourceVersion %s)", name, obj.GetResourceVersion())}
+	s := ConstraintSpec{Parameters: params, From: fmt.Sprintf("%s (resourceVersion %s)", name, obj.GetResourceVersion())}
 	if raw != "" {
 		if s.Action, err = rule.ParseAction(raw); err != nil {
-			return Spec{}, fmt.Errorf("%s: spec.enforcementAction: %w", name, err)
+			return ConstraintSpec{}, fmt.Errorf("%s: spec.enforcementAction: %w", name, err)
 		}
 	}
 	return s, nil
@@ -75,29 +74,29 @@ func FromObject(obj *unstructured.Unstructured) (Spec, error) {
 
 // Read returns the Constraint's spec as the API server has it now. No CRD
 // or no Constraint is no error: the Spec is empty and From says which.
-func Read(ctx context.Context, client dynamic.Interface, mapper meta.RESTMapper, name string) (Spec, error) {
-	mapping, err := kube.RESTMapping(mapper, GroupKind())
+func ReadConstraint(ctx context.Context, client dynamic.Interface, mapper meta.RESTMapper, name string) (ConstraintSpec, error) {
+	mapping, err := kube.RESTMapping(mapper, ConstraintGroupKind())
 	if meta.IsNoMatchError(err) {
-		return Spec{From: "no " + GroupKind().String() + " CRD"}, nil
+		return ConstraintSpec{From: "no " + ConstraintGroupKind().String() + " CRD"}, nil
 	}
 	if err != nil {
-		return Spec{}, fmt.Errorf("find the %s resource: %w", GroupKind(), err)
+		return ConstraintSpec{}, fmt.Errorf("find the %s resource: %w", ConstraintGroupKind(), err)
 	}
 	obj, err := client.Resource(mapping.Resource).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return Spec{From: "no " + facts.ConstraintKind + " " + name}, nil
+		return ConstraintSpec{From: "no " + ConstraintKind + " " + name}, nil
 	}
 	if err != nil {
-		return Spec{}, fmt.Errorf("read %s %s: %w", facts.ConstraintKind, name, err)
+		return ConstraintSpec{}, fmt.Errorf("read %s %s: %w", ConstraintKind, name, err)
 	}
-	return FromObject(obj)
+	return ConstraintSpecOf(obj)
 }
 
 // Parameters are the spec.parameters of the Constraint DefaultName as the
 // API server has it now (none without one, or without Gatekeeper's CRD: the
 // rule's defaults): what serve starts with, for the commands that judge live.
-func Parameters(ctx context.Context, client dynamic.Interface, mapper meta.RESTMapper) (map[string]any, error) {
-	spec, err := Read(ctx, client, mapper, DefaultName)
+func LiveConstraintParameters(ctx context.Context, client dynamic.Interface, mapper meta.RESTMapper) (map[string]any, error) {
+	spec, err := ReadConstraint(ctx, client, mapper, DefaultConstraintName)
 	if err != nil {
 		return nil, fmt.Errorf("%w (or pass --constraint FILE)", err)
 	}
@@ -105,32 +104,32 @@ func Parameters(ctx context.Context, client dynamic.Interface, mapper meta.RESTM
 }
 
 // Options configure Watch.
-type Options struct {
+type ConstraintWatchOptions struct {
 	Client dynamic.Interface
 	Mapper meta.RESTMapper
 	Name   string
 	// Applied is the spec already in force (Read's, at start); the watch
 	// applies only what differs from it.
-	Applied Spec
+	Applied ConstraintSpec
 	// Apply puts a changed spec in force; an error leaves the spec before it
 	// in force (the caller must not half-apply), and is logged and counted.
-	Apply func(context.Context, Spec) error
+	Apply func(context.Context, ConstraintSpec) error
 	// Recheck is how often a cluster without the CRD is looked at again
 	// (default 30s).
 	Recheck time.Duration
-	Metrics *Metrics
+	Metrics *ConstraintMetrics
 	Log     *slog.Logger
 }
 
 // Watch follows the Constraint until ctx is done: each change is applied
 // once, a deleted Constraint puts the defaults back in force.
-func Watch(ctx context.Context, opts Options) {
+func WatchConstraint(ctx context.Context, opts ConstraintWatchOptions) {
 	if opts.Recheck <= 0 {
 		opts.Recheck = 30 * time.Second
 	}
 	var mapping *meta.RESTMapping
 	err := wait.PollUntilContextCancel(ctx, opts.Recheck, true, func(context.Context) (bool, error) {
-		m, err := kube.RESTMapping(opts.Mapper, GroupKind())
+		m, err := kube.RESTMapping(opts.Mapper, ConstraintGroupKind())
 		if err != nil {
 			return false, nil // not served yet: Gatekeeper or its template comes later
 		}
@@ -144,7 +143,7 @@ func Watch(ctx context.Context, opts Options) {
 	obj, err := kube.WatchObject(kube.ObjectOptions{Client: opts.Client, Resource: mapping.Resource, Name: opts.Name,
 		Changed: func(u *unstructured.Unstructured) {
 			if u == nil {
-				w.apply(ctx, Spec{From: facts.ConstraintKind + " " + opts.Name + " deleted"})
+				w.apply(ctx, ConstraintSpec{From: ConstraintKind + " " + opts.Name + " deleted"})
 				return
 			}
 			w.changed(ctx, u)
@@ -159,15 +158,15 @@ func Watch(ctx context.Context, opts Options) {
 
 // watcher applies changes one at a time (the watch's one goroutine).
 type watcher struct {
-	opts    Options
-	applied Spec
+	opts    ConstraintWatchOptions
+	applied ConstraintSpec
 }
 
 func (w *watcher) changed(ctx context.Context, u *unstructured.Unstructured) {
 	if u.GetName() != w.opts.Name {
 		return
 	}
-	s, err := FromObject(u)
+	s, err := ConstraintSpecOf(u)
 	if err != nil {
 		w.refused(err)
 		return
@@ -175,7 +174,7 @@ func (w *watcher) changed(ctx context.Context, u *unstructured.Unstructured) {
 	w.apply(ctx, s)
 }
 
-func (w *watcher) apply(ctx context.Context, s Spec) {
+func (w *watcher) apply(ctx context.Context, s ConstraintSpec) {
 	if s.Same(w.applied) {
 		return
 	}
@@ -194,14 +193,14 @@ func (w *watcher) refused(err error) {
 }
 
 // Metrics count the Constraint's reloads.
-type Metrics struct {
+type ConstraintMetrics struct {
 	reloads, errors prometheus.Counter
 }
 
 // NewMetrics registers nodeguard_constraint_reloads_total and
 // nodeguard_constraint_reload_errors_total with reg.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	m := &Metrics{
+func NewConstraintMetrics(reg prometheus.Registerer) (*ConstraintMetrics, error) {
+	m := &ConstraintMetrics{
 		reloads: prometheus.NewCounter(prometheus.CounterOpts{Name: "nodeguard_constraint_reloads_total",
 			Help: "Edits of the K8sNodeGuard Constraint put in force while serving."}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "nodeguard_constraint_reload_errors_total",

@@ -1,4 +1,4 @@
-package constraintwatch_test
+package facts_test
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 
-	"github.com/nodeguard/nodeguard/enforcer/constraintwatch"
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -56,34 +56,34 @@ func client(t *testing.T, objs ...runtime.Object) *dynamicfake.FakeDynamicClient
 }
 
 func TestFromObject(t *testing.T) {
-	s, err := constraintwatch.FromObject(constraint("node-deletion-guard", "warn", map[string]any{"exemptUsers": []any{"alice"}}))
+	s, err := facts.ConstraintSpecOf(constraint("node-deletion-guard", "warn", map[string]any{"exemptUsers": []any{"alice"}}))
 	require.NoError(t, err)
 	assert.Equal(t, rule.ActionWarn, s.Action)
 	assert.Equal(t, map[string]any{"exemptUsers": []any{"alice"}}, s.Parameters)
 	assert.Contains(t, s.From, "K8sNodeGuard node-deletion-guard")
 
-	s, err = constraintwatch.FromObject(constraint("node-deletion-guard", "", nil))
+	s, err = facts.ConstraintSpecOf(constraint("node-deletion-guard", "", nil))
 	require.NoError(t, err)
 	assert.Equal(t, rule.Action(""), s.Action, "none set: the flag's stays in force")
 
 	// Gatekeeper's "scoped" names actions per enforcement point, which
 	// nodeguard does not read: refused rather than guessed.
-	_, err = constraintwatch.FromObject(constraint("node-deletion-guard", "scoped", nil))
+	_, err = facts.ConstraintSpecOf(constraint("node-deletion-guard", "scoped", nil))
 	assert.ErrorContains(t, err, `spec.enforcementAction: enforcement action "scoped"`)
 }
 
 func TestRead(t *testing.T) {
 	ctx := context.Background()
-	s, err := constraintwatch.Read(ctx, client(t), served(false), "node-deletion-guard")
+	s, err := facts.ReadConstraint(ctx, client(t), served(false), "node-deletion-guard")
 	require.NoError(t, err)
 	assert.Equal(t, "no K8sNodeGuard.constraints.gatekeeper.sh CRD", s.From)
 	assert.Nil(t, s.Parameters)
 
-	s, err = constraintwatch.Read(ctx, client(t), served(true), "node-deletion-guard")
+	s, err = facts.ReadConstraint(ctx, client(t), served(true), "node-deletion-guard")
 	require.NoError(t, err)
 	assert.Equal(t, "no K8sNodeGuard node-deletion-guard", s.From)
 
-	s, err = constraintwatch.Read(ctx, client(t, constraint("node-deletion-guard", "dryrun", map[string]any{"exemptGroups": []any{"oncall"}})),
+	s, err = facts.ReadConstraint(ctx, client(t, constraint("node-deletion-guard", "dryrun", map[string]any{"exemptGroups": []any{"oncall"}})),
 		served(true), "node-deletion-guard")
 	require.NoError(t, err)
 	assert.Equal(t, rule.ActionDryRun, s.Action)
@@ -93,11 +93,11 @@ func TestRead(t *testing.T) {
 // applied records what Watch puts in force; refuse makes the next Apply fail.
 type applied struct {
 	mu     sync.Mutex
-	specs  []constraintwatch.Spec
+	specs  []facts.ConstraintSpec
 	refuse bool
 }
 
-func (a *applied) apply(_ context.Context, s constraintwatch.Spec) error {
+func (a *applied) apply(_ context.Context, s facts.ConstraintSpec) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.refuse {
@@ -107,11 +107,11 @@ func (a *applied) apply(_ context.Context, s constraintwatch.Spec) error {
 	return nil
 }
 
-func (a *applied) last() (constraintwatch.Spec, int) {
+func (a *applied) last() (facts.ConstraintSpec, int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if len(a.specs) == 0 {
-		return constraintwatch.Spec{}, 0
+		return facts.ConstraintSpec{}, 0
 	}
 	return a.specs[len(a.specs)-1], len(a.specs)
 }
@@ -121,16 +121,16 @@ func TestWatchAppliesEachEditOnceAndTheDefaultsOnDelete(t *testing.T) {
 	defer cancel()
 	start := constraint("node-deletion-guard", "deny", map[string]any{"exemptUsers": []any{"alice"}})
 	c := client(t, start, constraint("someone-elses", "dryrun", nil))
-	initial, err := constraintwatch.Read(ctx, c, served(true), "node-deletion-guard")
+	initial, err := facts.ReadConstraint(ctx, c, served(true), "node-deletion-guard")
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
-	m, err := constraintwatch.NewMetrics(reg)
+	m, err := facts.NewConstraintMetrics(reg)
 	require.NoError(t, err)
 	var got applied
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		constraintwatch.Watch(ctx, constraintwatch.Options{Client: c, Mapper: served(true), Name: "node-deletion-guard", Applied: initial,
+		facts.WatchConstraint(ctx, facts.ConstraintWatchOptions{Client: c, Mapper: served(true), Name: "node-deletion-guard", Applied: initial,
 			Apply: got.apply, Metrics: m, Log: slog.New(slog.DiscardHandler)})
 	}()
 	res := c.Resource(gvr)
@@ -178,11 +178,11 @@ func TestWatchWaitsForTheCRD(t *testing.T) {
 	mapper := &switchable{off: served(false), on: served(true)}
 	c := client(t, constraint("node-deletion-guard", "warn", nil))
 	reg := prometheus.NewRegistry()
-	m, err := constraintwatch.NewMetrics(reg)
+	m, err := facts.NewConstraintMetrics(reg)
 	require.NoError(t, err)
 	var got applied
-	go constraintwatch.Watch(ctx, constraintwatch.Options{Client: c, Mapper: mapper, Name: "node-deletion-guard",
-		Applied: constraintwatch.Spec{From: "no CRD"}, Apply: got.apply, Recheck: 10 * time.Millisecond, Metrics: m, Log: slog.New(slog.DiscardHandler)})
+	go facts.WatchConstraint(ctx, facts.ConstraintWatchOptions{Client: c, Mapper: mapper, Name: "node-deletion-guard",
+		Applied: facts.ConstraintSpec{From: "no CRD"}, Apply: got.apply, Recheck: 10 * time.Millisecond, Metrics: m, Log: slog.New(slog.DiscardHandler)})
 	// Gatekeeper creates the CRD from the template later: the Constraint is
 	// then read and applied.
 	mapper.turnOn()
