@@ -36,8 +36,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
-	"github.com/nodeguard/nodeguard/enforcer/audit"
-	"github.com/nodeguard/nodeguard/enforcer/check"
+	"github.com/nodeguard/nodeguard/enforcer/cli"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
@@ -384,16 +383,16 @@ func TestManagementAndWorkloadClusters(t *testing.T) {
 	node()
 	kc := adminKubeconfig(t, mgmtEnv)
 	var out bytes.Buffer
-	code, err := check.Run(ctx, check.Options{Node: "dev-md-0-abcde", Cluster: "default/dev", Kubeconfig: kc, Output: "text"}, &out)
+	code, err := cli.Check(ctx, cli.CheckOptions{Node: "dev-md-0-abcde", Cluster: "default/dev", Kubeconfig: kc, Output: "text"}, &out)
 	require.NoError(t, err)
-	assert.Equal(t, check.ExitDenied, code, out.String())
+	assert.Equal(t, cli.ExitDenied, code, out.String())
 	assert.Contains(t, out.String(), "DockerMachine default/dev-md-0-abcde")
 	out.Reset()
-	code, err = check.Run(ctx, check.Options{Node: "dev-md-0-abcde", Cluster: "default/other", Kubeconfig: kc, Output: "text"}, &out)
+	code, err = cli.Check(ctx, cli.CheckOptions{Node: "dev-md-0-abcde", Cluster: "default/other", Kubeconfig: kc, Output: "text"}, &out)
 	require.NoError(t, err)
-	assert.Equal(t, check.ExitAllowed, code, out.String())
+	assert.Equal(t, cli.ExitAllowed, code, out.String())
 	out.Reset()
-	code, err = audit.Run(ctx, audit.Options{Kubeconfig: kc, Output: "text"}, &out)
+	code, err = cli.Audit(ctx, cli.AuditOptions{Kubeconfig: kc, Output: "text"}, &out)
 	require.NoError(t, err)
 	assert.Equal(t, 0, code, out.String())
 	t.Logf("nodeguard audit:\n%s", out.String())
@@ -404,7 +403,7 @@ func TestManagementAndWorkloadClusters(t *testing.T) {
 	// A Cluster whose kubeconfig cannot be read is reported, the others audited.
 	require.NoError(t, mgmtKube.CoreV1().Secrets("default").Delete(ctx, "other-kubeconfig", metav1.DeleteOptions{}))
 	out.Reset()
-	code, err = audit.Run(ctx, audit.Options{Kubeconfig: kc, Output: "text"}, &out)
+	code, err = cli.Audit(ctx, cli.AuditOptions{Kubeconfig: kc, Output: "text"}, &out)
 	require.NoError(t, err)
 	assert.Equal(t, 1, code, out.String())
 	assert.Regexp(t, `default/other\s+-\s+not audited: read the kubeconfig of Cluster default/other: secrets "other-kubeconfig" not found`, out.String())

@@ -32,7 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
-	"github.com/nodeguard/nodeguard/enforcer/cleanup"
+	"github.com/nodeguard/nodeguard/enforcer/cli"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
@@ -361,14 +361,14 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		// is reported, and the uninstall stops there.
 		var out bytes.Buffer
 		kc := adminKubeconfig(t, mgmtEnv)
-		code, err := cleanup.Run(ctx, cleanup.Options{Kubeconfig: kc, Namespace: "default"}, &out)
+		code, err := cli.Cleanup(ctx, cli.CleanupOptions{Kubeconfig: kc, Namespace: "default"}, &out)
 		require.NoError(t, err)
 		assert.Equal(t, 1, code, out.String())
 		assert.Contains(t, out.String(), "not everything could be removed:\nCluster default/gone: get validatingwebhookconfigurations nodeguard:")
 		t.Logf("nodeguard cleanup --namespace default, Cluster default/gone unreachable:\n%s", out.String())
 		require.NoError(t, dyn.Resource(clustersGVR).Namespace("default").Delete(ctx, "gone", metav1.DeleteOptions{}))
 		out.Reset()
-		code, err = cleanup.Run(ctx, cleanup.Options{Kubeconfig: kc, Namespace: "default"}, &out)
+		code, err = cli.Cleanup(ctx, cli.CleanupOptions{Kubeconfig: kc, Namespace: "default"}, &out)
 		require.NoError(t, err)
 		assert.Equal(t, 0, code, out.String())
 		t.Logf("again, Cluster default/gone deleted:\n%s", out.String())

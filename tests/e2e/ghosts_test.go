@@ -23,9 +23,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
+	"github.com/nodeguard/nodeguard/enforcer/cli"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/ghostlist"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	ngnodes "github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
@@ -239,9 +239,9 @@ func TestCAPIGhostNodes(t *testing.T) {
 		assert.Contains(t, notes[0], "deleted at")
 
 		var out bytes.Buffer
-		code, err := ghostlist.Run(ctx, ghostlist.Options{Kubeconfig: adminKubeconfig(t, mgmtEnv), Namespace: "default", Output: "text"}, &out)
+		code, err := cli.Ghosts(ctx, cli.GhostsOptions{Kubeconfig: adminKubeconfig(t, mgmtEnv), Namespace: "default", Output: "text"}, &out)
 		require.NoError(t, err)
-		assert.Equal(t, ghostlist.ExitGhost, code, out.String())
+		assert.Equal(t, cli.ExitGhost, code, out.String())
 		assert.Contains(t, out.String(), `GHOST: Node "`+name+`" in Cluster default/dev: providerID "`+pid+`" was carried by DockerMachine default/`+name)
 		assert.Contains(t, out.String(), "tainted "+ngnodes.TaintKey)
 		t.Logf("nodeguard ghosts:\n%s", out.String())
@@ -249,10 +249,10 @@ func TestCAPIGhostNodes(t *testing.T) {
 
 	t.Run("nodeguard ghosts --clear ends the tombstone: no ghost, no taint", func(t *testing.T) {
 		var out bytes.Buffer
-		code, err := ghostlist.Run(ctx, ghostlist.Options{Kubeconfig: adminKubeconfig(t, mgmtEnv), Namespace: "default", Output: "text",
+		code, err := cli.Ghosts(ctx, cli.GhostsOptions{Kubeconfig: adminKubeconfig(t, mgmtEnv), Namespace: "default", Output: "text",
 			Clear: []string{pid}}, &out)
 		require.NoError(t, err)
-		assert.Equal(t, ghostlist.ExitNone, code)
+		assert.Equal(t, cli.ExitNone, code)
 		assert.Contains(t, out.String(), "cleared: tombstone of providerID \""+pid+"\"")
 		cleared := time.Now()
 		require.EventuallyWithT(t, func(col *assert.CollectT) {

@@ -27,16 +27,12 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
-	"github.com/nodeguard/nodeguard/enforcer/audit"
-	"github.com/nodeguard/nodeguard/enforcer/check"
-	"github.com/nodeguard/nodeguard/enforcer/cleanup"
+	"github.com/nodeguard/nodeguard/enforcer/cli"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/ghostlist"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/nodes"
-	"github.com/nodeguard/nodeguard/enforcer/orphanlist"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 )
@@ -49,7 +45,7 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	code := check.ExitAllowed
+	code := cli.ExitAllowed
 	root := rootCommand(&code, stderr)
 	if plugin := kubectlPluginName(os.Args[0]); plugin != "" {
 		// Installed as kubectl-nodeguard, kubectl runs it as `kubectl nodeguard`.
@@ -60,7 +56,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetErr(stderr)
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(stderr, "nodeguard:", err)
-		return check.ExitError
+		return cli.ExitError
 	}
 	return code
 }
@@ -81,7 +77,7 @@ func rootCommand(code *int, stderr io.Writer) *cobra.Command {
 }
 
 func auditCommand(code *int) *cobra.Command {
-	var opts audit.Options
+	var opts cli.AuditOptions
 	cmd := &cobra.Command{
 		Use:   "audit [--cluster NAMESPACE/NAME] [-o text|json]",
 		Short: "For every CAPI Cluster, what a delete of each workload Node would get now, and why (exit 0; 1 when a Cluster could not be audited)",
@@ -90,7 +86,7 @@ func auditCommand(code *int) *cobra.Command {
 			"fresh): a preview before --enforcement-action warn or deny, and a check that no Node is unverified or misrouted.\n" +
 			"Parameters: the cluster's K8sNodeGuard Constraint node-deletion-guard, unless --constraint is given.",
 		Args: cobra.NoArgs,
-		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return audit.Run(ctx, opts, out) }),
+		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return cli.Audit(ctx, opts, out) }),
 	}
 	f := cmd.Flags()
 	fleetFlags(f, "audit only this CAPI Cluster, NAMESPACE/NAME", &opts.Cluster, &opts.Constraint, &opts.Output, &opts.Kubeconfig, &opts.Context)
@@ -101,7 +97,7 @@ func auditCommand(code *int) *cobra.Command {
 }
 
 func cleanupCommand(code *int) *cobra.Command {
-	var opts cleanup.Options
+	var opts cli.CleanupOptions
 	cmd := &cobra.Command{
 		Use:   "cleanup --namespace NS [--deployment NAME]",
 		Short: "Remove what nodeguard wrote outside its install: the fleet's configuration in every workload cluster, Gatekeeper's Provider (exit 0; 1 when something stays)",
@@ -111,7 +107,7 @@ func cleanupCommand(code *int) *cobra.Command {
 			"Nodes, and nodeguard's identity; here Gatekeeper's Provider nodeguard and the fleet's status ConfigMap. When\n" +
 			"something cannot be removed it says what, scales the Deployment back and exits 1.",
 		Args: cobra.NoArgs,
-		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return cleanup.Run(ctx, opts, out) }),
+		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return cli.Cleanup(ctx, opts, out) }),
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.Namespace, "namespace", "", "nodeguard's namespace (required)")
@@ -124,7 +120,7 @@ func cleanupCommand(code *int) *cobra.Command {
 }
 
 func checkCommand(code *int) *cobra.Command {
-	var opts check.Options
+	var opts cli.CheckOptions
 	cmd := &cobra.Command{
 		Use:   "check --node NAME [-f PATH ...]",
 		Short: "Say whether deleting a Node would be allowed (exit 0 allowed, 2 denied, 1 error)",
@@ -133,7 +129,7 @@ func checkCommand(code *int) *cobra.Command {
 			"the parameters of its K8sNodeGuard Constraint node-deletion-guard unless --constraint is given; with --cluster\n" +
 			"the Node is read from that Cluster's workload cluster, through its kubeconfig Secret, as its route judges it.",
 		Args: cobra.NoArgs,
-		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return check.Run(ctx, opts, out) }),
+		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return cli.Check(ctx, opts, out) }),
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.Node, "node", "", "name of the Node to judge (required)")
@@ -178,7 +174,7 @@ func fleetFlags(f *pflag.FlagSet, clusterUsage string, cluster, constraint, outp
 }
 
 func orphansCommand(code *int) *cobra.Command {
-	var opts orphanlist.CommandOptions
+	var opts cli.OrphansOptions
 	cmd := &cobra.Command{
 		Use:   "orphans [-f PATH ...] [--cluster NAMESPACE/NAME] [--grace DURATION] [--now RFC3339] [--match-provider-id] [--delete] [-o text|json]",
 		Short: "List orphan Nodes: CAPI Nodes whose Machine and InfraMachine are gone (exit 0, 1 on error)",
@@ -192,7 +188,7 @@ func orphansCommand(code *int) *cobra.Command {
 			if opts.Namespace == "" {
 				opts.Namespace = serve.LeaseNamespace()
 			}
-			return orphanlist.Run(ctx, opts, out)
+			return cli.Orphans(ctx, opts, out)
 		}),
 	}
 	f := cmd.Flags()
@@ -207,7 +203,7 @@ func orphansCommand(code *int) *cobra.Command {
 }
 
 func ghostsCommand(code *int) *cobra.Command {
-	var opts ghostlist.Options
+	var opts cli.GhostsOptions
 	cmd := &cobra.Command{
 		Use:   "ghosts [--cluster NAMESPACE/NAME] [--tombstones] [--clear PROVIDERID ...] [-o text|json]",
 		Short: "List ghost Nodes: Nodes alive again with the providerID of a Machine or InfraMachine that went away (exit 0 none, 2 some, 1 on error)",
@@ -220,7 +216,7 @@ func ghostsCommand(code *int) *cobra.Command {
 			if opts.Namespace == "" {
 				opts.Namespace = serve.LeaseNamespace()
 			}
-			return ghostlist.Run(ctx, opts, out)
+			return cli.Ghosts(ctx, opts, out)
 		}),
 	}
 	f := cmd.Flags()

@@ -1,4 +1,4 @@
-package check
+package cli
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
-// syncTimeout bounds how long a live check waits for its caches.
+// syncTimeout bounds how long a live command waits for its caches.
 const syncTimeout = 60 * time.Second
 
 var nodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
@@ -26,7 +26,7 @@ var nodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 // workload cluster, through its kubeconfig Secret, as the cluster route
 // judges a Node of it. Without --constraint the parameters are the
 // cluster's Constraint, as serve's are.
-func judgeLive(ctx context.Context, opts Options, params map[string]any, eval *rule.Engine) (rule.Decision, error) {
+func judgeLive(ctx context.Context, opts CheckOptions, params map[string]any, eval *rule.Engine) (rule.Decision, error) {
 	c, err := kube.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
 		return rule.Decision{}, err
@@ -45,8 +45,7 @@ func judgeLive(ctx context.Context, opts Options, params map[string]any, eval *r
 	return judgeWith(ctx, c, nodes, opts, params, eval)
 }
 
-func judgeWith(ctx context.Context, c kube.Clients, nodes func(context.Context) (dynamic.ResourceInterface, error), opts Options,
-	params map[string]any, eval *rule.Engine) (rule.Decision, error) {
+func judgeWith(ctx context.Context, c kube.Clients, nodes func(context.Context) (dynamic.ResourceInterface, error), opts CheckOptions, params map[string]any, eval *rule.Engine) (rule.Decision, error) {
 	where, err := nodes(ctx)
 	if err != nil {
 		return rule.Decision{}, err

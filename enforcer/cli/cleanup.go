@@ -3,7 +3,7 @@
 // uninstall leaves no webhook configuration pointing at nothing (with
 // failurePolicy Fail, one would deny every Node delete there, Cluster API's
 // included). The fleet restores what it keeps, so it stops nodeguard first.
-package cleanup
+package cli
 
 import (
 	"context"
@@ -25,7 +25,7 @@ import (
 )
 
 // Options are the flags of `nodeguard cleanup`.
-type Options struct {
+type CleanupOptions struct {
 	Kubeconfig, Context string
 	// Namespace is nodeguard's: its Deployment and the fleet's status.
 	Namespace string
@@ -39,7 +39,7 @@ type Options struct {
 // Run cleans up and prints what it removed; the int is the exit code: 1 when
 // something could not be removed (said which, and the Deployment scaled
 // back), else 0.
-func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
+func Cleanup(ctx context.Context, opts CleanupOptions, out io.Writer) (int, error) {
 	if opts.Namespace == "" {
 		return 1, fmt.Errorf("--namespace is required")
 	}
@@ -57,7 +57,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	return run(ctx, c, kube, opts, out)
 }
 
-func run(ctx context.Context, c kube.Clients, kube kubernetes.Interface, opts Options, out io.Writer) (int, error) {
+func run(ctx context.Context, c kube.Clients, kube kubernetes.Interface, opts CleanupOptions, out io.Writer) (int, error) {
 	var replicas int32
 	var err error
 	if opts.Deployment != "" {
@@ -82,7 +82,7 @@ func run(ctx context.Context, c kube.Clients, kube kubernetes.Interface, opts Op
 
 // stop scales the Deployment to 0 and waits for its Pods to go; it returns
 // the replicas it had.
-func stop(ctx context.Context, kube kubernetes.Interface, opts Options, out io.Writer) (int32, error) {
+func stop(ctx context.Context, kube kubernetes.Interface, opts CleanupOptions, out io.Writer) (int32, error) {
 	deployments := kube.AppsV1().Deployments(opts.Namespace)
 	d, err := deployments.Get(ctx, opts.Deployment, metav1.GetOptions{})
 	if err != nil {
@@ -116,7 +116,7 @@ func stop(ctx context.Context, kube kubernetes.Interface, opts Options, out io.W
 	return replicas, nil
 }
 
-func scale(ctx context.Context, kube kubernetes.Interface, opts Options, replicas int32) error {
+func scale(ctx context.Context, kube kubernetes.Interface, opts CleanupOptions, replicas int32) error {
 	_, err := kube.AppsV1().Deployments(opts.Namespace).UpdateScale(ctx, opts.Deployment, &autoscalingv1.Scale{
 		ObjectMeta: metav1.ObjectMeta{Namespace: opts.Namespace, Name: opts.Deployment},
 		Spec:       autoscalingv1.ScaleSpec{Replicas: replicas},

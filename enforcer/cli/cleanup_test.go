@@ -1,4 +1,4 @@
-package cleanup
+package cli
 
 import (
 	"bytes"
@@ -52,7 +52,7 @@ func TestCleanupStopsNodeguardFirst(t *testing.T) {
 	asked := scales(kube)
 	var out bytes.Buffer
 	code, err := run(context.Background(), clients(dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())), kube,
-		Options{Namespace: "nodeguard-system", Deployment: "nodeguard", Timeout: 5 * time.Second}, &out)
+		CleanupOptions{Namespace: "nodeguard-system", Deployment: "nodeguard", Timeout: 5 * time.Second}, &out)
 	require.NoError(t, err)
 	assert.Equal(t, 0, code, out.String())
 	assert.Equal(t, []int32{0}, *asked)
@@ -68,7 +68,7 @@ func TestCleanupScalesBackWhenSomethingStays(t *testing.T) {
 		return true, nil, errors.New("the API server said no")
 	})
 	var out bytes.Buffer
-	code, err := run(context.Background(), clients(dyn), kube, Options{Namespace: "nodeguard-system", Deployment: "nodeguard", Timeout: 5 * time.Second}, &out)
+	code, err := run(context.Background(), clients(dyn), kube, CleanupOptions{Namespace: "nodeguard-system", Deployment: "nodeguard", Timeout: 5 * time.Second}, &out)
 	require.NoError(t, err)
 	assert.Equal(t, 1, code)
 	assert.Equal(t, []int32{0, 2}, *asked)

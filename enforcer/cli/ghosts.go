@@ -2,7 +2,7 @@
 // keeps, the Nodes that are ghosts now (in the cluster of the kubeconfig and
 // in every CAPI Cluster's workload cluster) with the evidence, and, with
 // Clear, the operator's way to end a tombstone.
-package ghostlist
+package cli
 
 import (
 	"context"
@@ -29,12 +29,11 @@ import (
 // Cluster is for `nodeguard clusters`.
 const (
 	ExitNone  = 0
-	ExitError = 1
 	ExitGhost = 2
 )
 
 // Options are the flags of `nodeguard ghosts`.
-type Options struct {
+type GhostsOptions struct {
 	// Cluster, "namespace/name", looks only at that CAPI Cluster's workload
 	// cluster; "" at the cluster of the kubeconfig and every Cluster's.
 	Cluster string
@@ -51,7 +50,7 @@ type Options struct {
 }
 
 // Report is what -o json prints.
-type Report struct {
+type GhostReport struct {
 	Ghosts     []Ghost           `json:"ghosts"`
 	Kept       []Ghost           `json:"kept"`
 	Tombstones []facts.Tombstone `json:"tombstones"`
@@ -71,11 +70,9 @@ type Ghost struct {
 	Tombstone  facts.Tombstone `json:"tombstone"`
 }
 
-const syncTimeout = 60 * time.Second
-
 // Run lists ghosts (or clears tombstones) and prints the report; the int is
 // the exit code.
-func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
+func Ghosts(ctx context.Context, opts GhostsOptions, out io.Writer) (int, error) {
 	if opts.Output != "text" && opts.Output != "json" {
 		return ExitError, fmt.Errorf("-o %q: want text or json", opts.Output)
 	}
@@ -103,13 +100,13 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if err != nil {
 		return ExitError, err
 	}
-	report := Report{Ghosts: []Ghost{}, Kept: []Ghost{}, Tombstones: store.List(), Errors: map[string]string{}}
+	report := GhostReport{Ghosts: []Ghost{}, Kept: []Ghost{}, Tombstones: store.List(), Errors: map[string]string{}}
 	if store.Len() > 0 {
-		if err := judge(ctx, c, opts, params, eval, store, &report); err != nil {
+		if err := judgeGhost(ctx, c, opts, params, eval, store, &report); err != nil {
 			return ExitError, err
 		}
 	}
-	if err := print(out, opts, report); err != nil {
+	if err := printGhosts(out, opts, report); err != nil {
 		return ExitError, err
 	}
 	switch {
@@ -124,7 +121,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 // judge judges every Node with a tombstone, on fresh reads, in the cluster
 // of the kubeconfig (unless opts.Cluster names one) and the workload
 // clusters.
-func judge(ctx context.Context, c kube.Clients, opts Options, params map[string]any, eval *rule.Engine, store *facts.Tombstones, report *Report) error {
+func judgeGhost(ctx context.Context, c kube.Clients, opts GhostsOptions, params map[string]any, eval *rule.Engine, store *facts.Tombstones, report *GhostReport) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
 	e, err := guard.StartEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
@@ -202,7 +199,7 @@ func tainted(n *unstructured.Unstructured) bool {
 	})
 }
 
-func clear(ctx context.Context, client dynamic.Interface, opts Options, out io.Writer) (int, error) {
+func clear(ctx context.Context, client dynamic.Interface, opts GhostsOptions, out io.Writer) (int, error) {
 	found, err := facts.ClearTombstones(ctx, client, opts.Namespace, opts.Clear)
 	if err != nil {
 		return ExitError, err
@@ -217,7 +214,7 @@ func clear(ctx context.Context, client dynamic.Interface, opts Options, out io.W
 	return ExitNone, nil
 }
 
-func print(out io.Writer, opts Options, r Report) error {
+func printGhosts(out io.Writer, opts GhostsOptions, r GhostReport) error {
 	if opts.Output == "json" {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")

@@ -1,7 +1,7 @@
 // Package orphanlist is `nodeguard orphans`: the orphan Nodes of -f files or
 // of the live cluster, judged by the orphan criteria (package orphans), and
 // with --delete deleted as the reaper deletes them (reaper.DeleteNode).
-package orphanlist
+package cli
 
 import (
 	"context"
@@ -24,13 +24,10 @@ import (
 )
 
 // Exit codes of `nodeguard orphans`: finding orphans is not an error.
-const (
-	ExitOK    = 0
-	ExitError = 1
-)
+const ExitOK = 0
 
-// CommandOptions are the flags of `nodeguard orphans`.
-type CommandOptions struct {
+// OrphansOptions are the flags of `nodeguard orphans`.
+type OrphansOptions struct {
 	Files           []string
 	Cluster         string
 	Grace           time.Duration
@@ -50,7 +47,7 @@ type CommandOptions struct {
 }
 
 // Report is what -o json prints.
-type Report struct {
+type OrphanReport struct {
 	Orphans []Orphan `json:"orphans"`
 	Kept    []Kept   `json:"kept"`
 	Deleted []string `json:"deleted,omitempty"`
@@ -71,12 +68,9 @@ type Kept struct {
 	Why  string `json:"why"`
 }
 
-// liveSyncTimeout bounds how long a live run waits for its caches.
-const liveSyncTimeout = 60 * time.Second
-
 // Run lists (and with Delete, deletes) orphan Nodes and prints the report;
 // the int is the exit code.
-func Run(ctx context.Context, opts CommandOptions, out io.Writer) (int, error) {
+func Orphans(ctx context.Context, opts OrphansOptions, out io.Writer) (int, error) {
 	if opts.Output != "text" && opts.Output != "json" {
 		return ExitError, fmt.Errorf("-o %q: want text or json", opts.Output)
 	}
@@ -107,24 +101,24 @@ func Run(ctx context.Context, opts CommandOptions, out io.Writer) (int, error) {
 	if err != nil {
 		return ExitError, err
 	}
-	if err := print(out, opts, report); err != nil {
+	if err := printOrphans(out, opts, report); err != nil {
 		return ExitError, err
 	}
 	return ExitOK, nil
 }
 
 // find judges the Nodes of the -f files, or without them the live cluster's.
-func find(ctx context.Context, opts CommandOptions, params map[string]any, eval *rule.Engine, now time.Time) (Report, error) {
+func find(ctx context.Context, opts OrphansOptions, params map[string]any, eval *rule.Engine, now time.Time) (OrphanReport, error) {
 	if len(opts.Files) > 0 {
-		return offline(ctx, opts, params, eval, now)
+		return orphansOffline(ctx, opts, params, eval, now)
 	}
 	return runLive(ctx, opts, params, eval, now)
 }
 
-func offline(ctx context.Context, opts CommandOptions, params map[string]any, eval *rule.Engine, now time.Time) (Report, error) {
+func orphansOffline(ctx context.Context, opts OrphansOptions, params map[string]any, eval *rule.Engine, now time.Time) (OrphanReport, error) {
 	objs, err := facts.LoadManifests(opts.Files...)
 	if err != nil {
-		return Report{}, err
+		return OrphanReport{}, err
 	}
 	var nodes []*unstructured.Unstructured
 	for _, o := range objs {
@@ -134,68 +128,68 @@ func offline(ctx context.Context, opts CommandOptions, params map[string]any, ev
 	}
 	infra, pools, err := eval.Kinds(params)
 	if err != nil {
-		return Report{}, err
+		return OrphanReport{}, err
 	}
 	inv, err := facts.FromObjects(eval.Model(), objs, infra, pools)
 	if err != nil {
-		return Report{}, err
+		return OrphanReport{}, err
 	}
 	g, err := guard.New(ctx, inv, guard.Options{Parameters: params, Engine: eval})
 	if err != nil {
-		return Report{}, err
+		return OrphanReport{}, err
 	}
 	f, err := guard.NewFinder(guard.FinderOptions{Guard: g, Inventory: inv, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID})
 	if err != nil {
-		return Report{}, err
+		return OrphanReport{}, err
 	}
 	verdicts, err := f.Judge(ctx, nodes, opts.Cluster, now)
 	if err != nil {
-		return Report{}, err
+		return OrphanReport{}, err
 	}
-	return NewReport(verdicts), nil
+	return NewOrphanReport(verdicts), nil
 }
 
-func runLive(ctx context.Context, opts CommandOptions, params map[string]any, eval *rule.Engine, now time.Time) (Report, error) {
+func runLive(ctx context.Context, opts OrphansOptions, params map[string]any, eval *rule.Engine, now time.Time) (OrphanReport, error) {
 	c, err := kube.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
-		return Report{}, err
+		return OrphanReport{}, err
 	}
 	if opts.Constraint == "" {
 		if params, err = facts.LiveConstraintParameters(ctx, c.Dynamic, c.Mapper); err != nil {
-			return Report{}, err
+			return OrphanReport{}, err
 		}
 	}
 	return runLiveWith(ctx, c, opts, params, eval, now)
 }
 
-func runLiveWith(ctx context.Context, c kube.Clients, opts CommandOptions, params map[string]any, eval *rule.Engine, now time.Time) (Report, error) {
+func runLiveWith(ctx context.Context, c kube.Clients, opts OrphansOptions, params map[string]any, eval *rule.Engine, now time.Time) (OrphanReport, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
 	e, err := guard.StartEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
 	if err != nil {
-		return Report{}, err
+		return OrphanReport{}, err
 	}
-	if err := guard.WaitReady(ctx, e.Syncer.Ready, liveSyncTimeout); err != nil {
-		return Report{}, err
+	if err := guard.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
+		return OrphanReport{}, err
 	}
 	stones, err := facts.LoadTombstones(ctx, c.Dynamic, opts.Namespace)
 	if err != nil {
-		return Report{}, err
+		return OrphanReport{}, err
 	}
 	f, err := guard.NewFinder(guard.FinderOptions{Guard: e.Guard, Inventory: e.Inventory, Grace: opts.Grace, MatchProviderID: opts.MatchProviderID,
 		Tombstones: stones})
 	if err != nil {
-		return Report{}, err
+		return OrphanReport{}, err
 	}
 	nodes, err := ListNodes(ctx, c.Dynamic)
 	if err != nil {
-		return Report{}, err
+		return OrphanReport{}, err
 	}
 	verdicts, err := f.Judge(ctx, nodes, opts.Cluster, now)
 	if err != nil {
-		return Report{}, err
+		return OrphanReport{}, err
 	}
-	report := NewReport(verdicts)
+	report := NewOrphanReport(verdicts)
 	if opts.Delete {
 		for _, v := range verdicts {
 			if !v.Orphan {
@@ -225,8 +219,8 @@ func ListNodes(ctx context.Context, client dynamic.Interface) ([]*unstructured.U
 }
 
 // NewReport sorts verdicts into orphans and the CAPI-managed Nodes kept.
-func NewReport(verdicts []guard.OrphanVerdict) Report {
-	r := Report{Orphans: []Orphan{}, Kept: []Kept{}}
+func NewOrphanReport(verdicts []guard.OrphanVerdict) OrphanReport {
+	r := OrphanReport{Orphans: []Orphan{}, Kept: []Kept{}}
 	for _, v := range verdicts {
 		switch {
 		case v.Orphan:
@@ -238,7 +232,7 @@ func NewReport(verdicts []guard.OrphanVerdict) Report {
 	return r
 }
 
-func print(out io.Writer, opts CommandOptions, r Report) error {
+func printOrphans(out io.Writer, opts OrphansOptions, r OrphanReport) error {
 	if opts.Output == "json" {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")

@@ -1,6 +1,6 @@
 // Package check implements `nodeguard check`: would deleting this Node be
 // allowed? Offline against manifest files, or live against a cluster.
-package check
+package cli
 
 import (
 	"context"
@@ -26,7 +26,7 @@ const (
 )
 
 // Options are the flags of `nodeguard check`.
-type Options struct {
+type CheckOptions struct {
 	Node       string
 	Files      []string
 	Cluster    string
@@ -42,14 +42,14 @@ type Options struct {
 }
 
 // Result is what -o json prints.
-type Result struct {
+type CheckResult struct {
 	Node    string `json:"node"`
 	Cluster string `json:"cluster,omitempty"`
 	rule.Decision
 }
 
 // Run judges the delete and prints the result; the int is the exit code.
-func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
+func Check(ctx context.Context, opts CheckOptions, out io.Writer) (int, error) {
 	if opts.Node == "" {
 		return ExitError, fmt.Errorf("--node is required")
 	}
@@ -68,7 +68,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 	if err != nil {
 		return ExitError, err
 	}
-	if err := print(out, opts, d); err != nil {
+	if err := printCheck(out, opts, d); err != nil {
 		return ExitError, err
 	}
 	if !d.Allowed {
@@ -78,14 +78,14 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 }
 
 // judge judges against the -f files, or without them the live cluster.
-func judge(ctx context.Context, opts Options, params map[string]any, eval *rule.Engine) (rule.Decision, error) {
+func judge(ctx context.Context, opts CheckOptions, params map[string]any, eval *rule.Engine) (rule.Decision, error) {
 	if len(opts.Files) > 0 {
 		return offline(ctx, opts, params, eval)
 	}
 	return judgeLive(ctx, opts, params, eval)
 }
 
-func offline(ctx context.Context, opts Options, params map[string]any, eval *rule.Engine) (rule.Decision, error) {
+func offline(ctx context.Context, opts CheckOptions, params map[string]any, eval *rule.Engine) (rule.Decision, error) {
 	objs, err := facts.LoadManifests(opts.Files...)
 	if err != nil {
 		return rule.Decision{}, err
@@ -142,7 +142,7 @@ func crdKind() schema.GroupKind {
 	return schema.GroupKind{Group: "apiextensions.k8s.io", Kind: "CustomResourceDefinition"}
 }
 
-func request(opts Options, node *unstructured.Unstructured) guard.Request {
+func request(opts CheckOptions, node *unstructured.Unstructured) guard.Request {
 	return guard.Request{
 		Node:     node,
 		Cluster:  opts.Cluster,
@@ -150,11 +150,11 @@ func request(opts Options, node *unstructured.Unstructured) guard.Request {
 	}
 }
 
-func print(out io.Writer, opts Options, d rule.Decision) error {
+func printCheck(out io.Writer, opts CheckOptions, d rule.Decision) error {
 	if opts.Output == "json" {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(Result{Node: opts.Node, Cluster: opts.Cluster, Decision: d}); err != nil {
+		if err := enc.Encode(CheckResult{Node: opts.Node, Cluster: opts.Cluster, Decision: d}); err != nil {
 			return fmt.Errorf("write result: %w", err)
 		}
 		return nil

@@ -1,4 +1,4 @@
-package check
+package cli
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 func TestLiveCheckAgainstAnAPIServer(t *testing.T) {
 	ctx := context.Background()
 	client, mapper := testcluster.CAPD(t, "../../examples/capd-v1beta2")
-	opts := Options{Node: "dev-md-0-x7k2p-abcde", Output: "text"}
+	opts := CheckOptions{Node: "dev-md-0-x7k2p-abcde", Output: "text"}
 
 	c := kube.Clients{Dynamic: client, Mapper: mapper}
 	nodes := func(context.Context) (dynamic.ResourceInterface, error) { return client.Resource(nodeGVR), nil }
@@ -34,11 +34,11 @@ func TestLiveCheckAgainstAnAPIServer(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, d.Allowed, "%v", d.Messages)
 
-	_, err = judgeWith(ctx, c, nodes, Options{Node: "missing"}, nil, testcluster.Engine(t))
+	_, err = judgeWith(ctx, c, nodes, CheckOptions{Node: "missing"}, nil, testcluster.Engine(t))
 	assert.ErrorContains(t, err, `get node "missing"`)
 }
 
 func TestLiveCheckWithABadKubeconfig(t *testing.T) {
-	_, err := judgeLive(context.Background(), Options{Node: "n", Kubeconfig: "/nonexistent/kubeconfig"}, nil, nil)
+	_, err := judgeLive(context.Background(), CheckOptions{Node: "n", Kubeconfig: "/nonexistent/kubeconfig"}, nil, nil)
 	assert.ErrorContains(t, err, "load kubeconfig")
 }

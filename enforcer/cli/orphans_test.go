@@ -1,4 +1,4 @@
-package orphanlist
+package cli
 
 import (
 	"context"
@@ -23,14 +23,14 @@ func TestLiveListAndDelete(t *testing.T) {
 	eval, err := rule.NewEngine(ctx)
 	require.NoError(t, err)
 
-	r, err := runLiveWith(ctx, c, CommandOptions{Output: "json"}, nil, eval, now)
+	r, err := runLiveWith(ctx, c, OrphansOptions{Output: "json"}, nil, eval, now)
 	require.NoError(t, err)
 	require.Len(t, r.Orphans, 1)
 	assert.Equal(t, "dev-md-0-left", r.Orphans[0].Node)
 	assert.Len(t, r.Kept, 6)
 	assert.Empty(t, r.Deleted)
 
-	r, err = runLiveWith(ctx, c, CommandOptions{Output: "json", Delete: true}, nil, eval, now)
+	r, err = runLiveWith(ctx, c, OrphansOptions{Output: "json", Delete: true}, nil, eval, now)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"dev-md-0-left"}, r.Deleted)
 	list, err := client.Resource(guard.NodeGVR).List(ctx, metav1.ListOptions{})

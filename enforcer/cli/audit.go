@@ -2,7 +2,7 @@
 // one), each Node of its workload cluster and what a delete of it would get
 // right now, as that Cluster's route judges it: a rollout preview before
 // warn or deny, and a check that no Node is unverified or misrouted.
-package audit
+package cli
 
 import (
 	"context"
@@ -26,7 +26,7 @@ import (
 )
 
 // Options are the flags of `nodeguard audit`.
-type Options struct {
+type AuditOptions struct {
 	// Cluster, "namespace/name", audits that Cluster only; "" every one.
 	Cluster             string
 	Kubeconfig, Context string
@@ -40,7 +40,7 @@ type Options struct {
 }
 
 // Node is one Node's verdict.
-type Node struct {
+type AuditNode struct {
 	Cluster  string   `json:"cluster"`
 	Node     string   `json:"node"`
 	Allowed  bool     `json:"allowed"`
@@ -50,19 +50,16 @@ type Node struct {
 }
 
 // Cluster is one Cluster's audit: its Nodes, or why they could not be read.
-type Cluster struct {
+type AuditCluster struct {
 	Cluster string         `json:"cluster"`
-	Nodes   []Node         `json:"nodes"`
+	Nodes   []AuditNode    `json:"nodes"`
 	Reasons map[string]int `json:"reasons"`
 	Error   string         `json:"error,omitempty"`
 }
 
-// syncTimeout bounds the wait for the management cluster's caches.
-const syncTimeout = 60 * time.Second
-
 // Run audits and prints; the int is the exit code: 0, or 1 when a Cluster
 // could not be audited (the others are printed).
-func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
+func Audit(ctx context.Context, opts AuditOptions, out io.Writer) (int, error) {
 	if opts.Output != "text" && opts.Output != "json" {
 		return 1, fmt.Errorf("-o %q: want text or json", opts.Output)
 	}
@@ -99,7 +96,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 		return 1, err
 	}
 	user := authenticationv1.UserInfo{Username: opts.User, Groups: opts.Groups}
-	results := make([]Cluster, 0, len(keys))
+	results := make([]AuditCluster, 0, len(keys))
 	code := 0
 	for _, key := range keys {
 		r := auditCluster(ctx, c, e.Guard, key, user)
@@ -108,14 +105,14 @@ func Run(ctx context.Context, opts Options, out io.Writer) (int, error) {
 		}
 		results = append(results, r)
 	}
-	if err := print(out, opts.Output, results); err != nil {
+	if err := printAudit(out, opts.Output, results); err != nil {
 		return 1, err
 	}
 	return code, nil
 }
 
-func auditCluster(ctx context.Context, c kube.Clients, g *guard.Guard, key string, user authenticationv1.UserInfo) Cluster {
-	r := Cluster{Cluster: key, Nodes: []Node{}, Reasons: map[string]int{}}
+func auditCluster(ctx context.Context, c kube.Clients, g *guard.Guard, key string, user authenticationv1.UserInfo) AuditCluster {
+	r := AuditCluster{Cluster: key, Nodes: []AuditNode{}, Reasons: map[string]int{}}
 	nodes, err := kube.ClusterNodes(ctx, c.Config, key)
 	if err != nil {
 		r.Error = err.Error()
@@ -132,7 +129,7 @@ func auditCluster(ctx context.Context, c kube.Clients, g *guard.Guard, key strin
 		if err != nil {
 			d = rule.Denial(rule.ReasonError, err.Error())
 		}
-		v := Node{Cluster: key, Node: n.GetName(), Allowed: d.Allowed, Reason: d.Reason, Messages: d.Messages}
+		v := AuditNode{Cluster: key, Node: n.GetName(), Allowed: d.Allowed, Reason: d.Reason, Messages: d.Messages}
 		for _, b := range d.Blockers {
 			v.Blockers = append(v.Blockers, fmt.Sprintf("%s %s/%s", b.Kind, b.Namespace, b.Name))
 		}
@@ -153,7 +150,7 @@ func listNodes(ctx context.Context, nodes dynamic.ResourceInterface) (*unstructu
 	return list, nil
 }
 
-func print(out io.Writer, format string, results []Cluster) error {
+func printAudit(out io.Writer, format string, results []AuditCluster) error {
 	if format == "json" {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
@@ -194,7 +191,7 @@ func print(out io.Writer, format string, results []Cluster) error {
 
 // summary counts a Cluster's verdicts by reason, e.g. "denied: 3 blocked;
 // allowed: 1 no-link".
-func summary(r Cluster) string {
+func summary(r AuditCluster) string {
 	var denied, allowed []string
 	reasons := make([]string, 0, len(r.Reasons))
 	for reason := range r.Reasons {
