@@ -82,12 +82,13 @@ go-test:
 	@echo "== go test (kustomize render, bundle build+sign+verify, Gatekeeper engine, enforcer, CLI)"
 	$(GO) test $$($(GO) list ./... | grep -v -e /tests/differential -e /internal/monitoring)
 
-# The concurrent paths (webhook under parallel reviews, informers, guard)
+# Every package of the enforcer whose code holds a lock or an atomic (it
+# imports sync or sync/atomic), found by go list rather than named by hand,
 # again under the race detector.
+RACE_PKGS = $$($(GO) list -f '{{.ImportPath}} {{join .Imports " "}}' ./enforcer/... | awk '/ sync( |$$)| sync\/atomic( |$$)/ {print $$1}')
 race:
-	@echo "== go test -race (webhook, tlsserver, provider, serve, guard, informers, freshread, policybundle, reaper, webhookconfig, events, orphanscan, nodecache, clusters, fleet, tombstones, kube, releases)"
-	CGO_ENABLED=1 $(GO) test -race ./enforcer/webhook/ ./enforcer/tlsserver/ ./enforcer/provider/ ./enforcer/serve/ ./enforcer/guard/ ./enforcer/informers/ ./enforcer/freshread/ ./enforcer/policybundle/ ./enforcer/reaper/ \
-		./enforcer/webhookconfig/ ./enforcer/events/ ./enforcer/orphanscan/ ./enforcer/nodecache/ ./enforcer/clusters/ ./enforcer/fleet/ ./enforcer/tombstones/ ./enforcer/kube/ ./enforcer/releases/
+	@echo "== go test -race (every enforcer package that imports sync or sync/atomic)"
+	CGO_ENABLED=1 $(GO) test -race $(RACE_PKGS)
 
 differential:
 	@echo "== differential: enforcer vs Gatekeeper's engine (synced data, and nodeguard as its external data provider); the narrowed orphan judge and the published releases vs full passes"
@@ -101,7 +102,7 @@ differential:
 FUZZTIME ?= 50000x
 fuzz:
 	@echo "== fuzz: FuzzValidate, $(FUZZTIME) executions"
-	$(GO) test ./enforcer/webhook/ -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) -fuzzminimizetime 1x
+	$(GO) test ./enforcer/admission/ -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) -fuzzminimizetime 1x
 
 # End to end on a real kube-apiserver and etcd, built from Go modules by
 # tests/e2e/tools/build.sh into the user cache (cold: minutes; then seconds).

@@ -447,7 +447,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 // What recording a denial adds to a denied review: the handler alone (no
 // TLS), the example's linked Node, with and without a recorder behind the
 // Denied hook.
-// go test ./enforcer/webhook/ -run '^$' -bench DeniedReview -benchtime 2000x
+// go test ./enforcer/admission/ -run '^$' -bench DeniedReview -benchtime 2000x
 func BenchmarkDeniedReview(b *testing.B) {
 	g, _, nodes := example(b)
 	node := nodes[linkedNode].DeepCopy()

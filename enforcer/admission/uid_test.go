@@ -45,7 +45,7 @@ func largeNode(b *testing.B) []byte {
 	return raw
 }
 
-// go test ./enforcer/webhook/ -run '^$' -bench UIDOf
+// go test ./enforcer/admission/ -run '^$' -bench UIDOf
 func BenchmarkUIDOf(b *testing.B) {
 	raw := largeNode(b)
 	b.Run("uid-first", func(b *testing.B) {

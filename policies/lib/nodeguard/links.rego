@@ -1,7 +1,7 @@
 # The nodeguard link model: how objects are linked to a Node, declared once. The rule follows these
 # declarations, and so does the enforcer: what it caches of each object,
 # its indexes, the candidates it picks for a Node and the references its
-# fresh reads follow are all derived from link_model (enforcer/linkmodel).
+# fresh reads follow are all derived from link_model (enforcer/rule).
 # A new link is one entry in links, plus its tests.
 package lib.nodeguard
 

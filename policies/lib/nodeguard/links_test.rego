@@ -24,7 +24,7 @@ test_every_link_has_a_known_role if {
 	count({link.type | some link in nodeguard.links}) == count(nodeguard.links)
 }
 
-# What the enforcer reads (enforcer/linkmodel): every link, the Machine kind,
+# What the enforcer reads (enforcer/rule): every link, the Machine kind,
 # the Node fields, the object fields the rule names and the group parameters.
 test_link_model_holds_what_the_enforcer_reads if {
 	nodeguard.link_model.links == nodeguard.links
