@@ -1,4 +1,4 @@
-// Package admissionpolicy holds nodeguard's guard inside a workload API
+// This file holds nodeguard's guard inside a workload API
 // server (a Cluster in mode admission-policy): a ValidatingAdmissionPolicy
 // and its binding, and the ConfigMap of released Nodes they read. The CEL
 // holds no rule: it looks the verdict up. A Node DELETE is allowed only when
@@ -7,6 +7,7 @@
 // policies/nodeguard/released's, published by nodeguard. Exempt users and
 // groups are rendered into the policy's match conditions from the rule's
 // declared parameters.
+
 package admission
 
 import (

@@ -1,9 +1,10 @@
-// Package webhook serves nodeguard as a Kubernetes validating admission
+// This file serves nodeguard as a Kubernetes validating admission
 // webhook: AdmissionReview v1 in, a decision of the Guard out.
 //
 // controller-runtime's admission.Webhook answers a malformed request with HTTP
 // 200 and an errored AdmissionReview; nodeguard answers with the HTTP status
 // that names the fault (405, 415, 413, 400), so this handler is its own, small.
+
 package admission
 
 import (

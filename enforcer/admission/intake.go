@@ -1,10 +1,11 @@
-// Package requestlimits bounds the work nodeguard takes on from its HTTPS routes,
+// This file bounds the work nodeguard takes on from its HTTPS routes,
 // whatever the route: the bytes of requests being read and answered (a byte
 // budget), the work done at once (slots), concurrent requests with the same
 // input sharing one piece of work, each request's deadline, and what a
 // rejected request costs in logs. The admission review routes and the
 // external data routes share one Intake, so together they stay within one
 // budget.
+
 package admission
 
 import (

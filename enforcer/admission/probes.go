@@ -1,6 +1,7 @@
-// Package probes serves nodeguard's health probes: /healthz (the process
+// This file serves nodeguard's health probes: /healthz (the process
 // answers) and /readyz (every needed informer has synced), on a port of their
 // own that a NetworkPolicy can keep from the API server's callers.
+
 package admission
 
 import (

@@ -1,4 +1,4 @@
-// Package provider serves nodeguard as Gatekeeper's external data provider.
+// This file serves nodeguard as Gatekeeper's external data provider.
 // The K8sNodeGuardExternal template sends one key per Node DELETE review: the
 // review's uid and the Node's declared fields (policies/lib/nodeguard/
 // provider.rego). For each key the provider answers with what the rule reads
@@ -7,6 +7,7 @@
 // in Gatekeeper's data.inventory layout, and the parameters nodeguard
 // supplies (the kinds it syncs, the route's cluster scope). It decides
 // nothing: the rule does, in Rego, inside Gatekeeper.
+
 package admission
 
 import (

@@ -1,7 +1,8 @@
-// Package tlsserver serves HTTPS for the review and external data port: a
+// This file serves HTTPS for the review and external data port: a
 // certificate reloaded when its files change, TLS settings named as
 // Kubernetes names them, optional client certificates, bounded connections
 // and HTTP/2 streams, and a graceful shutdown.
+
 package admission
 
 import (

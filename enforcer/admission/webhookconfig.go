@@ -1,6 +1,7 @@
-// Package webhookconfig writes the ValidatingWebhookConfiguration that sends
+// This file writes the ValidatingWebhookConfiguration that sends
 // Node deletes to `nodeguard serve`, and installs it into a workload cluster
 // through the CAPI kubeconfig Secret of the management cluster.
+
 package admission
 
 import (

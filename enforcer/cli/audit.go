@@ -1,7 +1,8 @@
-// Package audit implements `nodeguard audit`: for every CAPI Cluster (or
+// This file implements `nodeguard audit`: for every CAPI Cluster (or
 // one), each Node of its workload cluster and what a delete of it would get
 // right now, as that Cluster's route judges it: a rollout preview before
 // warn or deny, and a check that no Node is unverified or misrouted.
+
 package cli
 
 import (

@@ -1,5 +1,6 @@
-// Package check implements `nodeguard check`: would deleting this Node be
+// This file implements `nodeguard check`: would deleting this Node be
 // allowed? Offline against manifest files, or live against a cluster.
+
 package cli
 
 import (

@@ -1,8 +1,9 @@
-// Package cleanup implements `nodeguard cleanup`, the chart's pre-delete
+// This file implements `nodeguard cleanup`, the chart's pre-delete
 // hook: it removes what nodeguard itself wrote outside the chart, so an
 // uninstall leaves no webhook configuration pointing at nothing (with
 // failurePolicy Fail, one would deny every Node delete there, Cluster API's
 // included). The fleet restores what it keeps, so it stops nodeguard first.
+
 package cli
 
 import (

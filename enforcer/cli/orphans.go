@@ -1,6 +1,7 @@
-// Package orphanlist is `nodeguard orphans`: the orphan Nodes of -f files or
+// This file is `nodeguard orphans`: the orphan Nodes of -f files or
 // of the live cluster, judged by the orphan criteria (package orphans), and
 // with --delete deleted as the reaper deletes them (reaper.DeleteNode).
+
 package cli
 
 import (

@@ -1,8 +1,9 @@
-// Package constraintwatch reads nodeguard's K8sNodeGuard Constraint from the
+// This file reads nodeguard's K8sNodeGuard Constraint from the
 // cluster, as Gatekeeper users write it, and follows its edits: the
 // parameters and spec.enforcementAction are applied while serving, without a
 // restart. A cluster without the Constraint's CRD (no Gatekeeper, or its
 // template not applied yet) is looked at again until it has one.
+
 package facts
 
 import (

@@ -1,5 +1,6 @@
-// Package freshread reads single objects straight from the API server, so a
+// This file reads single objects straight from the API server, so a
 // decision never rests on a lagging informer cache.
+
 package facts
 
 import (

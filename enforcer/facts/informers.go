@@ -1,9 +1,10 @@
-// Package informers keeps the inventory in step with the API server: one
+// This file keeps the inventory in step with the API server: one
 // dynamic informer per kind, stripped by the inventory's transform and
 // indexed by its indexes. Kinds are found, not hard-coded: Machines at the
 // served version, every kind a Machine references (resolved as Cluster API
 // does, through the CRD's contract label), and the kinds the parameters name
 // that the API server serves. A kind that appears later gets its informer then.
+
 package facts
 
 import (

@@ -1,8 +1,9 @@
-// Package inventory holds the Machines, InfraMachines and InfraMachinePools
+// This file holds the Machines, InfraMachines and InfraMachinePools
 // the rule reads, in client-go indexers shaped for the questions the rule
 // asks: which objects could be linked to this Node? It serves both informer
 // caches (live) and objects read from files (offline), so both paths pick
 // candidates the same way.
+
 package facts
 
 import (

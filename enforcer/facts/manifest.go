@@ -1,5 +1,6 @@
-// Package manifest reads Kubernetes objects from files and directories:
+// This file reads Kubernetes objects from files and directories:
 // multi-document YAML, JSON, and List kinds. Errors name the file and line.
+
 package facts
 
 import (

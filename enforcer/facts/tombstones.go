@@ -1,4 +1,4 @@
-// Package tombstones remembers the hosts Cluster API believes destroyed: when
+// This file remembers the hosts Cluster API believes destroyed: when
 // a Machine, InfraMachine or pool membership that carried a providerID goes
 // away, that providerID is tombstoned for a window (default 24 h) from when
 // nodeguard saw it go. A Node
@@ -11,6 +11,7 @@
 // evidence only. A providerID carried again by a new link ends its
 // tombstone. The store is bounded (Options.Max, and a ConfigMap's size when
 // kept, see Keeper) and drops the oldest first.
+
 package facts
 
 import (

@@ -1,8 +1,9 @@
-// Package clusterenforcer assembles the enforcer over one cluster: informers that fill
+// This file assembles the enforcer over one cluster: informers that fill
 // the inventory, fresh reads, and a Guard over them, with its readiness. The
 // webhook (`nodeguard serve`), the live `nodeguard check` and `nodeguard
 // orphans` share it, so all judge a Node the same way. kubeclient builds the
 // clients it runs on.
+
 package guard
 
 import (

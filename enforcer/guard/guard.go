@@ -1,6 +1,7 @@
-// Package guard is nodeguard's library API: Decide says whether a Node may be
+// This file is nodeguard's library API: Decide says whether a Node may be
 // deleted, from an inventory of Machines and InfraMachines, optionally
 // re-reading the few candidate objects from the API server first.
+
 package guard
 
 import (

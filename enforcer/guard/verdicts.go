@@ -1,9 +1,10 @@
-// Package orphans finds orphan Nodes: Nodes Cluster API left behind once
+// This file finds orphan Nodes: Nodes Cluster API left behind once
 // their InfraMachine was gone. The criteria are Rego (policies/nodeguard/
 // orphans, entry points data.nodeguard.orphan and data.nodeguard.
 // orphan_screen), run by the engine the Guard decides with; this package
 // picks what the criteria read for each Node, through that Guard (indexes,
 // fresh reads, parameters), and evaluates them.
+
 package guard
 
 import (

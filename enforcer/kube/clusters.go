@@ -1,4 +1,4 @@
-// Package clusters is the one way nodeguard reaches a Cluster API workload
+// This file is the one way nodeguard reaches a Cluster API workload
 // cluster, as Cluster API's clustercache is its own: one connection per
 // Cluster, built from the kubeconfig Secret CAPI writes for it
 // (<name>-kubeconfig, key value, in the Cluster's namespace), running as
@@ -19,6 +19,7 @@
 // reach a workload cluster once use Connect, the same way from kubeconfig to
 // client. One loop (kube.Loop) reconciles every Cluster: its connection, its
 // Secret read again every Recheck, its next probe.
+
 package kube
 
 import (

@@ -1,10 +1,11 @@
-// Package identity gives nodeguard an identity of its own in each workload
+// This file gives nodeguard an identity of its own in each workload
 // cluster: with the Cluster's kubeconfig (CAPI's admin credentials) it
 // installs a ServiceAccount and the least RBAC nodeguard's work there needs,
 // and from then on talks to that cluster only with the ServiceAccount's
 // short-lived tokens, which the ServiceAccount renews itself. The admin
 // credentials are used again only when that fails (the ServiceAccount or its
 // bindings were deleted, or its token expired while nodeguard was down).
+
 package kube
 
 import (

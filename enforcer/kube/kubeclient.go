@@ -1,6 +1,7 @@
-// Package kubeclient builds the clients nodeguard needs of one API server,
+// This file builds the clients nodeguard needs of one API server,
 // from a kubeconfig or a REST config, with rate limits sized for bursts of
 // Node deletes.
+
 package kube
 
 import (

@@ -1,8 +1,9 @@
-// Package owned writes the objects nodeguard owns in any cluster (the
+// This file writes the objects nodeguard owns in any cluster (the
 // webhook configurations, Gatekeeper's Provider, the fleet's status) one
 // way: server-side apply under one field manager, so `kubectl get
 // --show-managed-fields` names nodeguard for every field it set and another
 // manager's change to one of them is taken back on the next apply.
+
 package kube
 
 import (

@@ -1,6 +1,9 @@
 // Package metrics declares a package's Prometheus metrics in one line
 // each and registers them as it goes, keeping the first errors: every
 // NewMetrics then reads as the list of its metrics' names and help.
+//
+// It is small and stands alone because every layer registers metrics and it
+// must import none of them.
 package metrics
 
 import (

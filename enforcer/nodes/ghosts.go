@@ -1,4 +1,4 @@
-// Package ghosts acts on ghost Nodes, the hosts that outlived their deletion
+// This file acts on ghost Nodes, the hosts that outlived their deletion
 // (policies/nodeguard/ghosts decides which Node is one; the orphan scan
 // judges them): it counts them (nodeguard_ghost_nodes), records a Warning
 // Event GhostNode on each naming what was deleted and when, and, where a
@@ -6,6 +6,7 @@
 // no Pod is scheduled or kept there, removing it once the Node is no ghost
 // any more. It never deletes one: deleting it again would free its Pods'
 // identities while the host runs.
+
 package nodes
 
 import (

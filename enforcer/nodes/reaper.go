@@ -1,10 +1,11 @@
-// Package reaper deletes orphan Nodes, safely: a Node is deleted only after
+// This file deletes orphan Nodes, safely: a Node is deleted only after
 // two observations at least a grace apart found it an orphan (the caller
 // judges it again when Observe says), a fresh read of
 // the Node and fresh reads of everything the criteria read found it one
 // still, by the one replica holding the lease, and with UID and
 // resourceVersion preconditions so a Node re-registered under the same name
 // is never deleted. The delete goes through admission like any other.
+
 package nodes
 
 import (

@@ -1,4 +1,4 @@
-// Package releases publishes, for each workload cluster in mode
+// This file publishes, for each workload cluster in mode
 // admission-policy, the Nodes the rule releases (the rule judged for
 // anyone lets them be deleted) into the ConfigMap its
 // ValidatingAdmissionPolicy reads (package admissionpolicy). The orphan
@@ -12,6 +12,7 @@
 // batched per cluster (Flush), and a cluster is written only once every
 // one of its Nodes was judged (Synced), so a restart never publishes a
 // partial list over a whole one.
+
 package nodes
 
 import (

@@ -1,4 +1,4 @@
-// Package orphanscan judges Nodes against the orphan criteria as what the
+// This file judges Nodes against the orphan criteria as what the
 // criteria read changes, instead of listing and judging every Node each
 // pass: a Node is judged again when it changes, when a Machine, InfraMachine
 // or pool that could link to it (by a declared link) changes or goes, when
@@ -9,6 +9,7 @@
 // with the fleet: with nothing changing it judges nothing until that pass.
 // tests/differential checks that it finds exactly the orphans a full pass
 // finds.
+
 package nodes
 
 import (

@@ -1,7 +1,8 @@
-// Package enforcement says what nodeguard does with a Node delete the rule
+// This file says what nodeguard does with a Node delete the rule
 // denies, as Gatekeeper's enforcementAction does: deny it (the default),
 // allow it with the denial as an admission warning (warn), or allow it
 // silently, logged and counted (dryrun). A rollout goes dryrun, warn, deny.
+
 package rule
 
 import "fmt"

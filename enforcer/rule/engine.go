@@ -1,10 +1,11 @@
-// Package engine runs the policy's entry points: the admission decision
+// This file runs the policy's entry points: the admission decision
 // (data.nodeguard.decision), the orphan criteria (data.nodeguard.orphan,
 // data.nodeguard.orphan_screen), releases and ghosts. It compiles a policy once, prepares one
 // query per entry point on that compilation, takes input as an ast.Value and
 // decodes the answer from the ast.Value OPA returns, so every entry point
 // runs the same compiled policy (a bundle's reloads included) and no input
 // or answer passes through JSON text.
+
 package rule
 
 import (

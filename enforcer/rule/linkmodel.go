@@ -1,9 +1,10 @@
-// Package linkmodel reads the link model the rule declares
+// This file reads the link model the rule declares
 // (data.lib.nodeguard.link_model, in policies/lib/nodeguard/links.rego) from
 // the policy the enforcer runs, and derives what the enforcer needs from it:
 // which fields to keep of each object and of a Node, which objects could be
 // linked to a Node, and what a Machine references. The enforcer holds no link
 // of its own: a link added to the declaration is followed with no Go change.
+
 package rule
 
 import (

@@ -1,7 +1,8 @@
-// Package policybundle loads nodeguard's rule from a signed OPA bundle (the
+// This file loads nodeguard's rule from a signed OPA bundle (the
 // tarball `make bundle` writes, or a directory), verified with OPA's own
 // bundle verification before anything in it is compiled, and keeps a running
 // Engine on the newest valid bundle when the file changes.
+
 package rule
 
 import (

@@ -1,7 +1,8 @@
-// Package version says what a nodeguard binary is: its version and commit
+// This file says what a nodeguard binary is: its version and commit
 // (from the Go build's VCS stamp, or -ldflags at release), and which policy
 // it runs; also as the Prometheus gauges nodeguard_build_info and
 // nodeguard_policy_info.
+
 package rule
 
 import (

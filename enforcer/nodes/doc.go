@@ -1,0 +1,7 @@
+// Package nodes acts on Nodes from the guard's verdicts: the scanner that
+// judges a cluster's Nodes again when a fact changes, the reaper that deletes
+// orphans, the tracker of ghost Nodes, and the publisher of released Nodes
+// for mode admission-policy.
+//
+// It must not decide: a verdict is the guard's, a write goes through kube.
+package nodes
