@@ -24,9 +24,9 @@ import (
 
 	"github.com/open-policy-agent/frameworks/constraint/pkg/externaldata"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -215,9 +215,9 @@ func (h *providerHandler) checkCluster(ctx context.Context, cluster string) *key
 	if cluster == "" || h.opts.ClusterExists == nil {
 		return nil
 	}
-	ns, name, err := cache.SplitMetaNamespaceKey(cluster)
-	if err != nil || ns == "" || name == "" {
-		return &keyError{ErrorUnknownCluster, fmt.Sprintf("cluster %q in the Provider's URL is not NAMESPACE/NAME", cluster)}
+	ns, name, err := kube.SplitKey("cluster", cluster)
+	if err != nil {
+		return &keyError{ErrorUnknownCluster, "the Provider's URL: " + err.Error()}
 	}
 	ctx, cancel := context.WithTimeout(ctx, h.opts.Intake.Timeout())
 	defer cancel()

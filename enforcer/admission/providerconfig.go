@@ -46,7 +46,7 @@ func BuildProvider(name string, opts WebhookConfigOptions) (*unstructured.Unstru
 		}
 	case opts.Service != "":
 		// Gatekeeper calls a URL: the Service's in-cluster name, port 443.
-		ns, svc, err := splitKey("--service", opts.Service)
+		ns, svc, err := kube.SplitKey("--service", opts.Service)
 		if err != nil {
 			return nil, err
 		}

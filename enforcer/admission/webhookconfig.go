@@ -21,7 +21,6 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/yaml"
 )
 
@@ -149,7 +148,7 @@ func checked(opts WebhookConfigOptions, route string) (string, error) {
 	if opts.Cluster == "" {
 		return route, nil
 	}
-	ns, name, err := splitKey("--cluster", opts.Cluster)
+	ns, name, err := kube.SplitKey("--cluster", opts.Cluster)
 	if err != nil {
 		return "", err
 	}
@@ -246,7 +245,7 @@ func clientConfig(opts WebhookConfigOptions, route string) (admissionregistratio
 		s := u.String()
 		client.URL = &s
 	case opts.Service != "":
-		ns, name, err := splitKey("--service", opts.Service)
+		ns, name, err := kube.SplitKey("--service", opts.Service)
 		if err != nil {
 			return client, err
 		}
@@ -328,7 +327,7 @@ func InstallTarget(ctx context.Context, mgmt kubernetes.Interface, self dynamic.
 	if cluster == "" {
 		return self, "the cluster of the kubeconfig", nil
 	}
-	if _, _, err := splitKey("--cluster", cluster); err != nil {
+	if _, _, err := kube.SplitKey("--cluster", cluster); err != nil {
 		return nil, "", err
 	}
 	cfg, err := kube.ConnectCluster(ctx, mgmt, cluster)
@@ -342,12 +341,3 @@ func InstallTarget(ctx context.Context, mgmt kubernetes.Interface, self dynamic.
 	return client, "workload cluster " + cluster, nil
 }
 
-// splitKey parses a flag's NAMESPACE/NAME; a Cluster and a Service both
-// need the two parts.
-func splitKey(flag, key string) (ns, name string, err error) {
-	ns, name, err = cache.SplitMetaNamespaceKey(key)
-	if err != nil || ns == "" || name == "" {
-		return "", "", fmt.Errorf("%s %q: want NAMESPACE/NAME", flag, key)
-	}
-	return ns, name, nil
-}

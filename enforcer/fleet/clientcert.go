@@ -201,7 +201,7 @@ type ClientCerts struct {
 // keep issues the Cluster's client certificate where its Secret is missing,
 // holds another, or is due for renewal; it says whether it wrote.
 func (c *ClientCerts) keep(ctx context.Context, key string, meta kube.ClusterMeta) (bool, error) {
-	ns, name, err := kube.SplitKey(key)
+	ns, name, err := kube.SplitKey("cluster", key)
 	if err != nil {
 		return false, err
 	}

@@ -55,7 +55,7 @@ func (m *Metrics) Report(s State) {
 	if m == nil {
 		return
 	}
-	ns, name := split(s.Cluster)
+	ns, name, _ := kube.SplitKey("cluster", s.Cluster) // a key of the informer: valid
 	v := 0.0
 	if s.Guarded {
 		v = 1
@@ -75,7 +75,7 @@ func (m *Metrics) Forget(key string) {
 	if m == nil {
 		return
 	}
-	ns, name := split(key)
+	ns, name, _ := kube.SplitKey("cluster", key) // a key of the informer: valid
 	l := prometheus.Labels{"cluster_namespace": ns, "cluster_name": name}
 	m.guarded.DeletePartialMatch(l)
 	m.unguarded.DeletePartialMatch(l)

@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"strings"
 	"time"
 )
 
@@ -86,10 +85,4 @@ type State struct {
 // Event is recorded when they do not.
 func (s State) sameVerdict(o State) bool {
 	return s.Guarded == o.Guarded && s.Reason == o.Reason
-}
-
-// split is a Cluster key's namespace and name.
-func split(key string) (string, string) {
-	ns, name, _ := strings.Cut(key, "/")
-	return ns, name
 }

@@ -18,9 +18,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -285,11 +285,7 @@ func splitCluster(cluster string) (ns, name string, err error) {
 	if cluster == "" {
 		return "", "", nil
 	}
-	ns, name, err = cache.SplitMetaNamespaceKey(cluster)
-	if err != nil || ns == "" || name == "" {
-		return "", "", fmt.Errorf("cluster %q: want NAMESPACE/NAME", cluster)
-	}
-	return ns, name, nil
+	return kube.SplitKey("cluster", cluster)
 }
 
 // Objects returns what the rule would read for node: the candidates the

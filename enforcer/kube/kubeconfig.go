@@ -24,7 +24,7 @@ const kubeconfigSuffix = "-kubeconfig"
 // Cluster's namespace. A missing Secret is an error apierrors.IsNotFound
 // recognizes.
 func ReadKubeconfig(ctx context.Context, secrets kubernetes.Interface, key string) ([]byte, error) {
-	ns, name, err := SplitKey(key)
+	ns, name, err := SplitKey("cluster", key)
 	if err != nil {
 		return nil, err
 	}

@@ -13,12 +13,13 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// SplitKey parses a Cluster's key, "namespace/name": both parts are
-// required.
-func SplitKey(key string) (namespace, name string, err error) {
+// SplitKey parses a namespaced object's key, "namespace/name", as what
+// (e.g. "cluster", "--service") names it in the error: both parts are
+// required. It is nodeguard's one parser of such keys.
+func SplitKey(what, key string) (namespace, name string, err error) {
 	namespace, name, err = cache.SplitMetaNamespaceKey(key)
 	if err != nil || namespace == "" || name == "" {
-		return "", "", fmt.Errorf("cluster %q: want NAMESPACE/NAME", key)
+		return "", "", fmt.Errorf("%s %q: want NAMESPACE/NAME", what, key)
 	}
 	return namespace, name, nil
 }
@@ -66,7 +67,7 @@ func ClusterKeys(ctx context.Context, c Clients, one string) ([]string, error) {
 	}
 	res := c.Dynamic.Resource(mapping.Resource)
 	if one != "" {
-		ns, name, err := SplitKey(one)
+		ns, name, err := SplitKey("cluster", one)
 		if err != nil {
 			return nil, fmt.Errorf("--cluster: %w", err)
 		}
