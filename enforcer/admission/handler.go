@@ -25,10 +25,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -493,7 +493,7 @@ func flightKey(req guard.Request, groups []byte) (string, error) {
 func (h *handler) decideNow(ctx context.Context, req guard.Request) verdict {
 	var clusterAction rule.Action
 	if req.Cluster != "" && h.opts.Cluster != nil {
-		ns, name, err := cache.SplitMetaNamespaceKey(req.Cluster)
+		ns, name, err := kube.SplitKey("cluster", req.Cluster)
 		if err != nil {
 			return h.fallback(rule.Denial(rule.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err)))
 		}

@@ -43,7 +43,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -54,11 +53,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
 	eventsv1client "k8s.io/client-go/kubernetes/typed/events/v1"
-	"k8s.io/client-go/tools/cache"
 	clientevents "k8s.io/client-go/tools/events"
 	"k8s.io/client-go/tools/record/util"
 	"k8s.io/client-go/tools/reference"
 	"k8s.io/utils/clock"
+
+	"github.com/nodeguard/nodeguard/enforcer/kube"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // What a denial's Event says.
@@ -546,9 +547,9 @@ func (r *Recorder) resolve(ctx context.Context, s *series) *target {
 	gk, ns, name := schema.GroupKind{Group: "cluster.x-k8s.io", Kind: "Cluster"}, "", ""
 	if m := machine(ev.denial); m != "" {
 		gk.Kind = "Machine"
-		ns, name, _ = cache.SplitMetaNamespaceKey(m)
+		ns, name, _ = kube.SplitKey("machine", m)
 	} else {
-		ns, name, _ = cache.SplitMetaNamespaceKey(ev.cluster)
+		ns, name, _ = kube.SplitKey("cluster", ev.cluster)
 	}
 	ref := corev1.ObjectReference{APIVersion: gk.Group, Kind: gk.Kind, Namespace: ns, Name: name}
 	if r.opts.Resolve != nil {

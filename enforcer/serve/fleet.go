@@ -10,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/events"
@@ -116,7 +115,7 @@ func startFleet(ctx context.Context, c kube.Clients, opts Options, params map[st
 			if !ok || clusterEvents == nil {
 				return
 			}
-			ns, name, _ := cache.SplitMetaNamespaceKey(s.Cluster)
+			ns, name, _ := kube.SplitKey("cluster", s.Cluster)
 			ref := &corev1.ObjectReference{APIVersion: meta.APIVersion, Kind: "Cluster", Namespace: ns, Name: name, UID: meta.UID}
 			if s.Guarded {
 				clusterEvents.Eventf(ref, nil, corev1.EventTypeNormal, EventGuarded, "Guard", "nodeguard guards this workload cluster: a dry-run Node delete there was judged by nodeguard's rule")

@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/events"
@@ -394,7 +393,7 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *nod
 			if key == "" {
 				return def, nil
 			}
-			ns, name, err := cache.SplitMetaNamespaceKey(key)
+			ns, name, err := kube.SplitKey("cluster", key)
 			if err != nil {
 				return def, err
 			}
