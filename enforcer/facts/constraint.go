@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/nodeguard/nodeguard/enforcer/kube"
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -201,16 +202,11 @@ type ConstraintMetrics struct {
 // NewMetrics registers nodeguard_constraint_reloads_total and
 // nodeguard_constraint_reload_errors_total with reg.
 func NewConstraintMetrics(reg prometheus.Registerer) (*ConstraintMetrics, error) {
+	r := metrics.New(reg)
 	m := &ConstraintMetrics{
-		reloads: prometheus.NewCounter(prometheus.CounterOpts{Name: "nodeguard_constraint_reloads_total",
-			Help: "Edits of the K8sNodeGuard Constraint put in force while serving."}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "nodeguard_constraint_reload_errors_total",
-			Help: "Edits of the K8sNodeGuard Constraint refused (the parameters before them stay in force)."}),
+		reloads: r.Counter("nodeguard_constraint_reloads_total", "Edits of the K8sNodeGuard Constraint put in force while serving."),
+		errors: r.Counter("nodeguard_constraint_reload_errors_total",
+			"Edits of the K8sNodeGuard Constraint refused (the parameters before them stay in force)."),
 	}
-	for _, c := range []prometheus.Collector{m.reloads, m.errors} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register the Constraint's metrics: %w", err)
-		}
-	}
-	return m, nil
+	return m, r.Err("the Constraint's metrics")
 }

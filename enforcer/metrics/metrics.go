@@ -43,6 +43,23 @@ func (r *Registrar) HistogramVec(name, help string, buckets []float64, labels ..
 	return register(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels))
 }
 
+// GaugeFunc registers a gauge without labels whose value f gives at each
+// scrape.
+func (r *Registrar) GaugeFunc(name, help string, f func() float64) prometheus.GaugeFunc {
+	return register(r, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
+}
+
+// Info registers a gauge that is always 1, its constant labels saying what
+// runs (the *_info convention).
+func (r *Registrar) Info(name, help string, labels prometheus.Labels) {
+	g := register(r, prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}))
+	g.Set(1)
+}
+
+// Collector registers a collector of its own (series read at each scrape,
+// the runtime's).
+func (r *Registrar) Collector(c prometheus.Collector) { register(r, c) }
+
 // LatencyBuckets are the buckets of a request's answer time: from a cached
 // answer (~0.1-0.5 ms) to past the 4 s request deadline.
 func LatencyBuckets() []float64 {

@@ -11,6 +11,8 @@ import (
 	"runtime/debug"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 )
 
 // Set at link time by `make build`/`make image` (-ldflags -X, see the
@@ -89,25 +91,15 @@ type VersionMetrics struct {
 // nodeguard_policy_reload_errors_total to reg.
 func RegisterVersion(reg prometheus.Registerer, policy func() Policy) (*VersionMetrics, error) {
 	b := ReadBinary()
-	build := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name:        "nodeguard_build_info",
-		Help:        "Always 1; the labels say which nodeguard binary runs.",
-		ConstLabels: prometheus.Labels{"version": b.Version, "commit": b.Commit, "goversion": b.GoVersion},
-	})
-	build.Set(1)
-	m := &VersionMetrics{ReloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "nodeguard_policy_reload_errors_total",
-		Help: "Bundle updates refused (bad signature, does not compile, ...); the last good policy kept running.",
-	})}
-	info := policyInfo{policy: policy, desc: prometheus.NewDesc("nodeguard_policy_info",
+	r := metrics.New(reg)
+	r.Info("nodeguard_build_info", "Always 1; the labels say which nodeguard binary runs.",
+		prometheus.Labels{"version": b.Version, "commit": b.Commit, "goversion": b.GoVersion})
+	r.Collector(policyInfo{policy: policy, desc: prometheus.NewDesc("nodeguard_policy_info",
 		"Always 1; the labels say which policy decides: source (embedded or bundle), template version, bundle revision.",
-		[]string{"source", "version", "revision"}, nil)}
-	for _, c := range []prometheus.Collector{build, info, m.ReloadErrors} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register version metrics: %w", err)
-		}
-	}
-	return m, nil
+		[]string{"source", "version", "revision"}, nil)})
+	m := &VersionMetrics{ReloadErrors: r.Counter("nodeguard_policy_reload_errors_total",
+		"Bundle updates refused (bad signature, does not compile, ...); the last good policy kept running.")}
+	return m, r.Err("version metrics")
 }
 
 type policyInfo struct {

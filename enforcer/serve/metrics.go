@@ -1,8 +1,6 @@
 package serve
 
 import (
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -11,6 +9,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -44,22 +43,28 @@ type Metrics struct {
 // not the part that feeds it runs: the alerts and dashboard
 // (internal/monitoring) are checked against the names registered here.
 func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
-	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "nodeguard_ready",
-		Help: "1 when this replica is ready (every informer synced, /readyz answers ok), else 0; a replica not ready denies the reviews it gets.",
-	}, func() float64 {
-		if src.Ready() != nil {
-			return 0
-		}
-		return 1
-	})
-	if err := reg.Register(ready); err != nil {
-		return nil, fmt.Errorf("register nodeguard_ready: %w", err)
+	r := metrics.New(reg)
+	r.GaugeFunc("nodeguard_ready",
+		"1 when this replica is ready (every informer synced, /readyz answers ok), else 0; a replica not ready denies the reviews it gets.",
+		func() float64 {
+			if src.Ready() != nil {
+				return 0
+			}
+			return 1
+		})
+	r.Collector(collectors.NewGoCollector())
+	r.Collector(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if src.Cached != nil {
+		r.Collector(cachedObjects{count: src.Cached, desc: prometheus.NewDesc("nodeguard_cached_objects",
+			"Objects in the informer caches, by kind.", []string{"group", "version", "kind"}, nil)})
 	}
-	for _, c := range []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register the runtime metrics: %w", err)
-		}
+	if src.Watched != nil {
+		r.Collector(watchedKinds{watched: src.Watched, desc: prometheus.NewDesc("nodeguard_watched_kinds",
+			"Kinds the informers watch (1: synced, 0: not yet, so an absence of them proves nothing), by role and why: referrer (Machine, MachinePool), parameter (infraMachineKinds, infraMachinePoolKinds), referenced (by a cached Machine or MachinePool), contract (a CRD with a Cluster API contract label and spec.providerID or spec.providerIDList).",
+			[]string{"group", "version", "kind", "role", "source"}, nil)})
+	}
+	if err := r.Err("nodeguard serve's metrics"); err != nil {
+		return nil, err
 	}
 	var m Metrics
 	var err error
@@ -71,21 +76,6 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 	}
 	if m.Intake, err = admission.NewIntakeMetrics(reg); err != nil {
 		return nil, err
-	}
-	if src.Cached != nil {
-		cached := cachedObjects{count: src.Cached, desc: prometheus.NewDesc("nodeguard_cached_objects",
-			"Objects in the informer caches, by kind.", []string{"group", "version", "kind"}, nil)}
-		if err := reg.Register(cached); err != nil {
-			return nil, fmt.Errorf("register nodeguard_cached_objects: %w", err)
-		}
-	}
-	if src.Watched != nil {
-		watched := watchedKinds{watched: src.Watched, desc: prometheus.NewDesc("nodeguard_watched_kinds",
-			"Kinds the informers watch (1: synced, 0: not yet, so an absence of them proves nothing), by role and why: referrer (Machine, MachinePool), parameter (infraMachineKinds, infraMachinePoolKinds), referenced (by a cached Machine or MachinePool), contract (a CRD with a Cluster API contract label and spec.providerID or spec.providerIDList).",
-			[]string{"group", "version", "kind", "role", "source"}, nil)}
-		if err := reg.Register(watched); err != nil {
-			return nil, fmt.Errorf("register nodeguard_watched_kinds: %w", err)
-		}
 	}
 	if m.Orphans, err = registerOrphanMetrics(reg); err != nil {
 		return nil, err
