@@ -17,7 +17,7 @@ import (
 
 func TestLiveListAndDelete(t *testing.T) {
 	ctx := context.Background()
-	client, mapper := testcluster.CAPD(t, "../reaper/testdata")
+	client, mapper := testcluster.CAPD(t, "../nodes/testdata")
 	c := kube.Clients{Dynamic: client, Mapper: mapper}
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	eval, err := rule.NewEngine(ctx)

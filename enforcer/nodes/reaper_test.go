@@ -478,7 +478,7 @@ func (f *fixture) observeAll(t *testing.T, target ReapTarget) (errs []error) {
 }
 
 func TestDeleteNeedsPreconditions(t *testing.T) {
-	client, _ := testcluster.CAPD(t, "../orphans/testdata")
+	client, _ := testcluster.CAPD(t, "../guard/testdata")
 	err := DeleteNode(context.Background(), client, guard.OrphanVerdict{Node: "dev-md-0-recent"})
 	assert.ErrorContains(t, err, "no UID or resourceVersion")
 }

@@ -63,7 +63,7 @@ func newFixture(t *testing.T, del bool) *fixture {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	client, mapper := testcluster.CAPD(t, "../reaper/testdata")
+	client, mapper := testcluster.CAPD(t, "testdata")
 	f := &fixture{client: client, clock: clocktesting.NewFakeClock(t0), leading: true, protection: nodes.ProtectionOff, events: events.NewFakeRecorder(100)}
 	e, err := guard.StartEnforcer(ctx, kube.Clients{Dynamic: client, Mapper: mapper}, guard.EnforcerOptions{Engine: testcluster.Engine(t)})
 	require.NoError(t, err)

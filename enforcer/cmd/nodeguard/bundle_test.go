@@ -64,7 +64,7 @@ func TestCheckWithASignedBundle(t *testing.T) {
 func TestOrphansWithASignedBundle(t *testing.T) {
 	key := testbundle.NewKey(t)
 	dir := t.TempDir()
-	orphans := []string{"orphans", "-f", "../../reaper/testdata", "--now", "2026-11-30T12:00:00Z", "--bundle-verification-key", key.PublicKeyFile}
+	orphans := []string{"orphans", "-f", "../../nodes/testdata", "--now", "2026-11-30T12:00:00Z", "--bundle-verification-key", key.PublicKeyFile}
 	code, out, errOut := nodeguard(t, orphans[:5]...)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "dev-md-0-left", "the embedded rule finds the orphan")

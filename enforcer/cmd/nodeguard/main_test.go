@@ -136,7 +136,7 @@ func TestWebhookConfigSettings(t *testing.T) {
 }
 
 func TestOrphansOfflineText(t *testing.T) {
-	code, out, errOut := nodeguard(t, "orphans", "-f", "../../orphans/testdata", "--now", "2026-11-30T12:00:00Z")
+	code, out, errOut := nodeguard(t, "orphans", "-f", "../../guard/testdata", "--now", "2026-11-30T12:00:00Z")
 	require.Equal(t, 0, code, errOut)
 	assert.Contains(t, out, `ORPHAN: Node "dev-md-0-left": Machine default/dev-md-0-left is gone`)
 	assert.Contains(t, out, `kept: Node "dev-md-0-ready": its Ready condition is True.`)
@@ -145,7 +145,7 @@ func TestOrphansOfflineText(t *testing.T) {
 }
 
 func TestOrphansOfflineJSONShape(t *testing.T) {
-	code, out, errOut := nodeguard(t, "orphans", "-f", "../../orphans/testdata", "--now", "2026-11-30T12:00:00Z", "--match-provider-id", "-o", "json")
+	code, out, errOut := nodeguard(t, "orphans", "-f", "../../guard/testdata", "--now", "2026-11-30T12:00:00Z", "--match-provider-id", "-o", "json")
 	require.Equal(t, 0, code, errOut)
 	var got struct {
 		Orphans []map[string]string `json:"orphans"`
@@ -172,11 +172,11 @@ func TestOrphansOfflineJSONShape(t *testing.T) {
 
 func TestOrphansGraceAndScope(t *testing.T) {
 	// A grace longer than the hour dev-md-0-left has been NotReady keeps it.
-	code, out, _ := nodeguard(t, "orphans", "-f", "../../orphans/testdata", "--now", "2026-11-30T12:00:00Z", "--grace", "2h")
+	code, out, _ := nodeguard(t, "orphans", "-f", "../../guard/testdata", "--now", "2026-11-30T12:00:00Z", "--grace", "2h")
 	require.Equal(t, 0, code)
 	assert.Contains(t, out, "0 orphan Node(s), 5 CAPI-managed Node(s) kept.")
 	// Judged for another Cluster, this cluster's Nodes are not its to judge.
-	code, out, _ = nodeguard(t, "orphans", "-f", "../../orphans/testdata", "--now", "2026-11-30T12:00:00Z", "--cluster", "default/other")
+	code, out, _ = nodeguard(t, "orphans", "-f", "../../guard/testdata", "--now", "2026-11-30T12:00:00Z", "--cluster", "default/other")
 	require.Equal(t, 0, code)
 	assert.Contains(t, out, "0 orphan Node(s), 5 CAPI-managed Node(s) kept.")
 	assert.Contains(t, out, `kept: Node "dev-md-0-left": it belongs to Cluster default/dev, not to the Cluster judged;`)
@@ -184,11 +184,11 @@ func TestOrphansGraceAndScope(t *testing.T) {
 
 func TestOrphansErrors(t *testing.T) {
 	for name, args := range map[string][]string{
-		"delete offline": {"orphans", "-f", "../../orphans/testdata", "--delete"},
-		"bad now":        {"orphans", "-f", "../../orphans/testdata", "--now", "noon"},
-		"bad output":     {"orphans", "-f", "../../orphans/testdata", "-o", "yaml"},
+		"delete offline": {"orphans", "-f", "../../guard/testdata", "--delete"},
+		"bad now":        {"orphans", "-f", "../../guard/testdata", "--now", "noon"},
+		"bad output":     {"orphans", "-f", "../../guard/testdata", "-o", "yaml"},
 		"missing file":   {"orphans", "-f", "does-not-exist"},
-		"bad cluster":    {"orphans", "-f", "../../orphans/testdata", "--cluster", "dev"},
+		"bad cluster":    {"orphans", "-f", "../../guard/testdata", "--cluster", "dev"},
 	} {
 		code, _, errOut := nodeguard(t, args...)
 		assert.Equal(t, 1, code, name)
