@@ -9,10 +9,11 @@ import (
 	"hash"
 	"io"
 
-	"github.com/nodeguard/nodeguard/enforcer/rule"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // admissionReview is an AdmissionReview v1 as nodeguard reads it: only what

@@ -7,8 +7,9 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/admission"
 	admissionv1 "k8s.io/api/admission/v1"
+
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 )
 
 // FuzzValidate feeds arbitrary bodies to /validate: the handler must never

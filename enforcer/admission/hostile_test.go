@@ -139,8 +139,8 @@ func TestSameReviewsShareOneDecision(t *testing.T) {
 // one queued for its bytes in the budget.
 var (
 	flightWaiter = []string{"singleflight.(*Group).Do(", "sync.(*WaitGroup).Wait"}
-	slotWaiter   = []string{"requestlimits.Do[", "semaphore.(*Weighted).Acquire"}
-	bytesWaiter  = []string{"requestlimits.(*Intake).acquire", "semaphore.(*Weighted).Acquire"}
+	slotWaiter   = []string{"admission.Do[", "semaphore.(*Weighted).Acquire"}
+	bytesWaiter  = []string{"admission.(*Intake).acquire", "semaphore.(*Weighted).Acquire"}
 )
 
 // heldDecider allows every request once released; it counts the decisions

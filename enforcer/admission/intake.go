@@ -19,11 +19,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
+
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 )
 
 // MaxBodyBytes bounds a request. An AdmissionReview of a Node DELETE carries

@@ -8,9 +8,10 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 )
 
 func TestProbes(t *testing.T) {

@@ -3,8 +3,9 @@ package admission
 import (
 	"time"
 
-	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 )
 
 // Metrics are the provider's Prometheus metrics, all prefixed

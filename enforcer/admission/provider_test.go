@@ -292,12 +292,9 @@ func TestConcurrentKeysOfOneNodeShareOneRead(t *testing.T) {
 	// microsecond away), and it waits for release. No event announces the
 	// join: the stacks show the four others waiting on the first's flight.
 	require.Eventually(t, func() bool { return f.parsed.Load() == 5 }, 10*time.Second, time.Millisecond)
-	require.Eventually(t, func() bool { return f.reads.Load() == 1 && stacks.Count(providerFlightWaiter...) == 4 }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return f.reads.Load() == 1 && stacks.Count(flightWaiter...) == 4 }, 10*time.Second, time.Millisecond,
 		"the first key reads, the four others wait on its flight")
 	close(release)
 	wg.Wait()
 	assert.EqualValues(t, 1, f.reads.Load())
 }
-
-// flightWaiter is where a goroutine waits that joined another's read.
-var providerFlightWaiter = []string{"singleflight.(*Group).Do(", "sync.(*WaitGroup).Wait"}

@@ -5,12 +5,13 @@ import (
 	"encoding/base64"
 	"testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/open-policy-agent/frameworks/constraint/pkg/apis/externaldata/unversioned"
 	"github.com/open-policy-agent/frameworks/constraint/pkg/externaldata"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 )
 
 // The Provider is one Gatekeeper accepts (its own validation), for the name

@@ -7,10 +7,11 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
+
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 )
 
 // registration is an AdmissionReview of a Node CREATE (old nil) or UPDATE.

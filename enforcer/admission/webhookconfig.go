@@ -13,7 +13,6 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/nodeguard/nodeguard/enforcer/kube"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +21,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
+
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
 // GVR is the ValidatingWebhookConfiguration resource.
@@ -340,4 +341,3 @@ func InstallTarget(ctx context.Context, mgmt kubernetes.Interface, self dynamic.
 	}
 	return client, "workload cluster " + cluster, nil
 }
-

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
@@ -23,6 +22,8 @@ import (
 	"sigs.k8s.io/kustomize/api/resmap"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
+
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 func render(t *testing.T, dir string) resmap.ResMap {

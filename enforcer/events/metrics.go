@@ -3,8 +3,9 @@ package events
 import (
 	"fmt"
 
-	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 )
 
 // Why an occurrence (a denial, or an Event nodeguard makes) was not

@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"golang.org/x/sync/singleflight"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -15,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
 // Reader implements guard.FreshReader with a dynamic client.

@@ -4,8 +4,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/stretchr/testify/assert"
+
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 )
 
 // Changes sent before Connect, and while it delivers them, reach the

@@ -3,9 +3,10 @@ package facts
 import (
 	"fmt"
 
-	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // FromObjects builds an inventory from objects read from files: they are the

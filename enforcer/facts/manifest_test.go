@@ -5,9 +5,10 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/enforcer/facts"
 )
 
 func write(t *testing.T, dir, name, body string) string {

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nodeguard/nodeguard/enforcer/kube"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -16,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
 // ConfigMap keeps the tombstones in nodeguard's namespace, so a restart

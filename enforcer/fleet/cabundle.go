@@ -4,10 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"os"
 	"slices"
 	"time"
+
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 )
 
 // The CA bundle the workload clusters are given is every certificate of

@@ -10,9 +10,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nodeguard/nodeguard/enforcer/kube"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
 // ReasonNotReported is shown for a Cluster the reconciler has not reported

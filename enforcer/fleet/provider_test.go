@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	clienttesting "k8s.io/client-go/testing"
+
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 )
 
 // The Provider is written the moment Gatekeeper's Provider CRD is

@@ -6,8 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/stretchr/testify/assert"
+
+	"github.com/nodeguard/nodeguard/enforcer/guard"
 )
 
 func TestWaitReady(t *testing.T) {

@@ -8,9 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
 // The API server's warnings reach the JSON log once each.

@@ -4,11 +4,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 )
 
 func TestMetricsAreRegisteredAsDeclared(t *testing.T) {

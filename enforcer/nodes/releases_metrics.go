@@ -1,8 +1,9 @@
 package nodes
 
 import (
-	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 )
 
 // Metrics are the publisher's Prometheus series, by workload cluster.

@@ -1,8 +1,9 @@
 package nodes
 
 import (
-	"github.com/nodeguard/nodeguard/enforcer/metrics"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodeguard/nodeguard/enforcer/metrics"
 )
 
 // The stages of a judgment: the screen (the criteria that read only the

@@ -3,9 +3,10 @@ package rule_test
 import (
 	"testing"
 
-	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 func TestParse(t *testing.T) {

@@ -6,9 +6,10 @@ import (
 	"os"
 
 	"github.com/google/uuid"
-	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
 // The Leases the replicas compete for: one replica runs the fleet, one

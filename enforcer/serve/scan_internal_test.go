@@ -9,11 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
 // An unreachable cluster costs a count per failed request and at most one

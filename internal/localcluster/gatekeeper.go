@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nodeguard/nodeguard/internal/testpki"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,6 +21,8 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
+
+	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
 // GatekeeperModule is the Gatekeeper the e2e tools build

@@ -12,9 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
+
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 )
 
 // Serve runs h behind nodeguard's TLS server on a loopback port, with a

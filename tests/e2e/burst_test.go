@@ -14,11 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
 // withShippedRateLimits is cfg with the client rate limits `nodeguard serve`

@@ -458,14 +458,14 @@ func (f *fleet) settle(t testing.TB) {
 func scanIdle() bool {
 	waiting := false
 	for _, g := range stacks.All() {
-		for _, busy := range []string{"orphanscan.(*Scanner).RunDue(", "orphanscan.(*Scanner).NodeChanged(", "orphanscan.(*Scanner).ObjectChanged(",
-			"nodecache.(*Nodes).added(", "nodecache.(*Nodes).updated(", "nodecache.(*Nodes).deleted("} {
+		for _, busy := range []string{"nodes.(*Scanner).RunDue(", "nodes.(*Scanner).NodeChanged(", "nodes.(*Scanner).ObjectChanged(",
+			"facts.(*Nodes).added(", "facts.(*Nodes).updated(", "facts.(*Nodes).deleted("} {
 			if strings.Contains(g, busy) {
 				return false
 			}
 		}
 		head, _, _ := strings.Cut(g, "\n")
-		if strings.Contains(g, "orphanscan.(*Scanner).Run(") && strings.Contains(head, "[select") {
+		if strings.Contains(g, "nodes.(*Scanner).Run(") && strings.Contains(head, "[select") {
 			waiting = true
 		}
 	}

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -16,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
