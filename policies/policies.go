@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
@@ -257,6 +258,26 @@ func evalObject(ctx context.Context, compiled *ast.Compiler, query string) (map[
 		return nil, fmt.Errorf("evaluate %s: want one object, got %v", query, rs)
 	}
 	return obj, nil
+}
+
+// DefaultGrace evaluates data.nodeguard.orphans.default_grace, how long a
+// Node must have been not Ready when no grace is given: the orphan criteria's
+// own default, which the enforcer's flags fall back to.
+func DefaultGrace(ctx context.Context, compiled *ast.Compiler) (time.Duration, error) {
+	const query = "data.nodeguard.orphans.default_grace"
+	rs, err := rego.New(rego.Query(query), rego.Compiler(compiled)).Eval(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("evaluate %s: %w", query, err)
+	}
+	s, ok := rego.ResultValue[string](rs)
+	if !ok {
+		return 0, fmt.Errorf("evaluate %s: want one duration string, got %v", query, rs)
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("evaluate %s: %q is not a positive duration", query, s)
+	}
+	return d, nil
 }
 
 // TemplateVersion is the K8sNodeGuard template version declared in the

@@ -24,10 +24,6 @@ import (
 // NodeGVR is the resource of core Nodes.
 var NodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 
-// DefaultGrace is how long a Node must have been not Ready (the Rego's
-// default_grace; a test keeps them equal).
-const DefaultOrphanGrace = 5 * time.Minute
-
 // Verdict is the criteria's answer for one Node.
 type OrphanVerdict struct {
 	Node          string   `json:"node"`
@@ -178,7 +174,11 @@ func NewFinder(opts FinderOptions) (*Finder, error) {
 		return nil, fmt.Errorf("orphans: the inventory is required")
 	}
 	if opts.Grace == 0 {
-		opts.Grace = DefaultOrphanGrace
+		// The policy's own default, so a bundle that changes it is followed.
+		opts.Grace = opts.Guard.Engine().DefaultGrace()
+	}
+	if opts.Grace <= 0 {
+		return nil, fmt.Errorf("orphans: no grace given and the policy declares none")
 	}
 	eval, err := EvaluatorFor(opts.Guard.Engine())
 	if err != nil {

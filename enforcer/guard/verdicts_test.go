@@ -19,17 +19,30 @@ import (
 	"github.com/nodeguard/nodeguard/policies"
 )
 
-// The Go default (flags) and the Rego default (entry point without grace)
-// are one number.
-func TestDefaultGraceMatchesTheRego(t *testing.T) {
+// With no grace given, the Finder judges with the policy's default_grace,
+// read from the Rego, not a copy of it.
+func TestTheDefaultGraceIsThePolicys(t *testing.T) {
+	ctx := context.Background()
 	c, err := policies.Compile()
 	require.NoError(t, err)
-	rs, err := rego.New(rego.Query("data.nodeguard.orphans.default_grace"), rego.Compiler(c)).Eval(context.Background())
+	rs, err := rego.New(rego.Query("data.nodeguard.orphans.default_grace"), rego.Compiler(c)).Eval(ctx)
 	require.NoError(t, err)
 	require.Len(t, rs, 1)
-	d, err := time.ParseDuration(rs[0].Expressions[0].Value.(string))
+	want, err := time.ParseDuration(rs[0].Expressions[0].Value.(string))
 	require.NoError(t, err)
-	assert.Equal(t, guard.DefaultOrphanGrace, d)
+	e, err := rule.NewEngine(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, want, e.DefaultGrace())
+	inv, err := facts.FromObjects(rule.MustEmbeddedModel(), nil, nil, nil)
+	require.NoError(t, err)
+	g, err := guard.New(ctx, inv, guard.Options{Engine: e})
+	require.NoError(t, err)
+	f, err := guard.NewFinder(guard.FinderOptions{Guard: g, Inventory: inv})
+	require.NoError(t, err)
+	assert.Equal(t, want, f.Grace())
+	f, err = guard.NewFinder(guard.FinderOptions{Guard: g, Inventory: inv, Grace: time.Hour})
+	require.NoError(t, err)
+	assert.Equal(t, time.Hour, f.Grace(), "a grace given wins")
 }
 
 func TestEvaluatorPassesEveryInput(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"maps"
 	"sync/atomic"
+	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
@@ -101,6 +102,7 @@ type compiled struct {
 	// orphan criteria (see NodeFields).
 	queries    [entries]*rego.PreparedEvalQuery
 	defaults   map[string]any
+	grace      time.Duration // the orphan criteria's default grace; 0 without them
 	model      *Model
 	nodeFields *NodeFields
 	policy     Policy
@@ -163,6 +165,9 @@ func CompileEngine(ctx context.Context, c *ast.Compiler, data map[string]any, po
 	}
 	if orphans {
 		if p.nodeFields, err = LoadNodeFields(ctx, c, store); err != nil {
+			return nil, err
+		}
+		if p.grace, err = policies.DefaultGrace(ctx, c); err != nil {
 			return nil, err
 		}
 	}
@@ -244,6 +249,10 @@ func (e *Engine) Policy() Policy { return e.current.Load().policy }
 
 // DefaultParameters returns a copy of the rule's default parameters.
 func (e *Engine) DefaultParameters() map[string]any { return maps.Clone(e.current.Load().defaults) }
+
+// DefaultGrace is the orphan criteria's default grace
+// (data.nodeguard.orphans.default_grace); 0 for a policy without them.
+func (e *Engine) DefaultGrace() time.Duration { return e.current.Load().grace }
 
 // Kinds returns the InfraMachine and pool kinds of a Constraint's
 // parameters, with the rule's defaults for those not given: the kinds to

@@ -31,7 +31,6 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/cli"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
-	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
@@ -194,7 +193,7 @@ func orphansCommand(code *int) *cobra.Command {
 	}
 	f := cmd.Flags()
 	judgeFlags(f, &opts.Files, &opts.Cluster, &opts.Constraint, &opts.Output, &opts.Kubeconfig, &opts.Context)
-	f.DurationVar(&opts.Grace, "grace", guard.DefaultOrphanGrace, "how long a Node must have been not Ready")
+	f.DurationVar(&opts.Grace, "grace", 0, "how long a Node must have been not Ready (0: the policy's default_grace)")
 	f.StringVar(&opts.Now, "now", "", "judge at this time (RFC 3339) instead of now, for reproducible output")
 	f.BoolVar(&opts.MatchProviderID, "match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
 	f.BoolVar(&opts.Delete, "delete", false, "delete the orphans found (live only)")
@@ -284,7 +283,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.DurationVar(&opts.ShutdownGrace, "shutdown-grace", serve.DefaultShutdownGrace, "how long in-flight reviews, the release of the Leases and the writes under way may finish after SIGTERM")
 	bundleFlags(f, &opts.Bundle)
 	f.BoolVar(&opts.Orphans.Enabled, "reap-orphan-nodes", false, "delete orphan Nodes (see nodeguard orphans); one replica acts, holding a Lease")
-	f.DurationVar(&opts.Orphans.Grace, "orphan-grace", guard.DefaultOrphanGrace, "how long a Node must have been not Ready, and the least time between the two observations before a delete")
+	f.DurationVar(&opts.Orphans.Grace, "orphan-grace", 0, "how long a Node must have been not Ready, and the least time between the two observations before a delete (0: the policy's default_grace)")
 	f.BoolVar(&opts.Orphans.DryRun, "reap-dry-run", false, "with --reap-orphan-nodes: log the orphan Nodes that would be deleted instead of deleting them")
 	f.BoolVar(&opts.Orphans.WorkloadClusters, "reap-workload-clusters", false, "also scan the Nodes of every CAPI Cluster, through its <name>-kubeconfig Secret")
 	f.BoolVar(&opts.Orphans.MatchProviderID, "orphan-match-provider-id", false, "also match Nodes without CAPI annotations by providerID (cluster-api #7237)")
