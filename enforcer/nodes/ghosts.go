@@ -120,14 +120,8 @@ type GhostTracker struct {
 	opts GhostOptions
 
 	mu     sync.Mutex
-	ghosts map[ghostKey]*ghost
-	// gone are the clusters ForgetCluster dropped, until AddCluster: a
-	// judgment in flight when its cluster went brings back neither its
-	// ghosts nor its gauge.
-	gone map[string]bool
+	ghosts perNode[*ghost]
 }
-
-type ghostKey struct{ cluster, node string }
 
 // ghost is one Node seen a ghost, and what was done about it.
 type ghost struct {
@@ -153,7 +147,7 @@ func NewGhostTracker(opts GhostOptions) *GhostTracker {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &GhostTracker{opts: opts, ghosts: map[ghostKey]*ghost{}, gone: map[string]bool{}}
+	return &GhostTracker{opts: opts, ghosts: newPerNode[*ghost]()}
 }
 
 func (tr *GhostTracker) protection(cluster string) Protection {
@@ -171,15 +165,15 @@ func (tr *GhostTracker) protection(cluster string) Protection {
 // even when this process never set it (its tombstone changed: it may have
 // been set before a restart).
 func (tr *GhostTracker) Observe(ctx context.Context, t GhostTarget, g guard.Ghost, now time.Time, untaint bool) (time.Time, error) {
-	k := ghostKey{cluster: t.Cluster, node: g.Node}
+	k := nodeKey{cluster: t.Cluster, node: g.Node}
 	tr.mu.Lock()
-	if tr.gone[t.Cluster] {
+	if tr.ghosts.gone[t.Cluster] {
 		tr.mu.Unlock()
 		return time.Time{}, nil
 	}
-	have := tr.ghosts[k]
+	have := tr.ghosts.known[k]
 	if !g.Ghost {
-		delete(tr.ghosts, k)
+		delete(tr.ghosts.known, k)
 		tr.mu.Unlock()
 		if have != nil && have.confirmed {
 			tr.report(t.Cluster)
@@ -192,7 +186,7 @@ func (tr *GhostTracker) Observe(ctx context.Context, t GhostTarget, g guard.Ghos
 	}
 	if have == nil || have.verdict.UID != g.UID {
 		have = &ghost{since: now}
-		tr.ghosts[k] = have
+		tr.ghosts.known[k] = have
 	}
 	have.verdict = g
 	if due := have.since.Add(tr.opts.Confirm); now.Before(due) {
@@ -219,7 +213,7 @@ func (tr *GhostTracker) Observe(ctx context.Context, t GhostTarget, g guard.Ghos
 		return time.Time{}, err
 	}
 	tr.mu.Lock()
-	if cur := tr.ghosts[k]; cur != nil && cur.verdict.UID == g.UID {
+	if cur := tr.ghosts.known[k]; cur != nil && cur.verdict.UID == g.UID {
 		cur.tainted = true
 	}
 	tr.mu.Unlock()
@@ -291,8 +285,7 @@ func (tr *GhostTracker) setTaint(ctx context.Context, t GhostTarget, g guard.Gho
 // Forget drops a Node that is gone.
 func (tr *GhostTracker) Forget(cluster, node string) {
 	tr.mu.Lock()
-	g, had := tr.ghosts[ghostKey{cluster: cluster, node: node}]
-	delete(tr.ghosts, ghostKey{cluster: cluster, node: node})
+	g, had := tr.ghosts.forget(cluster, node)
 	tr.mu.Unlock()
 	if had && g.confirmed {
 		tr.report(cluster)
@@ -302,7 +295,7 @@ func (tr *GhostTracker) Forget(cluster, node string) {
 // AddCluster lets a cluster be judged again after ForgetCluster.
 func (tr *GhostTracker) AddCluster(cluster string) {
 	tr.mu.Lock()
-	delete(tr.gone, cluster)
+	tr.ghosts.addCluster(cluster)
 	tr.mu.Unlock()
 }
 
@@ -311,12 +304,7 @@ func (tr *GhostTracker) AddCluster(cluster string) {
 func (tr *GhostTracker) ForgetCluster(cluster string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	tr.gone[cluster] = true
-	for k := range tr.ghosts {
-		if k.cluster == cluster {
-			delete(tr.ghosts, k)
-		}
-	}
+	tr.ghosts.forgetCluster(cluster)
 	tr.opts.Metrics.forget(cluster)
 }
 
@@ -325,11 +313,11 @@ func (tr *GhostTracker) ForgetCluster(cluster string) {
 func (tr *GhostTracker) report(cluster string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	if tr.gone[cluster] {
+	if tr.ghosts.gone[cluster] {
 		return
 	}
 	n := 0
-	for k, g := range tr.ghosts {
+	for k, g := range tr.ghosts.known {
 		if k.cluster == cluster && g.confirmed {
 			n++
 		}
@@ -340,8 +328,8 @@ func (tr *GhostTracker) report(cluster string) {
 // Ghosts returns every ghost reported now, by cluster and Node name.
 func (tr *GhostTracker) Ghosts() []GhostRecord {
 	tr.mu.Lock()
-	out := make([]GhostRecord, 0, len(tr.ghosts))
-	for k, g := range tr.ghosts {
+	out := make([]GhostRecord, 0, len(tr.ghosts.known))
+	for k, g := range tr.ghosts.known {
 		if !g.confirmed {
 			continue
 		}

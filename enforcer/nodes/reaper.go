@@ -95,14 +95,8 @@ type Reaper struct {
 	opts ReaperOptions
 
 	mu   sync.Mutex
-	seen map[nodeKey]sighting
-	// gone are the clusters ForgetCluster dropped, until AddCluster: a
-	// judgment in flight when its cluster went brings back neither its
-	// Nodes nor its gauge.
-	gone map[string]bool
+	seen perNode[sighting]
 }
-
-type nodeKey struct{ cluster, node string }
 
 // sighting is a Node seen an orphan: which one (its UID), since when, and
 // how many attempts to act on it failed in a row.
@@ -123,7 +117,7 @@ func NewReaper(opts ReaperOptions) (*Reaper, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Reaper{opts: opts, seen: map[nodeKey]sighting{}, gone: map[string]bool{}}, nil
+	return &Reaper{opts: opts, seen: newPerNode[sighting]()}, nil
 }
 
 // Outcome says what Observe made of a verdict.
@@ -157,14 +151,14 @@ func (r *Reaper) Observe(ctx context.Context, t ReapTarget, v guard.OrphanVerdic
 	}
 	grace := r.opts.Finder.Grace()
 	r.mu.Lock()
-	if r.gone[t.Cluster] {
+	if r.seen.gone[t.Cluster] {
 		r.mu.Unlock()
 		return Kept, time.Time{}, nil
 	}
-	s, ok := r.seen[k]
+	s, ok := r.seen.known[k]
 	if !ok || s.uid != v.UID {
 		// First seen, or a Node re-registered under the name: start over.
-		r.seen[k] = sighting{uid: v.UID, first: now}
+		r.seen.known[k] = sighting{uid: v.UID, first: now}
 		r.mu.Unlock()
 		r.gauge(t.Cluster)
 		return FirstSeen, now.Add(grace), nil
@@ -180,10 +174,10 @@ func (r *Reaper) Observe(ctx context.Context, t ReapTarget, v guard.OrphanVerdic
 	outcome, err := r.act(ctx, t, v)
 	if err != nil {
 		r.mu.Lock()
-		s, ok := r.seen[k]
+		s, ok := r.seen.known[k]
 		if ok {
 			s.failures++
-			r.seen[k] = s
+			r.seen.known[k] = s
 		}
 		r.mu.Unlock()
 		return Failed, now.Add(min(retryLimit, time.Second<<min(s.failures, 16))), err
@@ -198,8 +192,7 @@ func (r *Reaper) Leading() bool { return r.opts.IsLeader != nil && r.opts.IsLead
 // orphan; if it becomes one again, observation starts over.
 func (r *Reaper) Forget(cluster, node string) {
 	r.mu.Lock()
-	_, had := r.seen[nodeKey{cluster: cluster, node: node}]
-	delete(r.seen, nodeKey{cluster: cluster, node: node})
+	_, had := r.seen.forget(cluster, node)
 	r.mu.Unlock()
 	if had {
 		r.gauge(cluster)
@@ -209,7 +202,7 @@ func (r *Reaper) Forget(cluster, node string) {
 // AddCluster lets a cluster be judged again after ForgetCluster.
 func (r *Reaper) AddCluster(cluster string) {
 	r.mu.Lock()
-	delete(r.gone, cluster)
+	r.seen.addCluster(cluster)
 	r.mu.Unlock()
 }
 
@@ -218,12 +211,7 @@ func (r *Reaper) AddCluster(cluster string) {
 func (r *Reaper) ForgetCluster(cluster string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.gone[cluster] = true
-	for k := range r.seen {
-		if k.cluster == cluster {
-			delete(r.seen, k)
-		}
-	}
+	r.seen.forgetCluster(cluster)
 	if r.opts.Metrics != nil {
 		r.opts.Metrics.orphans.DeleteLabelValues(cluster)
 	}
@@ -241,7 +229,7 @@ func (r *Reaper) Orphans(cluster string) []string {
 // orphans lists the Nodes of cluster seen as orphans; the caller holds r.mu.
 func (r *Reaper) orphans(cluster string) []string {
 	var out []string
-	for k := range r.seen {
+	for k := range r.seen.known {
 		if k.cluster == cluster {
 			out = append(out, k.node)
 		}
@@ -263,7 +251,7 @@ func (r *Reaper) gauge(cluster string) {
 	// after it.
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.gone[cluster] {
+	if r.seen.gone[cluster] {
 		return
 	}
 	r.opts.Metrics.orphans.WithLabelValues(cluster).Set(float64(len(r.orphans(cluster))))
