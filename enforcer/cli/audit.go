@@ -61,8 +61,8 @@ type AuditCluster struct {
 // Run audits and prints; the int is the exit code: 0, or 1 when a Cluster
 // could not be audited (the others are printed).
 func Audit(ctx context.Context, opts AuditOptions, out io.Writer) (int, error) {
-	if opts.Output != "text" && opts.Output != "json" {
-		return 1, fmt.Errorf("-o %q: want text or json", opts.Output)
+	if err := checkOutput(opts.Output); err != nil {
+		return 1, err
 	}
 	c, err := kube.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
@@ -72,10 +72,8 @@ func Audit(ctx context.Context, opts AuditOptions, out io.Writer) (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	if opts.Constraint == "" {
-		if params, err = facts.LiveConstraintParameters(ctx, c.Dynamic, c.Mapper); err != nil {
-			return 1, err
-		}
+	if params, err = liveParameters(ctx, c, opts.Constraint, params); err != nil {
+		return 1, err
 	}
 	eval, err := rule.LoadEngine(ctx, opts.Bundle)
 	if err != nil {
@@ -89,11 +87,8 @@ func Audit(ctx context.Context, opts AuditOptions, out io.Writer) (int, error) {
 	defer cancel() // stops the informers
 	// From the caches alone: an audit judges every Node, and a delete
 	// re-reads its candidates fresh anyway.
-	e, err := guard.StartEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval, NoFreshReads: true})
+	e, err := startEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval, NoFreshReads: true})
 	if err != nil {
-		return 1, err
-	}
-	if err := guard.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
 		return 1, err
 	}
 	user := authenticationv1.UserInfo{Username: opts.User, Groups: opts.Groups}

@@ -54,8 +54,8 @@ func Check(ctx context.Context, opts CheckOptions, out io.Writer) (int, error) {
 	if opts.Node == "" {
 		return ExitError, fmt.Errorf("--node is required")
 	}
-	if opts.Output != "text" && opts.Output != "json" {
-		return ExitError, fmt.Errorf("-o %q: want text or json", opts.Output)
+	if err := checkOutput(opts.Output); err != nil {
+		return ExitError, err
 	}
 	params, err := facts.ConstraintParameters(opts.Constraint)
 	if err != nil {

@@ -74,8 +74,8 @@ type Ghost struct {
 // Run lists ghosts (or clears tombstones) and prints the report; the int is
 // the exit code.
 func Ghosts(ctx context.Context, opts GhostsOptions, out io.Writer) (int, error) {
-	if opts.Output != "text" && opts.Output != "json" {
-		return ExitError, fmt.Errorf("-o %q: want text or json", opts.Output)
+	if err := checkOutput(opts.Output); err != nil {
+		return ExitError, err
 	}
 	c, err := kube.Connect(opts.Kubeconfig, opts.Context)
 	if err != nil {
@@ -88,10 +88,8 @@ func Ghosts(ctx context.Context, opts GhostsOptions, out io.Writer) (int, error)
 	if err != nil {
 		return ExitError, err
 	}
-	if opts.Constraint == "" {
-		if params, err = facts.LiveConstraintParameters(ctx, c.Dynamic, c.Mapper); err != nil {
-			return ExitError, err
-		}
+	if params, err = liveParameters(ctx, c, opts.Constraint, params); err != nil {
+		return ExitError, err
 	}
 	eval, err := rule.LoadEngine(ctx, opts.Bundle)
 	if err != nil {
@@ -125,11 +123,8 @@ func Ghosts(ctx context.Context, opts GhostsOptions, out io.Writer) (int, error)
 func judgeGhost(ctx context.Context, c kube.Clients, opts GhostsOptions, params map[string]any, eval *rule.Engine, store *facts.Tombstones, report *GhostReport) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
-	e, err := guard.StartEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
+	e, err := startEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
 	if err != nil {
-		return err
-	}
-	if err := guard.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
 		return err
 	}
 	f, err := guard.NewFinder(guard.FinderOptions{Guard: e.Guard, Inventory: e.Inventory, Tombstones: store})

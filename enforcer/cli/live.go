@@ -3,20 +3,15 @@ package cli
 import (
 	"context"
 	"fmt"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
-
-// syncTimeout bounds how long a live command waits for its caches.
-const syncTimeout = 60 * time.Second
 
 var nodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 
@@ -31,10 +26,8 @@ func judgeLive(ctx context.Context, opts CheckOptions, params map[string]any, ev
 	if err != nil {
 		return rule.Decision{}, err
 	}
-	if opts.Constraint == "" {
-		if params, err = facts.LiveConstraintParameters(ctx, c.Dynamic, c.Mapper); err != nil {
-			return rule.Decision{}, err
-		}
+	if params, err = liveParameters(ctx, c, opts.Constraint, params); err != nil {
+		return rule.Decision{}, err
 	}
 	nodes := func(context.Context) (dynamic.ResourceInterface, error) { return c.Dynamic.Resource(nodeGVR), nil }
 	if opts.Cluster != "" {
@@ -59,11 +52,8 @@ func judgeWith(ctx context.Context, c kube.Clients, nodes func(context.Context) 
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
-	e, err := guard.StartEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
+	e, err := startEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
 	if err != nil {
-		return rule.Decision{}, err
-	}
-	if err := guard.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
 		return rule.Decision{}, err
 	}
 	return e.Guard.Decide(ctx, request(opts, node))

@@ -72,8 +72,8 @@ type Kept struct {
 // Run lists (and with Delete, deletes) orphan Nodes and prints the report;
 // the int is the exit code.
 func Orphans(ctx context.Context, opts OrphansOptions, out io.Writer) (int, error) {
-	if opts.Output != "text" && opts.Output != "json" {
-		return ExitError, fmt.Errorf("-o %q: want text or json", opts.Output)
+	if err := checkOutput(opts.Output); err != nil {
+		return ExitError, err
 	}
 	if opts.Delete && len(opts.Files) > 0 {
 		return ExitError, fmt.Errorf("--delete works on a live cluster only, not on -f files")
@@ -155,10 +155,8 @@ func runLive(ctx context.Context, opts OrphansOptions, params map[string]any, ev
 	if err != nil {
 		return OrphanReport{}, err
 	}
-	if opts.Constraint == "" {
-		if params, err = facts.LiveConstraintParameters(ctx, c.Dynamic, c.Mapper); err != nil {
-			return OrphanReport{}, err
-		}
+	if params, err = liveParameters(ctx, c, opts.Constraint, params); err != nil {
+		return OrphanReport{}, err
 	}
 	return runLiveWith(ctx, c, opts, params, eval, now)
 }
@@ -166,11 +164,8 @@ func runLive(ctx context.Context, opts OrphansOptions, params map[string]any, ev
 func runLiveWith(ctx context.Context, c kube.Clients, opts OrphansOptions, params map[string]any, eval *rule.Engine, now time.Time) (OrphanReport, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the informers
-	e, err := guard.StartEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
+	e, err := startEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
 	if err != nil {
-		return OrphanReport{}, err
-	}
-	if err := guard.WaitReady(ctx, e.Syncer.Ready, syncTimeout); err != nil {
 		return OrphanReport{}, err
 	}
 	stones, err := facts.LoadTombstones(ctx, c.Dynamic, opts.Namespace)
