@@ -23,6 +23,9 @@
 //
 // One loop (kube.Loop) reconciles every Cluster; only the replica that
 // leads writes and proves.
+//
+// It must not reach a workload cluster but through kube.ClusterSet, nor judge
+// a Node: a proof asks the cluster's own admission chain.
 package fleet
 
 import (

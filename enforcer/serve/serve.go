@@ -1,5 +1,9 @@
 // Package serve wires `nodeguard serve`: a live Enforcer over one cluster's
-// API server, the webhook handler, metrics, and the HTTPS server.
+// API server, the webhook handler, metrics, and the HTTPS server; the
+// composition root, which builds the other packages' parts and starts them.
+//
+// It must not hold a rule, a judgment or a cluster write of its own: each
+// lives in the package named for it.
 package serve
 
 import (
