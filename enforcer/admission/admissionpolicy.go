@@ -28,7 +28,7 @@ import (
 	"github.com/nodeguard/nodeguard/policies"
 )
 
-// Entry is the Rego the verdicts come from; its METADATA carries the name,
+// PolicyEntry is the Rego the verdicts come from; its METADATA carries the name,
 // kind and version of what is generated from it.
 const PolicyEntry = "nodeguard/released/released.rego"
 
@@ -51,12 +51,12 @@ var (
 	ParamsGVR  = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
 )
 
-// Info is the METADATA of Entry.
+// PolicyInfo is the METADATA of Entry.
 type PolicyInfo struct {
 	Name, Kind, Version, Title string
 }
 
-// LoadInfo reads the METADATA of Entry.
+// LoadPolicyInfo reads the METADATA of Entry.
 func LoadPolicyInfo() (PolicyInfo, error) {
 	title, _, custom, err := policies.PackageMetadata(PolicyEntry, "policy", "kind", "version")
 	if err != nil {
@@ -65,7 +65,7 @@ func LoadPolicyInfo() (PolicyInfo, error) {
 	return PolicyInfo{Title: title, Name: custom["policy"], Kind: custom["kind"], Version: custom["version"]}, nil
 }
 
-// Options say what to build.
+// PolicyOptions say what to build.
 type PolicyOptions struct {
 	// ExemptUsers and ExemptGroups may delete any Node (the rule's declared
 	// parameters of those names).
@@ -75,7 +75,7 @@ type PolicyOptions struct {
 	Action rule.Action
 }
 
-// Build returns the policy and its binding.
+// BuildPolicy returns the policy and its binding.
 func BuildPolicy(info PolicyInfo, opts PolicyOptions) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, error) {
 	actions, err := validationActions(opts.Action)
 	if err != nil {
@@ -170,7 +170,7 @@ func list(values []string) string {
 	return "[" + strings.Join(quoted, ", ") + "]"
 }
 
-// Rules are what nodeguard's identity needs in a workload cluster to keep
+// PolicyRules are what nodeguard's identity needs in a workload cluster to keep
 // the guard (identity.Options.Owns): the policy and binding by name (create
 // cannot be limited by name), the ConfigMap of released Nodes, and get on
 // every ConfigMap, which the API server requires of whoever writes a policy
@@ -190,7 +190,7 @@ func PolicyRules(info PolicyInfo) []rbacv1.PolicyRule {
 	}
 }
 
-// Verdict is what is published of one Node.
+// ReleaseVerdict is what is published of one Node.
 type ReleaseVerdict struct {
 	Node, UID string
 	Released  bool
@@ -205,7 +205,7 @@ const MaxParamsBytes = 900 << 10
 // maxBlockerBytes cuts one blocker's text, as an Event's message is cut.
 const maxBlockerBytes = 1024
 
-// Params is the ConfigMap of released Nodes: each released Node's name
+// PolicyParams is the ConfigMap of released Nodes: each released Node's name
 // with its UID, and the blocker text of blocked ones that have one. What
 // does not fit in limit bytes is left out, blockers first, then releases
 // (in name order, so the same verdicts give the same object): a Node left

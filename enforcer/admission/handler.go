@@ -58,7 +58,7 @@ type Decider interface {
 	Model() *rule.Model
 }
 
-// Options configure the handler.
+// WebhookOptions configure the handler.
 type WebhookOptions struct {
 	Decider Decider
 	// Cluster, when set, is asked on the cluster route: whether the
@@ -132,7 +132,7 @@ type handler struct {
 	keepGroup func(string) bool
 }
 
-// New returns the webhook's review routes: /validate and
+// NewWebhook returns the webhook's review routes: /validate and
 // /validate/clusters/NS/NAME, and the registration routes /register and
 // /register/clusters/NS/NAME. Probes and metrics are served apart (package
 // probes), on ports a NetworkPolicy can keep from the API server's callers.

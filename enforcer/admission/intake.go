@@ -81,7 +81,7 @@ const (
 	RejectBusy        = "busy" // large requests waited past the deadline
 )
 
-// Options configure an Intake.
+// IntakeOptions configure an Intake.
 type IntakeOptions struct {
 	// Timeout is each request's deadline (default 4s).
 	Timeout time.Duration
@@ -112,7 +112,7 @@ type Intake struct {
 	rejected  atomic.Int64
 }
 
-// New returns an Intake.
+// NewIntake returns an Intake.
 func NewIntake(opts IntakeOptions) *Intake {
 	if opts.Timeout == 0 {
 		opts.Timeout = 4 * time.Second
@@ -134,7 +134,7 @@ func NewIntake(opts IntakeOptions) *Intake {
 // Timeout is each request's deadline.
 func (in *Intake) Timeout() time.Duration { return in.opts.Timeout }
 
-// Error is a request that cannot be answered: the route answers with the
+// IntakeError is a request that cannot be answered: the route answers with the
 // HTTP status instead (for an admission webhook the API server then applies
 // its failurePolicy; for Gatekeeper's external data, a system error).
 type IntakeError struct {
@@ -276,12 +276,12 @@ func Do[T any](ctx context.Context, in *Intake, key string, busy func() T, work 
 	return v.(T)
 }
 
-// Metrics are what an Intake counts.
+// IntakeMetrics are what an Intake counts.
 type IntakeMetrics struct {
 	rejected *prometheus.CounterVec
 }
 
-// NewMetrics registers nodeguard_rejected_requests_total on reg.
+// NewIntakeMetrics registers nodeguard_rejected_requests_total on reg.
 func NewIntakeMetrics(reg prometheus.Registerer) (*IntakeMetrics, error) {
 	r := metrics.New(reg)
 	m := &IntakeMetrics{rejected: r.CounterVec("nodeguard_rejected_requests_total",

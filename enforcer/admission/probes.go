@@ -9,7 +9,7 @@ import (
 	"net/http"
 )
 
-// Handler returns /healthz and /readyz; ready reports why the process is not
+// ProbeHandler returns /healthz and /readyz; ready reports why the process is not
 // ready, nil when it is (nil ready: always ready).
 func ProbeHandler(ready func() error) http.Handler {
 	mux := http.NewServeMux()

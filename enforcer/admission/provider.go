@@ -36,7 +36,7 @@ const (
 	ProviderRouteCluster = "/externaldata/clusters/{namespace}/{name}"
 )
 
-// MaxKeys bounds the keys of one request. The template sends one per review;
+// MaxProviderKeys bounds the keys of one request. The template sends one per review;
 // a request naming many Nodes is not Gatekeeper's, and each key costs fresh
 // reads.
 const MaxProviderKeys = 16
@@ -59,7 +59,7 @@ const (
 	ErrorBusy            = "busy"
 )
 
-// Facts are what the provider reads; *guard.Guard has them.
+// ProviderFacts are what the provider reads; *guard.Guard has them.
 type ProviderFacts interface {
 	// Objects returns what the rule would read for node: the candidates the
 	// indexes pick, re-read from the API server when fresh is set (and the
@@ -76,7 +76,7 @@ type ProviderFacts interface {
 	Model() *rule.Model
 }
 
-// Options configure the provider's routes.
+// ProviderOptions configure the provider's routes.
 type ProviderOptions struct {
 	Facts ProviderFacts
 	// ClientCAs is the CA of Gatekeeper's client certificate (Gatekeeper
@@ -99,7 +99,7 @@ type providerHandler struct {
 	opts ProviderOptions
 }
 
-// New returns the provider's routes: /externaldata and
+// NewProvider returns the provider's routes: /externaldata and
 // /externaldata/clusters/NAMESPACE/NAME.
 func NewProvider(opts ProviderOptions) (http.Handler, error) {
 	if opts.ClientCAs == nil {
@@ -302,7 +302,7 @@ func (h *providerHandler) facts(ctx context.Context, cluster string, node *unstr
 	return r.value, r.err
 }
 
-// flightKey is what a provider answer depends on: the route's cluster and
+// providerFlightKey is what a provider answer depends on: the route's cluster and
 // the Node as the rule reads it (not the review's uid), hashed.
 func providerFlightKey(cluster string, node *unstructured.Unstructured) (string, error) {
 	raw, err := json.Marshal(node.Object)

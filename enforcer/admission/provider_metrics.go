@@ -8,7 +8,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
 )
 
-// Metrics are the provider's Prometheus metrics, all prefixed
+// ProviderMetrics are the provider's Prometheus metrics, all prefixed
 // nodeguard_externaldata_. Requests answered with an HTTP error are also
 // counted by reason in nodeguard_rejected_requests_total (intake).
 type ProviderMetrics struct {
@@ -18,7 +18,7 @@ type ProviderMetrics struct {
 	duration  *prometheus.HistogramVec
 }
 
-// NewMetrics registers the metrics on reg.
+// NewProviderMetrics registers the metrics on reg.
 func NewProviderMetrics(reg prometheus.Registerer) (*ProviderMetrics, error) {
 	r := metrics.New(reg)
 	m := &ProviderMetrics{

@@ -58,7 +58,7 @@ type providerServer struct {
 	clients map[string]*http.Client
 }
 
-// serve runs the provider behind nodeguard's TLS server. Clients: "gatekeeper"
+// providerServe runs the provider behind nodeguard's TLS server. Clients: "gatekeeper"
 // has a certificate of the provider's client CA, "apiserver" one of the review
 // routes' CA, "anonymous" none.
 func providerServe(t testing.TB, facts admission.ProviderFacts, clusterExists func(context.Context, string, string) (bool, error)) *providerServer {

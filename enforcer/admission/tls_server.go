@@ -40,7 +40,7 @@ func DefaultCipherSuites() []string {
 	}
 }
 
-// Options are the server's certificate files and TLS settings.
+// TLSOptions are the server's certificate files and TLS settings.
 type TLSOptions struct {
 	CertFile, KeyFile string
 	// ClientCAFiles, when set, make the server ask for client certificates
@@ -76,7 +76,7 @@ func LoadCAs(files ...string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// Server is the HTTPS server; its certificate is reloaded when the files
+// TLSServer is the HTTPS server; its certificate is reloaded when the files
 // change.
 type TLSServer struct {
 	http    *http.Server
@@ -84,7 +84,7 @@ type TLSServer struct {
 	log     *slog.Logger
 }
 
-// New loads the certificate and builds the server; nothing listens yet.
+// NewTLSServer loads the certificate and builds the server; nothing listens yet.
 func NewTLSServer(handler http.Handler, opts TLSOptions, log *slog.Logger) (*TLSServer, error) {
 	if opts.CertFile == "" || opts.KeyFile == "" {
 		return nil, errors.New("--tls-cert-file and --tls-private-key-file are required: the API server only calls webhooks over HTTPS")

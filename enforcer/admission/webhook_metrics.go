@@ -9,13 +9,13 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
-// Metrics are the review routes' Prometheus metrics.
+// WebhookMetrics are the review routes' Prometheus metrics.
 type WebhookMetrics struct {
 	decisions *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
 }
 
-// NewMetrics registers nodeguard_decisions_total and
+// NewWebhookMetrics registers nodeguard_decisions_total and
 // nodeguard_decision_duration_seconds on reg.
 func NewWebhookMetrics(reg prometheus.Registerer) (*WebhookMetrics, error) {
 	r := metrics.New(reg)

@@ -25,7 +25,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
-// GVR is the ValidatingWebhookConfiguration resource.
+// WebhookConfigGVR is the ValidatingWebhookConfiguration resource.
 var WebhookConfigGVR = schema.GroupVersionResource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "validatingwebhookconfigurations"}
 
 // ClusterAnnotation, on a configuration nodeguard keeps in a workload
@@ -42,7 +42,7 @@ const (
 	TimeoutSeconds = 5
 )
 
-// Rules are the RBAC rules for keeping the configuration named Name: to
+// WebhookRules are the RBAC rules for keeping the configuration named Name: to
 // an identity of nodeguard's in a workload cluster (package identity).
 // Create cannot be limited to a name (RBAC does not know it before), so
 // that identity can create any configuration; everything else only Name.
@@ -54,7 +54,7 @@ func WebhookRules() []rbacv1.PolicyRule {
 	}
 }
 
-// Options say where the webhook is and which Machines count.
+// WebhookConfigOptions say where the webhook is and which Machines count.
 type WebhookConfigOptions struct {
 	// URL is the server's base URL (https); the route is appended.
 	URL string
@@ -88,7 +88,7 @@ const RegistersCondition = "request.operation == 'CREATE' || " +
 	"((!has(oldObject.spec) || !has(oldObject.spec.providerID) || oldObject.spec.providerID == '') && " +
 	"has(object.spec) && has(object.spec.providerID) && object.spec.providerID != '')"
 
-// Settings are what the API server does with the webhook: the failure
+// WebhookSettings are what the API server does with the webhook: the failure
 // policy, the timeout, and which Node deletes it sends at all. Nodes are
 // cluster-scoped, so an object selector on Node labels and CEL match
 // conditions are what narrow it (no namespace selector applies).
@@ -156,7 +156,7 @@ func checked(opts WebhookConfigOptions, route string) (string, error) {
 	return route + "/clusters/" + ns + "/" + name, nil
 }
 
-// Build returns the configuration: Node DELETE only, failurePolicy Fail
+// BuildWebhookConfig returns the configuration: Node DELETE only, failurePolicy Fail
 // (opts.Webhook changes that), and with opts.Registrations the
 // registration webhook.
 func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
@@ -292,7 +292,7 @@ func Certificates(bundle []byte) ([][]byte, error) {
 	return certs, nil
 }
 
-// YAML renders the configuration for kubectl apply.
+// WebhookConfigYAML renders the configuration for kubectl apply.
 func WebhookConfigYAML(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) ([]byte, error) {
 	out, err := yaml.Marshal(cfg)
 	if err != nil {
@@ -301,12 +301,12 @@ func WebhookConfigYAML(cfg *admissionregistrationv1.ValidatingWebhookConfigurati
 	return out, nil
 }
 
-// Object is the configuration as owned writes it.
+// WebhookConfigObject is the configuration as owned writes it.
 func WebhookConfigObject(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) (kube.Owned, error) {
 	return kube.OwnedFrom(WebhookConfigGVR, cfg)
 }
 
-// Apply writes the configuration into the cluster of client (server-side
+// ApplyWebhookConfig writes the configuration into the cluster of client (server-side
 // apply, nodeguard's field manager), replacing it whole where another
 // manager added fields to it.
 func ApplyWebhookConfig(ctx context.Context, client dynamic.Interface, cfg *admissionregistrationv1.ValidatingWebhookConfiguration) error {
@@ -318,7 +318,7 @@ func ApplyWebhookConfig(ctx context.Context, client dynamic.Interface, cfg *admi
 	return err
 }
 
-// Target is the client of the cluster a configuration goes to: the workload
+// InstallTarget is the client of the cluster a configuration goes to: the workload
 // cluster of the CAPI Cluster named by cluster, through its kubeconfig
 // Secret in the management cluster mgmt (package clusters' one way there),
 // connected by connect (dynamic.NewForConfig); with no cluster, self, the

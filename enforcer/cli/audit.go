@@ -26,7 +26,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
-// Options are the flags of `nodeguard audit`.
+// AuditOptions are the flags of `nodeguard audit`.
 type AuditOptions struct {
 	// Cluster, "namespace/name", audits that Cluster only; "" every one.
 	Cluster             string
@@ -40,7 +40,7 @@ type AuditOptions struct {
 	Bundle rule.BundleOptions
 }
 
-// Node is one Node's verdict.
+// AuditNode is one Node's verdict.
 type AuditNode struct {
 	Cluster  string   `json:"cluster"`
 	Node     string   `json:"node"`
@@ -50,7 +50,7 @@ type AuditNode struct {
 	Messages []string `json:"messages,omitempty"`
 }
 
-// Cluster is one Cluster's audit: its Nodes, or why they could not be read.
+// AuditCluster is one Cluster's audit: its Nodes, or why they could not be read.
 type AuditCluster struct {
 	Cluster string         `json:"cluster"`
 	Nodes   []AuditNode    `json:"nodes"`
@@ -58,7 +58,7 @@ type AuditCluster struct {
 	Error   string         `json:"error,omitempty"`
 }
 
-// Run audits and prints; the int is the exit code: 0, or 1 when a Cluster
+// Audit audits and prints; the int is the exit code: 0, or 1 when a Cluster
 // could not be audited (the others are printed).
 func Audit(ctx context.Context, opts AuditOptions, out io.Writer) (int, error) {
 	if err := checkOutput(opts.Output); err != nil {

@@ -26,7 +26,7 @@ const (
 	ExitDenied  = 2
 )
 
-// Options are the flags of `nodeguard check`.
+// CheckOptions are the flags of `nodeguard check`.
 type CheckOptions struct {
 	Node       string
 	Files      []string
@@ -42,14 +42,14 @@ type CheckOptions struct {
 	Bundle rule.BundleOptions
 }
 
-// Result is what -o json prints.
+// CheckResult is what -o json prints.
 type CheckResult struct {
 	Node    string `json:"node"`
 	Cluster string `json:"cluster,omitempty"`
 	rule.Decision
 }
 
-// Run judges the delete and prints the result; the int is the exit code.
+// Check judges the delete and prints the result; the int is the exit code.
 func Check(ctx context.Context, opts CheckOptions, out io.Writer) (int, error) {
 	if opts.Node == "" {
 		return ExitError, fmt.Errorf("--node is required")

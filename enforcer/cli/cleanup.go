@@ -25,7 +25,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
-// Options are the flags of `nodeguard cleanup`.
+// CleanupOptions are the flags of `nodeguard cleanup`.
 type CleanupOptions struct {
 	Kubeconfig, Context string
 	// Namespace is nodeguard's: its Deployment and the fleet's status.
@@ -37,7 +37,7 @@ type CleanupOptions struct {
 	Timeout time.Duration
 }
 
-// Run cleans up and prints what it removed; the int is the exit code: 1 when
+// Cleanup cleans up and prints what it removed; the int is the exit code: 1 when
 // something could not be removed (said which, and the Deployment scaled
 // back), else 0.
 func Cleanup(ctx context.Context, opts CleanupOptions, out io.Writer) (int, error) {

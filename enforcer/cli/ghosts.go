@@ -33,7 +33,7 @@ const (
 	ExitGhost = 2
 )
 
-// Options are the flags of `nodeguard ghosts`.
+// GhostsOptions are the flags of `nodeguard ghosts`.
 type GhostsOptions struct {
 	// Cluster, "namespace/name", looks only at that CAPI Cluster's workload
 	// cluster; "" at the cluster of the kubeconfig and every Cluster's.
@@ -50,7 +50,7 @@ type GhostsOptions struct {
 	Bundle rule.BundleOptions
 }
 
-// Report is what -o json prints.
+// GhostReport is what -o json prints.
 type GhostReport struct {
 	Ghosts     []Ghost           `json:"ghosts"`
 	Kept       []Ghost           `json:"kept"`
@@ -71,7 +71,7 @@ type Ghost struct {
 	Tombstone  facts.Tombstone `json:"tombstone"`
 }
 
-// Run lists ghosts (or clears tombstones) and prints the report; the int is
+// Ghosts lists ghosts (or clears tombstones) and prints the report; the int is
 // the exit code.
 func Ghosts(ctx context.Context, opts GhostsOptions, out io.Writer) (int, error) {
 	if err := checkOutput(opts.Output); err != nil {
@@ -117,7 +117,7 @@ func Ghosts(ctx context.Context, opts GhostsOptions, out io.Writer) (int, error)
 	return ExitNone, nil
 }
 
-// judge judges every Node with a tombstone, on fresh reads, in the cluster
+// judgeGhost judges every Node with a tombstone, on fresh reads, in the cluster
 // of the kubeconfig (unless opts.Cluster names one) and the workload
 // clusters.
 func judgeGhost(ctx context.Context, c kube.Clients, opts GhostsOptions, params map[string]any, eval *rule.Engine, store *facts.Tombstones, report *GhostReport) error {

@@ -47,7 +47,7 @@ type OrphansOptions struct {
 	Bundle rule.BundleOptions
 }
 
-// Report is what -o json prints.
+// OrphanReport is what -o json prints.
 type OrphanReport struct {
 	Orphans []Orphan `json:"orphans"`
 	Kept    []Kept   `json:"kept"`
@@ -69,7 +69,7 @@ type Kept struct {
 	Why  string `json:"why"`
 }
 
-// Run lists (and with Delete, deletes) orphan Nodes and prints the report;
+// Orphans lists (and with Delete, deletes) orphan Nodes and prints the report;
 // the int is the exit code.
 func Orphans(ctx context.Context, opts OrphansOptions, out io.Writer) (int, error) {
 	if err := checkOutput(opts.Output); err != nil {
@@ -214,7 +214,7 @@ func ListNodes(ctx context.Context, client dynamic.Interface) ([]*unstructured.U
 	return out, nil
 }
 
-// NewReport sorts verdicts into orphans and the CAPI-managed Nodes kept.
+// NewOrphanReport sorts verdicts into orphans and the CAPI-managed Nodes kept.
 func NewOrphanReport(verdicts []guard.OrphanVerdict) OrphanReport {
 	r := OrphanReport{Orphans: []Orphan{}, Kept: []Kept{}}
 	for _, v := range verdicts {

@@ -27,16 +27,16 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
-// DefaultName is the Constraint constraints/constraint.yaml applies.
+// DefaultConstraintName is the Constraint constraints/constraint.yaml applies.
 const DefaultConstraintName = "node-deletion-guard"
 
-// GroupKind is the Constraint's: Gatekeeper serves a CRD of this kind once
+// ConstraintGroupKind is the Constraint's: Gatekeeper serves a CRD of this kind once
 // the K8sNodeGuard ConstraintTemplate is applied.
 func ConstraintGroupKind() schema.GroupKind {
 	return schema.GroupKind{Group: "constraints.gatekeeper.sh", Kind: ConstraintKind}
 }
 
-// Spec is what nodeguard takes from the Constraint.
+// ConstraintSpec is what nodeguard takes from the Constraint.
 type ConstraintSpec struct {
 	// Parameters are spec.parameters (nil: none, the rule's defaults).
 	Parameters map[string]any
@@ -53,7 +53,7 @@ func (s ConstraintSpec) Same(o ConstraintSpec) bool {
 	return s.Action == o.Action && reflect.DeepEqual(s.Parameters, o.Parameters)
 }
 
-// FromObject reads a Constraint. An action nodeguard does not take (e.g.
+// ConstraintSpecOf reads a Constraint. An action nodeguard does not take (e.g.
 // Gatekeeper's "scoped") is an error: guessing one would be wrong either way.
 func ConstraintSpecOf(obj *unstructured.Unstructured) (ConstraintSpec, error) {
 	name := fmt.Sprintf("%s %s", ConstraintKind, obj.GetName())
@@ -74,7 +74,7 @@ func ConstraintSpecOf(obj *unstructured.Unstructured) (ConstraintSpec, error) {
 	return s, nil
 }
 
-// Read returns the Constraint's spec as the API server has it now. No CRD
+// ReadConstraint returns the Constraint's spec as the API server has it now. No CRD
 // or no Constraint is no error: the Spec is empty and From says which.
 func ReadConstraint(ctx context.Context, client dynamic.Interface, mapper meta.RESTMapper, name string) (ConstraintSpec, error) {
 	mapping, err := kube.RESTMapping(mapper, ConstraintGroupKind())
@@ -94,7 +94,7 @@ func ReadConstraint(ctx context.Context, client dynamic.Interface, mapper meta.R
 	return ConstraintSpecOf(obj)
 }
 
-// Parameters are the spec.parameters of the Constraint DefaultName as the
+// LiveConstraintParameters are the spec.parameters of the Constraint DefaultName as the
 // API server has it now (none without one, or without Gatekeeper's CRD: the
 // rule's defaults): what serve starts with, for the commands that judge live.
 func LiveConstraintParameters(ctx context.Context, client dynamic.Interface, mapper meta.RESTMapper) (map[string]any, error) {
@@ -105,7 +105,7 @@ func LiveConstraintParameters(ctx context.Context, client dynamic.Interface, map
 	return spec.Parameters, nil
 }
 
-// Options configure Watch.
+// ConstraintWatchOptions configure Watch.
 type ConstraintWatchOptions struct {
 	Client dynamic.Interface
 	Mapper meta.RESTMapper
@@ -123,7 +123,7 @@ type ConstraintWatchOptions struct {
 	Log     *slog.Logger
 }
 
-// Watch follows the Constraint until ctx is done: each change is applied
+// WatchConstraint follows the Constraint until ctx is done: each change is applied
 // once, a deleted Constraint puts the defaults back in force.
 func WatchConstraint(ctx context.Context, opts ConstraintWatchOptions) {
 	if opts.Recheck <= 0 {
@@ -194,12 +194,12 @@ func (w *watcher) refused(err error) {
 	w.opts.Log.Error("Constraint refused: the parameters before it stay in force", "from", w.applied.From, "error", err.Error())
 }
 
-// Metrics count the Constraint's reloads.
+// ConstraintMetrics count the Constraint's reloads.
 type ConstraintMetrics struct {
 	reloads, errors prometheus.Counter
 }
 
-// NewMetrics registers nodeguard_constraint_reloads_total and
+// NewConstraintMetrics registers nodeguard_constraint_reloads_total and
 // nodeguard_constraint_reload_errors_total with reg.
 func NewConstraintMetrics(reg prometheus.Registerer) (*ConstraintMetrics, error) {
 	r := metrics.New(reg)

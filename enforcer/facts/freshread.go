@@ -18,7 +18,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
-// Reader implements guard.FreshReader with a dynamic client.
+// FreshReader implements guard.FreshReader with a dynamic client.
 type FreshReader struct {
 	client dynamic.Interface
 	mapper meta.RESTMapper
@@ -28,7 +28,7 @@ type FreshReader struct {
 	reads singleflight.Group
 }
 
-// New returns a Reader; the mapper turns kinds into resources.
+// NewFreshReader returns a Reader; the mapper turns kinds into resources.
 func NewFreshReader(client dynamic.Interface, mapper meta.RESTMapper) *FreshReader {
 	return &FreshReader{client: client, mapper: mapper}
 }

@@ -34,7 +34,7 @@ import (
 
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
-// Options configure a Syncer.
+// SyncerOptions configure a Syncer.
 type SyncerOptions struct {
 	Client dynamic.Interface
 	// Mapper maps kinds to resources; when it can reset (a deferred
@@ -123,7 +123,7 @@ type tracked struct {
 	references cache.ResourceEventHandlerRegistration
 }
 
-// New returns a Syncer that fills inv.
+// NewSyncer returns a Syncer that fills inv.
 func NewSyncer(inv *Inventory, opts SyncerOptions) *Syncer {
 	if opts.RetryInterval == 0 {
 		opts.RetryInterval = 10 * time.Second

@@ -89,7 +89,7 @@ type kindStore struct {
 	indexer cache.Indexer
 }
 
-// New returns an empty inventory following model.
+// NewInventory returns an empty inventory following model.
 func NewInventory(model *rule.Model) *Inventory {
 	return &Inventory{
 		model:  model,

@@ -21,7 +21,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 )
 
-// Load reads every object from the given files and directories (directories
+// LoadManifests reads every object from the given files and directories (directories
 // recursively, files ending in .yaml, .yml or .json), in path order.
 func LoadManifests(paths ...string) ([]*unstructured.Unstructured, error) {
 	var objs []*unstructured.Unstructured
@@ -74,7 +74,7 @@ func expand(path string) ([]string, error) {
 
 var yamlLine = regexp.MustCompile(`line (\d+)`)
 
-// LoadFile reads the objects of one file: its YAML documents as kubectl
+// LoadManifestFile reads the objects of one file: its YAML documents as kubectl
 // splits them (apimachinery's YAMLReader; JSON is YAML), each error naming
 // the file and the line.
 func LoadManifestFile(path string) ([]*unstructured.Unstructured, error) {

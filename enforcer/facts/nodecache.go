@@ -21,7 +21,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
-// ShapeOf is the Node shape of the policy e runs: the link model's
+// NodeShapeOf is the Node shape of the policy e runs: the link model's
 // NodeCacheShape for its orphan criteria's Node fields, which it must have.
 func NodeShapeOf(e *rule.Engine) (*record.Shape, error) {
 	fields, err := e.NodeFields()

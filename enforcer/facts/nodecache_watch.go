@@ -21,7 +21,7 @@ import (
 // nodesGVR is core Nodes, for a dynamic client.
 var nodesGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 
-// WatchOptions configure a Watch.
+// NodeWatchOptions configure a Watch.
 type NodeWatchOptions struct {
 	Shape *record.Shape
 	// Kube watches Nodes through the typed client (protobuf when its config
@@ -37,7 +37,7 @@ type NodeWatchOptions struct {
 	OnError func(err error)
 }
 
-// Watch is a Nodes cache filled by an informer: one list (or, on an API
+// NodeWatch is a Nodes cache filled by an informer: one list (or, on an API
 // server that streams it, one watch) and then watch events, never a list per
 // pass. Each Node is reduced as it arrives, so the cache holds only Nodes.
 type NodeWatch struct {
@@ -45,7 +45,7 @@ type NodeWatch struct {
 	informer cache.SharedIndexInformer
 }
 
-// NewWatch builds the informer; Run starts it.
+// NewNodeWatch builds the informer; Run starts it.
 func NewNodeWatch(opts NodeWatchOptions) (*NodeWatch, error) {
 	var (
 		list    func(context.Context, metav1.ListOptions) (runtime.Object, error)

@@ -55,7 +55,7 @@ const (
 	DefaultMax    = 2000
 )
 
-// Options configure a Store.
+// TombstoneOptions configure a Store.
 type TombstoneOptions struct {
 	// Window is how long a providerID stays tombstoned (default
 	// DefaultWindow).
@@ -71,7 +71,7 @@ type TombstoneOptions struct {
 	Metrics *TombstoneMetrics
 }
 
-// Store holds the tombstones; safe for concurrent use.
+// Tombstones holds the tombstones; safe for concurrent use.
 type Tombstones struct {
 	opts TombstoneOptions
 
@@ -90,7 +90,7 @@ type op struct {
 	end string
 }
 
-// New returns an empty Store.
+// NewTombstones returns an empty Store.
 func NewTombstones(opts TombstoneOptions) *Tombstones {
 	if opts.Window <= 0 {
 		opts.Window = DefaultWindow
@@ -254,7 +254,7 @@ func (s *Tombstones) Len() int {
 	return len(s.current)
 }
 
-// Encode is the JSON a ConfigMap keeps of tombstones: an array, the newest
+// EncodeTombstones is the JSON a ConfigMap keeps of tombstones: an array, the newest
 // deletion first.
 func EncodeTombstones(ts []Tombstone) ([]byte, error) {
 	ts = slices.Clone(ts)
@@ -265,7 +265,7 @@ func EncodeTombstones(ts []Tombstone) ([]byte, error) {
 	return json.Marshal(ts)
 }
 
-// Decode reads what Encode wrote.
+// DecodeTombstones reads what Encode wrote.
 func DecodeTombstones(raw string) ([]Tombstone, error) {
 	if raw == "" {
 		return nil, nil

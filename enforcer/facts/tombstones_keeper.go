@@ -33,11 +33,11 @@ const (
 
 var configMaps = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
 
-// DefaultWriteInterval bounds how often the ConfigMap is written, and how
+// DefaultTombstoneWriteInterval bounds how often the ConfigMap is written, and how
 // long a tombstone waits to survive a restart.
 const DefaultTombstoneWriteInterval = time.Second
 
-// Keeper keeps a Store in the ConfigMap: Load reads it at start, Run writes
+// TombstoneKeeper keeps a Store in the ConfigMap: Load reads it at start, Run writes
 // what changed (server-side apply, with the resourceVersion it last saw as
 // a precondition) and takes what someone else wrote as the new base, the
 // changes made here replayed on it. Deleting the ConfigMap clears every
@@ -250,7 +250,7 @@ func providerIDs(ts []Tombstone) []string {
 	return out
 }
 
-// Read returns the tombstones the ConfigMap holds, the newest first, and
+// ReadTombstones returns the tombstones the ConfigMap holds, the newest first, and
 // whether it exists.
 func ReadTombstones(ctx context.Context, client dynamic.Interface, namespace string) ([]Tombstone, bool, error) {
 	cm, err := client.Resource(configMaps).Namespace(namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
@@ -269,7 +269,7 @@ func ReadTombstones(ctx context.Context, client dynamic.Interface, namespace str
 	return ts, true, nil
 }
 
-// Clear removes the tombstones of providerIDs from the ConfigMap (the
+// ClearTombstones removes the tombstones of providerIDs from the ConfigMap (the
 // operator's `nodeguard ghosts --clear`), retrying on conflicts; nodeguard
 // serve takes the edit as it comes. It returns those it found.
 func ClearTombstones(ctx context.Context, client dynamic.Interface, namespace string, providerIDs []string) ([]string, error) {
@@ -315,7 +315,7 @@ func ClearTombstones(ctx context.Context, client dynamic.Interface, namespace st
 	return found, nil
 }
 
-// Load returns a Store holding what the ConfigMap holds now, for a command
+// LoadTombstones returns a Store holding what the ConfigMap holds now, for a command
 // that judges once (`nodeguard ghosts`, `nodeguard orphans`): an absent
 // ConfigMap is no tombstone.
 func LoadTombstones(ctx context.Context, client dynamic.Interface, namespace string) (*Tombstones, error) {

@@ -6,7 +6,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
 )
 
-// Metrics are the tombstones' Prometheus series.
+// TombstoneMetrics are the tombstones' Prometheus series.
 type TombstoneMetrics struct {
 	held    prometheus.Gauge
 	evicts  prometheus.Counter
@@ -14,7 +14,7 @@ type TombstoneMetrics struct {
 	ignored prometheus.Counter
 }
 
-// NewMetrics registers nodeguard_tombstones, nodeguard_tombstones_evicted_total,
+// NewTombstoneMetrics registers nodeguard_tombstones, nodeguard_tombstones_evicted_total,
 // nodeguard_tombstone_writes_total{result} and
 // nodeguard_tombstone_reads_unreadable_total.
 func NewTombstoneMetrics(reg prometheus.Registerer) (*TombstoneMetrics, error) {

@@ -19,7 +19,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
-// Options configure an Enforcer.
+// EnforcerOptions configure an Enforcer.
 type EnforcerOptions struct {
 	// Parameters are a Constraint's spec.parameters (nil: the defaults).
 	Parameters map[string]any
@@ -43,7 +43,7 @@ type Enforcer struct {
 	Inventory *facts.Inventory
 }
 
-// Start starts the informers and returns at once; the Guard denies every
+// StartEnforcer starts the informers and returns at once; the Guard denies every
 // delete until Syncer.Ready reports the caches synced. Informers stop when
 // ctx is done.
 func StartEnforcer(ctx context.Context, c kube.Clients, opts EnforcerOptions) (*Enforcer, error) {

@@ -24,7 +24,7 @@ import (
 // NodeGVR is the resource of core Nodes.
 var NodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 
-// Verdict is the criteria's answer for one Node.
+// OrphanVerdict is the criteria's answer for one Node.
 type OrphanVerdict struct {
 	Node          string   `json:"node"`
 	Orphan        bool     `json:"orphan"`
@@ -72,7 +72,7 @@ func EvaluatorFor(e *rule.Engine) (*Evaluator, error) {
 	return &Evaluator{engine: e}, nil
 }
 
-// Input is what the criteria read for one Node.
+// VerdictInput is what the criteria read for one Node.
 type VerdictInput struct {
 	Node            map[string]any
 	Inventory       map[string]any
@@ -137,7 +137,7 @@ func (e *Evaluator) Screen(ctx context.Context, in VerdictInput) (Screen, error)
 	return s, nil
 }
 
-// Options configure a Finder.
+// FinderOptions configure a Finder.
 type FinderOptions struct {
 	// Guard supplies the objects the rule reads for a Node (indexes, fresh
 	// reads), the effective parameters, and the policy; required.

@@ -77,7 +77,7 @@ type Cluster struct {
 	Identity *IdentitySession
 }
 
-// Options configure a Set.
+// ClusterSetOptions configure a Set.
 type ClusterSetOptions struct {
 	// Management is the management cluster: Clusters are watched through
 	// Dynamic and Mapper, kubeconfig Secrets read (GET only) through Secrets.
@@ -122,10 +122,10 @@ type ClusterSetOptions struct {
 	Metrics *ClusterMetrics
 }
 
-// DefaultRecheck is how often kubeconfig Secrets are read again.
+// DefaultClusterRecheck is how often kubeconfig Secrets are read again.
 const DefaultClusterRecheck = time.Minute
 
-// Set keeps one connection per workload Cluster with a readable kubeconfig.
+// ClusterSet keeps one connection per workload Cluster with a readable kubeconfig.
 type ClusterSet struct {
 	opts ClusterSetOptions
 	loop *Loop[string]
@@ -138,7 +138,7 @@ type ClusterSet struct {
 	secretDue map[string]time.Time // when its Secret is read next (absent: now)
 }
 
-// Meta is what the Set keeps of a Cluster: what says whether, and how, a
+// ClusterMeta is what the Set keeps of a Cluster: what says whether, and how, a
 // caller acts on it.
 type ClusterMeta struct {
 	// APIVersion and UID name the Cluster object, for an Event on it.
@@ -172,7 +172,7 @@ type conn struct {
 	suspected bool // a request or watch failed since the last probe
 }
 
-// New returns a Set; Run runs it.
+// NewClusterSet returns a Set; Run runs it.
 func NewClusterSet(opts ClusterSetOptions) (*ClusterSet, error) {
 	if opts.Management.Dynamic == nil || opts.Management.Mapper == nil || opts.Secrets == nil || opts.Start == nil {
 		return nil, errors.New("clusters: the management cluster's clients and a Start function are required")
@@ -688,7 +688,7 @@ func (s *ClusterSet) probeDue(c *conn) time.Time {
 	return c.lastProbe.Add(s.opts.ProbeInterval)
 }
 
-// Metrics are the Set's Prometheus series.
+// ClusterMetrics are the Set's Prometheus series.
 type ClusterMetrics struct {
 	errors   *prometheus.CounterVec
 	sessions *prometheus.GaugeVec
@@ -696,7 +696,7 @@ type ClusterMetrics struct {
 	checks   *prometheus.CounterVec
 }
 
-// NewMetrics registers nodeguard_workload_cluster_errors_total{cluster,
+// NewClusterMetrics registers nodeguard_workload_cluster_errors_total{cluster,
 // stage}, nodeguard_workload_cluster_session{cluster},
 // nodeguard_workload_cluster_reachable{cluster} and
 // nodeguard_workload_cluster_health_checks_total{result}.

@@ -13,7 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// Health is what the Set knows of whether a workload API server answers.
+// ClusterHealth is what the Set knows of whether a workload API server answers.
 type ClusterHealth struct {
 	// Checked: a probe ran in this connection; before, Reachable means
 	// nothing.

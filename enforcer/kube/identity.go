@@ -45,7 +45,7 @@ const ManagedBy = "nodeguard"
 // shorten it. A token is renewed at 80% of the life it was given.
 const DefaultTokenTTL = time.Hour
 
-// Options say what the identity may do.
+// IdentityOptions say what the identity may do.
 type IdentityOptions struct {
 	// Delete grants Node delete: the fleet's proofs are dry-run deletes,
 	// which RBAC authorizes as deletes, and the reaper deletes orphans.
@@ -64,7 +64,7 @@ type IdentityOptions struct {
 	Log      *slog.Logger
 }
 
-// Session is nodeguard's identity in one workload cluster.
+// IdentitySession is nodeguard's identity in one workload cluster.
 type IdentitySession struct {
 	// Config authenticates as the ServiceAccount (no admin credentials).
 	Config *rest.Config
@@ -73,7 +73,7 @@ type IdentitySession struct {
 	tokens *tokens
 }
 
-// Ensure installs the identity with admin (the kubeconfig's credentials),
+// EnsureIdentity installs the identity with admin (the kubeconfig's credentials),
 // gets its first token, and returns the session that uses it.
 func EnsureIdentity(ctx context.Context, admin *rest.Config, opts IdentityOptions) (*IdentitySession, error) {
 	if opts.TokenTTL <= 0 {
@@ -120,7 +120,7 @@ func (s *IdentitySession) Repair(ctx context.Context) error {
 	return nil
 }
 
-// Objects are what Ensure installs: the Namespace, the ServiceAccount, a
+// IdentityObjects are what Ensure installs: the Namespace, the ServiceAccount, a
 // ClusterRole and a Role with what nodeguard does there, and their
 // bindings.
 func IdentityObjects(opts IdentityOptions) ([]Owned, error) {

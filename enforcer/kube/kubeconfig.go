@@ -58,7 +58,7 @@ func unanswered(err error) bool {
 	return errors.As(err, &read) && !apierrors.IsNotFound(err)
 }
 
-// Config is the REST config of a workload Cluster's kubeconfig: the one way
+// ClusterConfig is the REST config of a workload Cluster's kubeconfig: the one way
 // from a kubeconfig to a client, for the Set's connections and the commands
 // that reach a workload cluster once.
 func ClusterConfig(key string, kubeconfig []byte) (*rest.Config, error) {
@@ -69,7 +69,7 @@ func ClusterConfig(key string, kubeconfig []byte) (*rest.Config, error) {
 	return cfg, nil
 }
 
-// Connect reads the kubeconfig of the workload Cluster key through secrets
+// ConnectCluster reads the kubeconfig of the workload Cluster key through secrets
 // and returns its REST config.
 func ConnectCluster(ctx context.Context, secrets kubernetes.Interface, key string) (*rest.Config, error) {
 	kubeconfig, err := ReadKubeconfig(ctx, secrets, key)

@@ -24,7 +24,7 @@ func SplitKey(what, key string) (namespace, name string, err error) {
 	return namespace, name, nil
 }
 
-// Nodes is the Nodes resource of the workload cluster of CAPI Cluster key
+// ClusterNodes is the Nodes resource of the workload cluster of CAPI Cluster key
 // ("namespace/name"): Dynamic's.
 func ClusterNodes(ctx context.Context, management *rest.Config, key string) (dynamic.ResourceInterface, error) {
 	dyn, err := ClusterDynamic(ctx, management, key)
@@ -34,7 +34,7 @@ func ClusterNodes(ctx context.Context, management *rest.Config, key string) (dyn
 	return dyn.Resource(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}), nil
 }
 
-// Dynamic is a client of the workload cluster of CAPI Cluster key
+// ClusterDynamic is a client of the workload cluster of CAPI Cluster key
 // ("namespace/name"), with its kubeconfig's credentials, read through the
 // management cluster of management: for the commands that reach a workload
 // cluster once (check, audit, cleanup, webhook-config), where serve keeps
@@ -58,7 +58,7 @@ func ClusterDynamic(ctx context.Context, management *rest.Config, key string) (d
 	return dyn, nil
 }
 
-// Keys are CAPI Clusters of the cluster of c, "namespace/name", sorted:
+// ClusterKeys are CAPI Clusters of the cluster of c, "namespace/name", sorted:
 // one, checked to exist, or all ("").
 func ClusterKeys(ctx context.Context, c Clients, one string) ([]string, error) {
 	mapping, err := RESTMapping(c.Mapper, ClusterKind)

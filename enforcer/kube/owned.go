@@ -23,18 +23,18 @@ import (
 // FieldManager owns every field nodeguard writes.
 const FieldManager = "nodeguard"
 
-// Label marks an object as nodeguard's, and its value says which component
+// ManagedByLabel marks an object as nodeguard's, and its value says which component
 // keeps it.
 const ManagedByLabel = "app.kubernetes.io/managed-by"
 
-// Object is what Apply writes: the resource and the object, cluster-scoped
+// Owned is what Apply writes: the resource and the object, cluster-scoped
 // when it has no namespace.
 type Owned struct {
 	Resource schema.GroupVersionResource
 	Object   *unstructured.Unstructured
 }
 
-// From converts a typed object (with its TypeMeta set) for Apply.
+// OwnedFrom converts a typed object (with its TypeMeta set) for Apply.
 func OwnedFrom(gvr schema.GroupVersionResource, obj runtime.Object) (Owned, error) {
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
 	if err != nil {
@@ -57,7 +57,7 @@ func (o Owned) String() string {
 	return o.Object.GetKind() + " " + o.Object.GetName()
 }
 
-// Apply writes o with server-side apply, forcing nodeguard's ownership of
+// ApplyOwned writes o with server-side apply, forcing nodeguard's ownership of
 // the fields it sets, and returns the object as the API server stored it.
 func ApplyOwned(ctx context.Context, c dynamic.Interface, o Owned) (*unstructured.Unstructured, error) {
 	out, err := o.client(c).Apply(ctx, o.Object.GetName(), o.Object, metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
@@ -67,7 +67,7 @@ func ApplyOwned(ctx context.Context, c dynamic.Interface, o Owned) (*unstructure
 	return out, nil
 }
 
-// Create writes o only if it does not exist yet (an apply cannot say so):
+// CreateOwned writes o only if it does not exist yet (an apply cannot say so):
 // the error is AlreadyExists (apierrors.IsAlreadyExists) when another writer
 // created it first.
 func CreateOwned(ctx context.Context, c dynamic.Interface, o Owned) (*unstructured.Unstructured, error) {
@@ -78,7 +78,7 @@ func CreateOwned(ctx context.Context, c dynamic.Interface, o Owned) (*unstructur
 	return out, nil
 }
 
-// Restore makes the object in the cluster hold what o says and nothing else
+// RestoreOwned makes the object in the cluster hold what o says and nothing else
 // in the fields o sets: an apply takes back the fields another manager
 // changed, but it cannot remove a field another manager added (an
 // objectSelector that would let Nodes pass, say), so where the applied
@@ -156,7 +156,7 @@ func sameJSON(a, b any) bool {
 // says another manager (Helm, kustomize) is not nodeguard's to delete.
 const Owner = "nodeguard"
 
-// Delete removes the object name of gvr (in namespace, "" when
+// DeleteOwned removes the object name of gvr (in namespace, "" when
 // cluster-scoped) if Label says nodeguard keeps it: one it does not own is
 // left alone. A missing object is no error.
 func DeleteOwned(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionResource, namespace, name string) (bool, error) {

@@ -27,7 +27,7 @@ type ObjectOptions struct {
 	Failed func(error)
 }
 
-// Object watches one object by name (a field selector on metadata.name): the
+// ObjectWatch watches one object by name (a field selector on metadata.name): the
 // configurations nodeguard keeps, the Constraint it follows, a Lease. The
 // cache holds that object alone, without its managed fields.
 type ObjectWatch struct {

@@ -37,15 +37,15 @@ type Protection string
 
 // The protections.
 const (
-	// Off reports ghosts (metric, Event, `nodeguard ghosts`) and does
+	// ProtectionOff reports ghosts (metric, Event, `nodeguard ghosts`) and does
 	// nothing else.
 	ProtectionOff Protection = "off"
-	// Deny has the registration webhook (its own entry, failurePolicy
+	// ProtectionDeny has the registration webhook (its own entry, failurePolicy
 	// Ignore) deny a ghost's Node CREATE, and the UPDATE that sets a
 	// tombstoned providerID: the kubelet keeps retrying, nothing is
 	// scheduled there. Ghosts that registered anyway are reported.
 	ProtectionDeny Protection = "deny"
-	// Taint lets the ghost register and taints it NoExecute (TaintKey):
+	// ProtectionTaint lets the ghost register and taints it NoExecute (TaintKey):
 	// nothing is scheduled there, nothing without a toleration kept.
 	ProtectionTaint Protection = "taint"
 )
@@ -53,7 +53,7 @@ const (
 // Protections lists them, for flags and errors.
 func Protections() []Protection { return []Protection{ProtectionOff, ProtectionDeny, ProtectionTaint} }
 
-// Annotation on a CAPI Cluster sets its protection, over the default
+// GhostAnnotation on a CAPI Cluster sets its protection, over the default
 // (serve --ghost-protection).
 const GhostAnnotation = "nodeguard.io/ghost-protection"
 
@@ -77,7 +77,7 @@ func ParseProtection(s string, def Protection) (Protection, error) {
 	return p, nil
 }
 
-// Of is a Cluster's protection: its annotation, else def.
+// ProtectionOf is a Cluster's protection: its annotation, else def.
 func ProtectionOf(annotations map[string]string, def Protection) (Protection, error) {
 	p, err := ParseProtection(annotations[GhostAnnotation], def)
 	if err != nil {
@@ -86,7 +86,7 @@ func ProtectionOf(annotations map[string]string, def Protection) (Protection, er
 	return p, nil
 }
 
-// Target is one cluster whose ghosts are acted on.
+// GhostTarget is one cluster whose ghosts are acted on.
 type GhostTarget struct {
 	// Cluster is "" for the cluster nodeguard runs in, else the workload
 	// Cluster's "namespace/name".
@@ -97,7 +97,7 @@ type GhostTarget struct {
 	Recorder events.EventRecorder
 }
 
-// Options configure a Tracker.
+// GhostOptions configure a Tracker.
 type GhostOptions struct {
 	// Protection is a cluster's protection (nil: Off everywhere).
 	Protection func(cluster string) Protection
@@ -108,14 +108,14 @@ type GhostOptions struct {
 	Log     *slog.Logger
 }
 
-// DefaultConfirm: a new InfraMachine (management cluster) and the Node its
+// DefaultGhostConfirm: a new InfraMachine (management cluster) and the Node its
 // host registers (workload cluster) reach nodeguard through informers of
 // two API servers, so for some milliseconds a legitimate reuse of a
 // providerID can look like a ghost; a verdict that holds this long is no
 // informer's lag.
 const DefaultGhostConfirm = 2 * time.Second
 
-// Tracker remembers the ghosts seen; safe for concurrent use.
+// GhostTracker remembers the ghosts seen; safe for concurrent use.
 type GhostTracker struct {
 	opts GhostOptions
 
@@ -131,7 +131,7 @@ type ghost struct {
 	tainted   bool
 }
 
-// Record is a ghost as `nodeguard ghosts` and the logs show it.
+// GhostRecord is a ghost as `nodeguard ghosts` and the logs show it.
 type GhostRecord struct {
 	Cluster string      `json:"cluster"`
 	Ghost   guard.Ghost `json:"ghost"`
@@ -139,7 +139,7 @@ type GhostRecord struct {
 	Tainted bool        `json:"tainted"`
 }
 
-// New returns a Tracker with no ghost.
+// NewGhostTracker returns a Tracker with no ghost.
 func NewGhostTracker(opts GhostOptions) *GhostTracker {
 	if opts.Confirm <= 0 {
 		opts.Confirm = DefaultGhostConfirm
@@ -342,12 +342,12 @@ func (tr *GhostTracker) Ghosts() []GhostRecord {
 	return out
 }
 
-// Metrics are the ghosts' Prometheus series.
+// GhostMetrics are the ghosts' Prometheus series.
 type GhostMetrics struct {
 	ghosts *prometheus.GaugeVec
 }
 
-// NewMetrics registers nodeguard_ghost_nodes{cluster}.
+// NewGhostMetrics registers nodeguard_ghost_nodes{cluster}.
 func NewGhostMetrics(reg prometheus.Registerer) (*GhostMetrics, error) {
 	r := metrics.New(reg)
 	m := &GhostMetrics{ghosts: r.GaugeVec("nodeguard_ghost_nodes",

@@ -29,7 +29,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
 )
 
-// Target is one cluster whose Nodes are reconciled.
+// ReapTarget is one cluster whose Nodes are reconciled.
 type ReapTarget struct {
 	// Cluster scopes the Machines that count: "" for the cluster nodeguard
 	// runs in (self-hosted), "namespace/name" for a CAPI workload cluster.
@@ -43,13 +43,13 @@ type ReapTarget struct {
 	ObserveOnly bool
 }
 
-// Metrics are the reaper's Prometheus series.
+// ReaperMetrics are the reaper's Prometheus series.
 type ReaperMetrics struct {
 	orphans *prometheus.GaugeVec
 	deleted *prometheus.CounterVec
 }
 
-// NewMetrics registers nodeguard_orphan_nodes and
+// NewReaperMetrics registers nodeguard_orphan_nodes and
 // nodeguard_orphan_nodes_deleted_total, both labelled by cluster ("" for
 // the cluster nodeguard runs in).
 func NewReaperMetrics(reg prometheus.Registerer) (*ReaperMetrics, error) {
@@ -66,7 +66,7 @@ func NewReaperMetrics(reg prometheus.Registerer) (*ReaperMetrics, error) {
 	return m, nil
 }
 
-// Options configure a Reaper.
+// ReaperOptions configure a Reaper.
 type ReaperOptions struct {
 	// Finder judges Nodes; its Guard should re-read objects fresh.
 	Finder *guard.Finder
@@ -106,7 +106,7 @@ type sighting struct {
 	failures int
 }
 
-// New returns a Reaper.
+// NewReaper returns a Reaper.
 func NewReaper(opts ReaperOptions) (*Reaper, error) {
 	if opts.Finder == nil {
 		return nil, fmt.Errorf("reaper: a Finder is required")

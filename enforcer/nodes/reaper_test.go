@@ -95,7 +95,7 @@ func (f *fixture) target() ReapTarget {
 	return ReapTarget{Nodes: f.client, Recorder: f.recorder}
 }
 
-// Result says what one pass did.
+// ReapResult says what one pass did.
 type ReapResult struct {
 	Orphans []string // Nodes found orphan in this pass
 	Deleted []string // Nodes deleted (never in dry-run)

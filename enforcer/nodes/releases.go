@@ -31,7 +31,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 )
 
-// Options configure a Publisher.
+// PublisherOptions configure a Publisher.
 type PublisherOptions struct {
 	// Judge is the rule's release verdict for Nodes of a cluster, from the
 	// caches or, with fresh, from fresh reads (orphans.Finder.Releases).
@@ -54,7 +54,7 @@ type PublisherOptions struct {
 	Metrics *ReleaseMetrics
 }
 
-// Write stores the released Nodes in one workload cluster.
+// WriteReleases stores the released Nodes in one workload cluster.
 type WriteReleases func(ctx context.Context, cm *corev1.ConfigMap) error
 
 // Publisher keeps the released Nodes of the clusters enrolled; safe for
@@ -74,7 +74,7 @@ type releaseCluster struct {
 	dirty    bool
 }
 
-// New returns a Publisher with no cluster enrolled.
+// NewPublisher returns a Publisher with no cluster enrolled.
 func NewPublisher(opts PublisherOptions) (*Publisher, error) {
 	if opts.Judge == nil || opts.Ready == nil {
 		return nil, fmt.Errorf("releases: a Judge and the caches' readiness are required")

@@ -6,14 +6,14 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
 )
 
-// Metrics are the publisher's Prometheus series, by workload cluster.
+// ReleaseMetrics are the publisher's Prometheus series, by workload cluster.
 type ReleaseMetrics struct {
 	writes   *prometheus.CounterVec
 	released *prometheus.GaugeVec
 	omitted  *prometheus.GaugeVec
 }
 
-// NewMetrics registers nodeguard_release_writes_total{cluster,result},
+// NewReleaseMetrics registers nodeguard_release_writes_total{cluster,result},
 // nodeguard_released_nodes{cluster} and
 // nodeguard_release_omitted_nodes{cluster}: a cluster whose writes fail, or
 // whose released Nodes no longer fit the ConfigMap, has Node deletes denied

@@ -32,7 +32,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
-// Nodes is one cluster's Node cache (nodecache.Watch, or nodecache.Nodes
+// NodeCache is one cluster's Node cache (nodecache.Watch, or nodecache.Nodes
 // fed directly).
 type NodeCache interface {
 	HasSynced() bool
@@ -42,7 +42,7 @@ type NodeCache interface {
 	Linked(l rule.Link, values [][]string) []string
 }
 
-// Options configure a Scanner.
+// ScanOptions configure a Scanner.
 type ScanOptions struct {
 	// Finder judges a Node from the caches; it must judge with Evidence.
 	Finder   *guard.Finder
@@ -112,7 +112,7 @@ type scanCluster struct {
 	judged bool // a pass over its Nodes ran since it synced
 }
 
-// New returns a Scanner with no clusters.
+// NewScanner returns a Scanner with no clusters.
 func NewScanner(opts ScanOptions) (*Scanner, error) {
 	if opts.Finder == nil || opts.Evidence == nil || opts.Reaper == nil || opts.Model == nil || opts.Ready == nil {
 		return nil, fmt.Errorf("orphanscan: a Finder, its Evidence, a Reaper, the link model and the inventory's readiness are required")
@@ -296,7 +296,7 @@ func (s *Scanner) signal() {
 	}
 }
 
-// Result says what one RunDue did.
+// ScanResult says what one RunDue did.
 type ScanResult struct {
 	Judged  int      // Nodes judged
 	Full    bool     // a full pass ran

@@ -13,13 +13,13 @@ const (
 	stageFull   = "full"
 )
 
-// Metrics are the scan's Prometheus series.
+// ScanMetrics are the scan's Prometheus series.
 type ScanMetrics struct {
 	judgments *prometheus.CounterVec
 	errors    prometheus.Counter
 }
 
-// NewMetrics registers nodeguard_orphan_judgments_total{stage} and
+// NewScanMetrics registers nodeguard_orphan_judgments_total{stage} and
 // nodeguard_orphan_judge_errors_total: with nothing changing, the first
 // grows only by the full passes.
 func NewScanMetrics(reg prometheus.Registerer) (*ScanMetrics, error) {

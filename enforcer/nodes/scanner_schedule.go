@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// key names one Node of one cluster.
+// scanKey names one Node of one cluster.
 type scanKey struct{ cluster, node string }
 
 // schedule holds when each Node must be judged next: the earliest time asked

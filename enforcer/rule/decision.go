@@ -17,7 +17,7 @@ type Input struct {
 	Parameters Parameters
 }
 
-// Link says how a blocker is linked to the Node.
+// BlockerLink says how a blocker is linked to the Node.
 type BlockerLink struct {
 	Type    string `json:"type"`
 	Machine string `json:"machine,omitempty"`
@@ -69,7 +69,7 @@ const (
 	ReasonBadRequest      = "bad-request"       // no decision: answered with an HTTP error
 )
 
-// Deny is a denial that no Rego evaluation produced (not ready, no fresh
+// Denial is a denial that no Rego evaluation produced (not ready, no fresh
 // read, no decision in time), shaped like the rule's so every caller prints
 // and counts it the same way.
 func Denial(reason, msg string) Decision {

@@ -17,12 +17,12 @@ const (
 	ActionDryRun Action = "dryrun"
 )
 
-// Annotation on a CAPI Cluster sets the action for its route (and, in mode
+// ActionAnnotation on a CAPI Cluster sets the action for its route (and, in mode
 // admission-policy, its policy's binding), over serve's
 // --enforcement-action.
 const ActionAnnotation = "nodeguard.io/enforcement-action"
 
-// Parse reads an action; "" is Deny.
+// ParseAction reads an action; "" is Deny.
 func ParseAction(s string) (Action, error) {
 	switch a := Action(s); a {
 	case "":
@@ -33,7 +33,7 @@ func ParseAction(s string) (Action, error) {
 	return "", fmt.Errorf("enforcement action %q: want deny, warn or dryrun", s)
 }
 
-// Of is the action a Cluster's annotations set, else fallback. An action
+// ActionOf is the action a Cluster's annotations set, else fallback. An action
 // the annotation misspells is an error: the caller keeps fallback, and
 // says so, rather than guess.
 func ActionOf(annotations map[string]string, fallback Action) (Action, error) {

@@ -29,16 +29,16 @@ type Entry int
 
 // The entry points.
 const (
-	// Decision is a review's decision (policies/nodeguard/decision.rego).
+	// DecisionEntry is a review's decision (policies/nodeguard/decision.rego).
 	DecisionEntry Entry = iota
-	// Orphan is a Node's orphan verdict (policies/nodeguard/verdicts.rego).
+	// OrphanEntry is a Node's orphan verdict (policies/nodeguard/verdicts.rego).
 	OrphanEntry
-	// Screen is the orphan criteria that read only the Node.
+	// ScreenEntry is the orphan criteria that read only the Node.
 	ScreenEntry
-	// Release is a Node's release verdict (policies/nodeguard/released), for
+	// ReleaseEntry is a Node's release verdict (policies/nodeguard/released), for
 	// mode admission-policy; optional: a bundle built before it has none.
 	ReleaseEntry
-	// Ghost is a Node's ghost verdict (policies/nodeguard/ghosts), and
+	// GhostEntry is a Node's ghost verdict (policies/nodeguard/ghosts), and
 	// Registration a Node CREATE's or UPDATE's; optional, as Release.
 	GhostEntry
 	RegistrationEntry
@@ -108,7 +108,7 @@ type compiled struct {
 	policy     Policy
 }
 
-// New compiles the embedded policies.
+// NewEngine compiles the embedded policies.
 func NewEngine(ctx context.Context) (*Engine, error) {
 	c, err := policies.Compile()
 	if err != nil {
@@ -121,7 +121,7 @@ func NewEngine(ctx context.Context) (*Engine, error) {
 	return CompileEngine(ctx, c, nil, Policy{Source: SourceEmbedded, Version: version})
 }
 
-// For prepares the entry points over an already compiled policy (e.g. from
+// CompileEngine prepares the entry points over an already compiled policy (e.g. from
 // a bundle) and data (nil: none). The decision and the default parameters
 // are required; the orphan criteria come all together or not at all.
 func CompileEngine(ctx context.Context, c *ast.Compiler, data map[string]any, policy Policy) (*Engine, error) {

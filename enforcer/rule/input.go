@@ -33,7 +33,7 @@ func (p Parameters) Value() ast.Value { return p.value }
 // process (Gatekeeper's external data). It is shared: do not change it.
 func (p Parameters) Map() map[string]any { return p.plain }
 
-// Input builds an entry point's input object from its fields: an ast.Value
+// InputValue builds an entry point's input object from its fields: an ast.Value
 // or Parameters as they are, other Go data converted with
 // ast.InterfaceToValue (which, unlike rego.EvalInput, does not go through
 // JSON). A nil field, nil map or zero Parameters is left out, which the

@@ -23,7 +23,7 @@ import (
 	"github.com/nodeguard/nodeguard/policies"
 )
 
-// Query is the declaration's document.
+// ModelQuery is the declaration's document.
 const ModelQuery = "data.lib.nodeguard.link_model"
 
 // Role is what an object is to the rule.
@@ -150,7 +150,7 @@ func isNamespace(p Path) bool { return slices.Equal(p, Path{"metadata", "namespa
 // API's refs: v1beta2 apiGroup, v1beta1 apiVersion and namespace).
 func referenceKeys() []string { return []string{"apiGroup", "apiVersion", "kind", "name", "namespace"} }
 
-// Load evaluates the declaration in a compiled policy (the embedded one, or a
+// LoadModel evaluates the declaration in a compiled policy (the embedded one, or a
 // bundle's) with its data (nil: none) and checks it.
 func LoadModel(ctx context.Context, compiled *ast.Compiler, store storage.Store) (*Model, error) {
 	raw, err := declared(ctx, compiled, store, ModelQuery)
@@ -181,7 +181,7 @@ func declared(ctx context.Context, compiled *ast.Compiler, store storage.Store, 
 	return raw, nil
 }
 
-// Embedded loads the model of the policy compiled into the binary.
+// EmbeddedModel loads the model of the policy compiled into the binary.
 func EmbeddedModel(ctx context.Context) (*Model, error) {
 	compiled, err := policies.Compile()
 	if err != nil {
@@ -190,7 +190,7 @@ func EmbeddedModel(ctx context.Context) (*Model, error) {
 	return LoadModel(ctx, compiled, nil)
 }
 
-// Parse reads the declaration's JSON and derives the model from it.
+// ParseModel reads the declaration's JSON and derives the model from it.
 func ParseModel(raw []byte) (*Model, error) {
 	var m Model
 	if err := json.Unmarshal(raw, &m); err != nil {
@@ -468,7 +468,7 @@ func (m *Model) Groups(params map[string]any) map[string]bool {
 	return out
 }
 
-// MustEmbedded is Embedded for tests and benchmarks; it panics when the
+// MustEmbeddedModel is Embedded for tests and benchmarks; it panics when the
 // embedded policy does not load, which its own tests rule out.
 func MustEmbeddedModel() *Model {
 	m, err := EmbeddedModel(context.Background())

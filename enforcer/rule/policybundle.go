@@ -15,7 +15,7 @@ import (
 	opabundle "github.com/open-policy-agent/opa/v1/bundle"
 )
 
-// Options are the --bundle flags, named as OPA names them.
+// BundleOptions are the --bundle flags, named as OPA names them.
 type BundleOptions struct {
 	// Path is a bundle tarball (.tar.gz) or a directory holding one unpacked.
 	Path string
@@ -38,7 +38,7 @@ const (
 	DefaultAlgorithm = "RS256"
 )
 
-// Load reads, verifies and compiles the bundle and prepares the rule's entry
+// LoadBundle reads, verifies and compiles the bundle and prepares the rule's entry
 // point from it. Any failure (no signature, a file that does not match it,
 // another key, Rego that does not compile, no entry point) is an error and
 // nothing of the bundle is used.
@@ -54,7 +54,7 @@ func LoadBundle(ctx context.Context, opts BundleOptions) (*Engine, error) {
 	return e, nil
 }
 
-// Engine runs the verified bundle's policy when opts.Path is set, else the
+// LoadEngine runs the verified bundle's policy when opts.Path is set, else the
 // embedded rule.
 func LoadEngine(ctx context.Context, opts BundleOptions) (*Engine, error) {
 	if opts.Path == "" {

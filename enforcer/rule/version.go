@@ -31,7 +31,7 @@ type Binary struct {
 	GoVersion string `json:"goVersion"`
 }
 
-// Read returns the binary's version and commit.
+// ReadBinary returns the binary's version and commit.
 func ReadBinary() Binary {
 	b := Binary{Version: "(devel)", Commit: "unknown"}
 	info, ok := debug.ReadBuildInfo()
@@ -58,7 +58,7 @@ func ReadBinary() Binary {
 	return b
 }
 
-// Report is what `nodeguard version -o json` prints.
+// VersionReport is what `nodeguard version -o json` prints.
 type VersionReport struct {
 	Binary
 	Policy Policy `json:"policy"`
@@ -81,12 +81,12 @@ func (r VersionReport) Write(w io.Writer) error {
 	return nil
 }
 
-// Metrics are the build and policy gauges and the reload error counter.
+// VersionMetrics are the build and policy gauges and the reload error counter.
 type VersionMetrics struct {
 	ReloadErrors prometheus.Counter
 }
 
-// Register adds nodeguard_build_info, nodeguard_policy_info (read from
+// RegisterVersion adds nodeguard_build_info, nodeguard_policy_info (read from
 // policy at each scrape, so a reloaded bundle shows) and
 // nodeguard_policy_reload_errors_total to reg.
 func RegisterVersion(reg prometheus.Registerer, policy func() Policy) (*VersionMetrics, error) {

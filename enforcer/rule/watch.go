@@ -17,7 +17,7 @@ import (
 // kubelet's ConfigMap and Secret updates) touch the file several times.
 const settle = 200 * time.Millisecond
 
-// Watch reloads the bundle into running whenever the file (or, for a
+// WatchBundle reloads the bundle into running whenever the file (or, for a
 // directory bundle, anything under it) changes, until ctx is done. A new
 // bundle that fails Load, or whose default parameters differ from the running
 // ones (the informers were started from those: a restart is needed), is not
