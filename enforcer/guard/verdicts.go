@@ -149,7 +149,8 @@ type FinderOptions struct {
 	// (Evidence.Update on every InfraMachine change) instead of a walk of
 	// the inventory per call.
 	Evidence *Evidence
-	// Grace: how long a Node must have been not Ready (default DefaultGrace).
+	// Grace: how long a Node must have been not Ready (0: the policy's
+	// default_grace, which a policy with orphan criteria must declare).
 	Grace time.Duration
 	// MatchProviderID turns on the opt-in wider match (#7237, metal3 #890).
 	MatchProviderID bool
@@ -173,12 +174,8 @@ func NewFinder(opts FinderOptions) (*Finder, error) {
 	if opts.Inventory == nil {
 		return nil, fmt.Errorf("orphans: the inventory is required")
 	}
-	if opts.Grace == 0 {
-		// The policy's own default, so a bundle that changes it is followed.
-		opts.Grace = opts.Guard.Engine().DefaultGrace()
-	}
-	if opts.Grace <= 0 {
-		return nil, fmt.Errorf("orphans: no grace given and the policy declares none")
+	if opts.Grace < 0 {
+		return nil, fmt.Errorf("orphans: grace %s: want a positive duration, or 0 for the policy's", opts.Grace)
 	}
 	eval, err := EvaluatorFor(opts.Guard.Engine())
 	if err != nil {
@@ -191,7 +188,14 @@ func NewFinder(opts FinderOptions) (*Finder, error) {
 func (f *Finder) Inventory() *facts.Inventory { return f.opts.Inventory }
 
 // Grace is the grace period the Finder judges with.
-func (f *Finder) Grace() time.Duration { return f.opts.Grace }
+// With none given it is the policy's default_grace, read at each call so a
+// reloaded bundle that changes it is followed.
+func (f *Finder) Grace() time.Duration {
+	if f.opts.Grace > 0 {
+		return f.opts.Grace
+	}
+	return f.opts.Guard.Engine().DefaultGrace()
+}
 
 // Judge evaluates the criteria for each Node at time now, re-reading what
 // they read from the API server when the Guard has fresh reads; cluster
@@ -228,7 +232,7 @@ func (f *Finder) Route(cluster string) (Route, error) {
 // input is what the criteria read of node with inv, on the route's
 // parameters at time now.
 func (f *Finder) input(r Route, node *unstructured.Unstructured, inv map[string]any, now time.Time) VerdictInput {
-	return VerdictInput{Node: node.Object, Inventory: inv, Parameters: r.params, Now: now, Grace: f.opts.Grace, MatchProviderID: f.opts.MatchProviderID,
+	return VerdictInput{Node: node.Object, Inventory: inv, Parameters: r.params, Now: now, Grace: f.Grace(), MatchProviderID: f.opts.MatchProviderID,
 		Tombstone: f.Tombstone(node)}
 }
 
