@@ -191,7 +191,7 @@ func tainted(n *unstructured.Unstructured) bool {
 	taints, _, _ := unstructured.NestedSlice(n.Object, "spec", "taints")
 	return slices.ContainsFunc(taints, func(x any) bool {
 		m, _ := x.(map[string]any)
-		return m["key"] == nodes.TaintKey
+		return m["key"] == nodes.GhostTaintKey
 	})
 }
 
@@ -228,7 +228,7 @@ func printGhosts(out io.Writer, opts GhostsOptions, r GhostReport) error {
 	for _, g := range r.Ghosts {
 		taint := "not tainted"
 		if g.Tainted {
-			taint = "tainted " + nodes.TaintKey
+			taint = "tainted " + nodes.GhostTaintKey
 		}
 		fmt.Fprintf(out, "GHOST: Node %q%s: %s (%s; tombstone until %s).\n", g.Node, where(g), g.Reason, taint, g.Tombstone.Until.Format(time.RFC3339))
 	}

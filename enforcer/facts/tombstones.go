@@ -51,8 +51,8 @@ func (t Tombstone) Value() map[string]any {
 
 // Defaults of Options.
 const (
-	DefaultWindow = 24 * time.Hour
-	DefaultMax    = 2000
+	DefaultTombstoneWindow = 24 * time.Hour
+	DefaultTombstoneMax    = 2000
 )
 
 // TombstoneOptions configure a Store.
@@ -93,10 +93,10 @@ type op struct {
 // NewTombstones returns an empty Store.
 func NewTombstones(opts TombstoneOptions) *Tombstones {
 	if opts.Window <= 0 {
-		opts.Window = DefaultWindow
+		opts.Window = DefaultTombstoneWindow
 	}
 	if opts.Max <= 0 {
-		opts.Max = DefaultMax
+		opts.Max = DefaultTombstoneMax
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}

@@ -124,7 +124,7 @@ func TestAReloadKeepsTheChangesMadeSinceTheLastWrite(t *testing.T) {
 	ts, n, differs = s.pending()
 	assert.True(t, differs)
 	s.written(ts, n)
-	s.reload([]Tombstone{{ProviderID: "b", Object: "y", DeletedAt: t0.UTC(), Until: t0.Add(DefaultWindow)}})
+	s.reload([]Tombstone{{ProviderID: "b", Object: "y", DeletedAt: t0.UTC(), Until: t0.Add(DefaultTombstoneWindow)}})
 	assert.Equal(t, 1, s.Len())
 }
 
@@ -192,7 +192,7 @@ func TestFollowTombstonesWhatWentAndEndsWhatCame(t *testing.T) {
 	got, ok := s.Get("docker:////m1")
 	require.True(t, ok)
 	assert.Equal(t, Tombstone{ProviderID: "docker:////m1", Object: "Machine default/m1", Node: "node-1", Cluster: "default/dev",
-		DeletedAt: time.Date(2026, 12, 4, 11, 0, 0, 0, time.UTC), Until: t0.Add(DefaultWindow)}, got, "deleted when its deletion began, the window from when it was seen gone")
+		DeletedAt: time.Date(2026, 12, 4, 11, 0, 0, 0, time.UTC), Until: t0.Add(DefaultTombstoneWindow)}, got, "deleted when its deletion began, the window from when it was seen gone")
 
 	pool := func(ids ...any) *record.Record {
 		return reduced(t, model, rule.InfraMachinePool, map[string]any{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
@@ -282,7 +282,7 @@ func TestAKeepersOwnOlderWriteIsNotNews(t *testing.T) {
 // whatever bound serve writes it with (--ghost-tombstones-max above 2000).
 func TestLoadKeepsAllTheConfigMapHolds(t *testing.T) {
 	var ts []Tombstone
-	for i := range DefaultMax + 500 {
+	for i := range DefaultTombstoneMax + 500 {
 		ts = append(ts, Tombstone{ProviderID: fmt.Sprintf("p-%d", i), Object: "x", DeletedAt: t0, Until: t0.Add(time.Hour)})
 	}
 	raw, err := EncodeTombstones(ts)

@@ -60,9 +60,9 @@ const GhostAnnotation = "nodeguard.io/ghost-protection"
 // What nodeguard writes on a ghost: its taint, its Event's reason, and the
 // log line of a Node first seen a ghost.
 const (
-	TaintKey   = "nodeguard.io/ghost"
-	Reason     = "GhostNode"
-	LogMessage = "ghost Node: its host outlived its deletion"
+	GhostTaintKey   = "nodeguard.io/ghost"
+	GhostReason     = "GhostNode"
+	GhostLogMessage = "ghost Node: its host outlived its deletion"
 )
 
 // ParseProtection reads a protection; "" is def.
@@ -199,10 +199,10 @@ func (tr *GhostTracker) Observe(ctx context.Context, t GhostTarget, g guard.Ghos
 	tr.mu.Unlock()
 	if report {
 		tr.report(t.Cluster)
-		tr.opts.Log.Warn(LogMessage, "cluster", t.Cluster, "node", g.Node, "providerID", g.ProviderID,
+		tr.opts.Log.Warn(GhostLogMessage, "cluster", t.Cluster, "node", g.Node, "providerID", g.ProviderID,
 			"reason", g.Reason)
 		if t.Recorder != nil {
-			t.Recorder.Eventf(nodeRef(g), nil, "Warning", Reason, "Detect",
+			t.Recorder.Eventf(nodeRef(g), nil, "Warning", GhostReason, "Detect",
 				"Ghost Node: %s. Stop that host (docs/runbook.md#nodeguardghostnode); nodeguard never deletes this Node.", g.Reason)
 		}
 	}
@@ -253,13 +253,13 @@ func (tr *GhostTracker) setTaint(ctx context.Context, t GhostTarget, g guard.Gho
 		taints, _, _ := unstructured.NestedSlice(n.Object, "spec", "taints")
 		has := slices.IndexFunc(taints, func(x any) bool {
 			m, _ := x.(map[string]any)
-			return m["key"] == TaintKey
+			return m["key"] == GhostTaintKey
 		})
 		switch {
 		case on && has >= 0, !on && has < 0:
 			return nil
 		case on:
-			taints = append(taints, map[string]any{"key": TaintKey, "effect": "NoExecute", "value": "true"})
+			taints = append(taints, map[string]any{"key": GhostTaintKey, "effect": "NoExecute", "value": "true"})
 		default:
 			taints = slices.Delete(taints, has, has+1)
 		}
@@ -277,7 +277,7 @@ func (tr *GhostTracker) setTaint(ctx context.Context, t GhostTarget, g guard.Gho
 		return fmt.Errorf("%s ghost Node %q: %w", what, g.Node, err)
 	}
 	if on {
-		tr.opts.Log.Info("ghost Node tainted "+TaintKey+":NoExecute", "cluster", t.Cluster, "node", g.Node)
+		tr.opts.Log.Info("ghost Node tainted "+GhostTaintKey+":NoExecute", "cluster", t.Cluster, "node", g.Node)
 	}
 	return nil
 }

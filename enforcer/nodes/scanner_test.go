@@ -451,7 +451,7 @@ func TestAGhostIsReportedTaintedAndNeverReaped(t *testing.T) {
 	g := f.ghosts.Ghosts()[0]
 	assert.Equal(t, node, g.Ghost.Node)
 	assert.Contains(t, g.Ghost.Reason, `providerID "docker:////dev-md-0-deleting" was carried by`)
-	assert.Equal(t, []string{nodes.TaintKey}, f.taints(t, node))
+	assert.Equal(t, []string{nodes.GhostTaintKey}, f.taints(t, node))
 	select {
 	case e := <-f.events.Events:
 		assert.Contains(t, e, "Warning GhostNode")
@@ -479,7 +479,7 @@ func TestAGhostIsReportedTaintedAndNeverReaped(t *testing.T) {
 	f.until(t, func() bool { return len(f.ghosts.Ghosts()) == 0 }, "a Machine carrying the providerID again: no ghost")
 	_, ok := f.tombstones.Get(pid)
 	assert.False(t, ok, "the tombstone ended")
-	assert.Equal(t, []string{nodes.TaintKey}, f.taints(t, node), "the first removal failed")
+	assert.Equal(t, []string{nodes.GhostTaintKey}, f.taints(t, node), "the first removal failed")
 	f.until(t, func() bool {
 		f.clock.Step(time.Second)
 		return len(f.taints(t, node)) == 0

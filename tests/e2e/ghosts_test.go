@@ -72,7 +72,7 @@ func ghostEvents(t require.TestingT, c *capiCluster, name string, uid types.UID)
 	require.NoError(t, err)
 	var notes []string
 	for _, e := range list.Items {
-		if e.Reason == ngnodes.Reason && e.Regarding.Kind == "Node" && e.Regarding.Name == name && e.Regarding.UID == uid {
+		if e.Reason == ngnodes.GhostReason && e.Regarding.Kind == "Node" && e.Regarding.Name == name && e.Regarding.UID == uid {
 			notes = append(notes, e.Note)
 		}
 	}
@@ -81,7 +81,7 @@ func ghostEvents(t require.TestingT, c *capiCluster, name string, uid types.UID)
 
 func hasTaint(n *corev1.Node) bool {
 	for _, taint := range n.Spec.Taints {
-		if taint.Key == ngnodes.TaintKey && taint.Effect == corev1.TaintEffectNoExecute {
+		if taint.Key == ngnodes.GhostTaintKey && taint.Effect == corev1.TaintEffectNoExecute {
 			return true
 		}
 	}
@@ -215,7 +215,7 @@ func TestCAPIGhostNodes(t *testing.T) {
 			assert.NotZero(col, tainted, "taint")
 		}, 10*time.Second, 20*time.Millisecond, "reported within 10 s of its registration")
 		t.Logf("ghost Node %s: metric %s, GhostNode Event %s, tainted %s:NoExecute %s after its registration",
-			name, reported.Round(time.Millisecond), evented.Round(time.Millisecond), ngnodes.TaintKey, tainted.Round(time.Millisecond))
+			name, reported.Round(time.Millisecond), evented.Round(time.Millisecond), ngnodes.GhostTaintKey, tainted.Round(time.Millisecond))
 		// What kube-scheduler's TaintToleration filter asks of it (the same
 		// k8s.io/component-helpers call): a Pod with the tolerations the API
 		// server gives every Pod (DefaultTolerationSeconds) cannot be put there.
@@ -229,7 +229,7 @@ func TestCAPIGhostNodes(t *testing.T) {
 		// nodeguard's taint alone: the API server's not-ready taint, which no
 		// controller here lifts, would keep Pods off as well.
 		nodeguards := func(t *corev1.Taint) bool {
-			return t.Key == ngnodes.TaintKey && (t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute)
+			return t.Key == ngnodes.GhostTaintKey && (t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute)
 		}
 		taint, untolerated := v1helper.FindMatchingUntoleratedTaint(klog.Background(), n.Spec.Taints, everyPod, nodeguards, false)
 		assert.True(t, untolerated, "no Pod can be scheduled to the ghost: nodeguard's taint is tolerated by none")
@@ -243,7 +243,7 @@ func TestCAPIGhostNodes(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, cli.ExitGhost, code, out.String())
 		assert.Contains(t, out.String(), `GHOST: Node "`+name+`" in Cluster default/dev: providerID "`+pid+`" was carried by DockerMachine default/`+name)
-		assert.Contains(t, out.String(), "tainted "+ngnodes.TaintKey)
+		assert.Contains(t, out.String(), "tainted "+ngnodes.GhostTaintKey)
 		t.Logf("nodeguard ghosts:\n%s", out.String())
 	})
 

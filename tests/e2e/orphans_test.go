@@ -86,7 +86,7 @@ type countGhosts struct {
 }
 
 func (c countGhosts) Handle(ctx context.Context, r slog.Record) error {
-	if r.Message == ngnodes.LogMessage {
+	if r.Message == ngnodes.GhostLogMessage {
 		c.n.Add(1)
 	}
 	return c.Handler.Handle(ctx, r)
