@@ -1,4 +1,4 @@
-// This file holds nodeguard's guard inside a workload API
+// This file builds nodeguard's guard inside a workload API
 // server (a Cluster in mode admission-policy): a ValidatingAdmissionPolicy
 // and its binding, and the ConfigMap of released Nodes they read. The CEL
 // holds no rule: it looks the verdict up. A Node DELETE is allowed only when
@@ -171,7 +171,7 @@ func list(values []string) string {
 }
 
 // PolicyRules are what nodeguard's identity needs in a workload cluster to keep
-// the guard (identity.Options.Owns): the policy and binding by name (create
+// the guard (kube.IdentityOptions.Owns): the policy and binding by name (create
 // cannot be limited by name), the ConfigMap of released Nodes, and get on
 // every ConfigMap, which the API server requires of whoever writes a policy
 // whose paramKind is ConfigMap.

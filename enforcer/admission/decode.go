@@ -109,7 +109,7 @@ func (g *groups) digest() []byte {
 }
 
 // node decodes oldObject into only the fields the link model declares
-// (linkmodel.Model.NodeShape): a hostile Node costs a scan of its bytes.
+// (rule.Model.NodeShape): a hostile Node costs a scan of its bytes.
 type node struct {
 	model *rule.Model
 	obj   *unstructured.Unstructured

@@ -67,7 +67,7 @@ type WebhookOptions struct {
 	// ("": none, Action holds).
 	Cluster func(ctx context.Context, namespace, name string) (exists bool, action rule.Action, err error)
 	// Action is what a denial becomes on every route a Cluster does not
-	// override (default enforcement.Deny): warn and dryrun admit the
+	// override (default rule.ActionDeny): warn and dryrun admit the
 	// delete, warn with the denial as a warning. nodeguard's own identity's
 	// dry-run-only rule is always enforced. It is asked on each review: the
 	// Constraint's spec.enforcementAction may change while serving.

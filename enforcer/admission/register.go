@@ -40,7 +40,7 @@ const (
 // it on: the Node (and the Node before an UPDATE) reduced to the fields the
 // link model declares.
 type Registration struct {
-	Cluster   string // "" on /register (or Options.SelfCluster), else the route's Cluster
+	Cluster   string // "" on /register (or WebhookOptions.SelfCluster), else the route's Cluster
 	Operation string
 	Node, Old *unstructured.Unstructured
 }

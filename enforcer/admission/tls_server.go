@@ -45,7 +45,7 @@ type TLSOptions struct {
 	CertFile, KeyFile string
 	// ClientCAFiles, when set, make the server ask for client certificates
 	// signed by one of them; each route checks its own CA (see
-	// webhook.Options.ClientCAs and requestlimits.Verified).
+	// WebhookOptions.ClientCAs and Verified).
 	ClientCAFiles []string
 	// WatchInterval is how often the files are re-read besides file events
 	// (default: certwatcher's).

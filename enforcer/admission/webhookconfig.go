@@ -33,7 +33,7 @@ var WebhookConfigGVR = schema.GroupVersionResource{Group: "admissionregistration
 const ClusterAnnotation = "nodeguard.io/cluster"
 
 // Name is the configuration's name, WebhookName the Node-delete webhook's,
-// RegistrationWebhookName the registration webhook's (Options.Registrations).
+// RegistrationWebhookName the registration webhook's (WebhookConfigOptions.Registrations).
 const (
 	Name                    = "nodeguard"
 	WebhookName             = "node-delete.nodeguard.io"
@@ -43,7 +43,7 @@ const (
 )
 
 // WebhookRules are the RBAC rules for keeping the configuration named Name: to
-// an identity of nodeguard's in a workload cluster (package identity).
+// an identity of nodeguard's in a workload cluster (kube.EnsureIdentity).
 // Create cannot be limited to a name (RBAC does not know it before), so
 // that identity can create any configuration; everything else only Name.
 func WebhookRules() []rbacv1.PolicyRule {
@@ -188,7 +188,7 @@ func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.Val
 			ClientConfig: client,
 			// Set, though empty, as the API server would default them: the
 			// stored configuration then equals this one field for field, so
-			// any foreign change to it shows (owned.Holds).
+			// any foreign change to it shows (kube.Holds).
 			NamespaceSelector:       &metav1.LabelSelector{},
 			ObjectSelector:          selector,
 			MatchConditions:         opts.Webhook.MatchConditions,
@@ -301,7 +301,7 @@ func WebhookConfigYAML(cfg *admissionregistrationv1.ValidatingWebhookConfigurati
 	return out, nil
 }
 
-// WebhookConfigObject is the configuration as owned writes it.
+// WebhookConfigObject is the configuration as kube.ApplyOwned writes it.
 func WebhookConfigObject(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) (kube.Owned, error) {
 	return kube.OwnedFrom(WebhookConfigGVR, cfg)
 }
@@ -320,7 +320,7 @@ func ApplyWebhookConfig(ctx context.Context, client dynamic.Interface, cfg *admi
 
 // InstallTarget is the client of the cluster a configuration goes to: the workload
 // cluster of the CAPI Cluster named by cluster, through its kubeconfig
-// Secret in the management cluster mgmt (package clusters' one way there),
+// Secret in the management cluster mgmt (kube.ConnectCluster, the one way there),
 // connected by connect (dynamic.NewForConfig); with no cluster, self, the
 // management cluster's own (self-hosted). It says where that is.
 func InstallTarget(ctx context.Context, mgmt kubernetes.Interface, self dynamic.Interface, cluster string,

@@ -1,4 +1,4 @@
-// This file is `nodeguard ghosts`: the tombstones nodeguard serve
+// This file implements `nodeguard ghosts`: the tombstones nodeguard serve
 // keeps, the Nodes that are ghosts now (in the cluster of the kubeconfig and
 // in every CAPI Cluster's workload cluster) with the evidence, and, with
 // Clear, the operator's way to end a tombstone.

@@ -1,6 +1,6 @@
-// This file is `nodeguard orphans`: the orphan Nodes of -f files or
-// of the live cluster, judged by the orphan criteria (package orphans), and
-// with --delete deleted as the reaper deletes them (reaper.DeleteNode).
+// This file implements `nodeguard orphans`: the orphan Nodes of -f files or
+// of the live cluster, judged by the orphan criteria (guard.Finder), and
+// with --delete deleted as the reaper deletes them (nodes.DeleteNode).
 
 package cli
 

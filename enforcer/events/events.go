@@ -31,6 +31,8 @@
 // second event and then every 30 minutes, so a burst of 30 denials would
 // read "x2" for half an hour; and it keys a series without the note, so a
 // second user's denial would count under the first user's words.
+//
+// It must not decide what to record: callers tell it what happened.
 package events
 
 import (

@@ -94,7 +94,7 @@ func ReadConstraint(ctx context.Context, client dynamic.Interface, mapper meta.R
 	return ConstraintSpecOf(obj)
 }
 
-// LiveConstraintParameters are the spec.parameters of the Constraint DefaultName as the
+// LiveConstraintParameters are the spec.parameters of the Constraint DefaultConstraintName as the
 // API server has it now (none without one, or without Gatekeeper's CRD: the
 // rule's defaults): what serve starts with, for the commands that judge live.
 func LiveConstraintParameters(ctx context.Context, client dynamic.Interface, mapper meta.RESTMapper) (map[string]any, error) {

@@ -28,7 +28,7 @@ type FreshReader struct {
 	reads singleflight.Group
 }
 
-// NewFreshReader returns a Reader; the mapper turns kinds into resources.
+// NewFreshReader returns a FreshReader; the mapper turns kinds into resources.
 func NewFreshReader(client dynamic.Interface, mapper meta.RESTMapper) *FreshReader {
 	return &FreshReader{client: client, mapper: mapper}
 }

@@ -20,7 +20,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
-// Role says what a kind is to the rule (see linkmodel).
+// Role says what a kind is to the rule (see rule.Model).
 type Role = rule.Role
 
 // Roles returns every role, in a fixed order.

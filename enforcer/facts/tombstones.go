@@ -3,7 +3,7 @@
 // away, that providerID is tombstoned for a window (default 24 h) from when
 // nodeguard saw it go. A Node
 // that comes back alive with a tombstoned providerID and nothing linking it
-// is a ghost (policies/nodeguard/ghosts decides; this package only keeps
+// is a ghost (policies/nodeguard/ghosts decides; this file only keeps
 // the record the criteria read).
 //
 // Tombstones are keyed by providerID, never by Node name: names are reused

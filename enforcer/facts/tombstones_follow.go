@@ -10,7 +10,7 @@ import (
 
 // Follow records the tombstones one inventory change makes and ends those a
 // new link ends. For each link of the object's role that compares the
-// Node's providerID alone (linkmodel.Model.ProviderIDLinks), a providerID
+// Node's providerID alone (rule.Model.ProviderIDLinks), a providerID
 // the old object carried and the new one does not (it went, or a pool's
 // list shrank) is tombstoned; one the new object carries and the old did
 // not (an add: a new object, or one the informers list at start) ends its

@@ -20,7 +20,7 @@ import (
 
 // ModeAdmissionPolicy has the workload API server decide Node deletes itself,
 // with a ValidatingAdmissionPolicy that reads the Nodes nodeguard released
-// (package admissionpolicy): no network path to nodeguard, and with
+// (admission.BuildPolicy): no network path to nodeguard, and with
 // nodeguard down what was released stays deletable and nothing else is.
 const ModeAdmissionPolicy = "admission-policy"
 

@@ -39,7 +39,7 @@ import (
 // API server's AdmissionConfiguration reads (a kubeconfig whose one user is
 // named for the webhook's host:port), and renews it a third of its life
 // before it expires; a cluster route accepts only the certificate issued
-// for its own Cluster (webhook.Options.ClusterIdentities).
+// for its own Cluster (admission.WebhookOptions.ClusterIdentities).
 
 // ClientCertSecret is the Secret holding the Cluster key's webhook client
 // kubeconfig (key "value"), in the Cluster's namespace.

@@ -8,12 +8,12 @@
 //
 // A cluster counts as guarded only once a dry-run Node delete there came
 // back judged as it should be: by nodeguard's route for that Cluster (the
-// warning webhook.DryRunWarning), or denied by the policy. A proof judges
+// warning admission.DryRunWarning), or denied by the policy. A proof judges
 // what the API server applied, not what was written: after a write, or a
 // change of what a proof should find (mode, enforcement action,
 // exemptions), it proves again every SettleRetry until it finds it, for up to
 // SettleWindow, and reports nothing until then. Proofs are due ProofInterval
-// after the last proof; a cluster the access layer (package clusters) finds
+// after the last proof; a cluster the access layer (kube.ClusterSet) finds
 // unreachable is reported so at once, with no request.
 //
 // Leaving a mode never leaves a moment where nothing judges, nor one where a
@@ -290,7 +290,7 @@ func (r *Reconciler) policyOptions() admission.PolicyOptions {
 }
 
 // Changed queues a Cluster whose Meta, connection or health changed
-// (clusters.Options.Changed).
+// (kube.ClusterSetOptions.Changed).
 func (r *Reconciler) Changed(key string) { r.loop.Add(key) }
 
 // States returns every Cluster's State as last reported.
@@ -597,7 +597,7 @@ type session struct {
 }
 
 // Session watches what nodeguard keeps in the workload cluster c until ctx
-// is done (a clusters.Options.Start function).
+// is done (a kube.ClusterSetOptions.Start function).
 func (r *Reconciler) Session(ctx context.Context, c *kube.Cluster) {
 	cfg := rest.CopyConfig(c.Config)
 	cfg.WarningHandlerWithContext = warningCollector{}

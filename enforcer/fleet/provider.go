@@ -20,7 +20,7 @@ import (
 
 // ProviderKeeper keeps Gatekeeper's external data Provider in one cluster
 // pointing at nodeguard, the way the Reconciler keeps a workload cluster's
-// configuration: written by package owned the moment Gatekeeper's Provider
+// configuration: written by kube.ApplyOwned the moment Gatekeeper's Provider
 // CRD is established, and again when the Provider is deleted or edited or
 // the CA files change. (It polled every 30 s before: Gatekeeper installed
 // after nodeguard failed closed for up to that long.)

@@ -28,10 +28,10 @@ type EnforcerOptions struct {
 	// FreshTimeout bounds the fresh reads of one decision (default 2s).
 	FreshTimeout time.Duration
 	// Engine runs the policy (required): the embedded rule or a verified
-	// bundle's, chosen once by the caller (policybundle.Engine).
+	// bundle's, chosen once by the caller (rule.LoadEngine).
 	Engine *rule.Engine
 	// OnChange, when set, gets every change of the inventory from the
-	// informers' first objects on (the orphan scan's informers.Relay).
+	// informers' first objects on (the orphan scan's facts.Relay).
 	OnChange func(facts.Change)
 }
 
@@ -49,7 +49,7 @@ type Enforcer struct {
 func StartEnforcer(ctx context.Context, c kube.Clients, opts EnforcerOptions) (*Enforcer, error) {
 	eval := opts.Engine
 	if eval == nil {
-		return nil, errors.New("live: no policy engine: the caller chooses the policy (policybundle.Engine)")
+		return nil, errors.New("live: no policy engine: the caller chooses the policy (rule.LoadEngine)")
 	}
 	infraKinds, poolKinds, err := eval.Kinds(opts.Parameters)
 	if err != nil {

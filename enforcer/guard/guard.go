@@ -70,7 +70,7 @@ type Options struct {
 	// FreshTimeout bounds all fresh reads of one decision (default 2s).
 	FreshTimeout time.Duration
 	// Engine runs the policy (required): the embedded rule or a bundle's,
-	// chosen once by the caller (policybundle.Engine).
+	// chosen once by the caller (rule.LoadEngine).
 	Engine *rule.Engine
 }
 
@@ -94,7 +94,7 @@ type Guard struct {
 type paramSet struct {
 	params map[string]any
 	// groups are the groups of a user the rule can read: those the group
-	// parameters list (linkmodel.Model.Groups); nil for all.
+	// parameters list (rule.Model.Groups); nil for all.
 	groups map[string]bool
 }
 
@@ -111,7 +111,7 @@ const maxRoutes = 1024
 // New prepares the rule once.
 func New(ctx context.Context, inv *facts.Inventory, opts Options) (*Guard, error) {
 	if opts.Engine == nil {
-		return nil, errors.New("guard: no policy engine: the caller chooses the policy (policybundle.Engine)")
+		return nil, errors.New("guard: no policy engine: the caller chooses the policy (rule.LoadEngine)")
 	}
 	if opts.FreshTimeout == 0 {
 		opts.FreshTimeout = 2 * time.Second

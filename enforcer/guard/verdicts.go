@@ -1,7 +1,7 @@
 // This file finds orphan Nodes: Nodes Cluster API left behind once
 // their InfraMachine was gone. The criteria are Rego (policies/nodeguard/
 // orphans, entry points data.nodeguard.orphan and data.nodeguard.
-// orphan_screen), run by the engine the Guard decides with; this package
+// orphan_screen), run by the engine the Guard decides with; this file
 // picks what the criteria read for each Node, through that Guard (indexes,
 // fresh reads, parameters), and evaluates them.
 

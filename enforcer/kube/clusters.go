@@ -1,8 +1,8 @@
-// This file is the one way nodeguard reaches a Cluster API workload
+// This file holds the one way nodeguard reaches a Cluster API workload
 // cluster, as Cluster API's clustercache is its own: one connection per
 // Cluster, built from the kubeconfig Secret CAPI writes for it
 // (<name>-kubeconfig, key value, in the Cluster's namespace), running as
-// nodeguard's own identity there (package identity), health-checked, and
+// nodeguard's own identity there (EnsureIdentity), health-checked, and
 // kept for as long as the Cluster exists and its kubeconfig is unchanged.
 //
 // A new Cluster connects; a deleted Cluster or Secret disconnects; a changed
@@ -114,7 +114,7 @@ type ClusterSetOptions struct {
 	Changed func(key string)
 	Log     *slog.Logger
 	// Identity, when set, has each connection run as nodeguard's own
-	// ServiceAccount in the workload cluster (package identity), installed
+	// ServiceAccount in the workload cluster (EnsureIdentity), installed
 	// with the kubeconfig's credentials when it starts; a cluster where that
 	// fails has no connection, and the failure is retried.
 	Identity *IdentityOptions

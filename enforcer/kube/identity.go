@@ -38,7 +38,7 @@ const (
 	Username = "system:serviceaccount:" + Namespace + ":" + Name
 )
 
-// ManagedBy is the value of owned.Label on the objects installed.
+// ManagedBy is the value of ManagedByLabel on the objects installed.
 const ManagedBy = "nodeguard"
 
 // DefaultTokenTTL is the life asked for each token; the API server may
@@ -50,7 +50,7 @@ type IdentityOptions struct {
 	// Delete grants Node delete: the fleet's proofs are dry-run deletes,
 	// which RBAC authorizes as deletes, and the reaper deletes orphans.
 	// Without the reaper, nodeguard's webhook denies this identity every
-	// delete that is not a dry run (webhook.Options.DryRunOnlyUser).
+	// delete that is not a dry run (admission.WebhookOptions.DryRunOnlyUser).
 	Delete bool
 	// Taint grants Node update: ghost protection taint keeps nodeguard's
 	// taint on a ghost Node (read, then updated with its resourceVersion).

@@ -3,5 +3,5 @@
 // orphans, the tracker of ghost Nodes, and the publisher of released Nodes
 // for mode admission-policy.
 //
-// It must not decide: a verdict is the guard's, a write goes through kube.
+// It must not decide: every act follows a verdict of the guard's.
 package nodes

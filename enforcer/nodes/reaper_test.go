@@ -103,7 +103,7 @@ type ReapResult struct {
 }
 
 // pass judges every Node from the caches and tells the reaper each verdict,
-// as a full pass of orphanscan.Scanner does (whose tests cover when Nodes
+// as a full pass of Scanner does (whose tests cover when Nodes
 // are judged; these cover what the reaper makes of the verdicts).
 func (f *fixture) pass(t *testing.T) ReapResult {
 	t.Helper()

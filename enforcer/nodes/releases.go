@@ -1,7 +1,7 @@
 // This file publishes, for each workload cluster in mode
 // admission-policy, the Nodes the rule releases (the rule judged for
 // anyone lets them be deleted) into the ConfigMap its
-// ValidatingAdmissionPolicy reads (package admissionpolicy). The orphan
+// ValidatingAdmissionPolicy reads (admission.PolicyParams, admission.BuildPolicy). The orphan
 // scan's triggers drive it: every change of a Node, or of anything that
 // could link one, has the Node judged again (Judge).
 //
@@ -34,20 +34,20 @@ import (
 // PublisherOptions configure a Publisher.
 type PublisherOptions struct {
 	// Judge is the rule's release verdict for Nodes of a cluster, from the
-	// caches or, with fresh, from fresh reads (orphans.Finder.Releases).
+	// caches or, with fresh, from fresh reads (guard.Finder.Releases).
 	Judge func(ctx context.Context, nodes []*unstructured.Unstructured, cluster string, fresh bool) ([]guard.Release, error)
 	// Ready is nil once the management cluster's caches can be trusted
 	// (synced, not recovering).
 	Ready func() error
 	// Rejudge, when set, asks for every Node of a cluster to be judged
-	// again (orphanscan.Scanner.JudgeCluster): an enrolled cluster's
+	// again (Scanner.JudgeCluster): an enrolled cluster's
 	// releases are written only after that.
 	Rejudge func(cluster string)
 	// Leading, when set, says whether this replica writes: a replica that
 	// does not lead judges as the leader does but writes nothing, so when it
 	// starts leading it writes every cluster at once (the fleet's Lease).
 	Leading func() bool
-	// Limit bounds the published data (default admissionpolicy.MaxParamsBytes).
+	// Limit bounds the published data (default admission.MaxParamsBytes).
 	Limit int
 	Log   *slog.Logger
 	// Metrics, when set, counts the writes and what they listed.

@@ -32,7 +32,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
-// NodeCache is one cluster's Node cache (nodecache.Watch, or nodecache.Nodes
+// NodeCache is one cluster's Node cache (facts.NodeWatch, or facts.Nodes
 // fed directly).
 type NodeCache interface {
 	HasSynced() bool
@@ -155,7 +155,7 @@ func (s *Scanner) RemoveCluster(name string) {
 	}
 }
 
-// NodeChanged asks for a Node to be judged now (nodecache's OnChange).
+// NodeChanged asks for a Node to be judged now (facts.NodeWatchOptions.OnChange).
 func (s *Scanner) NodeChanged(cluster, node string) {
 	s.mu.Lock()
 	s.due.add(scanKey{cluster: cluster, node: node}, s.opts.Clock.Now())
@@ -165,7 +165,7 @@ func (s *Scanner) NodeChanged(cluster, node string) {
 
 // ObjectChanged asks for every Node the old or new object could link to
 // to be judged now, and for every Node when the providerID schemes the
-// InfraMachines show change (informers.Syncer.Subscribe).
+// InfraMachines show change (facts.Syncer.Subscribe).
 func (s *Scanner) ObjectChanged(c facts.Change) {
 	if c.Role == facts.InfraMachine && s.opts.Evidence.Update(c.Old, c.New) {
 		s.JudgeAll()
@@ -208,7 +208,7 @@ func (s *Scanner) ObjectChanged(c facts.Change) {
 }
 
 // TombstoneChanged asks for the Nodes with a providerID to be judged now:
-// its tombstone was set, moved or ended (tombstones.Options.Changed).
+// its tombstone was set, moved or ended (facts.TombstoneOptions.Changed).
 func (s *Scanner) TombstoneChanged(providerID string) {
 	l, ok := s.providerIDLink()
 	if !ok {

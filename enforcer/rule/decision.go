@@ -1,6 +1,6 @@
 // This file is the rule's answer to an admission review: the
 // decision types, the reasons, and Evaluate, which runs the policy's
-// decision entry point (data.nodeguard.decision) on an engine.Engine.
+// decision entry point (data.nodeguard.decision) on an Engine.
 
 package rule
 

@@ -22,7 +22,7 @@ const (
 // --enforcement-action.
 const ActionAnnotation = "nodeguard.io/enforcement-action"
 
-// ParseAction reads an action; "" is Deny.
+// ParseAction reads an action; "" is ActionDeny.
 func ParseAction(s string) (Action, error) {
 	switch a := Action(s); a {
 	case "":

@@ -468,7 +468,7 @@ func (m *Model) Groups(params map[string]any) map[string]bool {
 	return out
 }
 
-// MustEmbeddedModel is Embedded for tests and benchmarks; it panics when the
+// MustEmbeddedModel is EmbeddedModel for tests and benchmarks; it panics when the
 // embedded policy does not load, which its own tests rule out.
 func MustEmbeddedModel() *Model {
 	m, err := EmbeddedModel(context.Background())

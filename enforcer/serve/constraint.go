@@ -42,7 +42,7 @@ type liveConstraint struct {
 	scanner  *nodes.Scanner
 	// flag is --enforcement-action, in force where the Constraint sets none.
 	flag   rule.Action
-	action atomic.Value // enforcement.Action
+	action atomic.Value // rule.Action
 }
 
 func newLiveConstraint(e *guard.Enforcer, spec facts.ConstraintSpec, flag rule.Action, log *slog.Logger) *liveConstraint {
@@ -69,7 +69,7 @@ func (l *liveConstraint) setAction(spec facts.ConstraintSpec) {
 	l.action.Store(a)
 }
 
-// Apply is constraintwatch.Options.Apply.
+// Apply is facts.ConstraintWatchOptions.Apply.
 func (l *liveConstraint) Apply(_ context.Context, spec facts.ConstraintSpec) error {
 	e := l.enforcer
 	infra, pools, err := e.Engine.Kinds(spec.Parameters)

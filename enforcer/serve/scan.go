@@ -45,7 +45,7 @@ type ReapOptions struct {
 	// LeaseNamespace holds the leader-election Lease.
 	LeaseNamespace string
 	// KubeconfigRecheck is how often workload kubeconfig Secrets are read
-	// again (0: clusters.DefaultRecheck).
+	// again (0: kube.DefaultClusterRecheck).
 	KubeconfigRecheck time.Duration
 	// Ghosts configures ghost-Node detection, which the scan runs.
 	Ghosts GhostOptions
@@ -54,11 +54,11 @@ type ReapOptions struct {
 // GhostOptions are the ghost-Node flags of `nodeguard serve`.
 type GhostOptions struct {
 	// Window is how long a providerID stays tombstoned after what carried
-	// it went away (--ghost-window, default tombstones.DefaultWindow); 0
+	// it went away (--ghost-window, default facts.DefaultTombstoneWindow); 0
 	// turns ghost detection off.
 	Window time.Duration
 	// Max bounds the tombstones (--ghost-tombstones-max; 0:
-	// tombstones.DefaultMax).
+	// facts.DefaultTombstoneMax).
 	Max int
 	// Protection is what is done about a ghost besides reporting it
 	// (--ghost-protection: off, deny, taint; "" is off); a Cluster's
@@ -128,7 +128,7 @@ type OrphanScan struct {
 	Nodes      kubernetes.Interface
 	Enforcer   *guard.Enforcer
 	// Changes, when set, relays the inventory's changes from before the
-	// scan started (clusterenforcer.Options.OnChange); else the scan subscribes now.
+	// scan started (guard.EnforcerOptions.OnChange); else the scan subscribes now.
 	Changes *facts.Relay
 	// Registry gets the scan's per-cluster gauges, and its counters unless
 	// Metrics holds them already (serve.Register's).

@@ -75,7 +75,7 @@ type Options struct {
 	// SideListening, when set, receives the metrics' ("metrics") and
 	// probes' ("health probes") addresses once their ports are open.
 	SideListening func(name string, addr net.Addr)
-	// TLSMinVersion and TLSCipherSuites: see tlsserver.Options.
+	// TLSMinVersion and TLSCipherSuites: see admission.TLSOptions.
 	TLSMinVersion   string
 	TLSCipherSuites []string
 	// NoDenialEvents turns off the NodeDeleteDenied Events recorded on the

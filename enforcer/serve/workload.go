@@ -29,7 +29,7 @@ type WorkloadSessions struct {
 
 // NewWorkloadSessions watches the Clusters of c; Secrets reads their
 // kubeconfig Secrets. Every session runs as nodeguard's own ServiceAccount
-// in its cluster (package identity), allowed Node deletes when the fleet
+// in its cluster (kube.EnsureIdentity), allowed Node deletes when the fleet
 // (its proofs are dry-run deletes) or the reaper needs them, Node updates
 // when ghost detection may taint, and what the fleet installs.
 func NewWorkloadSessions(c kube.Clients, secrets kubernetes.Interface, opts ReapOptions, fleet FleetOptions, qps float32, burst int,

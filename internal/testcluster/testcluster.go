@@ -121,7 +121,7 @@ func ExampleGuard(t testing.TB, dir string, opts guard.Options) (*guard.Guard, *
 }
 
 // Engine is the embedded policy, compiled once per test binary: what a
-// caller with no bundle passes to guard.New and clusterenforcer.Start.
+// caller with no bundle passes to guard.New and guard.StartEnforcer.
 func Engine(t testing.TB) *rule.Engine {
 	t.Helper()
 	e, err := embedded()

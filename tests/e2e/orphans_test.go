@@ -78,7 +78,7 @@ func serveWith(t *testing.T, clients kube.Clients, ca *testpki.CA, opts serve.Op
 }
 
 // countGhosts counts the Nodes nodeguard first judged ghosts (its log line
-// ghosts.LogMessage): every e2e test that runs the orphan scan runs ghost
+// nodes.GhostLogMessage): every e2e test that runs the orphan scan runs ghost
 // detection too, and none but those that say so (expectGhosts) may see one.
 type countGhosts struct {
 	slog.Handler

@@ -204,7 +204,7 @@ func (s *nodeServer) watching() int {
 }
 
 // serveIdentity answers what nodeguard asks a workload API server to work
-// there as its own ServiceAccount (package identity): the applies of its
+// there as its own ServiceAccount (kube.EnsureIdentity): the applies of its
 // objects (echoed as sent), a TokenRequest and a SelfSubjectReview. It
 // reports whether the request was one of those.
 func serveIdentity(w http.ResponseWriter, r *http.Request, cluster string) bool {

@@ -32,7 +32,7 @@ true
 {{- end }}
 
 {{/*
-The registration webhook's match condition: webhookconfig.RegistersCondition
+The registration webhook's match condition: admission.RegistersCondition
 (a test keeps them equal).
 */}}
 {{- define "nodeguard.registersCondition" -}}
