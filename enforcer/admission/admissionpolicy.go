@@ -51,12 +51,12 @@ var (
 	ParamsGVR  = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
 )
 
-// PolicyInfo is the METADATA of Entry.
+// PolicyInfo is the METADATA of PolicyEntry.
 type PolicyInfo struct {
 	Name, Kind, Version, Title string
 }
 
-// LoadPolicyInfo reads the METADATA of Entry.
+// LoadPolicyInfo reads the METADATA of PolicyEntry.
 func LoadPolicyInfo() (PolicyInfo, error) {
 	title, _, custom, err := policies.PackageMetadata(PolicyEntry, "policy", "kind", "version")
 	if err != nil {

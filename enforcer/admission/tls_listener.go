@@ -11,7 +11,7 @@ import (
 // connections stay under ~40 MiB. One client (an address) gets at most a
 // quarter of them, so a flood from one source leaves room for the API server
 // and Gatekeeper, which need few: they speak HTTP/2, whose streams per
-// connection are bounded too (Server's HTTP2 settings).
+// connection are bounded too (TLSServer's HTTP2 settings).
 const (
 	MaxConnections          = 1024
 	MaxConnectionsPerClient = 256

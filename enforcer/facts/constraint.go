@@ -105,12 +105,12 @@ func LiveConstraintParameters(ctx context.Context, client dynamic.Interface, map
 	return spec.Parameters, nil
 }
 
-// ConstraintWatchOptions configure Watch.
+// ConstraintWatchOptions configure WatchConstraint.
 type ConstraintWatchOptions struct {
 	Client dynamic.Interface
 	Mapper meta.RESTMapper
 	Name   string
-	// Applied is the spec already in force (Read's, at start); the watch
+	// Applied is the spec already in force (ReadConstraint's, at start); the watch
 	// applies only what differs from it.
 	Applied ConstraintSpec
 	// Apply puts a changed spec in force; an error leaves the spec before it

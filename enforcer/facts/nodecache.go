@@ -38,7 +38,7 @@ func NodeShapeOf(e *rule.Engine) (*record.Shape, error) {
 // Nodes is one cluster's Node cache: the reduced Nodes by name, indexed by
 // each link's Node values (the shape's index tuples), so an object's values
 // find the Nodes it could link.
-// It is fed by an informer (Watch) or directly (tests).
+// It is fed by an informer (NodeWatch) or directly (tests).
 type Nodes struct {
 	shape    *record.Shape
 	store    cache.Indexer

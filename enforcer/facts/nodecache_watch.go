@@ -21,7 +21,7 @@ import (
 // nodesGVR is core Nodes, for a dynamic client.
 var nodesGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 
-// NodeWatchOptions configure a Watch.
+// NodeWatchOptions configure a NodeWatch.
 type NodeWatchOptions struct {
 	Shape *record.Shape
 	// Kube watches Nodes through the typed client (protobuf when its config

@@ -9,8 +9,8 @@
 // Tombstones are keyed by providerID, never by Node name: names are reused
 // (IP-based names for a new instance at the same address), so a name is
 // evidence only. A providerID carried again by a new link ends its
-// tombstone. The store is bounded (Options.Max, and a ConfigMap's size when
-// kept, see Keeper) and drops the oldest first.
+// tombstone. The store is bounded (TombstoneOptions.Max, and a ConfigMap's size when
+// kept, see TombstoneKeeper) and drops the oldest first.
 
 package facts
 
@@ -55,7 +55,7 @@ const (
 	DefaultTombstoneMax    = 2000
 )
 
-// TombstoneOptions configure a Store.
+// TombstoneOptions configure a Tombstones store.
 type TombstoneOptions struct {
 	// Window is how long a providerID stays tombstoned (default
 	// DefaultWindow).
@@ -79,7 +79,7 @@ type Tombstones struct {
 	current map[string]Tombstone
 	// base is what the ConfigMap holds as last read or written, and ops
 	// the changes made here since, replayed on a base someone else wrote
-	// (Keeper).
+	// (TombstoneKeeper).
 	base map[string]Tombstone
 	ops  []op
 }
@@ -90,7 +90,7 @@ type op struct {
 	end string
 }
 
-// NewTombstones returns an empty Store.
+// NewTombstones returns an empty Tombstones.
 func NewTombstones(opts TombstoneOptions) *Tombstones {
 	if opts.Window <= 0 {
 		opts.Window = DefaultTombstoneWindow
@@ -247,7 +247,7 @@ func (s *Tombstones) List() []Tombstone {
 }
 
 // Len is the number of tombstones held (some may have ended their window
-// since the last Keeper write pruned them).
+// since the last TombstoneKeeper write pruned them).
 func (s *Tombstones) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -265,7 +265,7 @@ func EncodeTombstones(ts []Tombstone) ([]byte, error) {
 	return json.Marshal(ts)
 }
 
-// DecodeTombstones reads what Encode wrote.
+// DecodeTombstones reads what EncodeTombstones wrote.
 func DecodeTombstones(raw string) ([]Tombstone, error) {
 	if raw == "" {
 		return nil, nil

@@ -22,7 +22,7 @@ import (
 // ConfigMap keeps the tombstones in nodeguard's namespace, so a restart
 // (or another replica) knows them: what the API server still has cannot
 // tell them again, since what carried them is gone. One key holds them all
-// as JSON (Encode): a providerID is no valid ConfigMap key.
+// as JSON (EncodeTombstones): a providerID is no valid ConfigMap key.
 const (
 	ConfigMapName = "nodeguard-tombstones"
 	ConfigMapKey  = "tombstones"
@@ -37,7 +37,7 @@ var configMaps = schema.GroupVersionResource{Version: "v1", Resource: "configmap
 // long a tombstone waits to survive a restart.
 const DefaultTombstoneWriteInterval = time.Second
 
-// TombstoneKeeper keeps a Store in the ConfigMap: Load reads it at start, Run writes
+// TombstoneKeeper keeps a Tombstones store in the ConfigMap: Load reads it at start, Run writes
 // what changed (server-side apply, with the resourceVersion it last saw as
 // a precondition) and takes what someone else wrote as the new base, the
 // changes made here replayed on it. Deleting the ConfigMap clears every
@@ -60,7 +60,7 @@ type TombstoneKeeper struct {
 	lastErr time.Time
 }
 
-// wroteKept bounds Keeper.wrote.
+// wroteKept bounds TombstoneKeeper.wrote.
 const wroteKept = 16
 
 // errorLogEvery bounds the log lines of a write that keeps failing.
@@ -315,7 +315,7 @@ func ClearTombstones(ctx context.Context, client dynamic.Interface, namespace st
 	return found, nil
 }
 
-// LoadTombstones returns a Store holding what the ConfigMap holds now, for a command
+// LoadTombstones returns a Tombstones store holding what the ConfigMap holds now, for a command
 // that judges once (`nodeguard ghosts`, `nodeguard orphans`): an absent
 // ConfigMap is no tombstone.
 func LoadTombstones(ctx context.Context, client dynamic.Interface, namespace string) (*Tombstones, error) {

@@ -1,7 +1,7 @@
 // This file assembles the enforcer over one cluster: informers that fill
 // the inventory, fresh reads, and a Guard over them, with its readiness. The
 // webhook (`nodeguard serve`), the live `nodeguard check` and `nodeguard
-// orphans` share it, so all judge a Node the same way. kubeclient builds the
+// orphans` share it, so all judge a Node the same way. kube.Connect builds the
 // clients it runs on.
 
 package guard

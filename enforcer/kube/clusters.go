@@ -15,8 +15,8 @@
 //
 // The parts that work inside workload clusters (the fleet's configuration
 // watch, the orphan scan's Node watch, the releases, nodeguard's Events
-// there) run as the connection's sessions (Options.Start); the commands that
-// reach a workload cluster once use Connect, the same way from kubeconfig to
+// there) run as the connection's sessions (ClusterSetOptions.Start); the commands that
+// reach a workload cluster once use ConnectCluster, the same way from kubeconfig to
 // client. One loop (kube.Loop) reconciles every Cluster: its connection, its
 // Secret read again every Recheck, its next probe.
 
@@ -58,7 +58,7 @@ type Cluster struct {
 	// Key is the Cluster's "namespace/name".
 	Key string
 	// Config authenticates as nodeguard's own identity there (Identity), or
-	// with the kubeconfig's credentials when the Set installs none, at
+	// with the kubeconfig's credentials when the ClusterSet installs none, at
 	// nodeguard's client rate limits.
 	Config *rest.Config
 	// Kube is a typed client that asks for protobuf (Nodes decode several
@@ -71,20 +71,20 @@ type Cluster struct {
 	// for what nodeguard's identity may not do, such as removing what a
 	// configuration with more grants installed there.
 	Admin dynamic.Interface
-	// Identity, when the Set installs one (Options.Identity), is
+	// Identity, when the ClusterSet installs one (ClusterSetOptions.Identity), is
 	// nodeguard's own ServiceAccount there, which Config authenticates as;
 	// a part refused as unauthorized or forbidden has it Repair.
 	Identity *IdentitySession
 }
 
-// ClusterSetOptions configure a Set.
+// ClusterSetOptions configure a ClusterSet.
 type ClusterSetOptions struct {
 	// Management is the management cluster: Clusters are watched through
 	// Dynamic and Mapper, kubeconfig Secrets read (GET only) through Secrets.
 	Management Clients
 	Secrets    kubernetes.Interface
 	// Recheck is how often every Cluster's Secret is read again, to see a
-	// rotated kubeconfig (default DefaultRecheck); failures retry sooner,
+	// rotated kubeconfig (default DefaultClusterRecheck); failures retry sooner,
 	// from 1 s doubling up to Recheck.
 	Recheck time.Duration
 	// ProbeInterval and ProbeTimeout schedule the health checks (defaults
@@ -92,7 +92,7 @@ type ClusterSetOptions struct {
 	// is probed every UnreachableProbeInterval (default
 	// DefaultUnreachableProbeInterval), so its return is seen soon.
 	ProbeInterval, ProbeTimeout, UnreachableProbeInterval time.Duration
-	// QPS and Burst are the workload clients' rate limits (0: kubeclient's);
+	// QPS and Burst are the workload clients' rate limits (0: kube.Connect's);
 	// EventsQPS and EventsBurst the Events' (0: 10 and 50), apart, so writing
 	// Events never takes a request the work needs.
 	QPS         float32
@@ -138,7 +138,7 @@ type ClusterSet struct {
 	secretDue map[string]time.Time // when its Secret is read next (absent: now)
 }
 
-// ClusterMeta is what the Set keeps of a Cluster: what says whether, and how, a
+// ClusterMeta is what the ClusterSet keeps of a Cluster: what says whether, and how, a
 // caller acts on it.
 type ClusterMeta struct {
 	// APIVersion and UID name the Cluster object, for an Event on it.
@@ -166,13 +166,13 @@ type conn struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
 
-	// Guarded by the Set's mu.
+	// Guarded by the ClusterSet's mu.
 	health    ClusterHealth
 	lastProbe time.Time
 	suspected bool // a request or watch failed since the last probe
 }
 
-// NewClusterSet returns a Set; Run runs it.
+// NewClusterSet returns a ClusterSet; Run runs it.
 func NewClusterSet(opts ClusterSetOptions) (*ClusterSet, error) {
 	if opts.Management.Dynamic == nil || opts.Management.Mapper == nil || opts.Secrets == nil || opts.Start == nil {
 		return nil, errors.New("clusters: the management cluster's clients and a Start function are required")
@@ -263,7 +263,7 @@ func (s *ClusterSet) synced() bool {
 	return s.listed
 }
 
-// Meta returns what the Set keeps of the Cluster key, and whether it exists.
+// Meta returns what the ClusterSet keeps of the Cluster key, and whether it exists.
 func (s *ClusterSet) Meta(key string) (ClusterMeta, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -688,7 +688,7 @@ func (s *ClusterSet) probeDue(c *conn) time.Time {
 	return c.lastProbe.Add(s.opts.ProbeInterval)
 }
 
-// ClusterMetrics are the Set's Prometheus series.
+// ClusterMetrics are the ClusterSet's Prometheus series.
 type ClusterMetrics struct {
 	errors   *prometheus.CounterVec
 	sessions *prometheus.GaugeVec

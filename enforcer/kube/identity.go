@@ -102,7 +102,7 @@ func EnsureIdentity(ctx context.Context, admin *rest.Config, opts IdentityOption
 
 // Repair installs (again) the ServiceAccount and its RBAC with the admin
 // credentials: a caller whose requests are refused as unauthorized or
-// forbidden calls it, and Ensure does.
+// forbidden calls it, and EnsureIdentity does.
 func (s *IdentitySession) Repair(ctx context.Context) error {
 	dyn, err := dynamic.NewForConfig(s.admin)
 	if err != nil {
@@ -120,7 +120,7 @@ func (s *IdentitySession) Repair(ctx context.Context) error {
 	return nil
 }
 
-// IdentityObjects are what Ensure installs: the Namespace, the ServiceAccount, a
+// IdentityObjects are what EnsureIdentity installs: the Namespace, the ServiceAccount, a
 // ClusterRole and a Role with what nodeguard does there, and their
 // bindings.
 func IdentityObjects(opts IdentityOptions) ([]Owned, error) {

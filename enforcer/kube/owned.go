@@ -27,14 +27,14 @@ const FieldManager = "nodeguard"
 // keeps it.
 const ManagedByLabel = "app.kubernetes.io/managed-by"
 
-// Owned is what Apply writes: the resource and the object, cluster-scoped
+// Owned is what ApplyOwned writes: the resource and the object, cluster-scoped
 // when it has no namespace.
 type Owned struct {
 	Resource schema.GroupVersionResource
 	Object   *unstructured.Unstructured
 }
 
-// OwnedFrom converts a typed object (with its TypeMeta set) for Apply.
+// OwnedFrom converts a typed object (with its TypeMeta set) for ApplyOwned.
 func OwnedFrom(gvr schema.GroupVersionResource, obj runtime.Object) (Owned, error) {
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
 	if err != nil {
@@ -152,12 +152,12 @@ func sameJSON(a, b any) bool {
 	return reflect.DeepEqual(norm(a), norm(b))
 }
 
-// Owner is Label's value on what nodeguard keeps; an object whose Label
+// Owner is ManagedByLabel's value on what nodeguard keeps; an object whose ManagedByLabel
 // says another manager (Helm, kustomize) is not nodeguard's to delete.
 const Owner = "nodeguard"
 
 // DeleteOwned removes the object name of gvr (in namespace, "" when
-// cluster-scoped) if Label says nodeguard keeps it: one it does not own is
+// cluster-scoped) if ManagedByLabel says nodeguard keeps it: one it does not own is
 // left alone. A missing object is no error.
 func DeleteOwned(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionResource, namespace, name string) (bool, error) {
 	var r dynamic.ResourceInterface = c.Resource(gvr)

@@ -97,12 +97,12 @@ type GhostTarget struct {
 	Recorder events.EventRecorder
 }
 
-// GhostOptions configure a Tracker.
+// GhostOptions configure a GhostTracker.
 type GhostOptions struct {
-	// Protection is a cluster's protection (nil: Off everywhere).
+	// Protection is a cluster's protection (nil: ProtectionOff everywhere).
 	Protection func(cluster string) Protection
 	// Confirm is how long a Node must stay a ghost before it is reported
-	// and acted on (default DefaultConfirm).
+	// and acted on (default DefaultGhostConfirm).
 	Confirm time.Duration
 	Metrics *GhostMetrics
 	Log     *slog.Logger
@@ -139,7 +139,7 @@ type GhostRecord struct {
 	Tainted bool        `json:"tainted"`
 }
 
-// NewGhostTracker returns a Tracker with no ghost.
+// NewGhostTracker returns a GhostTracker with no ghost.
 func NewGhostTracker(opts GhostOptions) *GhostTracker {
 	if opts.Confirm <= 0 {
 		opts.Confirm = DefaultGhostConfirm

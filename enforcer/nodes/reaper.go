@@ -39,7 +39,7 @@ type ReapTarget struct {
 	// Recorder records Events on those Nodes; nil records none.
 	Recorder events.EventRecorder
 	// ObserveOnly: the Nodes are watched for another reason (their releases,
-	// mode admission-policy) and never deleted, whatever Options.Delete says.
+	// mode admission-policy) and never deleted, whatever ReaperOptions.Delete says.
 	ObserveOnly bool
 }
 

@@ -50,7 +50,7 @@ type Unverified struct {
 // Reasons say in one word why a request was answered as it was: the
 // reason label of nodeguard_decisions_total and of the decision log line.
 // The first seven are the rule's own (its decision's reason); the others name
-// denials made outside Rego (Deny) and requests answered with an HTTP error.
+// denials made outside Rego (Denial) and requests answered with an HTTP error.
 const (
 	ReasonNoLink      = "no-link"     // allowed: nothing linked still exists
 	ReasonExempt      = "exempt"      // allowed for an exempt user or group; see Warnings

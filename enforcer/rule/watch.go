@@ -19,7 +19,7 @@ const settle = 200 * time.Millisecond
 
 // WatchBundle reloads the bundle into running whenever the file (or, for a
 // directory bundle, anything under it) changes, until ctx is done. A new
-// bundle that fails Load, or whose default parameters differ from the running
+// bundle that fails LoadBundle, or whose default parameters differ from the running
 // ones (the informers were started from those: a restart is needed), is not
 // used: running keeps its policy and reloaded is called with the error.
 // reloaded, when set, is called with nil after each successful swap.

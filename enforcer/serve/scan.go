@@ -135,7 +135,7 @@ type OrphanScan struct {
 	Registry prometheus.Registerer
 	Metrics  *OrphanMetrics
 	Options  ReapOptions
-	// QPS and Burst limit the workload clusters' clients (0: kubeclient's).
+	// QPS and Burst limit the workload clusters' clients (0: kube's).
 	QPS   float32
 	Burst int
 	// Sessions, when set, are the workload-cluster sessions the scan's Node
