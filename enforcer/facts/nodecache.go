@@ -46,7 +46,7 @@ type Nodes struct {
 	count    atomic.Int64 // Nodes added and not deleted: Len without a walk
 }
 
-// NewNodes returns an empty cache of Nodes of shape (linkmodel's
+// NewNodes returns an empty cache of Nodes of shape (rule.Model's
 // NodeCacheShape) over store (nil: its own; else one carrying
 // shape.Indexers()) that calls onChange (when set) with the name of each
 // Node added, deleted, or changed in what the criteria read.

@@ -58,7 +58,7 @@ type Options struct {
 	// Orphans configures the orphan-Node scan and reaper.
 	Orphans ReapOptions
 	// KubeAPIQPS and KubeAPIBurst are the clients' rate limits (0: the
-	// kubeclient package's defaults); Run applies them, RunWith's clients are
+	// kube package's defaults); Run applies them, RunWith's clients are
 	// already built.
 	KubeAPIQPS   float32
 	KubeAPIBurst int

@@ -31,7 +31,7 @@ var (
 	orphanSteps     = flag.Int("orphan-steps", 12, "changes per history")
 )
 
-// The narrowed orphan judge (orphanscan: Nodes judged only when they, an
+// The narrowed orphan judge (nodes.Scanner: Nodes judged only when they, an
 // object that could link to them, the evidence or the clock change, and
 // screened by the criteria that read only the Node) must find exactly the
 // orphans a full pass finds (every Node, the full criteria, from the same
