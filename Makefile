@@ -88,7 +88,8 @@ go-test:
 RACE_PKGS = $$($(GO) list -f '{{.ImportPath}} {{join .Imports " "}}' ./enforcer/... | awk '/ sync( |$$)| sync\/atomic( |$$)/ {print $$1}')
 race:
 	@echo "== go test -race (every enforcer package that imports sync or sync/atomic)"
-	CGO_ENABLED=1 $(GO) test -race $(RACE_PKGS)
+	@pkgs="$(RACE_PKGS)"; [ -n "$$pkgs" ] || { echo "race: go list found no package" >&2; exit 1; }; \
+		echo CGO_ENABLED=1 $(GO) test -race $$pkgs; CGO_ENABLED=1 $(GO) test -race $$pkgs
 
 differential:
 	@echo "== differential: enforcer vs Gatekeeper's engine (synced data, and nodeguard as its external data provider); the narrowed orphan judge and the published releases vs full passes"
