@@ -16,12 +16,12 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
-// admissionReview is an AdmissionReview v1 as nodeguard reads it: only what
-// the rule reads (operation, kind, name, the user's name and groups, the Node
-// in oldObject) and what the answer needs (uid). Every other field (the
-// user's extra, the request's object, options, resource) is skipped by the
-// decoder without being built, so a review costs about its own bytes,
-// whatever it carries.
+// admissionReview is an AdmissionReview v1 as every route reads it: only
+// what the rule reads (operation, kind, name, the user's name and groups, the
+// Node in oldObject, and in object for the registration routes) and what the
+// answer needs (uid). Every other field (the user's extra, options,
+// resource) is skipped by the decoder without being built, so a review costs
+// about its own bytes, whatever it carries.
 type admissionReview struct {
 	APIVersion string       `json:"apiVersion"`
 	Kind       string       `json:"kind"`
@@ -54,6 +54,8 @@ type admissionRequest struct {
 		Groups   *groups `json:"groups"`
 	} `json:"userInfo"`
 	OldObject *node `json:"oldObject"`
+	// Object is read by the registration routes only (nil: skipped).
+	Object *node `json:"object"`
 	// DryRun: a denial Event is a side effect, never recorded on a dry run.
 	DryRun *bool `json:"dryRun"`
 }
@@ -111,7 +113,8 @@ func (g *groups) digest() []byte {
 // node decodes oldObject into only the fields the link model declares
 // (rule.Model.NodeShape): a hostile Node costs a scan of its bytes.
 type node struct {
-	model *rule.Model
+	model *rule.Model // nil: not read, skipped
+	field string      // "oldObject" or "object", for errors
 	obj   *unstructured.Unstructured
 	// raw is oldObject's bytes, a part of the review's body (held until the
 	// answer is written): a denial reads the Node's UID from it.
@@ -119,12 +122,12 @@ type node struct {
 }
 
 func (n *node) UnmarshalJSON(b []byte) error {
-	if bytes.Equal(b, []byte("null")) {
+	if n.model == nil || bytes.Equal(b, []byte("null")) {
 		return nil
 	}
 	rec, err := n.model.NodeShape().FromJSON(b)
 	if err != nil {
-		return &oldObjectError{fmt.Errorf("Node: %w", err)}
+		return &nodeError{field: n.field, err: fmt.Errorf("Node: %w", err)}
 	}
 	n.obj, n.raw = rec.Unstructured(), b
 	return nil
@@ -138,18 +141,25 @@ func (n *node) bytes() []byte {
 	return n.raw
 }
 
-// oldObjectError is an oldObject that is JSON but not a Node the rule can
-// read (a declared field that is not a string).
-type oldObjectError struct{ err error }
+// nodeError is an oldObject or object that is JSON but not a Node the rule
+// can read (a declared field that is not a string).
+type nodeError struct {
+	field string
+	err   error
+}
 
-func (e *oldObjectError) Error() string { return e.err.Error() }
-func (e *oldObjectError) Unwrap() error { return e.err }
+func (e *nodeError) Error() string { return e.err.Error() }
+func (e *nodeError) Unwrap() error { return e.err }
 
-// decodeReview decodes an AdmissionReview body into what the rule reads.
-// A null oldObject or groups leaves that field nil.
-func decodeReview(body []byte, model *rule.Model, keep func(string) bool) (*admissionReview, error) {
+// decodeReview decodes an AdmissionReview body into what the rule reads,
+// object too when asked. A null oldObject or groups leaves that field nil.
+func decodeReview(body []byte, model *rule.Model, keep func(string) bool, object bool) (*admissionReview, error) {
 	var review admissionReview
-	review.Request.OldObject = &node{model: model}
+	review.Request.OldObject = &node{model: model, field: "oldObject"}
+	review.Request.Object = &node{field: "object"}
+	if object {
+		review.Request.Object.model = model
+	}
 	review.Request.UserInfo.Groups = newGroups(keep)
 	if err := json.Unmarshal(body, &review); err != nil {
 		return nil, err

@@ -46,6 +46,7 @@ const (
 	RejectNoRequest    = "no-request"
 	RejectNoUID        = "no-uid"
 	RejectBadOldObject = "bad-old-object"
+	RejectBadObject    = "bad-object" // the registration routes'
 )
 
 // Decider judges one admission request with the rule; *guard.Guard is one.
@@ -167,12 +168,7 @@ func NewWebhook(opts WebhookOptions) http.Handler {
 // all of them); a dry run's answer carries proof.
 func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluster, proof string) {
 	start := time.Now()
-	clients := h.clientCAs(route)
-	if herr := h.identified(r, route, cluster); herr != nil {
-		h.reject(w, herr, route, cluster, start)
-		return
-	}
-	review, release, herr := h.read(w, r, clients)
+	review, release, herr := h.read(w, r, route, cluster, false)
 	if herr != nil {
 		h.reject(w, herr, route, cluster, start)
 		return
@@ -223,15 +219,9 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 	h.opts.Metrics.observe(route, cluster, result(allowed), d.Reason, v.action, elapsed)
 	h.opts.Log.Info("decision", "node", req.Name, "cluster", cluster, "user", req.UserInfo.Username,
 		"allowed", allowed, "reason", d.Reason, "enforcementAction", v.action, "blockers", blockerNames(d), "duration", elapsed)
-	body, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: review.APIVersion, Kind: review.Kind}, Response: resp})
-	if err != nil {
-		http.Error(w, "nodeguard: encode response: "+err.Error(), http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(body)
+	answer(w, review, resp)
 	// A dry run must have no side effects (the webhook says NoneOnDryRun).
-	authenticated := clients != nil // intake refused any other caller
+	authenticated := h.clientCAs(route) != nil // intake refused any other caller
 	// dryrun is silent: logged and counted, no Event.
 	if !d.Allowed && v.action != rule.ActionDryRun && !dryRun && h.opts.Denied != nil && isNodeDelete(req) && (route == WebhookRouteSelf || authenticated) {
 		where := cluster // the workload cluster the Node lives in; /validate's is this one
@@ -352,14 +342,18 @@ func (h *handler) identified(r *http.Request, route, cluster string) *IntakeErro
 		Msg: "the client certificate was not issued for Cluster " + cluster + ": this route answers only that Cluster's API server"}
 }
 
-// read checks the transport and decodes the AdmissionReview; the caller runs
-// the returned func once it has answered.
-func (h *handler) read(w http.ResponseWriter, r *http.Request, clients *x509.CertPool) (*admissionReview, func(), *IntakeError) {
-	body, release, herr := h.intake.Read(w, r, clients)
+// read checks the transport and decodes the AdmissionReview (its object
+// too when asked: the registration routes); the caller runs the returned
+// func once it has answered.
+func (h *handler) read(w http.ResponseWriter, r *http.Request, route, cluster string, object bool) (*admissionReview, func(), *IntakeError) {
+	if herr := h.identified(r, route, cluster); herr != nil {
+		return nil, nil, herr
+	}
+	body, release, herr := h.intake.Read(w, r, h.clientCAs(route))
 	if herr != nil {
 		return nil, nil, herr
 	}
-	review, herr := h.decode(body)
+	review, herr := h.decode(body, object)
 	if herr != nil {
 		release()
 		return nil, nil, herr
@@ -367,11 +361,14 @@ func (h *handler) read(w http.ResponseWriter, r *http.Request, clients *x509.Cer
 	return review, release, nil
 }
 
-func (h *handler) decode(body []byte) (*admissionReview, *IntakeError) {
-	review, err := decodeReview(body, h.model, h.keepGroup)
+func (h *handler) decode(body []byte, object bool) (*admissionReview, *IntakeError) {
+	review, err := decodeReview(body, h.model, h.keepGroup, object)
 	if err != nil {
-		var oldObject *oldObjectError
-		if errors.As(err, &oldObject) {
+		var bad *nodeError
+		switch {
+		case errors.As(err, &bad) && bad.field == "object":
+			return nil, BadRequest(RejectBadObject, "object does not decode: %v", err)
+		case errors.As(err, &bad):
 			return nil, BadRequest(RejectBadOldObject, "oldObject does not decode: %v", err)
 		}
 		return nil, BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err)
@@ -386,6 +383,17 @@ func (h *handler) decode(body []byte) (*admissionReview, *IntakeError) {
 		return nil, BadRequest(RejectNoUID, "AdmissionReview request has no uid")
 	}
 	return review, nil
+}
+
+// answer writes resp as the AdmissionReview answering review.
+func answer(w http.ResponseWriter, review *admissionReview, resp *admissionv1.AdmissionResponse) {
+	body, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: review.APIVersion, Kind: review.Kind}, Response: resp})
+	if err != nil {
+		http.Error(w, "nodeguard: encode response: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(body)
 }
 
 // request converts the AdmissionRequest, decoded into what the rule reads,

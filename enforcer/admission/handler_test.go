@@ -178,7 +178,10 @@ func TestClusterRoute(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	g, _, nodes := example(t)
-	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g}), admission.TLSOptions{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g,
+		Register: func(context.Context, admission.Registration) (admission.RegistrationAnswer, error) {
+			return admission.RegistrationAnswer{Allowed: true}, nil
+		}}), admission.TLSOptions{}, nil)
 	node := nodes[linkedNode].Object
 	noRequest := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`)
 	notANode := review(admissionv1.Delete, "Node", map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "p"}})
@@ -186,28 +189,40 @@ func TestBadInput(t *testing.T) {
 	undecodable := review(admissionv1.Delete, "Node", "just a string")
 	v1beta1 := bytes.Replace(review(admissionv1.Delete, "Node", node), []byte(`admission.k8s.io/v1"`), []byte(`admission.k8s.io/v1beta1"`), 1)
 	noUID := bytes.Replace(review(admissionv1.Delete, "Node", node), []byte(`"uid":"7f0b2f6c-1111-2222-3333-444455556666"`), []byte(`"uid":""`), 1)
+	badObject := registration(admissionv1.Create, map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "n"},
+		"spec": map[string]any{"providerID": 7}}, nil)
 
+	// One codec reads every route's reviews: each fault has its own answer
+	// on the review and the registration routes alike.
 	for _, tc := range []struct {
 		name, contentType string
 		body              []byte
 		code              int
 		says              string
+		routes            []string
 	}{
-		{"wrong content type", "text/plain", review(admissionv1.Delete, "Node", node), http.StatusUnsupportedMediaType, "want application/json"},
-		{"too big", "application/json", bytes.Repeat([]byte(" "), admission.MaxBodyBytes+1), http.StatusRequestEntityTooLarge, "body over"},
-		{"malformed JSON", "application/json", []byte(`{"apiVersion":`), http.StatusBadRequest, "malformed AdmissionReview JSON"},
-		{"no request", "application/json", noRequest, http.StatusBadRequest, "has no request"},
-		{"no uid", "application/json", noUID, http.StatusBadRequest, "no uid"},
-		{"v1beta1", "application/json", v1beta1, http.StatusBadRequest, "want apiVersion admission.k8s.io/v1"},
-		{"oldObject not a Node", "application/json", notANode, http.StatusBadRequest, "want a named v1 Node (the request's kind)"},
-		{"oldObject without a name", "application/json", nameless, http.StatusBadRequest, "want a named v1 Node"},
-		{"oldObject does not decode", "application/json", undecodable, http.StatusBadRequest, "does not decode"},
+		{"wrong content type", "text/plain", review(admissionv1.Delete, "Node", node), http.StatusUnsupportedMediaType, "want application/json", nil},
+		{"too big", "application/json", bytes.Repeat([]byte(" "), admission.MaxBodyBytes+1), http.StatusRequestEntityTooLarge, "body over", nil},
+		{"malformed JSON", "application/json", []byte(`{"apiVersion":`), http.StatusBadRequest, "malformed AdmissionReview JSON", nil},
+		{"no request", "application/json", noRequest, http.StatusBadRequest, "has no request", nil},
+		{"no uid", "application/json", noUID, http.StatusBadRequest, "no uid", nil},
+		{"v1beta1", "application/json", v1beta1, http.StatusBadRequest, "want apiVersion admission.k8s.io/v1", nil},
+		{"oldObject not a Node", "application/json", notANode, http.StatusBadRequest, "want a named v1 Node (the request's kind)", []string{"/validate"}},
+		{"oldObject without a name", "application/json", nameless, http.StatusBadRequest, "want a named v1 Node", []string{"/validate"}},
+		{"oldObject does not decode", "application/json", undecodable, http.StatusBadRequest, "oldObject does not decode", nil},
+		{"object does not decode", "application/json", badObject, http.StatusBadRequest, "object does not decode", []string{"/register"}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			code, body, _ := s.post(t, "/validate", tc.contentType, tc.body)
-			assert.Equal(t, tc.code, code, body)
-			assert.Contains(t, body, tc.says)
-		})
+		routes := tc.routes
+		if routes == nil {
+			routes = []string{"/validate", "/register"}
+		}
+		for _, route := range routes {
+			t.Run(tc.name+" on "+route, func(t *testing.T) {
+				code, body, _ := s.post(t, route, tc.contentType, tc.body)
+				assert.Equal(t, tc.code, code, body)
+				assert.Contains(t, body, tc.says)
+			})
+		}
 	}
 
 	resp, err := s.client.Get(s.url + "/validate")

@@ -2,14 +2,12 @@ package admission
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
@@ -52,90 +50,51 @@ type RegistrationAnswer struct {
 	Message string // why it is denied
 }
 
-// registrationReview is an AdmissionReview v1 as the registration routes
-// read it: the request's object and oldObject (reduced as oldObject is on
-// the review routes) and what the answer needs.
-type registrationReview struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Request    *struct {
-		UID       types.UID `json:"uid"`
-		Operation string    `json:"operation"`
-		Object    *node     `json:"object"`
-		OldObject *node     `json:"oldObject"`
-	} `json:"request"`
-}
-
 // register answers one registration review on route for cluster; any
 // failure to judge it is an allow with a warning (fail open).
 func (h *handler) register(w http.ResponseWriter, r *http.Request, route, cluster string) {
 	start := time.Now()
-	if herr := h.identified(r, route, cluster); herr != nil {
-		h.reject(w, herr, route, cluster, start)
-		return
-	}
-	body, release, herr := h.intake.Read(w, r, h.clientCAs(route))
+	review, release, herr := h.read(w, r, route, cluster, true)
 	if herr != nil {
 		h.reject(w, herr, route, cluster, start)
 		return
 	}
 	defer release()
-	review := registrationReview{}
-	review.Request = &struct {
-		UID       types.UID `json:"uid"`
-		Operation string    `json:"operation"`
-		Object    *node     `json:"object"`
-		OldObject *node     `json:"oldObject"`
-	}{Object: &node{model: h.model}, OldObject: &node{model: h.model}}
-	if err := json.Unmarshal(body, &review); err != nil {
-		h.reject(w, BadRequest(RejectMalformed, "malformed AdmissionReview JSON: %v", err), route, cluster, start)
-		return
-	}
-	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" || review.Request == nil || review.Request.UID == "" {
-		h.reject(w, BadRequest(RejectNotReview, "want an AdmissionReview admission.k8s.io/v1 with a request and its uid"), route, cluster, start)
-		return
-	}
-	req := review.Request
-	answer := RegistrationAnswer{Allowed: true, Reason: ReasonRegisters}
+	req := &review.Request
+	a := RegistrationAnswer{Allowed: true, Reason: ReasonRegisters}
 	switch {
 	case req.Object == nil || req.Object.obj == nil:
 		// No Node to judge (a DELETE sent here by a wrong configuration).
 	case h.opts.Register == nil:
-		answer.Reason = ReasonProtectionOff
+		a.Reason = ReasonProtectionOff
 	default:
 		ctx, cancel := context.WithTimeout(r.Context(), h.intake.Timeout())
 		var old *unstructured.Unstructured
 		if req.OldObject != nil {
 			old = req.OldObject.obj
 		}
-		a, err := h.opts.Register(ctx, Registration{Cluster: cluster, Operation: req.Operation, Node: req.Object.obj, Old: old})
+		var err error
+		a, err = h.opts.Register(ctx, Registration{Cluster: cluster, Operation: req.Operation, Node: req.Object.obj, Old: old})
 		cancel()
 		if err != nil {
 			a = RegistrationAnswer{Allowed: true, Reason: ReasonFailedOpen,
 				Message: "nodeguard could not judge whether this Node is a ghost (" + err.Error() + "); registrations fail open"}
 		}
-		answer = a
 	}
-	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: answer.Allowed}
-	if answer.Allowed && answer.Message != "" {
-		resp.Warnings = []string{"nodeguard: " + answer.Message}
+	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: a.Allowed}
+	if a.Allowed && a.Message != "" {
+		resp.Warnings = []string{"nodeguard: " + a.Message}
 	}
-	if !answer.Allowed {
-		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden, Message: answer.Message}
+	if !a.Allowed {
+		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden, Message: a.Message}
 	}
 	name := ""
 	if req.Object != nil && req.Object.obj != nil {
 		name = req.Object.obj.GetName()
 	}
 	elapsed := time.Since(start)
-	h.opts.Metrics.observe(route, cluster, result(answer.Allowed), answer.Reason, rule.ActionDeny, elapsed)
-	h.opts.Log.Info("registration", "node", name, "cluster", cluster, "operation", req.Operation, "allowed", answer.Allowed,
-		"reason", answer.Reason, "duration", elapsed)
-	out, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: review.APIVersion, Kind: review.Kind}, Response: resp})
-	if err != nil {
-		http.Error(w, "nodeguard: encode response: "+err.Error(), http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(out)
+	h.opts.Metrics.observe(route, cluster, result(a.Allowed), a.Reason, rule.ActionDeny, elapsed)
+	h.opts.Log.Info("registration", "node", name, "cluster", cluster, "operation", req.Operation, "allowed", a.Allowed,
+		"reason", a.Reason, "duration", elapsed)
+	answer(w, review, resp)
 }
