@@ -112,8 +112,7 @@ e2e:
 	@mkdir -p build; start=$$(date +%s); bin=$$(bash tests/e2e/tools/build.sh) && echo "e2e tools ready in $$(( $$(date +%s) - start )) s: $$bin" && \
 	{ NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/ ./internal/cmd/demo/; echo $$? > build/e2e.rc; } 2>&1 | tee build/e2e.log && \
 	if [ "$$(cat build/e2e.rc)" != 0 ]; then \
-		echo "== e2e failed; what the failing tests printed last (whole log: build/e2e.log):"; grep -B25 -- '--- FAIL' build/e2e.log | head -150; \
-		echo "== e2e failed:"; grep -E -- '--- FAIL|^FAIL|^panic:' build/e2e.log; exit 1; fi && \
+		bash tests/e2e/tools/failures.sh build/e2e.log; exit 1; fi && \
 	echo "== e2e: API-server benchmark, smoke size" && \
 	NODEGUARD_E2E_BIN=$$bin $(GO) test -tags e2e -count=1 ./tests/apibench/ -run '^$$' -bench . -benchtime 5x -args -sizes 100 -release-nodes 20 -revoke-nodes 10 -policy-rounds 2 -policy-requests 5
 

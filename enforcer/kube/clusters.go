@@ -135,6 +135,7 @@ type ClusterSet struct {
 	clusters  map[string]ClusterMeta // Clusters that exist
 	conns     map[string]*conn
 	failures  map[string]error     // why a Cluster has no connection
+	failing   map[string]time.Time // since when it has had no connection, failing
 	secretDue map[string]time.Time // when its Secret is read next (absent: now)
 }
 
@@ -203,6 +204,7 @@ func NewClusterSet(opts ClusterSetOptions) (*ClusterSet, error) {
 		clusters:  map[string]ClusterMeta{},
 		conns:     map[string]*conn{},
 		failures:  map[string]error{},
+		failing:   map[string]time.Time{},
 		secretDue: map[string]time.Time{},
 	}
 	s.loop = NewLoop(LoopOptions{Name: "workload-clusters", Workers: opts.Workers, BaseBackoff: defaultProbeBackoffBase,
@@ -221,25 +223,33 @@ func (s *ClusterSet) Get(key string) (*Cluster, bool) {
 }
 
 // Await returns the connection of the Cluster key, waiting up to wait for a
-// Cluster that is being connected (it exists, and no failure is known yet):
-// a caller that runs first thing after a start (a denial's Event) gets the
-// connection rather than a miss.
+// Cluster that is being connected: a caller that runs first thing after a
+// start, or right after a Cluster appeared (CAPI writes its kubeconfig
+// Secret after the Cluster), gets the connection rather than a miss. A
+// failure that has lasted wait already is returned at once, so a cluster
+// that stays unreachable costs its callers no wait.
 func (s *ClusterSet) Await(ctx context.Context, key string, wait time.Duration) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for {
-		if c, ok := s.Get(key); ok {
-			return c, nil
-		}
-		_, exists := s.Meta(key)
-		if err := s.Failure(key); err != nil {
+		s.mu.Lock()
+		c, connected := s.conns[key]
+		_, exists := s.clusters[key]
+		err, since := s.failures[key], s.failing[key]
+		s.mu.Unlock()
+		switch {
+		case connected:
+			return c.cluster, nil
+		case err != nil && time.Since(since) >= wait:
 			return nil, err
-		}
-		if !exists && s.synced() {
+		case !exists && s.synced():
 			return nil, fmt.Errorf("no Cluster %s", key)
 		}
 		select {
 		case <-ctx.Done():
+			if err != nil {
+				return nil, err
+			}
 			return nil, fmt.Errorf("no connection to workload cluster %s yet", key)
 		case <-time.After(50 * time.Millisecond):
 		}
@@ -435,6 +445,7 @@ func (s *ClusterSet) reconcile(ctx context.Context, key string) Result {
 		s.disconnect(key)
 		s.mu.Lock()
 		delete(s.failures, key)
+		delete(s.failing, key)
 		delete(s.secretDue, key)
 		s.mu.Unlock()
 		s.opts.Metrics.forget(key)
@@ -483,8 +494,12 @@ func (s *ClusterSet) setFailure(ctx context.Context, key string, err error) {
 	before := s.failures[key]
 	if err != nil {
 		s.failures[key] = err
+		if before == nil {
+			s.failing[key] = time.Now()
+		}
 	} else {
 		delete(s.failures, key)
+		delete(s.failing, key)
 	}
 	s.mu.Unlock()
 	if (before == nil) != (err == nil) || (before != nil && err != nil && before.Error() != err.Error()) {

@@ -451,3 +451,34 @@ func TestChangedWhenTheFailureChanges(t *testing.T) {
 		t.Fatalf("not told of the new failure: %s", failure())
 	}
 }
+
+// Await rides out a young failure (CAPI writes a Cluster's kubeconfig Secret
+// after the Cluster) and returns the connection once there is one; a failure
+// that has lasted the wait is returned at once.
+func TestAwaitWaitsOutAYoungFailureOnly(t *testing.T) {
+	m := newManagement()
+	set, err := kube.NewClusterSet(kube.ClusterSetOptions{Management: m.clients, Secrets: m.secrets, Recheck: time.Hour,
+		Start: func(ctx context.Context, _ *kube.Cluster) { <-ctx.Done() }})
+	require.NoError(t, err)
+	run(t, set)
+	ctx := context.Background()
+
+	m.cluster(t, "prod-1")
+	require.Eventually(t, func() bool { return set.Failure("fleet/prod-1") != nil }, 5*time.Second, 10*time.Millisecond)
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		m.secret(t, "prod-1", kubeconfig(t, "https://prod-1.example:6443"))
+	}()
+	c, err := set.Await(ctx, "fleet/prod-1", 10*time.Second)
+	require.NoError(t, err, "the retry after the Secret came connects")
+	assert.Equal(t, "fleet/prod-1", c.Key)
+
+	m.cluster(t, "prod-2")
+	require.Eventually(t, func() bool { return set.Failure("fleet/prod-2") != nil }, 5*time.Second, 10*time.Millisecond)
+	_, err = set.Await(ctx, "fleet/prod-2", 300*time.Millisecond)
+	require.ErrorContains(t, err, "not found", "the wait ends with the failure")
+	start := time.Now()
+	_, err = set.Await(ctx, "fleet/prod-2", 300*time.Millisecond)
+	require.ErrorContains(t, err, "not found")
+	assert.Less(t, time.Since(start), 250*time.Millisecond, "a failure older than the wait does not wait again")
+}
