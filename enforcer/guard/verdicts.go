@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/open-policy-agent/opa/v1/ast"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -48,32 +47,8 @@ type Screen struct {
 	RecheckAt time.Time
 }
 
-// Evaluator evaluates the orphan criteria of an engine's policy; safe for
-// concurrent use, and it follows the engine's Replace.
-type Evaluator struct {
-	engine *rule.Engine
-}
-
-// NewEvaluator compiles the embedded policies.
-func NewEvaluator(ctx context.Context) (*Evaluator, error) {
-	e, err := rule.NewEngine(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return EvaluatorFor(e)
-}
-
-// EvaluatorFor evaluates the orphan criteria of e's policy, which must have
-// them.
-func EvaluatorFor(e *rule.Engine) (*Evaluator, error) {
-	if _, err := e.NodeFields(); err != nil {
-		return nil, err
-	}
-	return &Evaluator{engine: e}, nil
-}
-
-// VerdictInput is what the criteria read for one Node.
-type VerdictInput struct {
+// CriteriaInput is what the orphan criteria read for one Node.
+type CriteriaInput struct {
 	Node            map[string]any
 	Inventory       map[string]any
 	Parameters      rule.Parameters
@@ -85,56 +60,18 @@ type VerdictInput struct {
 	Tombstone *facts.Tombstone
 }
 
-// value is the entry points' input; a nil inventory, parameters or
+// Fields are the entry points' input; a nil inventory, parameters or
 // tombstone is left out, which the Rego reads as empty.
-func (in VerdictInput) value() (ast.Value, error) {
+func (in CriteriaInput) Fields() map[string]any {
 	var tombstone map[string]any
 	if in.Tombstone != nil {
 		tombstone = in.Tombstone.Value()
 	}
-	return rule.InputValue(map[string]any{
+	return map[string]any{
 		"node": in.Node, "inventory": in.Inventory, "parameters": in.Parameters, "tombstone": tombstone,
 		// Nanoseconds, so a grace that ends within a second is judged then.
 		"now": in.Now.UTC().Format(time.RFC3339Nano), "grace": in.Grace.String(), "matchProviderID": in.MatchProviderID,
-	})
-}
-
-// Evaluate runs the criteria on one input.
-func (e *Evaluator) Evaluate(ctx context.Context, in VerdictInput) (OrphanVerdict, error) {
-	input, err := in.value()
-	if err != nil {
-		return OrphanVerdict{}, err
 	}
-	var v OrphanVerdict
-	if err := e.engine.Eval(ctx, rule.OrphanEntry, input, &v); err != nil {
-		return OrphanVerdict{}, err
-	}
-	return v, nil
-}
-
-// Screen runs the criteria that read only the Node (in.Inventory unused).
-func (e *Evaluator) Screen(ctx context.Context, in VerdictInput) (Screen, error) {
-	in.Inventory = nil
-	input, err := in.value()
-	if err != nil {
-		return Screen{}, err
-	}
-	var answer struct {
-		Passes    bool   `json:"passes"`
-		RecheckAt string `json:"recheckAt"`
-	}
-	if err := e.engine.Eval(ctx, rule.ScreenEntry, input, &answer); err != nil {
-		return Screen{}, err
-	}
-	s := Screen{Passes: answer.Passes}
-	if answer.RecheckAt != "" {
-		t, err := time.Parse(time.RFC3339Nano, answer.RecheckAt)
-		if err != nil {
-			return Screen{}, fmt.Errorf("evaluate %s: recheckAt %q: %w", rule.ScreenEntry.Query(), answer.RecheckAt, err)
-		}
-		s.RecheckAt = t
-	}
-	return s, nil
 }
 
 // FinderOptions configure a Finder.
@@ -160,10 +97,10 @@ type FinderOptions struct {
 	Tombstones *facts.Tombstones
 }
 
-// Finder judges Nodes against the orphan criteria.
+// Finder judges Nodes against the orphan, release and ghost criteria.
 type Finder struct {
-	eval *Evaluator
-	opts FinderOptions
+	engine *rule.Engine
+	opts   FinderOptions
 }
 
 // NewFinder judges with the Guard's policy.
@@ -177,11 +114,12 @@ func NewFinder(opts FinderOptions) (*Finder, error) {
 	if opts.Grace < 0 {
 		return nil, fmt.Errorf("orphans: grace %s: want a positive duration, or 0 for the policy's", opts.Grace)
 	}
-	eval, err := EvaluatorFor(opts.Guard.Engine())
-	if err != nil {
+	// A policy without the orphan criteria (a bundle of an older release)
+	// is refused here, not per Node.
+	if _, err := opts.Guard.Engine().NodeFields(); err != nil {
 		return nil, err
 	}
-	return &Finder{eval: eval, opts: opts}, nil
+	return &Finder{engine: opts.Guard.Engine(), opts: opts}, nil
 }
 
 // Inventory is the inventory the Finder judges from.
@@ -231,9 +169,9 @@ func (f *Finder) Route(cluster string) (Route, error) {
 
 // input is what the criteria read of node with inv, on the route's
 // parameters at time now.
-func (f *Finder) input(r Route, node *unstructured.Unstructured, inv map[string]any, now time.Time) VerdictInput {
-	return VerdictInput{Node: node.Object, Inventory: inv, Parameters: r.params, Now: now, Grace: f.Grace(), MatchProviderID: f.opts.MatchProviderID,
-		Tombstone: f.Tombstone(node)}
+func (f *Finder) input(r Route, node *unstructured.Unstructured, inv map[string]any, now time.Time) map[string]any {
+	return CriteriaInput{Node: node.Object, Inventory: inv, Parameters: r.params, Now: now, Grace: f.Grace(), MatchProviderID: f.opts.MatchProviderID,
+		Tombstone: f.Tombstone(node)}.Fields()
 }
 
 // Tombstone returns the tombstone of node's providerID, or nil: the Rego
@@ -253,9 +191,18 @@ func (f *Finder) Tombstone(node *unstructured.Unstructured) *facts.Tombstone {
 // Screen evaluates the criteria that read only the Node: a Node that does
 // not pass them is no orphan, whatever Scan would find.
 func (f *Finder) Screen(ctx context.Context, r Route, node *unstructured.Unstructured, now time.Time) (Screen, error) {
-	s, err := f.eval.Screen(ctx, f.input(r, node, nil, now))
+	answer, err := rule.Run[struct {
+		Passes    bool   `json:"passes"`
+		RecheckAt string `json:"recheckAt"`
+	}](ctx, f.engine, rule.ScreenEntry, f.input(r, node, nil, now))
 	if err != nil {
 		return Screen{}, fmt.Errorf("screen Node %q: %w", node.GetName(), err)
+	}
+	s := Screen{Passes: answer.Passes}
+	if answer.RecheckAt != "" {
+		if s.RecheckAt, err = time.Parse(time.RFC3339Nano, answer.RecheckAt); err != nil {
+			return Screen{}, fmt.Errorf("screen Node %q: recheckAt %q: %w", node.GetName(), answer.RecheckAt, err)
+		}
 	}
 	return s, nil
 }
@@ -278,7 +225,7 @@ func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, 
 			return nil, err
 		}
 		objs = append(objs, evidence...)
-		v, err := f.eval.Evaluate(ctx, f.input(r, node, facts.Layout(objs), now))
+		v, err := rule.Run[OrphanVerdict](ctx, f.engine, rule.OrphanEntry, f.input(r, node, facts.Layout(objs), now))
 		if err != nil {
 			return nil, fmt.Errorf("judge Node %q: %w", node.GetName(), err)
 		}
@@ -312,12 +259,8 @@ func (f *Finder) Releases(ctx context.Context, nodes []*unstructured.Unstructure
 		if err != nil {
 			return nil, err
 		}
-		input, err := rule.InputValue(map[string]any{"node": node.Object, "inventory": facts.Layout(objs), "parameters": r.params})
+		v, err := rule.Run[Release](ctx, f.engine, rule.ReleaseEntry, map[string]any{"node": node.Object, "inventory": facts.Layout(objs), "parameters": r.params})
 		if err != nil {
-			return nil, err
-		}
-		var v Release
-		if err := f.eval.engine.Eval(ctx, rule.ReleaseEntry, input, &v); err != nil {
 			return nil, fmt.Errorf("judge the release of Node %q: %w", node.GetName(), err)
 		}
 		v.UID = node.GetUID()
@@ -352,13 +295,9 @@ func (f *Finder) Ghost(ctx context.Context, r Route, node *unstructured.Unstruct
 	if err != nil {
 		return Ghost{}, err
 	}
-	input, err := rule.InputValue(map[string]any{"node": node.Object, "inventory": facts.Layout(objs), "parameters": r.params,
+	g, err := rule.Run[Ghost](ctx, f.engine, rule.GhostEntry, map[string]any{"node": node.Object, "inventory": facts.Layout(objs), "parameters": r.params,
 		"tombstone": t.Value(), "now": now.UTC().Format(time.RFC3339Nano)})
 	if err != nil {
-		return Ghost{}, err
-	}
-	var g Ghost
-	if err := f.eval.engine.Eval(ctx, rule.GhostEntry, input, &g); err != nil {
 		return Ghost{}, fmt.Errorf("judge whether Node %q is a ghost: %w", node.GetName(), err)
 	}
 	g.UID, g.Tombstone = node.GetUID(), t
@@ -396,13 +335,9 @@ func (f *Finder) Registration(ctx context.Context, cluster, operation string, no
 	if old != nil {
 		oldNode = old.Object
 	}
-	input, err := rule.InputValue(map[string]any{"operation": operation, "node": node.Object, "oldNode": oldNode,
+	out, err := rule.Run[Registration](ctx, f.engine, rule.RegistrationEntry, map[string]any{"operation": operation, "node": node.Object, "oldNode": oldNode,
 		"inventory": facts.Layout(objs), "parameters": r.params, "tombstone": t.Value(), "now": now.UTC().Format(time.RFC3339Nano)})
 	if err != nil {
-		return Registration{}, err
-	}
-	var out Registration
-	if err := f.eval.engine.Eval(ctx, rule.RegistrationEntry, input, &out); err != nil {
 		return Registration{}, fmt.Errorf("judge the registration of Node %q: %w", node.GetName(), err)
 	}
 	return out, nil

@@ -45,10 +45,13 @@ func TestTheDefaultGraceIsThePolicys(t *testing.T) {
 	assert.Equal(t, time.Hour, f.Grace(), "a grace given wins")
 }
 
-func TestEvaluatorPassesEveryInput(t *testing.T) {
+func TestTheCriteriaReadEveryInput(t *testing.T) {
 	ctx := context.Background()
-	e, err := guard.NewEvaluator(ctx)
+	e, err := rule.NewEngine(ctx)
 	require.NoError(t, err)
+	orphan := func(in guard.CriteriaInput) (guard.OrphanVerdict, error) {
+		return rule.Run[guard.OrphanVerdict](ctx, e, rule.OrphanEntry, in.Fields())
+	}
 	node := map[string]any{
 		"apiVersion": "v1", "kind": "Node",
 		"metadata": map[string]any{"name": "n", "annotations": map[string]any{
@@ -62,21 +65,21 @@ func TestEvaluatorPassesEveryInput(t *testing.T) {
 		"DockerMachine": map[string]any{"other": map[string]any{"metadata": map[string]any{"name": "other"}, "spec": map[string]any{"providerID": "docker:////other"}}},
 	}}}}
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	v, err := e.Evaluate(ctx, guard.VerdictInput{Node: node, Inventory: inv, Now: now, Grace: 59 * time.Minute})
+	v, err := orphan(guard.CriteriaInput{Node: node, Inventory: inv, Now: now, Grace: 59 * time.Minute})
 	require.NoError(t, err)
 	assert.True(t, v.Orphan)
 	assert.Equal(t, "default/m", v.Machine)
 	assert.Equal(t, "default/dev", v.Cluster)
 	assert.Empty(t, v.Kept)
-	v, err = e.Evaluate(ctx, guard.VerdictInput{Node: node, Inventory: inv, Now: now, Grace: 61 * time.Minute})
+	v, err = orphan(guard.CriteriaInput{Node: node, Inventory: inv, Now: now, Grace: 61 * time.Minute})
 	require.NoError(t, err)
 	assert.False(t, v.Orphan)
 	// Without the evidence, the absence of a DockerMachine proves nothing.
-	v, err = e.Evaluate(ctx, guard.VerdictInput{Node: node, Now: now, Grace: 59 * time.Minute})
+	v, err = orphan(guard.CriteriaInput{Node: node, Now: now, Grace: 59 * time.Minute})
 	require.NoError(t, err)
 	assert.False(t, v.Orphan)
 	// A clock an hour behind sees the Node NotReady for no time at all.
-	v, err = e.Evaluate(ctx, guard.VerdictInput{Node: node, Inventory: inv, Now: now.Add(-time.Hour), Grace: time.Second})
+	v, err = orphan(guard.CriteriaInput{Node: node, Inventory: inv, Now: now.Add(-time.Hour), Grace: time.Second})
 	require.NoError(t, err)
 	assert.False(t, v.Orphan)
 }
@@ -184,7 +187,11 @@ func TestAPolicyWithoutOrphanCriteriaIsRefused(t *testing.T) {
 	entry, err := policies.Read(policies.EnforcerEntry)
 	require.NoError(t, err)
 	eval := bundleOf(t, sources(append(files, entry)))
-	_, err = guard.EvaluatorFor(eval)
+	inv, err := facts.FromObjects(eval.Model(), nil, nil, nil)
+	require.NoError(t, err)
+	g, err := guard.New(context.Background(), inv, guard.Options{Engine: eval})
+	require.NoError(t, err)
+	_, err = guard.NewFinder(guard.FinderOptions{Guard: g, Inventory: inv})
 	assert.ErrorContains(t, err, "has no orphan criteria")
 	embedded, err := rule.NewEngine(context.Background())
 	require.NoError(t, err)

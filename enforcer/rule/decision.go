@@ -89,12 +89,8 @@ type Decision struct {
 
 // Evaluate runs the rule on one input, with the policy e runs.
 func Evaluate(ctx context.Context, e *Engine, in Input) (Decision, error) {
-	input, err := InputValue(map[string]any{"review": in.Review, "inventory": in.Inventory, "parameters": in.Parameters})
+	d, err := Run[Decision](ctx, e, DecisionEntry, map[string]any{"review": in.Review, "inventory": in.Inventory, "parameters": in.Parameters})
 	if err != nil {
-		return Decision{}, err
-	}
-	var d Decision
-	if err := e.Eval(ctx, DecisionEntry, input, &d); err != nil {
 		return Decision{}, err
 	}
 	// The rule says why; a policy that does not (or contradicts itself) gets

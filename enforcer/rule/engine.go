@@ -230,6 +230,21 @@ func (e *Engine) Eval(ctx context.Context, entry Entry, input ast.Value, out any
 	return nil
 }
 
+// Run is how every caller evaluates an entry point: fields become its input
+// (InputValue) and its answer is decoded into a T.
+func Run[T any](ctx context.Context, e *Engine, entry Entry, fields map[string]any) (T, error) {
+	var out T
+	input, err := InputValue(fields)
+	if err != nil {
+		return out, fmt.Errorf("evaluate %s: %w", entry.Query(), err)
+	}
+	if err := e.Eval(ctx, entry, input, &out); err != nil {
+		var zero T
+		return zero, err
+	}
+	return out, nil
+}
+
 // NodeFields returns the Node fields the orphan criteria of the policy e
 // runs read, or an error when that policy has no orphan criteria.
 func (e *Engine) NodeFields() (*NodeFields, error) {
