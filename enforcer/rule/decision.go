@@ -49,8 +49,10 @@ type Unverified struct {
 
 // Reasons say in one word why a request was answered as it was: the
 // reason label of nodeguard_decisions_total and of the decision log line.
-// The first seven are the rule's own (its decision's reason); the others name
-// denials made outside Rego (Denial) and requests answered with an HTTP error.
+// The first seven are the rule's own, named here for the code that branches
+// on them and for the docs: Go passes on whatever reason the decision gives.
+// The others name denials made outside Rego (Denial) and requests answered
+// with an HTTP error.
 const (
 	ReasonNoLink      = "no-link"     // allowed: nothing linked still exists
 	ReasonExempt      = "exempt"      // allowed for an exempt user or group; see Warnings
@@ -93,23 +95,11 @@ func Evaluate(ctx context.Context, e *Engine, in Input) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	// The rule says why; a policy that does not (or contradicts itself) gets
-	// no decision, which every caller turns into a denial.
-	if allowed, known := ruleVerdict(d.Reason); !known || allowed != d.Allowed {
-		return Decision{}, fmt.Errorf("evaluate %s: the decision (allowed %t) gives reason %q; the rule's reasons are %s, %s, %s (allowed) and %s, %s, %s, %s (denied)",
-			DecisionEntry.Query(), d.Allowed, d.Reason, ReasonNoLink, ReasonExempt, ReasonNotJudged, ReasonBlocked, ReasonUnverified, ReasonMisrouted, ReasonUnjudgeable)
+	// The rule says why, in its own words, which Go passes on: a policy
+	// that gives no reason gets no decision, which every caller turns into
+	// a denial.
+	if d.Reason == "" {
+		return Decision{}, fmt.Errorf("evaluate %s: the decision (allowed %t) gives no reason", DecisionEntry.Query(), d.Allowed)
 	}
 	return d, nil
-}
-
-// ruleVerdict says whether reason, one the rule gives, allows the delete;
-// known is false for a reason that is not the rule's.
-func ruleVerdict(reason string) (allowed, known bool) {
-	switch reason {
-	case ReasonNoLink, ReasonExempt, ReasonNotJudged:
-		return true, true
-	case ReasonBlocked, ReasonUnverified, ReasonMisrouted, ReasonUnjudgeable:
-		return false, true
-	}
-	return false, false
 }

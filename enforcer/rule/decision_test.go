@@ -55,19 +55,17 @@ func TestEvaluateNamesTheReasonTheRuleGives(t *testing.T) {
 	}
 }
 
-// Go never infers the reason: a policy whose decision gives none the rule
-// knows, or one that contradicts allowed, yields no decision (and callers
-// deny).
-func TestEvaluateRefusesADecisionWithoutTheRulesReason(t *testing.T) {
+// Go never infers the reason: it passes on the decision's own, and a policy
+// whose decision gives none yields no decision (and callers deny).
+func TestTheReasonIsTheDecisions(t *testing.T) {
 	ctx := context.Background()
 	files, err := policies.All()
 	require.NoError(t, err)
 	review := map[string]any{"operation": "DELETE", "kind": map[string]any{"group": "", "version": "v1", "kind": "Node"}, "name": "n"}
 	for name, tc := range map[string]struct{ decision, want string }{
-		"none":        {`{"allowed": true, "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `field "reason" is missing`},
-		"unknown":     {`{"allowed": true, "reason": "fine", "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `reason "fine"`},
-		"contradicts": {`{"allowed": true, "reason": "blocked", "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `(allowed true) gives reason "blocked"`},
-		"the rule's":  {`{"allowed": false, "reason": "unjudgeable", "blockers": [], "unverified": [], "messages": ["no"], "warnings": []}`, ""},
+		"none":     {`{"allowed": true, "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `field "reason" is missing`},
+		"empty":    {`{"allowed": true, "reason": "", "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `gives no reason`},
+		"its own":  {`{"allowed": false, "reason": "unjudgeable", "blockers": [], "unverified": [], "messages": ["no"], "warnings": []}`, ""},
 	} {
 		t.Run(name, func(t *testing.T) {
 			modules := map[string]string{}
