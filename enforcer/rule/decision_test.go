@@ -63,9 +63,9 @@ func TestTheReasonIsTheDecisions(t *testing.T) {
 	require.NoError(t, err)
 	review := map[string]any{"operation": "DELETE", "kind": map[string]any{"group": "", "version": "v1", "kind": "Node"}, "name": "n"}
 	for name, tc := range map[string]struct{ decision, want string }{
-		"none":     {`{"allowed": true, "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `field "reason" is missing`},
-		"empty":    {`{"allowed": true, "reason": "", "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `gives no reason`},
-		"its own":  {`{"allowed": false, "reason": "unjudgeable", "blockers": [], "unverified": [], "messages": ["no"], "warnings": []}`, ""},
+		"none":    {`{"allowed": true, "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `field "reason" is missing`},
+		"empty":   {`{"allowed": true, "reason": "", "blockers": [], "unverified": [], "messages": [], "warnings": []}`, `gives no reason`},
+		"its own": {`{"allowed": false, "reason": "unjudgeable", "blockers": [], "unverified": [], "messages": ["no"], "warnings": []}`, ""},
 	} {
 		t.Run(name, func(t *testing.T) {
 			modules := map[string]string{}
