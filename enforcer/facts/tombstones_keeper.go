@@ -163,19 +163,13 @@ func (k *TombstoneKeeper) Flush(ctx context.Context) {
 	if dropped := len(ts) - len(fitted); dropped > 0 {
 		k.Store.drop(providerIDs(oldest(ts, dropped)))
 	}
-	meta := map[string]any{"namespace": k.Namespace, "name": ConfigMapName,
-		"labels": map[string]any{"app.kubernetes.io/name": "nodeguard", kube.ManagedByLabel: "nodeguard"}}
-	obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
-		"data": map[string]any{ConfigMapKey: string(raw)}}}
 	write := kube.ApplyOwned
-	if seen != "" {
-		meta["resourceVersion"] = seen
-	} else {
+	if seen == "" {
 		// Absent when last seen: create it, so two replicas creating it at
 		// once do not overwrite each other (the second reads and merges).
 		write = kube.CreateOwned
 	}
-	out, err := write(ctx, k.Client, kube.Owned{Resource: configMaps, Object: obj})
+	out, err := write(ctx, k.Client, tombstoneConfigMap(k.Namespace, raw, seen))
 	switch {
 	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
 		k.Store.opts.Metrics.wrote("conflict")
@@ -198,6 +192,20 @@ func (k *TombstoneKeeper) Flush(ctx context.Context) {
 	}
 	k.mu.Unlock()
 	k.Store.written(fitted, n)
+}
+
+// tombstoneConfigMap is the ConfigMap holding raw, applied only over
+// resourceVersion ("": none) so that a writer that missed another's write
+// gets a conflict, reads, merges and tries again. Both writers (serve's
+// keeper and `nodeguard ghosts --clear`) write it so.
+func tombstoneConfigMap(namespace string, raw []byte, resourceVersion string) kube.Owned {
+	meta := map[string]any{"namespace": namespace, "name": ConfigMapName,
+		"labels": map[string]any{"app.kubernetes.io/name": "nodeguard", kube.ManagedByLabel: "nodeguard"}}
+	if resourceVersion != "" {
+		meta["resourceVersion"] = resourceVersion
+	}
+	return kube.Owned{Resource: configMaps, Object: &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": meta, "data": map[string]any{ConfigMapKey: string(raw)}}}}
 }
 
 // logError logs a failure of reading or writing at most once a minute.
@@ -303,10 +311,7 @@ func ClearTombstones(ctx context.Context, client dynamic.Interface, namespace st
 		if err != nil {
 			return err
 		}
-		if err := unstructured.SetNestedField(cm.Object, string(enc), "data", ConfigMapKey); err != nil {
-			return err
-		}
-		_, err = client.Resource(configMaps).Namespace(namespace).Update(ctx, cm, metav1.UpdateOptions{FieldManager: kube.FieldManager})
+		_, err = kube.ApplyOwned(ctx, client, tombstoneConfigMap(namespace, enc, cm.GetResourceVersion()))
 		return err
 	})
 	if err != nil {
