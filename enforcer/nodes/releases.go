@@ -26,6 +26,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
@@ -280,14 +281,5 @@ func valuesOf(m map[string]admission.ReleaseVerdict) []admission.ReleaseVerdict 
 // Run flushes every interval until ctx is done: the bound on the write rate
 // per cluster, and on how long a verdict waits to be published.
 func (p *Publisher) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			p.Flush(ctx)
-		}
-	}
+	wait.UntilWithContext(ctx, p.Flush, interval)
 }
