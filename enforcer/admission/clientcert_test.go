@@ -55,7 +55,7 @@ func TestClusterRouteEventsOnlyForAuthenticatedReviews(t *testing.T) {
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
-	exists := func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil }
+	exists := admission.ClustersFunc(func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil })
 	var mu sync.Mutex
 	var told []string
 	denied := func(d events.Denial) {
@@ -69,7 +69,7 @@ func TestClusterRouteEventsOnlyForAuthenticatedReviews(t *testing.T) {
 		return len(told)
 	}
 
-	open := serveWith(t, p, admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: exists, Denied: denied}),
+	open := serveWith(t, p, admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: exists, Denied: denied}),
 		admission.TLSOptions{CertFile: certFile, KeyFile: keyFile}, nil)
 	_, _, out := open.post(t, "/validate/clusters/default/dev", "application/json", body)
 	assert.False(t, out.Response.Allowed, "denied all the same")
@@ -80,7 +80,7 @@ func TestClusterRouteEventsOnlyForAuthenticatedReviews(t *testing.T) {
 	certPEM, keyPEM := p.Issue(t, 9, x509.ExtKeyUsageClientAuth)
 	clientCert, err := tls.X509KeyPair(certPEM, keyPEM)
 	require.NoError(t, err)
-	authenticated := serveWith(t, p, admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: exists, Denied: denied, ClientCAs: p.Pool()}),
+	authenticated := serveWith(t, p, admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: exists, Denied: denied, ClientCAs: p.Pool()}),
 		admission.TLSOptions{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}, &clientCert)
 	_, _, out = authenticated.post(t, "/validate/clusters/default/dev", "application/json", body)
 	assert.False(t, out.Response.Allowed)
@@ -97,8 +97,8 @@ func TestClusterRoutesAloneRequireClientCertificates(t *testing.T) {
 	g, _, nodes := example(t)
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
-	exists := func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil }
-	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: exists, ClusterClientCAs: p.Pool()})
+	exists := admission.ClustersFunc(func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil })
+	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: exists, ClusterClientCAs: p.Pool()})
 	opts := admission.TLSOptions{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 	anonymous := serveWith(t, p, h, opts, nil)
@@ -125,8 +125,8 @@ func TestClusterRoutesTakeOnlyTheirOwnClustersCertificate(t *testing.T) {
 	g, _, nodes := example(t)
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
-	exists := func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil }
-	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: exists, ClusterIdentities: p.Pool()})
+	exists := admission.ClustersFunc(func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil })
+	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: exists, ClusterIdentities: p.Pool()})
 	opts := admission.TLSOptions{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 	issued := func(cluster string) *tls.Certificate {

@@ -62,11 +62,10 @@ type Decider interface {
 // WebhookOptions configure the handler.
 type WebhookOptions struct {
 	Decider Decider
-	// Cluster, when set, is asked on the cluster route: whether the
+	// Clusters, when set, is asked on the cluster route whether the
 	// management cluster has the Cluster (one it does not know is a wrong
-	// URL, and is denied), and the enforcement action its annotation sets
-	// ("": none, Action holds).
-	Cluster func(ctx context.Context, namespace, name string) (exists bool, action rule.Action, err error)
+	// URL, and is denied), and for the enforcement action it sets.
+	Clusters Clusters
 	// Action is what a denial becomes on every route a Cluster does not
 	// override (default rule.ActionDeny): warn and dryrun admit the
 	// delete, warn with the denial as a warning. nodeguard's own identity's
@@ -103,6 +102,9 @@ type WebhookOptions struct {
 	// LogInterval is the least time between two log lines about rejected
 	// requests (default 1s); the lines between are counted, not written.
 	LogInterval time.Duration
+	// Mux, when set, is where the routes are added (and what is returned):
+	// the port's one mux, shared with the external data routes.
+	Mux *http.ServeMux
 	// SelfCluster, "namespace/name", scopes /validate to that CAPI Cluster's
 	// Machines, as its cluster route is: for a management cluster that is
 	// itself a CAPI Cluster, whose Node names other clusters reuse.
@@ -123,6 +125,22 @@ type WebhookOptions struct {
 	// Node CREATE or UPDATE): the ghost criteria, under the cluster's ghost
 	// protection. An error allows (registrations fail open).
 	Register func(ctx context.Context, r Registration) (RegistrationAnswer, error)
+}
+
+// Clusters reads the CAPI Clusters a cluster route names.
+type Clusters interface {
+	// Cluster says whether the management cluster has Cluster
+	// namespace/name, and the enforcement action its annotation sets ("":
+	// none, the default holds).
+	Cluster(ctx context.Context, namespace, name string) (exists bool, action rule.Action, err error)
+}
+
+// ClustersFunc is a func that is Clusters.
+type ClustersFunc func(ctx context.Context, namespace, name string) (bool, rule.Action, error)
+
+// Cluster calls f.
+func (f ClustersFunc) Cluster(ctx context.Context, namespace, name string) (bool, rule.Action, error) {
+	return f(ctx, namespace, name)
 }
 
 type handler struct {
@@ -147,7 +165,10 @@ func NewWebhook(opts WebhookOptions) http.Handler {
 			Log: opts.Log, LogInterval: opts.LogInterval})
 	}
 	h := &handler{opts: opts, model: opts.Decider.Model(), intake: in, keepGroup: opts.Decider.KeepGroup}
-	mux := http.NewServeMux()
+	mux := opts.Mux
+	if mux == nil {
+		mux = http.NewServeMux()
+	}
 	mux.HandleFunc(WebhookRouteSelf, func(w http.ResponseWriter, r *http.Request) {
 		h.validate(w, r, WebhookRouteSelf, opts.SelfCluster, DryRunWarning(""))
 	})
@@ -500,12 +521,12 @@ func flightKey(req guard.Request, groups []byte) (string, error) {
 
 func (h *handler) decideNow(ctx context.Context, req guard.Request) verdict {
 	var clusterAction rule.Action
-	if req.Cluster != "" && h.opts.Cluster != nil {
+	if req.Cluster != "" && h.opts.Clusters != nil {
 		ns, name, err := kube.SplitKey("cluster", req.Cluster)
 		if err != nil {
 			return h.fallback(rule.Denial(rule.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err)))
 		}
-		ok, a, err := h.opts.Cluster(ctx, ns, name)
+		ok, a, err := h.opts.Clusters.Cluster(ctx, ns, name)
 		if err != nil {
 			return h.fallback(rule.Denial(rule.ReasonError, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not read Cluster %s (%v); retry shortly.", req.Name, req.Cluster, err)))
 		}

@@ -140,13 +140,13 @@ func TestDecisions(t *testing.T) {
 func TestClusterRoute(t *testing.T) {
 	g, _, nodes := example(t)
 	known := map[string]bool{"default/dev": true, "default/other": true}
-	exists := func(_ context.Context, ns, name string) (bool, rule.Action, error) {
+	exists := admission.ClustersFunc(func(_ context.Context, ns, name string) (bool, rule.Action, error) {
 		if ns == "broken" {
 			return false, "", errors.New("connection refused")
 		}
 		return known[ns+"/"+name], "", nil
-	}
-	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: exists}), admission.TLSOptions{}, nil)
+	})
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: exists}), admission.TLSOptions{}, nil)
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
 
 	_, _, out := s.post(t, "/validate/clusters/default/dev", "application/json", body)
@@ -404,7 +404,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 	g, _, nodes := example(t)
 	var mu sync.Mutex
 	var got []events.Denial
-	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil },
+	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: admission.ClustersFunc(func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil }),
 		Denied: func(d events.Denial) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -444,7 +444,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 	}
 	// A denial of another kind (here: a Pod on a route naming no Cluster
 	// the management cluster has) is not a Node's.
-	h = admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: func(context.Context, string, string) (bool, rule.Action, error) { return false, "", nil },
+	h = admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: admission.ClustersFunc(func(context.Context, string, string) (bool, rule.Action, error) { return false, "", nil }),
 		Denied: func(d events.Denial) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -552,9 +552,9 @@ func TestDryRunOnlyUserMayNotDelete(t *testing.T) {
 // another Cluster is misrouted there, one of its own judged by its Machines.
 func TestSelfClusterScopesTheSelfRoute(t *testing.T) {
 	g, _, nodes := example(t)
-	exists := func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil }
+	exists := admission.ClustersFunc(func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil })
 	for cluster, want := range map[string]string{"default/dev": "DockerMachine", "default/mgmt": "this review came on the route of Cluster default/mgmt"} {
-		s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, Cluster: exists, SelfCluster: cluster}), admission.TLSOptions{}, nil)
+		s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: exists, SelfCluster: cluster}), admission.TLSOptions{}, nil)
 		_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 		assert.False(t, out.Response.Allowed, cluster)
 		assert.Contains(t, out.Response.Result.Message, want, cluster)
@@ -574,10 +574,10 @@ func TestEnforcementActions(t *testing.T) {
 	require.NoError(t, err)
 	actions := map[string]rule.Action{"default/dev": "", "default/audit": rule.ActionDryRun, "default/strict": rule.ActionDeny}
 	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Action: func() rule.Action { return rule.ActionWarn }, Metrics: m, DryRunOnlyUser: "alice",
-		Cluster: func(_ context.Context, ns, name string) (bool, rule.Action, error) {
+		Clusters: admission.ClustersFunc(func(_ context.Context, ns, name string) (bool, rule.Action, error) {
 			a, ok := actions[ns+"/"+name]
 			return ok, a, nil
-		},
+		}),
 		Denied: func(d events.Denial) {
 			mu.Lock()
 			defer mu.Unlock()

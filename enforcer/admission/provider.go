@@ -83,9 +83,9 @@ type ProviderOptions struct {
 	// presents its webhook certificate when it calls a provider); every
 	// other caller gets 401. Required.
 	ClientCAs *x509.CertPool
-	// ClusterExists is asked on the cluster route: a Cluster the management
+	// Clusters is asked on the cluster route: a Cluster the management
 	// cluster lacks is a wrong URL, and every key gets an error.
-	ClusterExists func(ctx context.Context, namespace, name string) (bool, error)
+	Clusters Clusters
 	// Intake bounds the work, shared with the review routes of the port.
 	Intake *Intake
 	// Timeout is each request's deadline, below the Provider's timeout
@@ -93,6 +93,8 @@ type ProviderOptions struct {
 	Timeout time.Duration
 	Metrics *ProviderMetrics
 	Log     *slog.Logger
+	// Mux, when set, is where the routes are added (and what is returned).
+	Mux *http.ServeMux
 }
 
 type providerHandler struct {
@@ -112,7 +114,10 @@ func NewProvider(opts ProviderOptions) (http.Handler, error) {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	h := &providerHandler{opts: opts}
-	mux := http.NewServeMux()
+	mux := opts.Mux
+	if mux == nil {
+		mux = http.NewServeMux()
+	}
 	mux.HandleFunc(ProviderRouteSelf, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, ProviderRouteSelf, "") })
 	mux.HandleFunc(ProviderRouteCluster, func(w http.ResponseWriter, r *http.Request) {
 		h.serve(w, r, ProviderRouteCluster, r.PathValue("namespace")+"/"+r.PathValue("name"))
@@ -212,7 +217,7 @@ type keyError struct {
 }
 
 func (h *providerHandler) checkCluster(ctx context.Context, cluster string) *keyError {
-	if cluster == "" || h.opts.ClusterExists == nil {
+	if cluster == "" || h.opts.Clusters == nil {
 		return nil
 	}
 	ns, name, err := kube.SplitKey("cluster", cluster)
@@ -221,7 +226,7 @@ func (h *providerHandler) checkCluster(ctx context.Context, cluster string) *key
 	}
 	ctx, cancel := context.WithTimeout(ctx, h.opts.Intake.Timeout())
 	defer cancel()
-	ok, err := h.opts.ClusterExists(ctx, ns, name)
+	ok, _, err := h.opts.Clusters.Cluster(ctx, ns, name)
 	if err != nil {
 		return &keyError{ErrorFreshReadFailed, fmt.Sprintf("nodeguard could not read Cluster %s (%v); retry shortly", cluster, err)}
 	}

@@ -70,7 +70,14 @@ func providerServe(t testing.TB, facts admission.ProviderFacts, clusterExists fu
 	pm, err := admission.NewProviderMetrics(reg)
 	require.NoError(t, err)
 	in := admission.NewIntake(admission.IntakeOptions{Timeout: 2 * time.Second, Metrics: im})
-	h, err := admission.NewProvider(admission.ProviderOptions{Facts: facts, ClientCAs: gatekeeperCA.Pool(), ClusterExists: clusterExists, Intake: in, Metrics: pm})
+	var clusters admission.Clusters
+	if clusterExists != nil {
+		clusters = admission.ClustersFunc(func(ctx context.Context, ns, name string) (bool, rule.Action, error) {
+			ok, err := clusterExists(ctx, ns, name)
+			return ok, "", err
+		})
+	}
+	h, err := admission.NewProvider(admission.ProviderOptions{Facts: facts, ClientCAs: gatekeeperCA.Pool(), Clusters: clusters, Intake: in, Metrics: pm})
 	require.NoError(t, err)
 	url, _ := pki.Serve(t, h, admission.TLSOptions{ClientCAFiles: []string{gatekeeperCA.CAFile(t), apiServerCA.CAFile(t)}})
 	client := func(ca *testpki.CA) *http.Client {

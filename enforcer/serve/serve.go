@@ -372,42 +372,11 @@ func workloadSessions(c kube.Clients, opts Options, metrics *Metrics, log *slog.
 func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *nodes.Scanner, metrics *Metrics, denied func(events.Denial),
 	action func() rule.Action, issuer *fleet.Issuer, opts Options, log *slog.Logger) (http.Handler, []string, error) {
 	in := admission.NewIntake(admission.IntakeOptions{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
-	clusters := facts.NewFreshReader(c.Dynamic, c.Mapper)
-	cluster := func(ctx context.Context, namespace, name string) (bool, rule.Action, error) {
-		obj, err := clusters.Get(ctx, clusterGVK(), namespace, name)
-		if obj == nil || err != nil {
-			return false, "", err
-		}
-		a, err := rule.ActionOf(obj.GetAnnotations(), "")
-		if err != nil {
-			// The route keeps the default action; say why on each review
-			// until the annotation is fixed.
-			log.Warn("Cluster's enforcement action ignored", "cluster", namespace+"/"+name, "error", err.Error())
-		}
-		return true, a, nil
-	}
-	clusterExists := func(ctx context.Context, namespace, name string) (bool, error) {
-		ok, _, err := cluster(ctx, namespace, name)
-		return ok, err
-	}
+	clusters := clusterReader{fresh: facts.NewFreshReader(c.Dynamic, c.Mapper), log: log}
 	var register func(context.Context, admission.Registration) (admission.RegistrationAnswer, error)
 	if scanner != nil && opts.Orphans.Ghosts.Enabled() {
-		def := opts.Orphans.Ghosts.protection()
-		protection := func(ctx context.Context, key string) (nodes.Protection, error) {
-			if key == "" {
-				return def, nil
-			}
-			ns, name, err := kube.SplitKey("cluster", key)
-			if err != nil {
-				return def, err
-			}
-			obj, err := clusters.Get(ctx, clusterGVK(), ns, name)
-			if obj == nil || err != nil {
-				return def, fmt.Errorf("read Cluster %s: %w", key, err)
-			}
-			return nodes.ProtectionOf(obj.GetAnnotations(), def)
-		}
-		register = registrations(scanner.Finder(), protection, func() error {
+		clusters.protection = opts.Orphans.Ghosts.protection()
+		register = registrations(scanner.Finder(), clusters.Protection, func() error {
 			if err := e.Syncer.Ready(); err != nil {
 				return err
 			}
@@ -439,15 +408,11 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *nod
 			return nil, nil, err
 		}
 	}
-	// Each package's handler routes its own paths; this one only sends each
-	// prefix there.
+	// One mux: each package adds its own routes.
 	mux := http.NewServeMux()
-	reviews := admission.NewWebhook(admission.WebhookOptions{Decider: e.Guard, Cluster: cluster, Action: action, ClientCAs: reviewCAs, ClusterClientCAs: clusterCAs, ClusterIdentities: identities, SelfCluster: opts.SelfCluster,
-		DryRunOnlyUser: dryRunOnly(opts), Intake: in, Metrics: metrics.Webhook, Log: log, Denied: denied, Register: register})
-	for _, route := range []string{admission.WebhookRouteSelf, admission.RouteRegister} {
-		mux.Handle(route, reviews)
-		mux.Handle(route+"/", reviews)
-	}
+	admission.NewWebhook(admission.WebhookOptions{Decider: e.Guard, Clusters: clusters, Action: action, ClientCAs: reviewCAs, ClusterClientCAs: clusterCAs,
+		ClusterIdentities: identities, SelfCluster: opts.SelfCluster, DryRunOnlyUser: dryRunOnly(opts), Intake: in, Metrics: metrics.Webhook, Log: log,
+		Denied: denied, Register: register, Mux: mux})
 	if opts.ExternalDataClientCAFile == "" {
 		return mux, caFiles, nil
 	}
@@ -456,15 +421,53 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *nod
 		return nil, nil, err
 	}
 	// Answered a little before Gatekeeper gives up on the request.
-	facts, err := admission.NewProvider(admission.ProviderOptions{Facts: e.Guard, ClientCAs: gatekeeperCAs, ClusterExists: clusterExists, Intake: in,
-		Timeout: admission.ProviderTimeoutSeconds*time.Second - 200*time.Millisecond, Metrics: metrics.Provider, Log: log})
-	if err != nil {
+	if _, err := admission.NewProvider(admission.ProviderOptions{Facts: e.Guard, ClientCAs: gatekeeperCAs, Clusters: clusters, Intake: in,
+		Timeout: admission.ProviderTimeoutSeconds*time.Second - 200*time.Millisecond, Metrics: metrics.Provider, Log: log, Mux: mux}); err != nil {
 		return nil, nil, err
 	}
-	mux.Handle(admission.ProviderRouteSelf, facts)
-	mux.Handle(admission.ProviderRouteSelf+"/", facts)
 	log.Info("serving Gatekeeper's external data", "routes", []string{admission.ProviderRouteSelf, admission.ProviderRouteCluster})
 	return mux, caFiles, nil
+}
+
+// clusterReader reads, fresh, the CAPI Clusters the cluster routes name, for
+// what their annotations set there.
+type clusterReader struct {
+	fresh      *facts.FreshReader
+	protection nodes.Protection // the ghost protection of Clusters that set none
+	log        *slog.Logger
+}
+
+// Cluster is admission.Clusters: whether the Cluster exists, and the
+// enforcement action it sets.
+func (r clusterReader) Cluster(ctx context.Context, namespace, name string) (bool, rule.Action, error) {
+	obj, err := r.fresh.Get(ctx, clusterGVK(), namespace, name)
+	if obj == nil || err != nil {
+		return false, "", err
+	}
+	a, err := rule.ActionOf(obj.GetAnnotations(), "")
+	if err != nil {
+		// The route keeps the default action; say why on each review
+		// until the annotation is fixed.
+		r.log.Warn("Cluster's enforcement action ignored", "cluster", namespace+"/"+name, "error", err.Error())
+	}
+	return true, a, nil
+}
+
+// Protection is the ghost protection of Cluster key ("": the cluster
+// nodeguard runs in).
+func (r clusterReader) Protection(ctx context.Context, key string) (nodes.Protection, error) {
+	if key == "" {
+		return r.protection, nil
+	}
+	ns, name, err := kube.SplitKey("cluster", key)
+	if err != nil {
+		return r.protection, err
+	}
+	obj, err := r.fresh.Get(ctx, clusterGVK(), ns, name)
+	if obj == nil || err != nil {
+		return r.protection, fmt.Errorf("read Cluster %s: %w", key, err)
+	}
+	return nodes.ProtectionOf(obj.GetAnnotations(), r.protection)
 }
 
 // keepProvider keeps Gatekeeper's Provider pointing at this nodeguard, when
