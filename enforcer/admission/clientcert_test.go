@@ -55,7 +55,7 @@ func TestClusterRouteEventsOnlyForAuthenticatedReviews(t *testing.T) {
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
-	exists := admission.ClustersFunc(func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil })
+	exists := admission.ClustersFunc(func(context.Context, string) (bool, rule.Action, error) { return true, "", nil })
 	var mu sync.Mutex
 	var told []string
 	denied := func(d events.Denial) {
@@ -97,7 +97,7 @@ func TestClusterRoutesAloneRequireClientCertificates(t *testing.T) {
 	g, _, nodes := example(t)
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
-	exists := admission.ClustersFunc(func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil })
+	exists := admission.ClustersFunc(func(context.Context, string) (bool, rule.Action, error) { return true, "", nil })
 	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: exists, ClusterClientCAs: p.Pool()})
 	opts := admission.TLSOptions{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
@@ -125,7 +125,7 @@ func TestClusterRoutesTakeOnlyTheirOwnClustersCertificate(t *testing.T) {
 	g, _, nodes := example(t)
 	p := testpki.New(t)
 	certFile, keyFile := p.ServerFiles(t, "server")
-	exists := admission.ClustersFunc(func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil })
+	exists := admission.ClustersFunc(func(context.Context, string) (bool, rule.Action, error) { return true, "", nil })
 	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: exists, ClusterIdentities: p.Pool()})
 	opts := admission.TLSOptions{CertFile: certFile, KeyFile: keyFile, ClientCAFiles: []string{p.CAFile(t)}}
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)

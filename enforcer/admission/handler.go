@@ -28,7 +28,6 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
-	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -129,18 +128,18 @@ type WebhookOptions struct {
 
 // Clusters reads the CAPI Clusters a cluster route names.
 type Clusters interface {
-	// Cluster says whether the management cluster has Cluster
-	// namespace/name, and the enforcement action its annotation sets ("":
-	// none, the default holds).
-	Cluster(ctx context.Context, namespace, name string) (exists bool, action rule.Action, err error)
+	// Cluster says whether the management cluster has Cluster key
+	// ("namespace/name", from the route), and the enforcement action its
+	// annotation sets ("": none, the default holds).
+	Cluster(ctx context.Context, key string) (exists bool, action rule.Action, err error)
 }
 
 // ClustersFunc is a func that is Clusters.
-type ClustersFunc func(ctx context.Context, namespace, name string) (bool, rule.Action, error)
+type ClustersFunc func(ctx context.Context, key string) (bool, rule.Action, error)
 
 // Cluster calls f.
-func (f ClustersFunc) Cluster(ctx context.Context, namespace, name string) (bool, rule.Action, error) {
-	return f(ctx, namespace, name)
+func (f ClustersFunc) Cluster(ctx context.Context, key string) (bool, rule.Action, error) {
+	return f(ctx, key)
 }
 
 type handler struct {
@@ -522,11 +521,7 @@ func flightKey(req guard.Request, groups []byte) (string, error) {
 func (h *handler) decideNow(ctx context.Context, req guard.Request) verdict {
 	var clusterAction rule.Action
 	if req.Cluster != "" && h.opts.Clusters != nil {
-		ns, name, err := kube.SplitKey("cluster", req.Cluster)
-		if err != nil {
-			return h.fallback(rule.Denial(rule.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err)))
-		}
-		ok, a, err := h.opts.Clusters.Cluster(ctx, ns, name)
+		ok, a, err := h.opts.Clusters.Cluster(ctx, req.Cluster)
 		if err != nil {
 			return h.fallback(rule.Denial(rule.ReasonError, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not read Cluster %s (%v); retry shortly.", req.Name, req.Cluster, err)))
 		}

@@ -140,7 +140,8 @@ func TestDecisions(t *testing.T) {
 func TestClusterRoute(t *testing.T) {
 	g, _, nodes := example(t)
 	known := map[string]bool{"default/dev": true, "default/other": true}
-	exists := admission.ClustersFunc(func(_ context.Context, ns, name string) (bool, rule.Action, error) {
+	exists := admission.ClustersFunc(func(_ context.Context, key string) (bool, rule.Action, error) {
+		ns, name, _ := strings.Cut(key, "/")
 		if ns == "broken" {
 			return false, "", errors.New("connection refused")
 		}
@@ -404,7 +405,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 	g, _, nodes := example(t)
 	var mu sync.Mutex
 	var got []events.Denial
-	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: admission.ClustersFunc(func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil }),
+	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: admission.ClustersFunc(func(context.Context, string) (bool, rule.Action, error) { return true, "", nil }),
 		Denied: func(d events.Denial) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -444,7 +445,7 @@ func TestDeniedNodeDeletesAreReported(t *testing.T) {
 	}
 	// A denial of another kind (here: a Pod on a route naming no Cluster
 	// the management cluster has) is not a Node's.
-	h = admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: admission.ClustersFunc(func(context.Context, string, string) (bool, rule.Action, error) { return false, "", nil }),
+	h = admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: admission.ClustersFunc(func(context.Context, string) (bool, rule.Action, error) { return false, "", nil }),
 		Denied: func(d events.Denial) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -552,7 +553,7 @@ func TestDryRunOnlyUserMayNotDelete(t *testing.T) {
 // another Cluster is misrouted there, one of its own judged by its Machines.
 func TestSelfClusterScopesTheSelfRoute(t *testing.T) {
 	g, _, nodes := example(t)
-	exists := admission.ClustersFunc(func(context.Context, string, string) (bool, rule.Action, error) { return true, "", nil })
+	exists := admission.ClustersFunc(func(context.Context, string) (bool, rule.Action, error) { return true, "", nil })
 	for cluster, want := range map[string]string{"default/dev": "DockerMachine", "default/mgmt": "this review came on the route of Cluster default/mgmt"} {
 		s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, Clusters: exists, SelfCluster: cluster}), admission.TLSOptions{}, nil)
 		_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
@@ -574,7 +575,8 @@ func TestEnforcementActions(t *testing.T) {
 	require.NoError(t, err)
 	actions := map[string]rule.Action{"default/dev": "", "default/audit": rule.ActionDryRun, "default/strict": rule.ActionDeny}
 	h := admission.NewWebhook(admission.WebhookOptions{Decider: g, Action: func() rule.Action { return rule.ActionWarn }, Metrics: m, DryRunOnlyUser: "alice",
-		Clusters: admission.ClustersFunc(func(_ context.Context, ns, name string) (bool, rule.Action, error) {
+		Clusters: admission.ClustersFunc(func(_ context.Context, key string) (bool, rule.Action, error) {
+			ns, name, _ := strings.Cut(key, "/")
 			a, ok := actions[ns+"/"+name]
 			return ok, a, nil
 		}),

@@ -26,7 +26,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
-	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -220,13 +219,9 @@ func (h *providerHandler) checkCluster(ctx context.Context, cluster string) *key
 	if cluster == "" || h.opts.Clusters == nil {
 		return nil
 	}
-	ns, name, err := kube.SplitKey("cluster", cluster)
-	if err != nil {
-		return &keyError{ErrorUnknownCluster, "the Provider's URL: " + err.Error()}
-	}
 	ctx, cancel := context.WithTimeout(ctx, h.opts.Intake.Timeout())
 	defer cancel()
-	ok, _, err := h.opts.Clusters.Cluster(ctx, ns, name)
+	ok, _, err := h.opts.Clusters.Cluster(ctx, cluster)
 	if err != nil {
 		return &keyError{ErrorFreshReadFailed, fmt.Sprintf("nodeguard could not read Cluster %s (%v); retry shortly", cluster, err)}
 	}

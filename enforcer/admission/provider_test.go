@@ -72,7 +72,8 @@ func providerServe(t testing.TB, facts admission.ProviderFacts, clusterExists fu
 	in := admission.NewIntake(admission.IntakeOptions{Timeout: 2 * time.Second, Metrics: im})
 	var clusters admission.Clusters
 	if clusterExists != nil {
-		clusters = admission.ClustersFunc(func(ctx context.Context, ns, name string) (bool, rule.Action, error) {
+		clusters = admission.ClustersFunc(func(ctx context.Context, key string) (bool, rule.Action, error) {
+			ns, name, _ := strings.Cut(key, "/")
 			ok, err := clusterExists(ctx, ns, name)
 			return ok, "", err
 		})

@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 
@@ -439,8 +440,8 @@ type clusterReader struct {
 
 // Cluster is admission.Clusters: whether the Cluster exists, and the
 // enforcement action it sets.
-func (r clusterReader) Cluster(ctx context.Context, namespace, name string) (bool, rule.Action, error) {
-	obj, err := r.fresh.Get(ctx, clusterGVK(), namespace, name)
+func (r clusterReader) Cluster(ctx context.Context, key string) (bool, rule.Action, error) {
+	obj, err := r.read(ctx, key)
 	if obj == nil || err != nil {
 		return false, "", err
 	}
@@ -448,7 +449,7 @@ func (r clusterReader) Cluster(ctx context.Context, namespace, name string) (boo
 	if err != nil {
 		// The route keeps the default action; say why on each review
 		// until the annotation is fixed.
-		r.log.Warn("Cluster's enforcement action ignored", "cluster", namespace+"/"+name, "error", err.Error())
+		r.log.Warn("Cluster's enforcement action ignored", "cluster", key, "error", err.Error())
 	}
 	return true, a, nil
 }
@@ -459,15 +460,20 @@ func (r clusterReader) Protection(ctx context.Context, key string) (nodes.Protec
 	if key == "" {
 		return r.protection, nil
 	}
-	ns, name, err := kube.SplitKey("cluster", key)
-	if err != nil {
-		return r.protection, err
-	}
-	obj, err := r.fresh.Get(ctx, clusterGVK(), ns, name)
+	obj, err := r.read(ctx, key)
 	if obj == nil || err != nil {
 		return r.protection, fmt.Errorf("read Cluster %s: %w", key, err)
 	}
 	return nodes.ProtectionOf(obj.GetAnnotations(), r.protection)
+}
+
+// read reads Cluster key; nil when there is none.
+func (r clusterReader) read(ctx context.Context, key string) (*unstructured.Unstructured, error) {
+	ns, name, err := kube.SplitKey("cluster", key)
+	if err != nil {
+		return nil, err
+	}
+	return r.fresh.Get(ctx, clusterGVK(), ns, name)
 }
 
 // keepProvider keeps Gatekeeper's Provider pointing at this nodeguard, when
