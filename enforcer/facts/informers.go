@@ -43,8 +43,9 @@ type SyncerOptions struct {
 	// InfraKinds and PoolKinds are the parameters' kinds; those the API
 	// server serves are watched from the start.
 	InfraKinds, PoolKinds []schema.GroupKind
-	// RetryInterval is how often kinds that could not be resolved are tried
-	// again (default 10s).
+	// RetryInterval bounds how long a referenced kind that could not be
+	// resolved waits before it is tried again (backoff from 1s; default
+	// 10s).
 	RetryInterval time.Duration
 	// Contract watches CRDs and every kind Cluster API's contract says is an
 	// InfraMachine or InfraMachinePool (contract.go), from when its CRD is
@@ -65,8 +66,10 @@ type Syncer struct {
 	// when not asked for).
 	contract cache.SharedIndexInformer
 	ctx      context.Context
-	pending  chan schema.GroupKind
 	subs     []func(Change)
+	// resolving starts the informers of referenced kinds, retrying those
+	// that cannot be resolved yet.
+	resolving *kube.Loop[schema.GroupKind]
 }
 
 // Change is one event of a cached object: Old is nil for an add, New for a
@@ -128,14 +131,16 @@ func NewSyncer(inv *Inventory, opts SyncerOptions) *Syncer {
 	if opts.RetryInterval == 0 {
 		opts.RetryInterval = 10 * time.Second
 	}
-	return &Syncer{
+	s := &Syncer{
 		opts:       opts,
 		inv:        inv,
 		informers:  map[schema.GroupKind]tracked{},
 		referenced: map[schema.GroupKind]Role{},
 		failed:     map[schema.GroupKind]error{},
-		pending:    make(chan schema.GroupKind, 64),
 	}
+	s.resolving = kube.NewLoop(kube.LoopOptions{Name: "referenced-kinds", BaseBackoff: min(time.Second, opts.RetryInterval),
+		MaxBackoff: opts.RetryInterval}, s.resolve)
+	return s
 }
 
 // Start finds the kinds and starts their informers; it returns once they are
@@ -170,7 +175,7 @@ func (s *Syncer) Start(ctx context.Context) error {
 			return err
 		}
 	}
-	go s.resolveLoop(ctx)
+	go s.resolving.Run(ctx)
 	return nil
 }
 
@@ -294,6 +299,9 @@ func (s *Syncer) untrack(gk schema.GroupKind) {
 	t.stop()
 	delete(s.informers, gk)
 	s.inv.RemoveKind(t.gvk)
+	if _, referenced := s.referenced[gk]; referenced {
+		s.resolving.Add(gk) // Machines still reference it: its CRD may come back
+	}
 }
 
 // verify checks t's cache against a fresh LIST once its watch is back after
@@ -366,48 +374,21 @@ func (s *Syncer) onReferrer(obj any, names Role) {
 	_, tracked := s.informers[gk]
 	s.mu.Unlock()
 	if !known && !tracked {
-		select {
-		case s.pending <- gk:
-		default: // full: the retry tick picks it up
-		}
+		s.resolving.Add(gk)
 	}
 }
 
-// resolveLoop starts informers for newly referenced kinds, and retries the
-// ones that failed (a CRD installed later, a transient error).
-func (s *Syncer) resolveLoop(ctx context.Context) {
-	tick := time.NewTicker(s.opts.RetryInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case gk := <-s.pending:
-			s.resolve(ctx, gk)
-		case <-tick.C:
-			for _, gk := range s.untracked() {
-				s.resolve(ctx, gk)
-			}
-		}
-	}
-}
-
-func (s *Syncer) untracked() []schema.GroupKind {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []schema.GroupKind
-	for gk := range s.referenced {
-		if _, ok := s.informers[gk]; !ok {
-			out = append(out, gk)
-		}
-	}
-	return out
-}
-
-func (s *Syncer) resolve(ctx context.Context, gk schema.GroupKind) {
+// resolve starts the informer of a kind cached Machines reference; one that
+// cannot be resolved yet (a CRD installed later, a transient error) is
+// tried again after the loop's backoff.
+func (s *Syncer) resolve(ctx context.Context, gk schema.GroupKind) kube.Result {
 	s.mu.Lock()
 	role := s.referenced[gk]
+	_, tracked := s.informers[gk]
 	s.mu.Unlock()
+	if tracked {
+		return kube.Result{}
+	}
 	gvk, err := s.contractVersion(ctx, gk)
 	if err == nil {
 		err = s.track(gvk, role, SourceReferenced, nil)
@@ -417,6 +398,7 @@ func (s *Syncer) resolve(ctx context.Context, gk schema.GroupKind) {
 		s.failed[gk] = err
 		s.mu.Unlock()
 	}
+	return kube.Result{Retry: err != nil}
 }
 
 // contractVersion resolves a referenced kind's version as Cluster API does:
