@@ -409,13 +409,20 @@ func startWebhook(b *testing.B, env *envtest.Environment, kube kubernetes.Interf
 	default:
 		b.Fatalf("unknown mode %q", mode)
 	}
+	// Ready means both verdicts are right: a guard that fails closed denies
+	// the blocked Node before it can judge (Gatekeeper does so until its
+	// provider cache holds nodeguard's Provider), so a denial alone proves
+	// nothing about the allowed Node.
 	start := time.Now()
+	dryRun := metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
-		err := kube.CoreV1().Nodes().Delete(ctx, blockedNode, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
-		return apierrors.IsForbidden(err), nil
+		if err := kube.CoreV1().Nodes().Delete(ctx, blockedNode, dryRun); !apierrors.IsForbidden(err) {
+			return false, nil
+		}
+		return kube.CoreV1().Nodes().Delete(ctx, allowedNode, dryRun) == nil, nil
 	})
-	require.NoError(b, err, "%s never denied the blocked Node", mode)
-	b.Logf("%s denies the blocked Node %s after its webhook was registered", mode, time.Since(start).Round(time.Millisecond))
+	require.NoError(b, err, "%s never denied the blocked Node and allowed the free one", mode)
+	b.Logf("%s denies the blocked Node and allows the free one %s after its webhook was registered", mode, time.Since(start).Round(time.Millisecond))
 	return w
 }
 
