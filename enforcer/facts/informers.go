@@ -96,18 +96,20 @@ func (s *Syncer) Subscribe(f func(Change)) error {
 
 // handler sends one role's events to f.
 func handler(role Role, f func(Change)) cache.ResourceEventHandler {
-	record := func(obj any) *record.Record {
-		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
-		}
-		r, _ := obj.(*record.Record)
-		return r
-	}
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { f(Change{Role: role, New: record(obj)}) },
-		UpdateFunc: func(old, obj any) { f(Change{Role: role, Old: record(old), New: record(obj)}) },
-		DeleteFunc: func(obj any) { f(Change{Role: role, Old: record(obj)}) },
+		AddFunc:    func(obj any) { f(Change{Role: role, New: asRecord(obj)}) },
+		UpdateFunc: func(old, obj any) { f(Change{Role: role, Old: asRecord(old), New: asRecord(obj)}) },
+		DeleteFunc: func(obj any) { f(Change{Role: role, Old: asRecord(obj)}) },
 	}
+}
+
+// asRecord is the record an informer event carries, or nil.
+func asRecord(obj any) *record.Record {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	r, _ := obj.(*record.Record)
+	return r
 }
 
 type tracked struct {
@@ -150,11 +152,11 @@ func (s *Syncer) Start(ctx context.Context) error {
 	s.ctx = ctx
 	s.mu.Unlock()
 	model := s.inv.Model()
-	machine, err := s.preferred(model.MachineKind)
+	machine, err := kube.RESTMapping(s.opts.Mapper, model.MachineKind)
 	if err != nil {
 		return fmt.Errorf("find the served version of Cluster API Machines: %w", err)
 	}
-	if err := s.track(machine, Machine, SourceReferrer, nil); err != nil {
+	if err := s.track(machine.GroupVersionKind, Machine, SourceReferrer, &machine.Resource); err != nil {
 		return err
 	}
 	// Other referrers (MachinePools) are optional: Cluster API serves them
@@ -217,11 +219,16 @@ const (
 )
 
 func (s *Syncer) trackIfServed(gk schema.GroupKind, role Role, source string) {
-	gvk, err := s.preferred(gk)
+	m, err := kube.RESTMapping(s.opts.Mapper, gk)
 	if err != nil {
 		return // not served here: a Machine referencing it stays unverified
 	}
-	if err := s.track(gvk, role, source, nil); err != nil {
+	s.noteFailure(gk, s.track(m.GroupVersionKind, role, source, &m.Resource))
+}
+
+// noteFailure notes why a kind could not be watched; nil notes nothing.
+func (s *Syncer) noteFailure(gk schema.GroupKind, err error) {
+	if err != nil {
 		s.mu.Lock()
 		s.failed[gk] = err
 		s.mu.Unlock()
@@ -242,7 +249,7 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role Role, source string, re
 		return nil
 	}
 	if resource == nil {
-		mapping, err := s.mapping(gvk.GroupKind(), gvk.Version)
+		mapping, err := kube.RESTMapping(s.opts.Mapper, gvk.GroupKind(), gvk.Version)
 		if err != nil {
 			return fmt.Errorf("map %s to a resource: %w", gvk, err)
 		}
@@ -393,11 +400,7 @@ func (s *Syncer) resolve(ctx context.Context, gk schema.GroupKind) kube.Result {
 	if err == nil {
 		err = s.track(gvk, role, SourceReferenced, nil)
 	}
-	if err != nil {
-		s.mu.Lock()
-		s.failed[gk] = err
-		s.mu.Unlock()
-	}
+	s.noteFailure(gk, err)
 	return kube.Result{Retry: err != nil}
 }
 
@@ -405,7 +408,7 @@ func (s *Syncer) resolve(ctx context.Context, gk schema.GroupKind) kube.Result {
 // the CRD <plural>.<group> and its contract label; the served preferred
 // version when the CRD carries no contract label.
 func (s *Syncer) contractVersion(ctx context.Context, gk schema.GroupKind) (schema.GroupVersionKind, error) {
-	mapping, err := s.mapping(gk, "")
+	mapping, err := kube.RESTMapping(s.opts.Mapper, gk)
 	if err != nil {
 		return schema.GroupVersionKind{}, fmt.Errorf("%s is not served: %w", gk, err)
 	}
@@ -417,22 +420,6 @@ func (s *Syncer) contractVersion(ctx context.Context, gk schema.GroupKind) (sche
 		return gk.WithVersion(v), nil
 	}
 	return mapping.GroupVersionKind, nil
-}
-
-func (s *Syncer) preferred(gk schema.GroupKind) (schema.GroupVersionKind, error) {
-	m, err := s.mapping(gk, "")
-	if err != nil {
-		return schema.GroupVersionKind{}, err
-	}
-	return m.GroupVersionKind, nil
-}
-
-func (s *Syncer) mapping(gk schema.GroupKind, version string) (*meta.RESTMapping, error) {
-	var versions []string
-	if version != "" {
-		versions = []string{version}
-	}
-	return kube.RESTMapping(s.opts.Mapper, gk, versions...)
 }
 
 // Ready returns nil once every informer has synced and every kind that

@@ -78,14 +78,20 @@ func (s *Syncer) startContract() error {
 			return
 		}
 		if k, ok := ContractKindOf(crd); ok {
-			if err := s.track(k.GVK, k.Role, SourceContract, &k.Resource); err != nil {
-				s.mu.Lock()
-				s.failed[k.GVK.GroupKind()] = err
-				s.mu.Unlock()
-			}
+			s.noteFailure(k.GVK.GroupKind(), s.track(k.GVK, k.Role, SourceContract, &k.Resource))
 			return
 		}
-		s.trackParameterKind(crd)
+		// A kind the parameters list whose CRD came after start.
+		gk, _ := CRDNames(crd)
+		s.mu.Lock()
+		infra, pool := slices.Contains(s.opts.InfraKinds, gk), slices.Contains(s.opts.PoolKinds, gk)
+		s.mu.Unlock()
+		switch {
+		case infra:
+			s.trackIfServed(gk, InfraMachine, SourceParameter)
+		case pool:
+			s.trackIfServed(gk, InfraMachinePool, SourceParameter)
+		}
 	}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    onCRD,
@@ -107,21 +113,6 @@ func (s *Syncer) startContract() error {
 	s.mu.Unlock()
 	go informer.RunWithContext(s.ctx)
 	return nil
-}
-
-// trackParameterKind watches a kind the parameters list once its CRD is
-// established, at the served version the mapper prefers.
-func (s *Syncer) trackParameterKind(crd *unstructured.Unstructured) {
-	gk, _ := CRDNames(crd)
-	s.mu.Lock()
-	infra, pool := slices.Contains(s.opts.InfraKinds, gk), slices.Contains(s.opts.PoolKinds, gk)
-	s.mu.Unlock()
-	switch {
-	case infra:
-		s.trackIfServed(gk, InfraMachine, SourceParameter)
-	case pool:
-		s.trackIfServed(gk, InfraMachinePool, SourceParameter)
-	}
 }
 
 // Watched is one watched kind and why.

@@ -61,14 +61,7 @@ func NewNodes(shape *record.Shape, store cache.Indexer, onChange func(name strin
 func (c *Nodes) Shape() *record.Shape { return c.shape }
 
 // Get returns the Node named name.
-func (c *Nodes) Get(name string) (*record.Record, bool) {
-	obj, ok, _ := c.store.GetByKey(name)
-	if !ok {
-		return nil, false
-	}
-	n, ok := obj.(*record.Record)
-	return n, ok
-}
+func (c *Nodes) Get(name string) (*record.Record, bool) { return get(c.store, name) }
 
 // Names returns the names of every cached Node, sorted.
 func (c *Nodes) Names() []string {

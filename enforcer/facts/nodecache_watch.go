@@ -111,22 +111,17 @@ func NewNodeWatch(opts NodeWatchOptions) (*NodeWatch, error) {
 	w := &NodeWatch{Nodes: NewNodes(shape, informer.GetIndexer(), opts.OnChange), informer: informer}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
-			if n, ok := obj.(*record.Record); ok {
+			if n := asRecord(obj); n != nil {
 				w.added(n)
 			}
 		},
 		UpdateFunc: func(old, obj any) {
-			o, ok1 := old.(*record.Record)
-			n, ok2 := obj.(*record.Record)
-			if ok1 && ok2 {
+			if o, n := asRecord(old), asRecord(obj); o != nil && n != nil {
 				w.updated(o, n)
 			}
 		},
 		DeleteFunc: func(obj any) {
-			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = d.Obj
-			}
-			if n, ok := obj.(*record.Record); ok {
+			if n := asRecord(obj); n != nil {
 				w.deleted(n)
 			}
 		},
