@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -123,10 +124,7 @@ func (s *Tombstones) Record(t Tombstone) {
 	}
 	t.Until = from.Add(s.opts.Window)
 	s.mu.Lock()
-	changed := s.apply(s.current, op{set: t})
-	if changed {
-		s.ops = append(s.ops, op{set: t})
-	}
+	changed := s.change(op{set: t})
 	evicted := s.evict(s.current, s.opts.Max)
 	s.mu.Unlock()
 	s.opts.Metrics.evicted(len(evicted))
@@ -137,12 +135,18 @@ func (s *Tombstones) Record(t Tombstone) {
 // reuse. It reports whether there was one.
 func (s *Tombstones) End(providerID string) bool {
 	s.mu.Lock()
-	changed := s.apply(s.current, op{end: providerID})
-	if changed {
-		s.ops = append(s.ops, op{end: providerID})
-	}
+	changed := s.change(op{end: providerID})
 	s.mu.Unlock()
 	s.tell(changed, providerID)
+	return changed
+}
+
+// change makes a change here, to be written; the caller holds s.mu.
+func (s *Tombstones) change(o op) bool {
+	changed := s.apply(s.current, o)
+	if changed {
+		s.ops = append(s.ops, o)
+	}
 	return changed
 }
 
@@ -190,17 +194,7 @@ func byAge(a, b Tombstone) int {
 	if c := a.DeletedAt.Compare(b.DeletedAt); c != 0 {
 		return c
 	}
-	return compareStrings(a.ProviderID, b.ProviderID)
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
+	return strings.Compare(a.ProviderID, b.ProviderID)
 }
 
 func (s *Tombstones) tell(changed bool, providerID string, also ...string) {
@@ -286,10 +280,7 @@ func DecodeTombstones(raw string) ([]Tombstone, error) {
 // another replica, `nodeguard ghosts --clear`, or nothing when it was
 // deleted) and replays on it the changes made here since the last write.
 func (s *Tombstones) reload(ts []Tombstone) {
-	base := make(map[string]Tombstone, len(ts))
-	for _, t := range ts {
-		base[t.ProviderID] = t
-	}
+	base := byProviderID(ts)
 	s.mu.Lock()
 	next := maps.Clone(base)
 	for _, o := range s.ops {
@@ -344,25 +335,30 @@ func (s *Tombstones) pending() ([]Tombstone, int, bool) {
 // written says the ConfigMap now holds ts, which includes the first n
 // changes made here.
 func (s *Tombstones) written(ts []Tombstone, n int) {
-	base := make(map[string]Tombstone, len(ts))
-	for _, t := range ts {
-		base[t.ProviderID] = t
-	}
+	base := byProviderID(ts)
 	s.mu.Lock()
 	s.base = base
 	s.ops = slices.Clone(s.ops[n:])
 	s.mu.Unlock()
 }
 
+func byProviderID(ts []Tombstone) map[string]Tombstone {
+	m := make(map[string]Tombstone, len(ts))
+	for _, t := range ts {
+		m[t.ProviderID] = t
+	}
+	return m
+}
+
 // drop removes tombstones that did not fit the ConfigMap, as evictions.
-func (s *Tombstones) drop(pids []string) {
+func (s *Tombstones) drop(ts []Tombstone) {
 	s.mu.Lock()
-	for _, pid := range pids {
-		delete(s.current, pid)
+	for _, t := range ts {
+		delete(s.current, t.ProviderID)
 	}
 	s.mu.Unlock()
-	s.opts.Metrics.evicted(len(pids))
-	for _, pid := range pids {
-		s.tell(true, pid)
+	s.opts.Metrics.evicted(len(ts))
+	for _, t := range ts {
+		s.tell(true, t.ProviderID)
 	}
 }
