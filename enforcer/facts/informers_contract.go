@@ -11,13 +11,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// Kinds by the contract: Cluster API's contract says which CRDs are
-// infrastructure (the contract label) and what an InfraMachine
-// (spec.providerID) and an InfraMachinePool (spec.providerIDList) hold. A
-// provider kind no parameter lists, that no Machine references any more (an
-// InfraMachine whose Machine's finalizer was removed by hand, a managed
-// pool), is still watched, from the moment its CRD is established: one CRD
-// informer, no poll.
+// Kinds by the contract (inventory_contract.go) are watched from the moment
+// their CRD is established, even one no parameter lists and no Machine
+// references any more (an InfraMachine whose Machine's finalizer was removed
+// by hand, a managed pool): one CRD informer, no poll.
 
 // reduceCRD keeps what ContractKindOf and the parameter kinds read of a
 // CRD: provider CRDs are large (a schema of hundreds of KiB each), and the

@@ -257,14 +257,14 @@ func verifyCache(ctx context.Context, list func(context.Context, metav1.ListOpti
 func waitFor(ctx context.Context, items []unstructured.Unstructured, store cache.Indexer, reduce func(*unstructured.Unstructured) *record.Record) error {
 	deadline := time.Now().Add(verifyTimeout)
 	for i := 0; i < len(items); {
-		want := reduce(&items[i])
-		have, ok, _ := store.GetByKey(cacheKey(&items[i]))
+		want, key := reduce(&items[i]), cache.MetaObjectToName(&items[i]).String()
+		have, ok, _ := store.GetByKey(key)
 		if r, isRecord := have.(*record.Record); ok && isRecord && r.Equal(want) {
 			i++
 			continue
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s %s is not in the cache as listed", items[i].GetKind(), cacheKey(&items[i]))
+			return fmt.Errorf("%s %s is not in the cache as listed", items[i].GetKind(), key)
 		}
 		select {
 		case <-ctx.Done():
@@ -273,11 +273,4 @@ func waitFor(ctx context.Context, items []unstructured.Unstructured, store cache
 		}
 	}
 	return nil
-}
-
-func cacheKey(u *unstructured.Unstructured) string {
-	if u.GetNamespace() == "" {
-		return u.GetName()
-	}
-	return u.GetNamespace() + "/" + u.GetName()
 }

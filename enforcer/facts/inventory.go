@@ -341,21 +341,9 @@ func (inv *Inventory) ReferenceOf(r *record.Record) (Ref, bool) {
 func Layout(objs []*unstructured.Unstructured) map[string]any {
 	namespaces := map[string]any{}
 	for _, o := range objs {
-		byGV := child(namespaces, o.GetNamespace())
-		byKind := child(byGV, o.GetAPIVersion())
-		byName := child(byKind, o.GetKind())
-		byName[o.GetName()] = o.Object
+		record.SetPath(namespaces, record.Path{o.GetNamespace(), o.GetAPIVersion(), o.GetKind(), o.GetName()}, o.Object)
 	}
 	return map[string]any{"namespace": namespaces}
-}
-
-func child(m map[string]any, key string) map[string]any {
-	if c, ok := m[key].(map[string]any); ok {
-		return c
-	}
-	c := map[string]any{}
-	m[key] = c
-	return c
 }
 
 // Store returns the store of one kind, nil when it has none: for callers

@@ -1,7 +1,6 @@
 package facts
 
 import (
-
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/record"
