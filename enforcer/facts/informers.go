@@ -23,7 +23,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/watchlist"
@@ -121,7 +120,6 @@ type tracked struct {
 	informer cache.SharedIndexInformer
 	health   *health
 	lw       *watchedLW
-	list     func(context.Context, metav1.ListOptions) (runtime.Object, error)
 	// references, for referrers (Machines, MachinePools), is the handler
 	// that learns the kinds they reference: synced only once it has seen
 	// every listed object.
@@ -256,12 +254,10 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role Role, source string, re
 		resource = &mapping.Resource
 	}
 	client := s.opts.Client.Resource(*resource)
-	t := tracked{gvk: gvk, role: role, sources: []string{source}, health: &health{}, list: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-		return client.List(ctx, opts)
-	}}
-	lw := &watchedLW{inner: &cache.ListWatch{ListWithContextFunc: t.list,
-		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			return client.Watch(ctx, opts)
+	t := tracked{gvk: gvk, role: role, sources: []string{source}, health: &health{}}
+	lw := &watchedLW{inner: &cache.ListWatch{WatchFuncWithContext: client.Watch,
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			return client.List(ctx, opts)
 		}}, h: t.health, noWatchList: watchlist.DoesClientNotSupportWatchListSemantics(s.opts.Client)}
 	informer := cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{Indexers: s.inv.Indexers(role)})
 	t.informer, t.lw = informer, lw
@@ -323,7 +319,7 @@ func (s *Syncer) verify(t tracked) {
 	go func() {
 		backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Steps: 6, Cap: 10 * time.Second}
 		for {
-			err := verifyCache(s.ctx, t.list, t.informer.GetIndexer(), func(u *unstructured.Unstructured) *record.Record {
+			err := verifyCache(s.ctx, t.lw.inner.ListWithContext, t.informer.GetIndexer(), func(u *unstructured.Unstructured) *record.Record {
 				return s.inv.Record(u, t.role)
 			})
 			if t.health.verified(err == nil, failures) || s.ctx.Err() != nil {

@@ -112,7 +112,7 @@ func NewNodeWatch(opts NodeWatchOptions) (*NodeWatch, error) {
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if n := asRecord(obj); n != nil {
-				w.added(n)
+				w.counted(n, 1)
 			}
 		},
 		UpdateFunc: func(old, obj any) {
@@ -122,7 +122,7 @@ func NewNodeWatch(opts NodeWatchOptions) (*NodeWatch, error) {
 		},
 		DeleteFunc: func(obj any) {
 			if n := asRecord(obj); n != nil {
-				w.deleted(n)
+				w.counted(n, -1)
 			}
 		},
 	}); err != nil {
