@@ -61,6 +61,7 @@ type Syncer struct {
 	informers  map[schema.GroupKind]tracked
 	referenced map[schema.GroupKind]Role // kinds cached referrers reference, as the role they name
 	failed     map[schema.GroupKind]error
+	parameters map[schema.GroupKind]Role // the parameters' kinds, as their role
 	// contract is the CRD informer that finds kinds by the contract (nil
 	// when not asked for).
 	contract cache.SharedIndexInformer
@@ -137,6 +138,7 @@ func NewSyncer(inv *Inventory, opts SyncerOptions) *Syncer {
 		informers:  map[schema.GroupKind]tracked{},
 		referenced: map[schema.GroupKind]Role{},
 		failed:     map[schema.GroupKind]error{},
+		parameters: map[schema.GroupKind]Role{},
 	}
 	s.resolving = kube.NewLoop(kube.LoopOptions{Name: "referenced-kinds", BaseBackoff: min(time.Second, opts.RetryInterval),
 		MaxBackoff: opts.RetryInterval}, s.resolve)
@@ -164,12 +166,7 @@ func (s *Syncer) Start(ctx context.Context) error {
 			s.trackIfServed(r.GroupKind(), role, SourceReferrer)
 		}
 	}
-	for _, gk := range s.opts.InfraKinds {
-		s.trackIfServed(gk, InfraMachine, SourceParameter)
-	}
-	for _, gk := range s.opts.PoolKinds {
-		s.trackIfServed(gk, InfraMachinePool, SourceParameter)
-	}
+	s.AddParameterKinds(s.opts.InfraKinds, s.opts.PoolKinds)
 	if s.opts.Contract {
 		if err := s.startContract(); err != nil {
 			return err
@@ -184,21 +181,19 @@ func (s *Syncer) Start(ctx context.Context) error {
 // their CRD is established. A kind no longer listed stays watched until a
 // restart; its objects then keep blocking, never the other way round.
 func (s *Syncer) AddParameterKinds(infra, pools []schema.GroupKind) {
-	for _, k := range []struct {
-		kinds []schema.GroupKind
-		role  Role
-		list  *[]schema.GroupKind
-	}{{infra, InfraMachine, &s.opts.InfraKinds}, {pools, InfraMachinePool, &s.opts.PoolKinds}} {
-		for _, gk := range k.kinds {
-			s.mu.Lock()
-			known := slices.Contains(*k.list, gk)
-			if !known {
-				*k.list = append(*k.list, gk)
-			}
-			s.mu.Unlock()
-			if !known {
-				s.trackIfServed(gk, k.role, SourceParameter)
-			}
+	for _, gk := range slices.Concat(infra, pools) {
+		role := InfraMachinePool
+		if slices.Contains(infra, gk) {
+			role = InfraMachine
+		}
+		s.mu.Lock()
+		_, known := s.parameters[gk]
+		if !known {
+			s.parameters[gk] = role
+		}
+		s.mu.Unlock()
+		if !known {
+			s.trackIfServed(gk, role, SourceParameter)
 		}
 	}
 }

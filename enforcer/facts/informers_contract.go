@@ -81,13 +81,10 @@ func (s *Syncer) startContract() error {
 		// A kind the parameters list whose CRD came after start.
 		gk, _ := CRDNames(crd)
 		s.mu.Lock()
-		infra, pool := slices.Contains(s.opts.InfraKinds, gk), slices.Contains(s.opts.PoolKinds, gk)
+		role, listed := s.parameters[gk]
 		s.mu.Unlock()
-		switch {
-		case infra:
-			s.trackIfServed(gk, InfraMachine, SourceParameter)
-		case pool:
-			s.trackIfServed(gk, InfraMachinePool, SourceParameter)
+		if listed {
+			s.trackIfServed(gk, role, SourceParameter)
 		}
 	}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
