@@ -128,7 +128,10 @@ func (s *Tombstones) Record(t Tombstone) {
 	evicted := s.evict(s.current, s.opts.Max)
 	s.mu.Unlock()
 	s.opts.Metrics.evicted(len(evicted))
-	s.tell(changed, t.ProviderID, evicted...)
+	if changed {
+		evicted = append([]string{t.ProviderID}, evicted...)
+	}
+	s.tell(evicted...)
 }
 
 // End ends the tombstone of a providerID a new link carries: a legitimate
@@ -137,7 +140,11 @@ func (s *Tombstones) End(providerID string) bool {
 	s.mu.Lock()
 	changed := s.change(op{end: providerID})
 	s.mu.Unlock()
-	s.tell(changed, providerID)
+	if changed {
+		s.tell(providerID)
+	} else {
+		s.tell()
+	}
 	return changed
 }
 
@@ -197,16 +204,13 @@ func byAge(a, b Tombstone) int {
 	return strings.Compare(a.ProviderID, b.ProviderID)
 }
 
-func (s *Tombstones) tell(changed bool, providerID string, also ...string) {
+// tell updates the count and tells Changed of pids.
+func (s *Tombstones) tell(pids ...string) {
 	s.opts.Metrics.set(s.Len())
-	if s.opts.Changed == nil {
-		return
-	}
-	if changed {
-		s.opts.Changed(providerID)
-	}
-	for _, pid := range also {
-		s.opts.Changed(pid)
+	for _, pid := range pids {
+		if s.opts.Changed != nil {
+			s.opts.Changed(pid)
+		}
 	}
 }
 
@@ -301,12 +305,7 @@ func (s *Tombstones) reload(ts []Tombstone) {
 	s.base, s.current = base, next
 	s.mu.Unlock()
 	s.opts.Metrics.evicted(len(evicted))
-	for _, pid := range changed {
-		s.tell(true, pid)
-	}
-	if len(changed) == 0 {
-		s.opts.Metrics.set(s.Len())
-	}
+	s.tell(changed...)
 }
 
 // pending returns what to write: the tombstones whose window has not passed
@@ -326,9 +325,7 @@ func (s *Tombstones) pending() ([]Tombstone, int, bool) {
 	differs := !maps.Equal(s.current, s.base)
 	n := len(s.ops)
 	s.mu.Unlock()
-	for _, pid := range expired {
-		s.tell(true, pid)
-	}
+	s.tell(expired...)
 	return out, n, differs
 }
 
@@ -352,13 +349,13 @@ func byProviderID(ts []Tombstone) map[string]Tombstone {
 
 // drop removes tombstones that did not fit the ConfigMap, as evictions.
 func (s *Tombstones) drop(ts []Tombstone) {
+	pids := make([]string, len(ts))
 	s.mu.Lock()
-	for _, t := range ts {
+	for i, t := range ts {
+		pids[i] = t.ProviderID
 		delete(s.current, t.ProviderID)
 	}
 	s.mu.Unlock()
 	s.opts.Metrics.evicted(len(ts))
-	for _, t := range ts {
-		s.tell(true, t.ProviderID)
-	}
+	s.tell(pids...)
 }
