@@ -25,7 +25,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/watchlist"
 
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/record"
@@ -253,8 +252,15 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role Role, source string, re
 	lw := &watchedLW{inner: &cache.ListWatch{WatchFuncWithContext: client.Watch,
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			return client.List(ctx, opts)
-		}}, h: t.health, noWatchList: watchlist.DoesClientNotSupportWatchListSemantics(s.opts.Client)}
-	informer := cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{Indexers: s.inv.Indexers(role)})
+		}}, h: t.health}
+	// Lists stream when the client can: a streaming list is a watch, whose
+	// failures lw sees as well, and it keeps the initial list's memory to an
+	// object at a time (a paged LIST holds every object, whole, at once:
+	// ~150 MiB more at 50,000 Machines). While the cache catches up it lists
+	// instead (watchedLW.WatchWithContext).
+	informer := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(
+		&cache.ListWatch{ListWithContextFunc: lw.ListWithContext, WatchFuncWithContext: lw.WatchWithContext}, s.opts.Client),
+		&unstructured.Unstructured{}, cache.SharedIndexInformerOptions{Indexers: s.inv.Indexers(role)})
 	t.informer, t.lw = informer, lw
 	lw.verify = func() { s.verify(t) }
 	if err := informer.SetTransform(s.inv.Transform(role)); err != nil {
