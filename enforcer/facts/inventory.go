@@ -218,8 +218,7 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 		// was down, say): a fresh read can still find it. Other roles have
 		// many kinds, so only the cache answers for them.
 		if !found && l.Role == Machine {
-			p.refs = append(p.refs, Ref{GVK: schema.GroupVersionKind{Group: inv.model.MachineKind.Group, Kind: inv.model.MachineKind.Kind},
-				Namespace: ns, Name: name})
+			p.refs = append(p.refs, Ref{GVK: inv.model.MachineKind.WithVersion(""), Namespace: ns, Name: name})
 		}
 	}
 	return p.objs, p.refs

@@ -72,16 +72,14 @@ const errorLogEvery = time.Minute
 // watch, or Flush reading again), and the error says why.
 func (k *TombstoneKeeper) Load(ctx context.Context) error {
 	cm, err := k.Client.Resource(configMaps).Namespace(k.Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		k.mu.Lock()
-		k.unread = false
-		k.mu.Unlock()
-		return nil
-	}
 	if err != nil {
+		absent := apierrors.IsNotFound(err)
 		k.mu.Lock()
-		k.unread = true
+		k.unread = !absent
 		k.mu.Unlock()
+		if absent {
+			return nil
+		}
 		k.Store.opts.Metrics.unreadable()
 		return fmt.Errorf("read the tombstones (ConfigMap %s/%s): %w", k.Namespace, ConfigMapName, err)
 	}
