@@ -141,57 +141,42 @@ func WatchConstraint(ctx context.Context, opts ConstraintWatchOptions) {
 	if err != nil {
 		return
 	}
-	w := &watcher{opts: opts, applied: opts.Applied}
-	obj, err := kube.WatchObject(kube.ObjectOptions{Client: opts.Client, Resource: mapping.Resource, Name: opts.Name,
-		Changed: func(u *unstructured.Unstructured) {
-			if u == nil {
-				w.apply(ctx, ConstraintSpec{From: ConstraintKind + " " + opts.Name + " deleted"})
+	// The watch's one goroutine applies the changes, one at a time.
+	applied := opts.Applied
+	refused := func(err error) {
+		opts.Metrics.errors.Inc()
+		opts.Log.Error("Constraint refused: the parameters before it stay in force", "from", applied.From, "error", err.Error())
+	}
+	changed := func(u *unstructured.Unstructured) {
+		s := ConstraintSpec{From: ConstraintKind + " " + opts.Name + " deleted"}
+		if u != nil {
+			if u.GetName() != opts.Name {
 				return
 			}
-			w.changed(ctx, u)
-		}})
+			var err error
+			if s, err = ConstraintSpecOf(u); err != nil {
+				refused(err)
+				return
+			}
+		}
+		if s.Same(applied) {
+			return
+		}
+		if err := opts.Apply(ctx, s); err != nil {
+			refused(fmt.Errorf("%s: %w", s.From, err))
+			return
+		}
+		applied = s
+		opts.Metrics.reloads.Inc()
+		opts.Log.Info("Constraint applied", "from", s.From, "enforcementAction", string(s.Action))
+	}
+	obj, err := kube.WatchObject(kube.ObjectOptions{Client: opts.Client, Resource: mapping.Resource, Name: opts.Name, Changed: changed})
 	if err != nil {
 		opts.Log.Error("the Constraint is not followed: its edits need a restart", "error", err.Error())
 		return
 	}
 	opts.Log.Info("following the Constraint", "constraint", opts.Name, "resource", mapping.Resource.String())
 	obj.Run(ctx)
-}
-
-// watcher applies changes one at a time (the watch's one goroutine).
-type watcher struct {
-	opts    ConstraintWatchOptions
-	applied ConstraintSpec
-}
-
-func (w *watcher) changed(ctx context.Context, u *unstructured.Unstructured) {
-	if u.GetName() != w.opts.Name {
-		return
-	}
-	s, err := ConstraintSpecOf(u)
-	if err != nil {
-		w.refused(err)
-		return
-	}
-	w.apply(ctx, s)
-}
-
-func (w *watcher) apply(ctx context.Context, s ConstraintSpec) {
-	if s.Same(w.applied) {
-		return
-	}
-	if err := w.opts.Apply(ctx, s); err != nil {
-		w.refused(fmt.Errorf("%s: %w", s.From, err))
-		return
-	}
-	w.applied = s
-	w.opts.Metrics.reloads.Inc()
-	w.opts.Log.Info("Constraint applied", "from", s.From, "enforcementAction", string(s.Action))
-}
-
-func (w *watcher) refused(err error) {
-	w.opts.Metrics.errors.Inc()
-	w.opts.Log.Error("Constraint refused: the parameters before it stay in force", "from", w.applied.From, "error", err.Error())
 }
 
 // ConstraintMetrics count the Constraint's reloads.

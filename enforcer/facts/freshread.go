@@ -68,8 +68,5 @@ func (r *FreshReader) get(ctx context.Context, gvk schema.GroupVersionKind, name
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	return obj, nil
+	return obj, err
 }

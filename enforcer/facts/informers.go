@@ -23,10 +23,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/watchlist"
 
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/record"
@@ -62,6 +60,7 @@ type Syncer struct {
 	informers  map[schema.GroupKind]tracked
 	referenced map[schema.GroupKind]Role // kinds cached referrers reference, as the role they name
 	failed     map[schema.GroupKind]error
+	parameters map[schema.GroupKind]Role // the parameters' kinds, as their role
 	// contract is the CRD informer that finds kinds by the contract (nil
 	// when not asked for).
 	contract cache.SharedIndexInformer
@@ -96,18 +95,20 @@ func (s *Syncer) Subscribe(f func(Change)) error {
 
 // handler sends one role's events to f.
 func handler(role Role, f func(Change)) cache.ResourceEventHandler {
-	record := func(obj any) *record.Record {
-		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
-		}
-		r, _ := obj.(*record.Record)
-		return r
-	}
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { f(Change{Role: role, New: record(obj)}) },
-		UpdateFunc: func(old, obj any) { f(Change{Role: role, Old: record(old), New: record(obj)}) },
-		DeleteFunc: func(obj any) { f(Change{Role: role, Old: record(obj)}) },
+		AddFunc:    func(obj any) { f(Change{Role: role, New: asRecord(obj)}) },
+		UpdateFunc: func(old, obj any) { f(Change{Role: role, Old: asRecord(old), New: asRecord(obj)}) },
+		DeleteFunc: func(obj any) { f(Change{Role: role, Old: asRecord(obj)}) },
 	}
+}
+
+// asRecord is the record an informer event carries, or nil.
+func asRecord(obj any) *record.Record {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	r, _ := obj.(*record.Record)
+	return r
 }
 
 type tracked struct {
@@ -119,7 +120,6 @@ type tracked struct {
 	informer cache.SharedIndexInformer
 	health   *health
 	lw       *watchedLW
-	list     func(context.Context, metav1.ListOptions) (runtime.Object, error)
 	// references, for referrers (Machines, MachinePools), is the handler
 	// that learns the kinds they reference: synced only once it has seen
 	// every listed object.
@@ -137,6 +137,7 @@ func NewSyncer(inv *Inventory, opts SyncerOptions) *Syncer {
 		informers:  map[schema.GroupKind]tracked{},
 		referenced: map[schema.GroupKind]Role{},
 		failed:     map[schema.GroupKind]error{},
+		parameters: map[schema.GroupKind]Role{},
 	}
 	s.resolving = kube.NewLoop(kube.LoopOptions{Name: "referenced-kinds", BaseBackoff: min(time.Second, opts.RetryInterval),
 		MaxBackoff: opts.RetryInterval}, s.resolve)
@@ -150,11 +151,11 @@ func (s *Syncer) Start(ctx context.Context) error {
 	s.ctx = ctx
 	s.mu.Unlock()
 	model := s.inv.Model()
-	machine, err := s.preferred(model.MachineKind)
+	machine, err := kube.RESTMapping(s.opts.Mapper, model.MachineKind)
 	if err != nil {
 		return fmt.Errorf("find the served version of Cluster API Machines: %w", err)
 	}
-	if err := s.track(machine, Machine, SourceReferrer, nil); err != nil {
+	if err := s.track(machine.GroupVersionKind, Machine, SourceReferrer, &machine.Resource); err != nil {
 		return err
 	}
 	// Other referrers (MachinePools) are optional: Cluster API serves them
@@ -164,12 +165,7 @@ func (s *Syncer) Start(ctx context.Context) error {
 			s.trackIfServed(r.GroupKind(), role, SourceReferrer)
 		}
 	}
-	for _, gk := range s.opts.InfraKinds {
-		s.trackIfServed(gk, InfraMachine, SourceParameter)
-	}
-	for _, gk := range s.opts.PoolKinds {
-		s.trackIfServed(gk, InfraMachinePool, SourceParameter)
-	}
+	s.AddParameterKinds(s.opts.InfraKinds, s.opts.PoolKinds)
 	if s.opts.Contract {
 		if err := s.startContract(); err != nil {
 			return err
@@ -184,21 +180,19 @@ func (s *Syncer) Start(ctx context.Context) error {
 // their CRD is established. A kind no longer listed stays watched until a
 // restart; its objects then keep blocking, never the other way round.
 func (s *Syncer) AddParameterKinds(infra, pools []schema.GroupKind) {
-	for _, k := range []struct {
-		kinds []schema.GroupKind
-		role  Role
-		list  *[]schema.GroupKind
-	}{{infra, InfraMachine, &s.opts.InfraKinds}, {pools, InfraMachinePool, &s.opts.PoolKinds}} {
-		for _, gk := range k.kinds {
-			s.mu.Lock()
-			known := slices.Contains(*k.list, gk)
-			if !known {
-				*k.list = append(*k.list, gk)
-			}
-			s.mu.Unlock()
-			if !known {
-				s.trackIfServed(gk, k.role, SourceParameter)
-			}
+	for _, gk := range slices.Concat(infra, pools) {
+		role := InfraMachinePool
+		if slices.Contains(infra, gk) {
+			role = InfraMachine
+		}
+		s.mu.Lock()
+		_, known := s.parameters[gk]
+		if !known {
+			s.parameters[gk] = role
+		}
+		s.mu.Unlock()
+		if !known {
+			s.trackIfServed(gk, role, SourceParameter)
 		}
 	}
 }
@@ -217,11 +211,16 @@ const (
 )
 
 func (s *Syncer) trackIfServed(gk schema.GroupKind, role Role, source string) {
-	gvk, err := s.preferred(gk)
+	m, err := kube.RESTMapping(s.opts.Mapper, gk)
 	if err != nil {
 		return // not served here: a Machine referencing it stays unverified
 	}
-	if err := s.track(gvk, role, source, nil); err != nil {
+	s.noteFailure(gk, s.track(m.GroupVersionKind, role, source, &m.Resource))
+}
+
+// noteFailure notes why a kind could not be watched; nil notes nothing.
+func (s *Syncer) noteFailure(gk schema.GroupKind, err error) {
+	if err != nil {
 		s.mu.Lock()
 		s.failed[gk] = err
 		s.mu.Unlock()
@@ -242,21 +241,26 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role Role, source string, re
 		return nil
 	}
 	if resource == nil {
-		mapping, err := s.mapping(gvk.GroupKind(), gvk.Version)
+		mapping, err := kube.RESTMapping(s.opts.Mapper, gvk.GroupKind(), gvk.Version)
 		if err != nil {
 			return fmt.Errorf("map %s to a resource: %w", gvk, err)
 		}
 		resource = &mapping.Resource
 	}
 	client := s.opts.Client.Resource(*resource)
-	t := tracked{gvk: gvk, role: role, sources: []string{source}, health: &health{}, list: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-		return client.List(ctx, opts)
-	}}
-	lw := &watchedLW{inner: &cache.ListWatch{ListWithContextFunc: t.list,
-		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			return client.Watch(ctx, opts)
-		}}, h: t.health, noWatchList: watchlist.DoesClientNotSupportWatchListSemantics(s.opts.Client)}
-	informer := cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{Indexers: s.inv.Indexers(role)})
+	t := tracked{gvk: gvk, role: role, sources: []string{source}, health: &health{}}
+	lw := &watchedLW{inner: &cache.ListWatch{WatchFuncWithContext: client.Watch,
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			return client.List(ctx, opts)
+		}}, h: t.health}
+	// Lists stream when the client can: a streaming list is a watch, whose
+	// failures lw sees as well, and it keeps the initial list's memory to an
+	// object at a time (a paged LIST holds every object, whole, at once:
+	// ~150 MiB more at 50,000 Machines). While the cache catches up it lists
+	// instead (watchedLW.WatchWithContext).
+	informer := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(
+		&cache.ListWatch{ListWithContextFunc: lw.ListWithContext, WatchFuncWithContext: lw.WatchWithContext}, s.opts.Client),
+		&unstructured.Unstructured{}, cache.SharedIndexInformerOptions{Indexers: s.inv.Indexers(role)})
 	t.informer, t.lw = informer, lw
 	lw.verify = func() { s.verify(t) }
 	if err := informer.SetTransform(s.inv.Transform(role)); err != nil {
@@ -316,7 +320,7 @@ func (s *Syncer) verify(t tracked) {
 	go func() {
 		backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Steps: 6, Cap: 10 * time.Second}
 		for {
-			err := verifyCache(s.ctx, t.list, t.informer.GetIndexer(), func(u *unstructured.Unstructured) *record.Record {
+			err := verifyCache(s.ctx, t.lw.inner.ListWithContext, t.informer.GetIndexer(), func(u *unstructured.Unstructured) *record.Record {
 				return s.inv.Record(u, t.role)
 			})
 			if t.health.verified(err == nil, failures) || s.ctx.Err() != nil {
@@ -393,11 +397,7 @@ func (s *Syncer) resolve(ctx context.Context, gk schema.GroupKind) kube.Result {
 	if err == nil {
 		err = s.track(gvk, role, SourceReferenced, nil)
 	}
-	if err != nil {
-		s.mu.Lock()
-		s.failed[gk] = err
-		s.mu.Unlock()
-	}
+	s.noteFailure(gk, err)
 	return kube.Result{Retry: err != nil}
 }
 
@@ -405,7 +405,7 @@ func (s *Syncer) resolve(ctx context.Context, gk schema.GroupKind) kube.Result {
 // the CRD <plural>.<group> and its contract label; the served preferred
 // version when the CRD carries no contract label.
 func (s *Syncer) contractVersion(ctx context.Context, gk schema.GroupKind) (schema.GroupVersionKind, error) {
-	mapping, err := s.mapping(gk, "")
+	mapping, err := kube.RESTMapping(s.opts.Mapper, gk)
 	if err != nil {
 		return schema.GroupVersionKind{}, fmt.Errorf("%s is not served: %w", gk, err)
 	}
@@ -417,22 +417,6 @@ func (s *Syncer) contractVersion(ctx context.Context, gk schema.GroupKind) (sche
 		return gk.WithVersion(v), nil
 	}
 	return mapping.GroupVersionKind, nil
-}
-
-func (s *Syncer) preferred(gk schema.GroupKind) (schema.GroupVersionKind, error) {
-	m, err := s.mapping(gk, "")
-	if err != nil {
-		return schema.GroupVersionKind{}, err
-	}
-	return m.GroupVersionKind, nil
-}
-
-func (s *Syncer) mapping(gk schema.GroupKind, version string) (*meta.RESTMapping, error) {
-	var versions []string
-	if version != "" {
-		versions = []string{version}
-	}
-	return kube.RESTMapping(s.opts.Mapper, gk, versions...)
 }
 
 // Ready returns nil once every informer has synced and every kind that

@@ -11,13 +11,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// Kinds by the contract: Cluster API's contract says which CRDs are
-// infrastructure (the contract label) and what an InfraMachine
-// (spec.providerID) and an InfraMachinePool (spec.providerIDList) hold. A
-// provider kind no parameter lists, that no Machine references any more (an
-// InfraMachine whose Machine's finalizer was removed by hand, a managed
-// pool), is still watched, from the moment its CRD is established: one CRD
-// informer, no poll.
+// Kinds by the contract (inventory_contract.go) are watched from the moment
+// their CRD is established, even one no parameter lists and no Machine
+// references any more (an InfraMachine whose Machine's finalizer was removed
+// by hand, a managed pool): one CRD informer, no poll.
 
 // reduceCRD keeps what ContractKindOf and the parameter kinds read of a
 // CRD: provider CRDs are large (a schema of hundreds of KiB each), and the
@@ -78,14 +75,17 @@ func (s *Syncer) startContract() error {
 			return
 		}
 		if k, ok := ContractKindOf(crd); ok {
-			if err := s.track(k.GVK, k.Role, SourceContract, &k.Resource); err != nil {
-				s.mu.Lock()
-				s.failed[k.GVK.GroupKind()] = err
-				s.mu.Unlock()
-			}
+			s.noteFailure(k.GVK.GroupKind(), s.track(k.GVK, k.Role, SourceContract, &k.Resource))
 			return
 		}
-		s.trackParameterKind(crd)
+		// A kind the parameters list whose CRD came after start.
+		gk, _ := CRDNames(crd)
+		s.mu.Lock()
+		role, listed := s.parameters[gk]
+		s.mu.Unlock()
+		if listed {
+			s.trackIfServed(gk, role, SourceParameter)
+		}
 	}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    onCRD,
@@ -107,21 +107,6 @@ func (s *Syncer) startContract() error {
 	s.mu.Unlock()
 	go informer.RunWithContext(s.ctx)
 	return nil
-}
-
-// trackParameterKind watches a kind the parameters list once its CRD is
-// established, at the served version the mapper prefers.
-func (s *Syncer) trackParameterKind(crd *unstructured.Unstructured) {
-	gk, _ := CRDNames(crd)
-	s.mu.Lock()
-	infra, pool := slices.Contains(s.opts.InfraKinds, gk), slices.Contains(s.opts.PoolKinds, gk)
-	s.mu.Unlock()
-	switch {
-	case infra:
-		s.trackIfServed(gk, InfraMachine, SourceParameter)
-	case pool:
-		s.trackIfServed(gk, InfraMachinePool, SourceParameter)
-	}
 }
 
 // Watched is one watched kind and why.

@@ -84,33 +84,18 @@ func (h *health) verified(ok bool, failures uint64) bool {
 	return h.broken.IsZero()
 }
 
-// watchedLW is a ListerWatcher that tells h when a list or watch fails, and
-// starts a check of the cache when a watch is back after that. It can also
-// make the reflector relist (forceRelist), for a check that finds the cache
-// behind.
+// watchedLW lists and watches a kind (a ListWatch over its methods): it
+// tells h when a list or watch fails, and starts a check of the cache when a
+// watch is back after that. It can also make the reflector relist
+// (forceRelist), for a check that finds the cache behind.
 type watchedLW struct {
 	inner  cache.ListerWatcherWithContext
 	h      *health
 	verify func()
-	// noWatchList: the client cannot stream lists (a fake one).
-	noWatchList bool
 
 	mu      sync.Mutex
 	current watch.Interface // the watch being read, to end it
 	relist  bool            // the next watch fails as expired: the reflector relists
-}
-
-var (
-	_ cache.ListerWatcher            = (*watchedLW)(nil)
-	_ cache.ListerWatcherWithContext = (*watchedLW)(nil)
-)
-
-func (lw *watchedLW) List(opts metav1.ListOptions) (runtime.Object, error) {
-	return lw.ListWithContext(context.Background(), opts)
-}
-
-func (lw *watchedLW) Watch(opts metav1.ListOptions) (watch.Interface, error) {
-	return lw.WatchWithContext(context.Background(), opts)
 }
 
 func (lw *watchedLW) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
@@ -215,13 +200,6 @@ func (lw *watchedLW) forceRelist() {
 	}
 }
 
-// IsWatchListSemanticsUnSupported says what the wrapped client does: a
-// streaming list is a watch, whose failures this type sees as well, and it
-// keeps the initial list's memory to an object at a time (a paged LIST holds
-// every object, whole, at once: ~150 MiB more at 50,000 Machines). While the
-// cache catches up it lists instead (WatchWithContext).
-func (lw *watchedLW) IsWatchListSemanticsUnSupported() bool { return lw.noWatchList }
-
 // verifyPage is how many objects a check lists at a time: its memory is a
 // page, not the kind.
 const verifyPage = 500
@@ -257,14 +235,14 @@ func verifyCache(ctx context.Context, list func(context.Context, metav1.ListOpti
 func waitFor(ctx context.Context, items []unstructured.Unstructured, store cache.Indexer, reduce func(*unstructured.Unstructured) *record.Record) error {
 	deadline := time.Now().Add(verifyTimeout)
 	for i := 0; i < len(items); {
-		want := reduce(&items[i])
-		have, ok, _ := store.GetByKey(cacheKey(&items[i]))
+		want, key := reduce(&items[i]), cache.MetaObjectToName(&items[i]).String()
+		have, ok, _ := store.GetByKey(key)
 		if r, isRecord := have.(*record.Record); ok && isRecord && r.Equal(want) {
 			i++
 			continue
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s %s is not in the cache as listed", items[i].GetKind(), cacheKey(&items[i]))
+			return fmt.Errorf("%s %s is not in the cache as listed", items[i].GetKind(), key)
 		}
 		select {
 		case <-ctx.Done():
@@ -273,11 +251,4 @@ func waitFor(ctx context.Context, items []unstructured.Unstructured, store cache
 		}
 	}
 	return nil
-}
-
-func cacheKey(u *unstructured.Unstructured) string {
-	if u.GetNamespace() == "" {
-		return u.GetName()
-	}
-	return u.GetNamespace() + "/" + u.GetName()
 }

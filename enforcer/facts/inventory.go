@@ -42,9 +42,9 @@ func (inv *Inventory) Indexers(role Role) cache.Indexers {
 	out := shape.Indexers()
 	if slots, ok := inv.model.ReferenceSlots(role); ok {
 		out[referenceIndex] = func(obj any) ([]string, error) {
-			r, err := recordOf(obj)
-			if err != nil {
-				return nil, fmt.Errorf("index %s: %w", referenceIndex, err)
+			r, ok := obj.(*record.Record)
+			if !ok {
+				return nil, fmt.Errorf("index %s: inventory holds %T, want *record.Record", referenceIndex, obj)
 			}
 			ref, ok := reference(r, slots)
 			if !ok {
@@ -218,8 +218,7 @@ func (inv *Inventory) Candidates(node *unstructured.Unstructured) (objs []*unstr
 		// was down, say): a fresh read can still find it. Other roles have
 		// many kinds, so only the cache answers for them.
 		if !found && l.Role == Machine {
-			p.refs = append(p.refs, Ref{GVK: schema.GroupVersionKind{Group: inv.model.MachineKind.Group, Kind: inv.model.MachineKind.Kind},
-				Namespace: ns, Name: name})
+			p.refs = append(p.refs, Ref{GVK: inv.model.MachineKind.WithVersion(""), Namespace: ns, Name: name})
 		}
 	}
 	return p.objs, p.refs
@@ -274,12 +273,9 @@ func (p *picker) add(gvk schema.GroupVersionKind, r *record.Record) {
 
 // get returns the record stored under key.
 func get(s cache.Indexer, key string) (*record.Record, bool) {
-	item, ok, _ := s.GetByKey(key)
-	if !ok {
-		return nil, false
-	}
-	r, err := recordOf(item)
-	return r, err == nil
+	item, _, _ := s.GetByKey(key)
+	r, ok := item.(*record.Record)
+	return r, ok
 }
 
 // Referring returns, by role, the cached referrers (Machines, MachinePools)
@@ -303,8 +299,8 @@ func (inv *Inventory) Referring(role Role, r *record.Record) map[Role][]*record.
 		}
 		items, _ := s.indexer.ByIndex(referenceIndex, referenceBucket(inv.model.Shape(s.role), named))
 		for _, item := range items {
-			rec, err := recordOf(item)
-			if err != nil {
+			rec, isRecord := item.(*record.Record)
+			if !isRecord {
 				continue
 			}
 			ref, ok := inv.ReferenceOf(rec)
@@ -344,28 +340,14 @@ func (inv *Inventory) ReferenceOf(r *record.Record) (Ref, bool) {
 func Layout(objs []*unstructured.Unstructured) map[string]any {
 	namespaces := map[string]any{}
 	for _, o := range objs {
-		byGV := child(namespaces, o.GetNamespace())
-		byKind := child(byGV, o.GetAPIVersion())
-		byName := child(byKind, o.GetKind())
-		byName[o.GetName()] = o.Object
+		record.SetPath(namespaces, record.Path{o.GetNamespace(), o.GetAPIVersion(), o.GetKind(), o.GetName()}, o.Object)
 	}
 	return map[string]any{"namespace": namespaces}
 }
 
-func child(m map[string]any, key string) map[string]any {
-	if c, ok := m[key].(map[string]any); ok {
-		return c
-	}
-	c := map[string]any{}
-	m[key] = c
-	return c
-}
-
 // Store returns the store of one kind, nil when it has none: for callers
 // that fill an inventory themselves (tests that play informers).
-func (inv *Inventory) Store(gvk schema.GroupVersionKind) cache.Indexer { return inv.store(gvk) }
-
-func (inv *Inventory) store(gvk schema.GroupVersionKind) cache.Indexer {
+func (inv *Inventory) Store(gvk schema.GroupVersionKind) cache.Indexer {
 	inv.mu.RLock()
 	defer inv.mu.RUnlock()
 	return inv.stores[gvk].indexer
@@ -394,7 +376,7 @@ func (inv *Inventory) Records(role Role) []*record.Record {
 			continue
 		}
 		for _, item := range s.indexer.List() {
-			if r, err := recordOf(item); err == nil {
+			if r, ok := item.(*record.Record); ok {
 				out = append(out, r)
 			}
 		}

@@ -1,8 +1,6 @@
 package facts
 
 import (
-	"fmt"
-
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/record"
@@ -32,15 +30,6 @@ func reference(r *record.Record, slots [5]int) (Ref, bool) {
 		ns = r.Namespace()
 	}
 	return Ref{GVK: gvk, Namespace: ns, Name: name}, true
-}
-
-// recordOf reads a stored object.
-func recordOf(obj any) (*record.Record, error) {
-	r, ok := obj.(*record.Record)
-	if !ok {
-		return nil, fmt.Errorf("inventory holds %T, want *record.Record", obj)
-	}
-	return r, nil
 }
 
 // LinkValues returns what r, a record of l's role, holds for link l's

@@ -53,7 +53,7 @@ func FromObjects(model *rule.Model, objs []*unstructured.Unstructured, infraKind
 		}
 		r := inv.Record(o, role)
 		inv.AddKind(gvk, role, inv.NewStore(role))
-		if err := inv.store(gvk).Add(r); err != nil {
+		if err := inv.Store(gvk).Add(r); err != nil {
 			return nil, fmt.Errorf("add %s %s/%s: %w", gvk.Kind, r.Namespace(), r.Name(), err)
 		}
 	}

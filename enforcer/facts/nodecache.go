@@ -61,14 +61,7 @@ func NewNodes(shape *record.Shape, store cache.Indexer, onChange func(name strin
 func (c *Nodes) Shape() *record.Shape { return c.shape }
 
 // Get returns the Node named name.
-func (c *Nodes) Get(name string) (*record.Record, bool) {
-	obj, ok, _ := c.store.GetByKey(name)
-	if !ok {
-		return nil, false
-	}
-	n, ok := obj.(*record.Record)
-	return n, ok
-}
+func (c *Nodes) Get(name string) (*record.Record, bool) { return get(c.store, name) }
 
 // Names returns the names of every cached Node, sorted.
 func (c *Nodes) Names() []string {
@@ -90,7 +83,7 @@ func (c *Nodes) Add(n *record.Record) error {
 	if had {
 		c.updated(old, n)
 	} else {
-		c.added(n)
+		c.counted(n, 1)
 	}
 	return nil
 }
@@ -104,12 +97,13 @@ func (c *Nodes) Delete(name string) error {
 	if err := c.store.Delete(n); err != nil {
 		return fmt.Errorf("delete Node %s: %w", name, err)
 	}
-	c.deleted(n)
+	c.counted(n, -1)
 	return nil
 }
 
-func (c *Nodes) added(n *record.Record) {
-	c.count.Add(1)
+// counted reports a Node added (delta 1) or deleted (-1).
+func (c *Nodes) counted(n *record.Record, delta int64) {
+	c.count.Add(delta)
 	c.changed(n.Name())
 }
 
@@ -124,11 +118,6 @@ func (c *Nodes) updated(old, n *record.Record) {
 	if old.Name() != n.Name() {
 		c.changed(old.Name())
 	}
-}
-
-func (c *Nodes) deleted(n *record.Record) {
-	c.count.Add(-1)
-	c.changed(n.Name())
 }
 
 func (c *Nodes) changed(name string) {

@@ -111,23 +111,18 @@ func NewNodeWatch(opts NodeWatchOptions) (*NodeWatch, error) {
 	w := &NodeWatch{Nodes: NewNodes(shape, informer.GetIndexer(), opts.OnChange), informer: informer}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
-			if n, ok := obj.(*record.Record); ok {
-				w.added(n)
+			if n := asRecord(obj); n != nil {
+				w.counted(n, 1)
 			}
 		},
 		UpdateFunc: func(old, obj any) {
-			o, ok1 := old.(*record.Record)
-			n, ok2 := obj.(*record.Record)
-			if ok1 && ok2 {
+			if o, n := asRecord(old), asRecord(obj); o != nil && n != nil {
 				w.updated(o, n)
 			}
 		},
 		DeleteFunc: func(obj any) {
-			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = d.Obj
-			}
-			if n, ok := obj.(*record.Record); ok {
-				w.deleted(n)
+			if n := asRecord(obj); n != nil {
+				w.counted(n, -1)
 			}
 		},
 	}); err != nil {

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -123,26 +124,36 @@ func (s *Tombstones) Record(t Tombstone) {
 	}
 	t.Until = from.Add(s.opts.Window)
 	s.mu.Lock()
-	changed := s.apply(s.current, op{set: t})
-	if changed {
-		s.ops = append(s.ops, op{set: t})
-	}
+	changed := s.change(op{set: t})
 	evicted := s.evict(s.current, s.opts.Max)
 	s.mu.Unlock()
 	s.opts.Metrics.evicted(len(evicted))
-	s.tell(changed, t.ProviderID, evicted...)
+	if changed {
+		evicted = append([]string{t.ProviderID}, evicted...)
+	}
+	s.tell(evicted...)
 }
 
 // End ends the tombstone of a providerID a new link carries: a legitimate
 // reuse. It reports whether there was one.
 func (s *Tombstones) End(providerID string) bool {
 	s.mu.Lock()
-	changed := s.apply(s.current, op{end: providerID})
-	if changed {
-		s.ops = append(s.ops, op{end: providerID})
-	}
+	changed := s.change(op{end: providerID})
 	s.mu.Unlock()
-	s.tell(changed, providerID)
+	if changed {
+		s.tell(providerID)
+	} else {
+		s.tell()
+	}
+	return changed
+}
+
+// change makes a change here, to be written; the caller holds s.mu.
+func (s *Tombstones) change(o op) bool {
+	changed := s.apply(s.current, o)
+	if changed {
+		s.ops = append(s.ops, o)
+	}
 	return changed
 }
 
@@ -190,29 +201,16 @@ func byAge(a, b Tombstone) int {
 	if c := a.DeletedAt.Compare(b.DeletedAt); c != 0 {
 		return c
 	}
-	return compareStrings(a.ProviderID, b.ProviderID)
+	return strings.Compare(a.ProviderID, b.ProviderID)
 }
 
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-func (s *Tombstones) tell(changed bool, providerID string, also ...string) {
+// tell updates the count and tells Changed of pids.
+func (s *Tombstones) tell(pids ...string) {
 	s.opts.Metrics.set(s.Len())
-	if s.opts.Changed == nil {
-		return
-	}
-	if changed {
-		s.opts.Changed(providerID)
-	}
-	for _, pid := range also {
-		s.opts.Changed(pid)
+	for _, pid := range pids {
+		if s.opts.Changed != nil {
+			s.opts.Changed(pid)
+		}
 	}
 }
 
@@ -286,10 +284,7 @@ func DecodeTombstones(raw string) ([]Tombstone, error) {
 // another replica, `nodeguard ghosts --clear`, or nothing when it was
 // deleted) and replays on it the changes made here since the last write.
 func (s *Tombstones) reload(ts []Tombstone) {
-	base := make(map[string]Tombstone, len(ts))
-	for _, t := range ts {
-		base[t.ProviderID] = t
-	}
+	base := byProviderID(ts)
 	s.mu.Lock()
 	next := maps.Clone(base)
 	for _, o := range s.ops {
@@ -310,12 +305,7 @@ func (s *Tombstones) reload(ts []Tombstone) {
 	s.base, s.current = base, next
 	s.mu.Unlock()
 	s.opts.Metrics.evicted(len(evicted))
-	for _, pid := range changed {
-		s.tell(true, pid)
-	}
-	if len(changed) == 0 {
-		s.opts.Metrics.set(s.Len())
-	}
+	s.tell(changed...)
 }
 
 // pending returns what to write: the tombstones whose window has not passed
@@ -335,34 +325,37 @@ func (s *Tombstones) pending() ([]Tombstone, int, bool) {
 	differs := !maps.Equal(s.current, s.base)
 	n := len(s.ops)
 	s.mu.Unlock()
-	for _, pid := range expired {
-		s.tell(true, pid)
-	}
+	s.tell(expired...)
 	return out, n, differs
 }
 
 // written says the ConfigMap now holds ts, which includes the first n
 // changes made here.
 func (s *Tombstones) written(ts []Tombstone, n int) {
-	base := make(map[string]Tombstone, len(ts))
-	for _, t := range ts {
-		base[t.ProviderID] = t
-	}
+	base := byProviderID(ts)
 	s.mu.Lock()
 	s.base = base
 	s.ops = slices.Clone(s.ops[n:])
 	s.mu.Unlock()
 }
 
+func byProviderID(ts []Tombstone) map[string]Tombstone {
+	m := make(map[string]Tombstone, len(ts))
+	for _, t := range ts {
+		m[t.ProviderID] = t
+	}
+	return m
+}
+
 // drop removes tombstones that did not fit the ConfigMap, as evictions.
-func (s *Tombstones) drop(pids []string) {
+func (s *Tombstones) drop(ts []Tombstone) {
+	pids := make([]string, len(ts))
 	s.mu.Lock()
-	for _, pid := range pids {
-		delete(s.current, pid)
+	for i, t := range ts {
+		pids[i] = t.ProviderID
+		delete(s.current, t.ProviderID)
 	}
 	s.mu.Unlock()
-	s.opts.Metrics.evicted(len(pids))
-	for _, pid := range pids {
-		s.tell(true, pid)
-	}
+	s.opts.Metrics.evicted(len(ts))
+	s.tell(pids...)
 }

@@ -72,16 +72,14 @@ const errorLogEvery = time.Minute
 // watch, or Flush reading again), and the error says why.
 func (k *TombstoneKeeper) Load(ctx context.Context) error {
 	cm, err := k.Client.Resource(configMaps).Namespace(k.Namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		k.mu.Lock()
-		k.unread = false
-		k.mu.Unlock()
-		return nil
-	}
 	if err != nil {
+		absent := apierrors.IsNotFound(err)
 		k.mu.Lock()
-		k.unread = true
+		k.unread = !absent
 		k.mu.Unlock()
+		if absent {
+			return nil
+		}
 		k.Store.opts.Metrics.unreadable()
 		return fmt.Errorf("read the tombstones (ConfigMap %s/%s): %w", k.Namespace, ConfigMapName, err)
 	}
@@ -161,7 +159,7 @@ func (k *TombstoneKeeper) Flush(ctx context.Context) {
 		return
 	}
 	if dropped := len(ts) - len(fitted); dropped > 0 {
-		k.Store.drop(providerIDs(oldest(ts, dropped)))
+		k.Store.drop(slices.SortedFunc(slices.Values(ts), byAge)[:dropped]) // the oldest
 	}
 	write := kube.ApplyOwned
 	if seen == "" {
@@ -245,36 +243,30 @@ func fit(ts []Tombstone) ([]byte, []Tombstone, error) {
 	}
 }
 
-// oldest are the n oldest of ts.
-func oldest(ts []Tombstone, n int) []Tombstone {
-	return slices.SortedFunc(slices.Values(ts), byAge)[:n]
-}
-
-func providerIDs(ts []Tombstone) []string {
-	out := make([]string, len(ts))
-	for i, t := range ts {
-		out[i] = t.ProviderID
-	}
-	return out
-}
-
 // ReadTombstones returns the tombstones the ConfigMap holds, the newest first, and
 // whether it exists.
 func ReadTombstones(ctx context.Context, client dynamic.Interface, namespace string) ([]Tombstone, bool, error) {
+	ts, _, ok, err := readTombstones(ctx, client, namespace)
+	slices.SortFunc(ts, func(a, b Tombstone) int { return byAge(b, a) })
+	return ts, ok, err
+}
+
+// readTombstones reads the ConfigMap: its tombstones, its resourceVersion,
+// and whether it exists.
+func readTombstones(ctx context.Context, client dynamic.Interface, namespace string) ([]Tombstone, string, bool, error) {
 	cm, err := client.Resource(configMaps).Namespace(namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil, false, nil
+		return nil, "", false, nil
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("read ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+		return nil, "", false, fmt.Errorf("read ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
 	}
 	raw, _, _ := unstructured.NestedString(cm.Object, "data", ConfigMapKey)
 	ts, err := DecodeTombstones(raw)
 	if err != nil {
-		return nil, true, fmt.Errorf("ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+		return nil, "", true, fmt.Errorf("ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
 	}
-	slices.SortFunc(ts, func(a, b Tombstone) int { return byAge(b, a) })
-	return ts, true, nil
+	return ts, cm.GetResourceVersion(), true, nil
 }
 
 // ClearTombstones removes the tombstones of providerIDs from the ConfigMap (the
@@ -284,15 +276,7 @@ func ClearTombstones(ctx context.Context, client dynamic.Interface, namespace st
 	var found []string
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		found = nil
-		cm, err := client.Resource(configMaps).Namespace(namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		raw, _, _ := unstructured.NestedString(cm.Object, "data", ConfigMapKey)
-		ts, err := DecodeTombstones(raw)
+		ts, rv, _, err := readTombstones(ctx, client, namespace)
 		if err != nil {
 			return err
 		}
@@ -311,11 +295,11 @@ func ClearTombstones(ctx context.Context, client dynamic.Interface, namespace st
 		if err != nil {
 			return err
 		}
-		_, err = kube.ApplyOwned(ctx, client, tombstoneConfigMap(namespace, enc, cm.GetResourceVersion()))
+		_, err = kube.ApplyOwned(ctx, client, tombstoneConfigMap(namespace, enc, rv))
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("clear tombstones in ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+		return nil, fmt.Errorf("clear tombstones: %w", err)
 	}
 	return found, nil
 }

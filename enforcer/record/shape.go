@@ -84,6 +84,7 @@ func NewShape(spec Spec) (*Shape, error) {
 			s.paths = append(s.paths, p)
 		}
 	}
+	s.spec.Lists = nil
 	for _, p := range spec.Lists {
 		if err := checkPath(p); err != nil {
 			return nil, err
@@ -91,9 +92,6 @@ func NewShape(spec Spec) (*Shape, error) {
 		if s.Slot(p) >= 0 {
 			return nil, fmt.Errorf("record: %s is kept both as a string and as a list", p)
 		}
-	}
-	s.spec.Lists = nil
-	for _, p := range spec.Lists {
 		if s.ListSlot(p) < 0 {
 			s.spec.Lists = append(s.spec.Lists, p)
 		}

@@ -12,7 +12,7 @@ import (
 // reader reads a shape's fields from one Go type through its JSON tags.
 type reader struct {
 	slots []typedPath // by slot; nil: not read (a fixed apiVersion or kind)
-	lists []typedList
+	lists []listPath
 	cond  *typedConditions
 }
 
@@ -40,7 +40,7 @@ func (s *Shape) reader(t reflect.Type) (*reader, error) {
 		if !isStringLeaf(l.elem) {
 			return nil, fmt.Errorf("record: %s list %s: %s is not a string", t, p, l.elem)
 		}
-		rd.lists = append(rd.lists, typedList(l))
+		rd.lists = append(rd.lists, l)
 	}
 	if c := s.spec.Conditions; len(c.Types) > 0 {
 		tc, err := compileConditions(t, c.Path, s.condKeys)
@@ -68,10 +68,8 @@ func (rd *reader) read(v reflect.Value, x *reduction) {
 	}
 }
 
-// typedList reads a list of strings.
-type typedList listPath
-
-func (l typedList) strings(v reflect.Value) []string {
+// strings reads a list of strings.
+func (l listPath) strings(v reflect.Value) []string {
 	v, ok := follow(v, l.path)
 	if !ok || v.Kind() != reflect.Slice || v.Len() == 0 {
 		return nil
@@ -98,34 +96,41 @@ type typedStep struct {
 }
 
 func compileTyped(t reflect.Type, p Path) (typedPath, error) {
+	out, t, err := compileSteps(t, p, true)
+	if err == nil && !isStringLeaf(t) {
+		err = fmt.Errorf("%s is not a string", t)
+	}
+	return out, err
+}
+
+// compileSteps compiles the steps of p from t, through struct fields and,
+// when maps is set, map keys; it returns the type p ends at.
+func compileSteps(t reflect.Type, p Path, maps bool) (typedPath, reflect.Type, error) {
 	var out typedPath
 	for i, seg := range p {
 		for t.Kind() == reflect.Pointer {
 			t = t.Elem()
 		}
-		switch t.Kind() {
-		case reflect.Struct:
+		switch {
+		case t.Kind() == reflect.Struct:
 			f, ok := jsonField(t, seg)
 			if !ok {
-				return nil, fmt.Errorf("%s has no field %q", t, seg)
+				return nil, nil, fmt.Errorf("%s has no field %q", t, seg)
 			}
 			_, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
 			out = append(out, typedStep{field: f.Index, omitEmpty: slices.Contains(strings.Split(opts, ","), "omitempty")})
 			t = f.Type
-		case reflect.Map:
+		case maps && t.Kind() == reflect.Map:
 			if t.Key().Kind() != reflect.String {
-				return nil, fmt.Errorf("%s is not keyed by strings", t)
+				return nil, nil, fmt.Errorf("%s is not keyed by strings", t)
 			}
 			out = append(out, typedStep{mapKey: seg, isMap: true})
 			t = t.Elem()
 		default:
-			return nil, fmt.Errorf("%s at %q is not an object", t, strings.Join(p[:i], "."))
+			return nil, nil, fmt.Errorf("%s at %q is not an object", t, strings.Join(p[:i], "."))
 		}
 	}
-	if !isStringLeaf(t) {
-		return nil, fmt.Errorf("%s is not a string", t)
-	}
-	return out, nil
+	return out, t, nil
 }
 
 // jsonField finds the field a JSON key decodes into, through inline
@@ -165,30 +170,37 @@ func isStringLeaf(t reflect.Type) bool {
 }
 
 func (p typedPath) get(v reflect.Value) (string, bool) {
-	for _, st := range p {
-		for v.Kind() == reflect.Pointer {
-			if v.IsNil() {
-				return "", false
-			}
-			v = v.Elem()
-		}
-		if st.isMap {
-			if v.IsNil() {
-				return "", false
-			}
-			v = v.MapIndex(reflect.ValueOf(st.mapKey).Convert(v.Type().Key()))
-			if !v.IsValid() {
-				return "", false
-			}
-			continue
-		}
-		v = v.FieldByIndex(st.field)
+	v, ok := p.walk(v)
+	if !ok {
+		return "", false
 	}
 	str, ok := leafString(v)
 	if ok && str == "" && len(p) > 0 && p[len(p)-1].omitEmpty && v.Kind() == reflect.String {
 		return "", false
 	}
 	return str, ok
+}
+
+// walk follows p from v, through pointers, struct fields and map keys;
+// false at a nil pointer or map, or a missing key.
+func (p typedPath) walk(v reflect.Value) (reflect.Value, bool) {
+	for _, st := range p {
+		var ok bool
+		if v, ok = deref(v); !ok {
+			return v, false
+		}
+		if !st.isMap {
+			v = v.FieldByIndex(st.field)
+			continue
+		}
+		if v.IsNil() {
+			return v, false
+		}
+		if v = v.MapIndex(reflect.ValueOf(st.mapKey).Convert(v.Type().Key())); !v.IsValid() {
+			return v, false
+		}
+	}
+	return v, true
 }
 
 // leafString is the JSON string a leaf encodes as; false for null, empty
@@ -253,22 +265,12 @@ type listPath struct {
 	elem reflect.Type
 }
 
-// compileList is compileTyped for a path that ends at a slice of structs.
+// compileList is compileTyped for a path of struct fields that ends at a
+// slice.
 func compileList(t reflect.Type, p Path) (listPath, error) {
-	var out typedPath
-	for _, seg := range p {
-		for t.Kind() == reflect.Pointer {
-			t = t.Elem()
-		}
-		if t.Kind() != reflect.Struct {
-			return listPath{}, fmt.Errorf("%s is not an object", t)
-		}
-		f, ok := jsonField(t, seg)
-		if !ok {
-			return listPath{}, fmt.Errorf("%s has no field %q", t, seg)
-		}
-		out = append(out, typedStep{field: f.Index})
-		t = f.Type
+	out, t, err := compileSteps(t, p, false)
+	if err != nil {
+		return listPath{}, err
 	}
 	if t.Kind() != reflect.Slice {
 		return listPath{}, fmt.Errorf("%s is not a list", t)
@@ -295,18 +297,15 @@ func (c typedConditions) each(v reflect.Value, keep func(t string, vals []string
 	}
 }
 
-// follow walks the struct fields of p from v, through pointers; false at a
-// nil pointer.
+// follow walks p from v and through the pointers it ends at.
 func follow(v reflect.Value, p typedPath) (reflect.Value, bool) {
-	for _, st := range p {
-		for v.Kind() == reflect.Pointer {
-			if v.IsNil() {
-				return v, false
-			}
-			v = v.Elem()
-		}
-		v = v.FieldByIndex(st.field)
+	if v, ok := p.walk(v); ok {
+		return deref(v)
 	}
+	return v, false
+}
+
+func deref(v reflect.Value) (reflect.Value, bool) {
 	for v.Kind() == reflect.Pointer {
 		if v.IsNil() {
 			return v, false
