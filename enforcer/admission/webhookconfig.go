@@ -139,28 +139,11 @@ func (s WebhookSettings) webhookFields() (admissionregistrationv1.FailurePolicyT
 	return policy, timeout, selector, nil
 }
 
-// checked checks opts' CA bundle and returns the path of route (a webhook's
-// or the provider's) for opts' Cluster: route/clusters/NS/NAME, or route
-// itself without one.
-func checked(opts WebhookConfigOptions, route string) (string, error) {
-	if err := checkCABundle(opts.CABundle); err != nil {
-		return "", err
-	}
-	if opts.Cluster == "" {
-		return route, nil
-	}
-	ns, name, err := kube.SplitKey("--cluster", opts.Cluster)
-	if err != nil {
-		return "", err
-	}
-	return route + "/clusters/" + ns + "/" + name, nil
-}
-
 // BuildWebhookConfig returns the configuration: Node DELETE only, failurePolicy Fail
 // (opts.Webhook changes that), and with opts.Registrations the
 // registration webhook.
 func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
-	client, err := clientConfig(opts, "/validate")
+	client, err := clientConfig(opts, "/validate", "the API server")
 	if err != nil {
 		return nil, err
 	}
@@ -203,7 +186,7 @@ func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.Val
 	if !opts.Registrations {
 		return cfg, nil
 	}
-	register, err := clientConfig(opts, "/register")
+	register, err := clientConfig(opts, "/register", "the API server")
 	if err != nil {
 		return nil, err
 	}
@@ -227,13 +210,22 @@ func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.Val
 	return cfg, nil
 }
 
-// clientConfig is where the API server reaches route (for opts' Cluster).
-func clientConfig(opts WebhookConfigOptions, route string) (admissionregistrationv1.WebhookClientConfig, error) {
-	path, err := checked(opts, route)
-	if err != nil {
-		return admissionregistrationv1.WebhookClientConfig{}, err
-	}
+// clientConfig checks opts' CA bundle and says where who reaches route (a
+// webhook's or the provider's) for opts' Cluster: route/clusters/NS/NAME, or
+// route itself without one.
+func clientConfig(opts WebhookConfigOptions, route, who string) (admissionregistrationv1.WebhookClientConfig, error) {
 	client := admissionregistrationv1.WebhookClientConfig{CABundle: opts.CABundle}
+	if err := checkCABundle(opts.CABundle); err != nil {
+		return client, err
+	}
+	path := route
+	if opts.Cluster != "" {
+		ns, name, err := kube.SplitKey("--cluster", opts.Cluster)
+		if err != nil {
+			return client, err
+		}
+		path += "/clusters/" + ns + "/" + name
+	}
 	switch {
 	case opts.URL != "" && opts.Service != "":
 		return client, errors.New("give --url or --service, not both")
@@ -252,7 +244,7 @@ func clientConfig(opts WebhookConfigOptions, route string) (admissionregistratio
 		}
 		client.Service = &admissionregistrationv1.ServiceReference{Namespace: ns, Name: name, Path: &path}
 	default:
-		return client, errors.New("--url (or --service) is required: where the API server reaches nodeguard serve")
+		return client, fmt.Errorf("--url (or --service) is required: where %s reaches nodeguard serve", who)
 	}
 	return client, nil
 }
