@@ -494,12 +494,15 @@ func (h *handler) action(cluster rule.Action) rule.Action {
 // the review carries; each field is length-prefixed, so no two inputs write
 // the same bytes.
 func flightKey(req guard.Request, groups []byte) (string, error) {
-	var nodeJSON []byte
+	// No Node marshals as null, which is no Node's JSON: it cannot collide
+	// with one.
+	var obj map[string]any
 	if req.Node != nil {
-		var err error
-		if nodeJSON, err = json.Marshal(req.Node.Object); err != nil {
-			return "", fmt.Errorf("key the review: %w", err)
-		}
+		obj = req.Node.Object
+	}
+	nodeJSON, err := json.Marshal(obj)
+	if err != nil {
+		return "", fmt.Errorf("key the review: %w", err)
 	}
 	h := sha256.New()
 	field(h, req.Cluster)
@@ -508,10 +511,6 @@ func flightKey(req guard.Request, groups []byte) (string, error) {
 	field(h, req.Kind.Version)
 	field(h, req.Kind.Kind)
 	field(h, req.Name)
-	// null (no Node) is no Node's JSON, so it cannot collide with one.
-	if nodeJSON == nil {
-		nodeJSON = []byte("null")
-	}
 	field(h, string(nodeJSON))
 	field(h, req.UserInfo.Username)
 	field(h, string(groups))
