@@ -240,9 +240,12 @@ func (g *Guard) Model() *rule.Model { return g.inv.Model() }
 // kinds. Decisions, the orphan criteria and Gatekeeper (through the
 // provider, Parameters.Map) all take these.
 func (g *Guard) RouteParameters(cluster string) (rule.Parameters, error) {
-	ns, name, err := splitCluster(cluster)
-	if err != nil {
-		return rule.Parameters{}, err
+	var ns, name string
+	if cluster != "" {
+		var err error
+		if ns, name, err = kube.SplitKey("cluster", cluster); err != nil {
+			return rule.Parameters{}, err
+		}
 	}
 	var machines, pools []schema.GroupVersionKind
 	if g.opts.SyncedKinds != nil {
@@ -278,15 +281,6 @@ func (g *Guard) RouteParameters(cluster string) (rule.Parameters, error) {
 // Engine runs the policy the guard decides with; the orphan criteria run on
 // it too, so both always follow one policy (a bundle and its reloads included).
 func (g *Guard) Engine() *rule.Engine { return g.engine }
-
-// splitCluster parses a cluster route, "NAMESPACE/NAME" or "" for all; a
-// Cluster always has both parts.
-func splitCluster(cluster string) (ns, name string, err error) {
-	if cluster == "" {
-		return "", "", nil
-	}
-	return kube.SplitKey("cluster", cluster)
-}
 
 // Objects returns what the rule would read for node: the candidates the
 // indexes pick, re-read from the API server when fresh is set and the Guard
