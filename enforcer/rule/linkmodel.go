@@ -339,15 +339,10 @@ func (m *Model) NodeShape() *record.Shape { return m.node }
 func (m *Model) spec(role Role) record.Spec {
 	s := record.Spec{}
 	add := func(list *[]Path, p Path) {
-		if isName(p) || isNamespace(p) {
-			return // every record keeps its key
+		// every record keeps its key
+		if !isName(p) && !isNamespace(p) && !slices.ContainsFunc(*list, func(have Path) bool { return slices.Equal(have, p) }) {
+			*list = append(*list, p)
 		}
-		for _, have := range *list {
-			if slices.Equal(have, p) {
-				return
-			}
-		}
-		*list = append(*list, p)
 	}
 	add(&s.Scalars, m.DeletionTimestamp)
 	add(&s.Scalars, m.ClusterLabel)
