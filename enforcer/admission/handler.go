@@ -9,6 +9,7 @@ package admission
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/x509"
@@ -155,9 +156,7 @@ type handler struct {
 // /register/clusters/NS/NAME. Probes and metrics are served apart (package
 // probes), on ports a NetworkPolicy can keep from the API server's callers.
 func NewWebhook(opts WebhookOptions) http.Handler {
-	if opts.Log == nil {
-		opts.Log = slog.New(slog.DiscardHandler)
-	}
+	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	in := opts.Intake
 	if in == nil {
 		in = NewIntake(IntakeOptions{Timeout: opts.Timeout, MaxConcurrent: opts.MaxConcurrentDecisions,
@@ -439,9 +438,7 @@ func request(req *admissionRequest, cluster string) (guard.Request, *IntakeError
 			obj.GetAPIVersion(), obj.GetKind(), obj.GetName(), apiVersion, req.Kind.Kind)
 	}
 	out.Node = obj
-	if out.Name == "" {
-		out.Name = obj.GetName()
-	}
+	out.Name = cmp.Or(out.Name, obj.GetName())
 	return out, nil
 }
 
@@ -474,16 +471,10 @@ func (h *handler) fallback(d rule.Decision) verdict {
 
 // action is a Cluster's action, else the default.
 func (h *handler) action(cluster rule.Action) rule.Action {
-	if cluster != "" {
-		return cluster
+	if cluster == "" && h.opts.Action != nil {
+		cluster = h.opts.Action()
 	}
-	if h.opts.Action == nil {
-		return rule.ActionDeny
-	}
-	if a := h.opts.Action(); a != "" {
-		return a
-	}
-	return rule.ActionDeny
+	return cmp.Or(cluster, rule.ActionDeny)
 }
 
 // flightKey is everything a decision reads from the review, hashed: the

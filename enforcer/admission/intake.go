@@ -9,6 +9,7 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"crypto/x509"
 	"fmt"
@@ -114,12 +115,8 @@ type Intake struct {
 
 // NewIntake returns an Intake.
 func NewIntake(opts IntakeOptions) *Intake {
-	if opts.Timeout == 0 {
-		opts.Timeout = 4 * time.Second
-	}
-	if opts.Log == nil {
-		opts.Log = slog.New(slog.DiscardHandler)
-	}
+	opts.Timeout = cmp.Or(opts.Timeout, 4*time.Second)
+	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	if opts.MaxConcurrent <= 0 {
 		opts.MaxConcurrent = DefaultMaxConcurrent
 	}

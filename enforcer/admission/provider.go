@@ -11,6 +11,7 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/x509"
@@ -109,9 +110,7 @@ func NewProvider(opts ProviderOptions) (http.Handler, error) {
 	if opts.Facts == nil || opts.Intake == nil {
 		return nil, fmt.Errorf("the external data provider needs its facts and an intake")
 	}
-	if opts.Log == nil {
-		opts.Log = slog.New(slog.DiscardHandler)
-	}
+	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	h := &providerHandler{opts: opts}
 	mux := opts.Mux
 	if mux == nil {

@@ -35,7 +35,7 @@ func BuildProvider(name string, opts WebhookConfigOptions) (*unstructured.Unstru
 	}
 	if svc := client.Service; svc != nil {
 		// Gatekeeper calls a URL: the Service's in-cluster name, port 443.
-		client.URL = ptr((&url.URL{Scheme: "https", Host: svc.Name + "." + svc.Namespace + ".svc", Path: *svc.Path}).String())
+		client.URL = new((&url.URL{Scheme: "https", Host: svc.Name + "." + svc.Namespace + ".svc", Path: *svc.Path}).String())
 	}
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": ProviderGVR.GroupVersion().String(),

@@ -5,6 +5,7 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"crypto/x509"
 	"encoding/pem"
@@ -109,18 +110,11 @@ type WebhookSettings struct {
 // webhookFields checks the settings and returns them as the webhook's
 // fields, defaults filled in as the API server would fill them.
 func (s WebhookSettings) webhookFields() (admissionregistrationv1.FailurePolicyType, int32, *metav1.LabelSelector, error) {
-	policy := s.FailurePolicy
-	switch policy {
-	case "":
-		policy = admissionregistrationv1.Fail
-	case admissionregistrationv1.Fail, admissionregistrationv1.Ignore:
-	default:
+	policy := cmp.Or(s.FailurePolicy, admissionregistrationv1.Fail)
+	if policy != admissionregistrationv1.Fail && policy != admissionregistrationv1.Ignore {
 		return "", 0, nil, fmt.Errorf("failure policy %q: want Fail or Ignore", policy)
 	}
-	timeout := s.TimeoutSeconds
-	if timeout == 0 {
-		timeout = TimeoutSeconds
-	}
+	timeout := cmp.Or(s.TimeoutSeconds, TimeoutSeconds)
 	if timeout < 1 || timeout > 30 {
 		return "", 0, nil, fmt.Errorf("timeout %ds: the API server takes 1 to 30", timeout)
 	}
@@ -151,17 +145,13 @@ func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.Val
 	if err != nil {
 		return nil, err
 	}
-	// A denied delete records an Event (a side effect), never on a dry run.
-	noneOnDryRun := admissionregistrationv1.SideEffectClassNoneOnDryRun
-	equivalent := admissionregistrationv1.Equivalent
-	clusterScope := admissionregistrationv1.ClusterScope
 	meta := metav1.ObjectMeta{Name: Name, Labels: map[string]string{"app.kubernetes.io/name": "nodeguard", kube.ManagedByLabel: "nodeguard"}}
 	if opts.Cluster != "" {
 		meta.Annotations = map[string]string{ClusterAnnotation: opts.Cluster}
 	}
 	nodes := func(ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
 		return []admissionregistrationv1.RuleWithOperations{{Operations: ops,
-			Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"}, Scope: &clusterScope}}}
+			Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"}, Scope: new(admissionregistrationv1.ClusterScope)}}}
 	}
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
@@ -172,13 +162,14 @@ func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.Val
 			// Set, though empty, as the API server would default them: the
 			// stored configuration then equals this one field for field, so
 			// any foreign change to it shows (kube.Holds).
-			NamespaceSelector:       &metav1.LabelSelector{},
-			ObjectSelector:          selector,
-			MatchConditions:         opts.Webhook.MatchConditions,
-			Rules:                   nodes(admissionregistrationv1.Delete),
-			FailurePolicy:           &fail,
-			MatchPolicy:             &equivalent,
-			SideEffects:             &noneOnDryRun,
+			NamespaceSelector: &metav1.LabelSelector{},
+			ObjectSelector:    selector,
+			MatchConditions:   opts.Webhook.MatchConditions,
+			Rules:             nodes(admissionregistrationv1.Delete),
+			FailurePolicy:     &fail,
+			MatchPolicy:       new(admissionregistrationv1.Equivalent),
+			// A denied delete records an Event (a side effect), never on a dry run.
+			SideEffects:             new(admissionregistrationv1.SideEffectClassNoneOnDryRun),
 			TimeoutSeconds:          &timeout,
 			AdmissionReviewVersions: []string{"v1"},
 		}},
@@ -190,9 +181,6 @@ func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.Val
 	if err != nil {
 		return nil, err
 	}
-	ignore := admissionregistrationv1.Ignore
-	none := admissionregistrationv1.SideEffectClassNone
-	short := int32(RegistrationTimeoutSeconds)
 	cfg.Webhooks = append(cfg.Webhooks, admissionregistrationv1.ValidatingWebhook{
 		Name:              RegistrationWebhookName,
 		ClientConfig:      register,
@@ -201,10 +189,10 @@ func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.Val
 		MatchConditions:   []admissionregistrationv1.MatchCondition{{Name: "registers", Expression: RegistersCondition}},
 		// nodes, not nodes/status: a kubelet's status reports never come here.
 		Rules:                   nodes(admissionregistrationv1.Create, admissionregistrationv1.Update),
-		FailurePolicy:           &ignore,
-		MatchPolicy:             &equivalent,
-		SideEffects:             &none,
-		TimeoutSeconds:          &short,
+		FailurePolicy:           new(admissionregistrationv1.Ignore),
+		MatchPolicy:             new(admissionregistrationv1.Equivalent),
+		SideEffects:             new(admissionregistrationv1.SideEffectClassNone),
+		TimeoutSeconds:          new(int32(RegistrationTimeoutSeconds)),
 		AdmissionReviewVersions: []string{"v1"},
 	})
 	return cfg, nil

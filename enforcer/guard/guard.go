@@ -5,6 +5,7 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -113,9 +114,7 @@ func New(ctx context.Context, inv *facts.Inventory, opts Options) (*Guard, error
 	if opts.Engine == nil {
 		return nil, errors.New("guard: no policy engine: the caller chooses the policy (rule.LoadEngine)")
 	}
-	if opts.FreshTimeout == 0 {
-		opts.FreshTimeout = 2 * time.Second
-	}
+	opts.FreshTimeout = cmp.Or(opts.FreshTimeout, 2*time.Second)
 	g := &Guard{engine: opts.Engine, inv: inv, opts: opts, routes: map[string]route{}}
 	if err := g.SetParameters(opts.Parameters); err != nil {
 		return nil, err
