@@ -208,39 +208,29 @@ func (e *Engine) Replace(other *Engine) error {
 	return nil
 }
 
-// Eval evaluates entry on input with the policy e runs now and decodes its
-// one result into out, a pointer to what the entry point returns (see
-// decode).
-func (e *Engine) Eval(ctx context.Context, entry Entry, input ast.Value, out any) error {
+// Run is how every caller evaluates an entry point, with the policy e runs
+// now: fields become its input (InputValue) and its one result is decoded
+// into a T (see decode).
+func Run[T any](ctx context.Context, e *Engine, entry Entry, fields map[string]any) (T, error) {
+	var out, zero T
+	input, err := InputValue(fields)
+	if err != nil {
+		return zero, fmt.Errorf("evaluate %s: %w", entry.Query(), err)
+	}
 	q := e.current.Load().queries[entry]
 	if q == nil {
-		return fmt.Errorf("evaluate %s: the policy has no such entry point", entry.Query())
+		return zero, fmt.Errorf("evaluate %s: the policy has no such entry point", entry.Query())
 	}
 	rs, err := q.Eval(ctx, rego.EvalParsedInput(input))
 	if err != nil {
-		return fmt.Errorf("evaluate %s: %w", entry.Query(), err)
+		return zero, fmt.Errorf("evaluate %s: %w", entry.Query(), err)
 	}
 	v, ok := rego.ResultValue[ast.Value](rs)
 	if !ok {
-		return fmt.Errorf("evaluate %s: want one value, got %d results", entry.Query(), len(rs))
+		return zero, fmt.Errorf("evaluate %s: want one value, got %d results", entry.Query(), len(rs))
 	}
-	if err := decode(v, out); err != nil {
-		return fmt.Errorf("evaluate %s: %w", entry.Query(), err)
-	}
-	return nil
-}
-
-// Run is how every caller evaluates an entry point: fields become its input
-// (InputValue) and its answer is decoded into a T.
-func Run[T any](ctx context.Context, e *Engine, entry Entry, fields map[string]any) (T, error) {
-	var out T
-	input, err := InputValue(fields)
-	if err != nil {
-		return out, fmt.Errorf("evaluate %s: %w", entry.Query(), err)
-	}
-	if err := e.Eval(ctx, entry, input, &out); err != nil {
-		var zero T
-		return zero, err
+	if err := decode(v, &out); err != nil {
+		return zero, fmt.Errorf("evaluate %s: %w", entry.Query(), err)
 	}
 	return out, nil
 }
