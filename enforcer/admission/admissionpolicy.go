@@ -13,6 +13,7 @@ package admission
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -157,11 +158,9 @@ func notExempt(users, groups []string) string {
 
 // list is a CEL list of string literals (sorted, so the policy is stable).
 func list(values []string) string {
-	sorted := append([]string(nil), values...)
-	sort.Strings(sorted)
-	quoted := make([]string, len(sorted))
-	for i, v := range sorted {
-		quoted[i] = strconv.Quote(v) // Go's escapes are CEL's for a string
+	var quoted []string
+	for _, v := range slices.Sorted(slices.Values(values)) {
+		quoted = append(quoted, strconv.Quote(v)) // Go's escapes are CEL's for a string
 	}
 	return "[" + strings.Join(quoted, ", ") + "]"
 }

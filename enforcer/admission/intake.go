@@ -194,19 +194,17 @@ func (in *Intake) Read(w http.ResponseWriter, r *http.Request, clients *x509.Cer
 // waiting, the large one) for a small request, from the large lane for a
 // large one; false when ctx ends first.
 func (in *Intake) acquire(ctx context.Context, n int64) (func(), bool) {
-	if n <= SmallBytes {
-		if in.large.TryAcquire(n) {
-			return func() { in.large.Release(n) }, true
-		}
-		if err := in.small.Acquire(ctx, n); err != nil {
-			return nil, false
-		}
-		return func() { in.small.Release(n) }, true
+	if n <= SmallBytes && in.large.TryAcquire(n) {
+		return func() { in.large.Release(n) }, true
 	}
-	if err := in.large.Acquire(ctx, n); err != nil {
+	lane := in.large
+	if n <= SmallBytes {
+		lane = in.small
+	}
+	if err := lane.Acquire(ctx, n); err != nil {
 		return nil, false
 	}
-	return func() { in.large.Release(n) }, true
+	return func() { lane.Release(n) }, true
 }
 
 // Verified reports whether the request's client presented a certificate
