@@ -87,21 +87,12 @@ type WebhookOptions struct {
 	// on a managed control plane cannot present one.
 	ClusterClientCAs *x509.CertPool
 	// Intake bounds the work of the review routes, shared with the other
-	// routes of the port (and counts what it rejects); when nil, one is
-	// built from Timeout, MaxConcurrentDecisions, Log and LogInterval.
-	Intake *Intake
-	// Timeout is each review's deadline; keep it below the webhook's
-	// timeoutSeconds (default 4s).
-	Timeout time.Duration
-	// MaxConcurrentDecisions bounds the decisions evaluating at once; the
-	// others wait within their deadline (default
-	// DefaultMaxConcurrent).
-	MaxConcurrentDecisions int
-	Metrics                *WebhookMetrics
-	Log                    *slog.Logger
-	// LogInterval is the least time between two log lines about rejected
-	// requests (default 1s); the lines between are counted, not written.
-	LogInterval time.Duration
+	// routes of the port (and counts what it rejects); when nil, one of
+	// the defaults, logging to Log. Its Timeout is each review's deadline:
+	// keep it below the webhook's timeoutSeconds.
+	Intake  *Intake
+	Metrics *WebhookMetrics
+	Log     *slog.Logger
 	// Mux, when set, is where the routes are added (and what is returned):
 	// the port's one mux, shared with the external data routes.
 	Mux *http.ServeMux
@@ -159,8 +150,7 @@ func NewWebhook(opts WebhookOptions) http.Handler {
 	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	in := opts.Intake
 	if in == nil {
-		in = NewIntake(IntakeOptions{Timeout: opts.Timeout, MaxConcurrent: opts.MaxConcurrentDecisions,
-			Log: opts.Log, LogInterval: opts.LogInterval})
+		in = NewIntake(IntakeOptions{Log: opts.Log})
 	}
 	h := &handler{opts: opts, model: opts.Decider.Model(), intake: in, keepGroup: opts.Decider.KeepGroup}
 	mux := opts.Mux
@@ -444,7 +434,7 @@ func request(req *admissionRequest, cluster string) (guard.Request, *IntakeError
 
 // decide answers within the review's deadline. Concurrent reviews with the
 // same input (route, request and Node as the rule reads them, user and
-// groups) share one decision; at most MaxConcurrentDecisions are made at
+// groups) share one decision; at most the Intake's MaxConcurrent are made at
 // once, the others queue for a slot until their deadline.
 func (h *handler) decide(ctx context.Context, req guard.Request, groups []byte) verdict {
 	key, err := flightKey(req, groups)

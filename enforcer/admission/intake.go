@@ -176,18 +176,19 @@ func (in *Intake) Read(w http.ResponseWriter, r *http.Request, clients *x509.Cer
 	}
 	// One byte more than the budget tells a body longer than it said.
 	body, err := io.ReadAll(io.LimitReader(r.Body, n+1))
+	var herr *IntakeError
 	switch {
 	case err != nil:
-		release()
-		return nil, nil, BadRequest(RejectRead, "read body: %v", err)
+		herr = BadRequest(RejectRead, "read body: %v", err)
 	case int64(len(body)) > n && !known:
-		release()
-		return nil, nil, &IntakeError{http.StatusLengthRequired, RejectNoLength, fmt.Sprintf("a body over %d bytes needs a Content-Length", UnknownLengthBytes)}
+		herr = &IntakeError{http.StatusLengthRequired, RejectNoLength, fmt.Sprintf("a body over %d bytes needs a Content-Length", UnknownLengthBytes)}
 	case known && int64(len(body)) != n:
-		release()
-		return nil, nil, BadRequest(RejectRead, "read body: %d bytes, Content-Length said %d", len(body), n)
+		herr = BadRequest(RejectRead, "read body: %d bytes, Content-Length said %d", len(body), n)
+	default:
+		return body, release, nil
 	}
-	return body, release, nil
+	release()
+	return nil, nil, herr
 }
 
 // acquire takes n bytes of the budget: from the small lane (or, without
