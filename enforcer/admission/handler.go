@@ -138,8 +138,6 @@ type handler struct {
 	opts   WebhookOptions
 	model  *rule.Model
 	intake *Intake
-	// keepGroup says which of a user's groups the Decider reads.
-	keepGroup func(string) bool
 }
 
 // NewWebhook returns the webhook's review routes: /validate and
@@ -152,7 +150,7 @@ func NewWebhook(opts WebhookOptions) http.Handler {
 	if in == nil {
 		in = NewIntake(IntakeOptions{Log: opts.Log})
 	}
-	h := &handler{opts: opts, model: opts.Decider.Model(), intake: in, keepGroup: opts.Decider.KeepGroup}
+	h := &handler{opts: opts, model: opts.Decider.Model(), intake: in}
 	mux := opts.Mux
 	if mux == nil {
 		mux = http.NewServeMux()
@@ -371,7 +369,7 @@ func (h *handler) read(w http.ResponseWriter, r *http.Request, route, cluster st
 }
 
 func (h *handler) decode(body []byte, object bool) (*admissionReview, *IntakeError) {
-	review, err := decodeReview(body, h.model, h.keepGroup, object)
+	review, err := decodeReview(body, h.model, h.opts.Decider.KeepGroup, object)
 	if err != nil {
 		var bad *nodeError
 		switch {

@@ -180,12 +180,9 @@ func CompileEngine(ctx context.Context, c *ast.Compiler, data map[string]any, po
 // converts each into Go maps and slices, which the callers would only walk
 // again.
 func prepare(ctx context.Context, c *ast.Compiler, store storage.Store, query string) (*rego.PreparedEvalQuery, error) {
-	opts := []func(*rego.Rego){rego.Query(query), rego.Compiler(c),
-		rego.GenerateJSON(func(t *ast.Term, _ *rego.EvalContext) (any, error) { return t.Value, nil })}
-	if store != nil {
-		opts = append(opts, rego.Store(store))
-	}
-	q, err := rego.New(opts...).PrepareForEval(ctx)
+	// A nil store is rego's own, empty one.
+	q, err := rego.New(rego.Query(query), rego.Compiler(c), rego.Store(store),
+		rego.GenerateJSON(func(t *ast.Term, _ *rego.EvalContext) (any, error) { return t.Value, nil })).PrepareForEval(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("prepare %s: %w", query, err)
 	}

@@ -163,11 +163,7 @@ func LoadModel(ctx context.Context, compiled *ast.Compiler, store storage.Store)
 // declared evaluates a declaration of the policy, query, as the JSON Parse
 // and ParseNodeFields read; it runs once at start, not per decision.
 func declared(ctx context.Context, compiled *ast.Compiler, store storage.Store, query string) ([]byte, error) {
-	opts := []func(*rego.Rego){rego.Query(query), rego.Compiler(compiled)}
-	if store != nil {
-		opts = append(opts, rego.Store(store))
-	}
-	rs, err := rego.New(opts...).Eval(ctx)
+	rs, err := rego.New(rego.Query(query), rego.Compiler(compiled), rego.Store(store)).Eval(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("evaluate %s: %w", query, err)
 	}
