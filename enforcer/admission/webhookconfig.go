@@ -203,8 +203,11 @@ func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.Val
 // route itself without one.
 func clientConfig(opts WebhookConfigOptions, route, who string) (admissionregistrationv1.WebhookClientConfig, error) {
 	client := admissionregistrationv1.WebhookClientConfig{CABundle: opts.CABundle}
-	if err := checkCABundle(opts.CABundle); err != nil {
-		return client, err
+	if len(opts.CABundle) == 0 {
+		return client, errors.New("--ca-bundle-file is required: the API server must trust nodeguard's serving certificate")
+	}
+	if _, err := Certificates(opts.CABundle); err != nil {
+		return client, fmt.Errorf("CA bundle: %w", err)
 	}
 	path := route
 	if opts.Cluster != "" {
@@ -223,8 +226,7 @@ func clientConfig(opts WebhookConfigOptions, route, who string) (admissionregist
 			return client, fmt.Errorf("--url %q: want https://HOST[:PORT][/PREFIX]", opts.URL)
 		}
 		u.Path = strings.TrimSuffix(u.Path, "/") + path
-		s := u.String()
-		client.URL = &s
+		client.URL = new(u.String())
 	case opts.Service != "":
 		ns, name, err := kube.SplitKey("--service", opts.Service)
 		if err != nil {
@@ -235,16 +237,6 @@ func clientConfig(opts WebhookConfigOptions, route, who string) (admissionregist
 		return client, fmt.Errorf("--url (or --service) is required: where %s reaches nodeguard serve", who)
 	}
 	return client, nil
-}
-
-func checkCABundle(bundle []byte) error {
-	if len(bundle) == 0 {
-		return errors.New("--ca-bundle-file is required: the API server must trust nodeguard's serving certificate")
-	}
-	if _, err := Certificates(bundle); err != nil {
-		return fmt.Errorf("CA bundle: %w", err)
-	}
-	return nil
 }
 
 // Certificates are the certificates of a PEM bundle, each re-encoded as
