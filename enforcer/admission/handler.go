@@ -135,9 +135,8 @@ func (f ClustersFunc) Cluster(ctx context.Context, key string) (bool, rule.Actio
 }
 
 type handler struct {
-	opts   WebhookOptions
-	model  *rule.Model
-	intake *Intake
+	opts  WebhookOptions
+	model *rule.Model
 }
 
 // NewWebhook returns the webhook's review routes: /validate and
@@ -146,11 +145,10 @@ type handler struct {
 // probes), on ports a NetworkPolicy can keep from the API server's callers.
 func NewWebhook(opts WebhookOptions) http.Handler {
 	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
-	in := opts.Intake
-	if in == nil {
-		in = NewIntake(IntakeOptions{Log: opts.Log})
+	if opts.Intake == nil {
+		opts.Intake = NewIntake(IntakeOptions{Log: opts.Log})
 	}
-	h := &handler{opts: opts, model: opts.Decider.Model(), intake: in}
+	h := &handler{opts: opts, model: opts.Decider.Model()}
 	mux := opts.Mux
 	if mux == nil {
 		mux = http.NewServeMux()
@@ -311,7 +309,7 @@ func jsonField(dec *json.Decoder, key string) bool {
 // reject answers a request that cannot be judged with its HTTP error: the
 // API server then applies the webhook's failurePolicy (Fail: denied).
 func (h *handler) reject(w http.ResponseWriter, herr *IntakeError, route, cluster string, start time.Time) {
-	h.intake.Reject(w, herr, "admission request", route, cluster)
+	h.opts.Intake.Reject(w, herr, "admission request", route, cluster)
 	h.opts.Metrics.observe(route, cluster, "error", rule.ReasonBadRequest, h.action(""), time.Since(start))
 }
 
@@ -356,7 +354,7 @@ func (h *handler) read(w http.ResponseWriter, r *http.Request, route, cluster st
 	if herr := h.identified(r, route, cluster); herr != nil {
 		return nil, nil, herr
 	}
-	body, release, herr := h.intake.Read(w, r, h.clientCAs(route))
+	body, release, herr := h.opts.Intake.Read(w, r, h.clientCAs(route))
 	if herr != nil {
 		return nil, nil, herr
 	}
@@ -443,7 +441,7 @@ func (h *handler) decide(ctx context.Context, req guard.Request, groups []byte) 
 		return h.fallback(rule.Denial(rule.ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
 			"(--max-concurrent-decisions) and none finished in time; retry shortly.", req.Name)))
 	}
-	return Do(ctx, h.intake, key, busy, func(ctx context.Context) verdict { return h.decideNow(ctx, req) })
+	return Do(ctx, h.opts.Intake, key, busy, func(ctx context.Context) verdict { return h.decideNow(ctx, req) })
 }
 
 // verdict is a decision and the enforcement action it is answered under.
