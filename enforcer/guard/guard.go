@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -156,13 +157,8 @@ func (g *Guard) user(u authenticationv1.UserInfo) authenticationv1.UserInfo {
 	if groups == nil {
 		return u
 	}
-	out := authenticationv1.UserInfo{Username: u.Username}
-	for _, group := range u.Groups {
-		if groups[group] {
-			out.Groups = append(out.Groups, group)
-		}
-	}
-	return out
+	kept := slices.DeleteFunc(slices.Clone(u.Groups), func(group string) bool { return !groups[group] })
+	return authenticationv1.UserInfo{Username: u.Username, Groups: kept}
 }
 
 // Parameters returns the effective parameters (defaults merged with the
