@@ -506,14 +506,12 @@ func (h *handler) decideNow(ctx context.Context, req guard.Request) verdict {
 		}
 		clusterAction = a
 	}
-	v := verdict{action: h.action(clusterAction)}
+	action := h.action(clusterAction)
 	d, err := h.opts.Decider.Decide(ctx, req)
 	if err != nil {
-		v.Decision = rule.Denial(rule.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
-		return v
+		d = rule.Denial(rule.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
 	}
-	v.Decision = d
-	return v
+	return verdict{Decision: d, action: action}
 }
 
 func result(allowed bool) string {
