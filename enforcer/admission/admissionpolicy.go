@@ -13,6 +13,7 @@ package admission
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -81,8 +82,6 @@ func BuildPolicy(info PolicyInfo, opts PolicyOptions) (*admissionregistrationv1.
 	if err != nil {
 		return nil, nil, err
 	}
-	fail := admissionregistrationv1.Fail
-	forbidden := metav1.StatusReasonForbidden
 	meta := metav1.ObjectMeta{Name: info.Name, Labels: map[string]string{"app.kubernetes.io/managed-by": kube.ManagedBy},
 		Annotations: map[string]string{VersionAnnotation: info.Version}}
 	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
@@ -94,25 +93,25 @@ func BuildPolicy(info PolicyInfo, opts PolicyOptions) (*admissionregistrationv1.
 			// policy equals what is built and the fleet writes it only when
 			// it differs.
 			MatchConstraints: &admissionregistrationv1.MatchResources{
-				MatchPolicy:       ptr(admissionregistrationv1.Equivalent),
+				MatchPolicy:       new(admissionregistrationv1.Equivalent),
 				NamespaceSelector: &metav1.LabelSelector{}, ObjectSelector: &metav1.LabelSelector{},
 				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
 					RuleWithOperations: admissionregistrationv1.RuleWithOperations{
 						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Delete},
 						Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"},
-							Scope: ptr(admissionregistrationv1.AllScopes)},
+							Scope: new(admissionregistrationv1.AllScopes)},
 					},
 				}},
 			},
 			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "not-exempt", Expression: notExempt(opts.ExemptUsers, opts.ExemptGroups)}},
-			FailurePolicy:   &fail,
+			FailurePolicy:   new(admissionregistrationv1.Fail),
 			Variables: []admissionregistrationv1.Variable{
 				{Name: "node", Expression: "oldObject.metadata.name"},
 				{Name: "released", Expression: "has(params.data) ? params.data : {}"},
 			},
 			Validations: []admissionregistrationv1.Validation{{
 				Expression: "variables.node in variables.released && variables.released[variables.node] == oldObject.metadata.uid",
-				Reason:     &forbidden,
+				Reason:     new(metav1.StatusReasonForbidden),
 				// A fixed message too: shown if the expression fails.
 				Message: "nodeguard: this Node is not released: a Machine, InfraMachine or pool linked to it may still exist",
 				// A blocker's text is the rule's message, which names the Node;
@@ -130,14 +129,12 @@ func BuildPolicy(info PolicyInfo, opts PolicyOptions) (*admissionregistrationv1.
 		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
 			PolicyName: info.Name,
 			ParamRef: &admissionregistrationv1.ParamRef{Name: ParamsName, Namespace: ParamsNamespace,
-				ParameterNotFoundAction: ptr(admissionregistrationv1.DenyAction)},
+				ParameterNotFoundAction: new(admissionregistrationv1.DenyAction)},
 			ValidationActions: actions,
 		},
 	}
 	return policy, binding, nil
 }
-
-func ptr[T any](v T) *T { return &v }
 
 func validationActions(a rule.Action) ([]admissionregistrationv1.ValidationAction, error) {
 	switch a {
@@ -161,11 +158,9 @@ func notExempt(users, groups []string) string {
 
 // list is a CEL list of string literals (sorted, so the policy is stable).
 func list(values []string) string {
-	sorted := append([]string(nil), values...)
-	sort.Strings(sorted)
-	quoted := make([]string, len(sorted))
-	for i, v := range sorted {
-		quoted[i] = strconv.Quote(v) // Go's escapes are CEL's for a string
+	var quoted []string
+	for _, v := range slices.Sorted(slices.Values(values)) {
+		quoted = append(quoted, strconv.Quote(v)) // Go's escapes are CEL's for a string
 	}
 	return "[" + strings.Join(quoted, ", ") + "]"
 }

@@ -9,6 +9,7 @@ package admission
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/x509"
@@ -86,21 +87,12 @@ type WebhookOptions struct {
 	// on a managed control plane cannot present one.
 	ClusterClientCAs *x509.CertPool
 	// Intake bounds the work of the review routes, shared with the other
-	// routes of the port (and counts what it rejects); when nil, one is
-	// built from Timeout, MaxConcurrentDecisions, Log and LogInterval.
-	Intake *Intake
-	// Timeout is each review's deadline; keep it below the webhook's
-	// timeoutSeconds (default 4s).
-	Timeout time.Duration
-	// MaxConcurrentDecisions bounds the decisions evaluating at once; the
-	// others wait within their deadline (default
-	// DefaultMaxConcurrent).
-	MaxConcurrentDecisions int
-	Metrics                *WebhookMetrics
-	Log                    *slog.Logger
-	// LogInterval is the least time between two log lines about rejected
-	// requests (default 1s); the lines between are counted, not written.
-	LogInterval time.Duration
+	// routes of the port (and counts what it rejects); when nil, one of
+	// the defaults, logging to Log. Its Timeout is each review's deadline:
+	// keep it below the webhook's timeoutSeconds.
+	Intake  *Intake
+	Metrics *WebhookMetrics
+	Log     *slog.Logger
 	// Mux, when set, is where the routes are added (and what is returned):
 	// the port's one mux, shared with the external data routes.
 	Mux *http.ServeMux
@@ -143,11 +135,8 @@ func (f ClustersFunc) Cluster(ctx context.Context, key string) (bool, rule.Actio
 }
 
 type handler struct {
-	opts   WebhookOptions
-	model  *rule.Model
-	intake *Intake
-	// keepGroup says which of a user's groups the Decider reads.
-	keepGroup func(string) bool
+	opts  WebhookOptions
+	model *rule.Model
 }
 
 // NewWebhook returns the webhook's review routes: /validate and
@@ -155,15 +144,11 @@ type handler struct {
 // /register/clusters/NS/NAME. Probes and metrics are served apart (package
 // probes), on ports a NetworkPolicy can keep from the API server's callers.
 func NewWebhook(opts WebhookOptions) http.Handler {
-	if opts.Log == nil {
-		opts.Log = slog.New(slog.DiscardHandler)
+	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
+	if opts.Intake == nil {
+		opts.Intake = NewIntake(IntakeOptions{Log: opts.Log})
 	}
-	in := opts.Intake
-	if in == nil {
-		in = NewIntake(IntakeOptions{Timeout: opts.Timeout, MaxConcurrent: opts.MaxConcurrentDecisions,
-			Log: opts.Log, LogInterval: opts.LogInterval})
-	}
-	h := &handler{opts: opts, model: opts.Decider.Model(), intake: in, keepGroup: opts.Decider.KeepGroup}
+	h := &handler{opts: opts, model: opts.Decider.Model()}
 	mux := opts.Mux
 	if mux == nil {
 		mux = http.NewServeMux()
@@ -324,7 +309,7 @@ func jsonField(dec *json.Decoder, key string) bool {
 // reject answers a request that cannot be judged with its HTTP error: the
 // API server then applies the webhook's failurePolicy (Fail: denied).
 func (h *handler) reject(w http.ResponseWriter, herr *IntakeError, route, cluster string, start time.Time) {
-	h.intake.Reject(w, herr, "admission request", route, cluster)
+	h.opts.Intake.Reject(w, herr, "admission request", route, cluster)
 	h.opts.Metrics.observe(route, cluster, "error", rule.ReasonBadRequest, h.action(""), time.Since(start))
 }
 
@@ -369,7 +354,7 @@ func (h *handler) read(w http.ResponseWriter, r *http.Request, route, cluster st
 	if herr := h.identified(r, route, cluster); herr != nil {
 		return nil, nil, herr
 	}
-	body, release, herr := h.intake.Read(w, r, h.clientCAs(route))
+	body, release, herr := h.opts.Intake.Read(w, r, h.clientCAs(route))
 	if herr != nil {
 		return nil, nil, herr
 	}
@@ -382,7 +367,7 @@ func (h *handler) read(w http.ResponseWriter, r *http.Request, route, cluster st
 }
 
 func (h *handler) decode(body []byte, object bool) (*admissionReview, *IntakeError) {
-	review, err := decodeReview(body, h.model, h.keepGroup, object)
+	review, err := decodeReview(body, h.model, h.opts.Decider.KeepGroup, object)
 	if err != nil {
 		var bad *nodeError
 		switch {
@@ -439,15 +424,13 @@ func request(req *admissionRequest, cluster string) (guard.Request, *IntakeError
 			obj.GetAPIVersion(), obj.GetKind(), obj.GetName(), apiVersion, req.Kind.Kind)
 	}
 	out.Node = obj
-	if out.Name == "" {
-		out.Name = obj.GetName()
-	}
+	out.Name = cmp.Or(out.Name, obj.GetName())
 	return out, nil
 }
 
 // decide answers within the review's deadline. Concurrent reviews with the
 // same input (route, request and Node as the rule reads them, user and
-// groups) share one decision; at most MaxConcurrentDecisions are made at
+// groups) share one decision; at most the Intake's MaxConcurrent are made at
 // once, the others queue for a slot until their deadline.
 func (h *handler) decide(ctx context.Context, req guard.Request, groups []byte) verdict {
 	key, err := flightKey(req, groups)
@@ -458,7 +441,7 @@ func (h *handler) decide(ctx context.Context, req guard.Request, groups []byte) 
 		return h.fallback(rule.Denial(rule.ReasonBusy, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard is answering as many reviews as it may at once "+
 			"(--max-concurrent-decisions) and none finished in time; retry shortly.", req.Name)))
 	}
-	return Do(ctx, h.intake, key, busy, func(ctx context.Context) verdict { return h.decideNow(ctx, req) })
+	return Do(ctx, h.opts.Intake, key, busy, func(ctx context.Context) verdict { return h.decideNow(ctx, req) })
 }
 
 // verdict is a decision and the enforcement action it is answered under.
@@ -474,16 +457,10 @@ func (h *handler) fallback(d rule.Decision) verdict {
 
 // action is a Cluster's action, else the default.
 func (h *handler) action(cluster rule.Action) rule.Action {
-	if cluster != "" {
-		return cluster
+	if cluster == "" && h.opts.Action != nil {
+		cluster = h.opts.Action()
 	}
-	if h.opts.Action == nil {
-		return rule.ActionDeny
-	}
-	if a := h.opts.Action(); a != "" {
-		return a
-	}
-	return rule.ActionDeny
+	return cmp.Or(cluster, rule.ActionDeny)
 }
 
 // flightKey is everything a decision reads from the review, hashed: the
@@ -494,12 +471,15 @@ func (h *handler) action(cluster rule.Action) rule.Action {
 // the review carries; each field is length-prefixed, so no two inputs write
 // the same bytes.
 func flightKey(req guard.Request, groups []byte) (string, error) {
-	var nodeJSON []byte
+	// No Node marshals as null, which is no Node's JSON: it cannot collide
+	// with one.
+	var obj map[string]any
 	if req.Node != nil {
-		var err error
-		if nodeJSON, err = json.Marshal(req.Node.Object); err != nil {
-			return "", fmt.Errorf("key the review: %w", err)
-		}
+		obj = req.Node.Object
+	}
+	nodeJSON, err := json.Marshal(obj)
+	if err != nil {
+		return "", fmt.Errorf("key the review: %w", err)
 	}
 	h := sha256.New()
 	field(h, req.Cluster)
@@ -508,10 +488,6 @@ func flightKey(req guard.Request, groups []byte) (string, error) {
 	field(h, req.Kind.Version)
 	field(h, req.Kind.Kind)
 	field(h, req.Name)
-	// null (no Node) is no Node's JSON, so it cannot collide with one.
-	if nodeJSON == nil {
-		nodeJSON = []byte("null")
-	}
 	field(h, string(nodeJSON))
 	field(h, req.UserInfo.Username)
 	field(h, string(groups))
@@ -530,14 +506,12 @@ func (h *handler) decideNow(ctx context.Context, req guard.Request) verdict {
 		}
 		clusterAction = a
 	}
-	v := verdict{action: h.action(clusterAction)}
+	action := h.action(clusterAction)
 	d, err := h.opts.Decider.Decide(ctx, req)
 	if err != nil {
-		v.Decision = rule.Denial(rule.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
-		return v
+		d = rule.Denial(rule.ReasonError, fmt.Sprintf("Node %q cannot be deleted: nodeguard could not decide (%v).", req.Name, err))
 	}
-	v.Decision = d
-	return v
+	return verdict{Decision: d, action: action}
 }
 
 func result(allowed bool) string {

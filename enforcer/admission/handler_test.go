@@ -268,7 +268,7 @@ func TestNoDecisionDenies(t *testing.T) {
 		<-ctx.Done()
 		return rule.Decision{}, ctx.Err()
 	})
-	s = serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: hanging, Timeout: 200 * time.Millisecond}), admission.TLSOptions{}, nil)
+	s = serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: hanging, Intake: admission.NewIntake(admission.IntakeOptions{Timeout: 200 * time.Millisecond})}), admission.TLSOptions{}, nil)
 	start := time.Now()
 	_, _, out = s.post(t, "/validate", "application/json", body)
 	assert.Less(t, time.Since(start), 2*time.Second)

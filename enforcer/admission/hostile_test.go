@@ -177,13 +177,13 @@ func (d *heldDecider) decider() deciderFunc {
 	}
 }
 
-// At most MaxConcurrentDecisions decide at once; the others wait their turn
+// At most the Intake's MaxConcurrent decide at once; the others wait their turn
 // and are all answered; one that cannot get a slot before its deadline is
 // denied, in time.
 func TestConcurrentDecisionsAreBounded(t *testing.T) {
 	_, _, nodes := example(t)
 	held := newHeldDecider()
-	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: held.decider(), MaxConcurrentDecisions: 2}), admission.TLSOptions{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: held.decider(), Intake: admission.NewIntake(admission.IntakeOptions{MaxConcurrent: 2})}), admission.TLSOptions{}, nil)
 	bodies := make([][]byte, 12)
 	for i := range bodies {
 		// A user each: no two reviews share a decision.
@@ -206,7 +206,7 @@ func TestConcurrentDecisionsAreBounded(t *testing.T) {
 		<-unstick
 		return rule.Decision{Allowed: true, Reason: rule.ReasonNoLink}, nil
 	})
-	s = serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: stuck, MaxConcurrentDecisions: 1, Timeout: 300 * time.Millisecond}), admission.TLSOptions{}, nil)
+	s = serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: stuck, Intake: admission.NewIntake(admission.IntakeOptions{MaxConcurrent: 1, Timeout: 300 * time.Millisecond})}), admission.TLSOptions{}, nil)
 	t.Cleanup(func() { close(unstick) }) // before the server's stop, which drains the first review
 	go func() {
 		_, _ = s.answer("/validate", review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "first"))
@@ -278,7 +278,7 @@ func TestHostileReviewsStayWithinTheMemoryBound(t *testing.T) {
 	g, _, _ := example(t)
 	// A deadline far past the default: this measures memory, and under the
 	// race detector on a loaded machine a 1 MiB decode can take seconds.
-	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, Timeout: time.Minute}), admission.TLSOptions{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, Intake: admission.NewIntake(admission.IntakeOptions{Timeout: time.Minute})}), admission.TLSOptions{}, nil)
 	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(400 << 20))
 
@@ -368,7 +368,7 @@ func TestLargeReviewsQueueForTheirBytes(t *testing.T) {
 	// Deadlines far past the default: the reviews waiting for their bytes
 	// wait until the test has seen them all, and under the race detector on
 	// a loaded machine decoding 1 MiB takes seconds.
-	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: held.decider(), Timeout: time.Minute}), admission.TLSOptions{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: held.decider(), Intake: admission.NewIntake(admission.IntakeOptions{Timeout: time.Minute})}), admission.TLSOptions{}, nil)
 	send := func(bodies [][]byte, queued func() bool, why string) {
 		answered := make(chan struct{})
 		go func() { defer close(answered); s.answerAll(t, bodies, always) }()
@@ -480,7 +480,7 @@ func TestSmallReviewsNeverWaitBehindLargeOnes(t *testing.T) {
 	})
 	// Deadlines far past the default: the order is what is tested, and under
 	// the race detector on a loaded machine decoding 1 MiB takes seconds.
-	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: decider, Timeout: time.Minute}), admission.TLSOptions{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: decider, Intake: admission.NewIntake(admission.IntakeOptions{Timeout: time.Minute})}), admission.TLSOptions{}, nil)
 	wait := s.sendLarge(8)
 	defer func() { close(release); wait() }()
 	require.Eventually(t, func() bool { return large.Load() == 4 }, time.Minute, 10*time.Millisecond, "four large reviews hold the large lane")
@@ -535,7 +535,7 @@ func TestTheBudgetComesBeforeTheBody(t *testing.T) {
 		<-release
 		return rule.Decision{Allowed: true, Reason: rule.ReasonNoLink}, nil
 	})
-	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: decider, Timeout: 2 * time.Second}), admission.TLSOptions{}, nil)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: decider, Intake: admission.NewIntake(admission.IntakeOptions{Timeout: 2 * time.Second})}), admission.TLSOptions{}, nil)
 	head := func(length string) string {
 		return "POST /validate HTTP/1.1\r\nHost: nodeguard\r\nContent-Type: application/json\r\n" + length + "\r\n"
 	}

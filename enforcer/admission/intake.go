@@ -9,6 +9,7 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"crypto/x509"
 	"fmt"
@@ -114,12 +115,8 @@ type Intake struct {
 
 // NewIntake returns an Intake.
 func NewIntake(opts IntakeOptions) *Intake {
-	if opts.Timeout == 0 {
-		opts.Timeout = 4 * time.Second
-	}
-	if opts.Log == nil {
-		opts.Log = slog.New(slog.DiscardHandler)
-	}
+	opts.Timeout = cmp.Or(opts.Timeout, 4*time.Second)
+	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	if opts.MaxConcurrent <= 0 {
 		opts.MaxConcurrent = DefaultMaxConcurrent
 	}
@@ -179,37 +176,36 @@ func (in *Intake) Read(w http.ResponseWriter, r *http.Request, clients *x509.Cer
 	}
 	// One byte more than the budget tells a body longer than it said.
 	body, err := io.ReadAll(io.LimitReader(r.Body, n+1))
+	var herr *IntakeError
 	switch {
 	case err != nil:
-		release()
-		return nil, nil, BadRequest(RejectRead, "read body: %v", err)
+		herr = BadRequest(RejectRead, "read body: %v", err)
 	case int64(len(body)) > n && !known:
-		release()
-		return nil, nil, &IntakeError{http.StatusLengthRequired, RejectNoLength, fmt.Sprintf("a body over %d bytes needs a Content-Length", UnknownLengthBytes)}
+		herr = &IntakeError{http.StatusLengthRequired, RejectNoLength, fmt.Sprintf("a body over %d bytes needs a Content-Length", UnknownLengthBytes)}
 	case known && int64(len(body)) != n:
-		release()
-		return nil, nil, BadRequest(RejectRead, "read body: %d bytes, Content-Length said %d", len(body), n)
+		herr = BadRequest(RejectRead, "read body: %d bytes, Content-Length said %d", len(body), n)
+	default:
+		return body, release, nil
 	}
-	return body, release, nil
+	release()
+	return nil, nil, herr
 }
 
 // acquire takes n bytes of the budget: from the small lane (or, without
 // waiting, the large one) for a small request, from the large lane for a
 // large one; false when ctx ends first.
 func (in *Intake) acquire(ctx context.Context, n int64) (func(), bool) {
-	if n <= SmallBytes {
-		if in.large.TryAcquire(n) {
-			return func() { in.large.Release(n) }, true
-		}
-		if err := in.small.Acquire(ctx, n); err != nil {
-			return nil, false
-		}
-		return func() { in.small.Release(n) }, true
+	if n <= SmallBytes && in.large.TryAcquire(n) {
+		return func() { in.large.Release(n) }, true
 	}
-	if err := in.large.Acquire(ctx, n); err != nil {
+	lane := in.large
+	if n <= SmallBytes {
+		lane = in.small
+	}
+	if err := lane.Acquire(ctx, n); err != nil {
 		return nil, false
 	}
-	return func() { in.large.Release(n) }, true
+	return func() { lane.Release(n) }, true
 }
 
 // Verified reports whether the request's client presented a certificate

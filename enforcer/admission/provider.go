@@ -11,6 +11,7 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/x509"
@@ -109,9 +110,7 @@ func NewProvider(opts ProviderOptions) (http.Handler, error) {
 	if opts.Facts == nil || opts.Intake == nil {
 		return nil, fmt.Errorf("the external data provider needs its facts and an intake")
 	}
-	if opts.Log == nil {
-		opts.Log = slog.New(slog.DiscardHandler)
-	}
+	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	h := &providerHandler{opts: opts}
 	mux := opts.Mux
 	if mux == nil {
@@ -191,9 +190,10 @@ func (h *providerHandler) answer(ctx context.Context, route, cluster string, key
 		if kerr == nil {
 			kerr = clusterErr
 		}
+		var objects []string
 		if kerr == nil {
 			var value map[string]any
-			value, kerr = h.facts(ctx, cluster, node)
+			value, objects, kerr = h.facts(ctx, cluster, node)
 			items[i].Value = value
 		}
 		h.opts.Metrics.key(route, kerr)
@@ -204,7 +204,7 @@ func (h *providerHandler) answer(ctx context.Context, route, cluster string, key
 			continue
 		}
 		h.opts.Log.Info("external data", "node", node.GetName(), "uid", uid, "cluster", cluster,
-			"objects", objectNames(items[i].Value), "duration", time.Since(start))
+			"objects", objects, "duration", time.Since(start))
 	}
 	return items
 }
@@ -264,16 +264,18 @@ func badKey(format string, args ...any) *keyError {
 	return &keyError{ErrorBadKey, "the key is not one the K8sNodeGuardExternal template sends: " + fmt.Sprintf(format, args...)}
 }
 
-// facts reads what the rule needs for node, within the request's deadline;
-// concurrent keys of the same Node and route share one read.
-func (h *providerHandler) facts(ctx context.Context, cluster string, node *unstructured.Unstructured) (map[string]any, *keyError) {
+// facts reads what the rule needs for node, within the request's deadline,
+// and names the objects for the log line; concurrent keys of the same Node
+// and route share one read.
+func (h *providerHandler) facts(ctx context.Context, cluster string, node *unstructured.Unstructured) (map[string]any, []string, *keyError) {
 	type result struct {
-		value map[string]any
-		err   *keyError
+		value   map[string]any
+		objects []string
+		err     *keyError
 	}
 	key, err := providerFlightKey(cluster, node)
 	if err != nil {
-		return nil, &keyError{ErrorBadKey, err.Error()}
+		return nil, nil, &keyError{ErrorBadKey, err.Error()}
 	}
 	busy := func() result {
 		return result{err: &keyError{ErrorBusy, "nodeguard is answering as many requests as it may at once (--max-concurrent-decisions) " +
@@ -297,9 +299,14 @@ func (h *providerHandler) facts(ctx context.Context, cluster string, node *unstr
 			return result{err: &keyError{ErrorFreshReadFailed, fmt.Sprintf("nodeguard could not re-read the objects linked to Node %q "+
 				"from the API server (%v); retry shortly", node.GetName(), err)}}
 		}
-		return result{value: map[string]any{"inventory": facts.Layout(objs), "parameters": params.Map()}}
+		names := make([]string, 0, len(objs))
+		for _, o := range objs {
+			names = append(names, o.GetKind()+" "+o.GetNamespace()+"/"+o.GetName())
+		}
+		slices.Sort(names)
+		return result{value: map[string]any{"inventory": facts.Layout(objs), "parameters": params.Map()}, objects: names}
 	})
-	return r.value, r.err
+	return r.value, r.objects, r.err
 }
 
 // providerFlightKey is what a provider answer depends on: the route's cluster and
@@ -313,23 +320,4 @@ func providerFlightKey(cluster string, node *unstructured.Unstructured) (string,
 	_, _ = fmt.Fprintf(h, "%d:%s", len(cluster), cluster)
 	_, _ = h.Write(raw)
 	return string(h.Sum(nil)), nil
-}
-
-// objectNames lists the objects of an answer, for the log line.
-func objectNames(value any) []string {
-	v, _ := value.(map[string]any)
-	inv, _ := v["inventory"].(map[string]any)
-	namespaces, _ := inv["namespace"].(map[string]any)
-	var out []string
-	for ns, byGV := range namespaces {
-		for _, byKind := range byGV.(map[string]any) {
-			for kind, byName := range byKind.(map[string]any) {
-				for name := range byName.(map[string]any) {
-					out = append(out, kind+" "+ns+"/"+name)
-				}
-			}
-		}
-	}
-	slices.Sort(out)
-	return out
 }

@@ -3,10 +3,8 @@ package admission
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"net/url"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -31,36 +29,20 @@ var ProviderGVR = schema.GroupVersionResource{Group: "externaldata.gatekeeper.sh
 // route (with Cluster, /externaldata/clusters/NS/NAME) at URL or in Service,
 // trusting the CABundle nodeguard's certificate is signed by.
 func BuildProvider(name string, opts WebhookConfigOptions) (*unstructured.Unstructured, error) {
-	path, err := checked(opts, "/externaldata")
+	client, err := clientConfig(opts, "/externaldata", "Gatekeeper")
 	if err != nil {
 		return nil, err
 	}
-	var u *url.URL
-	switch {
-	case opts.URL != "" && opts.Service != "":
-		return nil, errors.New("give --url or --service, not both")
-	case opts.URL != "":
-		u, err = url.Parse(opts.URL)
-		if err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-			return nil, fmt.Errorf("--url %q: want https://HOST[:PORT][/PREFIX]", opts.URL)
-		}
-	case opts.Service != "":
+	if svc := client.Service; svc != nil {
 		// Gatekeeper calls a URL: the Service's in-cluster name, port 443.
-		ns, svc, err := kube.SplitKey("--service", opts.Service)
-		if err != nil {
-			return nil, err
-		}
-		u = &url.URL{Scheme: "https", Host: svc + "." + ns + ".svc"}
-	default:
-		return nil, errors.New("--url (or --service) is required: where Gatekeeper reaches nodeguard serve")
+		client.URL = new((&url.URL{Scheme: "https", Host: svc.Name + "." + svc.Namespace + ".svc", Path: *svc.Path}).String())
 	}
-	u.Path = strings.TrimSuffix(u.Path, "/") + path
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": ProviderGVR.GroupVersion().String(),
 		"kind":       "Provider",
 		"metadata":   map[string]any{"name": name, "labels": map[string]any{"app.kubernetes.io/name": "nodeguard", kube.ManagedByLabel: "nodeguard"}},
 		"spec": map[string]any{
-			"url":      u.String(),
+			"url":      *client.URL,
 			"timeout":  int64(ProviderTimeoutSeconds),
 			"caBundle": base64.StdEncoding.EncodeToString(opts.CABundle),
 		},

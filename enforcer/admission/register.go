@@ -68,7 +68,7 @@ func (h *handler) register(w http.ResponseWriter, r *http.Request, route, cluste
 	case h.opts.Register == nil:
 		a.Reason = ReasonProtectionOff
 	default:
-		ctx, cancel := context.WithTimeout(r.Context(), h.intake.Timeout())
+		ctx, cancel := context.WithTimeout(r.Context(), h.opts.Intake.Timeout())
 		var old *unstructured.Unstructured
 		if req.OldObject != nil {
 			old = req.OldObject.obj

@@ -6,6 +6,7 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -96,10 +97,7 @@ func NewTLSServer(handler http.Handler, opts TLSOptions, log *slog.Logger) (*TLS
 	if opts.WatchInterval > 0 {
 		watcher = watcher.WithWatchInterval(opts.WatchInterval)
 	}
-	minName := opts.MinVersion
-	if minName == "" {
-		minName = DefaultMinVersion
-	}
+	minName := cmp.Or(opts.MinVersion, DefaultMinVersion)
 	minVersion, err := cliflag.TLSVersion(minName)
 	if err != nil {
 		return nil, fmt.Errorf("--tls-min-version: %w", err)
@@ -125,9 +123,7 @@ func NewTLSServer(handler http.Handler, opts TLSOptions, log *slog.Logger) (*TLS
 		// that says what is missing, rather than a failed handshake.
 		cfg.ClientCAs, cfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	return &TLSServer{
 		http: &http.Server{
 			Handler:           handler,

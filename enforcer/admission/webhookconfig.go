@@ -5,6 +5,7 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"crypto/x509"
 	"encoding/pem"
@@ -109,18 +110,11 @@ type WebhookSettings struct {
 // webhookFields checks the settings and returns them as the webhook's
 // fields, defaults filled in as the API server would fill them.
 func (s WebhookSettings) webhookFields() (admissionregistrationv1.FailurePolicyType, int32, *metav1.LabelSelector, error) {
-	policy := s.FailurePolicy
-	switch policy {
-	case "":
-		policy = admissionregistrationv1.Fail
-	case admissionregistrationv1.Fail, admissionregistrationv1.Ignore:
-	default:
+	policy := cmp.Or(s.FailurePolicy, admissionregistrationv1.Fail)
+	if policy != admissionregistrationv1.Fail && policy != admissionregistrationv1.Ignore {
 		return "", 0, nil, fmt.Errorf("failure policy %q: want Fail or Ignore", policy)
 	}
-	timeout := s.TimeoutSeconds
-	if timeout == 0 {
-		timeout = TimeoutSeconds
-	}
+	timeout := cmp.Or(s.TimeoutSeconds, TimeoutSeconds)
 	if timeout < 1 || timeout > 30 {
 		return "", 0, nil, fmt.Errorf("timeout %ds: the API server takes 1 to 30", timeout)
 	}
@@ -139,28 +133,11 @@ func (s WebhookSettings) webhookFields() (admissionregistrationv1.FailurePolicyT
 	return policy, timeout, selector, nil
 }
 
-// checked checks opts' CA bundle and returns the path of route (a webhook's
-// or the provider's) for opts' Cluster: route/clusters/NS/NAME, or route
-// itself without one.
-func checked(opts WebhookConfigOptions, route string) (string, error) {
-	if err := checkCABundle(opts.CABundle); err != nil {
-		return "", err
-	}
-	if opts.Cluster == "" {
-		return route, nil
-	}
-	ns, name, err := kube.SplitKey("--cluster", opts.Cluster)
-	if err != nil {
-		return "", err
-	}
-	return route + "/clusters/" + ns + "/" + name, nil
-}
-
 // BuildWebhookConfig returns the configuration: Node DELETE only, failurePolicy Fail
 // (opts.Webhook changes that), and with opts.Registrations the
 // registration webhook.
 func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
-	client, err := clientConfig(opts, "/validate")
+	client, err := clientConfig(opts, "/validate", "the API server")
 	if err != nil {
 		return nil, err
 	}
@@ -168,17 +145,13 @@ func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.Val
 	if err != nil {
 		return nil, err
 	}
-	// A denied delete records an Event (a side effect), never on a dry run.
-	noneOnDryRun := admissionregistrationv1.SideEffectClassNoneOnDryRun
-	equivalent := admissionregistrationv1.Equivalent
-	clusterScope := admissionregistrationv1.ClusterScope
 	meta := metav1.ObjectMeta{Name: Name, Labels: map[string]string{"app.kubernetes.io/name": "nodeguard", kube.ManagedByLabel: "nodeguard"}}
 	if opts.Cluster != "" {
 		meta.Annotations = map[string]string{ClusterAnnotation: opts.Cluster}
 	}
 	nodes := func(ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
 		return []admissionregistrationv1.RuleWithOperations{{Operations: ops,
-			Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"}, Scope: &clusterScope}}}
+			Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"}, Scope: new(admissionregistrationv1.ClusterScope)}}}
 	}
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
@@ -189,13 +162,14 @@ func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.Val
 			// Set, though empty, as the API server would default them: the
 			// stored configuration then equals this one field for field, so
 			// any foreign change to it shows (kube.Holds).
-			NamespaceSelector:       &metav1.LabelSelector{},
-			ObjectSelector:          selector,
-			MatchConditions:         opts.Webhook.MatchConditions,
-			Rules:                   nodes(admissionregistrationv1.Delete),
-			FailurePolicy:           &fail,
-			MatchPolicy:             &equivalent,
-			SideEffects:             &noneOnDryRun,
+			NamespaceSelector: &metav1.LabelSelector{},
+			ObjectSelector:    selector,
+			MatchConditions:   opts.Webhook.MatchConditions,
+			Rules:             nodes(admissionregistrationv1.Delete),
+			FailurePolicy:     &fail,
+			MatchPolicy:       new(admissionregistrationv1.Equivalent),
+			// A denied delete records an Event (a side effect), never on a dry run.
+			SideEffects:             new(admissionregistrationv1.SideEffectClassNoneOnDryRun),
 			TimeoutSeconds:          &timeout,
 			AdmissionReviewVersions: []string{"v1"},
 		}},
@@ -203,13 +177,10 @@ func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.Val
 	if !opts.Registrations {
 		return cfg, nil
 	}
-	register, err := clientConfig(opts, "/register")
+	register, err := clientConfig(opts, "/register", "the API server")
 	if err != nil {
 		return nil, err
 	}
-	ignore := admissionregistrationv1.Ignore
-	none := admissionregistrationv1.SideEffectClassNone
-	short := int32(RegistrationTimeoutSeconds)
 	cfg.Webhooks = append(cfg.Webhooks, admissionregistrationv1.ValidatingWebhook{
 		Name:              RegistrationWebhookName,
 		ClientConfig:      register,
@@ -218,22 +189,34 @@ func BuildWebhookConfig(opts WebhookConfigOptions) (*admissionregistrationv1.Val
 		MatchConditions:   []admissionregistrationv1.MatchCondition{{Name: "registers", Expression: RegistersCondition}},
 		// nodes, not nodes/status: a kubelet's status reports never come here.
 		Rules:                   nodes(admissionregistrationv1.Create, admissionregistrationv1.Update),
-		FailurePolicy:           &ignore,
-		MatchPolicy:             &equivalent,
-		SideEffects:             &none,
-		TimeoutSeconds:          &short,
+		FailurePolicy:           new(admissionregistrationv1.Ignore),
+		MatchPolicy:             new(admissionregistrationv1.Equivalent),
+		SideEffects:             new(admissionregistrationv1.SideEffectClassNone),
+		TimeoutSeconds:          new(int32(RegistrationTimeoutSeconds)),
 		AdmissionReviewVersions: []string{"v1"},
 	})
 	return cfg, nil
 }
 
-// clientConfig is where the API server reaches route (for opts' Cluster).
-func clientConfig(opts WebhookConfigOptions, route string) (admissionregistrationv1.WebhookClientConfig, error) {
-	path, err := checked(opts, route)
-	if err != nil {
-		return admissionregistrationv1.WebhookClientConfig{}, err
-	}
+// clientConfig checks opts' CA bundle and says where who reaches route (a
+// webhook's or the provider's) for opts' Cluster: route/clusters/NS/NAME, or
+// route itself without one.
+func clientConfig(opts WebhookConfigOptions, route, who string) (admissionregistrationv1.WebhookClientConfig, error) {
 	client := admissionregistrationv1.WebhookClientConfig{CABundle: opts.CABundle}
+	if len(opts.CABundle) == 0 {
+		return client, errors.New("--ca-bundle-file is required: the API server must trust nodeguard's serving certificate")
+	}
+	if _, err := Certificates(opts.CABundle); err != nil {
+		return client, fmt.Errorf("CA bundle: %w", err)
+	}
+	path := route
+	if opts.Cluster != "" {
+		ns, name, err := kube.SplitKey("--cluster", opts.Cluster)
+		if err != nil {
+			return client, err
+		}
+		path += "/clusters/" + ns + "/" + name
+	}
 	switch {
 	case opts.URL != "" && opts.Service != "":
 		return client, errors.New("give --url or --service, not both")
@@ -243,8 +226,7 @@ func clientConfig(opts WebhookConfigOptions, route string) (admissionregistratio
 			return client, fmt.Errorf("--url %q: want https://HOST[:PORT][/PREFIX]", opts.URL)
 		}
 		u.Path = strings.TrimSuffix(u.Path, "/") + path
-		s := u.String()
-		client.URL = &s
+		client.URL = new(u.String())
 	case opts.Service != "":
 		ns, name, err := kube.SplitKey("--service", opts.Service)
 		if err != nil {
@@ -252,19 +234,9 @@ func clientConfig(opts WebhookConfigOptions, route string) (admissionregistratio
 		}
 		client.Service = &admissionregistrationv1.ServiceReference{Namespace: ns, Name: name, Path: &path}
 	default:
-		return client, errors.New("--url (or --service) is required: where the API server reaches nodeguard serve")
+		return client, fmt.Errorf("--url (or --service) is required: where %s reaches nodeguard serve", who)
 	}
 	return client, nil
-}
-
-func checkCABundle(bundle []byte) error {
-	if len(bundle) == 0 {
-		return errors.New("--ca-bundle-file is required: the API server must trust nodeguard's serving certificate")
-	}
-	if _, err := Certificates(bundle); err != nil {
-		return fmt.Errorf("CA bundle: %w", err)
-	}
-	return nil
 }
 
 // Certificates are the certificates of a PEM bundle, each re-encoded as

@@ -1,7 +1,8 @@
 package guard
 
 import (
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 
@@ -138,13 +139,8 @@ func (e *Evidence) Objects() []*unstructured.Unstructured {
 	if e.objects != nil || len(e.byKey) == 0 {
 		return e.objects
 	}
-	keys := make([]evidenceKey, 0, len(e.byKey))
-	for k := range e.byKey {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool { return keyString(keys[i]) < keyString(keys[j]) })
-	out := make([]*unstructured.Unstructured, 0, len(keys))
-	for _, k := range keys {
+	out := make([]*unstructured.Unstructured, 0, len(e.byKey))
+	for _, k := range slices.SortedFunc(maps.Keys(e.byKey), func(a, b evidenceKey) int { return strings.Compare(keyString(a), keyString(b)) }) {
 		out = append(out, e.byKey[k].shown.Unstructured())
 	}
 	e.objects = out

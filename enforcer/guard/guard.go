@@ -5,10 +5,12 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -113,9 +115,7 @@ func New(ctx context.Context, inv *facts.Inventory, opts Options) (*Guard, error
 	if opts.Engine == nil {
 		return nil, errors.New("guard: no policy engine: the caller chooses the policy (rule.LoadEngine)")
 	}
-	if opts.FreshTimeout == 0 {
-		opts.FreshTimeout = 2 * time.Second
-	}
+	opts.FreshTimeout = cmp.Or(opts.FreshTimeout, 2*time.Second)
 	g := &Guard{engine: opts.Engine, inv: inv, opts: opts, routes: map[string]route{}}
 	if err := g.SetParameters(opts.Parameters); err != nil {
 		return nil, err
@@ -157,13 +157,8 @@ func (g *Guard) user(u authenticationv1.UserInfo) authenticationv1.UserInfo {
 	if groups == nil {
 		return u
 	}
-	out := authenticationv1.UserInfo{Username: u.Username}
-	for _, group := range u.Groups {
-		if groups[group] {
-			out.Groups = append(out.Groups, group)
-		}
-	}
-	return out
+	kept := slices.DeleteFunc(slices.Clone(u.Groups), func(group string) bool { return !groups[group] })
+	return authenticationv1.UserInfo{Username: u.Username, Groups: kept}
 }
 
 // Parameters returns the effective parameters (defaults merged with the
@@ -240,9 +235,12 @@ func (g *Guard) Model() *rule.Model { return g.inv.Model() }
 // kinds. Decisions, the orphan criteria and Gatekeeper (through the
 // provider, Parameters.Map) all take these.
 func (g *Guard) RouteParameters(cluster string) (rule.Parameters, error) {
-	ns, name, err := splitCluster(cluster)
-	if err != nil {
-		return rule.Parameters{}, err
+	var ns, name string
+	if cluster != "" {
+		var err error
+		if ns, name, err = kube.SplitKey("cluster", cluster); err != nil {
+			return rule.Parameters{}, err
+		}
 	}
 	var machines, pools []schema.GroupVersionKind
 	if g.opts.SyncedKinds != nil {
@@ -278,15 +276,6 @@ func (g *Guard) RouteParameters(cluster string) (rule.Parameters, error) {
 // Engine runs the policy the guard decides with; the orphan criteria run on
 // it too, so both always follow one policy (a bundle and its reloads included).
 func (g *Guard) Engine() *rule.Engine { return g.engine }
-
-// splitCluster parses a cluster route, "NAMESPACE/NAME" or "" for all; a
-// Cluster always has both parts.
-func splitCluster(cluster string) (ns, name string, err error) {
-	if cluster == "" {
-		return "", "", nil
-	}
-	return kube.SplitKey("cluster", cluster)
-}
 
 // Objects returns what the rule would read for node: the candidates the
 // indexes pick, re-read from the API server when fresh is set and the Guard

@@ -8,6 +8,7 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -129,10 +130,7 @@ func (f *Finder) Inventory() *facts.Inventory { return f.opts.Inventory }
 // With none given it is the policy's default_grace, read at each call so a
 // reloaded bundle that changes it is followed.
 func (f *Finder) Grace() time.Duration {
-	if f.opts.Grace > 0 {
-		return f.opts.Grace
-	}
-	return f.opts.Guard.Engine().DefaultGrace()
+	return cmp.Or(f.opts.Grace, f.opts.Guard.Engine().DefaultGrace())
 }
 
 // Judge evaluates the criteria for each Node at time now, re-reading what

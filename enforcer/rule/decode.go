@@ -60,28 +60,24 @@ func decodeValue(v ast.Value, out reflect.Value) error {
 		if !ok {
 			return mistyped("an object", v)
 		}
-		return decodeFields(obj, out)
+		return decodeFields(obj, obj.Keys(), out)
 	default:
 		return fmt.Errorf("cannot decode into %s", out.Type())
 	}
 	return nil
 }
 
-func decodeFields(obj ast.Object, out reflect.Value) error {
-	return decodeFieldsOf(obj, obj.Keys(), out)
-}
-
-// decodeFieldsOf decodes obj, whose keys are keys, into out's fields:
+// decodeFields decodes obj, whose keys are keys, into out's fields:
 // looking each field up among the keys costs no allocation, where a lookup
 // by a new key term costs two per field.
-func decodeFieldsOf(obj ast.Object, keys []*ast.Term, out reflect.Value) error {
+func decodeFields(obj ast.Object, keys []*ast.Term, out reflect.Value) error {
 	t := out.Type()
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
 		switch {
 		case f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct:
-			if err := decodeFieldsOf(obj, keys, out.Field(i)); err != nil {
+			if err := decodeFields(obj, keys, out.Field(i)); err != nil {
 				return err
 			}
 			continue

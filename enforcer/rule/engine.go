@@ -24,49 +24,37 @@ import (
 	"github.com/nodeguard/nodeguard/policies"
 )
 
-// Entry is an entry point of the policy.
-type Entry int
+// Entry is an entry point of the policy: its Rego query.
+type Entry string
 
 // The entry points.
 const (
 	// DecisionEntry is a review's decision (policies/nodeguard/decision.rego).
-	DecisionEntry Entry = iota
+	DecisionEntry Entry = policies.EnforcerQuery
 	// OrphanEntry is a Node's orphan verdict (policies/nodeguard/verdicts.rego).
-	OrphanEntry
+	OrphanEntry Entry = "data.nodeguard.orphan"
 	// ScreenEntry is the orphan criteria that read only the Node.
-	ScreenEntry
+	ScreenEntry Entry = "data.nodeguard.orphan_screen"
 	// ReleaseEntry is a Node's release verdict (policies/nodeguard/released), for
 	// mode admission-policy; optional: a bundle built before it has none.
-	ReleaseEntry
+	ReleaseEntry Entry = "data.nodeguard.release"
 	// GhostEntry is a Node's ghost verdict (policies/nodeguard/ghosts), and
 	// Registration a Node CREATE's or UPDATE's; optional, as Release.
-	GhostEntry
-	RegistrationEntry
-	entries
+	GhostEntry        Entry = "data.nodeguard.ghost"
+	RegistrationEntry Entry = "data.nodeguard.registration"
 )
+
+// entries are all the entry points.
+func entries() []Entry {
+	return []Entry{DecisionEntry, OrphanEntry, ScreenEntry, ReleaseEntry, GhostEntry, RegistrationEntry}
+}
 
 // optional are the entry points a policy with orphan criteria may lack: a
 // bundle built before them.
 func (e Entry) optional() bool { return e == ReleaseEntry || e == GhostEntry || e == RegistrationEntry }
 
 // Query is the entry point's Rego query.
-func (e Entry) Query() string {
-	switch e {
-	case DecisionEntry:
-		return policies.EnforcerQuery
-	case OrphanEntry:
-		return "data.nodeguard.orphan"
-	case ScreenEntry:
-		return "data.nodeguard.orphan_screen"
-	case ReleaseEntry:
-		return "data.nodeguard.release"
-	case GhostEntry:
-		return "data.nodeguard.ghost"
-	case RegistrationEntry:
-		return "data.nodeguard.registration"
-	}
-	return fmt.Sprintf("entry(%d)", int(e))
-}
+func (e Entry) Query() string { return string(e) }
 
 // defaultParameters is the rule's defaults, which a policy must declare.
 const defaultParameters = "data.lib.nodeguard.default_parameters"
@@ -100,7 +88,7 @@ type Engine struct {
 type compiled struct {
 	// queries by Entry; the orphan entries are nil when the policy has no
 	// orphan criteria (see NodeFields).
-	queries    [entries]*rego.PreparedEvalQuery
+	queries    map[Entry]*rego.PreparedEvalQuery
 	defaults   map[string]any
 	grace      time.Duration // the orphan criteria's default grace; 0 without them
 	model      *Model
@@ -145,8 +133,8 @@ func CompileEngine(ctx context.Context, c *ast.Compiler, data map[string]any, po
 	if data != nil {
 		store = inmem.NewFromObject(data)
 	}
-	p := &compiled{policy: policy}
-	for entry := range entries {
+	p := &compiled{policy: policy, queries: map[Entry]*rego.PreparedEvalQuery{}}
+	for _, entry := range entries() {
 		if entry != DecisionEntry && !orphans || entry.optional() && !has(entry.Query()) {
 			continue
 		}
@@ -180,12 +168,9 @@ func CompileEngine(ctx context.Context, c *ast.Compiler, data map[string]any, po
 // converts each into Go maps and slices, which the callers would only walk
 // again.
 func prepare(ctx context.Context, c *ast.Compiler, store storage.Store, query string) (*rego.PreparedEvalQuery, error) {
-	opts := []func(*rego.Rego){rego.Query(query), rego.Compiler(c),
-		rego.GenerateJSON(func(t *ast.Term, _ *rego.EvalContext) (any, error) { return t.Value, nil })}
-	if store != nil {
-		opts = append(opts, rego.Store(store))
-	}
-	q, err := rego.New(opts...).PrepareForEval(ctx)
+	// A nil store is rego's own, empty one.
+	q, err := rego.New(rego.Query(query), rego.Compiler(c), rego.Store(store),
+		rego.GenerateJSON(func(t *ast.Term, _ *rego.EvalContext) (any, error) { return t.Value, nil })).PrepareForEval(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("prepare %s: %w", query, err)
 	}
@@ -208,39 +193,29 @@ func (e *Engine) Replace(other *Engine) error {
 	return nil
 }
 
-// Eval evaluates entry on input with the policy e runs now and decodes its
-// one result into out, a pointer to what the entry point returns (see
-// decode).
-func (e *Engine) Eval(ctx context.Context, entry Entry, input ast.Value, out any) error {
+// Run is how every caller evaluates an entry point, with the policy e runs
+// now: fields become its input (InputValue) and its one result is decoded
+// into a T (see decode).
+func Run[T any](ctx context.Context, e *Engine, entry Entry, fields map[string]any) (T, error) {
+	var out, zero T
+	input, err := InputValue(fields)
+	if err != nil {
+		return zero, fmt.Errorf("evaluate %s: %w", entry.Query(), err)
+	}
 	q := e.current.Load().queries[entry]
 	if q == nil {
-		return fmt.Errorf("evaluate %s: the policy has no such entry point", entry.Query())
+		return zero, fmt.Errorf("evaluate %s: the policy has no such entry point", entry.Query())
 	}
 	rs, err := q.Eval(ctx, rego.EvalParsedInput(input))
 	if err != nil {
-		return fmt.Errorf("evaluate %s: %w", entry.Query(), err)
+		return zero, fmt.Errorf("evaluate %s: %w", entry.Query(), err)
 	}
 	v, ok := rego.ResultValue[ast.Value](rs)
 	if !ok {
-		return fmt.Errorf("evaluate %s: want one value, got %d results", entry.Query(), len(rs))
+		return zero, fmt.Errorf("evaluate %s: want one value, got %d results", entry.Query(), len(rs))
 	}
-	if err := decode(v, out); err != nil {
-		return fmt.Errorf("evaluate %s: %w", entry.Query(), err)
-	}
-	return nil
-}
-
-// Run is how every caller evaluates an entry point: fields become its input
-// (InputValue) and its answer is decoded into a T.
-func Run[T any](ctx context.Context, e *Engine, entry Entry, fields map[string]any) (T, error) {
-	var out T
-	input, err := InputValue(fields)
-	if err != nil {
-		return out, fmt.Errorf("evaluate %s: %w", entry.Query(), err)
-	}
-	if err := e.Eval(ctx, entry, input, &out); err != nil {
-		var zero T
-		return zero, err
+	if err := decode(v, &out); err != nil {
+		return zero, fmt.Errorf("evaluate %s: %w", entry.Query(), err)
 	}
 	return out, nil
 }

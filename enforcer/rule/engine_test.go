@@ -71,16 +71,15 @@ func TestAnAnswerOfAnotherShapeIsAnError(t *testing.T) {
 	})
 	e, err := rule.CompileEngine(ctx, c, nil, rule.Policy{Source: rule.SourceBundle})
 	require.NoError(t, err)
-	input, err := rule.InputValue(map[string]any{"node": map[string]any{"metadata": map[string]any{"name": "n"}}, "now": "2026-11-30T12:00:00Z"})
-	require.NoError(t, err)
-	var screen struct {
+	input := map[string]any{"node": map[string]any{"metadata": map[string]any{"name": "n"}}, "now": "2026-11-30T12:00:00Z"}
+	_, err = rule.Run[struct {
 		Passes    bool   `json:"passes"`
 		RecheckAt string `json:"recheckAt"`
-	}
-	assert.ErrorContains(t, e.Eval(ctx, rule.ScreenEntry, input, &screen), `evaluate data.nodeguard.orphan_screen: field "recheckAt": want a string, got number`)
-	var more struct {
+	}](ctx, e, rule.ScreenEntry, input)
+	assert.ErrorContains(t, err, `evaluate data.nodeguard.orphan_screen: field "recheckAt": want a string, got number`)
+	_, err = rule.Run[struct {
 		Passes bool   `json:"passes"`
 		Other  string `json:"other"`
-	}
-	assert.ErrorContains(t, e.Eval(ctx, rule.ScreenEntry, input, &more), `field "other" is missing`)
+	}](ctx, e, rule.ScreenEntry, input)
+	assert.ErrorContains(t, err, `field "other" is missing`)
 }

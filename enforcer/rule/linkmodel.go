@@ -163,11 +163,7 @@ func LoadModel(ctx context.Context, compiled *ast.Compiler, store storage.Store)
 // declared evaluates a declaration of the policy, query, as the JSON Parse
 // and ParseNodeFields read; it runs once at start, not per decision.
 func declared(ctx context.Context, compiled *ast.Compiler, store storage.Store, query string) ([]byte, error) {
-	opts := []func(*rego.Rego){rego.Query(query), rego.Compiler(compiled)}
-	if store != nil {
-		opts = append(opts, rego.Store(store))
-	}
-	rs, err := rego.New(opts...).Eval(ctx)
+	rs, err := rego.New(rego.Query(query), rego.Compiler(compiled), rego.Store(store)).Eval(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("evaluate %s: %w", query, err)
 	}
@@ -339,15 +335,10 @@ func (m *Model) NodeShape() *record.Shape { return m.node }
 func (m *Model) spec(role Role) record.Spec {
 	s := record.Spec{}
 	add := func(list *[]Path, p Path) {
-		if isName(p) || isNamespace(p) {
-			return // every record keeps its key
+		// every record keeps its key
+		if !isName(p) && !isNamespace(p) && !slices.ContainsFunc(*list, func(have Path) bool { return slices.Equal(have, p) }) {
+			*list = append(*list, p)
 		}
-		for _, have := range *list {
-			if slices.Equal(have, p) {
-				return
-			}
-		}
-		*list = append(*list, p)
 	}
 	add(&s.Scalars, m.DeletionTimestamp)
 	add(&s.Scalars, m.ClusterLabel)

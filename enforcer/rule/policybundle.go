@@ -6,6 +6,7 @@
 package rule
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -71,13 +72,7 @@ func read(opts BundleOptions) (opabundle.Bundle, error) {
 	if err != nil {
 		return opabundle.Bundle{}, fmt.Errorf("read verification key: %w", err)
 	}
-	keyID, alg := opts.KeyID, opts.Algorithm
-	if keyID == "" {
-		keyID = DefaultKeyID
-	}
-	if alg == "" {
-		alg = DefaultAlgorithm
-	}
+	keyID, alg := cmp.Or(opts.KeyID, DefaultKeyID), cmp.Or(opts.Algorithm, DefaultAlgorithm)
 	verify := opabundle.NewVerificationConfig(map[string]*opabundle.KeyConfig{
 		keyID: {Key: string(key), Algorithm: alg},
 	}, keyID, opts.Scope, nil)

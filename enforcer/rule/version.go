@@ -6,6 +6,7 @@
 package rule
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"runtime/debug"
@@ -33,13 +34,9 @@ type Binary struct {
 
 // ReadBinary returns the binary's version and commit.
 func ReadBinary() Binary {
-	b := Binary{Version: "(devel)", Commit: "unknown"}
-	info, ok := debug.ReadBuildInfo()
-	if ok {
-		b.GoVersion = info.GoVersion
-		if info.Main.Version != "" {
-			b.Version = info.Main.Version
-		}
+	var b Binary
+	if info, ok := debug.ReadBuildInfo(); ok {
+		b.GoVersion, b.Version = info.GoVersion, info.Main.Version
 		for _, s := range info.Settings {
 			switch s.Key {
 			case "vcs.revision":
@@ -49,12 +46,7 @@ func ReadBinary() Binary {
 			}
 		}
 	}
-	if linkVersion != "" {
-		b.Version = linkVersion
-	}
-	if linkCommit != "" {
-		b.Commit = linkCommit
-	}
+	b.Version, b.Commit = cmp.Or(linkVersion, b.Version, "(devel)"), cmp.Or(linkCommit, b.Commit, "unknown")
 	return b
 }
 
