@@ -271,13 +271,7 @@ func (s *session) present(ctx context.Context, o policyObject) (bool, error) {
 		_, ok := o.watch.Get()
 		return ok, nil
 	}
-	var res interface {
-		Get(context.Context, string, metav1.GetOptions, ...string) (*unstructured.Unstructured, error)
-	} = s.c.Admin.Resource(o.gvr)
-	if o.namespace != "" {
-		res = s.c.Admin.Resource(o.gvr).Namespace(o.namespace)
-	}
-	have, err := res.Get(ctx, o.name, metav1.GetOptions{})
+	have, err := s.c.Admin.Resource(o.gvr).Namespace(o.namespace).Get(ctx, o.name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) || (err != nil && isNotServed(err)) {
 		return false, nil
 	}
