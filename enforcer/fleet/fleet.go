@@ -29,6 +29,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -192,9 +193,7 @@ func New(opts Options) (*Reconciler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	if opts.CARetention <= 0 {
-		opts.CARetention = DefaultCARetention
-	}
+	kube.SetDefault(&opts.CARetention, DefaultCARetention)
 	kept := retainer{keep: opts.CARetention}
 	ca := kept.bundle(time.Now(), certs)
 	if _, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: opts.URL, CABundle: ca, Cluster: "a/b", Webhook: opts.Webhook}); err != nil {
@@ -203,27 +202,13 @@ func New(opts Options) (*Reconciler, error) {
 	if opts.Selector == nil {
 		opts.Selector = labels.Everything()
 	}
-	if opts.ProofInterval <= 0 {
-		opts.ProofInterval = DefaultProofInterval
-	}
-	if opts.SettleWindow <= 0 {
-		opts.SettleWindow = DefaultSettleWindow
-	}
-	if opts.SettleRetry <= 0 {
-		opts.SettleRetry = DefaultSettleRetry
-	}
-	if opts.CAInterval <= 0 {
-		opts.CAInterval = defaultCAInterval
-	}
-	if opts.ProofTimeout <= 0 {
-		opts.ProofTimeout = defaultProofTimeout
-	}
-	if opts.Workers <= 0 {
-		opts.Workers = defaultWorkers
-	}
-	if opts.Log == nil {
-		opts.Log = slog.New(slog.DiscardHandler)
-	}
+	kube.SetDefault(&opts.ProofInterval, DefaultProofInterval)
+	kube.SetDefault(&opts.SettleWindow, DefaultSettleWindow)
+	kube.SetDefault(&opts.SettleRetry, DefaultSettleRetry)
+	kube.SetDefault(&opts.CAInterval, defaultCAInterval)
+	kube.SetDefault(&opts.ProofTimeout, defaultProofTimeout)
+	kube.SetDefault(&opts.Workers, defaultWorkers)
+	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	info, err := admission.LoadPolicyInfo()
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)

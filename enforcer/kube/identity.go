@@ -9,6 +9,7 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -76,12 +77,8 @@ type IdentitySession struct {
 // EnsureIdentity installs the identity with admin (the kubeconfig's credentials),
 // gets its first token, and returns the session that uses it.
 func EnsureIdentity(ctx context.Context, admin *rest.Config, opts IdentityOptions) (*IdentitySession, error) {
-	if opts.TokenTTL <= 0 {
-		opts.TokenTTL = DefaultTokenTTL
-	}
-	if opts.Log == nil {
-		opts.Log = slog.New(slog.DiscardHandler)
-	}
+	SetDefault(&opts.TokenTTL, DefaultTokenTTL)
+	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	s := &IdentitySession{admin: admin, opts: opts}
 	if err := s.Repair(ctx); err != nil {
 		return nil, err

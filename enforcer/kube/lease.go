@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -65,12 +66,8 @@ func Elect(ctx context.Context, o LeaseOptions) (*Leader, error) {
 	if o.LeaseDuration == 0 {
 		o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = 15*time.Second, 10*time.Second, 2*time.Second
 	}
-	if o.Log == nil {
-		o.Log = slog.New(slog.DiscardHandler)
-	}
-	if o.Purpose == "" {
-		o.Purpose = o.Name
-	}
+	o.Log = cmp.Or(o.Log, slog.New(slog.DiscardHandler))
+	o.Purpose = cmp.Or(o.Purpose, o.Name)
 	l := &Leader{opts: o, done: make(chan struct{})}
 	// Validate the configuration now rather than in the goroutine.
 	first, err := l.elector()
