@@ -601,7 +601,6 @@ func (s *ClusterSet) disconnect(key string) {
 	c.cancel()
 	<-c.done
 	s.opts.Metrics.running(key, false)
-	s.opts.Metrics.reachable(key, nil)
 	s.opts.Log.Info("workload cluster: disconnected", "cluster", key)
 	if s.opts.Stopped != nil {
 		s.opts.Stopped(key)
@@ -659,7 +658,7 @@ func (s *ClusterSet) probe(ctx context.Context, key string) time.Duration {
 	}
 	next := time.Until(s.probeDue(c))
 	s.mu.Unlock()
-	s.opts.Metrics.reachable(key, &c.health.Reachable)
+	s.opts.Metrics.reachable(key, c.health.Reachable)
 	if turned {
 		if err != nil {
 			s.opts.Metrics.Failed(key, "health")
@@ -739,19 +738,15 @@ func (m *ClusterMetrics) running(cluster string, on bool) {
 		return
 	}
 	m.sessions.DeleteLabelValues(cluster)
+	m.reachOK.DeleteLabelValues(cluster)
 }
 
-// reachable sets a cluster's gauge (nil: drops it).
-func (m *ClusterMetrics) reachable(cluster string, ok *bool) {
+func (m *ClusterMetrics) reachable(cluster string, ok bool) {
 	if m == nil {
 		return
 	}
-	if ok == nil {
-		m.reachOK.DeleteLabelValues(cluster)
-		return
-	}
 	v := 0.0
-	if *ok {
+	if ok {
 		v = 1
 	}
 	m.reachOK.WithLabelValues(cluster).Set(v)

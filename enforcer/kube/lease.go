@@ -34,9 +34,6 @@ type LeaseOptions struct {
 	LeaseDuration time.Duration // default 15s
 	RenewDeadline time.Duration // default 10s
 	RetryPeriod   time.Duration // default 2s
-	// Changed, when set, is told (it must not block) when this replica
-	// starts or stops leading.
-	Changed func(leading bool)
 	Log     *slog.Logger
 }
 
@@ -144,9 +141,6 @@ func (l *Leader) set(leading bool) {
 	l.mu.Lock()
 	notified := l.notified
 	l.mu.Unlock()
-	if l.opts.Changed != nil {
-		l.opts.Changed(leading)
-	}
 	for _, f := range notified {
 		f(leading)
 	}
