@@ -114,7 +114,9 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 		return outcome{state: st, after: r.opts.SettleRetry}
 	}
 	t.entering = time.Time{}
-	opts := r.policyOptions()
+	r.mu.Lock()
+	opts := r.policy
+	r.mu.Unlock()
 	opts.Action = action
 	policy, binding, err := admission.BuildPolicy(r.policyInfo, opts)
 	if err != nil {
@@ -179,12 +181,11 @@ func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t 
 		return outcome{state: st, after: retryUnguarded}, proof{}
 	}
 	warnings, err := r.dryRun(ctx, s, node)
-	mark := policyMark(r.policyInfo.Name)
 	found := rule.Action("")
 	switch {
-	case err != nil && apierrors.IsForbidden(err) && strings.Contains(err.Error(), mark):
+	case apierrors.IsForbidden(err) && r.policyDenied(err):
 		found = rule.ActionDeny
-	case err == nil && containsMark(warnings, mark):
+	case err == nil && r.policyWarned(warnings):
 		found = rule.ActionWarn
 	case err == nil:
 		found = rule.ActionDryRun
@@ -209,15 +210,6 @@ func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t 
 		o.after = min(o.after, retryUnguarded)
 	}
 	return o, p
-}
-
-func containsMark(warnings []string, mark string) bool {
-	for _, w := range warnings {
-		if strings.Contains(w, mark) {
-			return true
-		}
-	}
-	return false
 }
 
 // released is the Nodes the published ConfigMap releases there, by name
@@ -341,27 +333,22 @@ func (r *Reconciler) removePolicy(ctx context.Context, key string, s *session, t
 		ok, err := s.present(ctx, o)
 		left = left || ok || err != nil
 	}
-	if !left {
-		t.removing = time.Time{}
-		if s.binding == nil {
-			s.leftoversChecked = true
+	if left {
+		if t.removing.IsZero() {
+			t.removing = time.Now() // gone before it was seen: wait as if just removed
 		}
-		return true
-	}
-	if t.removing.IsZero() {
-		t.removing = time.Now() // gone before it was seen: wait as if just removed
-	}
-	if !r.bindingUnapplied(ctx, s, t) {
-		return false
-	}
-	for _, o := range []policyObject{policy, params} {
-		if _, err := r.delete(ctx, s, o.gvr, o.namespace, o.name); err != nil {
-			r.opts.Log.Warn("fleet: cannot remove nodeguard's admission policy; trying again", "cluster", key, "error", err.Error())
+		if !r.bindingUnapplied(ctx, s, t) {
 			return false
 		}
+		for _, o := range []policyObject{policy, params} {
+			if _, err := r.delete(ctx, s, o.gvr, o.namespace, o.name); err != nil {
+				r.opts.Log.Warn("fleet: cannot remove nodeguard's admission policy; trying again", "cluster", key, "error", err.Error())
+				return false
+			}
+		}
+		r.opts.Log.Info("fleet: removed nodeguard's admission policy and its released Nodes", "cluster", key,
+			"waitedForTheBinding", time.Since(t.removing).Round(time.Millisecond).String())
 	}
-	r.opts.Log.Info("fleet: removed nodeguard's admission policy and its released Nodes", "cluster", key,
-		"waitedForTheBinding", time.Since(t.removing).Round(time.Millisecond).String())
 	t.removing = time.Time{}
 	if s.binding == nil {
 		s.leftoversChecked = true
@@ -382,8 +369,7 @@ func (r *Reconciler) bindingUnapplied(ctx context.Context, s *session, t *tracke
 		return since >= bindingApplyTime
 	}
 	warnings, err := r.dryRun(ctx, s, node)
-	mark := policyMark(r.policyInfo.Name)
-	return !containsMark(warnings, mark) && (err == nil || !strings.Contains(err.Error(), mark))
+	return !r.policyWarned(warnings) && !r.policyDenied(err)
 }
 
 // removeAll removes everything the fleet keeps in a cluster nodeguard is to

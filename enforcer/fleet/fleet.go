@@ -267,13 +267,6 @@ func (r *Reconciler) Reprove() {
 // looked at and proven again.
 func (r *Reconciler) Lead() { r.Reprove() }
 
-// policyOptions is how the admission policy is built now.
-func (r *Reconciler) policyOptions() admission.PolicyOptions {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.policy
-}
-
 // Changed queues a Cluster whose Meta, connection or health changed
 // (kube.ClusterSetOptions.Changed).
 func (r *Reconciler) Changed(key string) { r.loop.Add(key) }

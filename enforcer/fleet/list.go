@@ -82,11 +82,7 @@ func Print(out io.Writer, states []State, output string, now time.Time) error {
 		if !s.LastProof.IsZero() {
 			proof = now.Sub(s.LastProof).Round(time.Second).String() + " ago"
 		}
-		reason := s.Reason
-		if reason == "" {
-			reason = "-"
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Cluster, dash(s.Mode), yes(s.Guarded), yes(s.Wired), yes(s.CACurrent), proof, reason)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Cluster, dash(s.Mode), yes(s.Guarded), yes(s.Wired), yes(s.CACurrent), proof, dash(s.Reason))
 	}
 	return w.Flush()
 }

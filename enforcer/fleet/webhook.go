@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
@@ -184,7 +185,7 @@ func (r *Reconciler) proveWebhook(ctx context.Context, key string, s *session, t
 	case err == nil:
 		st.Reason, st.Message = ReasonReviewNotReceived,
 			fmt.Sprintf("a dry-run delete of Node %s was admitted without nodeguard's answer: the API server does not send it to nodeguard's route", node.Name)
-	case s.policyDenied(err, r.policyInfo.Name):
+	case r.policyDenied(err):
 		t.policyDecides, p.policyDecides = true, true
 		st.Reason, st.Message = ReasonReviewNotReceived, "nodeguard's admission policy of mode "+ModeAdmissionPolicy+" still decides there"
 	case isWebhookCallFailure(err) && isCertificateError(err):
@@ -254,7 +255,7 @@ func trusts(have *unstructured.Unstructured, ca []byte) bool {
 	for _, h := range hooks {
 		m, _ := h.(map[string]any)
 		var hook admissionregistrationv1.ValidatingWebhook
-		if err := fromUnstructured(m, &hook); err == nil && hook.Name == admission.WebhookName {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &hook); err == nil && hook.Name == admission.WebhookName {
 			return string(hook.ClientConfig.CABundle) == string(ca)
 		}
 	}
@@ -262,9 +263,16 @@ func trusts(have *unstructured.Unstructured, ca []byte) bool {
 }
 
 // policyDenied says whether err is nodeguard's admission policy's denial.
-func (s *session) policyDenied(err error, name string) bool {
-	return err != nil && strings.Contains(err.Error(), policyMark(name))
+func (r *Reconciler) policyDenied(err error) bool {
+	return err != nil && strings.Contains(err.Error(), r.policyMark())
+}
+
+// policyWarned says whether warnings carry nodeguard's admission policy's.
+func (r *Reconciler) policyWarned(warnings []string) bool {
+	return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, r.policyMark()) })
 }
 
 // policyMark is how the API server names nodeguard's policy in its answers.
-func policyMark(name string) string { return "ValidatingAdmissionPolicy '" + name + "'" }
+func (r *Reconciler) policyMark() string {
+	return "ValidatingAdmissionPolicy '" + r.policyInfo.Name + "'"
+}
