@@ -84,14 +84,12 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 	if s.servesPolicies == nil {
 		ok, err := servesPolicies(s)
 		if err != nil {
-			st.Reason, st.Message = failure(err, ReasonNotInstalled), "discover ValidatingAdmissionPolicy: "+err.Error()+r.repaired(ctx, key, s, err)
-			return outcome{state: st, after: retryUnguarded}
+			return unguarded(st, failure(err, ReasonNotInstalled), "discover ValidatingAdmissionPolicy: "+err.Error()+r.repaired(ctx, key, s, err), retryUnguarded)
 		}
 		s.servesPolicies = &ok
 	}
 	if !*s.servesPolicies {
-		st.Reason, st.Message = ReasonModeUnsupported, "the workload API server does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30 or later)"
-		return outcome{state: st}
+		return unguarded(st, ReasonModeUnsupported, "the workload API server does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30 or later)", 0)
 	}
 	r.enroll(key)
 	t.removing = time.Time{}
@@ -120,8 +118,7 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 	opts.Action = action
 	policy, binding, err := admission.BuildPolicy(r.policyInfo, opts)
 	if err != nil {
-		st.Reason, st.Message = ReasonNotInstalled, err.Error()
-		return outcome{state: st}
+		return unguarded(st, ReasonNotInstalled, err.Error(), 0)
 	}
 	applied := false
 	for _, want := range []struct {
@@ -131,16 +128,14 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 	}{{s.policy, admission.PolicyGVR, policy}, {s.binding, admission.BindingGVR, binding}} {
 		o, err := kube.OwnedFrom(want.gvr, want.obj)
 		if err != nil {
-			st.Reason, st.Message = ReasonNotInstalled, err.Error()
-			return outcome{state: st}
+			return unguarded(st, ReasonNotInstalled, err.Error(), 0)
 		}
 		have, _ := want.watch.Get()
 		if kube.Holds(have, o.Object, "spec") {
 			continue
 		}
 		if _, _, err := kube.RestoreOwned(ctx, s.c.Dynamic, o, "spec"); err != nil {
-			st.Reason, st.Message = failure(err, ReasonNotInstalled), fmt.Sprintf("install %s: %v%s", o, err, r.repaired(ctx, key, s, err))
-			return outcome{state: st, after: retryUnguarded}
+			return unguarded(st, failure(err, ReasonNotInstalled), fmt.Sprintf("install %s: %v%s", o, err, r.repaired(ctx, key, s, err)), retryUnguarded)
 		}
 		applied = true
 	}
@@ -173,12 +168,10 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t *tracked, st State, action rule.Action) (outcome, proof) {
 	node, err := s.unreleased(ctx)
 	if err != nil {
-		st.Reason, st.Message = failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, s, err)
-		return outcome{state: st, after: retryUnguarded}, proof{}
+		return unguarded(st, failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, s, err), retryUnguarded), proof{}
 	}
 	if node == nil {
-		st.Reason, st.Message = ReasonNoNodes, "the workload cluster has no Node that is not released to prove the policy on"
-		return outcome{state: st, after: retryUnguarded}, proof{}
+		return unguarded(st, ReasonNoNodes, "the workload cluster has no Node that is not released to prove the policy on", retryUnguarded), proof{}
 	}
 	warnings, err := r.dryRun(ctx, s, node)
 	found := rule.Action("")

@@ -420,14 +420,11 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta kube.ClusterMe
 	}
 	switch {
 	case meta.Deleting:
-		st.Reason, st.Message = ReasonDeleting, "the Cluster is being deleted; nodeguard leaves its workload cluster alone"
-		return outcome{state: st}
+		return unguarded(st, ReasonDeleting, "the Cluster is being deleted; nodeguard leaves its workload cluster alone", 0)
 	case meta.Annotations[OptOutAnnotation] == "true":
-		st.Reason, st.Message = ReasonOptedOut, "annotation "+OptOutAnnotation+": true"
-		return outcome{state: st, after: r.removeAll(ctx, key, s, t)}
+		return unguarded(st, ReasonOptedOut, "annotation "+OptOutAnnotation+": true", r.removeAll(ctx, key, s, t))
 	case !r.opts.Selector.Matches(labels.Set(meta.Labels)):
-		st.Reason, st.Message = ReasonNotSelected, "the Cluster's labels do not match the fleet's selector "+r.opts.Selector.String()
-		return outcome{state: st, after: r.removeAll(ctx, key, s, t)}
+		return unguarded(st, ReasonNotSelected, "the Cluster's labels do not match the fleet's selector "+r.opts.Selector.String(), r.removeAll(ctx, key, s, t))
 	case st.Mode != ModeWebhook && (st.Mode != ModeAdmissionPolicy || r.opts.Releases == nil):
 		st.Reason, st.Message = ReasonModeUnsupported, fmt.Sprintf("mode %q is not supported; use %q", st.Mode, ModeWebhook)
 		if st.Mode == ModeAdmissionPolicy {
@@ -468,8 +465,7 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta kube.ClusterMe
 		if err != nil {
 			// Not guessed: the policy there stays as it is, and the Cluster
 			// is reported until the annotation is fixed.
-			st.Reason, st.Message = ReasonNotInstalled, err.Error()
-			return outcome{state: st}
+			return unguarded(st, ReasonNotInstalled, err.Error(), 0)
 		}
 		st.Action = string(action)
 		return r.guardPolicy(ctx, key, s, t, st, action)

@@ -30,13 +30,11 @@ func (r *Reconciler) guardWebhook(ctx context.Context, key string, s *session, t
 	cfg, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: r.opts.URL, CABundle: ca, Cluster: key, Webhook: r.opts.Webhook,
 		Registrations: registrations})
 	if err != nil {
-		st.Reason, st.Message = ReasonNotInstalled, err.Error()
-		return outcome{state: st}
+		return unguarded(st, ReasonNotInstalled, err.Error(), 0)
 	}
 	want, err := admission.WebhookConfigObject(cfg)
 	if err != nil {
-		st.Reason, st.Message = ReasonNotInstalled, err.Error()
-		return outcome{state: st}
+		return unguarded(st, ReasonNotInstalled, err.Error(), 0)
 	}
 	have, _ := s.vwc.Get()
 	if other := claimedBy(have); other != "" && other != key {
@@ -161,12 +159,10 @@ func (r *Reconciler) proveWebhook(ctx context.Context, key string, s *session, t
 	// A Node the webhook is sent: its object selector's.
 	nodes, err := s.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: limit, LabelSelector: r.opts.Webhook.ObjectSelector})
 	if err != nil {
-		st.Reason, st.Message = failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, s, err)
-		return outcome{state: st, after: retryUnguarded}, proof{}
+		return unguarded(st, failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, s, err), retryUnguarded), proof{}
 	}
 	if len(nodes.Items) == 0 {
-		st.Reason, st.Message = ReasonNoNodes, "the workload cluster has no Node to prove the guard on yet"
-		return outcome{state: st, after: retryUnguarded}, proof{}
+		return unguarded(st, ReasonNoNodes, "the workload cluster has no Node to prove the guard on yet", retryUnguarded), proof{}
 	}
 	node := &nodes.Items[0]
 	for i := range nodes.Items {
@@ -275,4 +271,11 @@ func (r *Reconciler) policyWarned(warnings []string) bool {
 // policyMark is how the API server names nodeguard's policy in its answers.
 func (r *Reconciler) policyMark() string {
 	return "ValidatingAdmissionPolicy '" + r.policyInfo.Name + "'"
+}
+
+// unguarded is the outcome of a cluster not guarded for reason, looked at
+// again after (0: when something changes).
+func unguarded(st State, reason, message string, after time.Duration) outcome {
+	st.Reason, st.Message = reason, message
+	return outcome{state: st, after: after}
 }
