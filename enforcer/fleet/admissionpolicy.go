@@ -235,7 +235,8 @@ func (s *session) unreleased(ctx context.Context) (*corev1.Node, error) {
 	return nil, nil
 }
 
-// policyObject is one of the objects of mode admission-policy.
+// policyObject is one of the objects the fleet keeps in a workload cluster
+// (watch: its watch there, if any).
 type policyObject struct {
 	gvr             schema.GroupVersionResource
 	namespace, name string

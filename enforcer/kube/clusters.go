@@ -368,15 +368,8 @@ func reduce(obj any) (any, error) {
 	out.SetUID(u.GetUID())
 	out.SetLabels(u.GetLabels())
 	out.SetDeletionTimestamp(u.GetDeletionTimestamp())
-	var kept map[string]string
-	for k, v := range u.GetAnnotations() {
-		if strings.HasPrefix(k, AnnotationPrefix) {
-			if kept == nil {
-				kept = map[string]string{}
-			}
-			kept[k] = v
-		}
-	}
+	kept := maps.Clone(u.GetAnnotations())
+	maps.DeleteFunc(kept, func(k, _ string) bool { return !strings.HasPrefix(k, AnnotationPrefix) })
 	out.SetAnnotations(kept)
 	return out, nil
 }

@@ -34,7 +34,7 @@ type LeaseOptions struct {
 	LeaseDuration time.Duration // default 15s
 	RenewDeadline time.Duration // default 10s
 	RetryPeriod   time.Duration // default 2s
-	Log     *slog.Logger
+	Log           *slog.Logger
 }
 
 // Leader is one replica's part in an election.
