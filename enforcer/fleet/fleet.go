@@ -488,15 +488,16 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta kube.ClusterMe
 // report records a Cluster's State, and tells of it.
 func (r *Reconciler) report(key string, t *tracked, st State) {
 	r.mu.Lock()
-	before, had := t.state, t.reported
-	if had && st.Guarded == before.Guarded && st.Reason == before.Reason {
+	before := t.state
+	same := t.reported && st.sameVerdict(before)
+	if same {
 		st.Since = before.Since
 	} else {
 		st.Since = time.Now()
 	}
 	t.state, t.reported = st, true
 	r.mu.Unlock()
-	if !had || !st.sameVerdict(before) {
+	if !same {
 		r.opts.Log.Info("fleet: workload cluster", "cluster", key, "guarded", st.Guarded, "reason", st.Reason, "message", st.Message)
 		if r.opts.Recorded != nil {
 			r.opts.Recorded(before, st)

@@ -224,17 +224,21 @@ func (r *Reconciler) dryRun(ctx context.Context, s *session, node *corev1.Node) 
 // registrationsOf is the protection the configuration stored in a cluster
 // carries out: deny when it has the registration webhook.
 func registrationsOf(s *session) nodes.Protection {
-	have, ok := s.vwc.Get()
-	if !ok {
-		return nodes.ProtectionOff
-	}
-	hooks, _, _ := unstructured.NestedSlice(have.Object, "webhooks")
-	for _, h := range hooks {
-		if m, _ := h.(map[string]any); m["name"] == admission.RegistrationWebhookName {
-			return nodes.ProtectionDeny
-		}
+	if have, ok := s.vwc.Get(); ok && hook(have, admission.RegistrationWebhookName) != nil {
+		return nodes.ProtectionDeny
 	}
 	return nodes.ProtectionOff
+}
+
+// hook is the webhook name of a stored configuration, nil when it has none.
+func hook(have *unstructured.Unstructured, name string) map[string]any {
+	hooks, _, _ := unstructured.NestedSlice(have.Object, "webhooks")
+	for _, h := range hooks {
+		if m, _ := h.(map[string]any); m["name"] == name {
+			return m
+		}
+	}
+	return nil
 }
 
 // claimedBy is the Cluster a stored configuration routes to, "" when none.
@@ -247,15 +251,9 @@ func claimedBy(have *unstructured.Unstructured) string {
 
 // trusts says whether the stored configuration carries the CA bundle ca.
 func trusts(have *unstructured.Unstructured, ca []byte) bool {
-	hooks, _, _ := unstructured.NestedSlice(have.Object, "webhooks")
-	for _, h := range hooks {
-		m, _ := h.(map[string]any)
-		var hook admissionregistrationv1.ValidatingWebhook
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &hook); err == nil && hook.Name == admission.WebhookName {
-			return string(hook.ClientConfig.CABundle) == string(ca)
-		}
-	}
-	return false
+	var h admissionregistrationv1.ValidatingWebhook
+	m := hook(have, admission.WebhookName)
+	return m != nil && runtime.DefaultUnstructuredConverter.FromUnstructured(m, &h) == nil && string(h.ClientConfig.CABundle) == string(ca)
 }
 
 // policyDenied says whether err is nodeguard's admission policy's denial.
