@@ -72,16 +72,15 @@ func Elect(ctx context.Context, o LeaseOptions) (*Leader, error) {
 		return nil, fmt.Errorf("leader election: %w", err)
 	}
 	l.current.Store(first)
-	var watch *ObjectWatch
-	if o.Watch != nil {
-		if watch, err = WatchObject(ObjectOptions{Client: o.Watch, Resource: leases, Namespace: o.Namespace, Name: o.Name,
-			Changed: l.leaseChanged}); err != nil {
-			return nil, err
-		}
-	}
 	wctx, stopWatch := context.WithCancel(ctx)
 	var watching sync.WaitGroup
-	if watch != nil {
+	if o.Watch != nil {
+		watch, err := WatchObject(ObjectOptions{Client: o.Watch, Resource: leases, Namespace: o.Namespace, Name: o.Name,
+			Changed: l.leaseChanged})
+		if err != nil {
+			stopWatch()
+			return nil, err
+		}
 		watching.Go(func() { watch.Run(wctx) })
 	}
 	go func() {
