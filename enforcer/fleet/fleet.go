@@ -548,7 +548,6 @@ type session struct {
 	c *kube.Cluster
 	// kube collects warnings per request (proofs), as JSON.
 	kube kubernetes.Interface
-	ctx  context.Context
 	// vwc is nodeguard's webhook configuration there; policy, binding and
 	// params the objects of mode admission-policy (nil without
 	// --fleet-admission-policy: nodeguard's identity may not read them).
@@ -583,7 +582,7 @@ func (r *Reconciler) Session(ctx context.Context, c *kube.Cluster) {
 		r.opts.Log.Error("fleet: no client for the workload cluster", "cluster", c.Key, "error", err.Error())
 		return
 	}
-	s := &session{c: c, kube: kc, ctx: ctx}
+	s := &session{c: c, kube: kc}
 	queue := func(*unstructured.Unstructured) { r.loop.Add(c.Key) }
 	watch := func(o kube.ObjectOptions) *kube.ObjectWatch {
 		o.Client, o.Changed = c.Dynamic, queue
