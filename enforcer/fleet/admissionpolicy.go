@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,12 +46,7 @@ func servesPolicies(s *session) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	for _, res := range list.APIResources {
-		if res.Name == admission.PolicyGVR.Resource {
-			return true, nil
-		}
-	}
-	return false, nil
+	return slices.ContainsFunc(list.APIResources, func(res metav1.APIResource) bool { return res.Name == admission.PolicyGVR.Resource }), nil
 }
 
 // enroll has the released Nodes of a Cluster published (by the leader),

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -95,16 +96,10 @@ func NewIssuer(certFile, keyFile, fleetURL string, validity time.Duration) (*Iss
 	if err != nil || u.Hostname() == "" {
 		return nil, fmt.Errorf("--fleet-url %q: want https://HOST[:PORT]", fleetURL)
 	}
-	port := u.Port()
-	if port == "" {
-		port = "443"
-	}
-	if validity <= 0 {
-		validity = DefaultClientCertValidity
-	}
+	kube.SetDefault(&validity, DefaultClientCertValidity)
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
-	return &Issuer{cert: cert, key: key, pool: pool, user: net.JoinHostPort(u.Hostname(), port), validity: validity}, nil
+	return &Issuer{cert: cert, key: key, pool: pool, user: net.JoinHostPort(u.Hostname(), cmp.Or(u.Port(), "443")), validity: validity}, nil
 }
 
 func parseKey(keyPEM []byte) (crypto.Signer, error) {

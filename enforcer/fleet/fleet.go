@@ -452,21 +452,18 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta kube.ClusterMe
 		t.changed = time.Now()
 	}
 	if h := r.opts.Clusters.Health(key); h.Checked && !h.Reachable {
-		st.Reason = ReasonUnreachable
-		st.Message = fmt.Sprintf("the workload API server %s has not answered since %s: %v", s.c.Config.Host,
-			h.Since.UTC().Format(time.RFC3339), h.Err)
-		return outcome{state: st} // its return is told (Changed)
+		// Its return is told (Changed).
+		return unguarded(st, ReasonUnreachable, fmt.Sprintf("the workload API server %s has not answered since %s: %v", s.c.Config.Host,
+			h.Since.UTC().Format(time.RFC3339), h.Err), 0)
 	}
 	if st.Mode == ModeAdmissionPolicy {
 		action, err := rule.ActionOf(meta.Annotations, r.opts.AdmissionPolicy.Action)
-		if action == "" {
-			action = rule.ActionDeny
-		}
 		if err != nil {
 			// Not guessed: the policy there stays as it is, and the Cluster
 			// is reported until the annotation is fixed.
 			return unguarded(st, ReasonNotInstalled, err.Error(), 0)
 		}
+		action = cmp.Or(action, rule.ActionDeny)
 		st.Action = string(action)
 		return r.guardPolicy(ctx, key, s, t, st, action)
 	}
