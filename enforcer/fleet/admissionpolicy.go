@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,12 +46,7 @@ func servesPolicies(s *session) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	for _, res := range list.APIResources {
-		if res.Name == admission.PolicyGVR.Resource {
-			return true, nil
-		}
-	}
-	return false, nil
+	return slices.ContainsFunc(list.APIResources, func(res metav1.APIResource) bool { return res.Name == admission.PolicyGVR.Resource }), nil
 }
 
 // enroll has the released Nodes of a Cluster published (by the leader),
@@ -84,14 +80,12 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 	if s.servesPolicies == nil {
 		ok, err := servesPolicies(s)
 		if err != nil {
-			st.Reason, st.Message = failure(err, ReasonNotInstalled), "discover ValidatingAdmissionPolicy: "+err.Error()+r.repaired(ctx, key, s, err)
-			return outcome{state: st, after: retryUnguarded}
+			return unguarded(st, failure(err, ReasonNotInstalled), "discover ValidatingAdmissionPolicy: "+err.Error()+r.repaired(ctx, key, s, err), retryUnguarded)
 		}
 		s.servesPolicies = &ok
 	}
 	if !*s.servesPolicies {
-		st.Reason, st.Message = ReasonModeUnsupported, "the workload API server does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30 or later)"
-		return outcome{state: st}
+		return unguarded(st, ReasonModeUnsupported, "the workload API server does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30 or later)", 0)
 	}
 	r.enroll(key)
 	t.removing = time.Time{}
@@ -114,12 +108,13 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 		return outcome{state: st, after: r.opts.SettleRetry}
 	}
 	t.entering = time.Time{}
-	opts := r.policyOptions()
+	r.mu.Lock()
+	opts := r.policy
+	r.mu.Unlock()
 	opts.Action = action
 	policy, binding, err := admission.BuildPolicy(r.policyInfo, opts)
 	if err != nil {
-		st.Reason, st.Message = ReasonNotInstalled, err.Error()
-		return outcome{state: st}
+		return unguarded(st, ReasonNotInstalled, err.Error(), 0)
 	}
 	applied := false
 	for _, want := range []struct {
@@ -129,16 +124,14 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 	}{{s.policy, admission.PolicyGVR, policy}, {s.binding, admission.BindingGVR, binding}} {
 		o, err := kube.OwnedFrom(want.gvr, want.obj)
 		if err != nil {
-			st.Reason, st.Message = ReasonNotInstalled, err.Error()
-			return outcome{state: st}
+			return unguarded(st, ReasonNotInstalled, err.Error(), 0)
 		}
 		have, _ := want.watch.Get()
 		if kube.Holds(have, o.Object, "spec") {
 			continue
 		}
 		if _, _, err := kube.RestoreOwned(ctx, s.c.Dynamic, o, "spec"); err != nil {
-			st.Reason, st.Message = failure(err, ReasonNotInstalled), fmt.Sprintf("install %s: %v%s", o, err, r.repaired(ctx, key, s, err))
-			return outcome{state: st, after: retryUnguarded}
+			return unguarded(st, failure(err, ReasonNotInstalled), fmt.Sprintf("install %s: %v%s", o, err, r.repaired(ctx, key, s, err)), retryUnguarded)
 		}
 		applied = true
 	}
@@ -171,20 +164,17 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t *tracked, st State, action rule.Action) (outcome, proof) {
 	node, err := s.unreleased(ctx)
 	if err != nil {
-		st.Reason, st.Message = failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, s, err)
-		return outcome{state: st, after: retryUnguarded}, proof{}
+		return unguarded(st, failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, s, err), retryUnguarded), proof{}
 	}
 	if node == nil {
-		st.Reason, st.Message = ReasonNoNodes, "the workload cluster has no Node that is not released to prove the policy on"
-		return outcome{state: st, after: retryUnguarded}, proof{}
+		return unguarded(st, ReasonNoNodes, "the workload cluster has no Node that is not released to prove the policy on", retryUnguarded), proof{}
 	}
 	warnings, err := r.dryRun(ctx, s, node)
-	mark := policyMark(r.policyInfo.Name)
 	found := rule.Action("")
 	switch {
-	case err != nil && apierrors.IsForbidden(err) && strings.Contains(err.Error(), mark):
+	case apierrors.IsForbidden(err) && r.policyDenied(err):
 		found = rule.ActionDeny
-	case err == nil && containsMark(warnings, mark):
+	case err == nil && r.policyWarned(warnings):
 		found = rule.ActionWarn
 	case err == nil:
 		found = rule.ActionDryRun
@@ -209,15 +199,6 @@ func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t 
 		o.after = min(o.after, retryUnguarded)
 	}
 	return o, p
-}
-
-func containsMark(warnings []string, mark string) bool {
-	for _, w := range warnings {
-		if strings.Contains(w, mark) {
-			return true
-		}
-	}
-	return false
 }
 
 // released is the Nodes the published ConfigMap releases there, by name
@@ -250,7 +231,8 @@ func (s *session) unreleased(ctx context.Context) (*corev1.Node, error) {
 	return nil, nil
 }
 
-// policyObject is one of the objects of mode admission-policy.
+// policyObject is one of the objects the fleet keeps in a workload cluster
+// (watch: its watch there, if any).
 type policyObject struct {
 	gvr             schema.GroupVersionResource
 	namespace, name string
@@ -271,13 +253,7 @@ func (s *session) present(ctx context.Context, o policyObject) (bool, error) {
 		_, ok := o.watch.Get()
 		return ok, nil
 	}
-	var res interface {
-		Get(context.Context, string, metav1.GetOptions, ...string) (*unstructured.Unstructured, error)
-	} = s.c.Admin.Resource(o.gvr)
-	if o.namespace != "" {
-		res = s.c.Admin.Resource(o.gvr).Namespace(o.namespace)
-	}
-	have, err := res.Get(ctx, o.name, metav1.GetOptions{})
+	have, err := s.c.Admin.Resource(o.gvr).Namespace(o.namespace).Get(ctx, o.name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) || (err != nil && isNotServed(err)) {
 		return false, nil
 	}
@@ -347,27 +323,22 @@ func (r *Reconciler) removePolicy(ctx context.Context, key string, s *session, t
 		ok, err := s.present(ctx, o)
 		left = left || ok || err != nil
 	}
-	if !left {
-		t.removing = time.Time{}
-		if s.binding == nil {
-			s.leftoversChecked = true
+	if left {
+		if t.removing.IsZero() {
+			t.removing = time.Now() // gone before it was seen: wait as if just removed
 		}
-		return true
-	}
-	if t.removing.IsZero() {
-		t.removing = time.Now() // gone before it was seen: wait as if just removed
-	}
-	if !r.bindingUnapplied(ctx, s, t) {
-		return false
-	}
-	for _, o := range []policyObject{policy, params} {
-		if _, err := r.delete(ctx, s, o.gvr, o.namespace, o.name); err != nil {
-			r.opts.Log.Warn("fleet: cannot remove nodeguard's admission policy; trying again", "cluster", key, "error", err.Error())
+		if !r.bindingUnapplied(ctx, s, t) {
 			return false
 		}
+		for _, o := range []policyObject{policy, params} {
+			if _, err := r.delete(ctx, s, o.gvr, o.namespace, o.name); err != nil {
+				r.opts.Log.Warn("fleet: cannot remove nodeguard's admission policy; trying again", "cluster", key, "error", err.Error())
+				return false
+			}
+		}
+		r.opts.Log.Info("fleet: removed nodeguard's admission policy and its released Nodes", "cluster", key,
+			"waitedForTheBinding", time.Since(t.removing).Round(time.Millisecond).String())
 	}
-	r.opts.Log.Info("fleet: removed nodeguard's admission policy and its released Nodes", "cluster", key,
-		"waitedForTheBinding", time.Since(t.removing).Round(time.Millisecond).String())
 	t.removing = time.Time{}
 	if s.binding == nil {
 		s.leftoversChecked = true
@@ -388,8 +359,7 @@ func (r *Reconciler) bindingUnapplied(ctx context.Context, s *session, t *tracke
 		return since >= bindingApplyTime
 	}
 	warnings, err := r.dryRun(ctx, s, node)
-	mark := policyMark(r.policyInfo.Name)
-	return !containsMark(warnings, mark) && (err == nil || !strings.Contains(err.Error(), mark))
+	return !r.policyWarned(warnings) && !r.policyDenied(err)
 }
 
 // removeAll removes everything the fleet keeps in a cluster nodeguard is to

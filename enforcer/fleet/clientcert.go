@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -55,10 +56,12 @@ const DefaultClientCertValidity = 365 * 24 * time.Hour
 
 // Issuer issues the workload API servers' webhook client certificates.
 type Issuer struct {
-	cert     *x509.Certificate
-	key      crypto.Signer
-	pool     *x509.CertPool
-	user     string // the kubeconfig user: the webhook's host:port
+	cert *x509.Certificate
+	key  crypto.Signer
+	pool *x509.CertPool
+	// user names the kubeconfig's user: the webhook's host:port, which the
+	// API server looks its webhook credentials up by.
+	user     string
 	validity time.Duration
 }
 
@@ -93,16 +96,10 @@ func NewIssuer(certFile, keyFile, fleetURL string, validity time.Duration) (*Iss
 	if err != nil || u.Hostname() == "" {
 		return nil, fmt.Errorf("--fleet-url %q: want https://HOST[:PORT]", fleetURL)
 	}
-	port := u.Port()
-	if port == "" {
-		port = "443"
-	}
-	if validity <= 0 {
-		validity = DefaultClientCertValidity
-	}
+	kube.SetDefault(&validity, DefaultClientCertValidity)
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
-	return &Issuer{cert: cert, key: key, pool: pool, user: net.JoinHostPort(u.Hostname(), port), validity: validity}, nil
+	return &Issuer{cert: cert, key: key, pool: pool, user: net.JoinHostPort(u.Hostname(), cmp.Or(u.Port(), "443")), validity: validity}, nil
 }
 
 func parseKey(keyPEM []byte) (crypto.Signer, error) {
@@ -123,13 +120,6 @@ func parseKey(keyPEM []byte) (crypto.Signer, error) {
 	}
 	return nil, errors.New("not a PKCS#8, EC or PKCS#1 private key")
 }
-
-// Pool is the CA the cluster routes verify client certificates against.
-func (i *Issuer) Pool() *x509.CertPool { return i.pool }
-
-// User is the name of the kubeconfig user: the webhook's host:port, which
-// the API server looks its webhook credentials up by.
-func (i *Issuer) User() string { return i.user }
 
 // Kubeconfig issues a new key and certificate for the Cluster key and
 // returns them as the kubeconfig the workload API server reads.

@@ -56,7 +56,7 @@ func TestTheIssuedKubeconfigIsTheClusters(t *testing.T) {
 	assert.False(t, i.current(kc, "fleet/prod-1", now.Add(6*time.Hour+10*time.Minute)), "renewed with less than a third left")
 	other, err := NewIssuer(testpki.New(t).CAFile(t), ca.KeyFile(t), "https://ng.example.com", 0)
 	require.NoError(t, err)
-	assert.Equal(t, "ng.example.com:443", other.User())
+	assert.Equal(t, "ng.example.com:443", other.user)
 	assert.False(t, other.current(kc, "fleet/prod-1", now), "another CA's")
 
 	_, err = NewIssuer(filepath.Join(t.TempDir(), "missing"), ca.KeyFile(t), "https://x", 0)

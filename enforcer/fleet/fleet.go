@@ -29,6 +29,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -192,9 +193,7 @@ func New(opts Options) (*Reconciler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	if opts.CARetention <= 0 {
-		opts.CARetention = DefaultCARetention
-	}
+	kube.SetDefault(&opts.CARetention, DefaultCARetention)
 	kept := retainer{keep: opts.CARetention}
 	ca := kept.bundle(time.Now(), certs)
 	if _, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: opts.URL, CABundle: ca, Cluster: "a/b", Webhook: opts.Webhook}); err != nil {
@@ -203,27 +202,13 @@ func New(opts Options) (*Reconciler, error) {
 	if opts.Selector == nil {
 		opts.Selector = labels.Everything()
 	}
-	if opts.ProofInterval <= 0 {
-		opts.ProofInterval = DefaultProofInterval
-	}
-	if opts.SettleWindow <= 0 {
-		opts.SettleWindow = DefaultSettleWindow
-	}
-	if opts.SettleRetry <= 0 {
-		opts.SettleRetry = DefaultSettleRetry
-	}
-	if opts.CAInterval <= 0 {
-		opts.CAInterval = defaultCAInterval
-	}
-	if opts.ProofTimeout <= 0 {
-		opts.ProofTimeout = defaultProofTimeout
-	}
-	if opts.Workers <= 0 {
-		opts.Workers = defaultWorkers
-	}
-	if opts.Log == nil {
-		opts.Log = slog.New(slog.DiscardHandler)
-	}
+	kube.SetDefault(&opts.ProofInterval, DefaultProofInterval)
+	kube.SetDefault(&opts.SettleWindow, DefaultSettleWindow)
+	kube.SetDefault(&opts.SettleRetry, DefaultSettleRetry)
+	kube.SetDefault(&opts.CAInterval, defaultCAInterval)
+	kube.SetDefault(&opts.ProofTimeout, defaultProofTimeout)
+	kube.SetDefault(&opts.Workers, defaultWorkers)
+	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	info, err := admission.LoadPolicyInfo()
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
@@ -281,13 +266,6 @@ func (r *Reconciler) Reprove() {
 // Lead is called when this replica starts leading: every Cluster is
 // looked at and proven again.
 func (r *Reconciler) Lead() { r.Reprove() }
-
-// policyOptions is how the admission policy is built now.
-func (r *Reconciler) policyOptions() admission.PolicyOptions {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.policy
-}
 
 // Changed queues a Cluster whose Meta, connection or health changed
 // (kube.ClusterSetOptions.Changed).
@@ -442,14 +420,11 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta kube.ClusterMe
 	}
 	switch {
 	case meta.Deleting:
-		st.Reason, st.Message = ReasonDeleting, "the Cluster is being deleted; nodeguard leaves its workload cluster alone"
-		return outcome{state: st}
+		return unguarded(st, ReasonDeleting, "the Cluster is being deleted; nodeguard leaves its workload cluster alone", 0)
 	case meta.Annotations[OptOutAnnotation] == "true":
-		st.Reason, st.Message = ReasonOptedOut, "annotation "+OptOutAnnotation+": true"
-		return outcome{state: st, after: r.removeAll(ctx, key, s, t)}
+		return unguarded(st, ReasonOptedOut, "annotation "+OptOutAnnotation+": true", r.removeAll(ctx, key, s, t))
 	case !r.opts.Selector.Matches(labels.Set(meta.Labels)):
-		st.Reason, st.Message = ReasonNotSelected, "the Cluster's labels do not match the fleet's selector "+r.opts.Selector.String()
-		return outcome{state: st, after: r.removeAll(ctx, key, s, t)}
+		return unguarded(st, ReasonNotSelected, "the Cluster's labels do not match the fleet's selector "+r.opts.Selector.String(), r.removeAll(ctx, key, s, t))
 	case st.Mode != ModeWebhook && (st.Mode != ModeAdmissionPolicy || r.opts.Releases == nil):
 		st.Reason, st.Message = ReasonModeUnsupported, fmt.Sprintf("mode %q is not supported; use %q", st.Mode, ModeWebhook)
 		if st.Mode == ModeAdmissionPolicy {
@@ -477,22 +452,18 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta kube.ClusterMe
 		t.changed = time.Now()
 	}
 	if h := r.opts.Clusters.Health(key); h.Checked && !h.Reachable {
-		st.Reason = ReasonUnreachable
-		st.Message = fmt.Sprintf("the workload API server %s has not answered since %s: %v", s.c.Config.Host,
-			h.Since.UTC().Format(time.RFC3339), h.Err)
-		return outcome{state: st} // its return is told (Changed)
+		// Its return is told (Changed).
+		return unguarded(st, ReasonUnreachable, fmt.Sprintf("the workload API server %s has not answered since %s: %v", s.c.Config.Host,
+			h.Since.UTC().Format(time.RFC3339), h.Err), 0)
 	}
 	if st.Mode == ModeAdmissionPolicy {
 		action, err := rule.ActionOf(meta.Annotations, r.opts.AdmissionPolicy.Action)
-		if action == "" {
-			action = rule.ActionDeny
-		}
 		if err != nil {
 			// Not guessed: the policy there stays as it is, and the Cluster
 			// is reported until the annotation is fixed.
-			st.Reason, st.Message = ReasonNotInstalled, err.Error()
-			return outcome{state: st}
+			return unguarded(st, ReasonNotInstalled, err.Error(), 0)
 		}
+		action = cmp.Or(action, rule.ActionDeny)
 		st.Action = string(action)
 		return r.guardPolicy(ctx, key, s, t, st, action)
 	}
@@ -514,15 +485,16 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta kube.ClusterMe
 // report records a Cluster's State, and tells of it.
 func (r *Reconciler) report(key string, t *tracked, st State) {
 	r.mu.Lock()
-	before, had := t.state, t.reported
-	if had && st.Guarded == before.Guarded && st.Reason == before.Reason {
+	before := t.state
+	same := t.reported && st.sameVerdict(before)
+	if same {
 		st.Since = before.Since
 	} else {
 		st.Since = time.Now()
 	}
 	t.state, t.reported = st, true
 	r.mu.Unlock()
-	if !had || !st.sameVerdict(before) {
+	if !same {
 		r.opts.Log.Info("fleet: workload cluster", "cluster", key, "guarded", st.Guarded, "reason", st.Reason, "message", st.Message)
 		if r.opts.Recorded != nil {
 			r.opts.Recorded(before, st)
@@ -573,7 +545,6 @@ type session struct {
 	c *kube.Cluster
 	// kube collects warnings per request (proofs), as JSON.
 	kube kubernetes.Interface
-	ctx  context.Context
 	// vwc is nodeguard's webhook configuration there; policy, binding and
 	// params the objects of mode admission-policy (nil without
 	// --fleet-admission-policy: nodeguard's identity may not read them).
@@ -608,7 +579,7 @@ func (r *Reconciler) Session(ctx context.Context, c *kube.Cluster) {
 		r.opts.Log.Error("fleet: no client for the workload cluster", "cluster", c.Key, "error", err.Error())
 		return
 	}
-	s := &session{c: c, kube: kc, ctx: ctx}
+	s := &session{c: c, kube: kc}
 	queue := func(*unstructured.Unstructured) { r.loop.Add(c.Key) }
 	watch := func(o kube.ObjectOptions) *kube.ObjectWatch {
 		o.Client, o.Changed = c.Dynamic, queue

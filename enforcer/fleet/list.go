@@ -5,13 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
@@ -23,13 +20,9 @@ const ReasonNotReported = "not-reported"
 // List is every Cluster of the management cluster c with the State the
 // fleet reconciler reported for it (in namespace ns), sorted by key.
 func List(ctx context.Context, c kube.Clients, ns string) ([]State, error) {
-	mapping, err := kube.RESTMapping(c.Mapper, kube.ClusterKind)
+	keys, err := kube.ClusterKeys(ctx, c, "")
 	if err != nil {
-		return nil, fmt.Errorf("the Cluster resource: %w", err)
-	}
-	list, err := c.Dynamic.Resource(mapping.Resource).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("list Clusters: %w", err)
+		return nil, err
 	}
 	reported, err := ReadStatus(ctx, c.Dynamic, ns)
 	if apierrors.IsNotFound(err) {
@@ -38,9 +31,8 @@ func List(ctx context.Context, c kube.Clients, ns string) ([]State, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]State, 0, len(list.Items))
-	for _, cl := range list.Items {
-		key := cl.GetNamespace() + "/" + cl.GetName()
+	out := make([]State, 0, len(keys))
+	for _, key := range keys {
 		st, ok := reported[key]
 		if !ok {
 			st = State{Cluster: key, Reason: ReasonNotReported,
@@ -48,7 +40,6 @@ func List(ctx context.Context, c kube.Clients, ns string) ([]State, error) {
 		}
 		out = append(out, st)
 	}
-	slices.SortFunc(out, func(a, b State) int { return strings.Compare(a.Cluster, b.Cluster) })
 	return out, nil
 }
 
@@ -82,11 +73,7 @@ func Print(out io.Writer, states []State, output string, now time.Time) error {
 		if !s.LastProof.IsZero() {
 			proof = now.Sub(s.LastProof).Round(time.Second).String() + " ago"
 		}
-		reason := s.Reason
-		if reason == "" {
-			reason = "-"
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Cluster, dash(s.Mode), yes(s.Guarded), yes(s.Wired), yes(s.CACurrent), proof, reason)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Cluster, dash(s.Mode), yes(s.Guarded), yes(s.Wired), yes(s.CACurrent), proof, dash(s.Reason))
 	}
 	return w.Flush()
 }

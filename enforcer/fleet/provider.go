@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -43,12 +44,8 @@ var providerCRD = admission.ProviderGVR.Resource + "." + admission.ProviderGVR.G
 
 // Run keeps the Provider until ctx is done.
 func (k *ProviderKeeper) Run(ctx context.Context) error {
-	if k.Log == nil {
-		k.Log = slog.New(slog.DiscardHandler)
-	}
-	if k.CAInterval <= 0 {
-		k.CAInterval = defaultCAInterval
-	}
+	k.Log = cmp.Or(k.Log, slog.New(slog.DiscardHandler))
+	kube.SetDefault(&k.CAInterval, defaultCAInterval)
 	if _, err := readCerts(k.CAFiles); err != nil {
 		return fmt.Errorf("gatekeeper provider: %w", err)
 	}

@@ -144,9 +144,7 @@ func (s *Status) Forget(key string) {
 
 // Run writes until ctx is done.
 func (s *Status) Run(ctx context.Context) {
-	if s.Interval <= 0 {
-		s.Interval = DefaultStatusInterval
-	}
+	kube.SetDefault(&s.Interval, DefaultStatusInterval)
 	wait.UntilWithContext(ctx, s.flush, time.Second)
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
@@ -26,15 +25,11 @@ func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	type object struct {
-		gvr             schema.GroupVersionResource
-		namespace, name string
-	}
-	objs := []object{
-		{admission.WebhookConfigGVR, "", admission.Name},
-		{admission.BindingGVR, "", info.Name},
-		{admission.PolicyGVR, "", info.Name},
-		{admission.ParamsGVR, admission.ParamsNamespace, admission.ParamsName},
+	objs := []policyObject{
+		{gvr: admission.WebhookConfigGVR, name: admission.Name},
+		{gvr: admission.BindingGVR, name: info.Name},
+		{gvr: admission.PolicyGVR, name: info.Name},
+		{gvr: admission.ParamsGVR, namespace: admission.ParamsNamespace, name: admission.ParamsName},
 	}
 	ident, err := kube.IdentityObjects(kube.IdentityOptions{})
 	if err != nil {
@@ -42,7 +37,7 @@ func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
 	}
 	for _, o := range ident {
 		if o.Object.GetKind() != "Namespace" {
-			objs = append(objs, object{o.Resource, o.Object.GetNamespace(), o.Object.GetName()})
+			objs = append(objs, policyObject{gvr: o.Resource, namespace: o.Object.GetNamespace(), name: o.Object.GetName()})
 		}
 	}
 	var removed []string

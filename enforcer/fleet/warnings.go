@@ -3,8 +3,6 @@ package fleet
 import (
 	"context"
 	"sync"
-
-	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // warningCollector hands each warning of a response to the list the
@@ -31,8 +29,4 @@ func (warningCollector) HandleWarningHeaderWithContext(ctx context.Context, code
 	l.mu.Lock()
 	*l.out = append(*l.out, text)
 	l.mu.Unlock()
-}
-
-func fromUnstructured(m map[string]any, into any) error {
-	return runtime.DefaultUnstructuredConverter.FromUnstructured(m, into)
 }

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
@@ -29,13 +30,11 @@ func (r *Reconciler) guardWebhook(ctx context.Context, key string, s *session, t
 	cfg, err := admission.BuildWebhookConfig(admission.WebhookConfigOptions{URL: r.opts.URL, CABundle: ca, Cluster: key, Webhook: r.opts.Webhook,
 		Registrations: registrations})
 	if err != nil {
-		st.Reason, st.Message = ReasonNotInstalled, err.Error()
-		return outcome{state: st}
+		return unguarded(st, ReasonNotInstalled, err.Error(), 0)
 	}
 	want, err := admission.WebhookConfigObject(cfg)
 	if err != nil {
-		st.Reason, st.Message = ReasonNotInstalled, err.Error()
-		return outcome{state: st}
+		return unguarded(st, ReasonNotInstalled, err.Error(), 0)
 	}
 	have, _ := s.vwc.Get()
 	if other := claimedBy(have); other != "" && other != key {
@@ -160,12 +159,10 @@ func (r *Reconciler) proveWebhook(ctx context.Context, key string, s *session, t
 	// A Node the webhook is sent: its object selector's.
 	nodes, err := s.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: limit, LabelSelector: r.opts.Webhook.ObjectSelector})
 	if err != nil {
-		st.Reason, st.Message = failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, s, err)
-		return outcome{state: st, after: retryUnguarded}, proof{}
+		return unguarded(st, failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, s, err), retryUnguarded), proof{}
 	}
 	if len(nodes.Items) == 0 {
-		st.Reason, st.Message = ReasonNoNodes, "the workload cluster has no Node to prove the guard on yet"
-		return outcome{state: st, after: retryUnguarded}, proof{}
+		return unguarded(st, ReasonNoNodes, "the workload cluster has no Node to prove the guard on yet", retryUnguarded), proof{}
 	}
 	node := &nodes.Items[0]
 	for i := range nodes.Items {
@@ -184,7 +181,7 @@ func (r *Reconciler) proveWebhook(ctx context.Context, key string, s *session, t
 	case err == nil:
 		st.Reason, st.Message = ReasonReviewNotReceived,
 			fmt.Sprintf("a dry-run delete of Node %s was admitted without nodeguard's answer: the API server does not send it to nodeguard's route", node.Name)
-	case s.policyDenied(err, r.policyInfo.Name):
+	case r.policyDenied(err):
 		t.policyDecides, p.policyDecides = true, true
 		st.Reason, st.Message = ReasonReviewNotReceived, "nodeguard's admission policy of mode "+ModeAdmissionPolicy+" still decides there"
 	case isWebhookCallFailure(err) && isCertificateError(err):
@@ -227,17 +224,21 @@ func (r *Reconciler) dryRun(ctx context.Context, s *session, node *corev1.Node) 
 // registrationsOf is the protection the configuration stored in a cluster
 // carries out: deny when it has the registration webhook.
 func registrationsOf(s *session) nodes.Protection {
-	have, ok := s.vwc.Get()
-	if !ok {
-		return nodes.ProtectionOff
-	}
-	hooks, _, _ := unstructured.NestedSlice(have.Object, "webhooks")
-	for _, h := range hooks {
-		if m, _ := h.(map[string]any); m["name"] == admission.RegistrationWebhookName {
-			return nodes.ProtectionDeny
-		}
+	if have, ok := s.vwc.Get(); ok && hook(have, admission.RegistrationWebhookName) != nil {
+		return nodes.ProtectionDeny
 	}
 	return nodes.ProtectionOff
+}
+
+// hook is the webhook name of a stored configuration, nil when it has none.
+func hook(have *unstructured.Unstructured, name string) map[string]any {
+	hooks, _, _ := unstructured.NestedSlice(have.Object, "webhooks")
+	for _, h := range hooks {
+		if m, _ := h.(map[string]any); m["name"] == name {
+			return m
+		}
+	}
+	return nil
 }
 
 // claimedBy is the Cluster a stored configuration routes to, "" when none.
@@ -250,21 +251,29 @@ func claimedBy(have *unstructured.Unstructured) string {
 
 // trusts says whether the stored configuration carries the CA bundle ca.
 func trusts(have *unstructured.Unstructured, ca []byte) bool {
-	hooks, _, _ := unstructured.NestedSlice(have.Object, "webhooks")
-	for _, h := range hooks {
-		m, _ := h.(map[string]any)
-		var hook admissionregistrationv1.ValidatingWebhook
-		if err := fromUnstructured(m, &hook); err == nil && hook.Name == admission.WebhookName {
-			return string(hook.ClientConfig.CABundle) == string(ca)
-		}
-	}
-	return false
+	var h admissionregistrationv1.ValidatingWebhook
+	m := hook(have, admission.WebhookName)
+	return m != nil && runtime.DefaultUnstructuredConverter.FromUnstructured(m, &h) == nil && string(h.ClientConfig.CABundle) == string(ca)
 }
 
 // policyDenied says whether err is nodeguard's admission policy's denial.
-func (s *session) policyDenied(err error, name string) bool {
-	return err != nil && strings.Contains(err.Error(), policyMark(name))
+func (r *Reconciler) policyDenied(err error) bool {
+	return err != nil && strings.Contains(err.Error(), r.policyMark())
+}
+
+// policyWarned says whether warnings carry nodeguard's admission policy's.
+func (r *Reconciler) policyWarned(warnings []string) bool {
+	return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, r.policyMark()) })
 }
 
 // policyMark is how the API server names nodeguard's policy in its answers.
-func policyMark(name string) string { return "ValidatingAdmissionPolicy '" + name + "'" }
+func (r *Reconciler) policyMark() string {
+	return "ValidatingAdmissionPolicy '" + r.policyInfo.Name + "'"
+}
+
+// unguarded is the outcome of a cluster not guarded for reason, looked at
+// again after (0: when something changes).
+func unguarded(st State, reason, message string, after time.Duration) outcome {
+	st.Reason, st.Message = reason, message
+	return outcome{state: st, after: after}
+}

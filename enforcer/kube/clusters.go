@@ -23,6 +23,7 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -134,9 +135,13 @@ type ClusterSet struct {
 	listed    bool                   // the Clusters' informer synced
 	clusters  map[string]ClusterMeta // Clusters that exist
 	conns     map[string]*conn
-	failures  map[string]error     // why a Cluster has no connection
-	failing   map[string]time.Time // since when it has had no connection, failing
+	failures  map[string]failure   // why a Cluster has no connection, and since when
 	secretDue map[string]time.Time // when its Secret is read next (absent: now)
+}
+
+type failure struct {
+	err   error
+	since time.Time
 }
 
 // ClusterMeta is what the ClusterSet keeps of a Cluster: what says whether, and how, a
@@ -178,33 +183,20 @@ func NewClusterSet(opts ClusterSetOptions) (*ClusterSet, error) {
 	if opts.Management.Dynamic == nil || opts.Management.Mapper == nil || opts.Secrets == nil || opts.Start == nil {
 		return nil, errors.New("clusters: the management cluster's clients and a Start function are required")
 	}
-	if opts.Recheck <= 0 {
-		opts.Recheck = DefaultClusterRecheck
-	}
-	if opts.ProbeInterval <= 0 {
-		opts.ProbeInterval = DefaultProbeInterval
-	}
-	if opts.ProbeTimeout <= 0 {
-		opts.ProbeTimeout = DefaultProbeTimeout
-	}
-	if opts.UnreachableProbeInterval <= 0 {
-		opts.UnreachableProbeInterval = DefaultUnreachableProbeInterval
-	}
+	SetDefault(&opts.Recheck, DefaultClusterRecheck)
+	SetDefault(&opts.ProbeInterval, DefaultProbeInterval)
+	SetDefault(&opts.ProbeTimeout, DefaultProbeTimeout)
+	SetDefault(&opts.UnreachableProbeInterval, DefaultUnreachableProbeInterval)
 	if opts.EventsQPS <= 0 {
 		opts.EventsQPS, opts.EventsBurst = 10, 50
 	}
-	if opts.Workers <= 0 {
-		opts.Workers = 16
-	}
-	if opts.Log == nil {
-		opts.Log = slog.New(slog.DiscardHandler)
-	}
+	SetDefault(&opts.Workers, 16)
+	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	s := &ClusterSet{
 		opts:      opts,
 		clusters:  map[string]ClusterMeta{},
 		conns:     map[string]*conn{},
-		failures:  map[string]error{},
-		failing:   map[string]time.Time{},
+		failures:  map[string]failure{},
 		secretDue: map[string]time.Time{},
 	}
 	s.loop = NewLoop(LoopOptions{Name: "workload-clusters", Workers: opts.Workers, BaseBackoff: defaultProbeBackoffBase,
@@ -235,20 +227,20 @@ func (s *ClusterSet) Await(ctx context.Context, key string, wait time.Duration) 
 		s.mu.Lock()
 		c, connected := s.conns[key]
 		_, exists := s.clusters[key]
-		err, since := s.failures[key], s.failing[key]
+		f, listed := s.failures[key], s.listed
 		s.mu.Unlock()
 		switch {
 		case connected:
 			return c.cluster, nil
-		case err != nil && time.Since(since) >= wait:
-			return nil, err
-		case !exists && s.synced():
+		case f.err != nil && time.Since(f.since) >= wait:
+			return nil, f.err
+		case !exists && listed:
 			return nil, fmt.Errorf("no Cluster %s", key)
 		}
 		select {
 		case <-ctx.Done():
-			if err != nil {
-				return nil, err
+			if f.err != nil {
+				return nil, f.err
 			}
 			return nil, fmt.Errorf("no connection to workload cluster %s yet", key)
 		case <-time.After(50 * time.Millisecond):
@@ -265,12 +257,6 @@ func (s *ClusterSet) Health(key string) ClusterHealth {
 		return c.health
 	}
 	return ClusterHealth{}
-}
-
-func (s *ClusterSet) synced() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.listed
 }
 
 // Meta returns what the ClusterSet keeps of the Cluster key, and whether it exists.
@@ -294,7 +280,7 @@ func (s *ClusterSet) Clusters() []string {
 func (s *ClusterSet) Failure(key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.failures[key]
+	return s.failures[key].err
 }
 
 // Keys returns the Clusters with a connection, sorted.
@@ -382,15 +368,8 @@ func reduce(obj any) (any, error) {
 	out.SetUID(u.GetUID())
 	out.SetLabels(u.GetLabels())
 	out.SetDeletionTimestamp(u.GetDeletionTimestamp())
-	var kept map[string]string
-	for k, v := range u.GetAnnotations() {
-		if strings.HasPrefix(k, AnnotationPrefix) {
-			if kept == nil {
-				kept = map[string]string{}
-			}
-			kept[k] = v
-		}
-	}
+	kept := maps.Clone(u.GetAnnotations())
+	maps.DeleteFunc(kept, func(k, _ string) bool { return !strings.HasPrefix(k, AnnotationPrefix) })
 	out.SetAnnotations(kept)
 	return out, nil
 }
@@ -445,7 +424,6 @@ func (s *ClusterSet) reconcile(ctx context.Context, key string) Result {
 		s.disconnect(key)
 		s.mu.Lock()
 		delete(s.failures, key)
-		delete(s.failing, key)
 		delete(s.secretDue, key)
 		s.mu.Unlock()
 		s.opts.Metrics.forget(key)
@@ -456,7 +434,7 @@ func (s *ClusterSet) reconcile(ctx context.Context, key string) Result {
 		err := s.connect(ctx, key)
 		s.setFailure(ctx, key, err)
 		if err != nil && ctx.Err() == nil {
-			s.opts.Metrics.failed(key, "kubeconfig")
+			s.opts.Metrics.Failed(key, "kubeconfig")
 			s.opts.Log.Error("workload cluster: cannot connect; retrying", "cluster", key, "error", err.Error(),
 				"failures", s.loop.Failures(key)+1)
 		}
@@ -491,15 +469,14 @@ func (s *ClusterSet) setFailure(ctx context.Context, key string, err error) {
 		err = nil
 	}
 	s.mu.Lock()
-	before := s.failures[key]
-	if err != nil {
-		s.failures[key] = err
-		if before == nil {
-			s.failing[key] = time.Now()
-		}
-	} else {
+	was := s.failures[key]
+	before := was.err
+	if err == nil {
 		delete(s.failures, key)
-		delete(s.failing, key)
+	} else if before == nil {
+		s.failures[key] = failure{err, time.Now()}
+	} else {
+		s.failures[key] = failure{err, was.since}
 	}
 	s.mu.Unlock()
 	if (before == nil) != (err == nil) || (before != nil && err != nil && before.Error() != err.Error()) {
@@ -525,11 +502,10 @@ func (s *ClusterSet) connect(ctx context.Context, key string) error {
 		return nil
 	}
 	cfg, err := ClusterConfig(key, kubeconfig)
+	s.disconnect(key)
 	if err != nil {
-		s.disconnect(key)
 		return err
 	}
-	s.disconnect(key)
 	c := &conn{digest: digest, done: make(chan struct{})}
 	suspect := func(err error) { s.suspect(key, c, err) }
 	admin, err := s.build(key, cfg, suspect)
@@ -618,7 +594,6 @@ func (s *ClusterSet) disconnect(key string) {
 	c.cancel()
 	<-c.done
 	s.opts.Metrics.running(key, false)
-	s.opts.Metrics.reachable(key, nil)
 	s.opts.Log.Info("workload cluster: disconnected", "cluster", key)
 	if s.opts.Stopped != nil {
 		s.opts.Stopped(key)
@@ -676,10 +651,10 @@ func (s *ClusterSet) probe(ctx context.Context, key string) time.Duration {
 	}
 	next := time.Until(s.probeDue(c))
 	s.mu.Unlock()
-	s.opts.Metrics.reachable(key, &c.health.Reachable)
+	s.opts.Metrics.reachable(key, c.health.Reachable)
 	if turned {
 		if err != nil {
-			s.opts.Metrics.failed(key, "health")
+			s.opts.Metrics.Failed(key, "health")
 			s.opts.Log.Error("workload cluster: unreachable", "cluster", key, "error", err.Error())
 		} else if before.Checked {
 			s.opts.Log.Info("workload cluster: reachable again", "cluster", key, "unreachableFor", start.Sub(before.Since).Round(time.Second).String())
@@ -734,9 +709,7 @@ func NewClusterMetrics(reg prometheus.Registerer) (*ClusterMetrics, error) {
 }
 
 // Failed counts one failure of a cluster at a stage ("watch" for callers).
-func (m *ClusterMetrics) Failed(cluster, stage string) { m.failed(cluster, stage) }
-
-func (m *ClusterMetrics) failed(cluster, stage string) {
+func (m *ClusterMetrics) Failed(cluster, stage string) {
 	if m != nil {
 		m.errors.WithLabelValues(cluster, stage).Inc()
 	}
@@ -758,19 +731,15 @@ func (m *ClusterMetrics) running(cluster string, on bool) {
 		return
 	}
 	m.sessions.DeleteLabelValues(cluster)
+	m.reachOK.DeleteLabelValues(cluster)
 }
 
-// reachable sets a cluster's gauge (nil: drops it).
-func (m *ClusterMetrics) reachable(cluster string, ok *bool) {
+func (m *ClusterMetrics) reachable(cluster string, ok bool) {
 	if m == nil {
 		return
 	}
-	if ok == nil {
-		m.reachOK.DeleteLabelValues(cluster)
-		return
-	}
 	v := 0.0
-	if *ok {
+	if ok {
 		v = 1
 	}
 	m.reachOK.WithLabelValues(cluster).Set(v)

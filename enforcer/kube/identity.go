@@ -9,6 +9,7 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -76,12 +77,8 @@ type IdentitySession struct {
 // EnsureIdentity installs the identity with admin (the kubeconfig's credentials),
 // gets its first token, and returns the session that uses it.
 func EnsureIdentity(ctx context.Context, admin *rest.Config, opts IdentityOptions) (*IdentitySession, error) {
-	if opts.TokenTTL <= 0 {
-		opts.TokenTTL = DefaultTokenTTL
-	}
-	if opts.Log == nil {
-		opts.Log = slog.New(slog.DiscardHandler)
-	}
+	SetDefault(&opts.TokenTTL, DefaultTokenTTL)
+	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	s := &IdentitySession{admin: admin, opts: opts}
 	if err := s.Repair(ctx); err != nil {
 		return nil, err
@@ -135,27 +132,28 @@ func IdentityObjects(opts IdentityOptions) ([]Owned, error) {
 	if opts.Taint {
 		nodeVerbs = append(nodeVerbs, "update")
 	}
+	core, rbac := corev1.SchemeGroupVersion, rbacv1.SchemeGroupVersion
 	subject := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: Name, Namespace: Namespace}}
 	typed := []struct {
 		gvr schema.GroupVersionResource
 		obj runtime.Object
 	}{
-		{gvr("", "v1", "namespaces"), &corev1.Namespace{TypeMeta: tm("v1", "Namespace"), ObjectMeta: meta("", Namespace)}},
-		{gvr("", "v1", "serviceaccounts"), &corev1.ServiceAccount{TypeMeta: tm("v1", "ServiceAccount"), ObjectMeta: meta(Namespace, Name)}},
-		{gvr(rbacv1.GroupName, "v1", "clusterroles"), &rbacv1.ClusterRole{TypeMeta: tm("rbac.authorization.k8s.io/v1", "ClusterRole"),
+		{core.WithResource("namespaces"), &corev1.Namespace{TypeMeta: tm(core, "Namespace"), ObjectMeta: meta("", Namespace)}},
+		{core.WithResource("serviceaccounts"), &corev1.ServiceAccount{TypeMeta: tm(core, "ServiceAccount"), ObjectMeta: meta(Namespace, Name)}},
+		{rbac.WithResource("clusterroles"), &rbacv1.ClusterRole{TypeMeta: tm(rbac, "ClusterRole"),
 			ObjectMeta: meta("", Name), Rules: append([]rbacv1.PolicyRule{
 				{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: nodeVerbs},
 				{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 			}, opts.Owns...)}},
-		{gvr(rbacv1.GroupName, "v1", "clusterrolebindings"), &rbacv1.ClusterRoleBinding{TypeMeta: tm("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+		{rbac.WithResource("clusterrolebindings"), &rbacv1.ClusterRoleBinding{TypeMeta: tm(rbac, "ClusterRoleBinding"),
 			ObjectMeta: meta("", Name), Subjects: subject,
 			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: Name}}},
 		// Its own tokens, and nothing else of the namespace.
-		{gvr(rbacv1.GroupName, "v1", "roles"), &rbacv1.Role{TypeMeta: tm("rbac.authorization.k8s.io/v1", "Role"),
+		{rbac.WithResource("roles"), &rbacv1.Role{TypeMeta: tm(rbac, "Role"),
 			ObjectMeta: meta(Namespace, Name), Rules: []rbacv1.PolicyRule{
 				{APIGroups: []string{""}, Resources: []string{"serviceaccounts/token"}, ResourceNames: []string{Name}, Verbs: []string{"create"}},
 			}}},
-		{gvr(rbacv1.GroupName, "v1", "rolebindings"), &rbacv1.RoleBinding{TypeMeta: tm("rbac.authorization.k8s.io/v1", "RoleBinding"),
+		{rbac.WithResource("rolebindings"), &rbacv1.RoleBinding{TypeMeta: tm(rbac, "RoleBinding"),
 			ObjectMeta: meta(Namespace, Name), Subjects: subject,
 			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: Name}}},
 	}
@@ -170,12 +168,8 @@ func IdentityObjects(opts IdentityOptions) ([]Owned, error) {
 	return out, nil
 }
 
-func gvr(group, version, resource string) schema.GroupVersionResource {
-	return schema.GroupVersionResource{Group: group, Version: version, Resource: resource}
-}
-
-func tm(apiVersion, kind string) metav1.TypeMeta {
-	return metav1.TypeMeta{APIVersion: apiVersion, Kind: kind}
+func tm(gv schema.GroupVersion, kind string) metav1.TypeMeta {
+	return metav1.TypeMeta{APIVersion: gv.String(), Kind: kind}
 }
 
 // tokens is the session's token source: the ServiceAccount asks for its

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,10 +34,7 @@ type LeaseOptions struct {
 	LeaseDuration time.Duration // default 15s
 	RenewDeadline time.Duration // default 10s
 	RetryPeriod   time.Duration // default 2s
-	// Changed, when set, is told (it must not block) when this replica
-	// starts or stops leading.
-	Changed func(leading bool)
-	Log     *slog.Logger
+	Log           *slog.Logger
 }
 
 // Leader is one replica's part in an election.
@@ -65,12 +63,8 @@ func Elect(ctx context.Context, o LeaseOptions) (*Leader, error) {
 	if o.LeaseDuration == 0 {
 		o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = 15*time.Second, 10*time.Second, 2*time.Second
 	}
-	if o.Log == nil {
-		o.Log = slog.New(slog.DiscardHandler)
-	}
-	if o.Purpose == "" {
-		o.Purpose = o.Name
-	}
+	o.Log = cmp.Or(o.Log, slog.New(slog.DiscardHandler))
+	o.Purpose = cmp.Or(o.Purpose, o.Name)
 	l := &Leader{opts: o, done: make(chan struct{})}
 	// Validate the configuration now rather than in the goroutine.
 	first, err := l.elector()
@@ -78,16 +72,15 @@ func Elect(ctx context.Context, o LeaseOptions) (*Leader, error) {
 		return nil, fmt.Errorf("leader election: %w", err)
 	}
 	l.current.Store(first)
-	var watch *ObjectWatch
-	if o.Watch != nil {
-		if watch, err = WatchObject(ObjectOptions{Client: o.Watch, Resource: leases, Namespace: o.Namespace, Name: o.Name,
-			Changed: l.leaseChanged}); err != nil {
-			return nil, err
-		}
-	}
 	wctx, stopWatch := context.WithCancel(ctx)
 	var watching sync.WaitGroup
-	if watch != nil {
+	if o.Watch != nil {
+		watch, err := WatchObject(ObjectOptions{Client: o.Watch, Resource: leases, Namespace: o.Namespace, Name: o.Name,
+			Changed: l.leaseChanged})
+		if err != nil {
+			stopWatch()
+			return nil, err
+		}
 		watching.Go(func() { watch.Run(wctx) })
 	}
 	go func() {
@@ -147,9 +140,6 @@ func (l *Leader) set(leading bool) {
 	l.mu.Lock()
 	notified := l.notified
 	l.mu.Unlock()
-	if l.opts.Changed != nil {
-		l.opts.Changed(leading)
-	}
 	for _, f := range notified {
 		f(leading)
 	}

@@ -98,12 +98,11 @@ func TestAStoppedLeaderHandsOverAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, a.Leading, 5*time.Second, 5*time.Millisecond, "the first replica leads")
 	var changes atomic.Int64
-	o := opts("replica-b")
-	o.Changed = func(bool) { changes.Add(1) }
 	ctxB, stopB := context.WithCancel(ctx)
 	defer stopB()
-	b, err := Elect(ctxB, o)
+	b, err := Elect(ctxB, opts("replica-b"))
 	require.NoError(t, err)
+	b.Notify(func(bool) { changes.Add(1) })
 	require.Never(t, func() bool { return a.Leading() && b.Leading() }, 1500*time.Millisecond, 5*time.Millisecond,
 		"both replicas lead at once")
 	require.False(t, b.Leading(), "the standby waits")

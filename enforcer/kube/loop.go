@@ -32,6 +32,13 @@ type LoopOptions struct {
 	BaseBackoff, MaxBackoff time.Duration
 }
 
+// SetDefault sets an option left 0 (or negative) to its default def.
+func SetDefault[T ~int | ~int64 | ~float32 | ~float64](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}
+
 // Loop reconciles keys from one client-go workqueue with per-item backoff,
 // as controller-runtime's reconcilers do: events Add a key, a reconcile says
 // when its key is due again. Every loop of nodeguard's is one of these.
@@ -43,15 +50,9 @@ type Loop[K comparable] struct {
 
 // NewLoop returns a loop that runs reconcile for each key added.
 func NewLoop[K comparable](opts LoopOptions, reconcile func(context.Context, K) Result) *Loop[K] {
-	if opts.Workers <= 0 {
-		opts.Workers = 1
-	}
-	if opts.BaseBackoff <= 0 {
-		opts.BaseBackoff = time.Second
-	}
-	if opts.MaxBackoff <= 0 {
-		opts.MaxBackoff = time.Minute
-	}
+	SetDefault(&opts.Workers, 1)
+	SetDefault(&opts.BaseBackoff, time.Second)
+	SetDefault(&opts.MaxBackoff, time.Minute)
 	limiter := workqueue.NewTypedItemExponentialFailureRateLimiter[K](opts.BaseBackoff, opts.MaxBackoff)
 	return &Loop[K]{
 		queue:     workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[K]{Name: opts.Name}),

@@ -43,11 +43,9 @@ func OwnedFrom(gvr schema.GroupVersionResource, obj runtime.Object) (Owned, erro
 	return Owned{Resource: gvr, Object: &unstructured.Unstructured{Object: m}}, nil
 }
 
+// client is o's resource; a namespace of "" addresses a cluster-scoped one.
 func (o Owned) client(c dynamic.Interface) dynamic.ResourceInterface {
-	if ns := o.Object.GetNamespace(); ns != "" {
-		return c.Resource(o.Resource).Namespace(ns)
-	}
-	return c.Resource(o.Resource)
+	return c.Resource(o.Resource).Namespace(o.Object.GetNamespace())
 }
 
 func (o Owned) String() string {
@@ -160,10 +158,7 @@ const Owner = "nodeguard"
 // cluster-scoped) if ManagedByLabel says nodeguard keeps it: one it does not own is
 // left alone. A missing object is no error.
 func DeleteOwned(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionResource, namespace, name string) (bool, error) {
-	var r dynamic.ResourceInterface = c.Resource(gvr)
-	if namespace != "" {
-		r = c.Resource(gvr).Namespace(namespace)
-	}
+	r := c.Resource(gvr).Namespace(namespace)
 	have, err := r.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return false, nil

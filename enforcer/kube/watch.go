@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,29 +44,27 @@ func WatchObject(opts ObjectOptions) (*ObjectWatch, error) {
 	}
 	byName := func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + opts.Name }
 	informer := dynamicinformer.NewFilteredDynamicInformer(opts.Client, opts.Resource, opts.Namespace, 0, cache.Indexers{}, byName).Informer()
-	if err := informer.SetTransform(dropManagedFields); err != nil {
-		return nil, fmt.Errorf("watch %s %s: %w", opts.Resource.Resource, opts.Name, err)
-	}
 	o := &ObjectWatch{opts: opts, informer: informer, key: opts.Name}
 	if opts.Namespace != "" {
 		o.key = opts.Namespace + "/" + opts.Name
 	}
+	var handlerErr error
 	if opts.Changed != nil {
-		if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		_, handlerErr = informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(any) { opts.Changed(o.current()) },
 			UpdateFunc: func(_, _ any) { opts.Changed(o.current()) },
 			DeleteFunc: func(any) { opts.Changed(o.current()) },
-		}); err != nil {
-			return nil, fmt.Errorf("watch %s %s: %w", opts.Resource.Resource, opts.Name, err)
-		}
+		})
 	}
 	// Whoever needs to know reads Failed; client-go's own log line per
 	// failure would repeat it for an unreachable cluster every backoff.
-	if err := informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+	failed := func(_ context.Context, _ *cache.Reflector, err error) {
 		if opts.Failed != nil {
 			opts.Failed(err)
 		}
-	}); err != nil {
+	}
+	// These fail only on an informer already started: this one is not.
+	if err := errors.Join(informer.SetTransform(dropManagedFields), handlerErr, informer.SetWatchErrorHandlerWithContext(failed)); err != nil {
 		return nil, fmt.Errorf("watch %s %s: %w", opts.Resource.Resource, opts.Name, err)
 	}
 	return o, nil
