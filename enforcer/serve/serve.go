@@ -192,8 +192,10 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	for _, l := range leaders.all() {
-		bg.Go(func() { <-l.Done() })
+	for _, l := range []*kube.Leader{leaders.fleet, leaders.reaper} {
+		if l != nil {
+			bg.Go(func() { <-l.Done() })
+		}
 	}
 	// One recorder writes every Event: denials, orphans, ghosts, the fleet's.
 	rec, err := startEvents(ctx, c, opts, sessions, metrics.Events, log)
@@ -304,20 +306,21 @@ func waitFor(bg *sync.WaitGroup, grace time.Duration, log *slog.Logger) {
 	}
 }
 
+// caughtUp is nil once e's caches are synced and none is recovering from a
+// broken watch.
+func caughtUp(e *guard.Enforcer) func() error {
+	return func() error {
+		if err := e.Syncer.Ready(); err != nil {
+			return err
+		}
+		return e.Syncer.Recovering()
+	}
+}
+
 // leaders are this replica's parts in the elections: the fleet's and the
 // reaper's (nil when off).
 type leaders struct {
 	fleet, reaper *kube.Leader
-}
-
-func (l leaders) all() []*kube.Leader {
-	var out []*kube.Leader
-	for _, x := range []*kube.Leader{l.fleet, l.reaper} {
-		if x != nil {
-			out = append(out, x)
-		}
-	}
-	return out
 }
 
 // electLeaders campaigns for the Leases of what is on.
@@ -328,11 +331,7 @@ func electLeaders(ctx context.Context, c kube.Clients, opts Options, sessions *W
 		if sessions == nil {
 			return l, fmt.Errorf("--fleet needs a kubeconfig or in-cluster config")
 		}
-		ns := opts.Fleet.Namespace
-		if ns == "" {
-			ns = LeaseNamespace()
-		}
-		if l.fleet, err = elect(ctx, sessions.Management, c.Dynamic, ns, fleetLease, "fleet", log); err != nil {
+		if l.fleet, err = elect(ctx, sessions.Management, c.Dynamic, LeaseNamespace(opts.Fleet.Namespace), fleetLease, "fleet", log); err != nil {
 			return l, err
 		}
 	}
@@ -341,11 +340,7 @@ func electLeaders(ctx context.Context, c kube.Clients, opts Options, sessions *W
 		if err != nil {
 			return l, fmt.Errorf("create client: %w", err)
 		}
-		ns := opts.Orphans.LeaseNamespace
-		if ns == "" {
-			ns = LeaseNamespace()
-		}
-		if l.reaper, err = elect(ctx, kube, c.Dynamic, ns, reaperLease, "orphan reaper", log); err != nil {
+		if l.reaper, err = elect(ctx, kube, c.Dynamic, LeaseNamespace(opts.Orphans.LeaseNamespace), reaperLease, "orphan reaper", log); err != nil {
 			return l, err
 		}
 	}
@@ -363,7 +358,7 @@ func workloadSessions(c kube.Clients, opts Options, metrics *Metrics, log *slog.
 	if err != nil {
 		return nil, fmt.Errorf("create client: %w", err)
 	}
-	return NewWorkloadSessions(c, secrets, opts.Orphans, opts.Fleet, c.Config.QPS, c.Config.Burst, metrics.Orphans.Clusters, log)
+	return NewWorkloadSessions(c, secrets, opts.Orphans, opts.Fleet, metrics.Orphans.Clusters, log)
 }
 
 // routes are the review port's: the webhook's review routes and, with a
@@ -377,12 +372,7 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *nod
 	var register func(context.Context, admission.Registration) (admission.RegistrationAnswer, error)
 	if scanner != nil && opts.Orphans.Ghosts.Enabled() {
 		clusters.protection = opts.Orphans.Ghosts.protection()
-		register = registrations(scanner.Finder(), clusters.Protection, func() error {
-			if err := e.Syncer.Ready(); err != nil {
-				return err
-			}
-			return e.Syncer.Recovering()
-		})
+		register = registrations(scanner.Finder(), clusters.Protection, caughtUp(e))
 	}
 	// Each CA file a route requires client certificates of: loaded here, and
 	// asked for by the TLS server.

@@ -185,9 +185,7 @@ func orphansCommand(code *int) *cobra.Command {
 			"each conditional on the UID and resourceVersion judged, through admission like any other delete.",
 		Args: cobra.NoArgs,
 		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) {
-			if opts.Namespace == "" {
-				opts.Namespace = serve.LeaseNamespace()
-			}
+			opts.Namespace = serve.LeaseNamespace(opts.Namespace)
 			return cli.Orphans(ctx, opts, out)
 		}),
 	}
@@ -213,9 +211,7 @@ func ghostsCommand(code *int) *cobra.Command {
 			"nodeguard never deletes a ghost. --clear ends the tombstones of providerIDs whose hosts are meant to rejoin.",
 		Args: cobra.NoArgs,
 		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) {
-			if opts.Namespace == "" {
-				opts.Namespace = serve.LeaseNamespace()
-			}
+			opts.Namespace = serve.LeaseNamespace(opts.Namespace)
 			return cli.Ghosts(ctx, opts, out)
 		}),
 	}
