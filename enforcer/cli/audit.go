@@ -7,9 +7,10 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -20,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
@@ -68,14 +68,7 @@ func Audit(ctx context.Context, opts AuditOptions, out io.Writer) (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	params, err := facts.ConstraintParameters(opts.Constraint)
-	if err != nil {
-		return 1, err
-	}
-	if params, err = liveParameters(ctx, c, opts.Constraint, params); err != nil {
-		return 1, err
-	}
-	eval, err := rule.LoadEngine(ctx, opts.Bundle)
+	params, eval, err := loadPolicy(ctx, &c, opts.Constraint, opts.Bundle)
 	if err != nil {
 		return 1, err
 	}
@@ -83,11 +76,10 @@ func Audit(ctx context.Context, opts AuditOptions, out io.Writer) (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // stops the informers
 	// From the caches alone: an audit judges every Node, and a delete
 	// re-reads its candidates fresh anyway.
-	e, err := startEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval, NoFreshReads: true})
+	e, stop, err := startEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval, NoFreshReads: true})
+	defer stop()
 	if err != nil {
 		return 1, err
 	}
@@ -148,12 +140,7 @@ func listNodes(ctx context.Context, nodes dynamic.ResourceInterface) (*unstructu
 
 func printAudit(out io.Writer, format string, results []AuditCluster) error {
 	if format == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(results); err != nil {
-			return fmt.Errorf("write result: %w", err)
-		}
-		return nil
+		return writeJSON(out, "result", results)
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "CLUSTER\tNODES\tA DELETE WOULD BE")
@@ -189,16 +176,11 @@ func printAudit(out io.Writer, format string, results []AuditCluster) error {
 // allowed: 1 no-link".
 func summary(r AuditCluster) string {
 	var denied, allowed []string
-	reasons := make([]string, 0, len(r.Reasons))
-	for reason := range r.Reasons {
-		reasons = append(reasons, reason)
-	}
-	sort.Strings(reasons)
 	allowedReason := map[string]bool{}
 	for _, n := range r.Nodes {
 		allowedReason[n.Reason] = n.Allowed
 	}
-	for _, reason := range reasons {
+	for _, reason := range slices.Sorted(maps.Keys(r.Reasons)) {
 		item := fmt.Sprintf("%d %s", r.Reasons[reason], reason)
 		if allowedReason[reason] {
 			allowed = append(allowed, item)
