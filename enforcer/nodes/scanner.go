@@ -582,10 +582,7 @@ func (s *Scanner) Describe(ch chan<- *prometheus.Desc) {
 // Collect: see Describe.
 func (s *Scanner) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock()
-	clusters := make([]*scanCluster, 0, len(s.clusters))
-	for _, c := range s.clusters {
-		clusters = append(clusters, c)
-	}
+	clusters := slices.Collect(maps.Values(s.clusters))
 	s.mu.Unlock()
 	for _, c := range clusters {
 		synced := 0.0
