@@ -11,15 +11,11 @@ import (
 	"io"
 	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
@@ -106,13 +102,14 @@ func auditCluster(ctx context.Context, c kube.Clients, g *guard.Guard, key strin
 		r.Error = err.Error()
 		return r
 	}
-	list, err := listNodes(ctx, nodes)
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	list, err := listNodes(lctx, nodes)
+	cancel()
 	if err != nil {
 		r.Error = fmt.Sprintf("list the Nodes of the workload cluster: %v", err)
 		return r
 	}
-	for i := range list.Items {
-		n := &list.Items[i]
+	for _, n := range list {
 		d, err := g.Decide(ctx, guard.Request{Node: n, Cluster: key, UserInfo: user})
 		if err != nil {
 			d = rule.Denial(rule.ReasonError, err.Error())
@@ -125,17 +122,6 @@ func auditCluster(ctx context.Context, c kube.Clients, g *guard.Guard, key strin
 		r.Reasons[d.Reason]++
 	}
 	return r
-}
-
-func listNodes(ctx context.Context, nodes dynamic.ResourceInterface) (*unstructured.UnstructuredList, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	list, err := nodes.List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, err
-	}
-	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].GetName() < list.Items[j].GetName() })
-	return list, nil
 }
 
 func printAudit(out io.Writer, format string, results []AuditCluster) error {

@@ -15,7 +15,6 @@ import (
 	"strings"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
@@ -145,7 +144,7 @@ func judgeGhost(ctx context.Context, c kube.Clients, opts GhostsOptions, params 
 	}
 	now := time.Now()
 	for _, s := range sources {
-		list, err := s.nodes.List(ctx, metav1.ListOptions{})
+		list, err := listNodes(ctx, s.nodes)
 		if err != nil {
 			report.Errors[s.cluster] = fmt.Sprintf("list the Nodes: %v", err)
 			continue
@@ -154,8 +153,7 @@ func judgeGhost(ctx context.Context, c kube.Clients, opts GhostsOptions, params 
 		if err != nil {
 			return err
 		}
-		for i := range list.Items {
-			n := &list.Items[i]
+		for _, n := range list {
 			if f.Tombstone(n) == nil {
 				continue
 			}

@@ -168,9 +168,9 @@ func runLiveWith(ctx context.Context, c kube.Clients, opts OrphansOptions, param
 	if err != nil {
 		return OrphanReport{}, err
 	}
-	nodes, err := ListNodes(ctx, c.Dynamic)
+	nodes, err := listNodes(ctx, c.Dynamic.Resource(guard.NodeGVR))
 	if err != nil {
-		return OrphanReport{}, err
+		return OrphanReport{}, fmt.Errorf("list nodes: %w", err)
 	}
 	verdicts, err := f.Judge(ctx, nodes, opts.Cluster, now)
 	if err != nil {
@@ -191,11 +191,11 @@ func runLiveWith(ctx context.Context, c kube.Clients, opts OrphansOptions, param
 	return report, nil
 }
 
-// ListNodes reads every Node from the API server.
-func ListNodes(ctx context.Context, client dynamic.Interface) ([]*unstructured.Unstructured, error) {
-	list, err := client.Resource(guard.NodeGVR).List(ctx, metav1.ListOptions{})
+// listNodes reads every Node there, sorted by name.
+func listNodes(ctx context.Context, nodes dynamic.ResourceInterface) ([]*unstructured.Unstructured, error) {
+	list, err := nodes.List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("list nodes: %w", err)
+		return nil, err
 	}
 	out := make([]*unstructured.Unstructured, 0, len(list.Items))
 	for i := range list.Items {
