@@ -87,22 +87,6 @@ func LeaseNamespace(ns string) string {
 	return DefaultLeaseNamespace
 }
 
-// startOrphanScan runs the orphan scan (and, opted in, the reaper) in the
-// background until ctx is done, with clients of c's config; it returns the
-// scanner (nil when the scan is off), so a reloaded policy can have every
-// Node judged again.
-func startOrphanScan(ctx context.Context, c kube.Clients, e *guard.Enforcer, changes *facts.Relay, reg prometheus.Registerer,
-	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, releases bool, leaders leaders, rec *events.Recorder, log *slog.Logger) (*nodes.Scanner, error) {
-	if opts.Interval <= 0 {
-		if opts.Enabled {
-			return nil, fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
-		}
-		return nil, nil
-	}
-	return OrphanScan{Management: c, Enforcer: e, Changes: changes, Registry: reg, Metrics: metrics, Options: opts, Sessions: sessions,
-		Releases: releases, Events: rec, Log: log, ReapLeader: leaders.reaper, ReleaseLeader: leaders.fleet}.Start(ctx)
-}
-
 // releaseFlushInterval bounds how often the released Nodes of one workload
 // cluster are written, and how long a verdict waits to be.
 const releaseFlushInterval = 200 * time.Millisecond

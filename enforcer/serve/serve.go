@@ -146,6 +146,9 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	// Whatever started here (informers, side servers) stops when it returns.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if opts.ShutdownGrace == 0 {
+		opts.ShutdownGrace = DefaultShutdownGrace
+	}
 	// A bundle is verified and compiled before anything starts: a bad one
 	// stops nodeguard here.
 	eval, err := rule.LoadEngine(ctx, opts.Bundle)
@@ -186,7 +189,7 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	var bg sync.WaitGroup
 	defer func() {
 		cancel()
-		waitFor(&bg, shutdownGrace(opts), log)
+		waitFor(&bg, opts.ShutdownGrace, log)
 	}()
 	leaders, err := electLeaders(ctx, c, opts, sessions, log)
 	if err != nil {
@@ -202,9 +205,17 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	scanner, err := startOrphanScan(ctx, c, e, changes, reg, metrics.Orphans, opts.Orphans, sessions, publish, leaders, rec, log)
-	if err != nil {
-		return err
+	// The scanner (nil when the scan is off) has every Node judged again
+	// when the policy is reloaded.
+	var scanner *nodes.Scanner
+	if opts.Orphans.Interval > 0 {
+		scan := OrphanScan{Management: c, Enforcer: e, Changes: changes, Registry: reg, Metrics: metrics.Orphans, Options: opts.Orphans,
+			Sessions: sessions, Releases: publish, Events: rec, Log: log, ReapLeader: leaders.reaper, ReleaseLeader: leaders.fleet}
+		if scanner, err = scan.Start(ctx); err != nil {
+			return err
+		}
+	} else if opts.Orphans.Enabled {
+		return fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
 	}
 	var published *nodes.Publisher
 	if publish {
@@ -281,14 +292,7 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	if listening != nil {
 		listening(l.Addr())
 	}
-	return srv.Serve(ctx, l, shutdownGrace(opts))
-}
-
-func shutdownGrace(opts Options) time.Duration {
-	if opts.ShutdownGrace == 0 {
-		return DefaultShutdownGrace
-	}
-	return opts.ShutdownGrace
+	return srv.Serve(ctx, l, opts.ShutdownGrace)
 }
 
 // waitFor waits for what runs in the background to stop, for at most grace:
