@@ -379,29 +379,24 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *nod
 		register = registrations(scanner.Finder(), clusters.Protection, caughtUp(e))
 	}
 	// Each CA file a route requires client certificates of: loaded here, and
-	// asked for by the TLS server.
+	// asked for by the TLS server. The first that cannot be loaded is err.
 	var caFiles []string
-	clientCAs := func(file string) (*x509.CertPool, error) {
-		if file == "" {
-			return nil, nil
+	var err error
+	clientCAs := func(file string) (pool *x509.CertPool) {
+		if file != "" && err == nil {
+			caFiles = append(caFiles, file)
+			pool, err = admission.LoadCAs(file)
 		}
-		caFiles = append(caFiles, file)
-		return admission.LoadCAs(file)
+		return pool
 	}
-	reviewCAs, err := clientCAs(opts.ClientCAFile)
-	if err != nil {
-		return nil, nil, err
-	}
-	clusterCAs, err := clientCAs(opts.ClusterRoutesClientCAFile)
-	if err != nil {
-		return nil, nil, err
-	}
+	reviewCAs, clusterCAs := clientCAs(opts.ClientCAFile), clientCAs(opts.ClusterRoutesClientCAFile)
 	var identities *x509.CertPool
 	if issuer != nil {
 		// Each workload API server's own certificate, issued by the fleet.
-		if identities, err = clientCAs(opts.Fleet.ClientCACertFile); err != nil {
-			return nil, nil, err
-		}
+		identities = clientCAs(opts.Fleet.ClientCACertFile)
+	}
+	if err != nil {
+		return nil, nil, err
 	}
 	// One mux: each package adds its own routes.
 	mux := http.NewServeMux()
@@ -411,7 +406,7 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *nod
 	if opts.ExternalDataClientCAFile == "" {
 		return mux, caFiles, nil
 	}
-	gatekeeperCAs, err := clientCAs(opts.ExternalDataClientCAFile)
+	gatekeeperCAs := clientCAs(opts.ExternalDataClientCAFile)
 	if err != nil {
 		return nil, nil, err
 	}
