@@ -7,20 +7,16 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/dynamic"
 
-	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
@@ -68,14 +64,7 @@ func Audit(ctx context.Context, opts AuditOptions, out io.Writer) (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	params, err := facts.ConstraintParameters(opts.Constraint)
-	if err != nil {
-		return 1, err
-	}
-	if params, err = liveParameters(ctx, c, opts.Constraint, params); err != nil {
-		return 1, err
-	}
-	eval, err := rule.LoadEngine(ctx, opts.Bundle)
+	params, eval, err := loadPolicy(ctx, &c, opts.Constraint, opts.Bundle)
 	if err != nil {
 		return 1, err
 	}
@@ -83,11 +72,10 @@ func Audit(ctx context.Context, opts AuditOptions, out io.Writer) (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // stops the informers
 	// From the caches alone: an audit judges every Node, and a delete
 	// re-reads its candidates fresh anyway.
-	e, err := startEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval, NoFreshReads: true})
+	e, stop, err := startEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval, NoFreshReads: true})
+	defer stop()
 	if err != nil {
 		return 1, err
 	}
@@ -114,13 +102,14 @@ func auditCluster(ctx context.Context, c kube.Clients, g *guard.Guard, key strin
 		r.Error = err.Error()
 		return r
 	}
-	list, err := listNodes(ctx, nodes)
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	list, err := listNodes(lctx, nodes)
+	cancel()
 	if err != nil {
 		r.Error = fmt.Sprintf("list the Nodes of the workload cluster: %v", err)
 		return r
 	}
-	for i := range list.Items {
-		n := &list.Items[i]
+	for _, n := range list {
 		d, err := g.Decide(ctx, guard.Request{Node: n, Cluster: key, UserInfo: user})
 		if err != nil {
 			d = rule.Denial(rule.ReasonError, err.Error())
@@ -135,25 +124,9 @@ func auditCluster(ctx context.Context, c kube.Clients, g *guard.Guard, key strin
 	return r
 }
 
-func listNodes(ctx context.Context, nodes dynamic.ResourceInterface) (*unstructured.UnstructuredList, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	list, err := nodes.List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, err
-	}
-	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].GetName() < list.Items[j].GetName() })
-	return list, nil
-}
-
 func printAudit(out io.Writer, format string, results []AuditCluster) error {
 	if format == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(results); err != nil {
-			return fmt.Errorf("write result: %w", err)
-		}
-		return nil
+		return writeJSON(out, "result", results)
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "CLUSTER\tNODES\tA DELETE WOULD BE")
@@ -189,16 +162,11 @@ func printAudit(out io.Writer, format string, results []AuditCluster) error {
 // allowed: 1 no-link".
 func summary(r AuditCluster) string {
 	var denied, allowed []string
-	reasons := make([]string, 0, len(r.Reasons))
-	for reason := range r.Reasons {
-		reasons = append(reasons, reason)
-	}
-	sort.Strings(reasons)
 	allowedReason := map[string]bool{}
 	for _, n := range r.Nodes {
 		allowedReason[n.Reason] = n.Allowed
 	}
-	for _, reason := range reasons {
+	for _, reason := range slices.Sorted(maps.Keys(r.Reasons)) {
 		item := fmt.Sprintf("%d %s", r.Reasons[reason], reason)
 		if allowedReason[reason] {
 			allowed = append(allowed, item)

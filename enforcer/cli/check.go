@@ -5,7 +5,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -57,15 +56,16 @@ func Check(ctx context.Context, opts CheckOptions, out io.Writer) (int, error) {
 	if err := checkOutput(opts.Output); err != nil {
 		return ExitError, err
 	}
-	params, err := facts.ConstraintParameters(opts.Constraint)
+	params, eval, err := loadPolicy(ctx, nil, opts.Constraint, opts.Bundle)
 	if err != nil {
 		return ExitError, err
 	}
-	eval, err := rule.LoadEngine(ctx, opts.Bundle)
-	if err != nil {
-		return ExitError, err
+	var d rule.Decision
+	if len(opts.Files) > 0 {
+		d, err = offline(ctx, opts, params, eval)
+	} else {
+		d, err = judgeLive(ctx, opts, params, eval)
 	}
-	d, err := judge(ctx, opts, params, eval)
 	if err != nil {
 		return ExitError, err
 	}
@@ -76,14 +76,6 @@ func Check(ctx context.Context, opts CheckOptions, out io.Writer) (int, error) {
 		return ExitDenied, nil
 	}
 	return ExitAllowed, nil
-}
-
-// judge judges against the -f files, or without them the live cluster.
-func judge(ctx context.Context, opts CheckOptions, params map[string]any, eval *rule.Engine) (rule.Decision, error) {
-	if len(opts.Files) > 0 {
-		return offline(ctx, opts, params, eval)
-	}
-	return judgeLive(ctx, opts, params, eval)
 }
 
 func offline(ctx context.Context, opts CheckOptions, params map[string]any, eval *rule.Engine) (rule.Decision, error) {
@@ -153,12 +145,7 @@ func request(opts CheckOptions, node *unstructured.Unstructured) guard.Request {
 
 func printCheck(out io.Writer, opts CheckOptions, d rule.Decision) error {
 	if opts.Output == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(CheckResult{Node: opts.Node, Cluster: opts.Cluster, Decision: d}); err != nil {
-			return fmt.Errorf("write result: %w", err)
-		}
-		return nil
+		return writeJSON(out, "result", CheckResult{Node: opts.Node, Cluster: opts.Cluster, Decision: d})
 	}
 	switch {
 	case d.Reason == rule.ReasonExempt:

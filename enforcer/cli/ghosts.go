@@ -7,15 +7,14 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
@@ -84,14 +83,7 @@ func Ghosts(ctx context.Context, opts GhostsOptions, out io.Writer) (int, error)
 	if len(opts.Clear) > 0 {
 		return clear(ctx, c.Dynamic, opts, out)
 	}
-	params, err := facts.ConstraintParameters(opts.Constraint)
-	if err != nil {
-		return ExitError, err
-	}
-	if params, err = liveParameters(ctx, c, opts.Constraint, params); err != nil {
-		return ExitError, err
-	}
-	eval, err := rule.LoadEngine(ctx, opts.Bundle)
+	params, eval, err := loadPolicy(ctx, &c, opts.Constraint, opts.Bundle)
 	if err != nil {
 		return ExitError, err
 	}
@@ -121,9 +113,8 @@ func Ghosts(ctx context.Context, opts GhostsOptions, out io.Writer) (int, error)
 // of the kubeconfig (unless opts.Cluster names one) and the workload
 // clusters.
 func judgeGhost(ctx context.Context, c kube.Clients, opts GhostsOptions, params map[string]any, eval *rule.Engine, store *facts.Tombstones, report *GhostReport) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // stops the informers
-	e, err := startEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
+	e, stop, err := startEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
+	defer stop()
 	if err != nil {
 		return err
 	}
@@ -153,7 +144,7 @@ func judgeGhost(ctx context.Context, c kube.Clients, opts GhostsOptions, params 
 	}
 	now := time.Now()
 	for _, s := range sources {
-		list, err := s.nodes.List(ctx, metav1.ListOptions{})
+		list, err := listNodes(ctx, s.nodes)
 		if err != nil {
 			report.Errors[s.cluster] = fmt.Sprintf("list the Nodes: %v", err)
 			continue
@@ -162,8 +153,7 @@ func judgeGhost(ctx context.Context, c kube.Clients, opts GhostsOptions, params 
 		if err != nil {
 			return err
 		}
-		for i := range list.Items {
-			n := &list.Items[i]
+		for _, n := range list {
 			if f.Tombstone(n) == nil {
 				continue
 			}
@@ -212,12 +202,7 @@ func clear(ctx context.Context, client dynamic.Interface, opts GhostsOptions, ou
 
 func printGhosts(out io.Writer, opts GhostsOptions, r GhostReport) error {
 	if opts.Output == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(r); err != nil {
-			return fmt.Errorf("write report: %w", err)
-		}
-		return nil
+		return writeJSON(out, "report", r)
 	}
 	where := func(g Ghost) string {
 		if g.Cluster == "" {
@@ -241,18 +226,9 @@ func printGhosts(out io.Writer, opts GhostsOptions, r GhostReport) error {
 				t.DeletedAt.Format(time.RFC3339), t.Node, t.Cluster, t.Until.Format(time.RFC3339))
 		}
 	}
-	for _, k := range sortedKeys(r.Errors) {
+	for _, k := range slices.Sorted(maps.Keys(r.Errors)) {
 		fmt.Fprintf(out, "ERROR: Cluster %s: %s.\n", k, r.Errors[k])
 	}
 	fmt.Fprintf(out, "%d ghost Node(s), %d tombstone(s).\n", len(r.Ghosts), len(r.Tombstones))
 	return nil
-}
-
-func sortedKeys(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

@@ -50,9 +50,8 @@ func judgeWith(ctx context.Context, c kube.Clients, nodes func(context.Context) 
 		}
 		return rule.Decision{}, fmt.Errorf("get node %q: %w", opts.Node, err)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // stops the informers
-	e, err := startEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
+	e, stop, err := startEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
+	defer stop()
 	if err != nil {
 		return rule.Decision{}, err
 	}

@@ -6,7 +6,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
@@ -89,16 +88,17 @@ func Orphans(ctx context.Context, opts OrphansOptions, out io.Writer) (int, erro
 		}
 		now = t
 	}
-	params, err := facts.ConstraintParameters(opts.Constraint)
-	if err != nil {
-		return ExitError, err
-	}
 	// The policy is chosen here, once: the bundle's or the embedded rule.
-	eval, err := rule.LoadEngine(ctx, opts.Bundle)
+	params, eval, err := loadPolicy(ctx, nil, opts.Constraint, opts.Bundle)
 	if err != nil {
 		return ExitError, err
 	}
-	report, err := find(ctx, opts, params, eval, now)
+	var report OrphanReport
+	if len(opts.Files) > 0 {
+		report, err = orphansOffline(ctx, opts, params, eval, now)
+	} else {
+		report, err = runLive(ctx, opts, params, eval, now)
+	}
 	if err != nil {
 		return ExitError, err
 	}
@@ -106,14 +106,6 @@ func Orphans(ctx context.Context, opts OrphansOptions, out io.Writer) (int, erro
 		return ExitError, err
 	}
 	return ExitOK, nil
-}
-
-// find judges the Nodes of the -f files, or without them the live cluster's.
-func find(ctx context.Context, opts OrphansOptions, params map[string]any, eval *rule.Engine, now time.Time) (OrphanReport, error) {
-	if len(opts.Files) > 0 {
-		return orphansOffline(ctx, opts, params, eval, now)
-	}
-	return runLive(ctx, opts, params, eval, now)
 }
 
 func orphansOffline(ctx context.Context, opts OrphansOptions, params map[string]any, eval *rule.Engine, now time.Time) (OrphanReport, error) {
@@ -162,9 +154,8 @@ func runLive(ctx context.Context, opts OrphansOptions, params map[string]any, ev
 }
 
 func runLiveWith(ctx context.Context, c kube.Clients, opts OrphansOptions, params map[string]any, eval *rule.Engine, now time.Time) (OrphanReport, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // stops the informers
-	e, err := startEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
+	e, stop, err := startEnforcer(ctx, c, guard.EnforcerOptions{Parameters: params, Engine: eval})
+	defer stop()
 	if err != nil {
 		return OrphanReport{}, err
 	}
@@ -177,9 +168,9 @@ func runLiveWith(ctx context.Context, c kube.Clients, opts OrphansOptions, param
 	if err != nil {
 		return OrphanReport{}, err
 	}
-	nodes, err := ListNodes(ctx, c.Dynamic)
+	nodes, err := listNodes(ctx, c.Dynamic.Resource(guard.NodeGVR))
 	if err != nil {
-		return OrphanReport{}, err
+		return OrphanReport{}, fmt.Errorf("list nodes: %w", err)
 	}
 	verdicts, err := f.Judge(ctx, nodes, opts.Cluster, now)
 	if err != nil {
@@ -200,11 +191,11 @@ func runLiveWith(ctx context.Context, c kube.Clients, opts OrphansOptions, param
 	return report, nil
 }
 
-// ListNodes reads every Node from the API server.
-func ListNodes(ctx context.Context, client dynamic.Interface) ([]*unstructured.Unstructured, error) {
-	list, err := client.Resource(guard.NodeGVR).List(ctx, metav1.ListOptions{})
+// listNodes reads every Node there, sorted by name.
+func listNodes(ctx context.Context, nodes dynamic.ResourceInterface) ([]*unstructured.Unstructured, error) {
+	list, err := nodes.List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("list nodes: %w", err)
+		return nil, err
 	}
 	out := make([]*unstructured.Unstructured, 0, len(list.Items))
 	for i := range list.Items {
@@ -230,12 +221,7 @@ func NewOrphanReport(verdicts []guard.OrphanVerdict) OrphanReport {
 
 func printOrphans(out io.Writer, opts OrphansOptions, r OrphanReport) error {
 	if opts.Output == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(r); err != nil {
-			return fmt.Errorf("write report: %w", err)
-		}
-		return nil
+		return writeJSON(out, "report", r)
 	}
 	for _, o := range r.Orphans {
 		fmt.Fprintf(out, "ORPHAN: Node %q: %s.\n", o.Node, o.Reason)

@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -118,9 +117,7 @@ const DefaultGhostConfirm = 2 * time.Second
 // GhostTracker remembers the ghosts seen; safe for concurrent use.
 type GhostTracker struct {
 	opts GhostOptions
-
-	mu     sync.Mutex
-	ghosts perNode[*ghost]
+	perNode[*ghost]
 }
 
 // ghost is one Node seen a ghost, and what was done about it.
@@ -147,7 +144,7 @@ func NewGhostTracker(opts GhostOptions) *GhostTracker {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &GhostTracker{opts: opts, ghosts: newPerNode[*ghost]()}
+	return &GhostTracker{opts: opts, perNode: newPerNode[*ghost]()}
 }
 
 func (tr *GhostTracker) protection(cluster string) Protection {
@@ -167,26 +164,26 @@ func (tr *GhostTracker) protection(cluster string) Protection {
 func (tr *GhostTracker) Observe(ctx context.Context, t GhostTarget, g guard.Ghost, now time.Time, untaint bool) (time.Time, error) {
 	k := nodeKey{cluster: t.Cluster, node: g.Node}
 	tr.mu.Lock()
-	if tr.ghosts.gone[t.Cluster] {
+	if tr.gone[t.Cluster] {
 		tr.mu.Unlock()
 		return time.Time{}, nil
 	}
-	have := tr.ghosts.known[k]
+	have := tr.known[k]
 	if !g.Ghost {
-		delete(tr.ghosts.known, k)
+		delete(tr.known, k)
 		tr.mu.Unlock()
 		if have != nil && have.confirmed {
 			tr.report(t.Cluster)
 			tr.opts.Log.Info("ghost Node no more", "cluster", t.Cluster, "node", g.Node, "kept", g.Kept)
 		}
 		if (have != nil && have.tainted) || untaint {
-			return time.Time{}, tr.untaint(ctx, t, g)
+			return time.Time{}, tr.setTaint(ctx, t, g, false)
 		}
 		return time.Time{}, nil
 	}
 	if have == nil || have.verdict.UID != g.UID {
 		have = &ghost{since: now}
-		tr.ghosts.known[k] = have
+		tr.known[k] = have
 	}
 	have.verdict = g
 	if due := have.since.Add(tr.opts.Confirm); now.Before(due) {
@@ -213,15 +210,11 @@ func (tr *GhostTracker) Observe(ctx context.Context, t GhostTarget, g guard.Ghos
 		return time.Time{}, err
 	}
 	tr.mu.Lock()
-	if cur := tr.ghosts.known[k]; cur != nil && cur.verdict.UID == g.UID {
+	if cur := tr.known[k]; cur != nil && cur.verdict.UID == g.UID {
 		cur.tainted = true
 	}
 	tr.mu.Unlock()
 	return time.Time{}, nil
-}
-
-func (tr *GhostTracker) untaint(ctx context.Context, t GhostTarget, g guard.Ghost) error {
-	return tr.setTaint(ctx, t, g, false)
 }
 
 // nodeRef is what the Event is about: the Node, by name and UID.
@@ -284,19 +277,9 @@ func (tr *GhostTracker) setTaint(ctx context.Context, t GhostTarget, g guard.Gho
 
 // Forget drops a Node that is gone.
 func (tr *GhostTracker) Forget(cluster, node string) {
-	tr.mu.Lock()
-	g, had := tr.ghosts.forget(cluster, node)
-	tr.mu.Unlock()
-	if had && g.confirmed {
+	if g, had := tr.forget(cluster, node); had && g.confirmed {
 		tr.report(cluster)
 	}
-}
-
-// AddCluster lets a cluster be judged again after ForgetCluster.
-func (tr *GhostTracker) AddCluster(cluster string) {
-	tr.mu.Lock()
-	tr.ghosts.addCluster(cluster)
-	tr.mu.Unlock()
 }
 
 // ForgetCluster drops every ghost of a cluster no longer judged, and its
@@ -304,7 +287,7 @@ func (tr *GhostTracker) AddCluster(cluster string) {
 func (tr *GhostTracker) ForgetCluster(cluster string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	tr.ghosts.forgetCluster(cluster)
+	tr.forgetCluster(cluster)
 	tr.opts.Metrics.forget(cluster)
 }
 
@@ -313,11 +296,11 @@ func (tr *GhostTracker) ForgetCluster(cluster string) {
 func (tr *GhostTracker) report(cluster string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	if tr.ghosts.gone[cluster] {
+	if tr.gone[cluster] {
 		return
 	}
 	n := 0
-	for k, g := range tr.ghosts.known {
+	for k, g := range tr.known {
 		if k.cluster == cluster && g.confirmed {
 			n++
 		}
@@ -328,8 +311,8 @@ func (tr *GhostTracker) report(cluster string) {
 // Ghosts returns every ghost reported now, by cluster and Node name.
 func (tr *GhostTracker) Ghosts() []GhostRecord {
 	tr.mu.Lock()
-	out := make([]GhostRecord, 0, len(tr.ghosts.known))
-	for k, g := range tr.ghosts.known {
+	out := make([]GhostRecord, 0, len(tr.known))
+	for k, g := range tr.known {
 		if !g.confirmed {
 			continue
 		}

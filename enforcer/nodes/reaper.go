@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -93,9 +92,7 @@ type ReaperOptions struct {
 // Reaper remembers, per Node, when it first saw it an orphan.
 type Reaper struct {
 	opts ReaperOptions
-
-	mu   sync.Mutex
-	seen perNode[sighting]
+	perNode[sighting]
 }
 
 // sighting is a Node seen an orphan: which one (its UID), since when, and
@@ -117,7 +114,7 @@ func NewReaper(opts ReaperOptions) (*Reaper, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Reaper{opts: opts, seen: newPerNode[sighting]()}, nil
+	return &Reaper{opts: opts, perNode: newPerNode[sighting]()}, nil
 }
 
 // Outcome says what Observe made of a verdict.
@@ -151,16 +148,16 @@ func (r *Reaper) Observe(ctx context.Context, t ReapTarget, v guard.OrphanVerdic
 	}
 	grace := r.opts.Finder.Grace()
 	r.mu.Lock()
-	if r.seen.gone[t.Cluster] {
+	if r.gone[t.Cluster] {
 		r.mu.Unlock()
 		return Kept, time.Time{}, nil
 	}
-	s, ok := r.seen.known[k]
+	s, ok := r.known[k]
 	if !ok || s.uid != v.UID {
 		// First seen, or a Node re-registered under the name: start over.
-		r.seen.known[k] = sighting{uid: v.UID, first: now}
+		r.known[k] = sighting{uid: v.UID, first: now}
 		r.mu.Unlock()
-		r.gauge(t.Cluster)
+		r.Report(t.Cluster)
 		return FirstSeen, now.Add(grace), nil
 	}
 	r.mu.Unlock()
@@ -174,10 +171,10 @@ func (r *Reaper) Observe(ctx context.Context, t ReapTarget, v guard.OrphanVerdic
 	outcome, err := r.act(ctx, t, v)
 	if err != nil {
 		r.mu.Lock()
-		s, ok := r.seen.known[k]
+		s, ok := r.known[k]
 		if ok {
 			s.failures++
-			r.seen.known[k] = s
+			r.known[k] = s
 		}
 		r.mu.Unlock()
 		return Failed, now.Add(min(retryLimit, time.Second<<min(s.failures, 16))), err
@@ -191,19 +188,9 @@ func (r *Reaper) Leading() bool { return r.opts.IsLeader != nil && r.opts.IsLead
 // Forget drops what the reaper knows of a Node: it is gone, or not an
 // orphan; if it becomes one again, observation starts over.
 func (r *Reaper) Forget(cluster, node string) {
-	r.mu.Lock()
-	_, had := r.seen.forget(cluster, node)
-	r.mu.Unlock()
-	if had {
-		r.gauge(cluster)
+	if _, had := r.forget(cluster, node); had {
+		r.Report(cluster)
 	}
-}
-
-// AddCluster lets a cluster be judged again after ForgetCluster.
-func (r *Reaper) AddCluster(cluster string) {
-	r.mu.Lock()
-	r.seen.addCluster(cluster)
-	r.mu.Unlock()
 }
 
 // ForgetCluster drops every Node of a cluster no longer judged, and its
@@ -211,7 +198,7 @@ func (r *Reaper) AddCluster(cluster string) {
 func (r *Reaper) ForgetCluster(cluster string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.seen.forgetCluster(cluster)
+	r.forgetCluster(cluster)
 	if r.opts.Metrics != nil {
 		r.opts.Metrics.orphans.DeleteLabelValues(cluster)
 	}
@@ -229,7 +216,7 @@ func (r *Reaper) Orphans(cluster string) []string {
 // orphans lists the Nodes of cluster seen as orphans; the caller holds r.mu.
 func (r *Reaper) orphans(cluster string) []string {
 	var out []string
-	for k := range r.seen.known {
+	for k := range r.known {
 		if k.cluster == cluster {
 			out = append(out, k.node)
 		}
@@ -240,10 +227,7 @@ func (r *Reaper) orphans(cluster string) []string {
 // Report sets nodeguard_orphan_nodes of a cluster to the orphans known now;
 // the caller reports each cluster it has judged, so the gauge says 0 rather
 // than nothing for a cluster without orphans.
-func (r *Reaper) Report(cluster string) { r.gauge(cluster) }
-
-// gauge sets nodeguard_orphan_nodes for one cluster.
-func (r *Reaper) gauge(cluster string) {
+func (r *Reaper) Report(cluster string) {
 	if r.opts.Metrics == nil {
 		return
 	}
@@ -251,7 +235,7 @@ func (r *Reaper) gauge(cluster string) {
 	// after it.
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.seen.gone[cluster] {
+	if r.gone[cluster] {
 		return
 	}
 	r.opts.Metrics.orphans.WithLabelValues(cluster).Set(float64(len(r.orphans(cluster))))

@@ -111,9 +111,19 @@ func (p *Publisher) Remove(name string) {
 
 // Enrolled says whether a cluster's releases are published.
 func (p *Publisher) Enrolled(name string) bool {
+	return p.with(name, func(*releaseCluster) {})
+}
+
+// with calls f, under the lock, with an enrolled cluster; it says whether
+// the cluster is enrolled.
+func (p *Publisher) with(name string, f func(c *releaseCluster)) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.clusters[name] != nil
+	c := p.clusters[name]
+	if c != nil {
+		f(c)
+	}
+	return c != nil
 }
 
 // Judge judges one Node of an enrolled cluster again (a no-op for others).
@@ -124,19 +134,19 @@ func (p *Publisher) Judge(ctx context.Context, name string, node *unstructured.U
 	nodes := []*unstructured.Unstructured{node}
 	rs, err := p.opts.Judge(ctx, nodes, name, false)
 	if err != nil {
-		p.revoke(name, node.GetName(), "")
+		p.revoke(name, node.GetName())
 		return fmt.Errorf("judge the release of Node %q: %w", node.GetName(), err)
 	}
 	v := admission.ReleaseVerdict{Node: node.GetName(), UID: string(rs[0].UID), Released: rs[0].Released, Blocker: rs[0].Blocker}
 	if v.Released && !p.holds(name, v) {
 		// New: confirm on fresh reads, and only while the caches are sound.
 		if err := p.opts.Ready(); err != nil {
-			p.revoke(name, v.Node, "")
+			p.revoke(name, v.Node)
 			return nil
 		}
 		fresh, err := p.opts.Judge(ctx, nodes, name, true)
 		if err != nil {
-			p.revoke(name, v.Node, "")
+			p.revoke(name, v.Node)
 			return fmt.Errorf("confirm the release of Node %q: %w", v.Node, err)
 		}
 		v.Released, v.Blocker = fresh[0].Released, fresh[0].Blocker
@@ -146,65 +156,48 @@ func (p *Publisher) Judge(ctx context.Context, name string, node *unstructured.U
 }
 
 // holds says whether v's Node is released already, for its UID.
-func (p *Publisher) holds(name string, v admission.ReleaseVerdict) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	c := p.clusters[name]
-	if c == nil {
-		return false
-	}
-	have, ok := c.verdicts[v.Node]
-	return ok && have.Released && have.UID == v.UID
+func (p *Publisher) holds(name string, v admission.ReleaseVerdict) (held bool) {
+	p.with(name, func(c *releaseCluster) {
+		have, ok := c.verdicts[v.Node]
+		held = ok && have.Released && have.UID == v.UID
+	})
+	return held
 }
 
 func (p *Publisher) set(name string, v admission.ReleaseVerdict) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	c := p.clusters[name]
-	if c == nil {
-		return
-	}
-	if have, ok := c.verdicts[v.Node]; ok && have == v {
-		return
-	}
-	c.verdicts[v.Node], c.dirty = v, true
+	p.with(name, func(c *releaseCluster) {
+		if have, ok := c.verdicts[v.Node]; !ok || have != v {
+			c.verdicts[v.Node], c.dirty = v, true
+		}
+	})
 }
 
-// revoke records a Node as not released (blocker: its text, if any).
-func (p *Publisher) revoke(name, node, blocker string) {
-	p.set(name, admission.ReleaseVerdict{Node: node, Blocker: blocker})
-}
+// revoke records a Node as not released.
+func (p *Publisher) revoke(name, node string) { p.set(name, admission.ReleaseVerdict{Node: node}) }
 
 // Forget drops a Node that is gone.
 func (p *Publisher) Forget(name, node string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if c := p.clusters[name]; c != nil {
+	p.with(name, func(c *releaseCluster) {
 		if _, ok := c.verdicts[node]; ok {
 			delete(c.verdicts, node)
 			c.dirty = true
 		}
-	}
+	})
 }
 
 // Synced says every Node of a cluster has been judged once: from now on
 // its releases are written.
 func (p *Publisher) Synced(name string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if c := p.clusters[name]; c != nil && !c.synced {
-		c.synced, c.dirty = true, true
-	}
+	p.with(name, func(c *releaseCluster) {
+		c.dirty = c.dirty || !c.synced
+		c.synced = true
+	})
 }
 
 // Rewrite has a cluster's releases written again at the next Flush (the
 // ConfigMap was deleted or edited there).
 func (p *Publisher) Rewrite(name string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if c := p.clusters[name]; c != nil {
-		c.dirty = true
-	}
+	p.with(name, func(c *releaseCluster) { c.dirty = true })
 }
 
 // Flush writes every synced cluster whose releases changed since its last

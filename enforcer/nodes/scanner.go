@@ -102,7 +102,7 @@ type Scanner struct {
 	routes map[string]guard.Route
 	// untaint are Nodes whose tombstone changed: judged no ghost, they lose
 	// a taint nodeguard may have set before a restart.
-	untaint map[scanKey]bool
+	untaint map[nodeKey]bool
 }
 
 type scanCluster struct {
@@ -126,7 +126,7 @@ func NewScanner(opts ScanOptions) (*Scanner, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Scanner{opts: opts, wake: make(chan struct{}, 1), clusters: map[string]*scanCluster{}, due: newSchedule(), untaint: map[scanKey]bool{}}, nil
+	return &Scanner{opts: opts, wake: make(chan struct{}, 1), clusters: map[string]*scanCluster{}, due: newSchedule(), untaint: map[nodeKey]bool{}}, nil
 }
 
 // AddCluster starts judging the Nodes of a cluster ("" for the one
@@ -158,7 +158,7 @@ func (s *Scanner) RemoveCluster(name string) {
 // NodeChanged asks for a Node to be judged now (facts.NodeWatchOptions.OnChange).
 func (s *Scanner) NodeChanged(cluster, node string) {
 	s.mu.Lock()
-	s.due.add(scanKey{cluster: cluster, node: node}, s.opts.Clock.Now())
+	s.due.add(nodeKey{cluster: cluster, node: node}, s.opts.Clock.Now())
 	s.mu.Unlock()
 	s.signal()
 }
@@ -197,7 +197,7 @@ func (s *Scanner) ObjectChanged(c facts.Change) {
 				}
 				for _, cl := range s.clusters {
 					for _, node := range cl.nodes.Linked(l, values) {
-						s.due.add(scanKey{cluster: cl.name, node: node}, now)
+						s.due.add(nodeKey{cluster: cl.name, node: node}, now)
 					}
 				}
 			}
@@ -218,7 +218,7 @@ func (s *Scanner) TombstoneChanged(providerID string) {
 	s.mu.Lock()
 	for _, cl := range s.clusters {
 		for _, node := range cl.nodes.Linked(l, [][]string{{providerID}}) {
-			k := scanKey{cluster: cl.name, node: node}
+			k := nodeKey{cluster: cl.name, node: node}
 			s.due.add(k, now)
 			s.untaint[k] = true
 		}
@@ -445,7 +445,7 @@ func (s *Scanner) judge(ctx context.Context, c *scanCluster, name string, now ti
 // ghost tells the tracker whether a Node is a ghost, from the caches: the
 // tracker reports and taints, never deletes, so a fresh read buys nothing.
 func (s *Scanner) ghost(ctx context.Context, c *scanCluster, route guard.Route, u *unstructured.Unstructured, now time.Time, res *ScanResult) {
-	k := scanKey{cluster: c.name, node: u.GetName()}
+	k := nodeKey{cluster: c.name, node: u.GetName()}
 	s.mu.Lock()
 	untaint := s.untaint[k]
 	delete(s.untaint, k)
@@ -493,7 +493,7 @@ func (s *Scanner) after(cluster, node string, now, t time.Time) {
 		t = now.Add(time.Second)
 	}
 	s.mu.Lock()
-	s.due.add(scanKey{cluster: cluster, node: node}, t)
+	s.due.add(nodeKey{cluster: cluster, node: node}, t)
 	s.mu.Unlock()
 }
 
@@ -582,10 +582,7 @@ func (s *Scanner) Describe(ch chan<- *prometheus.Desc) {
 // Collect: see Describe.
 func (s *Scanner) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock()
-	clusters := make([]*scanCluster, 0, len(s.clusters))
-	for _, c := range s.clusters {
-		clusters = append(clusters, c)
-	}
+	clusters := slices.Collect(maps.Values(s.clusters))
 	s.mu.Unlock()
 	for _, c := range clusters {
 		synced := 0.0

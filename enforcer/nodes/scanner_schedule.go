@@ -6,26 +6,23 @@ import (
 	"time"
 )
 
-// scanKey names one Node of one cluster.
-type scanKey struct{ cluster, node string }
-
 // schedule holds when each Node must be judged next: the earliest time asked
 // for it. Not safe for concurrent use; the Scanner locks around it.
 type schedule struct {
-	at    map[scanKey]time.Time
+	at    map[nodeKey]time.Time
 	peak  int     // the most entries at has held since it was made
 	queue entries // may hold stale entries, skipped when popped
 }
 
 type entry struct {
-	key scanKey
+	key nodeKey
 	at  time.Time
 }
 
-func newSchedule() *schedule { return &schedule{at: map[scanKey]time.Time{}} }
+func newSchedule() *schedule { return &schedule{at: map[nodeKey]time.Time{}} }
 
 // add asks for k to be judged at t, unless it already is at or before t.
-func (s *schedule) add(k scanKey, t time.Time) {
+func (s *schedule) add(k nodeKey, t time.Time) {
 	if have, ok := s.at[k]; ok && !have.After(t) {
 		return
 	}
@@ -47,8 +44,8 @@ func (s *schedule) next() (time.Time, bool) {
 }
 
 // due removes and returns every key asked for at or before now.
-func (s *schedule) due(now time.Time) []scanKey {
-	var out []scanKey
+func (s *schedule) due(now time.Time) []nodeKey {
+	var out []nodeKey
 	for {
 		t, ok := s.next()
 		if !ok || t.After(now) {
@@ -70,7 +67,7 @@ func (s *schedule) shrink() {
 		s.queue = append(entries(nil), s.queue...)
 	}
 	if len(s.at) < s.peak/4 {
-		at := make(map[scanKey]time.Time, len(s.at))
+		at := make(map[nodeKey]time.Time, len(s.at))
 		maps.Copy(at, s.at)
 		s.at, s.peak = at, len(s.at)
 	}

@@ -29,12 +29,6 @@ const (
 	eventsBurst = 50
 )
 
-func eventsConfig(cfg *rest.Config) *rest.Config {
-	cfg = rest.CopyConfig(cfg)
-	cfg.QPS, cfg.Burst = eventsQPS, eventsBurst
-	return cfg
-}
-
 // workloadEventsWait bounds how long an Event waits for its workload
 // cluster's connection to be made before it goes to the management cluster.
 const workloadEventsWait = 10 * time.Second
@@ -47,7 +41,8 @@ func startEvents(ctx context.Context, c kube.Clients, opts Options, sessions *Wo
 		log.Warn("events off: no kubeconfig or in-cluster config to write them with")
 		return nil, nil
 	}
-	cfg := eventsConfig(c.Config)
+	cfg := rest.CopyConfig(c.Config)
+	cfg.QPS, cfg.Burst = eventsQPS, eventsBurst
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create the events client: %w", err)

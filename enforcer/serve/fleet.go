@@ -94,10 +94,7 @@ func startFleet(ctx context.Context, c kube.Clients, opts Options, params map[st
 	if len(caFiles) == 0 {
 		caFiles = []string{filepath.Join(filepath.Dir(opts.CertFile), "ca.crt")}
 	}
-	ns := f.Namespace
-	if ns == "" {
-		ns = LeaseNamespace()
-	}
+	ns := LeaseNamespace(f.Namespace)
 	status := &fleet.Status{Client: c.Dynamic, Namespace: ns, Log: log}
 	clusterEvents := rec.In("", nil)
 	var certs *fleet.ClientCerts

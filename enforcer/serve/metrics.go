@@ -66,33 +66,31 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 	if err := r.Err("nodeguard serve's metrics"); err != nil {
 		return nil, err
 	}
-	var m Metrics
-	var err error
-	if m.Policy, err = rule.RegisterVersion(reg, src.Policy); err != nil {
+	policy, err := rule.RegisterVersion(reg, src.Policy)
+	m := &Metrics{
+		Policy:     policy,
+		Webhook:    register(&err, reg, admission.NewWebhookMetrics),
+		Intake:     register(&err, reg, admission.NewIntakeMetrics),
+		Orphans:    register(&err, reg, registerOrphanMetrics),
+		Events:     register(&err, reg, events.NewMetrics),
+		Provider:   register(&err, reg, admission.NewProviderMetrics),
+		Fleet:      register(&err, reg, fleet.NewMetrics),
+		Constraint: register(&err, reg, facts.NewConstraintMetrics),
+	}
+	if err != nil {
 		return nil, err
 	}
-	if m.Webhook, err = admission.NewWebhookMetrics(reg); err != nil {
-		return nil, err
+	return m, nil
+}
+
+// register registers newMetrics' series on reg unless an earlier
+// registration failed (*err): the first error stops the rest.
+func register[T any](err *error, reg prometheus.Registerer, newMetrics func(prometheus.Registerer) (T, error)) T {
+	var m T
+	if *err == nil {
+		m, *err = newMetrics(reg)
 	}
-	if m.Intake, err = admission.NewIntakeMetrics(reg); err != nil {
-		return nil, err
-	}
-	if m.Orphans, err = registerOrphanMetrics(reg); err != nil {
-		return nil, err
-	}
-	if m.Events, err = events.NewMetrics(reg); err != nil {
-		return nil, err
-	}
-	if m.Provider, err = admission.NewProviderMetrics(reg); err != nil {
-		return nil, err
-	}
-	if m.Fleet, err = fleet.NewMetrics(reg); err != nil {
-		return nil, err
-	}
-	if m.Constraint, err = facts.NewConstraintMetrics(reg); err != nil {
-		return nil, err
-	}
-	return &m, nil
+	return m
 }
 
 // cachedObjects reads the number of cached objects per kind at each scrape.

@@ -75,42 +75,16 @@ const (
 	DefaultLeaseNamespace     = "nodeguard-system"
 )
 
-// LeaseNamespace is the namespace for the Lease when no flag names one: the
-// pod's (POD_NAMESPACE, set by the deployment), else nodeguard-system.
-func LeaseNamespace() string {
+// LeaseNamespace is ns, else, when no flag names one, the pod's namespace
+// (POD_NAMESPACE, set by the deployment), else nodeguard-system.
+func LeaseNamespace(ns string) string {
+	if ns != "" {
+		return ns
+	}
 	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
 		return ns
 	}
 	return DefaultLeaseNamespace
-}
-
-// startOrphanScan runs the orphan scan (and, opted in, the reaper) in the
-// background until ctx is done, with clients of c's config; it returns the
-// scanner (nil when the scan is off), so a reloaded policy can have every
-// Node judged again.
-func startOrphanScan(ctx context.Context, c kube.Clients, e *guard.Enforcer, changes *facts.Relay, reg prometheus.Registerer,
-	metrics *OrphanMetrics, opts ReapOptions, sessions *WorkloadSessions, releases bool, leaders leaders, rec *events.Recorder, log *slog.Logger) (*nodes.Scanner, error) {
-	if opts.Interval <= 0 {
-		if opts.Enabled {
-			return nil, fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
-		}
-		return nil, nil
-	}
-	scan := OrphanScan{Management: c, Enforcer: e, Changes: changes, Registry: reg, Metrics: metrics, Options: opts, Sessions: sessions,
-		Releases: releases, Events: rec, Log: log, ReapLeader: leaders.reaper, ReleaseLeader: leaders.fleet}
-	if c.Config != nil {
-		var err error
-		if scan.Kube, err = kubernetes.NewForConfig(c.Config); err != nil {
-			return nil, fmt.Errorf("create client: %w", err)
-		}
-		// The cluster's own Nodes, through the protobuf client (tests
-		// without a config watch through the dynamic client).
-		if scan.Nodes, err = kube.Protobuf(c.Config); err != nil {
-			return nil, err
-		}
-		scan.QPS, scan.Burst = c.Config.QPS, c.Config.Burst
-	}
-	return scan.Start(ctx)
 }
 
 // releaseFlushInterval bounds how often the released Nodes of one workload
@@ -122,7 +96,8 @@ type OrphanScan struct {
 	// Management is the cluster nodeguard runs in; Kube its typed client
 	// (Leases, Events, kubeconfig Secrets), required to reap or to scan
 	// workload clusters; Nodes, when set, watches its Nodes (else
-	// Management.Dynamic does).
+	// Management.Dynamic does). With Management.Config, Start makes both
+	// when unset, and the workload clusters' clients take its rate limits.
 	Management kube.Clients
 	Kube       kubernetes.Interface
 	Nodes      kubernetes.Interface
@@ -135,9 +110,6 @@ type OrphanScan struct {
 	Registry prometheus.Registerer
 	Metrics  *OrphanMetrics
 	Options  ReapOptions
-	// QPS and Burst limit the workload clusters' clients (0: kube's).
-	QPS   float32
-	Burst int
 	// Sessions, when set, are the workload-cluster sessions the scan's Node
 	// watches join (the caller runs them); else, with WorkloadClusters, the
 	// scan runs sessions of its own.
@@ -161,6 +133,21 @@ func (o OrphanScan) Start(ctx context.Context) (*nodes.Scanner, error) {
 	e, opts, log, c := o.Enforcer, o.Options, o.Log, o.Management
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if c.Config != nil {
+		var err error
+		if o.Kube == nil {
+			if o.Kube, err = kubernetes.NewForConfig(c.Config); err != nil {
+				return nil, fmt.Errorf("create client: %w", err)
+			}
+		}
+		// The cluster's own Nodes, through the protobuf client (tests
+		// without a config watch through the dynamic client).
+		if o.Nodes == nil {
+			if o.Nodes, err = kube.Protobuf(c.Config); err != nil {
+				return nil, err
+			}
+		}
 	}
 	model := e.Inventory.Model()
 	shape, err := facts.NodeShapeOf(e.Engine)
@@ -202,7 +189,7 @@ func (o OrphanScan) Start(ctx context.Context) (*nodes.Scanner, error) {
 	if opts.Enabled {
 		leader := o.ReapLeader
 		if leader == nil {
-			if leader, err = elect(ctx, mgmt, c.Dynamic, o.namespace(), reaperLease, "orphan reaper", log); err != nil {
+			if leader, err = elect(ctx, mgmt, c.Dynamic, LeaseNamespace(opts.LeaseNamespace), reaperLease, "orphan reaper", log); err != nil {
 				return nil, err
 			}
 		}
@@ -213,14 +200,9 @@ func (o OrphanScan) Start(ctx context.Context) (*nodes.Scanner, error) {
 	if err != nil {
 		return nil, err
 	}
-	ready := func() error {
-		// A cache recovering from a broken watch may lack a new link: no
-		// Node is judged an orphan, nor released, until it caught up.
-		if err := e.Syncer.Ready(); err != nil {
-			return err
-		}
-		return e.Syncer.Recovering()
-	}
+	// A cache recovering from a broken watch may lack a new link: no Node
+	// is judged an orphan, nor released, until it caught up.
+	ready := caughtUp(e)
 	var published *nodes.Publisher
 	if o.Releases {
 		var leading func() bool
@@ -241,7 +223,7 @@ func (o OrphanScan) Start(ctx context.Context) (*nodes.Scanner, error) {
 	if store != nil && c.Dynamic != nil {
 		// Before the inventory's changes reach the store: those replayed
 		// since the informers started end or add to what it held.
-		keeper := &facts.TombstoneKeeper{Store: store, Client: c.Dynamic, Namespace: o.namespace(), Log: log}
+		keeper := &facts.TombstoneKeeper{Store: store, Client: c.Dynamic, Namespace: LeaseNamespace(opts.LeaseNamespace), Log: log}
 		if err := keeper.Load(ctx); err != nil {
 			// Ghost bookkeeping is not the delete rule: serve goes on,
 			// detecting from what it sees, writing nothing over what it
@@ -266,7 +248,7 @@ func (o OrphanScan) Start(ctx context.Context) (*nodes.Scanner, error) {
 	var own *WorkloadSessions // sessions the scan runs itself
 	if opts.WorkloadClusters || o.Releases {
 		if sessions == nil {
-			if own, err = NewWorkloadSessions(c, mgmt, opts, FleetOptions{}, o.QPS, o.Burst, m.Clusters, log); err != nil {
+			if own, err = NewWorkloadSessions(c, mgmt, opts, FleetOptions{}, m.Clusters, log); err != nil {
 				return nil, err
 			}
 			sessions = own
@@ -292,14 +274,6 @@ func (o OrphanScan) Start(ctx context.Context) (*nodes.Scanner, error) {
 	}
 	go scanner.Run(ctx)
 	return scanner, nil
-}
-
-// namespace holds the Lease and the tombstones.
-func (o OrphanScan) namespace() string {
-	if o.Options.LeaseNamespace != "" {
-		return o.Options.LeaseNamespace
-	}
-	return LeaseNamespace()
 }
 
 // protection is a cluster's ghost protection: its Cluster's annotation, else
@@ -339,27 +313,19 @@ type OrphanMetrics struct {
 }
 
 func registerOrphanMetrics(reg prometheus.Registerer) (*OrphanMetrics, error) {
-	var m OrphanMetrics
 	var err error
-	if m.Reaper, err = nodes.NewReaperMetrics(reg); err != nil {
+	m := &OrphanMetrics{
+		Reaper:     register(&err, reg, nodes.NewReaperMetrics),
+		Scan:       register(&err, reg, nodes.NewScanMetrics),
+		Clusters:   register(&err, reg, kube.NewClusterMetrics),
+		Releases:   register(&err, reg, nodes.NewReleaseMetrics),
+		Tombstones: register(&err, reg, facts.NewTombstoneMetrics),
+		Ghosts:     register(&err, reg, nodes.NewGhostMetrics),
+	}
+	if err != nil {
 		return nil, err
 	}
-	if m.Scan, err = nodes.NewScanMetrics(reg); err != nil {
-		return nil, err
-	}
-	if m.Clusters, err = kube.NewClusterMetrics(reg); err != nil {
-		return nil, err
-	}
-	if m.Releases, err = nodes.NewReleaseMetrics(reg); err != nil {
-		return nil, err
-	}
-	if m.Tombstones, err = facts.NewTombstoneMetrics(reg); err != nil {
-		return nil, err
-	}
-	if m.Ghosts, err = nodes.NewGhostMetrics(reg); err != nil {
-		return nil, err
-	}
-	return &m, nil
+	return m, nil
 }
 
 // watchNodes caches a cluster's Nodes for the scanner until ctx is done; with

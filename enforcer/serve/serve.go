@@ -146,6 +146,9 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	// Whatever started here (informers, side servers) stops when it returns.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if opts.ShutdownGrace == 0 {
+		opts.ShutdownGrace = DefaultShutdownGrace
+	}
 	// A bundle is verified and compiled before anything starts: a bad one
 	// stops nodeguard here.
 	eval, err := rule.LoadEngine(ctx, opts.Bundle)
@@ -186,23 +189,33 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	var bg sync.WaitGroup
 	defer func() {
 		cancel()
-		waitFor(&bg, shutdownGrace(opts), log)
+		waitFor(&bg, opts.ShutdownGrace, log)
 	}()
 	leaders, err := electLeaders(ctx, c, opts, sessions, log)
 	if err != nil {
 		return err
 	}
-	for _, l := range leaders.all() {
-		bg.Go(func() { <-l.Done() })
+	for _, l := range []*kube.Leader{leaders.fleet, leaders.reaper} {
+		if l != nil {
+			bg.Go(func() { <-l.Done() })
+		}
 	}
 	// One recorder writes every Event: denials, orphans, ghosts, the fleet's.
 	rec, err := startEvents(ctx, c, opts, sessions, metrics.Events, log)
 	if err != nil {
 		return err
 	}
-	scanner, err := startOrphanScan(ctx, c, e, changes, reg, metrics.Orphans, opts.Orphans, sessions, publish, leaders, rec, log)
-	if err != nil {
-		return err
+	// The scanner (nil when the scan is off) has every Node judged again
+	// when the policy is reloaded.
+	var scanner *nodes.Scanner
+	if opts.Orphans.Interval > 0 {
+		scan := OrphanScan{Management: c, Enforcer: e, Changes: changes, Registry: reg, Metrics: metrics.Orphans, Options: opts.Orphans,
+			Sessions: sessions, Releases: publish, Events: rec, Log: log, ReapLeader: leaders.reaper, ReleaseLeader: leaders.fleet}
+		if scanner, err = scan.Start(ctx); err != nil {
+			return err
+		}
+	} else if opts.Orphans.Enabled {
+		return fmt.Errorf("--reap-orphan-nodes needs a positive --orphan-scan-interval")
 	}
 	var published *nodes.Publisher
 	if publish {
@@ -279,14 +292,7 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	if listening != nil {
 		listening(l.Addr())
 	}
-	return srv.Serve(ctx, l, shutdownGrace(opts))
-}
-
-func shutdownGrace(opts Options) time.Duration {
-	if opts.ShutdownGrace == 0 {
-		return DefaultShutdownGrace
-	}
-	return opts.ShutdownGrace
+	return srv.Serve(ctx, l, opts.ShutdownGrace)
 }
 
 // waitFor waits for what runs in the background to stop, for at most grace:
@@ -304,20 +310,21 @@ func waitFor(bg *sync.WaitGroup, grace time.Duration, log *slog.Logger) {
 	}
 }
 
+// caughtUp is nil once e's caches are synced and none is recovering from a
+// broken watch.
+func caughtUp(e *guard.Enforcer) func() error {
+	return func() error {
+		if err := e.Syncer.Ready(); err != nil {
+			return err
+		}
+		return e.Syncer.Recovering()
+	}
+}
+
 // leaders are this replica's parts in the elections: the fleet's and the
 // reaper's (nil when off).
 type leaders struct {
 	fleet, reaper *kube.Leader
-}
-
-func (l leaders) all() []*kube.Leader {
-	var out []*kube.Leader
-	for _, x := range []*kube.Leader{l.fleet, l.reaper} {
-		if x != nil {
-			out = append(out, x)
-		}
-	}
-	return out
 }
 
 // electLeaders campaigns for the Leases of what is on.
@@ -328,11 +335,7 @@ func electLeaders(ctx context.Context, c kube.Clients, opts Options, sessions *W
 		if sessions == nil {
 			return l, fmt.Errorf("--fleet needs a kubeconfig or in-cluster config")
 		}
-		ns := opts.Fleet.Namespace
-		if ns == "" {
-			ns = LeaseNamespace()
-		}
-		if l.fleet, err = elect(ctx, sessions.Management, c.Dynamic, ns, fleetLease, "fleet", log); err != nil {
+		if l.fleet, err = elect(ctx, sessions.Management, c.Dynamic, LeaseNamespace(opts.Fleet.Namespace), fleetLease, "fleet", log); err != nil {
 			return l, err
 		}
 	}
@@ -341,11 +344,7 @@ func electLeaders(ctx context.Context, c kube.Clients, opts Options, sessions *W
 		if err != nil {
 			return l, fmt.Errorf("create client: %w", err)
 		}
-		ns := opts.Orphans.LeaseNamespace
-		if ns == "" {
-			ns = LeaseNamespace()
-		}
-		if l.reaper, err = elect(ctx, kube, c.Dynamic, ns, reaperLease, "orphan reaper", log); err != nil {
+		if l.reaper, err = elect(ctx, kube, c.Dynamic, LeaseNamespace(opts.Orphans.LeaseNamespace), reaperLease, "orphan reaper", log); err != nil {
 			return l, err
 		}
 	}
@@ -363,7 +362,7 @@ func workloadSessions(c kube.Clients, opts Options, metrics *Metrics, log *slog.
 	if err != nil {
 		return nil, fmt.Errorf("create client: %w", err)
 	}
-	return NewWorkloadSessions(c, secrets, opts.Orphans, opts.Fleet, c.Config.QPS, c.Config.Burst, metrics.Orphans.Clusters, log)
+	return NewWorkloadSessions(c, secrets, opts.Orphans, opts.Fleet, metrics.Orphans.Clusters, log)
 }
 
 // routes are the review port's: the webhook's review routes and, with a
@@ -377,37 +376,27 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *nod
 	var register func(context.Context, admission.Registration) (admission.RegistrationAnswer, error)
 	if scanner != nil && opts.Orphans.Ghosts.Enabled() {
 		clusters.protection = opts.Orphans.Ghosts.protection()
-		register = registrations(scanner.Finder(), clusters.Protection, func() error {
-			if err := e.Syncer.Ready(); err != nil {
-				return err
-			}
-			return e.Syncer.Recovering()
-		})
+		register = registrations(scanner.Finder(), clusters.Protection, caughtUp(e))
 	}
 	// Each CA file a route requires client certificates of: loaded here, and
-	// asked for by the TLS server.
+	// asked for by the TLS server. The first that cannot be loaded is err.
 	var caFiles []string
-	clientCAs := func(file string) (*x509.CertPool, error) {
-		if file == "" {
-			return nil, nil
+	var err error
+	clientCAs := func(file string) (pool *x509.CertPool) {
+		if file != "" && err == nil {
+			caFiles = append(caFiles, file)
+			pool, err = admission.LoadCAs(file)
 		}
-		caFiles = append(caFiles, file)
-		return admission.LoadCAs(file)
+		return pool
 	}
-	reviewCAs, err := clientCAs(opts.ClientCAFile)
-	if err != nil {
-		return nil, nil, err
-	}
-	clusterCAs, err := clientCAs(opts.ClusterRoutesClientCAFile)
-	if err != nil {
-		return nil, nil, err
-	}
+	reviewCAs, clusterCAs := clientCAs(opts.ClientCAFile), clientCAs(opts.ClusterRoutesClientCAFile)
 	var identities *x509.CertPool
 	if issuer != nil {
 		// Each workload API server's own certificate, issued by the fleet.
-		if identities, err = clientCAs(opts.Fleet.ClientCACertFile); err != nil {
-			return nil, nil, err
-		}
+		identities = clientCAs(opts.Fleet.ClientCACertFile)
+	}
+	if err != nil {
+		return nil, nil, err
 	}
 	// One mux: each package adds its own routes.
 	mux := http.NewServeMux()
@@ -417,7 +406,7 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *nod
 	if opts.ExternalDataClientCAFile == "" {
 		return mux, caFiles, nil
 	}
-	gatekeeperCAs, err := clientCAs(opts.ExternalDataClientCAFile)
+	gatekeeperCAs := clientCAs(opts.ExternalDataClientCAFile)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -28,12 +28,13 @@ type WorkloadSessions struct {
 }
 
 // NewWorkloadSessions watches the Clusters of c; Secrets reads their
-// kubeconfig Secrets. Every session runs as nodeguard's own ServiceAccount
+// kubeconfig Secrets. The clusters' clients take c.Config's rate limits
+// (none: kube's). Every session runs as nodeguard's own ServiceAccount
 // in its cluster (kube.EnsureIdentity), allowed Node deletes when the fleet
 // (its proofs are dry-run deletes) or the reaper needs them, Node updates
 // when ghost detection may taint, and what the fleet installs.
-func NewWorkloadSessions(c kube.Clients, secrets kubernetes.Interface, opts ReapOptions, fleet FleetOptions, qps float32, burst int,
-	metrics *kube.ClusterMetrics, log *slog.Logger) (*WorkloadSessions, error) {
+func NewWorkloadSessions(c kube.Clients, secrets kubernetes.Interface, opts ReapOptions, fleet FleetOptions, metrics *kube.ClusterMetrics,
+	log *slog.Logger) (*WorkloadSessions, error) {
 	w := &WorkloadSessions{Management: secrets}
 	// Taint: a Cluster may set ghost protection taint by annotation at any
 	// time, and the identity is installed once a session.
@@ -48,8 +49,12 @@ func NewWorkloadSessions(c kube.Clients, secrets kubernetes.Interface, opts Reap
 		}
 		id.Owns = append(id.Owns, admission.PolicyRules(info)...)
 	}
-	set, err := kube.NewClusterSet(kube.ClusterSetOptions{Management: c, Secrets: secrets, Recheck: opts.KubeconfigRecheck, Identity: id,
-		QPS: qps, Burst: burst, Log: log, Metrics: metrics, Start: w.start, Stopped: w.stop, Changed: w.change})
+	so := kube.ClusterSetOptions{Management: c, Secrets: secrets, Recheck: opts.KubeconfigRecheck, Identity: id, Log: log, Metrics: metrics,
+		Start: w.start, Stopped: w.stop, Changed: w.change}
+	if c.Config != nil {
+		so.QPS, so.Burst = c.Config.QPS, c.Config.Burst
+	}
+	set, err := kube.NewClusterSet(so)
 	if err != nil {
 		return nil, err
 	}

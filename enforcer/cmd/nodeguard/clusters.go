@@ -26,11 +26,7 @@ func clustersCommand(code *int) *cobra.Command {
 			if err != nil {
 				return 1, err
 			}
-			ns := namespace
-			if ns == "" {
-				ns = serve.LeaseNamespace()
-			}
-			states, err := fleet.List(ctx, c, ns)
+			states, err := fleet.List(ctx, c, serve.LeaseNamespace(namespace))
 			if err != nil {
 				return 1, err
 			}

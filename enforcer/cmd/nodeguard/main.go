@@ -185,9 +185,7 @@ func orphansCommand(code *int) *cobra.Command {
 			"each conditional on the UID and resourceVersion judged, through admission like any other delete.",
 		Args: cobra.NoArgs,
 		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) {
-			if opts.Namespace == "" {
-				opts.Namespace = serve.LeaseNamespace()
-			}
+			opts.Namespace = serve.LeaseNamespace(opts.Namespace)
 			return cli.Orphans(ctx, opts, out)
 		}),
 	}
@@ -213,9 +211,7 @@ func ghostsCommand(code *int) *cobra.Command {
 			"nodeguard never deletes a ghost. --clear ends the tombstones of providerIDs whose hosts are meant to rejoin.",
 		Args: cobra.NoArgs,
 		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) {
-			if opts.Namespace == "" {
-				opts.Namespace = serve.LeaseNamespace()
-			}
+			opts.Namespace = serve.LeaseNamespace(opts.Namespace)
 			return cli.Ghosts(ctx, opts, out)
 		}),
 	}
@@ -279,7 +275,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	_ = f.MarkDeprecated("no-fresh-reads", "use --fresh-reads=false; --no-fresh-reads goes in a later release")
 	f.DurationVar(&opts.FreshReadTimeout, "fresh-read-timeout", serve.DefaultFreshTimeout, "bound on the fresh reads of one review; past it the delete is denied")
 	f.DurationVar(&opts.RequestTimeout, "request-timeout", serve.DefaultRequestTimeout, "deadline of one review; keep it below the webhook's timeoutSeconds")
-	f.Var(&actionFlag{&opts.EnforcementAction}, "enforcement-action", "what a Node delete the rule denies becomes on the review routes: deny, warn (admitted, with the denial as a warning and a NodeDeleteWouldBeDenied Event) or dryrun (admitted, logged and counted); the Constraint's spec.enforcementAction, when set, overrides it, and a Cluster's nodeguard.io/enforcement-action annotation on its route")
+	f.Var(actionFlag(&opts.EnforcementAction), "enforcement-action", "what a Node delete the rule denies becomes on the review routes: deny, warn (admitted, with the denial as a warning and a NodeDeleteWouldBeDenied Event) or dryrun (admitted, logged and counted); the Constraint's spec.enforcementAction, when set, overrides it, and a Cluster's nodeguard.io/enforcement-action annotation on its route")
 	f.DurationVar(&opts.ShutdownGrace, "shutdown-grace", serve.DefaultShutdownGrace, "how long in-flight reviews, the release of the Leases and the writes under way may finish after SIGTERM")
 	bundleFlags(f, &opts.Bundle)
 	f.BoolVar(&opts.Orphans.Enabled, "reap-orphan-nodes", false, "delete orphan Nodes (see nodeguard orphans); one replica acts, holding a Lease")
@@ -291,7 +287,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.StringVar(&opts.Orphans.LeaseNamespace, "leader-election-namespace", "", "namespace of the orphan reaper's Lease and of the tombstones' ConfigMap (default: $POD_NAMESPACE, else nodeguard-system)")
 	f.DurationVar(&opts.Orphans.Ghosts.Window, "ghost-window", facts.DefaultTombstoneWindow, "how long the providerID of a Machine, InfraMachine or pool membership that went away stays tombstoned: a Node alive again with it, linked by nothing, is a ghost (docs/ghosts.md); 0 turns ghost detection off (it runs with the orphan scan)")
 	f.IntVar(&opts.Orphans.Ghosts.Max, "ghost-tombstones-max", facts.DefaultTombstoneMax, "most tombstones kept (in the ConfigMap nodeguard-tombstones); the oldest go first")
-	f.Var(&protectionFlag{&opts.Orphans.Ghosts.Protection}, "ghost-protection", "what is done about a ghost Node besides reporting it: off, deny (its registration is denied: add the registration webhook, webhook-config --ghost-registrations; the fleet adds it) or taint (tainted "+nodes.GhostTaintKey+":NoExecute); a Cluster's nodeguard.io/ghost-protection annotation sets its own")
+	f.Var(protectionFlag(&opts.Orphans.Ghosts.Protection), "ghost-protection", "what is done about a ghost Node besides reporting it: off, deny (its registration is denied: add the registration webhook, webhook-config --ghost-registrations; the fleet adds it) or taint (tainted "+nodes.GhostTaintKey+":NoExecute); a Cluster's nodeguard.io/ghost-protection annotation sets its own")
 	f.Float32Var(&opts.KubeAPIQPS, "kube-api-qps", kube.DefaultQPS, "queries per second to the API server (informers and fresh reads); sized for bursts of Node deletes")
 	f.IntVar(&opts.KubeAPIBurst, "kube-api-burst", kube.DefaultBurst, "burst of queries to the API server above --kube-api-qps")
 	f.IntVar(&opts.MaxConcurrentDecisions, "max-concurrent-decisions", admission.DefaultMaxConcurrent, "decisions made at once; further reviews wait for a slot within their deadline")
@@ -416,8 +412,11 @@ func webhookConfigCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("create client: %w", err)
 			}
-			where, err := m.install(cmd.Context(), mgmt, c)
+			client, where, err := admission.InstallTarget(cmd.Context(), mgmt, c.Dynamic, opts.Cluster, dial)
 			if err != nil {
+				return err
+			}
+			if err := m.apply(cmd.Context(), client); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s applied to %s\n", m.what, where)
@@ -440,35 +439,23 @@ func webhookConfigCommand() *cobra.Command {
 
 // webhookFlags are the webhook's own settings, named prefix+NAME.
 func webhookFlags(f *pflag.FlagSet, prefix string, s *admission.WebhookSettings) {
-	f.Var(&failurePolicyFlag{&s.FailurePolicy}, prefix+"failure-policy", "what the API server does when nodeguard cannot be reached: Fail (deny the Node delete) or Ignore (admit it: the rule then holds only while nodeguard answers)")
+	f.Var(failurePolicyFlag(&s.FailurePolicy), prefix+"failure-policy", "what the API server does when nodeguard cannot be reached: Fail (deny the Node delete) or Ignore (admit it: the rule then holds only while nodeguard answers)")
 	f.Int32Var(&s.TimeoutSeconds, prefix+"timeout-seconds", admission.TimeoutSeconds, "how long the API server waits for nodeguard (1-30); keep serve's --request-timeout below it")
 	f.StringVar(&s.ObjectSelector, prefix+"object-selector", "", "label selector on the Nodes whose deletes are sent (default: every Node)")
 	f.Var(&matchConditionsFlag{&s.MatchConditions}, prefix+"match-condition", "NAME=CEL: a condition a Node delete must meet to be sent (repeatable), e.g. 'not-break-glass=!(\"break-glass\" in request.userInfo.groups)'")
 }
 
-// failurePolicyFlag is a webhook's failure policy, checked when the
-// configuration is built.
-type failurePolicyFlag struct {
-	p *admissionregistrationv1.FailurePolicyType
+// failurePolicyFlag is a webhook's failure policy.
+func failurePolicyFlag(p *admissionregistrationv1.FailurePolicyType) parsedFlag[admissionregistrationv1.FailurePolicyType] {
+	return parsedFlag[admissionregistrationv1.FailurePolicyType]{v: p, def: admissionregistrationv1.Fail, typ: "policy",
+		parse: func(s string) (admissionregistrationv1.FailurePolicyType, error) {
+			switch p := admissionregistrationv1.FailurePolicyType(s); p {
+			case admissionregistrationv1.Fail, admissionregistrationv1.Ignore:
+				return p, nil
+			}
+			return "", fmt.Errorf("want Fail or Ignore, not %q", s)
+		}}
 }
-
-func (f *failurePolicyFlag) String() string {
-	if f.p == nil || *f.p == "" {
-		return string(admissionregistrationv1.Fail)
-	}
-	return string(*f.p)
-}
-
-func (f *failurePolicyFlag) Set(s string) error {
-	switch p := admissionregistrationv1.FailurePolicyType(s); p {
-	case admissionregistrationv1.Fail, admissionregistrationv1.Ignore:
-		*f.p = p
-		return nil
-	}
-	return fmt.Errorf("want Fail or Ignore, not %q", s)
-}
-
-func (*failurePolicyFlag) Type() string { return "policy" }
 
 // matchConditionsFlag collects NAME=EXPRESSION, one per use: an
 // expression may hold commas.
@@ -498,12 +485,12 @@ func (f *matchConditionsFlag) Set(s string) error {
 
 func (*matchConditionsFlag) Type() string { return "NAME=CEL" }
 
-// configObject is what webhook-config prints or installs: the
+// configObject is what webhook-config prints or applies: the
 // ValidatingWebhookConfiguration, or Gatekeeper's Provider.
 type configObject struct {
-	what    string
-	render  func() ([]byte, error)
-	install func(ctx context.Context, mgmt kubernetes.Interface, c kube.Clients) (string, error)
+	what   string
+	render func() ([]byte, error)
+	apply  func(ctx context.Context, client dynamic.Interface) error
 }
 
 func configManifest(ctx context.Context, opts admission.WebhookConfigOptions, gatekeeperProvider bool) (configObject, error) {
@@ -517,12 +504,8 @@ func configManifest(ctx context.Context, opts admission.WebhookConfigOptions, ga
 			return configObject{}, err
 		}
 		return configObject{what: "Provider " + name, render: func() ([]byte, error) { return admission.ProviderYAML(p) },
-			install: func(ctx context.Context, mgmt kubernetes.Interface, c kube.Clients) (string, error) {
-				client, where, err := admission.InstallTarget(ctx, mgmt, c.Dynamic, opts.Cluster, dial)
-				if err != nil {
-					return "", err
-				}
-				return where, admission.ApplyProvider(ctx, client, p)
+			apply: func(ctx context.Context, client dynamic.Interface) error {
+				return admission.ApplyProvider(ctx, client, p)
 			}}, nil
 	}
 	cfg, err := admission.BuildWebhookConfig(opts)
@@ -530,59 +513,51 @@ func configManifest(ctx context.Context, opts admission.WebhookConfigOptions, ga
 		return configObject{}, err
 	}
 	return configObject{what: "ValidatingWebhookConfiguration " + cfg.Name, render: func() ([]byte, error) { return admission.WebhookConfigYAML(cfg) },
-		install: func(ctx context.Context, mgmt kubernetes.Interface, c kube.Clients) (string, error) {
-			client, where, err := admission.InstallTarget(ctx, mgmt, c.Dynamic, opts.Cluster, dial)
-			if err != nil {
-				return "", err
-			}
-			return where, admission.ApplyWebhookConfig(ctx, client, cfg)
+		apply: func(ctx context.Context, client dynamic.Interface) error {
+			return admission.ApplyWebhookConfig(ctx, client, cfg)
 		}}, nil
 }
 
 // dial is a client of a workload cluster's REST config.
 func dial(cfg *rest.Config) (dynamic.Interface, error) { return dynamic.NewForConfig(cfg) }
 
-// actionFlag is an enforcement action flag: a misspelt one fails at start.
-type actionFlag struct{ a *rule.Action }
-
-func (f *actionFlag) String() string {
-	if f.a == nil || *f.a == "" {
-		return string(rule.ActionDeny)
-	}
-	return string(*f.a)
+// parsedFlag is a flag of a string type whose values parse checks: a
+// misspelt one fails at start. Unset, it shows def.
+type parsedFlag[T ~string] struct {
+	v     *T
+	def   T
+	typ   string
+	parse func(string) (T, error)
 }
 
-func (f *actionFlag) Set(s string) error {
-	a, err := rule.ParseAction(s)
+func (f parsedFlag[T]) String() string {
+	if f.v == nil || *f.v == "" {
+		return string(f.def)
+	}
+	return string(*f.v)
+}
+
+func (f parsedFlag[T]) Set(s string) error {
+	v, err := f.parse(s)
 	if err != nil {
 		return err
 	}
-	*f.a = a
+	*f.v = v
 	return nil
 }
 
-func (*actionFlag) Type() string { return "action" }
+func (f parsedFlag[T]) Type() string { return f.typ }
+
+// actionFlag is an enforcement action flag.
+func actionFlag(a *rule.Action) parsedFlag[rule.Action] {
+	return parsedFlag[rule.Action]{v: a, def: rule.ActionDeny, typ: "action", parse: rule.ParseAction}
+}
 
 // protectionFlag is --ghost-protection: off, deny or taint.
-type protectionFlag struct{ p *nodes.Protection }
-
-func (f *protectionFlag) String() string {
-	if f.p == nil || *f.p == "" {
-		return string(nodes.ProtectionOff)
-	}
-	return string(*f.p)
+func protectionFlag(p *nodes.Protection) parsedFlag[nodes.Protection] {
+	return parsedFlag[nodes.Protection]{v: p, def: nodes.ProtectionOff, typ: "protection",
+		parse: func(s string) (nodes.Protection, error) { return nodes.ParseProtection(s, nodes.ProtectionOff) }}
 }
-
-func (f *protectionFlag) Set(s string) error {
-	p, err := nodes.ParseProtection(s, nodes.ProtectionOff)
-	if err != nil {
-		return err
-	}
-	*f.p = p
-	return nil
-}
-
-func (*protectionFlag) Type() string { return "protection" }
 
 // negated is a bool flag named for what it turns on (--fresh-reads) over an
 // option named for what turns it off (NoFreshReads), whose zero value is the
