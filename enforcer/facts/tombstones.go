@@ -59,9 +59,9 @@ const (
 // TombstoneOptions configure a Tombstones store.
 type TombstoneOptions struct {
 	// Window is how long a providerID stays tombstoned (default
-	// DefaultWindow).
+	// DefaultTombstoneWindow).
 	Window time.Duration
-	// Max bounds the tombstones kept (default DefaultMax); the oldest go
+	// Max bounds the tombstones kept (default DefaultTombstoneMax); the oldest go
 	// first.
 	Max   int
 	Clock clock.PassiveClock

@@ -47,7 +47,7 @@ type TombstoneKeeper struct {
 	Store     *Tombstones
 	Client    dynamic.Interface
 	Namespace string
-	Interval  time.Duration // default DefaultWriteInterval
+	Interval  time.Duration // default DefaultTombstoneWriteInterval
 	Log       *slog.Logger
 
 	mu         sync.Mutex
