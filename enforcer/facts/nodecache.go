@@ -22,13 +22,14 @@ import (
 )
 
 // NodeShapeOf is the Node shape of the policy e runs: the link model's
-// NodeCacheShape for its orphan criteria's Node fields, which it must have.
-func NodeShapeOf(e *rule.Engine) (*record.Shape, error) {
+// NodeCacheShape for its orphan criteria's Node fields, which it must have,
+// and the extra paths (the verdicts' annotations, in mode admission-policy).
+func NodeShapeOf(e *rule.Engine, extra ...rule.Path) (*record.Shape, error) {
 	fields, err := e.NodeFields()
 	if err != nil {
 		return nil, err
 	}
-	s, err := e.Model().NodeCacheShape(fields)
+	s, err := e.Model().NodeCacheShape(fields, extra...)
 	if err != nil {
 		return nil, fmt.Errorf("nodecache: %w", err)
 	}

@@ -10,9 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
@@ -20,17 +20,17 @@ import (
 )
 
 // ModeAdmissionPolicy has the workload API server decide Node deletes itself,
-// with a ValidatingAdmissionPolicy that reads the Nodes nodeguard released
-// (admission.BuildPolicy): no network path to nodeguard, and with
-// nodeguard down what was released stays deletable and nothing else is.
+// with a ValidatingAdmissionPolicy that reads the verdict nodeguard writes on
+// each Node (admission.BuildPolicies): no network path to nodeguard, and
+// with nodeguard down what was released stays deletable and nothing else is.
 const ModeAdmissionPolicy = "admission-policy"
 
 // Removal of a policy waits for the API server to stop applying its binding
-// before the released Nodes go (without them an applied binding denies every
-// Node delete): seen by a dry run when a Node that is not released exists,
-// else taken as done bindingApplyTime after the delete (kube-apiserver
-// refreshes its policies every second), and given up waiting for after
-// removalMaxWait.
+// before the policy goes: seen by a dry run when a Node that is not released
+// exists, else taken as done bindingApplyTime after the delete
+// (kube-apiserver refreshes its policies every second), and given up waiting
+// for after removalMaxWait. The same wait separates writing the delete
+// binding from removing the binding nodeguard 0.3 left.
 const (
 	bindingApplyTime = 3 * time.Second
 	removalMaxWait   = 30 * time.Second
@@ -49,30 +49,40 @@ func servesPolicies(s *session) (bool, error) {
 	return slices.ContainsFunc(list.APIResources, func(res metav1.APIResource) bool { return res.Name == admission.PolicyGVR.Resource }), nil
 }
 
-// enroll has the released Nodes of a Cluster published (by the leader),
+// enroll has the verdicts on a Cluster's Nodes written (by the leader),
 // through its connection as it is at each write.
 func (r *Reconciler) enroll(key string) {
 	if r.opts.Releases.Enrolled(key) {
 		return
 	}
-	r.opts.Releases.Enroll(key, func(ctx context.Context, cm *corev1.ConfigMap) error {
+	info := r.policyInfo
+	r.opts.Releases.Enroll(key, func(ctx context.Context, node string, v admission.ReleaseVerdict) error {
 		c, ok := r.opts.Clusters.Get(key)
 		if !ok {
 			return fmt.Errorf("no connection to workload cluster %s", key)
 		}
-		o, err := kube.OwnedFrom(admission.ParamsGVR, cm)
+		patch, err := admission.VerdictPatch(info, v)
 		if err != nil {
 			return err
 		}
-		_, err = kube.ApplyOwned(ctx, c.Dynamic, o)
-		return err
+		_, err = c.Dynamic.Resource(nodeGVR).Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: kube.Owner})
+		if apierrors.IsNotFound(err) {
+			return nil // gone: nothing to decide on
+		}
+		if err != nil {
+			return fmt.Errorf("write the verdict on Node %s: %w", node, err)
+		}
+		return nil
 	})
 }
 
-// guardPolicy keeps mode admission-policy: the released Nodes published
-// first, then the policy and its binding installed where missing or
-// different, proven, and only then the webhook configuration of mode
-// webhook removed.
+var nodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+
+// guardPolicy keeps mode admission-policy: the verdicts written on the
+// Nodes, the guard policy that keeps them nodeguard's installed, the delete
+// policy installed and bound once every Node carries its verdict, proven;
+// then the webhook configuration of mode webhook and what nodeguard 0.3's
+// policy left removed.
 func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t *tracked, st State, action rule.Action) outcome {
 	if !s.synced() {
 		return r.unsynced(t, st)
@@ -89,44 +99,37 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 	}
 	r.enroll(key)
 	t.removing = time.Time{}
-	_, bound := s.binding.Get()
-	if _, ok := s.params.Get(); !ok {
-		// Not published yet, or deleted there: written at the next flush.
-		r.opts.Releases.Rewrite(key)
-		if !bound {
-			// Entering the mode: the policy waits for the released Nodes,
-			// else it would deny every Node delete until they are written.
-			if t.entering.IsZero() {
-				t.entering = time.Now()
-			}
-			st.Reason, st.Message = ReasonNotInstalled, "the released Nodes ("+admission.ParamsNamespace+"/"+admission.ParamsName+
-				") are not published there yet (every Node is judged first); the policy is installed once they are"
-			return outcome{state: st, settling: time.Since(t.entering) < publishWait, after: r.opts.SettleRetry}
-		}
-		st.Reason, st.Message = ReasonNotInstalled, "the released Nodes ("+admission.ParamsNamespace+"/"+admission.ParamsName+
-			") are not there: every Node delete is denied until they are written again"
-		return outcome{state: st, after: r.opts.SettleRetry}
-	}
-	t.entering = time.Time{}
 	r.mu.Lock()
 	opts := r.policy
 	r.mu.Unlock()
 	opts.Action = action
-	policy, binding, err := admission.BuildPolicy(r.policyInfo, opts)
+	want, err := admission.BuildPolicies(r.policyInfo, opts)
 	if err != nil {
 		return unguarded(st, ReasonNotInstalled, err.Error(), 0)
 	}
+	_, bound := s.binding.Get()
 	applied := false
-	for _, want := range []struct {
+	for _, w := range []struct {
 		watch *kube.ObjectWatch
 		gvr   schema.GroupVersionResource
 		obj   runtime.Object
-	}{{s.policy, admission.PolicyGVR, policy}, {s.binding, admission.BindingGVR, binding}} {
-		o, err := kube.OwnedFrom(want.gvr, want.obj)
+	}{{s.guard, admission.PolicyGVR, want.Guard}, {s.guardBinding, admission.BindingGVR, want.GuardBinding},
+		{s.policy, admission.PolicyGVR, want.Delete}, {s.binding, admission.BindingGVR, want.DeleteBinding}} {
+		if w.obj == want.DeleteBinding && !bound && !r.opts.Releases.Settled(key) {
+			// Entering the mode: the binding waits for the verdicts, else
+			// it would deny every Node delete until they are written.
+			if t.entering.IsZero() {
+				t.entering = time.Now()
+			}
+			st.Reason, st.Message = ReasonNotInstalled, "the verdicts are not written on every Node there yet (each Node is judged first); "+
+				"the delete policy is bound once they are"
+			return outcome{state: st, settling: time.Since(t.entering) < publishWait, after: r.opts.SettleRetry}
+		}
+		o, err := kube.OwnedFrom(w.gvr, w.obj)
 		if err != nil {
 			return unguarded(st, ReasonNotInstalled, err.Error(), 0)
 		}
-		have, _ := want.watch.Get()
+		have, _ := w.watch.Get()
 		if kube.Holds(have, o.Object, "spec") {
 			continue
 		}
@@ -135,13 +138,19 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 		}
 		applied = true
 	}
+	t.entering = time.Time{}
 	if applied {
 		t.wrote()
-		r.opts.Log.Info("fleet: nodeguard's admission policy installed", "cluster", key, "action", string(action))
+		r.opts.Log.Info("fleet: nodeguard's admission policies installed", "cluster", key, "action", string(action))
 	}
 	st.Wired, st.CACurrent = true, true // no CA in this mode: nothing to go stale
 	t.expecting(fmt.Sprintf("%s/%s/%q/%q", ModeAdmissionPolicy, action, opts.ExemptUsers, opts.ExemptGroups))
 	o := r.proven(t, st)
+	if time.Since(t.changed) >= bindingApplyTime && !r.removeLegacy(ctx, key, s, t) {
+		// nodeguard 0.3's binding goes once the delete binding applies; its
+		// policy once the API server stopped applying it.
+		o.after = min(o.after, r.opts.SettleRetry)
+	}
 	if r.proofDue(t) {
 		var found proof
 		if o, found = r.provePolicy(ctx, key, s, t, st, action); !found.matched {
@@ -162,7 +171,7 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 // nodeguard: it finds what was written when the policy answers with the
 // binding's action (deny: denied; warn: its warning; dryrun: admitted).
 func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t *tracked, st State, action rule.Action) (outcome, proof) {
-	node, err := s.unreleased(ctx)
+	node, err := r.unreleased(ctx, s)
 	if err != nil {
 		return unguarded(st, failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, s, err), retryUnguarded), proof{}
 	}
@@ -172,9 +181,9 @@ func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t 
 	warnings, err := r.dryRun(ctx, s, node)
 	found := rule.Action("")
 	switch {
-	case apierrors.IsForbidden(err) && r.policyDenied(err):
+	case apierrors.IsForbidden(err) && r.policyDenied(err, r.policyInfo.Name):
 		found = rule.ActionDeny
-	case err == nil && r.policyWarned(warnings):
+	case err == nil && r.policyWarned(warnings, r.policyInfo.Name):
 		found = rule.ActionWarn
 	case err == nil:
 		found = rule.ActionDryRun
@@ -183,12 +192,13 @@ func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t 
 		return r.matched(t, st, action, "the policy's binding only audits (enforcement action dryrun): no Node delete is denied there")
 	}
 	p := proof{lag: true}
-	switch found {
-	case rule.ActionDeny, rule.ActionWarn:
+	switch {
+	case found == rule.ActionDeny || found == rule.ActionWarn || r.policyDenied(err, admission.LegacyPolicyName):
 		// Guarded, though not as written (the API server still applies the
-		// binding before it): true, and proven again soon.
+		// binding before it, or nodeguard 0.3's denies first): true, and
+		// proven again soon.
 		st.Guarded, st.Reason, st.Message = true, "", ""
-	case rule.ActionDryRun:
+	case found == rule.ActionDryRun:
 		st.Reason, st.Message = ReasonReviewNotReceived, fmt.Sprintf("a dry-run delete of Node %s, which nodeguard has not released, was admitted: the policy does not decide there (yet)", node.Name)
 	default:
 		st.Reason, st.Message = failure(err, ReasonReviewNotReceived), fmt.Sprintf("dry-run delete of Node %s: %v", node.Name, err)
@@ -196,35 +206,35 @@ func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t 
 	}
 	o := r.settle(t, st, p)
 	if st.Guarded {
-		o.after = min(o.after, retryUnguarded)
+		o.after = min(o.after, r.opts.SettleRetry)
 	}
 	return o, p
 }
 
-// released is the Nodes the published ConfigMap releases there, by name
-// (their UIDs), as last seen.
-func (s *session) released() map[string]string {
-	if s.params == nil {
-		return nil
+// releasedNode is a Node the verdict on it releases, of the first 100 (nil:
+// none).
+func (r *Reconciler) releasedNode(ctx context.Context, s *session, selector string) (*corev1.Node, []corev1.Node, error) {
+	nodes, err := s.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 100, LabelSelector: selector})
+	if err != nil {
+		return nil, nil, err
 	}
-	obj, ok := s.params.Get()
-	if !ok {
-		return nil
+	for i := range nodes.Items {
+		if admission.VerdictOf(r.policyInfo, nodes.Items[i].Annotations).UID == string(nodes.Items[i].UID) {
+			return &nodes.Items[i], nodes.Items, nil
+		}
 	}
-	data, _, _ := unstructured.NestedStringMap(obj.Object, "data")
-	return data
+	return nil, nodes.Items, nil
 }
 
-// unreleased is a Node the published ConfigMap does not release (nil: none
-// of the first 100).
-func (s *session) unreleased(ctx context.Context) (*corev1.Node, error) {
+// unreleased is a Node the verdict on it does not release (nil: none of
+// the first 100).
+func (r *Reconciler) unreleased(ctx context.Context, s *session) (*corev1.Node, error) {
 	nodes, err := s.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 100})
 	if err != nil {
 		return nil, err
 	}
-	released := s.released()
 	for i := range nodes.Items {
-		if uid, ok := released[nodes.Items[i].Name]; !ok || uid != string(nodes.Items[i].UID) {
+		if admission.VerdictOf(r.policyInfo, nodes.Items[i].Annotations).UID != string(nodes.Items[i].UID) {
 			return &nodes.Items[i], nil
 		}
 	}
@@ -232,28 +242,49 @@ func (s *session) unreleased(ctx context.Context) (*corev1.Node, error) {
 }
 
 // policyObject is one of the objects the fleet keeps in a workload cluster
-// (watch: its watch there, if any).
+// (watch: its watch there; nil for what nodeguard 0.3 left, looked for once
+// a connection, and for all without --fleet-admission-policy).
 type policyObject struct {
 	gvr             schema.GroupVersionResource
 	namespace, name string
 	watch           *kube.ObjectWatch
 }
 
-func (r *Reconciler) policyObjects(s *session) (binding, policy, params policyObject) {
-	return policyObject{admission.BindingGVR, "", r.policyInfo.Name, s.binding},
-		policyObject{admission.PolicyGVR, "", r.policyInfo.Name, s.policy},
-		policyObject{admission.ParamsGVR, admission.ParamsNamespace, admission.ParamsName, s.params}
+// policyObjects are the bindings of mode admission-policy, then what goes
+// once the API server no longer applies them.
+func (r *Reconciler) policyObjects(s *session) (bindings, rest []policyObject) {
+	info := r.policyInfo
+	return []policyObject{{admission.BindingGVR, "", info.Name, s.binding}, {admission.BindingGVR, "", info.Guard, s.guardBinding},
+			{admission.BindingGVR, "", admission.LegacyPolicyName, nil}},
+		[]policyObject{{admission.PolicyGVR, "", info.Name, s.policy}, {admission.PolicyGVR, "", info.Guard, s.guard},
+			{admission.PolicyGVR, "", admission.LegacyPolicyName, nil},
+			{admission.ParamsGVR, admission.LegacyParamsNamespace, admission.LegacyParamsName, nil}}
 }
 
-// present says whether a policy object is there: from its watch, or,
-// without one (no --fleet-admission-policy: nodeguard's identity may not
-// read it), read with the kubeconfig's credentials.
+// legacyObjects are what nodeguard 0.3's mode admission-policy left: its
+// binding, then its policy and its ConfigMap of released Nodes.
+func legacyObjects() (bindings, rest []policyObject) {
+	return []policyObject{{admission.BindingGVR, "", admission.LegacyPolicyName, nil}},
+		[]policyObject{{admission.PolicyGVR, "", admission.LegacyPolicyName, nil},
+			{admission.ParamsGVR, admission.LegacyParamsNamespace, admission.LegacyParamsName, nil}}
+}
+
+// present says whether a policy object nodeguard keeps is there: from its
+// watch, or read with nodeguard's identity or, where it may not (no
+// --fleet-admission-policy), the kubeconfig's credentials. An object
+// without a watch is not looked for once the session found them all gone.
 func (s *session) present(ctx context.Context, o policyObject) (bool, error) {
 	if o.watch != nil {
 		_, ok := o.watch.Get()
 		return ok, nil
 	}
-	have, err := s.c.Admin.Resource(o.gvr).Namespace(o.namespace).Get(ctx, o.name, metav1.GetOptions{})
+	if s.leftoversChecked {
+		return false, nil
+	}
+	have, err := s.c.Dynamic.Resource(o.gvr).Namespace(o.namespace).Get(ctx, o.name, metav1.GetOptions{})
+	if (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)) && s.c.Admin != nil {
+		have, err = s.c.Admin.Resource(o.gvr).Namespace(o.namespace).Get(ctx, o.name, metav1.GetOptions{})
+	}
 	if apierrors.IsNotFound(err) || (err != nil && isNotServed(err)) {
 		return false, nil
 	}
@@ -263,18 +294,24 @@ func (s *session) present(ctx context.Context, o policyObject) (bool, error) {
 	return have.GetLabels()[kube.ManagedByLabel] == kube.Owner, nil
 }
 
-// policyLeft says whether objects of mode admission-policy are (or may be)
-// there. Without the watches they are looked for once a connection.
-func (r *Reconciler) policyLeft(ctx context.Context, s *session) bool {
-	if s.binding == nil && s.leftoversChecked {
-		return false
-	}
-	binding, policy, params := r.policyObjects(s)
-	for _, o := range []policyObject{binding, policy, params} {
-		ok, err := s.present(ctx, o)
-		if err != nil || ok {
-			return true // unknown: looked for again
+// anyPresent says whether one of objs is (or may be) there.
+func (s *session) anyPresent(ctx context.Context, objs ...[]policyObject) bool {
+	for _, list := range objs {
+		for _, o := range list {
+			if ok, err := s.present(ctx, o); ok || err != nil {
+				return true
+			}
 		}
+	}
+	return false
+}
+
+// policyLeft says whether objects of mode admission-policy are (or may be)
+// there; what has no watch is looked for once a connection.
+func (r *Reconciler) policyLeft(ctx context.Context, s *session) bool {
+	bindings, rest := r.policyObjects(s)
+	if s.anyPresent(ctx, bindings, rest) {
+		return true
 	}
 	s.leftoversChecked = true
 	return false
@@ -296,70 +333,82 @@ func (r *Reconciler) delete(ctx context.Context, s *session, gvr schema.GroupVer
 
 // removePolicy removes the guard of mode admission-policy from a cluster
 // that left the mode, opted out or was deselected, in the order that never
-// denies a released Node: the binding; once the API server no longer
-// applies it, the policy and the released Nodes. It says whether nothing is
-// left.
+// denies a released Node. It says whether nothing is left. The verdicts stay
+// on the Nodes: nothing reads them then, and a return to the mode revokes
+// what no longer holds before the delete policy is bound again.
 func (r *Reconciler) removePolicy(ctx context.Context, key string, s *session, t *tracked) bool {
 	if r.opts.Releases != nil {
 		r.opts.Releases.Remove(key)
 	}
-	binding, policy, params := r.policyObjects(s)
-	bound, err := s.present(ctx, binding)
-	if err != nil {
-		r.opts.Log.Warn("fleet: cannot read nodeguard's admission policy binding; trying again", "cluster", key, "error", err.Error())
-		return false
-	}
-	if bound {
-		if _, err := r.delete(ctx, s, binding.gvr, "", binding.name); err != nil {
-			r.opts.Log.Warn("fleet: cannot remove nodeguard's admission policy binding; trying again", "cluster", key, "error", err.Error())
-			return false
-		}
-		r.opts.Log.Info("fleet: removed nodeguard's admission policy binding", "cluster", key)
-		t.removing = time.Now()
-		return false
-	}
-	left := false
-	for _, o := range []policyObject{policy, params} {
+	bindings, rest := r.policyObjects(s)
+	return r.removeObjects(ctx, key, s, &t.removing, bindings, rest, r.policyInfo.Name, admission.LegacyPolicyName)
+}
+
+// removeLegacy removes what nodeguard 0.3's mode left (once a connection
+// finds it gone, it is not looked for again); it says whether nothing is
+// left.
+func (r *Reconciler) removeLegacy(ctx context.Context, key string, s *session, t *tracked) bool {
+	bindings, rest := legacyObjects()
+	return r.removeObjects(ctx, key, s, &t.removingLegacy, bindings, rest, admission.LegacyPolicyName)
+}
+
+// removeObjects removes bindings, then, once the API server no longer applies
+// them (the policies named answer no dry run), rest: an applied binding
+// whose policy is gone denies every Node delete. since marks when the
+// bindings went. It says whether nothing is left.
+func (r *Reconciler) removeObjects(ctx context.Context, key string, s *session, since *time.Time, bindings, rest []policyObject, names ...string) bool {
+	for _, o := range bindings {
 		ok, err := s.present(ctx, o)
-		left = left || ok || err != nil
-	}
-	if left {
-		if t.removing.IsZero() {
-			t.removing = time.Now() // gone before it was seen: wait as if just removed
-		}
-		if !r.bindingUnapplied(ctx, s, t) {
+		if err != nil {
+			r.opts.Log.Warn("fleet: cannot read an admission policy binding of nodeguard's; trying again", "cluster", key, "binding", o.name, "error", err.Error())
 			return false
 		}
-		for _, o := range []policyObject{policy, params} {
+		if !ok {
+			continue
+		}
+		if _, err := r.delete(ctx, s, o.gvr, "", o.name); err != nil {
+			r.opts.Log.Warn("fleet: cannot remove an admission policy binding of nodeguard's; trying again", "cluster", key, "binding", o.name, "error", err.Error())
+			return false
+		}
+		r.opts.Log.Info("fleet: removed an admission policy binding of nodeguard's", "cluster", key, "binding", o.name)
+		*since = time.Now()
+	}
+	if s.anyPresent(ctx, rest) {
+		if since.IsZero() {
+			*since = time.Now() // unbound before it was seen: wait as if just removed
+		}
+		if !r.bindingUnapplied(ctx, s, *since, names) {
+			return false
+		}
+		for _, o := range rest {
 			if _, err := r.delete(ctx, s, o.gvr, o.namespace, o.name); err != nil {
-				r.opts.Log.Warn("fleet: cannot remove nodeguard's admission policy; trying again", "cluster", key, "error", err.Error())
+				r.opts.Log.Warn("fleet: cannot remove an admission policy of nodeguard's; trying again", "cluster", key, "object", o.name, "error", err.Error())
 				return false
 			}
 		}
-		r.opts.Log.Info("fleet: removed nodeguard's admission policy and its released Nodes", "cluster", key,
-			"waitedForTheBinding", time.Since(t.removing).Round(time.Millisecond).String())
+		r.opts.Log.Info("fleet: removed nodeguard's admission policies", "cluster", key, "names", strings.Join(names, ","),
+			"waitedForTheBinding", time.Since(*since).Round(time.Millisecond).String())
 	}
-	t.removing = time.Time{}
-	if s.binding == nil {
-		s.leftoversChecked = true
-	}
+	*since = time.Time{}
+	// Every object without a watch is among them: none is looked for again.
+	s.leftoversChecked = true
 	return true
 }
 
 // bindingUnapplied says whether the API server no longer applies the
-// binding removed at t.removing: a dry-run delete of a Node that is not
-// released is not the policy's to answer any more.
-func (r *Reconciler) bindingUnapplied(ctx context.Context, s *session, t *tracked) bool {
-	since := time.Since(t.removing)
-	if since >= removalMaxWait {
+// bindings of the policies named, removed at since: a dry-run delete of a
+// Node that is not released is not theirs to answer any more.
+func (r *Reconciler) bindingUnapplied(ctx context.Context, s *session, since time.Time, names []string) bool {
+	waited := time.Since(since)
+	if waited >= removalMaxWait {
 		return true
 	}
-	node, err := s.unreleased(ctx)
+	node, err := r.unreleased(ctx, s)
 	if err != nil || node == nil {
-		return since >= bindingApplyTime
+		return waited >= bindingApplyTime
 	}
 	warnings, err := r.dryRun(ctx, s, node)
-	return !r.policyWarned(warnings) && !r.policyDenied(err)
+	return !r.policyWarned(warnings, names...) && !r.policyDenied(err, names...)
 }
 
 // removeAll removes everything the fleet keeps in a cluster nodeguard is to

@@ -132,8 +132,8 @@ const (
 	// proven again.
 	retryUnguarded = 15 * time.Second
 	// publishWait bounds how long a cluster entering mode admission-policy
-	// waits, unreported, for its released Nodes to be published (every Node
-	// judged once) before its policy is installed.
+	// waits, unreported, for the verdicts on its Nodes to be written (every
+	// Node judged once) before its delete policy is bound.
 	publishWait = 30 * time.Second
 )
 
@@ -171,16 +171,16 @@ type tracked struct {
 	expect, proven string
 	changed        time.Time
 	lastProof      time.Time
-	// entering is when the Cluster started waiting for its released Nodes
-	// to be published (mode admission-policy), zero when not waiting.
+	// entering is when the Cluster started waiting for the verdicts on its
+	// Nodes to be written (mode admission-policy), zero when not waiting.
 	entering time.Time
 	// policyDecides: the last proof of mode webhook was denied by the
 	// admission policy still there (no Node it releases to prove on).
 	policyDecides bool
-	// removing is when the binding of mode admission-policy was removed,
-	// while its policy and released Nodes wait for the API server to stop
-	// applying it.
-	removing time.Time
+	// removing is when the bindings of mode admission-policy were removed,
+	// while their policies wait for the API server to stop applying them;
+	// removingLegacy the same for what nodeguard 0.3 left.
+	removing, removingLegacy time.Time
 }
 
 // New checks opts and reads the CA bundle once: without one, nothing can be
@@ -213,7 +213,7 @@ func New(opts Options) (*Reconciler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	if _, _, err := admission.BuildPolicy(info, opts.AdmissionPolicy); err != nil {
+	if _, err := admission.BuildPolicies(info, opts.AdmissionPolicy); err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
 	r := &Reconciler{
@@ -236,7 +236,7 @@ func (r *Reconciler) SetExempt(users, groups []string) error {
 	r.mu.Lock()
 	next := r.policy
 	next.ExemptUsers, next.ExemptGroups = users, groups
-	if _, _, err := admission.BuildPolicy(r.policyInfo, next); err != nil {
+	if _, err := admission.BuildPolicies(r.policyInfo, next); err != nil {
 		r.mu.Unlock()
 		return fmt.Errorf("fleet: %w", err)
 	}
@@ -545,11 +545,12 @@ type session struct {
 	c *kube.Cluster
 	// kube collects warnings per request (proofs), as JSON.
 	kube kubernetes.Interface
-	// vwc is nodeguard's webhook configuration there; policy, binding and
-	// params the objects of mode admission-policy (nil without
-	// --fleet-admission-policy: nodeguard's identity may not read them).
-	vwc                     *kube.ObjectWatch
-	policy, binding, params *kube.ObjectWatch
+	// vwc is nodeguard's webhook configuration there; policy, binding,
+	// guard and guardBinding the objects of mode admission-policy (nil
+	// without --fleet-admission-policy: nodeguard's identity may not read
+	// them).
+	vwc                                  *kube.ObjectWatch
+	policy, binding, guard, guardBinding *kube.ObjectWatch
 	// user is who the connection's credentials are there (asked once, by
 	// the first proof).
 	user string
@@ -561,9 +562,9 @@ type session struct {
 	written        string
 	wroteWanted    map[string]any
 	servesPolicies *bool
-	// leftovers: without --fleet-admission-policy, whether an earlier
-	// configuration's admission policy was looked for there (with the
-	// kubeconfig's credentials) and removed.
+	// leftoversChecked: the policy objects nodeguard keeps there without a
+	// watch (all without --fleet-admission-policy, else what nodeguard 0.3
+	// left) were looked for and are gone.
 	leftoversChecked bool
 }
 
@@ -597,11 +598,12 @@ func (r *Reconciler) Session(ctx context.Context, c *kube.Cluster) {
 	if r.opts.Releases != nil {
 		s.policy = watch(kube.ObjectOptions{Resource: admission.PolicyGVR, Name: r.policyInfo.Name})
 		s.binding = watch(kube.ObjectOptions{Resource: admission.BindingGVR, Name: r.policyInfo.Name})
-		s.params = watch(kube.ObjectOptions{Resource: admission.ParamsGVR, Namespace: admission.ParamsNamespace, Name: admission.ParamsName})
-		if s.policy == nil || s.binding == nil || s.params == nil {
+		s.guard = watch(kube.ObjectOptions{Resource: admission.PolicyGVR, Name: r.policyInfo.Guard})
+		s.guardBinding = watch(kube.ObjectOptions{Resource: admission.BindingGVR, Name: r.policyInfo.Guard})
+		if s.policy == nil || s.binding == nil || s.guard == nil || s.guardBinding == nil {
 			return
 		}
-		watches = append(watches, s.policy, s.binding, s.params)
+		watches = append(watches, s.policy, s.binding, s.guard, s.guardBinding)
 	}
 	var wg sync.WaitGroup
 	for _, w := range watches {
@@ -623,7 +625,7 @@ func (r *Reconciler) Session(ctx context.Context, c *kube.Cluster) {
 
 // synced says whether every watch of s has its first list.
 func (s *session) synced() bool {
-	for _, w := range []*kube.ObjectWatch{s.vwc, s.policy, s.binding, s.params} {
+	for _, w := range []*kube.ObjectWatch{s.vwc, s.policy, s.binding, s.guard, s.guardBinding} {
 		if w != nil && !w.Synced() {
 			return false
 		}

@@ -98,10 +98,13 @@ func TestLeftoversNodeguardMayNotRemoveAreRemovedWithTheKubeconfig(t *testing.T)
 		u.SetLabels(map[string]string{kube.ManagedByLabel: kube.Owner})
 		return u
 	}
+	binding := admission.BindingGVR.GroupVersion().WithKind("ValidatingAdmissionPolicyBinding")
+	policy := admission.PolicyGVR.GroupVersion().WithKind("ValidatingAdmissionPolicy")
+	// Today's policies, and nodeguard 0.3's with its ConfigMap.
 	admin := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), gvrs,
-		mine(admission.BindingGVR.GroupVersion().WithKind("ValidatingAdmissionPolicyBinding"), "", info.Name),
-		mine(admission.PolicyGVR.GroupVersion().WithKind("ValidatingAdmissionPolicy"), "", info.Name),
-		mine(schema.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}, admission.ParamsNamespace, admission.ParamsName))
+		mine(binding, "", info.Name), mine(policy, "", info.Name), mine(binding, "", info.Guard), mine(policy, "", info.Guard),
+		mine(binding, "", admission.LegacyPolicyName), mine(policy, "", admission.LegacyPolicyName),
+		mine(schema.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}, admission.LegacyParamsNamespace, admission.LegacyParamsName))
 	r := &Reconciler{policyInfo: info, opts: scheduler().opts}
 	r.opts.Log = slog.New(slog.DiscardHandler)
 	// A workload cluster with no Node: nothing to observe the binding's
@@ -110,20 +113,24 @@ func TestLeftoversNodeguardMayNotRemoveAreRemovedWithTheKubeconfig(t *testing.T)
 	tr := &tracked{}
 	ctx := context.Background()
 	require.True(t, r.policyLeft(ctx, s), "found with the kubeconfig's credentials")
-	assert.False(t, r.removePolicy(ctx, "fleet/a", s, tr), "the binding goes first")
-	_, err = admin.Resource(admission.BindingGVR).Get(ctx, info.Name, metav1.GetOptions{})
-	assert.True(t, apierrors.IsNotFound(err), "binding removed: %v", err)
-	_, err = admin.Resource(admission.PolicyGVR).Get(ctx, info.Name, metav1.GetOptions{})
-	assert.NoError(t, err, "the policy waits for the API server to stop applying its binding")
+	assert.False(t, r.removePolicy(ctx, "fleet/a", s, tr), "the bindings go first")
+	for _, name := range []string{info.Name, info.Guard, admission.LegacyPolicyName} {
+		_, err = admin.Resource(admission.BindingGVR).Get(ctx, name, metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "binding %s removed: %v", name, err)
+		_, err = admin.Resource(admission.PolicyGVR).Get(ctx, name, metav1.GetOptions{})
+		assert.NoError(t, err, "policy %s waits for the API server to stop applying its binding", name)
+	}
 	assert.False(t, r.removePolicy(ctx, "fleet/a", s, tr), "not before the API server can have applied the removal")
 	// No Node to observe it on: taken as applied bindingApplyTime after
 	// the delete.
 	tr.removing = time.Now().Add(-bindingApplyTime)
 	assert.True(t, r.removePolicy(ctx, "fleet/a", s, tr))
-	for gvr, ns := range map[schema.GroupVersionResource]string{admission.PolicyGVR: "", admission.ParamsGVR: admission.ParamsNamespace} {
-		_, err = admin.Resource(gvr).Namespace(ns).Get(ctx, map[string]string{"": info.Name, admission.ParamsNamespace: admission.ParamsName}[ns], metav1.GetOptions{})
-		assert.True(t, apierrors.IsNotFound(err), "%s removed: %v", gvr.Resource, err)
+	for _, name := range []string{info.Name, info.Guard, admission.LegacyPolicyName} {
+		_, err = admin.Resource(admission.PolicyGVR).Get(ctx, name, metav1.GetOptions{})
+		assert.True(t, apierrors.IsNotFound(err), "policy %s removed: %v", name, err)
 	}
+	_, err = admin.Resource(admission.ParamsGVR).Namespace(admission.LegacyParamsNamespace).Get(ctx, admission.LegacyParamsName, metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "nodeguard 0.3's ConfigMap removed: %v", err)
 	assert.True(t, s.leftoversChecked)
 	calls := forbidden
 	assert.False(t, r.policyLeft(ctx, s), "not looked for again in this connection")

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
@@ -12,14 +15,15 @@ import (
 )
 
 // Uninstall removes from a workload cluster what the fleet installs there:
-// the webhook configuration, the admission policy's binding, then (once the
-// API server no longer applies the binding: bindingApplyTime after its
-// delete) the policy and the released Nodes, and nodeguard's identity, each
-// only where nodeguard's label marks it. Removed in that order, no released
-// Node is denied on the way (an applied binding without its released Nodes
-// denies every Node delete). The identity's Namespace stays: others may keep
-// things in it. It returns what it removed, and the first object it could
-// not.
+// the webhook configuration, the admission policies' bindings, then (once
+// the API server no longer applies them: bindingApplyTime after their
+// delete) the policies, what nodeguard 0.3 left, the verdicts on the Nodes,
+// and nodeguard's identity, each only where nodeguard's label marks it.
+// Removed in that order, no released Node is denied on the way (an applied
+// binding without its policy denies every Node delete), and the verdicts go
+// once no guard policy keeps them nodeguard's alone. The identity's
+// Namespace stays: others may keep things in it. It returns what it
+// removed, and the first object it could not.
 func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
 	info, err := admission.LoadPolicyInfo()
 	if err != nil {
@@ -28,8 +32,13 @@ func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
 	objs := []policyObject{
 		{gvr: admission.WebhookConfigGVR, name: admission.Name},
 		{gvr: admission.BindingGVR, name: info.Name},
+		{gvr: admission.BindingGVR, name: info.Guard},
+		{gvr: admission.BindingGVR, name: admission.LegacyPolicyName},
 		{gvr: admission.PolicyGVR, name: info.Name},
-		{gvr: admission.ParamsGVR, namespace: admission.ParamsNamespace, name: admission.ParamsName},
+		{gvr: admission.PolicyGVR, name: info.Guard},
+		{gvr: admission.PolicyGVR, name: admission.LegacyPolicyName},
+		{gvr: admission.ParamsGVR, namespace: admission.LegacyParamsNamespace, name: admission.LegacyParamsName},
+		{gvr: nodeGVR}, // the verdicts
 	}
 	ident, err := kube.IdentityObjects(kube.IdentityOptions{})
 	if err != nil {
@@ -49,6 +58,17 @@ func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
 				return removed, ctx.Err()
 			case <-time.After(bindingApplyTime):
 			}
+			unbound = false // waited once for all
+		}
+		if o.gvr == nodeGVR {
+			n, err := removeVerdicts(ctx, dyn, info)
+			if err != nil {
+				return removed, err
+			}
+			if n > 0 {
+				removed = append(removed, fmt.Sprintf("the verdicts on %d Nodes", n))
+			}
+			continue
 		}
 		deleted, err := kube.DeleteOwned(ctx, dyn, o.gvr, o.namespace, o.name)
 		unbound = unbound || (deleted && o.gvr == admission.BindingGVR)
@@ -63,4 +83,33 @@ func Uninstall(ctx context.Context, dyn dynamic.Interface) ([]string, error) {
 		}
 	}
 	return removed, nil
+}
+
+// removeVerdicts removes nodeguard's annotations from every Node carrying
+// them; it returns how many it changed.
+func removeVerdicts(ctx context.Context, dyn dynamic.Interface, info admission.PolicyInfo) (int, error) {
+	patch, err := admission.VerdictPatch(info, admission.ReleaseVerdict{})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	opts := metav1.ListOptions{Limit: 500}
+	for {
+		list, err := dyn.Resource(nodeGVR).List(ctx, opts)
+		if err != nil {
+			return n, fmt.Errorf("list Nodes: %w", err)
+		}
+		for _, node := range list.Items {
+			if admission.VerdictOf(info, node.GetAnnotations()) == (admission.ReleaseVerdict{}) {
+				continue
+			}
+			if _, err := dyn.Resource(nodeGVR).Patch(ctx, node.GetName(), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				return n, fmt.Errorf("remove the verdict on Node %s: %w", node.GetName(), err)
+			}
+			n++
+		}
+		if opts.Continue = list.GetContinue(); opts.Continue == "" {
+			return n, nil
+		}
+	}
 }

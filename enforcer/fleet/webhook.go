@@ -150,26 +150,17 @@ func (r *Reconciler) settle(t *tracked, st State, p proof) outcome {
 func (r *Reconciler) proveWebhook(ctx context.Context, key string, s *session, t *tracked, st State) (outcome, proof) {
 	t.policyDecides = false
 	// While a policy of mode admission-policy is still there it decides
-	// first: a Node it releases lets the webhook be asked.
-	released := s.released()
-	limit := int64(1)
-	if len(released) > 0 {
-		limit = 100
-	}
-	// A Node the webhook is sent: its object selector's.
-	nodes, err := s.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: limit, LabelSelector: r.opts.Webhook.ObjectSelector})
+	// first: a Node it releases lets the webhook be asked. A Node the
+	// webhook is sent: its object selector's.
+	node, nodes, err := r.releasedNode(ctx, s, r.opts.Webhook.ObjectSelector)
 	if err != nil {
 		return unguarded(st, failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, s, err), retryUnguarded), proof{}
 	}
-	if len(nodes.Items) == 0 {
+	if len(nodes) == 0 {
 		return unguarded(st, ReasonNoNodes, "the workload cluster has no Node to prove the guard on yet", retryUnguarded), proof{}
 	}
-	node := &nodes.Items[0]
-	for i := range nodes.Items {
-		if released[nodes.Items[i].Name] == string(nodes.Items[i].UID) {
-			node = &nodes.Items[i]
-			break
-		}
+	if node == nil {
+		node = &nodes[0]
 	}
 	warnings, err := r.dryRun(ctx, s, node)
 	mark := admission.DryRunWarning(key)
@@ -181,7 +172,7 @@ func (r *Reconciler) proveWebhook(ctx context.Context, key string, s *session, t
 	case err == nil:
 		st.Reason, st.Message = ReasonReviewNotReceived,
 			fmt.Sprintf("a dry-run delete of Node %s was admitted without nodeguard's answer: the API server does not send it to nodeguard's route", node.Name)
-	case r.policyDenied(err):
+	case r.policyDenied(err, r.policyInfo.Name, admission.LegacyPolicyName):
 		t.policyDecides, p.policyDecides = true, true
 		st.Reason, st.Message = ReasonReviewNotReceived, "nodeguard's admission policy of mode "+ModeAdmissionPolicy+" still decides there"
 	case isWebhookCallFailure(err) && isCertificateError(err):
@@ -256,19 +247,23 @@ func trusts(have *unstructured.Unstructured, ca []byte) bool {
 	return m != nil && runtime.DefaultUnstructuredConverter.FromUnstructured(m, &h) == nil && string(h.ClientConfig.CABundle) == string(ca)
 }
 
-// policyDenied says whether err is nodeguard's admission policy's denial.
-func (r *Reconciler) policyDenied(err error) bool {
-	return err != nil && strings.Contains(err.Error(), r.policyMark())
+// policyDenied says whether err is the denial of one of nodeguard's
+// admission policies named.
+func (r *Reconciler) policyDenied(err error, names ...string) bool {
+	return err != nil && slices.ContainsFunc(names, func(name string) bool { return strings.Contains(err.Error(), policyMark(name)) })
 }
 
-// policyWarned says whether warnings carry nodeguard's admission policy's.
-func (r *Reconciler) policyWarned(warnings []string) bool {
-	return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, r.policyMark()) })
+// policyWarned says whether warnings carry one of nodeguard's admission
+// policies named.
+func (r *Reconciler) policyWarned(warnings []string, names ...string) bool {
+	return slices.ContainsFunc(warnings, func(w string) bool {
+		return slices.ContainsFunc(names, func(name string) bool { return strings.Contains(w, policyMark(name)) })
+	})
 }
 
-// policyMark is how the API server names nodeguard's policy in its answers.
-func (r *Reconciler) policyMark() string {
-	return "ValidatingAdmissionPolicy '" + r.policyInfo.Name + "'"
+// policyMark is how the API server names a policy in its answers.
+func policyMark(name string) string {
+	return "ValidatingAdmissionPolicy '" + name + "'"
 }
 
 // unguarded is the outcome of a cluster not guarded for reason, looked at

@@ -1,17 +1,18 @@
-// This file publishes, for each workload cluster in mode
-// admission-policy, the Nodes the rule releases (the rule judged for
-// anyone lets them be deleted) into the ConfigMap its
-// ValidatingAdmissionPolicy reads (admission.PolicyParams, admission.BuildPolicy). The orphan
-// scan's triggers drive it: every change of a Node, or of anything that
-// could link one, has the Node judged again (Judge).
+// This file writes, for each workload cluster in mode admission-policy, the
+// rule's verdict on each Node as its annotations (admission.VerdictPatch),
+// which the ValidatingAdmissionPolicy there compares (admission.BuildPolicies).
+// The orphan scan's triggers drive it: every change of a Node, or of anything
+// that could link one, has the Node judged again (Judge).
 //
 // A Node is released only when fresh reads of everything the rule reads for
 // it confirm the caches' verdict; a release is revoked on the first verdict
 // that does not release, from the caches alone. While the management
-// cluster's caches are not ready nothing new is released. Writes are
-// batched per cluster (Flush), and a cluster is written only once every
-// one of its Nodes was judged (Synced), so a restart never publishes a
-// partial list over a whole one.
+// cluster's caches are not ready nothing new is released. Confirmations and
+// writes run in a pool of workers, one Node at a time each; a confirmation
+// that a later verdict overtook is dropped, so it never undoes a revocation.
+// A Node is written only when the verdict on it differs from what it carries
+// (its annotations, as the Node cache keeps them): one PATCH a change, none a
+// judgment.
 
 package nodes
 
@@ -19,17 +20,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"maps"
-	"strings"
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
+	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
 // PublisherOptions configure a Publisher.
@@ -41,38 +39,53 @@ type PublisherOptions struct {
 	// (synced, not recovering).
 	Ready func() error
 	// Rejudge, when set, asks for every Node of a cluster to be judged
-	// again (Scanner.JudgeCluster): an enrolled cluster's
-	// releases are written only after that.
+	// again (Scanner.JudgeCluster).
 	Rejudge func(cluster string)
 	// Leading, when set, says whether this replica writes: a replica that
 	// does not lead judges as the leader does but writes nothing, so when it
-	// starts leading it writes every cluster at once (the fleet's Lease).
+	// starts leading it writes every verdict that differs at once.
 	Leading func() bool
-	// Limit bounds the published data (default admission.MaxParamsBytes).
-	Limit int
-	Log   *slog.Logger
-	// Metrics, when set, counts the writes and what they listed.
+	// Info names the verdict's annotations.
+	Info admission.PolicyInfo
+	// Workers confirm releases and write verdicts at once (default 8): a
+	// burst of releases waits for fresh reads and writes in parallel.
+	Workers int
+	Log     *slog.Logger
+	// Metrics, when set, counts the writes and the Nodes released.
 	Metrics *ReleaseMetrics
 }
 
-// WriteReleases stores the released Nodes in one workload cluster.
-type WriteReleases func(ctx context.Context, cm *corev1.ConfigMap) error
+// WriteVerdict writes the verdict on one Node of a workload cluster.
+type WriteVerdict func(ctx context.Context, node string, v admission.ReleaseVerdict) error
 
-// Publisher keeps the released Nodes of the clusters enrolled; safe for
-// concurrent use.
+// Publisher keeps the verdicts on the Nodes of the clusters enrolled; safe
+// for concurrent use.
 type Publisher struct {
 	opts PublisherOptions
+	loop *kube.Loop[nodeKey]
 
 	mu       sync.Mutex
 	clusters map[string]*releaseCluster
-	leading  bool // as last flushed
+	leading  bool // as last looked at
 }
 
 type releaseCluster struct {
-	write    WriteReleases
-	verdicts map[string]admission.ReleaseVerdict // by Node name
-	synced   bool                                // every Node judged once
-	dirty    bool
+	write    WriteVerdict
+	nodes    map[string]*nodeVerdict
+	synced   bool // every Node judged once
+	released int  // Nodes carrying a release
+}
+
+// nodeVerdict is one Node's verdict: want is what the rule says, have what
+// the Node carries.
+type nodeVerdict struct {
+	want, have admission.ReleaseVerdict
+	// gen counts the verdicts from the caches: a confirmation started at an
+	// earlier one is stale.
+	gen uint64
+	// confirm is the Node whose release the caches found, to confirm on
+	// fresh reads (nil: none).
+	confirm *unstructured.Unstructured
 }
 
 // NewPublisher returns a Publisher with no cluster enrolled.
@@ -80,28 +93,31 @@ func NewPublisher(opts PublisherOptions) (*Publisher, error) {
 	if opts.Judge == nil || opts.Ready == nil {
 		return nil, fmt.Errorf("releases: a Judge and the caches' readiness are required")
 	}
-	if opts.Limit <= 0 {
-		opts.Limit = admission.MaxParamsBytes
+	if opts.Info.Released == "" || opts.Info.Blocker == "" {
+		return nil, fmt.Errorf("releases: the verdict's annotations are required")
 	}
+	kube.SetDefault(&opts.Workers, 8)
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Publisher{opts: opts, clusters: map[string]*releaseCluster{}}, nil
+	p := &Publisher{opts: opts, clusters: map[string]*releaseCluster{}}
+	p.loop = kube.NewLoop(kube.LoopOptions{Name: "releases", Workers: opts.Workers, BaseBackoff: 100 * time.Millisecond, MaxBackoff: 30 * time.Second}, p.reconcile)
+	return p, nil
 }
 
-// Enroll publishes the releases of a cluster with write, from scratch: its
-// Nodes are judged again before anything is written.
-func (p *Publisher) Enroll(name string, write WriteReleases) {
+// Enroll writes the verdicts on a cluster's Nodes with write, from scratch:
+// its Nodes are judged again.
+func (p *Publisher) Enroll(name string, write WriteVerdict) {
 	p.mu.Lock()
-	p.clusters[name] = &releaseCluster{write: write, verdicts: map[string]admission.ReleaseVerdict{}}
+	p.clusters[name] = &releaseCluster{write: write, nodes: map[string]*nodeVerdict{}}
 	p.mu.Unlock()
 	if p.opts.Rejudge != nil {
 		p.opts.Rejudge(name)
 	}
 }
 
-// Remove stops publishing for a cluster (what it published stays: the
-// fleet removes the policy and its ConfigMap together).
+// Remove stops writing verdicts in a cluster (those written stay: no policy
+// reads them once the fleet removed it).
 func (p *Publisher) Remove(name string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -109,21 +125,28 @@ func (p *Publisher) Remove(name string) {
 	p.opts.Metrics.forget(name)
 }
 
-// Enrolled says whether a cluster's releases are published.
+// Enrolled says whether a cluster's verdicts are written.
 func (p *Publisher) Enrolled(name string) bool {
-	return p.with(name, func(*releaseCluster) {})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.clusters[name] != nil
 }
 
-// with calls f, under the lock, with an enrolled cluster; it says whether
-// the cluster is enrolled.
-func (p *Publisher) with(name string, f func(c *releaseCluster)) bool {
+// Settled says whether every Node of a cluster was judged, and none carries
+// a release the rule does not (yet) confirm: the delete policy may be bound.
+func (p *Publisher) Settled(name string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c := p.clusters[name]
-	if c != nil {
-		f(c)
+	if c == nil || !c.synced {
+		return false
 	}
-	return c != nil
+	for _, n := range c.nodes {
+		if n.have.UID != "" && n.have.UID != n.want.UID {
+			return false
+		}
+	}
+	return true
 }
 
 // Judge judges one Node of an enrolled cluster again (a no-op for others).
@@ -131,148 +154,167 @@ func (p *Publisher) Judge(ctx context.Context, name string, node *unstructured.U
 	if !p.Enrolled(name) {
 		return nil
 	}
-	nodes := []*unstructured.Unstructured{node}
-	rs, err := p.opts.Judge(ctx, nodes, name, false)
-	if err != nil {
-		p.revoke(name, node.GetName())
-		return fmt.Errorf("judge the release of Node %q: %w", node.GetName(), err)
+	rs, err := p.opts.Judge(ctx, []*unstructured.Unstructured{node}, name, false)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.clusters[name]
+	if c == nil {
+		return nil
 	}
-	v := admission.ReleaseVerdict{Node: node.GetName(), UID: string(rs[0].UID), Released: rs[0].Released, Blocker: rs[0].Blocker}
-	if v.Released && !p.holds(name, v) {
-		// New: confirm on fresh reads, and only while the caches are sound.
-		if err := p.opts.Ready(); err != nil {
-			p.revoke(name, v.Node)
-			return nil
-		}
-		fresh, err := p.opts.Judge(ctx, nodes, name, true)
-		if err != nil {
-			p.revoke(name, v.Node)
-			return fmt.Errorf("confirm the release of Node %q: %w", v.Node, err)
-		}
-		v.Released, v.Blocker = fresh[0].Released, fresh[0].Blocker
+	n := c.nodes[node.GetName()]
+	if n == nil {
+		n = &nodeVerdict{}
+		c.nodes[node.GetName()] = n
 	}
-	p.set(name, v)
-	return nil
-}
-
-// holds says whether v's Node is released already, for its UID.
-func (p *Publisher) holds(name string, v admission.ReleaseVerdict) (held bool) {
-	p.with(name, func(c *releaseCluster) {
-		have, ok := c.verdicts[v.Node]
-		held = ok && have.Released && have.UID == v.UID
-	})
-	return held
-}
-
-func (p *Publisher) set(name string, v admission.ReleaseVerdict) {
-	p.with(name, func(c *releaseCluster) {
-		if have, ok := c.verdicts[v.Node]; !ok || have != v {
-			c.verdicts[v.Node], c.dirty = v, true
+	c.carries(n, admission.VerdictOf(p.opts.Info, node.GetAnnotations()))
+	n.gen++
+	n.confirm = nil
+	uid := string(node.GetUID())
+	switch {
+	case err != nil:
+		n.want = admission.ReleaseVerdict{}
+		err = fmt.Errorf("judge the release of Node %q: %w", node.GetName(), err)
+	case !rs[0].Released:
+		n.want = admission.Verdict(uid, false, rs[0].Blocker)
+	case n.want.UID == uid:
+		// Released already, for this Node.
+	case p.opts.Ready() != nil:
+		n.want = admission.ReleaseVerdict{}
+	default:
+		// New: confirmed on fresh reads before it is written.
+		n.confirm = node
+		if n.want.UID != "" {
+			n.want = admission.ReleaseVerdict{} // an earlier Node's under this name
 		}
-	})
+	}
+	if n.confirm != nil || n.want != n.have {
+		p.loop.Add(nodeKey{name, node.GetName()})
+	}
+	return err
 }
 
-// revoke records a Node as not released.
-func (p *Publisher) revoke(name, node string) { p.set(name, admission.ReleaseVerdict{Node: node}) }
+// carries records what a Node carries, as its cache or a write says.
+func (c *releaseCluster) carries(n *nodeVerdict, have admission.ReleaseVerdict) {
+	if (n.have.UID != "") != (have.UID != "") {
+		if have.UID != "" {
+			c.released++
+		} else {
+			c.released--
+		}
+	}
+	n.have = have
+}
 
 // Forget drops a Node that is gone.
 func (p *Publisher) Forget(name, node string) {
-	p.with(name, func(c *releaseCluster) {
-		if _, ok := c.verdicts[node]; ok {
-			delete(c.verdicts, node)
-			c.dirty = true
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.clusters[name]; c != nil {
+		if n := c.nodes[node]; n != nil {
+			c.carries(n, admission.ReleaseVerdict{})
+			delete(c.nodes, node)
 		}
-	})
-}
-
-// Synced says every Node of a cluster has been judged once: from now on
-// its releases are written.
-func (p *Publisher) Synced(name string) {
-	p.with(name, func(c *releaseCluster) {
-		c.dirty = c.dirty || !c.synced
-		c.synced = true
-	})
-}
-
-// Rewrite has a cluster's releases written again at the next Flush (the
-// ConfigMap was deleted or edited there).
-func (p *Publisher) Rewrite(name string) {
-	p.with(name, func(c *releaseCluster) { c.dirty = true })
-}
-
-// Flush writes every synced cluster whose releases changed since its last
-// write; a failed write is tried again at the next Flush.
-func (p *Publisher) Flush(ctx context.Context) {
-	type job struct {
-		name     string
-		c        *releaseCluster
-		verdicts []admission.ReleaseVerdict
 	}
-	var jobs []job
+}
+
+// Synced says every Node of a cluster has been judged once.
+func (p *Publisher) Synced(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.clusters[name]; c != nil {
+		c.synced = true
+	}
+}
+
+// reconcile confirms a Node's release, if one waits, and writes the verdict
+// on it if it differs from what it carries.
+func (p *Publisher) reconcile(ctx context.Context, k nodeKey) kube.Result {
+	p.mu.Lock()
+	c := p.clusters[k.cluster]
+	n := c.node(k.node)
+	if n == nil {
+		p.mu.Unlock()
+		return kube.Result{}
+	}
+	if node, gen := n.confirm, n.gen; node != nil {
+		p.mu.Unlock()
+		rs, err := p.opts.Judge(ctx, []*unstructured.Unstructured{node}, k.cluster, true)
+		p.mu.Lock()
+		if c.node(k.node) != n || n.gen != gen {
+			p.mu.Unlock()
+			return kube.Result{} // overtaken: the later verdict queued the Node again
+		}
+		n.confirm = nil
+		if err != nil {
+			p.opts.Log.Error("releases: a release could not be confirmed; the Node is not released", "cluster", k.cluster, "node", k.node, "error", err.Error())
+			n.want = admission.ReleaseVerdict{}
+		} else {
+			n.want = admission.Verdict(string(node.GetUID()), rs[0].Released, rs[0].Blocker)
+		}
+	}
+	want, have, write := n.want, n.have, c.write
+	p.mu.Unlock()
+	if want == have || !p.leads() {
+		return kube.Result{}
+	}
+	err := write(ctx, k.node, want)
+	p.opts.Metrics.wrote(k.cluster, err)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		if ctx.Err() == nil {
+			p.opts.Log.Error("releases: cannot write the verdict on a Node; trying again", "cluster", k.cluster, "node", k.node, "error", err.Error())
+		}
+		return kube.Result{Retry: c.node(k.node) == n}
+	}
+	if c.node(k.node) == n {
+		c.carries(n, want)
+		p.opts.Metrics.released(k.cluster, c.released)
+	}
+	return kube.Result{}
+}
+
+// node is a Node's verdict in an enrolled cluster (nil: none; c may be nil).
+func (c *releaseCluster) node(name string) *nodeVerdict {
+	if c == nil {
+		return nil
+	}
+	return c.nodes[name]
+}
+
+// leads says whether this replica writes; when it starts to, every Node
+// whose verdict differs from what it carries is queued.
+func (p *Publisher) leads() bool {
 	leading := p.opts.Leading == nil || p.opts.Leading()
 	p.mu.Lock()
-	if !leading {
-		p.leading = false
-		p.mu.Unlock()
-		return
-	}
-	if !p.leading {
-		// Another replica wrote meanwhile: write what this one judged.
-		for _, c := range p.clusters {
-			c.dirty = true
-		}
-		p.leading = true
-	}
-	for name, c := range p.clusters {
-		if c.synced && c.dirty {
-			c.dirty = false
-			jobs = append(jobs, job{name: name, c: c, verdicts: valuesOf(c.verdicts)})
+	defer p.mu.Unlock()
+	if leading && !p.leading {
+		for name, c := range p.clusters {
+			for node, n := range c.nodes {
+				if n.want != n.have || n.confirm != nil {
+					p.loop.Add(nodeKey{name, node})
+				}
+			}
 		}
 	}
-	p.mu.Unlock()
-	for _, j := range jobs {
-		cm, omitted, err := admission.PolicyParams(j.verdicts, p.opts.Limit)
-		if err == nil {
-			err = j.c.write(ctx, cm)
-		}
-		p.opts.Metrics.wrote(j.name, released(cm), omitted, err)
-		if err != nil {
-			p.mu.Lock()
-			j.c.dirty = true
-			p.mu.Unlock()
-			p.opts.Log.Error("releases: cannot publish the released Nodes; trying again", "cluster", j.name, "error", err.Error())
-			continue
-		}
-		if omitted > 0 {
-			p.opts.Log.Warn("releases: too many released Nodes for one ConfigMap; those left out stay denied", "cluster", j.name, "omitted", omitted)
-		}
-	}
+	p.leading = leading
+	return leading
 }
 
-// released counts the Nodes a ConfigMap lists as released.
-func released(cm *corev1.ConfigMap) int {
-	if cm == nil {
-		return 0
-	}
-	n := 0
-	for k := range cm.Data {
-		if !strings.HasPrefix(k, admission.BlockerPrefix) {
-			n++
-		}
-	}
-	return n
-}
-
-func valuesOf(m map[string]admission.ReleaseVerdict) []admission.ReleaseVerdict {
-	out := make([]admission.ReleaseVerdict, 0, len(m))
-	for v := range maps.Values(m) {
-		out = append(out, v)
-	}
-	return out
-}
-
-// Run flushes every interval until ctx is done: the bound on the write rate
-// per cluster, and on how long a verdict waits to be published.
+// Run confirms and writes until ctx is done, and looks every interval
+// whether this replica started leading.
 func (p *Publisher) Run(ctx context.Context, interval time.Duration) {
-	wait.UntilWithContext(ctx, p.Flush, interval)
+	var wg sync.WaitGroup
+	wg.Go(func() { p.loop.Run(ctx) })
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return
+		case <-t.C:
+			p.leads()
+		}
+	}
 }

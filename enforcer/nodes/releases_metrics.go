@@ -9,24 +9,19 @@ import (
 // ReleaseMetrics are the publisher's Prometheus series, by workload cluster.
 type ReleaseMetrics struct {
 	writes   *prometheus.CounterVec
-	released *prometheus.GaugeVec
-	omitted  *prometheus.GaugeVec
+	releases *prometheus.GaugeVec
 }
 
-// NewReleaseMetrics registers nodeguard_release_writes_total{cluster,result},
-// nodeguard_released_nodes{cluster} and
-// nodeguard_release_omitted_nodes{cluster}: a cluster whose writes fail, or
-// whose released Nodes no longer fit the ConfigMap, has Node deletes denied
-// there that the rule allows.
+// NewReleaseMetrics registers nodeguard_release_writes_total{cluster,result}
+// and nodeguard_released_nodes{cluster}: a cluster whose writes fail has
+// Node deletes denied there that the rule allows.
 func NewReleaseMetrics(reg prometheus.Registerer) (*ReleaseMetrics, error) {
 	r := metrics.New(reg)
 	m := &ReleaseMetrics{
 		writes: r.CounterVec("nodeguard_release_writes_total",
-			"Writes of the released Nodes into a workload cluster in mode admission-policy, by result: ok, error (tried again at the next batch).", "cluster", "result"),
-		released: r.GaugeVec("nodeguard_released_nodes",
-			"Nodes listed as released in a workload cluster at its last write.", "cluster"),
-		omitted: r.GaugeVec("nodeguard_release_omitted_nodes",
-			"Released Nodes left out of a workload cluster's last write because the ConfigMap was full: their deletes are denied there.", "cluster"),
+			"Verdicts written on Nodes of a workload cluster in mode admission-policy, by result: ok, error (tried again after a backoff).", "cluster", "result"),
+		releases: r.GaugeVec("nodeguard_released_nodes",
+			"Nodes of a workload cluster carrying nodeguard's release, as last written.", "cluster"),
 	}
 	if err := r.Err("release metrics"); err != nil {
 		return nil, err
@@ -34,17 +29,21 @@ func NewReleaseMetrics(reg prometheus.Registerer) (*ReleaseMetrics, error) {
 	return m, nil
 }
 
-func (m *ReleaseMetrics) wrote(cluster string, released, omitted int, err error) {
+func (m *ReleaseMetrics) wrote(cluster string, err error) {
 	if m == nil {
 		return
 	}
+	result := "ok"
 	if err != nil {
-		m.writes.WithLabelValues(cluster, "error").Inc()
-		return
+		result = "error"
 	}
-	m.writes.WithLabelValues(cluster, "ok").Inc()
-	m.released.WithLabelValues(cluster).Set(float64(released))
-	m.omitted.WithLabelValues(cluster).Set(float64(omitted))
+	m.writes.WithLabelValues(cluster, result).Inc()
+}
+
+func (m *ReleaseMetrics) released(cluster string, n int) {
+	if m != nil {
+		m.releases.WithLabelValues(cluster).Set(float64(n))
+	}
 }
 
 func (m *ReleaseMetrics) forget(cluster string) {
@@ -54,6 +53,11 @@ func (m *ReleaseMetrics) forget(cluster string) {
 	for _, result := range []string{"ok", "error"} {
 		m.writes.DeleteLabelValues(cluster, result)
 	}
-	m.released.DeleteLabelValues(cluster)
-	m.omitted.DeleteLabelValues(cluster)
+	m.releases.DeleteLabelValues(cluster)
+}
+
+// Writes is the counter of a cluster's writes with result (for tests and
+// checks of the series' names).
+func (m *ReleaseMetrics) Writes(cluster, result string) prometheus.Counter {
+	return m.writes.WithLabelValues(cluster, result)
 }

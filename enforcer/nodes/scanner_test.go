@@ -14,11 +14,13 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
@@ -43,9 +45,9 @@ type fixture struct {
 	// untrusted, when set, is what Ready answers: a cache recovering from a
 	// broken watch (serve passes Syncer.Recovering through Ready).
 	untrusted error
-	// published is what the release publisher last wrote of the cluster.
-	releases  *nodes.Publisher
-	published atomic.Pointer[map[string]string]
+	// releases writes the verdicts on the Nodes (info names them).
+	releases *nodes.Publisher
+	info     admission.PolicyInfo
 	// The ghosts: the tombstones kept from the inventory's changes, what was
 	// done about each ghost, and the Events recorded.
 	tombstones *facts.Tombstones
@@ -69,7 +71,9 @@ func newFixture(t *testing.T, del bool) *fixture {
 	require.NoError(t, err)
 	require.NoError(t, guard.WaitReady(ctx, e.Syncer.Ready, 10*time.Second))
 	model := e.Inventory.Model()
-	shape, err := facts.NodeShapeOf(e.Engine)
+	f.info, err = admission.LoadPolicyInfo()
+	require.NoError(t, err)
+	shape, err := facts.NodeShapeOf(e.Engine, f.info.VerdictPaths()...)
 	require.NoError(t, err)
 	evidence := guard.NewEvidence(model)
 	f.tombstones = facts.NewTombstones(facts.TombstoneOptions{Clock: f.clock, Changed: func(pid string) { f.scanner.TombstoneChanged(pid) }})
@@ -79,11 +83,15 @@ func newFixture(t *testing.T, del bool) *fixture {
 	require.NoError(t, err)
 	f.reaper, err = nodes.NewReaper(nodes.ReaperOptions{Finder: finder, Delete: del, IsLeader: func() bool { return f.leading }, Clock: f.clock})
 	require.NoError(t, err)
-	f.releases, err = nodes.NewPublisher(nodes.PublisherOptions{Judge: finder.Releases, Ready: e.Syncer.Ready})
+	f.releases, err = nodes.NewPublisher(nodes.PublisherOptions{Judge: finder.Releases, Ready: e.Syncer.Ready, Info: f.info})
 	require.NoError(t, err)
-	f.releases.Enroll("", func(_ context.Context, cm *corev1.ConfigMap) error {
-		f.published.Store(&cm.Data)
-		return nil
+	f.releases.Enroll("", func(ctx context.Context, node string, v admission.ReleaseVerdict) error {
+		patch, err := admission.VerdictPatch(f.info, v)
+		if err != nil {
+			return err
+		}
+		_, err = client.Resource(nodesGVR).Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
+		return err
 	})
 	f.scanner, err = nodes.NewScanner(nodes.ScanOptions{Finder: finder, Evidence: evidence, Reaper: f.reaper, Model: model, Releases: f.releases,
 		Ready: func() error {
@@ -286,36 +294,45 @@ func TestAClusterThatSyncsWithoutAnEventIsJudgedWithinASecond(t *testing.T) {
 	}, 5*time.Second, 100*time.Millisecond, "judged within a few fake seconds (the full pass is %s away)", interval)
 }
 
-// The scan's triggers drive the releases of a cluster in mode
-// admission-policy: every Node judged once, then published; an
-// InfraMachine that goes releases its Node.
-func TestTheScanPublishesTheReleasedNodes(t *testing.T) {
+// The scan's triggers drive the verdicts on the Nodes of a cluster in mode
+// admission-policy: an InfraMachine that goes releases its Node, one that
+// appears revokes it.
+func TestTheScanWritesTheVerdictsOnTheNodes(t *testing.T) {
 	f := newFixture(t, false)
 	f.settle(t)
-	f.releases.Flush(context.Background())
-	published := func() map[string]string {
-		if p := f.published.Load(); p != nil {
-			return *p
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	// Only this test writes the verdicts: each write is a Node change the
+	// others count.
+	go f.releases.Run(ctx, time.Second)
+	verdicts := func() map[string]admission.ReleaseVerdict {
+		list, err := f.client.Resource(nodesGVR).List(ctx, metav1.ListOptions{})
+		require.NoError(t, err)
+		out := map[string]admission.ReleaseVerdict{}
+		for _, n := range list.Items {
+			if v := admission.VerdictOf(f.info, n.GetAnnotations()); v.UID == string(n.GetUID()) || v.Blocker != "" {
+				out[n.GetName()] = v
+			}
 		}
-		return nil
+		return out
 	}
-	have := published()
-	require.NotNil(t, have, "published once every Node was judged")
+	released := func(name string) bool { return verdicts()[name].UID != "" }
+	require.Eventually(t, func() bool { return released("dev-md-0-left") }, 5*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return f.releases.Settled("") }, 5*time.Second, 20*time.Millisecond)
+	have := verdicts()
 	for _, n := range []string{"dev-md-0-left", "dev-md-0-unannotated", "dev-md-0-owned"} {
-		assert.Contains(t, have, n, "nothing linked to %s exists", n)
+		assert.NotEmpty(t, have[n].UID, "nothing linked to %s exists", n)
 	}
 	for _, n := range []string{"dev-md-0-infra", "dev-md-0-deleting", "dev-md-0-infra-deleting"} {
-		assert.NotContains(t, have, n, "its DockerMachine exists")
+		assert.Empty(t, have[n].UID, "its DockerMachine exists")
 	}
-	assert.Contains(t, have["blocker_dev-md-0-infra-deleting"], "being deleted")
+	assert.Contains(t, have["dev-md-0-infra-deleting"].Blocker, "being deleted")
+	assert.Empty(t, have["dev-md-0-infra"].Blocker, "a running Node carries no text")
 
-	dockers := schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Resource: "dockermachines"}
-	require.NoError(t, f.client.Resource(dockers).Namespace("default").Delete(context.Background(), "dev-md-0-infra", metav1.DeleteOptions{}))
+	require.NoError(t, f.client.Resource(dockers).Namespace("default").Delete(ctx, "dev-md-0-infra", metav1.DeleteOptions{}))
 	require.Eventually(t, func() bool {
-		f.scanner.RunDue(context.Background(), f.clock.Now())
-		f.releases.Flush(context.Background())
-		_, ok := published()["dev-md-0-infra"]
-		return ok
+		f.scanner.RunDue(ctx, f.clock.Now())
+		return released("dev-md-0-infra")
 	}, 5*time.Second, 20*time.Millisecond, "released once its DockerMachine is gone")
 
 	// Linked only through its Machine's infrastructureRef (no providerID
@@ -323,13 +340,11 @@ func TestTheScanPublishesTheReleasedNodes(t *testing.T) {
 	// release.
 	late := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "DockerMachine",
 		"metadata": map[string]any{"namespace": "default", "name": "dev-md-0-owned"}}}
-	_, err := f.client.Resource(dockers).Namespace("default").Create(context.Background(), late, metav1.CreateOptions{})
+	_, err := f.client.Resource(dockers).Namespace("default").Create(ctx, late, metav1.CreateOptions{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		f.scanner.RunDue(context.Background(), f.clock.Now())
-		f.releases.Flush(context.Background())
-		_, ok := published()["dev-md-0-owned"]
-		return !ok
+		f.scanner.RunDue(ctx, f.clock.Now())
+		return !released("dev-md-0-owned")
 	}, 5*time.Second, 20*time.Millisecond, "revoked once its Machine's DockerMachine exists")
 }
 

@@ -89,13 +89,13 @@ func (f *NodeFields) Equal(other *NodeFields) bool {
 // delete preconditions), indexed by each link's Node fields (all but the
 // name, which a store's key answers) so that an object's values find the
 // Nodes it could link.
-func (m *Model) NodeCacheShape(fields *NodeFields) (*record.Shape, error) {
+func (m *Model) NodeCacheShape(fields *NodeFields, extra ...Path) (*record.Shape, error) {
 	if fields == nil {
 		return nil, fmt.Errorf("the policy declares no Node fields for its orphan criteria (%s)", NodeFieldsQuery)
 	}
 	spec := record.Spec{
 		APIVersion: "v1", Kind: "Node",
-		Scalars:    append([]Path{{"metadata", "uid"}, {"metadata", "resourceVersion"}}, append(m.NodePaths(), fields.Paths...)...),
+		Scalars:    slices.Concat([]Path{{"metadata", "uid"}, {"metadata", "resourceVersion"}}, m.NodePaths(), fields.Paths, extra),
 		Conditions: fields.Conditions,
 		// One cache per workload cluster, often a few thousand Nodes, read
 		// off the admission path: few buckets, shared by many Nodes.

@@ -15,12 +15,14 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/events"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/nodes"
 	"github.com/nodeguard/nodeguard/enforcer/record"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // ReapOptions are the orphan-Node flags of `nodeguard serve`.
@@ -150,7 +152,18 @@ func (o OrphanScan) Start(ctx context.Context) (*nodes.Scanner, error) {
 		}
 	}
 	model := e.Inventory.Model()
-	shape, err := facts.NodeShapeOf(e.Engine)
+	var info admission.PolicyInfo
+	var verdicts []rule.Path
+	if o.Releases {
+		// The Node cache keeps the verdicts on the Nodes: written only where
+		// they differ.
+		var err error
+		if info, err = admission.LoadPolicyInfo(); err != nil {
+			return nil, fmt.Errorf("orphan scan: %w", err)
+		}
+		verdicts = info.VerdictPaths()
+	}
+	shape, err := facts.NodeShapeOf(e.Engine, verdicts...)
 	if err != nil {
 		return nil, fmt.Errorf("orphan scan: %w", err)
 	}
@@ -209,7 +222,7 @@ func (o OrphanScan) Start(ctx context.Context) (*nodes.Scanner, error) {
 		if o.ReleaseLeader != nil {
 			leading = o.ReleaseLeader.Leading
 		}
-		if published, err = nodes.NewPublisher(nodes.PublisherOptions{Judge: finder.Releases, Ready: ready, Log: log, Metrics: m.Releases, Leading: leading,
+		if published, err = nodes.NewPublisher(nodes.PublisherOptions{Judge: finder.Releases, Ready: ready, Log: log, Metrics: m.Releases, Leading: leading, Info: info,
 			Rejudge: func(cluster string) { scanner.JudgeCluster(cluster) }}); err != nil {
 			return nil, err
 		}

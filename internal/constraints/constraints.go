@@ -443,10 +443,13 @@ func encode(doc map[string]any) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// AdmissionPolicyDir holds the ValidatingAdmissionPolicy and binding of mode
-// admission-policy, as the declared parameters' defaults render them (the
-// fleet renders them with the live parameters).
+// AdmissionPolicyDir holds the ValidatingAdmissionPolicies and bindings of
+// mode admission-policy, as the declared parameters' defaults render them
+// (the fleet renders them with the live parameters).
 const AdmissionPolicyDir = "admission-policy"
+
+// admissionPolicyFiles name the generated objects, in install order.
+var admissionPolicyFiles = []string{"guard-policy.yaml", "guard-binding.yaml", "policy.yaml", "binding.yaml"}
 
 func admissionPolicy(out map[string]map[string]any, declared map[string]policies.Parameter) error {
 	info, err := admission.LoadPolicyInfo()
@@ -461,34 +464,34 @@ func admissionPolicy(out map[string]map[string]any, declared map[string]policies
 	if err != nil {
 		return err
 	}
-	policy, binding, err := admission.BuildPolicy(info, admission.PolicyOptions{ExemptUsers: users, ExemptGroups: groups})
+	p, err := admission.BuildPolicies(info, admission.PolicyOptions{ExemptUsers: users, ExemptGroups: groups})
 	if err != nil {
 		return err
 	}
-	for name, doc := range map[string]any{"policy.yaml": policy, "binding.yaml": binding} {
-		if out[path.Join(AdmissionPolicyDir, name)], err = unstructured(doc); err != nil {
-			return fmt.Errorf("encode the admission policy's %s: %w", name, err)
+	for i, doc := range p.Objects() {
+		if out[path.Join(AdmissionPolicyDir, admissionPolicyFiles[i])], err = unstructured(doc); err != nil {
+			return fmt.Errorf("encode the admission policy's %s: %w", admissionPolicyFiles[i], err)
 		}
 	}
 	return nil
 }
 
-// AdmissionPolicyManifests reads the committed policy and binding of
+// AdmissionPolicyManifests reads the committed policies and bindings of
 // AdmissionPolicyDir under the constraints/ directory dir.
-func AdmissionPolicyManifests(dir string) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, error) {
-	var policy admissionregistrationv1.ValidatingAdmissionPolicy
-	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
-	for name, into := range map[string]any{"policy.yaml": &policy, "binding.yaml": &binding} {
-		path := filepath.Join(dir, AdmissionPolicyDir, name)
+func AdmissionPolicyManifests(dir string) (admission.Policies, error) {
+	p := admission.Policies{Guard: &admissionregistrationv1.ValidatingAdmissionPolicy{}, GuardBinding: &admissionregistrationv1.ValidatingAdmissionPolicyBinding{},
+		Delete: &admissionregistrationv1.ValidatingAdmissionPolicy{}, DeleteBinding: &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}}
+	for i, into := range p.Objects() {
+		path := filepath.Join(dir, AdmissionPolicyDir, admissionPolicyFiles[i])
 		raw, err := os.ReadFile(path)
 		if err != nil {
-			return nil, nil, fmt.Errorf("read %s: %w", path, err)
+			return admission.Policies{}, fmt.Errorf("read %s: %w", path, err)
 		}
 		if err := sigsyaml.Unmarshal(raw, into); err != nil {
-			return nil, nil, fmt.Errorf("parse %s: %w", path, err)
+			return admission.Policies{}, fmt.Errorf("parse %s: %w", path, err)
 		}
 	}
-	return &policy, &binding, nil
+	return p, nil
 }
 
 // stringsOf is a declared list parameter's default.

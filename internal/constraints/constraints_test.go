@@ -27,7 +27,7 @@ func TestCommittedManifestsAreGenerated(t *testing.T) {
 	files, err := constraints.Render(context.Background())
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"template.yaml", "constraint.yaml", "syncset.yaml", "config.yaml",
-		"external-data/template.yaml", "external-data/constraint.yaml",
+		"external-data/template.yaml", "external-data/constraint.yaml", "admission-policy/guard-policy.yaml", "admission-policy/guard-binding.yaml",
 		"admission-policy/policy.yaml", "admission-policy/binding.yaml"}, slices.Collect(maps.Keys(files)))
 	for name, want := range files {
 		have, err := os.ReadFile(filepath.Join(constraintsDir, name))

@@ -32,6 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -67,7 +68,7 @@ var (
 	// loop runs back to back; `make bench-apiserver` raises nodeguard's client
 	// rate limit instead (see docs/performance.md).
 	interval      = flag.Duration("interval", 0, "pause between two measured deletes")
-	releasedNodes = flag.Int("released-nodes", 0, "mode admission-policy: other released Nodes published beside the allowed one")
+	releasedNodes = flag.Int("released-nodes", 0, "mode admission-policy: other Nodes carrying a verdict beside the two measured (and, for 0.3's ConfigMap design, as many released in its ConfigMap)")
 )
 
 const (
@@ -379,7 +380,7 @@ func startWebhook(b *testing.B, env *envtest.Environment, kube kubernetes.Interf
 		}
 		w = startNodeguard(b, env, kube, nodeguardBin, args, asWebhook)
 	case "admission-policy":
-		w.stop = startAdmissionPolicy(b, env, kube)
+		w.stop, _ = startAdmissionPolicy(b, env, kube)
 	case "gatekeeper", "gatekeeper-provider":
 		start := time.Now()
 		log, err := os.Create(filepath.Join(b.TempDir(), "gatekeeper.log"))
@@ -536,37 +537,42 @@ func rssMiB(b *testing.B, pid int) float64 {
 	return float64(kb) / 1024
 }
 
-// startAdmissionPolicy installs mode admission-policy's generated policy
-// and binding, with the allowed Node released, as the fleet does; the API
-// server then decides alone. It returns what removes them.
-func startAdmissionPolicy(b *testing.B, env *envtest.Environment, kube kubernetes.Interface) func() {
+// startAdmissionPolicy installs mode admission-policy's generated policies
+// and bindings, with the allowed Node released and -released-nodes other
+// Nodes carrying a verdict, as the fleet does; the API server then decides
+// alone. It returns what unbinds the delete policy, and the allowed Node's
+// UID.
+func startAdmissionPolicy(b *testing.B, env *envtest.Environment, kube kubernetes.Interface) (func(), string) {
 	ctx := context.Background()
 	dyn, err := dynamic.NewForConfig(env.Config)
 	require.NoError(b, err)
-	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: admission.ParamsNamespace}}, metav1.CreateOptions{})
-	if !apierrors.IsAlreadyExists(err) {
-		require.NoError(b, err)
-	}
+	info, err := admission.LoadPolicyInfo()
+	require.NoError(b, err)
 	free, err := kube.CoreV1().Nodes().Get(ctx, allowedNode, metav1.GetOptions{})
 	require.NoError(b, err)
-	verdicts := []admission.ReleaseVerdict{{Node: allowedNode, UID: string(free.UID), Released: true}}
-	// Other released Nodes, as a large cluster scaling down publishes them
-	// (the API server converts the whole ConfigMap for each request).
-	for i := range *releasedNodes {
-		verdicts = append(verdicts, admission.ReleaseVerdict{Node: fmt.Sprintf("gone-%06d", i), UID: fmt.Sprintf("00000000-0000-4000-8000-%012d", i), Released: true})
-	}
-	cm, omitted, err := admission.PolicyParams(verdicts, admission.MaxParamsBytes)
+	// Written before the guard is bound: it lets only nodeguard's identity
+	// write them.
+	patch, err := admission.VerdictPatch(info, admission.Verdict(string(free.UID), true, ""))
 	require.NoError(b, err)
-	require.Zero(b, omitted, "-released-nodes beyond what one ConfigMap holds")
-	policy, binding, err := constraints.AdmissionPolicyManifests(filepath.Join("..", "..", "constraints"))
+	_, err = kube.CoreV1().Nodes().Patch(ctx, allowedNode, types.MergePatchType, patch, metav1.PatchOptions{})
 	require.NoError(b, err)
-	applyOwned(b, dyn, admission.ParamsGVR, cm)
-	applyOwned(b, dyn, admission.PolicyGVR, policy)
-	applyOwned(b, dyn, admission.BindingGVR, binding)
+	each(b, *releasedNodes, 0, func(i int) error {
+		_, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("gone-%06d", i),
+			Annotations: map[string]string{info.Released: fmt.Sprintf("00000000-0000-4000-8000-%012d", i)}}}, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		return err
+	})
+	policies, err := constraints.AdmissionPolicyManifests(filepath.Join("..", "..", "constraints"))
+	require.NoError(b, err)
+	applyOwned(b, dyn, admission.PolicyGVR, policies.Guard)
+	applyOwned(b, dyn, admission.BindingGVR, policies.GuardBinding)
+	applyOwned(b, dyn, admission.PolicyGVR, policies.Delete)
+	applyOwned(b, dyn, admission.BindingGVR, policies.DeleteBinding)
 	return func() {
-		_ = dyn.Resource(admission.BindingGVR).Delete(ctx, binding.Name, metav1.DeleteOptions{})
-		_ = dyn.Resource(admission.PolicyGVR).Delete(ctx, policy.Name, metav1.DeleteOptions{})
-	}
+		_ = dyn.Resource(admission.BindingGVR).Delete(ctx, policies.DeleteBinding.Name, metav1.DeleteOptions{})
+	}, string(free.UID)
 }
 
 // applyOwned applies obj as nodeguard does (server-side apply, its field

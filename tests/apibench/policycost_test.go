@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -21,21 +23,23 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/internal/constraints"
+	"github.com/nodeguard/nodeguard/internal/legacypolicy"
 )
 
 var (
-	policyRounds   = flag.Int("policy-rounds", 10, "BenchmarkAdmissionPolicyAdded: rounds, each with the policy bound and unbound")
-	policyRequests = flag.Int("policy-requests", 300, "BenchmarkAdmissionPolicyAdded: dry-run deletes per round, mode and Node")
-	policyFloor    = flag.Bool("policy-floor", false, "BenchmarkAdmissionPolicyAdded: measure, instead of nodeguard's policy, the least a policy on Node deletes costs: "+
-		"no params, no match condition, one expression reading the old Node's name")
+	policyRounds   = flag.Int("policy-rounds", 10, "BenchmarkAdmissionPolicyAdded: rounds, each with every design bound in turn")
+	policyRequests = flag.Int("policy-requests", 300, "BenchmarkAdmissionPolicyAdded: dry-run deletes per round, design and Node")
 )
 
-// BenchmarkAdmissionPolicyAdded is what mode admission-policy's policy adds
-// to a Node DELETE, measured against the same API server with the policy
-// unbound, the two interleaved: -policy-rounds rounds, each binding and
-// unbinding it (in alternating order), each mode measured on the blocked
-// and the released Node alternately, request by request. A drift of the
-// machine over the run then falls on both modes alike.
+// BenchmarkAdmissionPolicyAdded is what mode admission-policy's delete
+// policy adds to a Node DELETE, today's (the verdict on the Node) beside
+// nodeguard 0.3's (a ConfigMap of released Nodes as its params), measured
+// against the same API server with no policy bound, the three interleaved:
+// -policy-rounds rounds, each binding one design at a time (in rotating
+// order), each design measured on the blocked and the released Node
+// alternately, request by request. -released-nodes N puts N other Nodes
+// carrying a verdict in the cluster and N other released Nodes in 0.3's
+// ConfigMap. A drift of the machine over the run then falls on all alike.
 func BenchmarkAdmissionPolicyAdded(b *testing.B) {
 	if *binDir == "" {
 		b.Skip("no kube-apiserver/etcd: run `make bench-apiserver` (it builds them with tests/e2e/tools/build.sh)")
@@ -47,84 +51,110 @@ func BenchmarkAdmissionPolicyAdded(b *testing.B) {
 	dyn, err := dynamic.NewForConfig(cfg)
 	require.NoError(b, err)
 	populate(b, cfg, 100)
-	startAdmissionPolicy(b, env, kube)
-	policy, binding, err := constraints.AdmissionPolicyManifests(filepath.Join("..", "..", "constraints"))
+	unbind, freeUID := startAdmissionPolicy(b, env, kube)
+	unbind()
+	info, err := admission.LoadPolicyInfo()
 	require.NoError(b, err)
-	if *policyFloor {
-		// The API server's own share: what any policy on Node deletes pays.
-		forbidden := metav1.StatusReasonForbidden
-		policy.Spec.ParamKind, policy.Spec.MatchConditions, policy.Spec.Variables = nil, nil, nil
-		policy.Spec.Validations = []admissionregistrationv1.Validation{{Expression: fmt.Sprintf("oldObject.metadata.name != %q", blockedNode), Reason: &forbidden}}
-		binding.Spec.ParamRef = nil
-		applyOwned(b, dyn, admission.PolicyGVR, policy)
+	policies, err := constraints.AdmissionPolicyManifests(filepath.Join("..", "..", "constraints"))
+	require.NoError(b, err)
+	released := map[string]string{allowedNode: freeUID}
+	for i := range *releasedNodes {
+		released[fmt.Sprintf("gone-%06d", i)] = fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
 	}
-	bind := func(on bool) {
-		if on {
-			applyOwned(b, dyn, admission.BindingGVR, binding)
-		} else {
+	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: admission.LegacyParamsNamespace}}, metav1.CreateOptions{})
+	if !apierrors.IsAlreadyExists(err) {
+		require.NoError(b, err)
+	}
+	oldPolicy, oldBinding, oldReleased := legacypolicy.Objects(released)
+	applyOwned(b, dyn, admission.ParamsGVR, oldReleased)
+	applyOwned(b, dyn, admission.PolicyGVR, oldPolicy)
+	designs := []string{"none", "configmap", "annotation"}
+	bindings := map[string]*admissionregistrationv1.ValidatingAdmissionPolicyBinding{"configmap": oldBinding, "annotation": policies.DeleteBinding}
+	names := map[string]string{"configmap": admission.LegacyPolicyName, "annotation": info.Name}
+	bind := func(design string) {
+		for d, binding := range bindings {
+			if d == design {
+				applyOwned(b, dyn, admission.BindingGVR, binding)
+				continue
+			}
 			err := dyn.Resource(admission.BindingGVR).Delete(ctx, binding.Name, metav1.DeleteOptions{})
 			require.True(b, err == nil || apierrors.IsNotFound(err), "%v", err)
 		}
-		// Bound when the blocked Node is denied, unbound when it is not, ten
-		// answers in a row: the API server's policy cache can answer from the
-		// old binding for a moment after one request saw the new one.
+		// Bound when the blocked Node is denied by its policy alone,
+		// unbound when it is not, ten answers in a row: the API server's
+		// policy cache can answer from the old bindings for a moment after
+		// one request saw the new ones.
 		agreed := 0
 		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 			err := kube.CoreV1().Nodes().Delete(ctx, blockedNode, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
-			if apierrors.IsForbidden(err) != on {
+			ok := err == nil
+			if design != "none" {
+				other := names["configmap"]
+				if design == "configmap" {
+					other = names["annotation"]
+				}
+				ok = apierrors.IsForbidden(err) && strings.Contains(err.Error(), "'"+names[design]+"'") && !strings.Contains(err.Error(), "'"+other+"'")
+			}
+			if !ok {
 				agreed = 0
 				return false, nil
 			}
 			agreed++
 			return agreed >= 10, nil
 		})
-		require.NoError(b, err, "the policy never became bound=%v", on)
+		require.NoError(b, err, "design %s never the only one bound", design)
 	}
-	type key struct {
-		bound   bool
-		verdict string
-	}
+	type key struct{ design, verdict string }
 	lat := map[key][]time.Duration{}
-	var added []time.Duration // per round: policy p50 - bare p50, the released Node
+	added := map[string][]time.Duration{} // per round: the design's p50 - bare p50, the released Node
 	for round := range *policyRounds {
-		p50 := map[bool]time.Duration{}
-		for j := range 2 {
-			bound := (round+j)%2 == 1
-			bind(bound)
-			var released []time.Duration
+		p50 := map[string]time.Duration{}
+		for j := range designs {
+			design := designs[(round+j)%len(designs)]
+			bind(design)
+			var allowed []time.Duration
 			for range *policyRequests {
 				for _, verdict := range []string{"blocked", "allowed"} {
 					node := map[string]string{"blocked": blockedNode, "allowed": allowedNode}[verdict]
 					start := time.Now()
 					err := kube.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
 					d := time.Since(start)
-					if denied := bound && verdict == "blocked"; denied != apierrors.IsForbidden(err) || !denied && err != nil {
-						b.Fatalf("dry-run delete of Node %s, policy bound %v: %v", node, bound, err)
+					if denied := design != "none" && verdict == "blocked"; denied != apierrors.IsForbidden(err) || !denied && err != nil {
+						b.Fatalf("dry-run delete of Node %s, design %s: %v", node, design, err)
 					}
-					lat[key{bound, verdict}] = append(lat[key{bound, verdict}], d)
+					lat[key{design, verdict}] = append(lat[key{design, verdict}], d)
 					if verdict == "allowed" {
-						released = append(released, d)
+						allowed = append(allowed, d)
 					}
 				}
 			}
-			p50[bound] = percentile(released, 50)
+			p50[design] = percentile(allowed, 50)
 		}
-		added = append(added, p50[true]-p50[false])
+		for _, d := range designs[1:] {
+			added[d] = append(added[d], p50[d]-p50["none"])
+		}
 	}
-	slices.Sort(added)
-	b.Run(fmt.Sprintf("rounds=%d/requests=%d", *policyRounds, *policyRequests), func(b *testing.B) {
-		for _, verdict := range []string{"blocked", "allowed"} {
-			b.ReportMetric(ms(percentile(lat[key{false, verdict}], 50)), verdict+"-bare-p50-ms")
-			b.ReportMetric(ms(percentile(lat[key{true, verdict}], 50)), verdict+"-policy-p50-ms")
-			b.ReportMetric(ms(percentile(lat[key{true, verdict}], 50)-percentile(lat[key{false, verdict}], 50)), verdict+"-added-p50-ms")
+	b.Run(fmt.Sprintf("released=%d/rounds=%d/requests=%d", *releasedNodes, *policyRounds, *policyRequests), func(b *testing.B) {
+		for _, design := range designs[1:] {
+			for _, verdict := range []string{"blocked", "allowed"} {
+				b.ReportMetric(ms(percentile(lat[key{design, verdict}], 50)-percentile(lat[key{"none", verdict}], 50)), design+"-"+verdict+"-added-p50-ms")
+			}
 		}
 	})
 	for _, verdict := range []string{"blocked", "allowed"} {
-		bare, policy := lat[key{false, verdict}], lat[key{true, verdict}]
-		fmt.Printf("admission policy (floor %v), %s Node, %d rounds x %d requests a mode: bare p50 %.3f ms p99 %.3f ms; policy p50 %.3f ms p99 %.3f ms; added p50 %+.3f ms\n",
-			*policyFloor, verdict, *policyRounds, *policyRequests, ms(percentile(bare, 50)), ms(percentile(bare, 99)),
-			ms(percentile(policy, 50)), ms(percentile(policy, 99)), ms(percentile(policy, 50)-percentile(bare, 50)))
+		bare := lat[key{"none", verdict}]
+		fmt.Printf("admission policy, %d other Nodes released, %s Node, %d rounds x %d requests a design: bare p50 %.3f ms p99 %.3f ms", *releasedNodes, verdict,
+			*policyRounds, *policyRequests, ms(percentile(bare, 50)), ms(percentile(bare, 99)))
+		for _, design := range designs[1:] {
+			l := lat[key{design, verdict}]
+			fmt.Printf("; %s p50 %.3f ms p99 %.3f ms, added p50 %+.3f ms", design, ms(percentile(l, 50)), ms(percentile(l, 99)), ms(percentile(l, 50)-percentile(bare, 50)))
+		}
+		fmt.Println()
 	}
-	fmt.Printf("admission policy, released Node: added p50 per round from %+.3f to %+.3f ms, median %+.3f ms\n",
-		ms(added[0]), ms(added[len(added)-1]), ms(added[len(added)/2]))
+	for _, design := range designs[1:] {
+		a := added[design]
+		slices.Sort(a)
+		fmt.Printf("admission policy, %s design, released Node: added p50 per round from %+.3f to %+.3f ms, median %+.3f ms\n",
+			design, ms(a[0]), ms(a[len(a)-1]), ms(a[len(a)/2]))
+	}
 }

@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
@@ -39,10 +38,11 @@ var (
 // --fleet --fleet-admission-policy` as its own process, Cluster default/dev
 // in the mode with -release-nodes Machines, DockerMachines and Nodes. The
 // DockerMachines are deleted; each Node's release latency runs from its
-// DockerMachine's delete returning to the ConfigMap watched in the workload
-// cluster listing it; every change of that ConfigMap is one write. Then
-// -revoke-nodes DockerMachines come back: the revocation window runs from
-// the create returning to the Node leaving the ConfigMap.
+// DockerMachine's delete returning to the Nodes watched in the workload
+// cluster showing its release (the annotation holding its UID); every change
+// of a Node's verdict is one write. Then -revoke-nodes DockerMachines come
+// back: the revocation window runs from the create returning to the Node's
+// release gone.
 func BenchmarkReleaseLatency(b *testing.B) {
 	if *binDir == "" {
 		b.Skip("no kube-apiserver/etcd: run `make bench-apiserver` (it builds them with tests/e2e/tools/build.sh)")
@@ -65,17 +65,15 @@ func BenchmarkReleaseLatency(b *testing.B) {
 
 	ng := startNodeguard(b, mgmtEnv, mgmt, bin, strings.Fields(*nodeguardArgs), asFleet)
 	defer ng.stop()
+	info, err := admission.LoadPolicyInfo()
+	require.NoError(b, err)
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := workload.CoreV1().ConfigMaps(admission.ParamsNamespace).Get(ctx, admission.ParamsName, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
 		err = workload.CoreV1().Nodes().Delete(ctx, nodeName(0), metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
-		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "ValidatingAdmissionPolicy 'nodeguard'"), nil
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+info.Name+"'"), nil
 	})
 	require.NoError(b, err, "the workload cluster never guarded by the policy")
 
-	seen := watchReleases(b, workload)
+	seen := watchReleases(b, workload, info)
 	infra := localcluster.Current().GVR("infrastructure.cluster.x-k8s.io", "dockermachines")
 	deleted := each(b, n, *releaseRate, func(i int) error {
 		return dyn.Resource(infra).Namespace("default").Delete(ctx, nodeName(i), metav1.DeleteOptions{})
@@ -105,9 +103,9 @@ func BenchmarkReleaseLatency(b *testing.B) {
 		b.ReportMetric(ms(percentile(rev, 99)), "revoke-p99-ms")
 	})
 	fmt.Printf("release latency: %d InfraMachines deleted (rate %d/s, 0: at once): released p50 %.0f ms, p99 %.0f ms, max %.0f ms; "+
-		"%d ConfigMap writes in %s (%.1f/s, at most %d in one second), largest %d bytes; %d created again: revoked p50 %.0f ms, p99 %.0f ms\n",
+		"%d verdicts written in %s (%.1f/s, at most %d in one second); %d created again: revoked p50 %.0f ms, p99 %.0f ms\n",
 		n, *releaseRate, ms(percentile(lat, 50)), ms(percentile(lat, 99)), ms(percentile(lat, 100)),
-		writes, window.Round(time.Millisecond), float64(writes)/window.Seconds(), busiest, seen.largest(),
+		writes, window.Round(time.Millisecond), float64(writes)/window.Seconds(), busiest,
 		k, ms(percentile(rev, 50)), ms(percentile(rev, 99)))
 }
 
@@ -209,49 +207,43 @@ func each(b *testing.B, n, rate int, f func(i int) error) []done {
 	return out
 }
 
-// releases follows the ConfigMap of the released Nodes in the workload
-// cluster through a watch: when each Node was first listed and first
-// unlisted after that, and when each write (a change of the object)
-// arrived.
+// releases follows the verdicts on the workload cluster's Nodes through a
+// watch: when each Node was first seen released and first seen not released
+// after that, and when each write (a change of a Node's verdict) arrived.
 type releases struct {
 	mu       sync.Mutex
 	listed   map[string]time.Time
 	unlisted map[string]time.Time
+	verdicts map[string]admission.ReleaseVerdict
 	events   []time.Time
-	size     int
 }
 
-func watchReleases(b *testing.B, workload kubernetes.Interface) *releases {
+func watchReleases(b *testing.B, workload kubernetes.Interface, info admission.PolicyInfo) *releases {
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
-	w, err := workload.CoreV1().ConfigMaps(admission.ParamsNamespace).Watch(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("metadata.name", admission.ParamsName).String()})
+	w, err := workload.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
 	require.NoError(b, err)
-	r := &releases{listed: map[string]time.Time{}, unlisted: map[string]time.Time{}}
+	r := &releases{listed: map[string]time.Time{}, unlisted: map[string]time.Time{}, verdicts: map[string]admission.ReleaseVerdict{}}
 	go func() {
 		for ev := range w.ResultChan() {
-			cm, ok := ev.Object.(*corev1.ConfigMap)
+			n, ok := ev.Object.(*corev1.Node)
 			if !ok || ev.Type == watch.Deleted {
 				continue
 			}
 			now := time.Now()
-			size := 0
-			for k, v := range cm.Data {
-				size += len(k) + len(v)
-			}
+			v := admission.VerdictOf(info, n.Annotations)
 			r.mu.Lock()
-			r.events = append(r.events, now)
-			r.size = max(r.size, size)
-			for k := range cm.Data {
-				if _, ok := r.listed[k]; !ok && !strings.HasPrefix(k, admission.BlockerPrefix) {
-					r.listed[k] = now
-				}
+			if before, ok := r.verdicts[n.Name]; ok && before != v {
+				r.events = append(r.events, now)
 			}
-			for k := range r.listed {
-				if _, ok := cm.Data[k]; !ok {
-					if _, ok := r.unlisted[k]; !ok {
-						r.unlisted[k] = now
-					}
+			r.verdicts[n.Name] = v
+			_, listed := r.listed[n.Name]
+			switch released := v.UID == string(n.UID); {
+			case released && !listed:
+				r.listed[n.Name] = now
+			case !released && listed:
+				if _, ok := r.unlisted[n.Name]; !ok {
+					r.unlisted[n.Name] = now
 				}
 			}
 			r.mu.Unlock()
@@ -300,12 +292,6 @@ func (r *releases) writes(from, to time.Time) (total, busiest int) {
 		busiest = max(busiest, j-i)
 	}
 	return len(in), busiest
-}
-
-func (r *releases) largest() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.size
 }
 
 // latencies pairs each action with when its effect was seen.

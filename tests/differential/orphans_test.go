@@ -8,17 +8,18 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/nodes"
@@ -91,10 +92,12 @@ type history struct {
 	objects         map[string]*unstructured.Unstructured
 	matchProviderID bool
 	log             []string
-	// releases, when set, publishes each route's released Nodes into
-	// published (by route: the ConfigMap's data last written).
-	releases  *nodes.Publisher
-	published map[string]map[string]string
+	// releases, when set, writes the verdicts on each route's Nodes into
+	// written (by route and Node: what each Node carries).
+	releases *nodes.Publisher
+	info     admission.PolicyInfo
+	mu       sync.Mutex
+	written  map[string]map[string]admission.ReleaseVerdict
 }
 
 var (
@@ -124,23 +127,33 @@ func newHistory(t *testing.T, eval *rule.Engine, shape *record.Shape, matchProvi
 	require.NoError(t, err)
 	var scanner *nodes.Scanner
 	var pub *nodes.Publisher
+	var info admission.PolicyInfo
 	if publish {
-		pub, err = nodes.NewPublisher(nodes.PublisherOptions{Judge: finder.Releases, Ready: func() error { return nil },
+		info, err = admission.LoadPolicyInfo()
+		require.NoError(t, err)
+		pub, err = nodes.NewPublisher(nodes.PublisherOptions{Judge: finder.Releases, Ready: func() error { return nil }, Info: info,
 			Rejudge: func(c string) { scanner.JudgeCluster(c) }})
 		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { pub.Run(ctx, time.Hour); close(done) }()
+		t.Cleanup(func() { cancel(); <-done })
 	}
 	scanner, err = nodes.NewScanner(nodes.ScanOptions{Finder: finder, Evidence: evidence, Reaper: r, Model: model,
 		Ready: func() error { return nil }, Interval: 1000 * time.Hour, Clock: clock, Releases: pub})
 	require.NoError(t, err)
 	h := &history{t: t, rng: rng, inv: inv, shape: shape, finder: finder, scanner: scanner, reaper: r, clock: clock,
 		nodes: map[string]*facts.Nodes{}, objects: map[string]*unstructured.Unstructured{}, matchProviderID: matchProviderID,
-		releases: pub, published: map[string]map[string]string{}}
+		releases: pub, info: info, written: map[string]map[string]admission.ReleaseVerdict{}}
 	for _, route := range routes {
 		h.nodes[route] = facts.NewNodes(shape, nil, func(n string) { scanner.NodeChanged(route, n) })
 		scanner.AddCluster(route, synced{h.nodes[route]}, nodes.ReapTarget{})
 		if pub != nil {
-			pub.Enroll(route, func(_ context.Context, cm *corev1.ConfigMap) error {
-				h.published[route] = cm.Data
+			h.written[route] = map[string]admission.ReleaseVerdict{}
+			pub.Enroll(route, func(_ context.Context, node string, v admission.ReleaseVerdict) error {
+				h.mu.Lock()
+				defer h.mu.Unlock()
+				h.written[route][node] = v
 				return nil
 			})
 		}
@@ -185,8 +198,9 @@ func (h *history) change() {
 	case 8:
 		n := pick(h.rng, nodeNames)
 		h.log = append(h.log, "delete Node "+n)
-		for _, c := range h.nodes {
+		for route, c := range h.nodes {
 			require.NoError(h.t, c.Delete(n))
+			h.carried(route, n)
 		}
 	}
 }
@@ -338,12 +352,51 @@ func (h *history) putNode(name string) {
 	default:
 		setReady(node, pick(rng, []string{"Unknown", "False"}), h.now().Add(-time.Duration(rng.IntN(600))*time.Second))
 	}
-	r, err := h.shape.Reduce(node)
-	require.NoError(h.t, err)
 	h.log = append(h.log, fmt.Sprintf("put Node %v", node.Object))
-	for _, c := range h.nodes {
+	for route, c := range h.nodes {
+		r, err := h.shape.Reduce(h.carrying(route, node))
+		require.NoError(h.t, err)
 		require.NoError(h.t, c.Add(r))
 	}
+}
+
+// carrying is node as the API server keeps it: an update keeps the verdict
+// written on the Node; a Node of another UID (created again) has none.
+func (h *history) carrying(route string, node *unstructured.Unstructured) *unstructured.Unstructured {
+	if h.releases == nil {
+		return node
+	}
+	c, _ := h.nodes[route].Get(node.GetName())
+	if c == nil || c.Unstructured().GetUID() != node.GetUID() {
+		h.carried(route, node.GetName())
+		return node
+	}
+	h.mu.Lock()
+	v := h.written[route][node.GetName()]
+	h.mu.Unlock()
+	out := node.DeepCopy()
+	a := out.GetAnnotations()
+	if a == nil {
+		a = map[string]string{}
+	}
+	for k, val := range map[string]string{h.info.Released: v.UID, h.info.Blocker: v.Blocker} {
+		delete(a, k)
+		if val != "" {
+			a[k] = val
+		}
+	}
+	out.SetAnnotations(a)
+	return out
+}
+
+// carried forgets what a Node that is gone (or another one now) carried.
+func (h *history) carried(route, node string) {
+	if h.releases == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.written[route], node)
 }
 
 func setReady(node *unstructured.Unstructured, status string, since time.Time) {

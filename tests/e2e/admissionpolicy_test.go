@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,6 +34,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/internal/constraints"
+	"github.com/nodeguard/nodeguard/internal/legacypolicy"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -66,107 +68,154 @@ func (w *warnings) take() []string {
 	return out
 }
 
-// The generated ValidatingAdmissionPolicy of mode admission-policy, as
-// committed in constraints/admission-policy/, on a real kube-apiserver: it
-// decides Node deletes from the released Nodes alone, with no webhook.
-func TestAdmissionPolicyDecidesFromTheReleasedNodes(t *testing.T) {
+// impersonating is a client that the API server sees as user in groups
+// (and system:masters, so RBAC lets it: only the policies decide).
+func impersonating(t *testing.T, cfg *rest.Config, user string, groups ...string) kubernetes.Interface {
+	t.Helper()
+	c := rest.CopyConfig(cfg)
+	c.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: append(groups, "system:masters")}
+	k, err := kubernetes.NewForConfig(c)
+	require.NoError(t, err)
+	return k
+}
+
+// writeVerdict writes v on a Node as nodeguard does (its identity, a merge
+// patch).
+func writeVerdict(ctx context.Context, kube kubernetes.Interface, info admission.PolicyInfo, node string, v admission.ReleaseVerdict) error {
+	patch, err := admission.VerdictPatch(info, v)
+	if err != nil {
+		return err
+	}
+	_, err = kube.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
+}
+
+// The generated ValidatingAdmissionPolicies of mode admission-policy, as
+// committed in constraints/admission-policy/, on a real kube-apiserver: the
+// delete policy decides Node deletes from the verdict on the Node alone,
+// with no webhook and no params; the guard policy lets no one but
+// nodeguard's identity write that verdict, a kubelet included.
+func TestAdmissionPolicyDecidesFromTheVerdictOnTheNode(t *testing.T) {
 	cfg := apiServer(t)
 	ctx := context.Background()
 	kube, dyn := clientsFor(t, cfg)
+	info := mustInfo(t)
 
-	policy, binding, err := constraints.AdmissionPolicyManifests(filepath.Join("..", "..", "constraints"))
+	committed, err := constraints.AdmissionPolicyManifests(filepath.Join("..", "..", "constraints"))
 	require.NoError(t, err)
-	put(t, dyn, admission.PolicyGVR, policy)
-	put(t, dyn, admission.BindingGVR, binding)
+	gvrOf := func(o any) schema.GroupVersionResource {
+		if _, ok := o.(*admissionregistrationv1.ValidatingAdmissionPolicy); ok {
+			return admission.PolicyGVR
+		}
+		return admission.BindingGVR
+	}
+	for _, o := range committed.Objects() {
+		put(t, dyn, gvrOf(o), o.(runtime.Object))
+	}
 	// As the fleet builds them (the committed files leave out empty
 	// selectors): stored exactly as built, with nothing the API server
 	// defaults left unset.
-	built, builtBinding, err := admission.BuildPolicy(mustInfo(t), admission.PolicyOptions{})
+	built, err := admission.BuildPolicies(info, admission.PolicyOptions{})
 	require.NoError(t, err)
-	for gvr, obj := range map[schema.GroupVersionResource]runtime.Object{admission.PolicyGVR: built, admission.BindingGVR: builtBinding} {
-		put(t, dyn, gvr, obj)
-		want, err := ngkube.OwnedFrom(gvr, obj)
+	for _, o := range built.Objects() {
+		obj := o.(runtime.Object)
+		put(t, dyn, gvrOf(o), obj)
+		want, err := ngkube.OwnedFrom(gvrOf(o), obj)
 		require.NoError(t, err)
-		have, err := dyn.Resource(gvr).Get(ctx, want.Object.GetName(), metav1.GetOptions{})
+		have, err := dyn.Resource(gvrOf(o)).Get(ctx, want.Object.GetName(), metav1.GetOptions{})
 		require.NoError(t, err)
 		assert.True(t, ngkube.Holds(have, want.Object, "spec"), "%s stored as built, else the fleet writes it at every reconcile: %v",
-			gvr.Resource, have.Object["spec"])
+			want.Object.GetName(), have.Object["spec"])
 	}
-	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: admission.ParamsNamespace}}, metav1.CreateOptions{})
-	require.NoError(t, err)
 	node := func(name string) *corev1.Node {
 		n, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
 		require.NoError(t, err)
 		return n
 	}
+	nodeguard := impersonating(t, cfg, ngkube.Username, "system:serviceaccounts")
 	running, teardown, gone := node("running"), node("teardown"), node("gone")
-	publish := func(verdicts ...admission.ReleaseVerdict) {
-		cm, omitted, err := admission.PolicyParams(verdicts, admission.MaxParamsBytes)
-		require.NoError(t, err)
-		require.Zero(t, omitted)
-		put(t, dyn, admission.ParamsGVR, cm)
-	}
 	denied := func(t require.TestingT, err error, want string) {
 		require.Error(t, err)
 		assert.True(t, apierrors.IsForbidden(err), "403 Forbidden, as nodeguard's webhook answers: %v", err)
 		assert.Contains(t, err.Error(), want)
 	}
 
-	t.Run("without the released Nodes every delete is denied", func(t *testing.T) {
+	t.Run("without a verdict every delete is denied", func(t *testing.T) {
 		// The policy takes a moment to load: until it denies, it is not there.
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			err := dryRunDelete(ctx, kube, running.Name)
-			require.Error(c, err)
-			// The API server's own words and status (422 Invalid: the
-			// validation's reason applies only to its expression's denials).
-			assert.True(c, apierrors.IsInvalid(err), "%s: %v", apierrors.ReasonForError(err), err)
-			assert.Contains(c, err.Error(), "no params found for policy binding")
-		}, 30*time.Second, 100*time.Millisecond, "parameterNotFoundAction: Deny")
+			denied(c, dryRunDelete(ctx, kube, running.Name), `Node "running" cannot be deleted: nodeguard has not released it`)
+		}, 30*time.Second, 100*time.Millisecond)
 	})
 
-	publish(admission.ReleaseVerdict{Node: running.Name},
-		admission.ReleaseVerdict{Node: teardown.Name, Blocker: "Node \"teardown\" cannot be deleted: DockerMachine default/teardown is being deleted but still exists."},
-		admission.ReleaseVerdict{Node: gone.Name, UID: string(gone.UID), Released: true})
+	blocker := `Node "teardown" cannot be deleted: DockerMachine default/teardown is being deleted but still exists.`
+	require.NoError(t, writeVerdict(ctx, nodeguard, info, teardown.Name, admission.Verdict(string(teardown.UID), false, blocker)))
+	require.NoError(t, writeVerdict(ctx, nodeguard, info, gone.Name, admission.Verdict(string(gone.UID), true, "")))
 
 	t.Run("a blocked Node is denied, a released one allowed", func(t *testing.T) {
-		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			assert.NoError(c, dryRunDelete(ctx, kube, gone.Name))
-		}, 30*time.Second, 100*time.Millisecond, "the released Nodes are read")
+		assert.NoError(t, dryRunDelete(ctx, kube, gone.Name))
 		denied(t, dryRunDelete(ctx, kube, running.Name), "nodeguard has not released it")
-		denied(t, dryRunDelete(ctx, kube, teardown.Name), "DockerMachine default/teardown is being deleted but still exists")
+		denied(t, dryRunDelete(ctx, kube, teardown.Name), "nodeguard: "+blocker)
 		require.NoError(t, kube.CoreV1().Nodes().Delete(ctx, gone.Name, metav1.DeleteOptions{}))
 	})
 
-	t.Run("a Node re-created under a released name is not released", func(t *testing.T) {
-		again := node(gone.Name)
+	t.Run("a Node re-created under a released name is not released, its verdict copied or not", func(t *testing.T) {
+		// nodeguard's identity alone may create a Node carrying a verdict.
+		again, err := nodeguard.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: gone.Name,
+			Annotations: map[string]string{info.Released: string(gone.UID)}}}, metav1.CreateOptions{})
+		require.NoError(t, err)
 		require.NotEqual(t, gone.UID, again.UID)
-		denied(t, dryRunDelete(ctx, kube, again.Name), "re-created under its name")
+		denied(t, dryRunDelete(ctx, kube, again.Name), "or this Node was re-created under its name")
+	})
+
+	t.Run("a kubelet cannot write the verdict on its Node", func(t *testing.T) {
+		forged := string(running.UID)
+		kubelet := impersonating(t, cfg, "system:node:"+running.Name, "system:nodes")
+		guarded := func(t *testing.T, err error) {
+			t.Helper()
+			denied(t, err, "only nodeguard ("+ngkube.Username+") may set, change or remove the annotations")
+			assert.Contains(t, err.Error(), "ValidatingAdmissionPolicy '"+info.Guard+"'")
+		}
+		patch := func(subresource ...string) error {
+			_, err := kubelet.CoreV1().Nodes().Patch(ctx, running.Name, types.MergePatchType,
+				[]byte(`{"metadata":{"annotations":{"`+info.Released+`":"`+forged+`"}}}`), metav1.PatchOptions{}, subresource...)
+			return err
+		}
+		guarded(t, patch())
+		guarded(t, patch("status"))
+		// Nor change or remove the one nodeguard wrote.
+		for _, body := range []string{`{"metadata":{"annotations":{"` + info.Blocker + `":"free to go"}}}`, `{"metadata":{"annotations":{"` + info.Blocker + `":null}}}`} {
+			for _, sub := range [][]string{nil, {"status"}} {
+				_, err := impersonating(t, cfg, "system:node:"+teardown.Name, "system:nodes").CoreV1().Nodes().Patch(ctx, teardown.Name,
+					types.MergePatchType, []byte(body), metav1.PatchOptions{}, sub...)
+				guarded(t, err)
+			}
+		}
+		// Nor register a Node that carries one.
+		_, err := impersonating(t, cfg, "system:node:forged", "system:nodes").CoreV1().Nodes().Create(ctx,
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "forged", Annotations: map[string]string{info.Released: "x"}}}, metav1.CreateOptions{})
+		guarded(t, err)
+		// A status update that leaves the verdict alone is the kubelet's to make.
+		_, err = kubelet.CoreV1().Nodes().Patch(ctx, running.Name, types.MergePatchType,
+			[]byte(`{"metadata":{"annotations":{"example.com/other":"x"}},"status":{"capacity":{"pods":"110"}}}`), metav1.PatchOptions{}, "status")
+		require.NoError(t, err)
+		denied(t, dryRunDelete(ctx, kube, running.Name), "nodeguard has not released it")
 	})
 
 	t.Run("exempt users and groups are not judged", func(t *testing.T) {
-		p, b, err := admission.BuildPolicy(mustInfo(t), admission.PolicyOptions{ExemptUsers: []string{"alice"}, ExemptGroups: []string{"nodeguard:break-glass"}})
+		p, err := admission.BuildPolicies(info, admission.PolicyOptions{ExemptUsers: []string{"alice"}, ExemptGroups: []string{"nodeguard:break-glass"}})
 		require.NoError(t, err)
-		put(t, dyn, admission.PolicyGVR, p)
-		put(t, dyn, admission.BindingGVR, b)
-		as := func(user string, groups ...string) kubernetes.Interface {
-			c := rest.CopyConfig(cfg)
-			c.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: append(groups, "system:masters")}
-			k, err := kubernetes.NewForConfig(c)
-			require.NoError(t, err)
-			return k
-		}
+		put(t, dyn, admission.PolicyGVR, p.Delete)
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			assert.NoError(c, dryRunDelete(ctx, as("alice"), running.Name))
-			assert.NoError(c, dryRunDelete(ctx, as("bob", "nodeguard:break-glass"), running.Name))
+			assert.NoError(c, dryRunDelete(ctx, impersonating(t, cfg, "alice"), running.Name))
+			assert.NoError(c, dryRunDelete(ctx, impersonating(t, cfg, "bob", "nodeguard:break-glass"), running.Name))
 		}, 30*time.Second, 100*time.Millisecond)
-		denied(t, dryRunDelete(ctx, as("bob"), running.Name), "nodeguard has not released it")
+		denied(t, dryRunDelete(ctx, impersonating(t, cfg, "bob"), running.Name), "nodeguard has not released it")
 	})
 
 	t.Run("warn allows with the denial as a warning", func(t *testing.T) {
-		p, b, err := admission.BuildPolicy(mustInfo(t), admission.PolicyOptions{Action: rule.ActionWarn})
+		p, err := admission.BuildPolicies(info, admission.PolicyOptions{Action: rule.ActionWarn})
 		require.NoError(t, err)
-		put(t, dyn, admission.PolicyGVR, p)
-		put(t, dyn, admission.BindingGVR, b)
+		put(t, dyn, admission.BindingGVR, p.DeleteBinding)
 		seen := &warnings{}
 		c := rest.CopyConfig(cfg)
 		c.WarningHandlerWithContext = seen
@@ -189,13 +238,13 @@ func mustInfo(t *testing.T) admission.PolicyInfo {
 // policyDenials is how many requests the workload API server's
 // ValidatingAdmissionPolicy nodeguard denied so far (its own metric), which
 // counts the Node deletes it refused, whoever made them.
-func policyDenials(t require.TestingT, ctx context.Context, kube kubernetes.Interface) int {
+func policyDenials(t require.TestingT, ctx context.Context, kube kubernetes.Interface, policy string) int {
 	raw, err := kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	require.NoError(t, err)
 	n := 0
 	for _, line := range strings.Split(string(raw), "\n") {
 		if strings.HasPrefix(line, "apiserver_validating_admission_policy_check_total{") &&
-			strings.Contains(line, `enforcement_action="deny"`) && strings.Contains(line, `policy="nodeguard"`) {
+			strings.Contains(line, `enforcement_action="deny"`) && strings.Contains(line, `policy="`+policy+`"`) {
 			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
 			require.NoError(t, err, line)
 			n += int(v)
@@ -223,6 +272,8 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 	clients, err := ngkube.FromConfig(localcluster.Config(mgmtEnv))
 	require.NoError(t, err)
 	installConstraintCRD(t, clients.Config)
+	info := mustInfo(t)
+	mark := "ValidatingAdmissionPolicy '" + info.Name + "'"
 	ca := testpki.New(t)
 	t.Setenv("POD_NAMESPACE", "default")
 	// An hour between proofs: the policy's denials counted below are then
@@ -230,6 +281,40 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 	opts := serve.Options{ConstraintName: facts.DefaultConstraintName, Fleet: serve.FleetOptions{Enabled: true, AdmissionPolicy: true,
 		URL: "https://127.0.0.1:" + strconv.Itoa(freePort(t)), CAFiles: []string{ca.CAFile(t)}, ProofInterval: time.Hour}}
 	opts.Orphans.Interval, opts.Orphans.KubeconfigRecheck, opts.Orphans.Ghosts = serve.DefaultOrphanScanInterval, 2*time.Second, detecting()
+	// nodeguard 0.3 guarded it with a policy reading a ConfigMap that
+	// releases Node free: upgraded, no delete of free is ever denied.
+	free, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "free"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: admission.LegacyParamsNamespace}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, wdyn := clientsFor(t, localcluster.Config(workloadEnv))
+	oldPolicy, oldBinding, oldReleased := legacypolicy.Objects(map[string]string{"free": string(free.UID)})
+	put(t, wdyn, admission.ParamsGVR, oldReleased)
+	put(t, wdyn, admission.PolicyGVR, oldPolicy)
+	put(t, wdyn, admission.BindingGVR, oldBinding)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		err := dryRunDelete(ctx, kube, "dev-cp-0")
+		require.Error(c, err)
+		assert.Contains(c, err.Error(), "ValidatingAdmissionPolicy '"+admission.LegacyPolicyName+"'")
+	}, 30*time.Second, 100*time.Millisecond, "0.3's policy in force")
+	var tries, denials atomic.Int64
+	var firstDenial atomic.Value
+	streamCtx, stopStream := context.WithCancel(ctx)
+	var stream sync.WaitGroup
+	stream.Go(func() {
+		for streamCtx.Err() == nil {
+			err := dryRunDelete(streamCtx, kube, "free")
+			if streamCtx.Err() != nil {
+				return
+			}
+			tries.Add(1)
+			if err != nil {
+				denials.Add(1)
+				firstDenial.CompareAndSwap(nil, err.Error())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
 	started := time.Now()
 	_, stop := serveWith(t, clients, ca, opts)
 	require.EventuallyWithT(t, func(col *assert.CollectT) {
@@ -246,26 +331,52 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 	policyDenies := func(c require.TestingT, node, want string) {
 		err := dryRunDelete(ctx, kube, node)
 		require.Error(c, err)
-		assert.Contains(c, err.Error(), "ValidatingAdmissionPolicy 'nodeguard'")
+		assert.Contains(c, err.Error(), mark)
 		assert.Contains(c, err.Error(), want)
 	}
 	released := func(c require.TestingT, node string) {
-		cm, err := kube.CoreV1().ConfigMaps(admission.ParamsNamespace).Get(ctx, admission.ParamsName, metav1.GetOptions{})
-		require.NoError(c, err)
 		n, err := kube.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		require.NoError(c, err)
-		assert.Equal(c, string(n.UID), cm.Data[node], "Node %s released with its UID", node)
+		assert.Equal(c, string(n.UID), n.Annotations[info.Released], "Node %s released with its UID", node)
 	}
-	_, err = kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "free"}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	t.Run("upgraded from nodeguard 0.3's ConfigMap: no released Node denied, its objects removed", func(t *testing.T) {
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			_, err := kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, admission.LegacyPolicyName, metav1.GetOptions{})
+			assert.True(c, apierrors.IsNotFound(err), "0.3's binding removed: %v", err)
+			_, err = kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, admission.LegacyPolicyName, metav1.GetOptions{})
+			assert.True(c, apierrors.IsNotFound(err), "0.3's policy removed: %v", err)
+			_, err = kube.CoreV1().ConfigMaps(admission.LegacyParamsNamespace).Get(ctx, admission.LegacyParamsName, metav1.GetOptions{})
+			assert.True(c, apierrors.IsNotFound(err), "0.3's ConfigMap removed: %v", err)
+		}, 60*time.Second, 100*time.Millisecond)
+		more := tries.Load() + 20 // some more on today's policy alone
+		require.Eventually(t, func() bool { return tries.Load() >= more }, 10*time.Second, 10*time.Millisecond)
+		stopStream()
+		stream.Wait()
+		first, _ := firstDenial.Load().(string)
+		assert.Zero(t, denials.Load(), "dry-run deletes of the released Node denied across the upgrade (first: %s)", first)
+		t.Logf("upgrade from 0.3: %d dry-run deletes of a released Node, %d denied", tries.Load(), denials.Load())
+	})
 	t.Run("an unlinked Node is released, a linked one is not", func(t *testing.T) {
 		require.EventuallyWithT(t, func(c *assert.CollectT) { assert.NoError(c, dryRunDelete(ctx, kube, "free")) },
 			10*time.Second, 50*time.Millisecond)
 		policyDenies(t, "dev-cp-0", `Node "dev-cp-0" cannot be deleted: nodeguard has not released it`)
 	})
-	t.Run("the released Nodes deleted are published again", func(t *testing.T) {
-		require.NoError(t, kube.CoreV1().ConfigMaps(admission.ParamsNamespace).Delete(ctx, admission.ParamsName, metav1.DeleteOptions{}))
-		require.EventuallyWithT(t, func(c *assert.CollectT) { released(c, "free") }, 10*time.Second, 50*time.Millisecond)
+	t.Run("no one but nodeguard writes the verdict; a guard deleted is restored", func(t *testing.T) {
+		forge := func() error {
+			_, err := kube.CoreV1().Nodes().Patch(ctx, "dev-cp-0", types.MergePatchType,
+				[]byte(`{"metadata":{"annotations":{"`+info.Released+`":"x"}}}`), metav1.PatchOptions{})
+			return err
+		}
+		err := forge()
+		require.Error(t, err, "a cluster-admin cannot release a Node")
+		assert.Contains(t, err.Error(), "ValidatingAdmissionPolicy '"+info.Guard+"'")
+		deleted := time.Now()
+		require.NoError(t, kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, info.Guard, metav1.DeleteOptions{}))
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			_, err := kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, info.Guard, metav1.GetOptions{})
+			assert.NoError(c, err)
+		}, 10*time.Second, 10*time.Millisecond, "the guard's binding restored")
+		t.Logf("the guard's binding restored %s after its delete", time.Since(deleted).Round(time.Millisecond))
 	})
 
 	t.Run("CAPI deletes a Machine in order; a third party's Node delete is denied", func(t *testing.T) {
@@ -279,16 +390,16 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 		defer cancel()
 		go func() {
 			_ = wait.PollUntilContextCancel(pollCtx, 10*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-				cm, err := kube.CoreV1().ConfigMaps(admission.ParamsNamespace).Get(ctx, admission.ParamsName, metav1.GetOptions{})
-				if err == nil && cm.Data[name] != "" {
+				n, err := kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+				if err == nil && n.Annotations[info.Released] == string(n.UID) {
 					visible <- time.Now()
 					return true, nil
 				}
 				return false, nil
 			})
 		}()
-		before := policyDenials(t, ctx, kube)
-		c.deletesInOrder(t, name, "ValidatingAdmissionPolicy 'nodeguard'", capiWindow)
+		before := policyDenials(t, ctx, kube, info.Name)
+		c.deletesInOrder(t, name, mark, capiWindow)
 		d, _ := c.capd.Deleted(name)
 		select {
 		case at := <-visible:
@@ -298,7 +409,7 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 		}
 		// The third party's delete is one denial; every other one is an
 		// attempt of CAPI's, which tries every 2 s.
-		denied := policyDenials(t, ctx, kube) - before
+		denied := policyDenials(t, ctx, kube, info.Name) - before
 		require.GreaterOrEqual(t, denied, 1, "the metric counts the third party's denied delete")
 		t.Logf("CAPI's Node delete denied %d time(s) before it was admitted", denied-1)
 		assert.LessOrEqual(t, denied-1, 1, "CAPI's Node delete admitted within its first two tries")
@@ -334,15 +445,10 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 		require.NoError(t, err)
 		require.NotEqual(t, old.UID, again.UID)
 		policyDenies(t, "free", "re-created under its name")
-
-		require.NoError(t, kube.CoreV1().ConfigMaps(admission.ParamsNamespace).Delete(ctx, admission.ParamsName, metav1.DeleteOptions{}))
-		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			policyDenies(c, "dev-cp-0", "no params found for policy binding")
-		}, 10*time.Second, 50*time.Millisecond, "without the released Nodes every delete is denied")
 	})
 
 	parent := t // nodeguard started again runs to the test's end, not the subtest's
-	t.Run("nodeguard back publishes the released Nodes again", func(t *testing.T) {
+	t.Run("nodeguard back writes the verdict on the re-created Node", func(t *testing.T) {
 		back := time.Now()
 		serveWith(parent, clients, ca, opts)
 		require.EventuallyWithT(t, func(c *assert.CollectT) { released(c, "free") }, 30*time.Second, 50*time.Millisecond)
@@ -365,7 +471,7 @@ func TestCAPIAdmissionPolicyMode(t *testing.T) {
 			assert.NoError(col, dryRunDelete(ctx, warned, "dev-cp-0"), "warn admits")
 		}, 30*time.Second, 100*time.Millisecond)
 		assert.Contains(t, strings.Join(seen.take(), "\n"), "nodeguard has not released it")
-		b, err := kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, "nodeguard", metav1.GetOptions{})
+		b, err := kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, info.Name, metav1.GetOptions{})
 		require.NoError(t, err)
 		assert.Equal(t, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Warn}, b.Spec.ValidationActions)
 	})

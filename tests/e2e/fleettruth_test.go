@@ -211,6 +211,7 @@ func fleetStates(c require.TestingT, clients ngkube.Clients) map[string]fleet.St
 // stopped workload API server is reported unreachable within 30 s, and
 // guarded again within 30 s of its return.
 func TestTheFleetTellsTheTruth(t *testing.T) {
+	info := mustInfo(t)
 	mgmt, mgmtEnv := apiServerEnv(t)
 	mgmtKube, dyn := clientsFor(t, mgmt)
 	clients, err := ngkube.FromConfig(mgmt)
@@ -391,10 +392,12 @@ func TestTheFleetTellsTheTruth(t *testing.T) {
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
 			s := fleetStates(c, clients)["default/two"]
 			assert.True(c, s.Guarded && s.Mode == fleet.ModeWebhook, "%+v", s)
-			_, err := kube2.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, "nodeguard", metav1.GetOptions{})
-			assert.True(c, apierrors.IsNotFound(err), "binding removed: %v", err)
-			_, err = kube2.CoreV1().ConfigMaps(admission.ParamsNamespace).Get(ctx, admission.ParamsName, metav1.GetOptions{})
-			assert.True(c, apierrors.IsNotFound(err), "released Nodes removed: %v", err)
+			for _, name := range []string{info.Name, info.Guard} {
+				_, err := kube2.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, name, metav1.GetOptions{})
+				assert.True(c, apierrors.IsNotFound(err), "binding %s removed: %v", name, err)
+				_, err = kube2.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
+				assert.True(c, apierrors.IsNotFound(err), "policy %s removed: %v", name, err)
+			}
 		}, 60*time.Second, 100*time.Millisecond)
 		took := time.Since(switched)
 		// Some more deletes on the webhook alone.

@@ -1,16 +1,23 @@
 # METADATA
 # title: Released Nodes
 # description: |
-#   What nodeguard publishes into a workload cluster whose Cluster is in mode
-#   admission-policy, so that a ValidatingAdmissionPolicy there decides Node
-#   deletes in the API server, with no call to nodeguard: the Nodes the rule
-#   lets anyone delete, by name and UID. The policy looks the verdict up and
-#   holds no rule of its own; custom.version is the version of the policy and
-#   binding generated from it (constraints/admission-policy/).
+#   What nodeguard writes on each Node of a workload cluster whose Cluster is in
+#   mode admission-policy, so that a ValidatingAdmissionPolicy there decides Node
+#   deletes in the API server, with no call to nodeguard: the verdict, as the
+#   annotation custom.released_annotation holding the Node's UID on a Node the
+#   rule lets anyone delete, and custom.blocker_annotation holding the rule's
+#   messages on a Node kept while a linked object is being deleted. The delete
+#   policy (custom.policy) compares the annotation with the Node's UID and holds
+#   no rule of its own; the guard policy (custom.guard) lets only nodeguard's
+#   identity set, change or remove the annotations. custom.version is the version
+#   of the policies and bindings generated from it (constraints/admission-policy/).
 # custom:
-#   policy: nodeguard
+#   policy: nodeguard-node-delete
+#   guard: nodeguard-node-verdicts
+#   released_annotation: nodeguard.io/released
+#   blocker_annotation: nodeguard.io/blocker
 #   kind: ValidatingAdmissionPolicy
-#   version: 0.3.0
+#   version: 0.4.0
 package nodeguard.released
 
 import data.nodeguard.anyone
