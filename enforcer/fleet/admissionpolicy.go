@@ -107,6 +107,19 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 	if err != nil {
 		return unguarded(st, ReasonNotInstalled, err.Error(), 0)
 	}
+	if s.static == nil {
+		static, err := r.staticPolicy(ctx, s)
+		if err != nil {
+			return unguarded(st, failure(err, ReasonUnreachable), "look for a static policy: "+err.Error()+r.repaired(ctx, key, s, err), retryUnguarded)
+		}
+		s.static = &static
+		if static {
+			r.opts.Log.Info("fleet: the workload API server loads nodeguard's policies from its static manifests; only the verdicts are written there", "cluster", key)
+		}
+	}
+	if *s.static {
+		return r.guardStatic(ctx, key, s, t, st, action, opts)
+	}
 	_, bound := s.binding.Get()
 	applied := false
 	for _, w := range []struct {
@@ -181,9 +194,9 @@ func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t 
 	warnings, err := r.dryRun(ctx, s, node)
 	found := rule.Action("")
 	switch {
-	case apierrors.IsForbidden(err) && r.policyDenied(err, r.policyInfo.Name):
+	case apierrors.IsForbidden(err) && r.policyDenied(err, r.policyInfo.Name, r.policyInfo.Static().Name):
 		found = rule.ActionDeny
-	case err == nil && r.policyWarned(warnings, r.policyInfo.Name):
+	case err == nil && r.policyWarned(warnings, r.policyInfo.Name, r.policyInfo.Static().Name):
 		found = rule.ActionWarn
 	case err == nil:
 		found = rule.ActionDryRun
@@ -209,6 +222,47 @@ func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t 
 		o.after = min(o.after, r.opts.SettleRetry)
 	}
 	return o, p
+}
+
+// staticPolicy says whether the workload API server applies nodeguard's
+// delete policy from its static manifests (kube-apiserver 1.37,
+// constraints/admission-policy/static/): not visible through the API, it is
+// seen by a dry-run delete of a Node that is not released. Looked at once a
+// connection; with no such Node to try, taken as not.
+func (r *Reconciler) staticPolicy(ctx context.Context, s *session) (bool, error) {
+	node, err := r.unreleased(ctx, s)
+	if err != nil || node == nil {
+		return false, err
+	}
+	warnings, err := r.dryRun(ctx, s, node)
+	static := r.policyInfo.Static().Name
+	return r.policyDenied(err, static) || r.policyWarned(warnings, static), nil
+}
+
+// guardStatic keeps mode admission-policy where the policies are the API
+// server's own (static manifests: no one can change or delete them through
+// the API): the verdicts written, the policies nodeguard wrote there before
+// removed, the cluster proven. The enforcement action is the manifests'.
+func (r *Reconciler) guardStatic(ctx context.Context, key string, s *session, t *tracked, st State, action rule.Action, opts admission.PolicyOptions) outcome {
+	bindings, rest := r.policyObjects(s)
+	if !r.removeObjects(ctx, key, s, &t.removing, bindings[:2], rest[:2], r.policyInfo.Name) || !r.removeLegacy(ctx, key, s, t) {
+		return outcome{state: st, settling: true, after: r.opts.SettleRetry}
+	}
+	st.Wired, st.CACurrent = true, true
+	t.expecting(fmt.Sprintf("%s/static/%s/%q/%q", ModeAdmissionPolicy, action, opts.ExemptUsers, opts.ExemptGroups))
+	o := r.proven(t, st)
+	if r.proofDue(t) {
+		var found proof
+		if o, found = r.provePolicy(ctx, key, s, t, st, action); !found.matched {
+			return o
+		}
+	}
+	if _, ok := s.vwc.Get(); ok {
+		if _, err := r.delete(ctx, s, admission.WebhookConfigGVR, "", admission.Name); err != nil {
+			o.after = min(o.after, retryUnguarded)
+		}
+	}
+	return o
 }
 
 // releasedNode is a Node the verdict on it releases, of the first 100 (nil:
@@ -341,7 +395,11 @@ func (r *Reconciler) removePolicy(ctx context.Context, key string, s *session, t
 		r.opts.Releases.Remove(key)
 	}
 	bindings, rest := r.policyObjects(s)
-	return r.removeObjects(ctx, key, s, &t.removing, bindings, rest, r.policyInfo.Name, admission.LegacyPolicyName)
+	if !r.removeObjects(ctx, key, s, &t.removing, bindings, rest, r.policyInfo.Name, admission.LegacyPolicyName) {
+		return false
+	}
+	s.leftoversChecked = true // every object without a watch was among them
+	return true
 }
 
 // removeLegacy removes what nodeguard 0.3's mode left (once a connection
@@ -349,7 +407,11 @@ func (r *Reconciler) removePolicy(ctx context.Context, key string, s *session, t
 // left.
 func (r *Reconciler) removeLegacy(ctx context.Context, key string, s *session, t *tracked) bool {
 	bindings, rest := legacyObjects()
-	return r.removeObjects(ctx, key, s, &t.removingLegacy, bindings, rest, admission.LegacyPolicyName)
+	if !r.removeObjects(ctx, key, s, &t.removingLegacy, bindings, rest, admission.LegacyPolicyName) {
+		return false
+	}
+	s.leftoversChecked = true // with the watches, these are all that have none
+	return true
 }
 
 // removeObjects removes bindings, then, once the API server no longer applies
@@ -390,8 +452,6 @@ func (r *Reconciler) removeObjects(ctx context.Context, key string, s *session, 
 			"waitedForTheBinding", time.Since(*since).Round(time.Millisecond).String())
 	}
 	*since = time.Time{}
-	// Every object without a watch is among them: none is looked for again.
-	s.leftoversChecked = true
 	return true
 }
 

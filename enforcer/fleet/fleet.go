@@ -562,6 +562,9 @@ type session struct {
 	written        string
 	wroteWanted    map[string]any
 	servesPolicies *bool
+	// static: the API server applies nodeguard's policies from its static
+	// manifests (nil: not looked at yet).
+	static *bool
 	// leftoversChecked: the policy objects nodeguard keeps there without a
 	// watch (all without --fleet-admission-policy, else what nodeguard 0.3
 	// left) were looked for and are gone.

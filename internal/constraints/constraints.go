@@ -464,25 +464,41 @@ func admissionPolicy(out map[string]map[string]any, declared map[string]policies
 	if err != nil {
 		return err
 	}
-	p, err := admission.BuildPolicies(info, admission.PolicyOptions{ExemptUsers: users, ExemptGroups: groups})
-	if err != nil {
-		return err
-	}
-	for i, doc := range p.Objects() {
-		if out[path.Join(AdmissionPolicyDir, admissionPolicyFiles[i])], err = unstructured(doc); err != nil {
-			return fmt.Errorf("encode the admission policy's %s: %w", admissionPolicyFiles[i], err)
+	opts := admission.PolicyOptions{ExemptUsers: users, ExemptGroups: groups}
+	// The same, named for kube-apiserver's static manifests (1.37): a
+	// directory of its own, which holds nothing else.
+	for dir, info := range map[string]admission.PolicyInfo{AdmissionPolicyDir: info, AdmissionPolicyStaticDir: info.Static()} {
+		p, err := admission.BuildPolicies(info, opts)
+		if err != nil {
+			return err
+		}
+		for i, doc := range p.Objects() {
+			if out[path.Join(dir, admissionPolicyFiles[i])], err = unstructured(doc); err != nil {
+				return fmt.Errorf("encode the admission policy's %s: %w", admissionPolicyFiles[i], err)
+			}
 		}
 	}
 	return nil
 }
 
+// AdmissionPolicyStaticDir holds the policies and bindings of
+// AdmissionPolicyDir named for kube-apiserver's staticManifestsDir
+// (Kubernetes 1.37, KEP-5793): loaded from files, they cannot be changed or
+// deleted through the API.
+const AdmissionPolicyStaticDir = AdmissionPolicyDir + "/static"
+
 // AdmissionPolicyManifests reads the committed policies and bindings of
-// AdmissionPolicyDir under the constraints/ directory dir.
-func AdmissionPolicyManifests(dir string) (admission.Policies, error) {
+// AdmissionPolicyDir (or, static, AdmissionPolicyStaticDir) under the
+// constraints/ directory dir.
+func AdmissionPolicyManifests(dir string, static ...bool) (admission.Policies, error) {
+	sub := AdmissionPolicyDir
+	if len(static) > 0 && static[0] {
+		sub = AdmissionPolicyStaticDir
+	}
 	p := admission.Policies{Guard: &admissionregistrationv1.ValidatingAdmissionPolicy{}, GuardBinding: &admissionregistrationv1.ValidatingAdmissionPolicyBinding{},
 		Delete: &admissionregistrationv1.ValidatingAdmissionPolicy{}, DeleteBinding: &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}}
 	for i, into := range p.Objects() {
-		path := filepath.Join(dir, AdmissionPolicyDir, admissionPolicyFiles[i])
+		path := filepath.Join(dir, sub, admissionPolicyFiles[i])
 		raw, err := os.ReadFile(path)
 		if err != nil {
 			return admission.Policies{}, fmt.Errorf("read %s: %w", path, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -28,7 +29,9 @@ func TestCommittedManifestsAreGenerated(t *testing.T) {
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"template.yaml", "constraint.yaml", "syncset.yaml", "config.yaml",
 		"external-data/template.yaml", "external-data/constraint.yaml", "admission-policy/guard-policy.yaml", "admission-policy/guard-binding.yaml",
-		"admission-policy/policy.yaml", "admission-policy/binding.yaml"}, slices.Collect(maps.Keys(files)))
+		"admission-policy/policy.yaml", "admission-policy/binding.yaml",
+		"admission-policy/static/guard-policy.yaml", "admission-policy/static/guard-binding.yaml",
+		"admission-policy/static/policy.yaml", "admission-policy/static/binding.yaml"}, slices.Collect(maps.Keys(files)))
 	for name, want := range files {
 		have, err := os.ReadFile(filepath.Join(constraintsDir, name))
 		require.NoError(t, err)
@@ -271,4 +274,27 @@ func TestConstraintSpellsOutEveryDeclaredDefault(t *testing.T) {
 	kinds := params["infraMachineKinds"].([]any)
 	require.NotEmpty(t, kinds)
 	assert.Equal(t, []string{"group", "kind"}, slices.Sorted(maps.Keys(kinds[0].(map[string]any))), "version is not a parameter field")
+}
+
+// kube-apiserver's static manifests loader (k8s.io/apiserver v0.37.2,
+// admission/plugin/manifest) takes only names ending .static.k8s.io,
+// bindings of policies in the same directory, and no params.
+func TestStaticManifestsAreWhatTheLoaderTakes(t *testing.T) {
+	p, err := constraints.AdmissionPolicyManifests(constraintsDir, true)
+	require.NoError(t, err)
+	policies := map[string]bool{}
+	for _, pol := range []*admissionregistrationv1.ValidatingAdmissionPolicy{p.Delete, p.Guard} {
+		assert.True(t, strings.HasSuffix(pol.Name, ".static.k8s.io"), pol.Name)
+		assert.Nil(t, pol.Spec.ParamKind)
+		policies[pol.Name] = true
+	}
+	for _, b := range []*admissionregistrationv1.ValidatingAdmissionPolicyBinding{p.DeleteBinding, p.GuardBinding} {
+		assert.True(t, strings.HasSuffix(b.Name, ".static.k8s.io"), b.Name)
+		assert.True(t, policies[b.Spec.PolicyName], "binding %s of a policy in the directory: %s", b.Name, b.Spec.PolicyName)
+		assert.Nil(t, b.Spec.ParamRef)
+	}
+	api, err := constraints.AdmissionPolicyManifests(constraintsDir)
+	require.NoError(t, err)
+	assert.Equal(t, api.Delete.Spec, p.Delete.Spec, "the same policy, named otherwise")
+	assert.Equal(t, api.Guard.Spec, p.Guard.Spec)
 }

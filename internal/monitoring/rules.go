@@ -38,7 +38,7 @@ func Params() []Param {
 		{"thresholds.orphanNodesFor", "30m", "NodeguardOrphanNodes: how long orphans may stay (the reaper's grace is 5m)"},
 		{"thresholds.orphansDeletedWindow", "1h", "NodeguardOrphanNodesDeleted: fires while a deletion is this recent"},
 		{"thresholds.workloadClusterUnguardedFor", "10m", "NodeguardWorkloadClusterUnguarded: how long a workload cluster stays unproven (two proof periods at the default 5m)"},
-		{"thresholds.releaseWritesFailingFor", "5m", "NodeguardReleasesNotWritten: how long every write of a cluster's released Nodes fails (a write is tried every 200 ms while one is due)"},
+		{"thresholds.releaseWritesFailingFor", "5m", "NodeguardReleasesNotWritten: how long every write of a verdict on a cluster's Nodes fails (a failed write is tried again with a backoff of up to 30 s)"},
 		{"thresholds.constraintReloadErrorWindow", "1h", "NodeguardConstraintRefused: fires while a refused Constraint edit is this recent"},
 	}
 }
