@@ -39,8 +39,8 @@ type FleetOptions struct {
 	// pod's, as LeaseNamespace).
 	Namespace string
 	// AdmissionPolicy supports mode admission-policy (--fleet-admission-policy):
-	// the orphan scan watches every workload cluster's Nodes and their
-	// releases are published where a Cluster is in that mode.
+	// the orphan scan watches every workload cluster's Nodes and writes the
+	// verdicts on them where a Cluster is in that mode.
 	AdmissionPolicy bool
 	// AdmissionPolicyAction is the binding's action: deny (default), warn
 	// (allowed, the denial as a warning) or dryrun (audited only).

@@ -17,9 +17,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/internal/constraints"
@@ -157,4 +159,81 @@ func BenchmarkAdmissionPolicyAdded(b *testing.B) {
 		fmt.Printf("admission policy, %s design, released Node: added p50 per round from %+.3f to %+.3f ms, median %+.3f ms\n",
 			design, ms(a[0]), ms(a[len(a)-1]), ms(a[len(a)/2]))
 	}
+}
+
+// BenchmarkGuardPolicyOnStatus is what the guard policy (only nodeguard may
+// write its verdicts on a Node) adds to a kubelet's status PATCH, which does
+// not touch them and so stops at its match conditions: the same API server
+// with the guard bound and unbound, interleaved over -policy-rounds rounds of
+// -policy-requests PATCHes each, as system:node:<name> of group system:nodes.
+func BenchmarkGuardPolicyOnStatus(b *testing.B) {
+	if *binDir == "" {
+		b.Skip("no kube-apiserver/etcd: run `make bench-apiserver` (it builds them with tests/e2e/tools/build.sh)")
+	}
+	ctx := context.Background()
+	env, cfg := apiServer(b)
+	kube, err := kubernetes.NewForConfig(cfg)
+	require.NoError(b, err)
+	dyn, err := dynamic.NewForConfig(cfg)
+	require.NoError(b, err)
+	populate(b, cfg, 10)
+	startAdmissionPolicy(b, env, kube)
+	info, err := admission.LoadPolicyInfo()
+	require.NoError(b, err)
+	policies, err := constraints.AdmissionPolicyManifests(filepath.Join("..", "..", "constraints"))
+	require.NoError(b, err)
+	as := rest.CopyConfig(cfg)
+	as.Impersonate = rest.ImpersonationConfig{UserName: "system:node:" + allowedNode, Groups: []string{"system:nodes", "system:masters"}}
+	kubelet, err := kubernetes.NewForConfig(as)
+	require.NoError(b, err)
+	forge := []byte(`{"metadata":{"annotations":{"` + info.Released + `":"forged"}}}`)
+	bind := func(on bool) {
+		if on {
+			applyOwned(b, dyn, admission.BindingGVR, policies.GuardBinding)
+		} else {
+			err := dyn.Resource(admission.BindingGVR).Delete(ctx, policies.GuardBinding.Name, metav1.DeleteOptions{})
+			require.True(b, err == nil || apierrors.IsNotFound(err), "%v", err)
+		}
+		agreed := 0
+		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			_, err := kubelet.CoreV1().Nodes().Patch(ctx, allowedNode, types.MergePatchType, forge, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
+			if apierrors.IsForbidden(err) != on {
+				agreed = 0
+				return false, nil
+			}
+			agreed++
+			return agreed >= 10, nil
+		})
+		require.NoError(b, err, "the guard never became bound=%v", on)
+	}
+	lat := map[bool][]time.Duration{}
+	var added []time.Duration
+	for round := range *policyRounds {
+		p50 := map[bool]time.Duration{}
+		for j := range 2 {
+			bound := (round+j)%2 == 1
+			bind(bound)
+			var these []time.Duration
+			for i := range *policyRequests {
+				// A heartbeat: the Ready condition's time, as a kubelet writes it.
+				patch := fmt.Sprintf(`{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","lastHeartbeatTime":"%s"}]}}`,
+					time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC).Add(time.Duration(round*10000+j*5000+i)*time.Second).Format(time.RFC3339))
+				start := time.Now()
+				_, err := kubelet.CoreV1().Nodes().Patch(ctx, allowedNode, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
+				d := time.Since(start)
+				require.NoError(b, err)
+				these = append(these, d)
+			}
+			lat[bound] = append(lat[bound], these...)
+			p50[bound] = percentile(these, 50)
+		}
+		added = append(added, p50[true]-p50[false])
+	}
+	slices.Sort(added)
+	b.Run(fmt.Sprintf("rounds=%d/requests=%d", *policyRounds, *policyRequests), func(b *testing.B) {
+		b.ReportMetric(ms(percentile(lat[true], 50)-percentile(lat[false], 50)), "added-p50-ms")
+	})
+	fmt.Printf("guard policy on a kubelet's status PATCH, %d rounds x %d requests a mode: unbound p50 %.3f ms p99 %.3f ms; bound p50 %.3f ms p99 %.3f ms; added p50 %+.3f ms, per round from %+.3f to %+.3f, median %+.3f\n",
+		*policyRounds, *policyRequests, ms(percentile(lat[false], 50)), ms(percentile(lat[false], 99)), ms(percentile(lat[true], 50)), ms(percentile(lat[true], 99)),
+		ms(percentile(lat[true], 50)-percentile(lat[false], 50)), ms(added[0]), ms(added[len(added)-1]), ms(added[len(added)/2]))
 }
