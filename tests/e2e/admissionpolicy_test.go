@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
@@ -261,8 +262,21 @@ func policyDenials(t require.TestingT, ctx context.Context, kube kubernetes.Inte
 // with nodeguard stopped what was released stays deletable and nothing
 // else is.
 func TestCAPIAdmissionPolicyMode(t *testing.T) {
-	_, mgmtEnv := apiServerEnv(t)
 	_, workloadEnv := apiServerEnv(t)
+	capiAdmissionPolicyMode(t, workloadEnv)
+}
+
+// The same with the workload API server on Kubernetes 1.37 (the policies
+// written through the API, as on 1.36).
+func TestCAPIAdmissionPolicyModeOnKubernetes137(t *testing.T) {
+	_, workloadEnv := apiServerWith(t, current, func(env *envtest.Environment) {
+		env.ControlPlane.GetAPIServer().Path = apiServer137(t)
+	})
+	capiAdmissionPolicyMode(t, workloadEnv)
+}
+
+func capiAdmissionPolicyMode(t *testing.T, workloadEnv *envtest.Environment) {
+	_, mgmtEnv := apiServerEnv(t)
 	c := startCAPI(t, mgmtEnv, workloadEnv)
 	ctx := context.Background()
 	kube := c.nodes

@@ -30,9 +30,7 @@ import (
 // as install.md has a KubeadmControlPlane place them.
 func staticAPIServer(t *testing.T) *envtest.Environment {
 	t.Helper()
-	bin := filepath.Join(*binDir, "kube-apiserver-1.37")
-	_, err := os.Stat(bin)
-	require.NoError(t, err, "tests/e2e/tools/build.sh builds kube-apiserver 1.37 beside 1.36")
+	bin := apiServer137(t)
 	_, env := apiServerWith(t, current, func(env *envtest.Environment) {
 		api := env.ControlPlane.GetAPIServer()
 		api.Path = bin
@@ -60,6 +58,15 @@ plugins:
 		api.Configure().Set("admission-control-config-file", config)
 	})
 	return env
+}
+
+// apiServer137 is the path of kube-apiserver v1.37.2.
+func apiServer137(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(*binDir, "kube-apiserver-1.37")
+	_, err := os.Stat(bin)
+	require.NoError(t, err, "tests/e2e/tools/build.sh builds kube-apiserver 1.37 beside 1.36")
+	return bin
 }
 
 // On kube-apiserver 1.37 the static policies decide as the API-written ones
