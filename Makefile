@@ -92,7 +92,7 @@ race:
 		echo CGO_ENABLED=1 $(GO) test -race $$pkgs; CGO_ENABLED=1 $(GO) test -race $$pkgs
 
 differential:
-	@echo "== differential: enforcer vs Gatekeeper's engine (synced data, and nodeguard as its external data provider); the narrowed orphan judge and the published releases vs full passes"
+	@echo "== differential: enforcer vs Gatekeeper's engine (synced data, and nodeguard as its external data provider); the narrowed orphan judge and the verdicts written on the Nodes vs full passes"
 	$(GO) test -count=1 -v ./tests/differential/ -args -scenarios $(SCENARIOS)
 
 # A bounded fuzz run of the webhook's request decoding. Minimizing each new
