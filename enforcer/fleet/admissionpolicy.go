@@ -158,16 +158,23 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 	}
 	st.Wired, st.CACurrent = true, true // no CA in this mode: nothing to go stale
 	t.expecting(fmt.Sprintf("%s/%s/%q/%q", ModeAdmissionPolicy, action, opts.ExemptUsers, opts.ExemptGroups))
-	o := r.proven(t, st)
-	if time.Since(t.changed) >= bindingApplyTime && !r.removeLegacy(ctx, key, s, t) {
-		// nodeguard 0.3's binding goes once the delete binding applies; its
-		// policy once the API server stopped applying it.
-		o.after = min(o.after, r.opts.SettleRetry)
+	// nodeguard 0.3's binding goes once the delete binding applies
+	// (bindingApplyTime after the last write), its policy once the API
+	// server stopped applying it: the Cluster is looked at again until then,
+	// however soon it is proven.
+	var legacy time.Duration
+	if !s.leftoversChecked {
+		if wait := bindingApplyTime - time.Since(t.changed); wait > 0 {
+			legacy = wait
+		} else if !r.removeLegacy(ctx, key, s, t) {
+			legacy = r.opts.SettleRetry
+		}
 	}
+	o := r.proven(t, st)
 	if r.proofDue(t) {
 		var found proof
 		if o, found = r.provePolicy(ctx, key, s, t, st, action); !found.matched {
-			return o
+			return o.within(legacy)
 		}
 	}
 	// Proven: the webhook configuration of mode webhook can go.
@@ -176,6 +183,15 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 			r.opts.Log.Warn("fleet: cannot remove the webhook configuration of mode webhook; trying again", "cluster", key, "error", err.Error())
 			o.after = min(o.after, retryUnguarded)
 		}
+	}
+	return o.within(legacy)
+}
+
+// within has the Cluster looked at again within d at the latest (d 0:
+// as o says).
+func (o outcome) within(d time.Duration) outcome {
+	if d > 0 && (o.after <= 0 || d < o.after) {
+		o.after = d
 	}
 	return o
 }
@@ -245,7 +261,9 @@ func (r *Reconciler) staticPolicy(ctx context.Context, s *session) (bool, error)
 // removed, the cluster proven. The enforcement action is the manifests'.
 func (r *Reconciler) guardStatic(ctx context.Context, key string, s *session, t *tracked, st State, action rule.Action, opts admission.PolicyOptions) outcome {
 	bindings, rest := r.policyObjects(s)
-	if !r.removeObjects(ctx, key, s, &t.removing, bindings[:2], rest[:2], r.policyInfo.Name) || !r.removeLegacy(ctx, key, s, t) {
+	// The static policy answers a dry run first: only time says when the
+	// bindings written through the API no longer apply.
+	if !r.removeObjects(ctx, key, s, &t.removing, bindings[:2], rest[:2]) || !r.removeLegacy(ctx, key, s, t) {
 		return outcome{state: st, settling: true, after: r.opts.SettleRetry}
 	}
 	st.Wired, st.CACurrent = true, true
@@ -407,7 +425,9 @@ func (r *Reconciler) removePolicy(ctx context.Context, key string, s *session, t
 // left.
 func (r *Reconciler) removeLegacy(ctx context.Context, key string, s *session, t *tracked) bool {
 	bindings, rest := legacyObjects()
-	if !r.removeObjects(ctx, key, s, &t.removingLegacy, bindings, rest, admission.LegacyPolicyName) {
+	// Today's delete policy may answer a dry run first: only time says
+	// when 0.3's binding no longer applies.
+	if !r.removeObjects(ctx, key, s, &t.removingLegacy, bindings, rest) {
 		return false
 	}
 	s.leftoversChecked = true // with the watches, these are all that have none
@@ -415,9 +435,10 @@ func (r *Reconciler) removeLegacy(ctx context.Context, key string, s *session, t
 }
 
 // removeObjects removes bindings, then, once the API server no longer applies
-// them (the policies named answer no dry run), rest: an applied binding
-// whose policy is gone denies every Node delete. since marks when the
-// bindings went. It says whether nothing is left.
+// them (the policies named answer no dry run; with none named, or no Node to
+// try, bindingApplyTime after their delete), rest: a binding still applied
+// without its policy or params could deny a released Node. since marks when
+// the bindings went. It says whether nothing is left.
 func (r *Reconciler) removeObjects(ctx context.Context, key string, s *session, since *time.Time, bindings, rest []policyObject, names ...string) bool {
 	for _, o := range bindings {
 		ok, err := s.present(ctx, o)
@@ -460,8 +481,8 @@ func (r *Reconciler) removeObjects(ctx context.Context, key string, s *session, 
 // Node that is not released is not theirs to answer any more.
 func (r *Reconciler) bindingUnapplied(ctx context.Context, s *session, since time.Time, names []string) bool {
 	waited := time.Since(since)
-	if waited >= removalMaxWait {
-		return true
+	if waited >= removalMaxWait || len(names) == 0 {
+		return waited >= min(removalMaxWait, bindingApplyTime)
 	}
 	node, err := r.unreleased(ctx, s)
 	if err != nil || node == nil {

@@ -136,3 +136,13 @@ func TestLeftoversNodeguardMayNotRemoveAreRemovedWithTheKubeconfig(t *testing.T)
 	assert.False(t, r.policyLeft(ctx, s), "not looked for again in this connection")
 	assert.Equal(t, calls, forbidden, "nothing more asked of the identity")
 }
+
+// A Cluster proven at once is still looked at again when what nodeguard 0.3
+// left waits for the delete binding to apply: "when something changes"
+// (after 0) would leave it there until the next proof.
+func TestWithinBoundsWhenAClusterIsLookedAtAgain(t *testing.T) {
+	assert.Equal(t, 2*time.Second, outcome{}.within(2*time.Second).after, "0 is no bound")
+	assert.Equal(t, 2*time.Second, outcome{after: time.Hour}.within(2*time.Second).after)
+	assert.Equal(t, time.Second, outcome{after: time.Second}.within(2*time.Second).after)
+	assert.Equal(t, time.Hour, outcome{after: time.Hour}.within(0).after, "nothing waits")
+}
