@@ -44,7 +44,11 @@ type Nodes struct {
 	shape    *record.Shape
 	store    cache.Indexer
 	onChange func(name string)
-	count    atomic.Int64 // Nodes added and not deleted: Len without a walk
+	// verdicts are the paths of nodeguard's own verdicts on a Node; a change
+	// of them alone goes to onVerdict, when set, not onChange.
+	verdicts  []rule.Path
+	onVerdict func(name string)
+	count     atomic.Int64 // Nodes added and not deleted: Len without a walk
 }
 
 // NewNodes returns an empty cache of Nodes of shape (rule.Model's
@@ -110,9 +114,15 @@ func (c *Nodes) counted(n *record.Record, delta int64) {
 
 // updated reports a change the criteria read: every kept string but the
 // resourceVersion, which a kubelet's status report changes without changing
-// anything judged.
+// anything judged; a change of nodeguard's verdicts alone, which no
+// criterion reads, to onVerdict when set.
 func (c *Nodes) updated(old, n *record.Record) {
-	if old.EqualIgnoring(n, rule.Path{"metadata", "resourceVersion"}) {
+	rv := rule.Path{"metadata", "resourceVersion"}
+	if old.EqualIgnoring(n, rv) {
+		return
+	}
+	if c.onVerdict != nil && old.Name() == n.Name() && old.EqualIgnoring(n, append(c.verdicts, rv)...) {
+		c.onVerdict(n.Name())
 		return
 	}
 	c.changed(n.Name())

@@ -186,3 +186,42 @@ func TestWatchFollowsTheAPIServer(t *testing.T) {
 	assert.False(t, ok)
 	assert.Equal(t, 1, w.Len())
 }
+
+// A change of nodeguard's verdicts on a Node and of nothing else goes to
+// OnVerdict, not OnChange: nothing judged reads them. With anything judged
+// changed beside it, it is a change.
+func TestAVerdictAloneIsNoChange(t *testing.T) {
+	eval, err := rule.NewEngine(context.Background())
+	require.NoError(t, err)
+	verdicts := []rule.Path{{"metadata", "annotations", "nodeguard.io/released"}}
+	s, err := facts.NodeShapeOf(eval, verdicts...)
+	require.NoError(t, err)
+	client := fake.NewClientset(testnodes.Real(0))
+	var mu sync.Mutex
+	changed, verdict := 0, 0
+	w, err := facts.NewNodeWatch(facts.NodeWatchOptions{Shape: s, Kube: client, Verdicts: verdicts,
+		OnChange:  func(string) { mu.Lock(); changed++; mu.Unlock() },
+		OnVerdict: func(string) { mu.Lock(); verdict++; mu.Unlock() }})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	counts := func() [2]int { mu.Lock(); defer mu.Unlock(); return [2]int{changed, verdict} }
+	require.Eventually(t, func() bool { return counts() == [2]int{1, 0} }, 5*time.Second, 10*time.Millisecond)
+
+	n := testnodes.Real(0)
+	if n.Annotations == nil {
+		n.Annotations = map[string]string{}
+	}
+	n.Annotations["nodeguard.io/released"] = string(n.UID)
+	_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return counts() == [2]int{1, 1} }, 5*time.Second, 10*time.Millisecond, "the verdict alone")
+
+	delete(n.Annotations, "nodeguard.io/released")
+	n.Spec.ProviderID = "aws:///us-east-1a/i-moved"
+	_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return counts() == [2]int{2, 1} }, 5*time.Second, 10*time.Millisecond, "a verdict and a providerID: a change")
+}

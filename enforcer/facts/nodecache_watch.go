@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodeguard/nodeguard/enforcer/record"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // nodesGVR is core Nodes, for a dynamic client.
@@ -32,6 +33,11 @@ type NodeWatchOptions struct {
 	// OnChange is called with the name of each Node added, deleted, or
 	// changed in what the criteria read.
 	OnChange func(name string)
+	// OnVerdict, when set, is called instead of OnChange for a Node whose
+	// change is only in Verdicts (nodeguard's verdicts on it, which no
+	// criterion reads): knowing what it carries needs no judgment.
+	Verdicts  []rule.Path
+	OnVerdict func(name string)
 	// OnError is called with each failed list or watch request; the informer
 	// retries with client-go's backoff (at most about every 30 s) either way.
 	OnError func(err error)
@@ -109,6 +115,7 @@ func NewNodeWatch(opts NodeWatchOptions) (*NodeWatch, error) {
 		return nil, fmt.Errorf("nodecache: set watch error handler: %w", err)
 	}
 	w := &NodeWatch{Nodes: NewNodes(shape, informer.GetIndexer(), opts.OnChange), informer: informer}
+	w.verdicts, w.onVerdict = opts.Verdicts, opts.OnVerdict
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if n := asRecord(obj); n != nil {

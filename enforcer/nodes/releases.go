@@ -28,6 +28,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // PublisherOptions configure a Publisher.
@@ -96,7 +97,7 @@ func NewPublisher(opts PublisherOptions) (*Publisher, error) {
 	if opts.Info.Released == "" || opts.Info.Blocker == "" {
 		return nil, fmt.Errorf("releases: the verdict's annotations are required")
 	}
-	kube.SetDefault(&opts.Workers, 8)
+	kube.SetDefault(&opts.Workers, 16)
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -192,6 +193,29 @@ func (p *Publisher) Judge(ctx context.Context, name string, node *unstructured.U
 	}
 	return err
 }
+
+// Carries records what a Node of an enrolled cluster carries now, as its
+// cache says, when only nodeguard's verdicts on it changed (a write of this
+// replica's or the leader's): nothing judged changed, so nothing is judged
+// again. A Node not carrying the verdict wanted is written again.
+func (p *Publisher) Carries(name string, node *unstructured.Unstructured) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.clusters[name]
+	n := c.node(node.GetName())
+	if n == nil {
+		return // not judged yet: its judgment reads what it carries
+	}
+	c.carries(n, admission.VerdictOf(p.opts.Info, node.GetAnnotations()))
+	p.opts.Metrics.released(name, c.released)
+	if n.confirm == nil && n.want != n.have {
+		p.loop.Add(nodeKey{name, node.GetName()})
+	}
+}
+
+// Verdicts are the paths of the verdicts on a Node
+// (facts.NodeWatchOptions.Verdicts).
+func (p *Publisher) Verdicts() []rule.Path { return p.opts.Info.VerdictPaths() }
 
 // carries records what a Node carries, as its cache or a write says.
 func (c *releaseCluster) carries(n *nodeVerdict, have admission.ReleaseVerdict) {

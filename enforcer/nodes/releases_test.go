@@ -321,3 +321,24 @@ nodeguard_released_nodes{cluster="fleet/prod"} 2
 	require.NoError(t, err)
 	assert.Zero(t, n, "a removed cluster leaves no series")
 }
+
+// A change of what a Node carries, and nothing else (the leader's write,
+// seen by a replica that does not lead), is recorded without a judgment: a
+// replica that comes to lead revokes a release the old leader wrote on
+// older caches, though no judgment of its own changed.
+func TestWhatANodeCarriesIsFollowedWithoutAJudgment(t *testing.T) {
+	ctx := context.Background()
+	w, p := start(t, nil)
+	w.set(func() { w.leading = false })
+	time.Sleep(30 * time.Millisecond) // the publisher sees it not leading
+	require.NoError(t, p.Judge(ctx, cluster, w.node("n", "u-1")))
+	// The old leader released it; this replica sees only that.
+	w.set(func() { w.on["n"] = admission.ReleaseVerdict{UID: "u-1"} })
+	reads := w.freshN
+	p.Carries(cluster, w.node("n", "u-1"))
+	p.Carries(cluster, w.node("unjudged", "u-2")) // not judged yet: nothing to follow
+	w.set(func() { w.leading = true })
+	require.Eventually(t, func() bool { return w.carries("n") == admission.ReleaseVerdict{} }, 5*time.Second, 5*time.Millisecond, "revoked")
+	assert.Equal(t, reads, w.freshN, "no judgment: a revocation needs no fresh read")
+	assert.Equal(t, 1, w.writes)
+}

@@ -163,6 +163,20 @@ func (s *Scanner) NodeChanged(cluster, node string) {
 	s.signal()
 }
 
+// VerdictChanged tells the Publisher what a Node carries when only
+// nodeguard's verdicts on it changed (facts.NodeWatchOptions.OnVerdict).
+func (s *Scanner) VerdictChanged(cluster, node string) {
+	s.mu.Lock()
+	c := s.clusters[cluster]
+	s.mu.Unlock()
+	if c == nil || s.opts.Releases == nil {
+		return
+	}
+	if n, ok := c.nodes.Get(node); ok {
+		s.opts.Releases.Carries(cluster, n.Unstructured())
+	}
+}
+
 // ObjectChanged asks for every Node the old or new object could link to
 // to be judged now, and for every Node when the providerID schemes the
 // InfraMachines show change (facts.Syncer.Subscribe).
@@ -355,6 +369,7 @@ func (s *Scanner) RunDue(ctx context.Context, now time.Time) ScanResult {
 	s.mu.Unlock()
 	res.Full = full
 	s.routes = map[string]guard.Route{}
+	var todo []judgment
 	for _, name := range slices.Sorted(maps.Keys(plan)) {
 		w := plan[name]
 		nodes := w.keys
@@ -362,19 +377,78 @@ func (s *Scanner) RunDue(ctx context.Context, now time.Time) ScanResult {
 			nodes = w.c.nodes.Names()
 		}
 		for _, n := range nodes {
-			if ctx.Err() != nil {
-				return res
-			}
-			s.judge(ctx, w.c, n, now, &res)
+			todo = append(todo, judgment{w.c, n})
 		}
-		if w.all {
+	}
+	// The releases first: a Node's delete (CAPI's, at a scale-down) waits
+	// for its verdict, not for the orphan and ghost judgments of the Nodes
+	// before it; nor for those of this pass, when more Nodes come due
+	// during it (a MachineSet's InfraMachines going one after another).
+	s.releaseAll(ctx, todo, &res)
+	woken := false
+	for i := 0; i < len(todo) && ctx.Err() == nil; i++ {
+		if more := s.comeDue(); more != nil {
+			woken = true
+			s.releaseAll(ctx, more, &res)
+			todo = append(todo, more...)
+		}
+		s.judge(ctx, todo[i].c, todo[i].node, now, &res)
+	}
+	if ctx.Err() != nil {
+		return res
+	}
+	for _, name := range slices.Sorted(maps.Keys(plan)) {
+		if plan[name].all {
 			s.opts.Reaper.Report(name)
 			if s.opts.Releases != nil {
 				s.opts.Releases.Synced(name)
 			}
 		}
 	}
+	if woken {
+		s.signal() // what else the wake was for (a full pass, a new cluster): the next RunDue
+	}
 	return res
+}
+
+// judgment is one Node to judge.
+type judgment struct {
+	c    *scanCluster
+	node string
+}
+
+// releaseAll judges the releases of the Nodes of enrolled clusters.
+func (s *Scanner) releaseAll(ctx context.Context, todo []judgment, res *ScanResult) {
+	if s.opts.Releases == nil {
+		return
+	}
+	for _, j := range todo {
+		if ctx.Err() != nil {
+			return
+		}
+		if s.opts.Releases.Enrolled(j.c.name) {
+			s.release(ctx, j.c, j.node, res)
+		}
+	}
+}
+
+// comeDue takes the Nodes of judged clusters that came due since a wake
+// (nil: no wake).
+func (s *Scanner) comeDue() []judgment {
+	select {
+	case <-s.wake:
+	default:
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []judgment{}
+	for _, k := range s.due.due(s.opts.Clock.Now()) {
+		if c := s.clusters[k.cluster]; c != nil && c.judged {
+			out = append(out, judgment{c, k.node})
+		}
+	}
+	return out
 }
 
 // judge judges one Node and tells the reaper.
@@ -397,12 +471,6 @@ func (s *Scanner) judge(ctx context.Context, c *scanCluster, name string, now ti
 		return
 	}
 	u := node.Unstructured()
-	if s.opts.Releases != nil {
-		if err := s.opts.Releases.Judge(ctx, c.name, u); err != nil && ctx.Err() == nil {
-			s.logError("releases: judging a Node failed; it is not released", c.name, name, err)
-			res.Errors++
-		}
-	}
 	if s.opts.Ghosts != nil {
 		s.ghost(ctx, c, route, u, now, res)
 	}
@@ -439,6 +507,19 @@ func (s *Scanner) judge(ctx context.Context, c *scanCluster, name string, now ti
 	}
 	if !next.IsZero() {
 		s.after(c.name, name, now, next)
+	}
+}
+
+// release has the Publisher judge one Node's release (RunDue does it for
+// every Node due before the other judgments).
+func (s *Scanner) release(ctx context.Context, c *scanCluster, name string, res *ScanResult) {
+	node, ok := c.nodes.Get(name)
+	if !ok {
+		return // judge forgets it
+	}
+	if err := s.opts.Releases.Judge(ctx, c.name, node.Unstructured()); err != nil && ctx.Err() == nil {
+		s.logError("releases: judging a Node failed; it is not released", c.name, name, err)
+		res.Errors++
 	}
 }
 

@@ -59,6 +59,9 @@ type fixture struct {
 	// (each is told once, as an add).
 	objectChanges, nodeChanges atomic.Int64
 	objects                    int
+	// judging, when set, is told of each release judgment (fresh: a
+	// confirmation); set it before the scan runs.
+	judging func(node string, fresh bool)
 }
 
 func newFixture(t *testing.T, del bool) *fixture {
@@ -83,7 +86,13 @@ func newFixture(t *testing.T, del bool) *fixture {
 	require.NoError(t, err)
 	f.reaper, err = nodes.NewReaper(nodes.ReaperOptions{Finder: finder, Delete: del, IsLeader: func() bool { return f.leading }, Clock: f.clock})
 	require.NoError(t, err)
-	f.releases, err = nodes.NewPublisher(nodes.PublisherOptions{Judge: finder.Releases, Ready: e.Syncer.Ready, Info: f.info})
+	judge := func(ctx context.Context, ns []*unstructured.Unstructured, cluster string, fresh bool) ([]guard.Release, error) {
+		if f.judging != nil {
+			f.judging(ns[0].GetName(), fresh)
+		}
+		return finder.Releases(ctx, ns, cluster, fresh)
+	}
+	f.releases, err = nodes.NewPublisher(nodes.PublisherOptions{Judge: judge, Ready: e.Syncer.Ready, Info: f.info})
 	require.NoError(t, err)
 	f.releases.Enroll("", func(ctx context.Context, node string, v admission.ReleaseVerdict) error {
 		patch, err := admission.VerdictPatch(f.info, v)
@@ -114,7 +123,8 @@ func newFixture(t *testing.T, del bool) *fixture {
 		OnChange: func(n string) {
 			f.scanner.NodeChanged("", n)
 			f.nodeChanges.Add(1)
-		}})
+		},
+		Verdicts: f.releases.Verdicts(), OnVerdict: func(n string) { f.scanner.VerdictChanged("", n) }})
 	require.NoError(t, err)
 	f.scanner.AddCluster("", f.nodes, nodes.ReapTarget{Nodes: client, Recorder: f.events})
 	go f.nodes.Run(ctx)
@@ -149,6 +159,47 @@ func (f *fixture) at(t *testing.T, d time.Duration) nodes.ScanResult {
 	t.Helper()
 	f.clock.SetTime(t0.Add(d))
 	return f.scanner.RunDue(context.Background(), f.clock.Now())
+}
+
+// A scale-down's Nodes wait for their verdicts, not for the orphan and
+// ghost judgments of the Nodes before them: a pass judges the release of
+// every Node due before anything else.
+func TestAPassJudgesTheReleasesFirst(t *testing.T) {
+	f := newFixture(t, false)
+	var seen [][]string // the orphans known at each release judgment
+	f.judging = func(_ string, fresh bool) {
+		if !fresh {
+			seen = append(seen, f.reaper.Orphans(""))
+		}
+	}
+	f.settle(t)
+	require.Len(t, seen, len(f.nodes.Names()), "every Node's release judged once")
+	for i, orphans := range seen {
+		assert.Empty(t, orphans, "release judgment %d came after an orphan judgment", i)
+	}
+	assert.NotEmpty(t, f.reaper.Orphans(""), "the fixture holds orphans, so the order shows")
+}
+
+// A Node that comes due during a pass (the next InfraMachine of a
+// scale-down gone) has its release judged in that pass, before the rest of
+// the pass's judgments, not in the next one.
+func TestANodeDueDuringAPassIsReleasedInIt(t *testing.T) {
+	f := newFixture(t, false)
+	f.settle(t)
+	var released []string
+	f.judging = func(node string, fresh bool) {
+		if fresh {
+			return
+		}
+		if len(released) == 0 {
+			f.scanner.NodeChanged("", "dev-md-0-infra")
+		}
+		released = append(released, node)
+	}
+	f.scanner.NodeChanged("", "dev-md-0-left")
+	res := f.scanner.RunDue(context.Background(), f.clock.Now())
+	assert.Equal(t, []string{"dev-md-0-left", "dev-md-0-infra"}, released)
+	assert.Equal(t, 2, res.Judged, "both judged in full in the same pass")
 }
 
 var machines = schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "machines"}

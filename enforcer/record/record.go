@@ -190,30 +190,34 @@ func (r *Record) UID() types.UID { v, _ := r.Value(r.shape.uidSlot); return type
 func (r *Record) ResourceVersion() string { v, _ := r.Value(r.shape.rvSlot); return v }
 
 // Equal reports whether r and o keep the same of one shape.
-func (r *Record) Equal(o *Record) bool { return r.equal(o, -1) }
+func (r *Record) Equal(o *Record) bool { return r.equal(o, 0) }
 
 // EqualIgnoring is Equal but for the string at p: a Node's resourceVersion
 // changes with every status report of its kubelet, nothing judged with it.
-func (r *Record) EqualIgnoring(o *Record, p Path) bool { return r.equal(o, r.shape.Slot(p)) }
+func (r *Record) EqualIgnoring(o *Record, ps ...Path) bool {
+	skip := uint64(0)
+	for _, p := range ps {
+		if i := r.shape.Slot(p); i >= 0 {
+			skip |= 1 << i
+		}
+	}
+	return r.equal(o, skip)
+}
 
-func (r *Record) equal(o *Record, skip int) bool {
+func (r *Record) equal(o *Record, skip uint64) bool {
 	if r.shape != o.shape {
 		return false
 	}
-	mask := ^uint64(0)
-	if skip >= 0 {
-		mask &^= 1 << skip
-	}
-	if r.present&mask != o.present&mask {
+	if r.present&^skip != o.present&^skip {
 		return false
 	}
-	if skip < 0 && r.data != "" && o.data != "" {
+	if skip == 0 && r.data != "" && o.data != "" {
 		if r.data != o.data {
 			return false
 		}
 	} else {
 		for i := range r.shape.slots {
-			if i == skip {
+			if skip&(1<<i) != 0 {
 				continue
 			}
 			a, _ := r.Value(i)

@@ -345,10 +345,14 @@ func registerOrphanMetrics(reg prometheus.Registerer) (*OrphanMetrics, error) {
 // wait, it returns only then (a workload session), else at once.
 func watchNodes(ctx context.Context, scanner *nodes.Scanner, shape *record.Shape, cluster string,
 	kube kubernetes.Interface, dyn dynamic.Interface, t nodes.ReapTarget, errs *watchErrors, wait bool) error {
-	w, err := facts.NewNodeWatch(facts.NodeWatchOptions{Shape: shape, Kube: kube, Dynamic: dyn,
+	o := facts.NodeWatchOptions{Shape: shape, Kube: kube, Dynamic: dyn,
 		OnChange: func(node string) { scanner.NodeChanged(cluster, node) },
 		OnError:  func(err error) { errs.report(ctx, cluster, err) },
-	})
+	}
+	if p := scanner.Releases(); p != nil {
+		o.Verdicts, o.OnVerdict = p.Verdicts(), func(node string) { scanner.VerdictChanged(cluster, node) }
+	}
+	w, err := facts.NewNodeWatch(o)
 	if err != nil {
 		return err
 	}
