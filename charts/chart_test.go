@@ -615,8 +615,16 @@ func TestChartEnforcementActions(t *testing.T) {
 		assert.NotContains(t, a, "admission-policy-action")
 	}
 	assert.Contains(t, args("enforcementAction=warn"), "--enforcement-action=warn")
-	assert.Contains(t, args("fleet.enabled=true", "fleet.url=https://nodeguard.example", "fleet.allowUnauthenticatedReviews=true",
-		"fleet.admissionPolicy=true", "fleet.admissionPolicyAction=dryrun"), "--fleet-admission-policy-action=dryrun")
+	fleet := []string{"fleet.enabled=true", "fleet.url=https://nodeguard.example", "fleet.allowUnauthenticatedReviews=true"}
+	assert.Contains(t, args(append(fleet, "fleet.admissionPolicyAction=dryrun")...), "--fleet-admission-policy-action=dryrun")
+	// Mode admission-policy is the default, where the workload API server
+	// serves it: no flag says so.
+	for _, a := range args(fleet...) {
+		assert.NotContains(t, a, "admission-policy")
+		assert.NotContains(t, a, "default-mode")
+	}
+	assert.Contains(t, args(append(fleet, "fleet.admissionPolicy=false")...), "--fleet-admission-policy=false")
+	assert.Contains(t, args(append(fleet, "fleet.defaultMode=webhook")...), "--fleet-default-mode=webhook")
 }
 
 // The schema refuses what would otherwise be ignored or crash the Pod.

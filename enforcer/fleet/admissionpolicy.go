@@ -37,16 +37,22 @@ const (
 )
 
 // servesPolicies says whether the workload API server serves
-// ValidatingAdmissionPolicy at v1 (GA in Kubernetes 1.30).
-func servesPolicies(s *session) (bool, error) {
+// ValidatingAdmissionPolicy at v1 (GA in Kubernetes 1.30), asked once a
+// connection: an API server upgraded in place is connected to again.
+func (s *session) servesPolicies() (bool, error) {
+	if s.served != nil {
+		return *s.served, nil
+	}
 	list, err := s.kube.Discovery().ServerResourcesForGroupVersion(admission.PolicyGVR.GroupVersion().String())
 	if apierrors.IsNotFound(err) {
-		return false, nil
+		list, err = &metav1.APIResourceList{}, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	return slices.ContainsFunc(list.APIResources, func(res metav1.APIResource) bool { return res.Name == admission.PolicyGVR.Resource }), nil
+	served := slices.ContainsFunc(list.APIResources, func(res metav1.APIResource) bool { return res.Name == admission.PolicyGVR.Resource })
+	s.served = &served
+	return served, nil
 }
 
 // enroll has the verdicts on a Cluster's Nodes written (by the leader),
@@ -87,14 +93,11 @@ func (r *Reconciler) guardPolicy(ctx context.Context, key string, s *session, t 
 	if !s.synced() {
 		return r.unsynced(t, st)
 	}
-	if s.servesPolicies == nil {
-		ok, err := servesPolicies(s)
-		if err != nil {
-			return unguarded(st, failure(err, ReasonNotInstalled), "discover ValidatingAdmissionPolicy: "+err.Error()+r.repaired(ctx, key, s, err), retryUnguarded)
-		}
-		s.servesPolicies = &ok
+	served, err := s.servesPolicies()
+	if err != nil {
+		return unguarded(st, failure(err, ReasonNotInstalled), "discover ValidatingAdmissionPolicy: "+err.Error()+r.repaired(ctx, key, s, err), retryUnguarded)
 	}
-	if !*s.servesPolicies {
+	if !served {
 		return unguarded(st, ReasonModeUnsupported, "the workload API server does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30 or later)", 0)
 	}
 	r.enroll(key)
@@ -200,7 +203,7 @@ func (o outcome) within(d time.Duration) outcome {
 // nodeguard: it finds what was written when the policy answers with the
 // binding's action (deny: denied; warn: its warning; dryrun: admitted).
 func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t *tracked, st State, action rule.Action) (outcome, proof) {
-	node, err := r.unreleased(ctx, s)
+	node, _, err := r.nodeWhere(ctx, s, "", false)
 	if err != nil {
 		return unguarded(st, failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, s, err), retryUnguarded), proof{}
 	}
@@ -246,7 +249,7 @@ func (r *Reconciler) provePolicy(ctx context.Context, key string, s *session, t 
 // seen by a dry-run delete of a Node that is not released. Looked at once a
 // connection; with no such Node to try, taken as not.
 func (r *Reconciler) staticPolicy(ctx context.Context, s *session) (bool, error) {
-	node, err := r.unreleased(ctx, s)
+	node, _, err := r.nodeWhere(ctx, s, "", false)
 	if err != nil || node == nil {
 		return false, err
 	}
@@ -283,34 +286,20 @@ func (r *Reconciler) guardStatic(ctx context.Context, key string, s *session, t 
 	return o
 }
 
-// releasedNode is a Node the verdict on it releases, of the first 100 (nil:
-// none).
-func (r *Reconciler) releasedNode(ctx context.Context, s *session, selector string) (*corev1.Node, []corev1.Node, error) {
+// nodeWhere is the first of the first 100 Nodes (of selector) whose
+// verdict releases it, or with released false does not (nil: none), and
+// the Nodes listed.
+func (r *Reconciler) nodeWhere(ctx context.Context, s *session, selector string, released bool) (*corev1.Node, []corev1.Node, error) {
 	nodes, err := s.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 100, LabelSelector: selector})
 	if err != nil {
 		return nil, nil, err
 	}
 	for i := range nodes.Items {
-		if admission.VerdictOf(r.policyInfo, nodes.Items[i].Annotations).UID == string(nodes.Items[i].UID) {
+		if (admission.VerdictOf(r.policyInfo, nodes.Items[i].Annotations).UID == string(nodes.Items[i].UID)) == released {
 			return &nodes.Items[i], nodes.Items, nil
 		}
 	}
 	return nil, nodes.Items, nil
-}
-
-// unreleased is a Node the verdict on it does not release (nil: none of
-// the first 100).
-func (r *Reconciler) unreleased(ctx context.Context, s *session) (*corev1.Node, error) {
-	nodes, err := s.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 100})
-	if err != nil {
-		return nil, err
-	}
-	for i := range nodes.Items {
-		if admission.VerdictOf(r.policyInfo, nodes.Items[i].Annotations).UID != string(nodes.Items[i].UID) {
-			return &nodes.Items[i], nil
-		}
-	}
-	return nil, nil
 }
 
 // policyObject is one of the objects the fleet keeps in a workload cluster
@@ -326,11 +315,9 @@ type policyObject struct {
 // once the API server no longer applies them.
 func (r *Reconciler) policyObjects(s *session) (bindings, rest []policyObject) {
 	info := r.policyInfo
-	return []policyObject{{admission.BindingGVR, "", info.Name, s.binding}, {admission.BindingGVR, "", info.Guard, s.guardBinding},
-			{admission.BindingGVR, "", admission.LegacyPolicyName, nil}},
-		[]policyObject{{admission.PolicyGVR, "", info.Name, s.policy}, {admission.PolicyGVR, "", info.Guard, s.guard},
-			{admission.PolicyGVR, "", admission.LegacyPolicyName, nil},
-			{admission.ParamsGVR, admission.LegacyParamsNamespace, admission.LegacyParamsName, nil}}
+	legacyBindings, legacyRest := legacyObjects()
+	return append([]policyObject{{admission.BindingGVR, "", info.Name, s.binding}, {admission.BindingGVR, "", info.Guard, s.guardBinding}}, legacyBindings...),
+		append([]policyObject{{admission.PolicyGVR, "", info.Name, s.policy}, {admission.PolicyGVR, "", info.Guard, s.guard}}, legacyRest...)
 }
 
 // legacyObjects are what nodeguard 0.3's mode admission-policy left: its
@@ -484,7 +471,7 @@ func (r *Reconciler) bindingUnapplied(ctx context.Context, s *session, since tim
 	if waited >= removalMaxWait || len(names) == 0 {
 		return waited >= min(removalMaxWait, bindingApplyTime)
 	}
-	node, err := r.unreleased(ctx, s)
+	node, _, err := r.nodeWhere(ctx, s, "", false)
 	if err != nil || node == nil {
 		return waited >= bindingApplyTime
 	}

@@ -107,6 +107,11 @@ type Options struct {
 	// AdmissionPolicy says how their policy is built.
 	Releases        *nodes.Publisher
 	AdmissionPolicy admission.PolicyOptions
+	// DefaultMode is the mode of a Cluster its annotation does not name:
+	// ModeWebhook ("" too), or ModeAdmissionPolicy (with Releases) where its
+	// API server serves ValidatingAdmissionPolicy v1 and ModeWebhook where
+	// it does not.
+	DefaultMode string
 	// ClientCerts, when set, issues each selected Cluster's workload API
 	// server a webhook client certificate of its own (clientcert.go).
 	ClientCerts *ClientCerts
@@ -215,6 +220,10 @@ func New(opts Options) (*Reconciler, error) {
 	}
 	if _, err := admission.BuildPolicies(info, opts.AdmissionPolicy); err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
+	}
+	opts.DefaultMode = cmp.Or(opts.DefaultMode, ModeWebhook)
+	if opts.DefaultMode != ModeWebhook && (opts.DefaultMode != ModeAdmissionPolicy || opts.Releases == nil) {
+		return nil, fmt.Errorf("fleet: default mode %q: %q, or %q with the released Nodes published", opts.DefaultMode, ModeWebhook, ModeAdmissionPolicy)
 	}
 	r := &Reconciler{
 		policyInfo: info,
@@ -385,10 +394,11 @@ func (r *Reconciler) keepClientCert(ctx context.Context, key string, meta kube.C
 // of a Cluster in mode admission-policy are judged here too (the publisher
 // writes only while leading), so a new leader publishes at once.
 func (r *Reconciler) standby(key string, meta kube.ClusterMeta, t *tracked) {
-	if r.opts.Releases == nil || modeOf(meta) != ModeAdmissionPolicy || !r.included(meta) {
+	s := r.sessionOf(t)
+	if r.opts.Releases == nil || s == nil || !r.included(meta) {
 		return
 	}
-	if s := r.sessionOf(t); s != nil {
+	if mode, err := r.modeOf(meta, s); err == nil && mode == ModeAdmissionPolicy {
 		r.enroll(key)
 	}
 }
@@ -398,11 +408,28 @@ func (r *Reconciler) included(meta kube.ClusterMeta) bool {
 	return !meta.Deleting && meta.Annotations[OptOutAnnotation] != "true" && r.opts.Selector.Matches(labels.Set(meta.Labels))
 }
 
-func modeOf(meta kube.ClusterMeta) string {
+// modeOf is the Cluster's mode: its annotation's, else the fleet's default
+// (for mode admission-policy, where the workload API server serves the
+// policies; asked once a connection). Without a connection an unnamed mode
+// that depends on the API server is "".
+func (r *Reconciler) modeOf(meta kube.ClusterMeta, s *session) (string, error) {
 	if m := meta.Annotations[ModeAnnotation]; m != "" {
-		return m
+		return m, nil
 	}
-	return ModeWebhook
+	if r.opts.DefaultMode != ModeAdmissionPolicy {
+		return r.opts.DefaultMode, nil
+	}
+	if s == nil {
+		return "", nil
+	}
+	served, err := s.servesPolicies()
+	if err != nil {
+		return "", err
+	}
+	if served {
+		return ModeAdmissionPolicy, nil
+	}
+	return ModeWebhook, nil
 }
 
 func (r *Reconciler) sessionOf(t *tracked) *session {
@@ -414,7 +441,8 @@ func (r *Reconciler) sessionOf(t *tracked) *session {
 // decide brings one Cluster where its Meta says.
 func (r *Reconciler) decide(ctx context.Context, key string, meta kube.ClusterMeta, t *tracked) outcome {
 	s := r.sessionOf(t)
-	st := State{Cluster: key, Mode: modeOf(meta), LastProof: t.lastProof}
+	mode, modeErr := r.modeOf(meta, s)
+	st := State{Cluster: key, Mode: mode, LastProof: t.lastProof}
 	if s != nil {
 		st.Identity = s.user
 	}
@@ -425,7 +453,7 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta kube.ClusterMe
 		return unguarded(st, ReasonOptedOut, "annotation "+OptOutAnnotation+": true", r.removeAll(ctx, key, s, t))
 	case !r.opts.Selector.Matches(labels.Set(meta.Labels)):
 		return unguarded(st, ReasonNotSelected, "the Cluster's labels do not match the fleet's selector "+r.opts.Selector.String(), r.removeAll(ctx, key, s, t))
-	case st.Mode != ModeWebhook && (st.Mode != ModeAdmissionPolicy || r.opts.Releases == nil):
+	case st.Mode != "" && st.Mode != ModeWebhook && (st.Mode != ModeAdmissionPolicy || r.opts.Releases == nil):
 		st.Reason, st.Message = ReasonModeUnsupported, fmt.Sprintf("mode %q is not supported; use %q", st.Mode, ModeWebhook)
 		if st.Mode == ModeAdmissionPolicy {
 			st.Message += " (mode " + ModeAdmissionPolicy + " needs nodeguard serve --fleet-admission-policy)"
@@ -455,6 +483,9 @@ func (r *Reconciler) decide(ctx context.Context, key string, meta kube.ClusterMe
 		// Its return is told (Changed).
 		return unguarded(st, ReasonUnreachable, fmt.Sprintf("the workload API server %s has not answered since %s: %v", s.c.Config.Host,
 			h.Since.UTC().Format(time.RFC3339), h.Err), 0)
+	}
+	if modeErr != nil {
+		return unguarded(st, failure(modeErr, ReasonNotInstalled), "discover ValidatingAdmissionPolicy: "+modeErr.Error()+r.repaired(ctx, key, s, modeErr), retryUnguarded)
 	}
 	if st.Mode == ModeAdmissionPolicy {
 		action, err := rule.ActionOf(meta.Annotations, r.opts.AdmissionPolicy.Action)
@@ -559,9 +590,11 @@ type session struct {
 	// from that same want at that very version was changed by the API server
 	// itself (a field it defaults that nodeguard does not set), and writing
 	// again would loop.
-	written        string
-	wroteWanted    map[string]any
-	servesPolicies *bool
+	written     string
+	wroteWanted map[string]any
+	// served: whether the API server serves ValidatingAdmissionPolicy v1
+	// (nil: not asked yet).
+	served *bool
 	// static: the API server applies nodeguard's policies from its static
 	// manifests (nil: not looked at yet).
 	static *bool

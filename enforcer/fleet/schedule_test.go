@@ -146,3 +146,64 @@ func TestWithinBoundsWhenAClusterIsLookedAtAgain(t *testing.T) {
 	assert.Equal(t, time.Second, outcome{after: time.Second}.within(2*time.Second).after)
 	assert.Equal(t, time.Hour, outcome{after: time.Hour}.within(0).after, "nothing waits")
 }
+
+// A Cluster whose annotation names no mode gets the fleet's default; mode
+// admission-policy only where its API server serves the policies (an
+// older one stays in mode webhook), asked once a connection.
+func TestTheDefaultModeFollowsWhatTheAPIServerServes(t *testing.T) {
+	policies := &metav1.APIResourceList{GroupVersion: admission.PolicyGVR.GroupVersion().String(),
+		APIResources: []metav1.APIResource{{Name: admission.PolicyGVR.Resource}, {Name: admission.BindingGVR.Resource}}}
+	older := &metav1.APIResourceList{GroupVersion: admission.PolicyGVR.GroupVersion().String(),
+		APIResources: []metav1.APIResource{{Name: "validatingwebhookconfigurations"}}}
+	connect := func(served ...*metav1.APIResourceList) (*session, *k8stesting.Fake) {
+		kc := k8sfake.NewClientset()
+		kc.Resources = served
+		return &session{kube: kc}, &kc.Fake
+	}
+	annotated := func(mode string) kube.ClusterMeta {
+		return kube.ClusterMeta{Annotations: map[string]string{ModeAnnotation: mode}}
+	}
+	discoveries := func(f *k8stesting.Fake) int {
+		n := 0
+		for _, a := range f.Actions() {
+			if a.GetResource().Resource == "resource" {
+				n++
+			}
+		}
+		return n
+	}
+	byDefault := &Reconciler{opts: Options{DefaultMode: ModeAdmissionPolicy}}
+	for _, c := range []struct {
+		name string
+		r    *Reconciler
+		meta kube.ClusterMeta
+		s    []*metav1.APIResourceList
+		want string
+	}{
+		{"served", byDefault, kube.ClusterMeta{}, []*metav1.APIResourceList{policies}, ModeAdmissionPolicy},
+		{"older group version", byDefault, kube.ClusterMeta{}, []*metav1.APIResourceList{older}, ModeWebhook},
+		{"no group version", byDefault, kube.ClusterMeta{}, nil, ModeWebhook},
+		{"annotated webhook", byDefault, annotated(ModeWebhook), []*metav1.APIResourceList{policies}, ModeWebhook},
+		{"annotated, not served", byDefault, annotated(ModeAdmissionPolicy), nil, ModeAdmissionPolicy},
+		{"default webhook", &Reconciler{opts: Options{DefaultMode: ModeWebhook}}, kube.ClusterMeta{}, []*metav1.APIResourceList{policies}, ModeWebhook},
+	} {
+		s, fake := connect(c.s...)
+		for range 2 {
+			mode, err := c.r.modeOf(c.meta, s)
+			require.NoError(t, err, c.name)
+			assert.Equal(t, c.want, mode, c.name)
+		}
+		assert.LessOrEqual(t, discoveries(fake), 1, "%s: asked once a connection", c.name)
+	}
+	mode, err := byDefault.modeOf(kube.ClusterMeta{}, nil)
+	require.NoError(t, err)
+	assert.Empty(t, mode, "not known before a connection")
+
+	s, fake := connect(policies)
+	fake.PrependReactor("get", "resource", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	_, err = byDefault.modeOf(kube.ClusterMeta{}, s)
+	require.Error(t, err, "not guessed when discovery fails")
+	assert.Nil(t, s.served, "asked again next time")
+}

@@ -152,7 +152,7 @@ func (r *Reconciler) proveWebhook(ctx context.Context, key string, s *session, t
 	// While a policy of mode admission-policy is still there it decides
 	// first: a Node it releases lets the webhook be asked. A Node the
 	// webhook is sent: its object selector's.
-	node, nodes, err := r.releasedNode(ctx, s, r.opts.Webhook.ObjectSelector)
+	node, nodes, err := r.nodeWhere(ctx, s, r.opts.Webhook.ObjectSelector, true)
 	if err != nil {
 		return unguarded(st, failure(err, ReasonUnreachable), "list Nodes: "+err.Error()+r.repaired(ctx, key, s, err), retryUnguarded), proof{}
 	}

@@ -42,6 +42,11 @@ type FleetOptions struct {
 	// the orphan scan watches every workload cluster's Nodes and writes the
 	// verdicts on them where a Cluster is in that mode.
 	AdmissionPolicy bool
+	// DefaultMode is the mode of a Cluster not annotated with one (""
+	// with AdmissionPolicy: admission-policy where the workload API server
+	// serves ValidatingAdmissionPolicy v1, webhook elsewhere; "" without
+	// it: webhook).
+	DefaultMode string
 	// AdmissionPolicyAction is the binding's action: deny (default), warn
 	// (allowed, the denial as a warning) or dryrun (audited only).
 	AdmissionPolicyAction string
@@ -90,6 +95,13 @@ func startFleet(ctx context.Context, c kube.Clients, opts Options, params map[st
 			return nil, fmt.Errorf("--fleet-cluster-selector %q: %w", f.Selector, err)
 		}
 	}
+	mode := f.DefaultMode
+	if mode == "" && f.AdmissionPolicy {
+		mode = fleet.ModeAdmissionPolicy
+	}
+	if mode == fleet.ModeAdmissionPolicy && !f.AdmissionPolicy {
+		return nil, fmt.Errorf("--fleet-default-mode %s needs --fleet-admission-policy", mode)
+	}
 	caFiles := f.CAFiles
 	if len(caFiles) == 0 {
 		caFiles = []string{filepath.Join(filepath.Dir(opts.CertFile), "ca.crt")}
@@ -103,7 +115,7 @@ func startFleet(ctx context.Context, c kube.Clients, opts Options, params map[st
 	}
 	r, err := fleet.New(fleet.Options{Clusters: sessions.Set, URL: f.URL, CAFiles: caFiles, Selector: selector, Webhook: f.Webhook,
 		ProofInterval: f.ProofInterval, CARetention: f.CARetention, Leading: leader.Leading, Log: log, GhostProtection: fleetGhostProtection(opts),
-		ClientCerts: certs, Releases: published, AdmissionPolicy: admission.PolicyOptions{ExemptUsers: stringsParam(params, "exemptUsers"), ExemptGroups: stringsParam(params, "exemptGroups"),
+		ClientCerts: certs, Releases: published, DefaultMode: mode, AdmissionPolicy: admission.PolicyOptions{ExemptUsers: stringsParam(params, "exemptUsers"), ExemptGroups: stringsParam(params, "exemptGroups"),
 			Action: rule.Action(f.AdmissionPolicyAction)},
 		Report:    func(s fleet.State) { metrics.Report(s); status.Report(s) },
 		Forgotten: func(key string) { metrics.Forget(key); status.Forget(key) },

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -311,24 +310,7 @@ func capiAdmissionPolicyMode(t *testing.T, workloadEnv *envtest.Environment) {
 		require.Error(c, err)
 		assert.Contains(c, err.Error(), "ValidatingAdmissionPolicy '"+admission.LegacyPolicyName+"'")
 	}, 30*time.Second, 100*time.Millisecond, "0.3's policy in force")
-	var tries, denials atomic.Int64
-	var firstDenial atomic.Value
-	streamCtx, stopStream := context.WithCancel(ctx)
-	var stream sync.WaitGroup
-	stream.Go(func() {
-		for streamCtx.Err() == nil {
-			err := dryRunDelete(streamCtx, kube, "free")
-			if streamCtx.Err() != nil {
-				return
-			}
-			tries.Add(1)
-			if err != nil {
-				denials.Add(1)
-				firstDenial.CompareAndSwap(nil, err.Error())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	})
+	stream := streamDeletes(ctx, kube, "free", 20*time.Millisecond)
 	started := time.Now()
 	_, stop := serveWith(t, clients, ca, opts)
 	require.EventuallyWithT(t, func(col *assert.CollectT) {
@@ -362,13 +344,9 @@ func capiAdmissionPolicyMode(t *testing.T, workloadEnv *envtest.Environment) {
 			_, err = kube.CoreV1().ConfigMaps(admission.LegacyParamsNamespace).Get(ctx, admission.LegacyParamsName, metav1.GetOptions{})
 			assert.True(c, apierrors.IsNotFound(err), "0.3's ConfigMap removed: %v", err)
 		}, 60*time.Second, 100*time.Millisecond)
-		more := tries.Load() + 20 // some more on today's policy alone
-		require.Eventually(t, func() bool { return tries.Load() >= more }, 10*time.Second, 10*time.Millisecond)
-		stopStream()
-		stream.Wait()
-		first, _ := firstDenial.Load().(string)
-		assert.Zero(t, denials.Load(), "dry-run deletes of the released Node denied across the upgrade (first: %s)", first)
-		t.Logf("upgrade from 0.3: %d dry-run deletes of a released Node, %d denied", tries.Load(), denials.Load())
+		tries, denials, first := stream.finish(t, 20) // some more on today's policy alone
+		assert.Zero(t, denials, "dry-run deletes of the released Node denied across the upgrade (first: %s)", first)
+		t.Logf("upgrade from 0.3: %d dry-run deletes of a released Node, %d denied", tries, denials)
 	})
 	t.Run("an unlinked Node is released, a linked one is not", func(t *testing.T) {
 		require.EventuallyWithT(t, func(c *assert.CollectT) { assert.NoError(c, dryRunDelete(ctx, kube, "free")) },

@@ -18,6 +18,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -207,6 +209,47 @@ func clientsFor(t *testing.T, cfg *rest.Config) (kubernetes.Interface, dynamic.I
 // nothing, so a Node survives an answer that allows.
 func dryRunDelete(ctx context.Context, kube kubernetes.Interface, name string) error {
 	return kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+}
+
+// deleteStream dry-runs the delete of one Node every pace until its
+// context ends, counting the tries and the denials (keeping the first).
+type deleteStream struct {
+	tries, denials atomic.Int64
+	first          atomic.Value
+	stop           context.CancelFunc
+	wg             sync.WaitGroup
+}
+
+func streamDeletes(ctx context.Context, kube kubernetes.Interface, node string, pace time.Duration) *deleteStream {
+	d := &deleteStream{}
+	ctx, d.stop = context.WithCancel(ctx)
+	d.wg.Go(func() {
+		for ctx.Err() == nil {
+			err := dryRunDelete(ctx, kube, node)
+			if ctx.Err() != nil {
+				return
+			}
+			d.tries.Add(1)
+			if err != nil {
+				d.denials.Add(1)
+				d.first.CompareAndSwap(nil, err.Error())
+			}
+			time.Sleep(pace) // time under test: the stream's pace
+		}
+	})
+	return d
+}
+
+// finish lets n more deletes run, stops the stream and returns the tries,
+// the denials and the first denial.
+func (d *deleteStream) finish(t *testing.T, n int64) (tries, denials int64, first string) {
+	t.Helper()
+	more := d.tries.Load() + n
+	require.Eventually(t, func() bool { return d.tries.Load() >= more }, 10*time.Second, 10*time.Millisecond)
+	d.stop()
+	d.wg.Wait()
+	first, _ = d.first.Load().(string)
+	return d.tries.Load(), d.denials.Load(), first
 }
 
 func apply(t *testing.T, client dynamic.Interface, gvr schema.GroupVersionResource, obj map[string]any) *unstructured.Unstructured {

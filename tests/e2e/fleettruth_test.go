@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -221,14 +220,16 @@ func TestTheFleetTellsTheTruth(t *testing.T) {
 	cert, key := serving.ServerFiles(t, "nodeguard")
 	listen := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	ng := startReplica(t, "a", adminKubeconfig(t, mgmtEnv), "--listen-address", listen, "--tls-cert-file", cert, "--tls-private-key-file", key,
-		"--fleet", "--fleet-url", "https://"+listen, "--fleet-ca-file", serving.CAFile(t), "--fleet-namespace", "default", "--fleet-admission-policy",
+		"--fleet", "--fleet-url", "https://"+listen, "--fleet-ca-file", serving.CAFile(t), "--fleet-namespace", "default",
 		"--fleet-client-ca-cert-file", clientCA.CAFile(t), "--fleet-client-ca-key-file", clientCA.KeyFile(t))
 
 	// The Clusters come first, as CAPI writes them before their control
 	// planes boot: each is issued its webhook client certificate, which
 	// its API server reads when it starts.
-	writeCluster(t, dyn, "dev", nil)
-	writeCluster(t, dyn, "two", map[string]any{fleet.ModeAnnotation: fleet.ModeAdmissionPolicy})
+	// two names no mode: the default's, admission-policy, its API server
+	// serving ValidatingAdmissionPolicy v1.
+	writeCluster(t, dyn, "dev", map[string]any{fleet.ModeAnnotation: fleet.ModeWebhook})
+	writeCluster(t, dyn, "two", nil)
 	issued := map[string][]byte{}
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		for _, name := range []string{"dev", "two"} {
@@ -293,6 +294,7 @@ func TestTheFleetTellsTheTruth(t *testing.T) {
 			s := fleetStates(c, clients)
 			assert.True(c, s["default/dev"].Guarded, "dev: %+v", s["default/dev"])
 			assert.True(c, s["default/two"].Guarded, "two: %+v", s["default/two"])
+			assert.Equal(c, fleet.ModeAdmissionPolicy, s["default/two"].Mode, "two names no mode: the default where the policies are served")
 		}, 60*time.Second, 100*time.Millisecond)
 		t.Logf("guarded and proven %s after the kubeconfig Secrets appeared (dev in mode webhook, two in mode admission-policy)",
 			time.Since(secretsAt).Round(100*time.Millisecond))
@@ -368,24 +370,7 @@ func TestTheFleetTellsTheTruth(t *testing.T) {
 	t.Run("leaving mode admission-policy denies no released Node", func(t *testing.T) {
 		require.EventuallyWithT(t, func(c *assert.CollectT) { assert.NoError(c, dryRunDelete(ctx, kube2, "free")) },
 			10*time.Second, 50*time.Millisecond, "free is released")
-		var tries, denied atomic.Int64
-		var firstDenial atomic.Value
-		streamCtx, stopStream := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			for streamCtx.Err() == nil {
-				err := dryRunDelete(streamCtx, kube2, "free")
-				if streamCtx.Err() != nil {
-					return
-				}
-				tries.Add(1)
-				if err != nil {
-					denied.Add(1)
-					firstDenial.CompareAndSwap(nil, err.Error())
-				}
-				time.Sleep(50 * time.Millisecond) // time under test: a delete every 50 ms
-			}
-		})
+		stream := streamDeletes(ctx, kube2, "free", 50*time.Millisecond)
 		eventsBefore := len(unguardedEvents(t, mgmtKube, "two"))
 		annotate(t, dyn, "two", fleet.ModeAnnotation, fleet.ModeWebhook)
 		switched := time.Now()
@@ -400,14 +385,9 @@ func TestTheFleetTellsTheTruth(t *testing.T) {
 			}
 		}, 60*time.Second, 100*time.Millisecond)
 		took := time.Since(switched)
-		// Some more deletes on the webhook alone.
-		more := tries.Load() + 20
-		require.Eventually(t, func() bool { return tries.Load() >= more }, 10*time.Second, 10*time.Millisecond)
-		stopStream()
-		wg.Wait()
-		first, _ := firstDenial.Load().(string)
-		assert.Zero(t, denied.Load(), "dry-run deletes of a released Node denied during the switch (first: %s)", first)
-		t.Logf("admission-policy -> webhook in %s: %d dry-run deletes of a released Node, %d denied", took.Round(100*time.Millisecond), tries.Load(), denied.Load())
+		tries, denied, first := stream.finish(t, 20) // some more on the webhook alone
+		assert.Zero(t, denied, "dry-run deletes of a released Node denied during the switch (first: %s)", first)
+		t.Logf("admission-policy -> webhook in %s: %d dry-run deletes of a released Node, %d denied", took.Round(100*time.Millisecond), tries, denied)
 		assert.Len(t, unguardedEvents(t, mgmtKube, "two"), eventsBefore, "no WorkloadClusterUnguarded Event on the way")
 		err := kube2.CoreV1().Nodes().Delete(ctx, "two-md-0", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
 		require.Error(t, err)
