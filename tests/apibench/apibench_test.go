@@ -50,6 +50,7 @@ import (
 
 var (
 	binDir    = flag.String("bin", os.Getenv("NODEGUARD_E2E_BIN"), "directory with kube-apiserver, etcd, kubectl and gatekeeper (tests/e2e/tools/build.sh prints it)")
+	apiBinary = flag.String("kube-apiserver", "", "kube-apiserver binary to measure (default: -bin's kube-apiserver, v1.36; -bin's kube-apiserver-1.37 is v1.37)")
 	sizesFlag = flag.String("sizes", "1000", "Machine counts (each with as many DockerMachines)")
 	modesFlag = flag.String("modes", "none,reads,admission-policy,nodeguard,nodeguard-no-fresh-reads,gatekeeper,gatekeeper-provider",
 		"what to measure, in order: a webhook (none, nodeguard, nodeguard-no-fresh-reads, gatekeeper: the sync-based template, "+
@@ -287,6 +288,9 @@ func buildNodeguard(b *testing.B) string {
 func apiServer(b *testing.B) (*envtest.Environment, *rest.Config) {
 	env, err := localcluster.Environment(*binDir, b.TempDir(), localcluster.Current())
 	require.NoError(b, err)
+	if *apiBinary != "" {
+		env.ControlPlane.GetAPIServer().Path = *apiBinary
+	}
 	_, err = env.Start()
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = env.Stop() })

@@ -52,6 +52,9 @@ func BenchmarkAdmissionPolicyAdded(b *testing.B) {
 	require.NoError(b, err)
 	dyn, err := dynamic.NewForConfig(cfg)
 	require.NoError(b, err)
+	v, err := kube.Discovery().ServerVersion()
+	require.NoError(b, err)
+	fmt.Printf("admission policy: kube-apiserver %s\n", v.GitVersion)
 	populate(b, cfg, 100)
 	unbind, freeUID := startAdmissionPolicy(b, env, kube)
 	unbind()
@@ -83,28 +86,18 @@ func BenchmarkAdmissionPolicyAdded(b *testing.B) {
 			require.True(b, err == nil || apierrors.IsNotFound(err), "%v", err)
 		}
 		// Bound when the blocked Node is denied by its policy alone,
-		// unbound when it is not, ten answers in a row: the API server's
-		// policy cache can answer from the old bindings for a moment after
-		// one request saw the new ones.
-		agreed := 0
-		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		// unbound when it is not.
+		agree(ctx, b, "design "+design+" the only one bound", func(ctx context.Context) bool {
 			err := kube.CoreV1().Nodes().Delete(ctx, blockedNode, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
-			ok := err == nil
-			if design != "none" {
-				other := names["configmap"]
-				if design == "configmap" {
-					other = names["annotation"]
-				}
-				ok = apierrors.IsForbidden(err) && strings.Contains(err.Error(), "'"+names[design]+"'") && !strings.Contains(err.Error(), "'"+other+"'")
+			if design == "none" {
+				return err == nil
 			}
-			if !ok {
-				agreed = 0
-				return false, nil
+			other := names["configmap"]
+			if design == "configmap" {
+				other = names["annotation"]
 			}
-			agreed++
-			return agreed >= 10, nil
+			return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "'"+names[design]+"'") && !strings.Contains(err.Error(), "'"+other+"'")
 		})
-		require.NoError(b, err, "design %s never the only one bound", design)
 	}
 	type key struct{ design, verdict string }
 	lat := map[key][]time.Duration{}
@@ -194,17 +187,10 @@ func BenchmarkGuardPolicyOnStatus(b *testing.B) {
 			err := dyn.Resource(admission.BindingGVR).Delete(ctx, policies.GuardBinding.Name, metav1.DeleteOptions{})
 			require.True(b, err == nil || apierrors.IsNotFound(err), "%v", err)
 		}
-		agreed := 0
-		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		agree(ctx, b, fmt.Sprintf("the guard bound=%v", on), func(ctx context.Context) bool {
 			_, err := kubelet.CoreV1().Nodes().Patch(ctx, allowedNode, types.MergePatchType, forge, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
-			if apierrors.IsForbidden(err) != on {
-				agreed = 0
-				return false, nil
-			}
-			agreed++
-			return agreed >= 10, nil
+			return apierrors.IsForbidden(err) == on
 		})
-		require.NoError(b, err, "the guard never became bound=%v", on)
 	}
 	lat := map[bool][]time.Duration{}
 	var added []time.Duration
@@ -236,4 +222,20 @@ func BenchmarkGuardPolicyOnStatus(b *testing.B) {
 	fmt.Printf("guard policy on a kubelet's status PATCH, %d rounds x %d requests a mode: unbound p50 %.3f ms p99 %.3f ms; bound p50 %.3f ms p99 %.3f ms; added p50 %+.3f ms, per round from %+.3f to %+.3f, median %+.3f\n",
 		*policyRounds, *policyRequests, ms(percentile(lat[false], 50)), ms(percentile(lat[false], 99)), ms(percentile(lat[true], 50)), ms(percentile(lat[true], 99)),
 		ms(percentile(lat[true], 50)-percentile(lat[false], 50)), ms(added[0]), ms(added[len(added)-1]), ms(added[len(added)/2]))
+}
+
+// agree waits until probe holds ten times in a row, every 50 ms: the API
+// server's policy cache can answer from the old bindings for a moment
+// after one request saw the new ones.
+func agree(ctx context.Context, b *testing.B, what string, probe func(context.Context) bool) {
+	agreed := 0
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		if !probe(ctx) {
+			agreed = 0
+			return false, nil
+		}
+		agreed++
+		return agreed >= 10, nil
+	})
+	require.NoError(b, err, "never: %s", what)
 }
