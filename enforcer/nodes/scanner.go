@@ -385,12 +385,17 @@ func (s *Scanner) RunDue(ctx context.Context, now time.Time) ScanResult {
 	// before it; nor for those of this pass, when more Nodes come due
 	// during it (a MachineSet's InfraMachines going one after another).
 	s.releaseAll(ctx, todo, &res)
-	woken := false
+	woken, planned := false, len(todo)
 	for i := 0; i < len(todo) && ctx.Err() == nil; i++ {
-		if more := s.comeDue(); more != nil {
-			woken = true
-			s.releaseAll(ctx, more, &res)
-			todo = append(todo, more...)
+		// Taken in while the planned Nodes are judged, not after: under
+		// steady churn the pass still ends (the full pass's bookkeeping
+		// below waits for it).
+		if i < planned {
+			if more := s.comeDue(); more != nil {
+				woken = true
+				s.releaseAll(ctx, more, &res)
+				todo = append(todo, more...)
+			}
 		}
 		s.judge(ctx, todo[i].c, todo[i].node, now, &res)
 	}

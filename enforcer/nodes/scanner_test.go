@@ -202,6 +202,31 @@ func TestANodeDueDuringAPassIsReleasedInIt(t *testing.T) {
 	assert.Equal(t, 2, res.Judged, "both judged in full in the same pass")
 }
 
+// Under steady churn (every release judgment sees another Node come due) a
+// pass still ends: it takes in only what comes due while its planned Nodes
+// are judged.
+func TestAPassEndsUnderChurn(t *testing.T) {
+	f := newFixture(t, false)
+	f.settle(t)
+	names := f.nodes.Names()
+	n := 0
+	f.judging = func(_ string, fresh bool) {
+		if !fresh {
+			n++
+			f.scanner.NodeChanged("", names[n%len(names)])
+		}
+	}
+	f.scanner.NodeChanged("", names[0])
+	done := make(chan nodes.ScanResult)
+	go func() { done <- f.scanner.RunDue(context.Background(), f.clock.Now()) }()
+	select {
+	case res := <-done:
+		assert.Equal(t, 2, res.Judged, "the planned Node and the one that came due while it was judged")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pass never ended")
+	}
+}
+
 var machines = schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "machines"}
 
 // With nothing changing, nothing is judged until the full pass.
