@@ -385,12 +385,11 @@ func (s *Scanner) RunDue(ctx context.Context, now time.Time) ScanResult {
 	// before it; nor for those of this pass, when more Nodes come due
 	// during it (a MachineSet's InfraMachines going one after another).
 	s.releaseAll(ctx, todo, &res)
-	woken, planned := false, len(todo)
+	woken, most := false, len(todo)+takeInMax
 	for i := 0; i < len(todo) && ctx.Err() == nil; i++ {
-		// Taken in while the planned Nodes are judged, not after: under
-		// steady churn the pass still ends (the full pass's bookkeeping
-		// below waits for it).
-		if i < planned {
+		// At most takeInMax taken in: under steady churn the pass still
+		// ends (the full pass's bookkeeping below waits for it).
+		if len(todo) < most {
 			if more := s.comeDue(); more != nil {
 				woken = true
 				s.releaseAll(ctx, more, &res)
@@ -415,6 +414,10 @@ func (s *Scanner) RunDue(ctx context.Context, now time.Time) ScanResult {
 	}
 	return res
 }
+
+// takeInMax bounds the Nodes a pass takes in as they come due: a
+// scale-down of a few hundred Machines at once is released in one pass.
+const takeInMax = 256
 
 // judgment is one Node to judge.
 type judgment struct {

@@ -203,8 +203,7 @@ func TestANodeDueDuringAPassIsReleasedInIt(t *testing.T) {
 }
 
 // Under steady churn (every release judgment sees another Node come due) a
-// pass still ends: it takes in only what comes due while its planned Nodes
-// are judged.
+// pass still ends: it takes in a bounded number of Nodes.
 func TestAPassEndsUnderChurn(t *testing.T) {
 	f := newFixture(t, false)
 	f.settle(t)
@@ -221,7 +220,8 @@ func TestAPassEndsUnderChurn(t *testing.T) {
 	go func() { done <- f.scanner.RunDue(context.Background(), f.clock.Now()) }()
 	select {
 	case res := <-done:
-		assert.Equal(t, 2, res.Judged, "the planned Node and the one that came due while it was judged")
+		assert.Greater(t, res.Judged, 100, "what came due taken in")
+		assert.LessOrEqual(t, res.Judged, 1+256+1, "the planned Node and at most 256 more (one may be taken in at the last)")
 	case <-time.After(10 * time.Second):
 		t.Fatal("the pass never ended")
 	}
