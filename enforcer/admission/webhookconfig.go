@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeguard/nodeguard/enforcer/kube"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 )
 
 // WebhookConfigGVR is the ValidatingWebhookConfiguration resource.
@@ -211,7 +212,7 @@ func clientConfig(opts WebhookConfigOptions, route, who string) (admissionregist
 	}
 	path := route
 	if opts.Cluster != "" {
-		ns, name, err := kube.SplitKey("--cluster", opts.Cluster)
+		ns, name, err := record.SplitKey("--cluster", opts.Cluster)
 		if err != nil {
 			return client, err
 		}
@@ -228,7 +229,7 @@ func clientConfig(opts WebhookConfigOptions, route, who string) (admissionregist
 		u.Path = strings.TrimSuffix(u.Path, "/") + path
 		client.URL = new(u.String())
 	case opts.Service != "":
-		ns, name, err := kube.SplitKey("--service", opts.Service)
+		ns, name, err := record.SplitKey("--service", opts.Service)
 		if err != nil {
 			return client, err
 		}
@@ -300,7 +301,7 @@ func InstallTarget(ctx context.Context, mgmt kubernetes.Interface, self dynamic.
 	if cluster == "" {
 		return self, "the cluster of the kubeconfig", nil
 	}
-	if _, _, err := kube.SplitKey("--cluster", cluster); err != nil {
+	if _, _, err := record.SplitKey("--cluster", cluster); err != nil {
 		return nil, "", err
 	}
 	cfg, err := kube.ConnectCluster(ctx, mgmt, cluster)

@@ -60,7 +60,7 @@ import (
 	"k8s.io/client-go/tools/reference"
 	"k8s.io/utils/clock"
 
-	"github.com/nodeguard/nodeguard/enforcer/kube"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -549,9 +549,9 @@ func (r *Recorder) resolve(ctx context.Context, s *series) *target {
 	gk, ns, name := schema.GroupKind{Group: "cluster.x-k8s.io", Kind: "Cluster"}, "", ""
 	if m := machine(ev.denial); m != "" {
 		gk.Kind = "Machine"
-		ns, name, _ = kube.SplitKey("machine", m)
+		ns, name, _ = record.SplitKey("machine", m)
 	} else {
-		ns, name, _ = kube.SplitKey("cluster", ev.cluster)
+		ns, name, _ = record.SplitKey("cluster", ev.cluster)
 	}
 	ref := corev1.ObjectReference{APIVersion: gk.Group, Kind: gk.Kind, Namespace: ns, Name: name}
 	if r.opts.Resolve != nil {

@@ -30,6 +30,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 )
 
 // Each workload cluster's API server can present a client certificate of
@@ -191,7 +192,7 @@ type ClientCerts struct {
 // keep issues the Cluster's client certificate where its Secret is missing,
 // holds another, or is due for renewal; it says whether it wrote.
 func (c *ClientCerts) keep(ctx context.Context, key string, meta kube.ClusterMeta) (bool, error) {
-	ns, name, err := kube.SplitKey("cluster", key)
+	ns, name, err := record.SplitKey("cluster", key)
 	if err != nil {
 		return false, err
 	}

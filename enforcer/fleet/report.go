@@ -20,6 +20,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 )
 
 // Metrics are the fleet's Prometheus series, one set per Cluster: their
@@ -55,7 +56,7 @@ func (m *Metrics) Report(s State) {
 	if m == nil {
 		return
 	}
-	ns, name, _ := kube.SplitKey("cluster", s.Cluster) // a key of the informer: valid
+	ns, name, _ := record.SplitKey("cluster", s.Cluster) // a key of the informer: valid
 	v := 0.0
 	if s.Guarded {
 		v = 1
@@ -75,7 +76,7 @@ func (m *Metrics) Forget(key string) {
 	if m == nil {
 		return
 	}
-	ns, name, _ := kube.SplitKey("cluster", key) // a key of the informer: valid
+	ns, name, _ := record.SplitKey("cluster", key) // a key of the informer: valid
 	l := prometheus.Labels{"cluster_namespace": ns, "cluster_name": name}
 	m.guarded.DeletePartialMatch(l)
 	m.unguarded.DeletePartialMatch(l)

@@ -22,7 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
-	"github.com/nodeguard/nodeguard/enforcer/kube"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -238,7 +238,7 @@ func (g *Guard) RouteParameters(cluster string) (rule.Parameters, error) {
 	var ns, name string
 	if cluster != "" {
 		var err error
-		if ns, name, err = kube.SplitKey("cluster", cluster); err != nil {
+		if ns, name, err = record.SplitKey("cluster", cluster); err != nil {
 			return rule.Parameters{}, err
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nodeguard/nodeguard/enforcer/record"
 )
 
 // KubeconfigSecret is the Secret where CAPI keeps the kubeconfig of the
@@ -24,7 +26,7 @@ const kubeconfigSuffix = "-kubeconfig"
 // Cluster's namespace. A missing Secret is an error apierrors.IsNotFound
 // recognizes.
 func ReadKubeconfig(ctx context.Context, secrets kubernetes.Interface, key string) ([]byte, error) {
-	ns, name, err := SplitKey("cluster", key)
+	ns, name, err := record.SplitKey("cluster", key)
 	if err != nil {
 		return nil, err
 	}

@@ -10,19 +10,9 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
-)
 
-// SplitKey parses a namespaced object's key, "namespace/name", as what
-// (e.g. "cluster", "--service") names it in the error: both parts are
-// required. It is nodeguard's one parser of such keys.
-func SplitKey(what, key string) (namespace, name string, err error) {
-	namespace, name, err = cache.SplitMetaNamespaceKey(key)
-	if err != nil || namespace == "" || name == "" {
-		return "", "", fmt.Errorf("%s %q: want NAMESPACE/NAME", what, key)
-	}
-	return namespace, name, nil
-}
+	"github.com/nodeguard/nodeguard/enforcer/record"
+)
 
 // ClusterNodes is the Nodes resource of the workload cluster of CAPI Cluster key
 // ("namespace/name"): Dynamic's.
@@ -67,7 +57,7 @@ func ClusterKeys(ctx context.Context, c Clients, one string) ([]string, error) {
 	}
 	res := c.Dynamic.Resource(mapping.Resource)
 	if one != "" {
-		ns, name, err := SplitKey("cluster", one)
+		ns, name, err := record.SplitKey("cluster", one)
 		if err != nil {
 			return nil, fmt.Errorf("--cluster: %w", err)
 		}

@@ -3,5 +3,6 @@
 // model derives, says which strings, string lists and conditions are kept and
 // by which tuples records are found; a Record holds them in one string; and
 // client-go indexes over the shape's tuples (Indexers, Find), in the same
-// store as the records, find them by value.
+// store as the records, find them by value. SplitKey parses the
+// "namespace/name" keys the stores and nodeguard's flags name objects by.
 package record

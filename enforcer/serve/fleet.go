@@ -16,6 +16,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/nodes"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -124,7 +125,7 @@ func startFleet(ctx context.Context, c kube.Clients, opts Options, params map[st
 			if !ok || clusterEvents == nil {
 				return
 			}
-			ns, name, _ := kube.SplitKey("cluster", s.Cluster)
+			ns, name, _ := record.SplitKey("cluster", s.Cluster)
 			ref := &corev1.ObjectReference{APIVersion: meta.APIVersion, Kind: "Cluster", Namespace: ns, Name: name, UID: meta.UID}
 			if s.Guarded {
 				clusterEvents.Eventf(ref, nil, corev1.EventTypeNormal, EventGuarded, "Guard", "nodeguard guards this workload cluster: a dry-run Node delete there was judged by nodeguard's rule")

@@ -31,6 +31,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/nodes"
+	"github.com/nodeguard/nodeguard/enforcer/record"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
@@ -458,7 +459,7 @@ func (r clusterReader) Protection(ctx context.Context, key string) (nodes.Protec
 
 // read reads Cluster key; nil when there is none.
 func (r clusterReader) read(ctx context.Context, key string) (*unstructured.Unstructured, error) {
-	ns, name, err := kube.SplitKey("cluster", key)
+	ns, name, err := record.SplitKey("cluster", key)
 	if err != nil {
 		return nil, err
 	}
