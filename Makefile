@@ -17,7 +17,7 @@ SCENARIOS ?= 2000
 export CGO_ENABLED := 0
 export GOFLAGS := $(strip $(filter-out -trimpath,$(GOFLAGS)) -trimpath)
 
-.PHONY: test lint policy-test generate generate-check gatekeeper-test rules go-test race fuzz differential load e2e demo bundle bench bench-apiserver bench-fleet
+.PHONY: test lint policy-test generate generate-check release-artifacts gatekeeper-test rules go-test race fuzz differential load e2e demo bundle bench bench-apiserver bench-fleet
 
 PHASES := lint policy-test generate-check gatekeeper-test rules go-test race fuzz differential load e2e
 PHASES += chart
@@ -54,6 +54,10 @@ policy-test: $(OPA_CAPABILITIES)
 
 generate:
 	$(GO) run ./internal/cmd/generate
+
+# The clusterctl add-on provider's release artifacts (docs/install.md, "clusterctl").
+release-artifacts:
+	$(GO) run ./internal/cmd/release -out build/release
 
 generate-check:
 	@echo "== generated files (constraints/, docs/policy.md, docs/decisions.md, versions) match policies/"

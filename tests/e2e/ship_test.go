@@ -39,7 +39,8 @@ import (
 // admission, nothing stored: its defaults (cert-manager's Issuer and
 // Certificate), an existing Secret with a Constraint, a policy bundle and the
 // orphan reaper, and the monitoring values (ServiceMonitor, PrometheusRule,
-// dashboard ConfigMap) against the Prometheus Operator's CRDs.
+// dashboard ConfigMap) against the Prometheus Operator's CRDs; and the
+// clusterctl add-on provider's components as clusterctl renders them.
 // The cert-manager release whose CRDs the chart's default rendering (a
 // self-signed Issuer and a Certificate) is validated against.
 const certManagerModule = "github.com/cert-manager/cert-manager@v1.16.1"
@@ -98,31 +99,7 @@ func TestChartPassesServerSideDryRun(t *testing.T) {
 			rendered, err := cmd.Output()
 			require.NoError(t, err, stderr.String())
 
-			dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)
-			kinds := map[string]int{}
-			for {
-				var u unstructured.Unstructured
-				if err := dec.Decode(&u.Object); err != nil {
-					require.ErrorContains(t, err, "EOF")
-					break
-				}
-				if len(u.Object) == 0 {
-					continue
-				}
-				gvk := u.GroupVersionKind()
-				m, err := clients.Mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-				require.NoError(t, err, gvk.String())
-				r := dyn.Resource(m.Resource)
-				var created *unstructured.Unstructured
-				if m.Scope.Name() == "namespace" {
-					created, err = r.Namespace(u.GetNamespace()).Create(ctx, &u, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"})
-				} else {
-					created, err = r.Create(ctx, &u, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"})
-				}
-				require.NoError(t, err, "%s %s", gvk.Kind, u.GetName())
-				assert.NotEmpty(t, created.GetUID(), "the API server ran the create")
-				kinds[gvk.Kind]++
-			}
+			kinds := dryRunCreate(t, clients, dyn, decodeAll(t, rendered))
 			t.Logf("validated by the API server: %v", kinds)
 			for _, k := range tc.kinds {
 				assert.Positive(t, kinds[k], "%s rendered and validated", k)
@@ -140,6 +117,7 @@ func TestChartPassesServerSideDryRun(t *testing.T) {
 		assert.Contains(t, notes, "enforcement action warn (they are admitted")
 		t.Logf("%s", notes)
 	})
+	t.Run("clusterctl add-on", func(t *testing.T) { testClusterctlRendersTheAddon(t, kube, clients, dyn) })
 	// Nothing was stored.
 	_, err = kube.AppsV1().Deployments("nodeguard-system").Get(ctx, "nodeguard", metav1.GetOptions{})
 	assert.True(t, err != nil, "dry-run stores nothing")
@@ -162,6 +140,46 @@ func installCRDs(t *testing.T, env *envtest.Environment, module string, files ..
 	}
 	_, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{CRDs: crds})
 	require.NoError(t, err)
+}
+
+// decodeAll decodes a stream of YAML documents, skipping empty ones.
+func decodeAll(t *testing.T, stream []byte) []*unstructured.Unstructured {
+	t.Helper()
+	var out []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(stream), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			require.ErrorContains(t, err, "EOF")
+			return out
+		}
+		if len(u.Object) > 0 {
+			out = append(out, u)
+		}
+	}
+}
+
+// dryRunCreate has the API server validate each object as a create
+// (server-side dry-run, strict field validation: schema, defaulting and
+// admission, nothing stored) and counts them by kind.
+func dryRunCreate(t *testing.T, clients ngkube.Clients, dyn dynamic.Interface, objs []*unstructured.Unstructured) map[string]int {
+	t.Helper()
+	ctx := context.Background()
+	kinds := map[string]int{}
+	for _, u := range objs {
+		gvk := u.GroupVersionKind()
+		m, err := clients.Mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		require.NoError(t, err, gvk.String())
+		var r dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if m.Scope.Name() == "namespace" {
+			r = dyn.Resource(m.Resource).Namespace(u.GetNamespace())
+		}
+		created, err := r.Create(ctx, u, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"})
+		require.NoError(t, err, "%s %s", gvk.Kind, u.GetName())
+		assert.NotEmpty(t, created.GetUID(), "the API server ran the create")
+		kinds[gvk.Kind]++
+	}
+	return kinds
 }
 
 // `nodeguard serve --bundle` with nodeguard's own signed bundle decides like

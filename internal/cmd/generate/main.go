@@ -1,6 +1,7 @@
 // Command generate writes, from the Rego in policies/: the Gatekeeper
 // manifests in constraints/, docs/policy.md, the decision snapshots in
-// docs/decisions.md and the version ledger versions.yaml; and, from
+// docs/decisions.md, the version ledger versions.yaml and clusterctl's
+// metadata.yaml; and, from
 // internal/monitoring, the alerts and dashboard of both install paths. It
 // refuses when decisions changed but the template version did not. With
 // -check it writes nothing and fails when a committed file differs from what
@@ -22,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
+	"github.com/nodeguard/nodeguard/internal/addon"
 	"github.com/nodeguard/nodeguard/internal/constraints"
 	"github.com/nodeguard/nodeguard/internal/monitoring"
 	"github.com/nodeguard/nodeguard/internal/policydoc"
@@ -69,6 +71,14 @@ func run(ctx context.Context, root string, check bool) error {
 		return err
 	}
 	maps.Copy(files, ledger)
+	// clusterctl's metadata.yaml: a release series per minor of the ledger.
+	entries, err := policydoc.ParseLedger(files["versions.yaml"])
+	if err != nil {
+		return err
+	}
+	if files[addon.MetadataFile], err = addon.Metadata(entries); err != nil {
+		return err
+	}
 	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {
 		return fmt.Errorf("read README.md: %w", err)

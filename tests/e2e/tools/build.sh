@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the e2e suite's kube-apiserver, etcd and kubectl from this tools module,
-# the Gatekeeper manager from ./gatekeeper and the Cluster API core manager from
-# ./capi, into the user cache directory,
+# the Gatekeeper manager from ./gatekeeper and the Cluster API core manager and
+# clusterctl from ./capi, into the user cache directory,
 # keyed by the modules' pins and the Go version, so fresh clones reuse them.
 # Prints the directory holding the binaries.
 set -euo pipefail
@@ -18,11 +18,11 @@ ldflags_next="-X k8s.io/component-base/version.gitVersion=$k8s_next -X k8s.io/co
 dir="$cache/e2e-bin/$key"
 gatekeeper_version=v3.23.1
 capi_version=v1.14.2
-if [ -x "$dir/kube-apiserver" ] && [ -x "$dir/etcd" ] && [ -x "$dir/kubectl" ] && [ -x "$dir/gatekeeper" ] && [ -x "$dir/capi-manager" ] && [ -x "$dir/kube-apiserver-1.37" ]; then
+if [ -x "$dir/kube-apiserver" ] && [ -x "$dir/etcd" ] && [ -x "$dir/kubectl" ] && [ -x "$dir/gatekeeper" ] && [ -x "$dir/capi-manager" ] && [ -x "$dir/kube-apiserver-1.37" ] && [ -x "$dir/clusterctl" ]; then
 	echo "$dir"
 	exit 0
 fi
-echo "e2e tools: building kube-apiserver and kubectl $k8s_version, kube-apiserver $k8s_next, etcd v3.6.8, Gatekeeper $gatekeeper_version and the Cluster API $capi_version manager into $dir" >&2
+echo "e2e tools: building kube-apiserver and kubectl $k8s_version, kube-apiserver $k8s_next, etcd v3.6.8, Gatekeeper $gatekeeper_version and the Cluster API $capi_version manager and clusterctl into $dir" >&2
 echo "e2e tools: a cold build compiles most of Kubernetes, Gatekeeper and Cluster API (~20 min on 2 cores); later runs reuse it" >&2
 tmp=$(mktemp -d "$cache/e2e-bin/.build.XXXXXX" 2>/dev/null || { mkdir -p "$cache/e2e-bin" && mktemp -d "$cache/e2e-bin/.build.XXXXXX"; })
 trap 'rm -rf "$tmp"' EXIT
@@ -44,6 +44,9 @@ echo "e2e tools: Gatekeeper manager built in $((SECONDS - start)) s" >&2
 start=$SECONDS
 (cd "$here/capi" && go build -o "$tmp/capi-manager" sigs.k8s.io/cluster-api/core)
 echo "e2e tools: Cluster API manager built in $((SECONDS - start)) s" >&2
+start=$SECONDS
+(cd "$here/capi" && go build -o "$tmp/clusterctl" sigs.k8s.io/cluster-api/cmd/clusterctl)
+echo "e2e tools: clusterctl built in $((SECONDS - start)) s" >&2
 mkdir -p "$(dirname "$dir")"
 rm -rf "$dir"
 mv "$tmp" "$dir"
