@@ -31,6 +31,7 @@ var otherTools = map[string]bool{
 	"--capabilities": true, "--coverage": true, "--strict": true, "--bench": true, "--benchtime": true, "--args": true,
 	"--enable-external-data": true, // Gatekeeper's
 	"--event-ttl":            true, // kube-apiserver's
+	"--target-namespace":     true, // clusterctl's
 }
 
 // Every flag a doc names on a nodeguard command exists on that command, and
