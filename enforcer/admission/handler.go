@@ -57,11 +57,16 @@ type Decider interface {
 	Decide(ctx context.Context, req guard.Request) (rule.Decision, error)
 	KeepGroup(group string) bool
 	Model() *rule.Model
+	// Policy is the policy its decisions are made with (their decision
+	// log's bundle revision).
+	Policy() rule.Policy
 }
 
 // WebhookOptions configure the handler.
 type WebhookOptions struct {
 	Decider Decider
+	// DecisionLog, when set, gets every answer (OPA's decision logs).
+	DecisionLog *rule.DecisionLog
 	// Clusters, when set, is asked on the cluster route whether the
 	// management cluster has the Cluster (one it does not know is a wrong
 	// URL, and is denied), and for the enforcement action it sets.
@@ -220,6 +225,10 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: metav1.StatusReasonForbidden,
 			Message: strings.Join(d.Messages, " ")}
 	}
+	id := h.logDecision(review, req, v, allowed, dryRun, route, cluster, start)
+	if id != "" {
+		resp.AuditAnnotations = map[string]string{DecisionIDAuditAnnotation: id}
+	}
 	elapsed := time.Since(start)
 	h.opts.Metrics.observe(route, cluster, result(allowed), d.Reason, v.action, elapsed)
 	h.opts.Log.Info("decision", "node", req.Name, "cluster", cluster, "user", req.UserInfo.Username,
@@ -234,8 +243,32 @@ func (h *handler) validate(w http.ResponseWriter, r *http.Request, route, cluste
 			where = ""
 		}
 		h.opts.Denied(events.Denial{Cluster: where, Node: req.Name, NodeUID: uidOf(review.Request.OldObject.bytes()), User: req.UserInfo.Username,
-			Reason: d.Reason, Messages: d.Messages, Blockers: d.Blockers, Unverified: d.Unverified, Admitted: allowed})
+			Reason: d.Reason, Messages: d.Messages, Blockers: d.Blockers, Unverified: d.Unverified, Admitted: allowed, DecisionID: id})
 	}
+}
+
+// DecisionIDAuditAnnotation is the audit annotation of an answer holding
+// its decision_id; the API server's audit log records it prefixed with the
+// webhook's name (node-delete.nodeguard.io/decision_id), so an audit event
+// and its decision log event join.
+const DecisionIDAuditAnnotation = "decision_id"
+
+// logDecision hands the verdict to the decision log (none: "") and returns
+// its decision_id: the rule's decision and what it read, the answer given,
+// the route and the enforcement action.
+func (h *handler) logDecision(review *admissionReview, req guard.Request, v verdict, allowed, dryRun bool, route, cluster string, start time.Time) string {
+	if !h.opts.DecisionLog.Enabled() {
+		return ""
+	}
+	input := v.Input
+	if input == nil { // not the rule's (e.g. dry-run-only, a Cluster not read)
+		input = map[string]any{"review": req.Review()}
+	}
+	id := rule.NewDecisionID()
+	h.opts.DecisionLog.Log(rule.DecisionEvent{ID: id, Path: rule.DecisionEntry.Path(), Input: input, Result: v.Decision,
+		Policy: h.opts.Decider.Policy(), Time: start, Custom: map[string]any{"route": route, "cluster": cluster, "uid": string(review.Request.UID),
+			"allowed": allowed, "enforcementAction": string(v.action), "dryRun": dryRun}})
+	return id
 }
 
 // DryRunWarning is the warning every dry-run review's answer carries: it

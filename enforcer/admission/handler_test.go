@@ -250,6 +250,8 @@ func (deciderFunc) KeepGroup(string) bool { return true }
 // Model is the embedded policy's link model.
 func (deciderFunc) Model() *rule.Model { return rule.MustEmbeddedModel() }
 
+func (deciderFunc) Policy() rule.Policy { return rule.Policy{Source: rule.SourceEmbedded} }
+
 func TestNoDecisionDenies(t *testing.T) {
 	_, _, nodes := example(t)
 	body := review(admissionv1.Delete, "Node", nodes[linkedNode].Object)
@@ -625,4 +627,68 @@ nodeguard_decisions_total{cluster="default/audit",enforcement_action="dryrun",re
 nodeguard_decisions_total{cluster="default/dev",enforcement_action="deny",reason="dry-run-only",result="denied",route="/validate/clusters/{namespace}/{name}"} 1
 nodeguard_decisions_total{cluster="default/strict",enforcement_action="deny",reason="misrouted",result="denied",route="/validate/clusters/{namespace}/{name}"} 1
 `), "nodeguard_decisions_total"))
+}
+
+// With a decision log, every answer carries its decision_id as an audit
+// annotation, the denial Event its series' first, and the event logged is
+// the rule's decision on what it read, with the answer given.
+func TestAnAnswerCarriesItsDecisionID(t *testing.T) {
+	g, _, nodes := example(t)
+	var console syncWriter
+	dlog, err := rule.StartDecisionLog(context.Background(), rule.DecisionLogOptions{Console: true, ConsoleOutput: &console})
+	require.NoError(t, err)
+	var denied []events.Denial
+	var mu sync.Mutex
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, DecisionLog: dlog, Denied: func(d events.Denial) {
+		mu.Lock()
+		defer mu.Unlock()
+		denied = append(denied, d)
+	}}), admission.TLSOptions{}, nil)
+	_, _, out := s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
+	require.False(t, out.Response.Allowed)
+	id := out.Response.AuditAnnotations[admission.DecisionIDAuditAnnotation]
+	require.NotEmpty(t, id)
+	mu.Lock()
+	require.Len(t, denied, 1)
+	assert.Equal(t, id, denied[0].DecisionID)
+	mu.Unlock()
+	_, _, out = s.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object, "ops"))
+	other := out.Response.AuditAnnotations[admission.DecisionIDAuditAnnotation]
+	assert.NotEqual(t, id, other, "each answer its own")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	dlog.Stop(ctx)
+	lines := strings.Split(strings.TrimSpace(console.String()), "\n")
+	require.Len(t, lines, 2)
+	var first map[string]any
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &first))
+	assert.Equal(t, id, first["decision_id"])
+	assert.Equal(t, "blocked", first["result"].(map[string]any)["reason"])
+	assert.Equal(t, "x", first["input"].(map[string]any)["review"].(map[string]any)["name"], "the review's name")
+	assert.NotEmpty(t, first["input"].(map[string]any)["inventory"], "what the rule read")
+	assert.Equal(t, map[string]any{"route": "/validate", "cluster": "", "uid": "7f0b2f6c-1111-2222-3333-444455556666",
+		"allowed": false, "enforcementAction": "deny", "dryRun": false}, first["custom"])
+
+	plain := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g}), admission.TLSOptions{}, nil)
+	_, _, out = plain.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
+	assert.Empty(t, out.Response.AuditAnnotations, "no decision log: no decision_id")
+}
+
+// syncWriter is a bytes.Buffer safe for the decision log's goroutine.
+type syncWriter struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }

@@ -91,7 +91,15 @@ type Denial struct {
 	// Admitted: the enforcement action warn let the delete through; the
 	// Event says it would have been denied (ReasonWouldBeDenied).
 	Admitted bool
+	// DecisionID is the decision log's decision_id ("" without decision
+	// logs): the Event carries its series' first as the annotation
+	// DecisionIDAnnotation.
+	DecisionID string
 }
+
+// DecisionIDAnnotation is the annotation of a denial Event holding the
+// decision log's decision_id of the first denial it counts.
+const DecisionIDAnnotation = "nodeguard.io/decision-id"
 
 // WorkloadEvents returns the events client of a workload cluster
 // ("namespace/name"); an error sends that cluster's Events to the management
@@ -499,6 +507,9 @@ func (r *Recorder) create(ctx context.Context, t *target, s *series, w write) er
 		Related:             t.related,
 		Note:                t.note,
 		Type:                s.event.typ,
+	}
+	if d := s.event.denial; d != nil && d.DecisionID != "" {
+		ev.Annotations = map[string]string{DecisionIDAnnotation: d.DecisionID}
 	}
 	if w.count > 1 {
 		ev.Series = &eventsv1.EventSeries{Count: w.count, LastObservedTime: metav1.NewMicroTime(w.last)}

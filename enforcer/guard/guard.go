@@ -170,15 +170,28 @@ func (g *Guard) Parameters() map[string]any {
 // Decide judges req with the rule: the candidates linked to req.Node (none
 // without a Node), re-read when the Guard has fresh reads. An error means no
 // decision could be made (bad cluster, rule failure); callers must then deny.
+// The decision carries the input it was made on (Decision.Input), for a
+// decision log.
 func (g *Guard) Decide(ctx context.Context, req Request) (rule.Decision, error) {
+	d, input, err := g.decide(ctx, req)
+	d.Input = input
+	return d, err
+}
+
+// Policy is the policy the guard's decisions are made with.
+func (g *Guard) Policy() rule.Policy { return g.engine.Policy() }
+
+// decide is Decide, with the input the decision was made on (the review
+// alone when nodeguard could not ask the rule).
+func (g *Guard) decide(ctx context.Context, req Request) (rule.Decision, any, error) {
 	if err := g.Ready(); err != nil {
 		return rule.Denial(rule.ReasonNotReady, fmt.Sprintf("Node %q cannot be deleted yet: nodeguard is not ready (%v), "+
 			"so it cannot tell whether an InfraMachine is linked to it; retry once nodeguard reports ready.",
-			req.name(), err)), nil
+			req.name(), err)), reviewOnly(req), nil
 	}
 	params, err := g.RouteParameters(req.Cluster)
 	if err != nil {
-		return rule.Decision{}, err
+		return rule.Decision{}, nil, err
 	}
 	var objs []*unstructured.Unstructured
 	seen := req
@@ -188,24 +201,23 @@ func (g *Guard) Decide(ctx context.Context, req Request) (rule.Decision, error) 
 		if objs, err = g.read(ctx, req.Node, true); err != nil {
 			return rule.Denial(rule.ReasonFreshReadFailed, fmt.Sprintf("Node %q cannot be deleted right now: nodeguard could not re-read the "+
 				"objects linked to it from the API server (%v), so it cannot prove their hosts are gone; retry shortly.",
-				req.name(), err)), nil
+				req.name(), err)), reviewOnly(seen), nil
 		}
 	}
-	d, err := rule.Evaluate(ctx, g.engine, rule.Input{
-		Review:     seen.Review(),
-		Inventory:  facts.Layout(objs),
-		Parameters: params,
-	})
+	in := rule.Input{Review: seen.Review(), Inventory: facts.Layout(objs), Parameters: params}
+	d, err := rule.Evaluate(ctx, g.engine, in)
 	if err != nil || d.Reason != rule.ReasonNoLink {
-		return d, err
+		return d, in, err
 	}
 	// Nothing linked was found, which a cache catching up cannot prove.
 	if rerr := g.Recovering(); rerr != nil {
 		return rule.Denial(rule.ReasonCacheRecovering, fmt.Sprintf("Node %q cannot be deleted right now: %v, so nodeguard cannot "+
-			"prove nothing links to the Node; this passes within seconds of the API server answering again, retry.", req.name(), rerr)), nil
+			"prove nothing links to the Node; this passes within seconds of the API server answering again, retry.", req.name(), rerr)), in, nil
 	}
-	return d, nil
+	return d, in, nil
 }
+
+func reviewOnly(req Request) map[string]any { return map[string]any{"review": req.Review()} }
 
 // Ready returns an error while the inventory is not synced (nil when the
 // Guard has no readiness to wait for).

@@ -12,9 +12,9 @@ import (
 // Input is what the rule reads: an AdmissionRequest-shaped review, an
 // inventory in Gatekeeper's layout, and a Constraint's parameters.
 type Input struct {
-	Review     map[string]any
-	Inventory  map[string]any
-	Parameters Parameters
+	Review     map[string]any `json:"review"`
+	Inventory  map[string]any `json:"inventory"`
+	Parameters Parameters     `json:"parameters"`
 }
 
 // BlockerLink says how a blocker is linked to the Node.
@@ -87,6 +87,9 @@ type Decision struct {
 	Unverified []Unverified `json:"unverified"`
 	Messages   []string     `json:"messages"`
 	Warnings   []string     `json:"warnings"`
+	// Input is what the rule read for it (the review alone when it was not
+	// asked), for a decision log; not the rule's.
+	Input any `json:"-"`
 }
 
 // Evaluate runs the rule on one input, with the policy e runs.

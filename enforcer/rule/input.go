@@ -1,6 +1,7 @@
 package rule
 
 import (
+	"encoding/json"
 	"fmt"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -32,6 +33,10 @@ func (p Parameters) Value() ast.Value { return p.value }
 // Map is the parameters as given, nil for none: for a reader outside this
 // process (Gatekeeper's external data). It is shared: do not change it.
 func (p Parameters) Map() map[string]any { return p.plain }
+
+// MarshalJSON writes the parameters as given (null for none): how a decision
+// log shows them.
+func (p Parameters) MarshalJSON() ([]byte, error) { return json.Marshal(p.plain) }
 
 // InputValue builds an entry point's input object from its fields: an ast.Value
 // or Parameters as they are, other Go data converted with

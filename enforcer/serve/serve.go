@@ -7,6 +7,7 @@
 package serve
 
 import (
+	"cmp"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -104,6 +106,51 @@ type Options struct {
 	// Fleet guards the CAPI workload clusters, each through nodeguard's
 	// configuration there, kept and proven.
 	Fleet FleetOptions
+	// DecisionLogs ship every verdict as OPA decision log events (off
+	// unless its ConfigFile or Console is set).
+	DecisionLogs DecisionLogOptions
+}
+
+// DecisionLogOptions configure the decision logs from files, as OPA's are.
+type DecisionLogOptions struct {
+	// ConfigFile is an OPA configuration file: services, labels,
+	// decision_logs.
+	ConfigFile string
+	// Console logs every decision to standard error too.
+	Console bool
+	// MaskFile is a Rego module of package system.log replacing the default
+	// mask (rule.DefaultDecisionLogMask).
+	MaskFile string
+	// Queue bounds the events waiting for the plugin (0: the default).
+	Queue int
+}
+
+// start starts the decision logs (nil when off).
+func (o DecisionLogOptions) start(ctx context.Context, log *slog.Logger) (*rule.DecisionLog, error) {
+	if o.ConfigFile == "" && !o.Console {
+		return nil, nil
+	}
+	opts := rule.DecisionLogOptions{Console: o.Console, Queue: o.Queue, ID: os.Getenv("POD_NAME"), Version: rule.ReadBinary().Version}
+	if o.ConfigFile != "" {
+		raw, err := os.ReadFile(o.ConfigFile)
+		if err != nil {
+			return nil, fmt.Errorf("--decision-log-config: %w", err)
+		}
+		opts.Config = raw
+	}
+	if o.MaskFile != "" {
+		raw, err := os.ReadFile(o.MaskFile)
+		if err != nil {
+			return nil, fmt.Errorf("--decision-log-mask: %w", err)
+		}
+		opts.Mask = string(raw)
+	}
+	d, err := rule.StartDecisionLog(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("decision logs on", "config", o.ConfigFile, "console", o.Console, "mask", cmp.Or(o.MaskFile, "default"))
+	return d, nil
 }
 
 // ProviderOptions say where Gatekeeper reaches nodeguard, for the Provider
@@ -181,6 +228,19 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	if err != nil {
 		return err
 	}
+	dlog, err := opts.DecisionLogs.start(ctx, log)
+	if err != nil {
+		return err
+	}
+	if dlog != nil {
+		reg.MustRegister(dlog.Collectors()...)
+		// Flushed last, after the review port closed.
+		defer func() {
+			stop, done := context.WithTimeout(context.WithoutCancel(ctx), opts.ShutdownGrace)
+			defer done()
+			dlog.Stop(stop)
+		}()
+	}
 	publish := opts.Fleet.Enabled && opts.Fleet.AdmissionPolicy
 	if publish && opts.Orphans.Interval <= 0 {
 		return fmt.Errorf("--fleet-admission-policy judges workload Nodes with the orphan scan: it needs a positive --orphan-scan-interval")
@@ -254,7 +314,7 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 			}
 		}()
 	}
-	handler, clientCAs, err := routes(ctx, c, e, scanner, metrics, denials(rec, opts), constraint.Action, issuer, opts, log)
+	handler, clientCAs, err := routes(ctx, c, e, scanner, metrics, denials(rec, opts), constraint.Action, issuer, dlog, opts, log)
 	if err != nil {
 		return err
 	}
@@ -371,7 +431,7 @@ func workloadSessions(c kube.Clients, opts Options, metrics *Metrics, log *slog.
 // intake. It returns the CA files whose client certificates the TLS server
 // asks for.
 func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *nodes.Scanner, metrics *Metrics, denied func(events.Denial),
-	action func() rule.Action, issuer *fleet.Issuer, opts Options, log *slog.Logger) (http.Handler, []string, error) {
+	action func() rule.Action, issuer *fleet.Issuer, dlog *rule.DecisionLog, opts Options, log *slog.Logger) (http.Handler, []string, error) {
 	in := admission.NewIntake(admission.IntakeOptions{Timeout: opts.RequestTimeout, MaxConcurrent: opts.MaxConcurrentDecisions, Metrics: metrics.Intake, Log: log})
 	clusters := clusterReader{fresh: facts.NewFreshReader(c.Dynamic, c.Mapper), log: log}
 	var register func(context.Context, admission.Registration) (admission.RegistrationAnswer, error)
@@ -403,7 +463,7 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *nod
 	mux := http.NewServeMux()
 	admission.NewWebhook(admission.WebhookOptions{Decider: e.Guard, Clusters: clusters, Action: action, ClientCAs: reviewCAs, ClusterClientCAs: clusterCAs,
 		ClusterIdentities: identities, SelfCluster: opts.SelfCluster, DryRunOnlyUser: dryRunOnly(opts), Intake: in, Metrics: metrics.Webhook, Log: log,
-		Denied: denied, Register: register, Mux: mux})
+		Denied: denied, Register: register, DecisionLog: dlog, Mux: mux})
 	if opts.ExternalDataClientCAFile == "" {
 		return mux, caFiles, nil
 	}

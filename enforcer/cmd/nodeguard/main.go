@@ -266,6 +266,10 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.StringVar(&opts.GatekeeperProvider.URL, "gatekeeper-provider-url", "", "like --gatekeeper-provider-service, at a base https URL")
 	f.StringVar(&opts.GatekeeperProvider.CAFile, "gatekeeper-provider-ca-file", "",
 		"CA of nodeguard's serving certificate for the Provider's caBundle, read again every 5s; the Provider is written when Gatekeeper's Provider CRD appears and whenever it or the CA changes (default: ca.crt beside --tls-cert-file)")
+	f.StringVar(&opts.DecisionLogs.ConfigFile, "decision-log-config", "", "OPA configuration file (services, labels, decision_logs, as OPA's --config-file) for OPA decision logs of every verdict: console, or an HTTP service with batching, retries and a bounded buffer (docs/operate.md)")
+	f.BoolVar(&opts.DecisionLogs.Console, "decision-log-console", false, "OPA decision logs of every verdict to standard error (OPA's console format)")
+	f.StringVar(&opts.DecisionLogs.MaskFile, "decision-log-mask", "", "Rego module of package system.log whose mask rule says what decision log events keep (default: the requester's userInfo.extra erased)")
+	f.IntVar(&opts.DecisionLogs.Queue, "decision-log-queue", rule.DefaultDecisionLogQueue, "decision log events waiting for the plugin at most; more are dropped and counted, so logging never delays a decision")
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster whose Machines count (default: in-cluster)")
 	f.StringVar(&opts.Context, "context", "", "kubeconfig context")
 	f.StringVar(&opts.Constraint, "constraint", "", "K8sNodeGuard Constraint file to take parameters from, read once (default: the cluster's Constraint, --constraint-name)")
