@@ -6,6 +6,7 @@ package charts_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -32,6 +34,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/facts"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -760,4 +763,36 @@ func TestChartGhosts(t *testing.T) {
 		o.decode(t, "ValidatingWebhookConfiguration/nodeguard", &got)
 		assert.Len(t, got.Webhooks, 1, off)
 	}
+}
+
+// Decision logs in the chart: the flags, and a ConfigMap holding an OPA
+// configuration and a mask that nodeguard starts its decision log with.
+func TestChartDecisionLogs(t *testing.T) {
+	h := chart(t, "decisionLogs.console=true",
+		"decisionLogs.config.services.audit.url=https://audit.example.com",
+		"decisionLogs.config.decision_logs.service=audit",
+		"decisionLogs.config.decision_logs.reporting.buffer_type=event",
+		"decisionLogs.mask=package system.log\n\nmask contains \"/input/inventory\"\n")
+	var d appsv1.Deployment
+	h.decode(t, "Deployment/nodeguard", &d)
+	c := d.Spec.Template.Spec.Containers[0]
+	for _, a := range []string{"--decision-log-console", "--decision-log-config=/etc/nodeguard/decision-logs/opa.yaml",
+		"--decision-log-mask=/etc/nodeguard/decision-logs/mask.rego"} {
+		assert.Contains(t, c.Args, a)
+	}
+	assert.Contains(t, c.VolumeMounts, corev1.VolumeMount{Name: "decision-logs", MountPath: "/etc/nodeguard/decision-logs", ReadOnly: true})
+	var cm corev1.ConfigMap
+	h.decode(t, "ConfigMap/nodeguard-decision-logs", &cm)
+	dlog, err := rule.StartDecisionLog(context.Background(), rule.DecisionLogOptions{Config: []byte(cm.Data["opa.yaml"]), Mask: cm.Data["mask.rego"]})
+	require.NoError(t, err, "nodeguard takes what the chart wrote:\n%s", cm.Data["opa.yaml"])
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	dlog.Stop(ctx)
+
+	off := chart(t)
+	off.decode(t, "Deployment/nodeguard", &d)
+	for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+		assert.NotContains(t, a, "--decision-log", "off by default")
+	}
+	assert.NotContains(t, keys(off), "ConfigMap/nodeguard-decision-logs")
 }

@@ -93,9 +93,15 @@ type ProviderOptions struct {
 	Timeout time.Duration
 	Metrics *ProviderMetrics
 	Log     *slog.Logger
+	// DecisionLog, when set, gets every key's answer.
+	DecisionLog *rule.DecisionLog
 	// Mux, when set, is where the routes are added (and what is returned).
 	Mux *http.ServeMux
 }
+
+// ExternalDataPath is the decision log path of the external data answers
+// (facts Gatekeeper's rule decides on, not a verdict of nodeguard's rule).
+const ExternalDataPath = "nodeguard/external_data"
 
 type providerHandler struct {
 	opts ProviderOptions
@@ -199,6 +205,9 @@ func (h *providerHandler) answer(ctx context.Context, route, cluster string, key
 		h.opts.Metrics.key(route, kerr)
 		if kerr != nil {
 			items[i].Error = kerr.msg
+		}
+		h.logAnswer(route, cluster, items[i], start)
+		if kerr != nil {
 			h.opts.Log.Info("external data", "node", node.GetName(), "uid", uid, "cluster", cluster,
 				"error", kerr.msg, "reason", kerr.reason, "duration", time.Since(start))
 			continue
@@ -207,6 +216,16 @@ func (h *providerHandler) answer(ctx context.Context, route, cluster string, key
 			"objects", objects, "duration", time.Since(start))
 	}
 	return items
+}
+
+// logAnswer hands one key's answer to the decision log.
+func (h *providerHandler) logAnswer(route, cluster string, item externaldata.Item, start time.Time) {
+	if !h.opts.DecisionLog.Enabled() {
+		return
+	}
+	h.opts.DecisionLog.Log(rule.DecisionEvent{Path: ExternalDataPath, Time: start,
+		Input: map[string]any{"key": item.Key, "cluster": cluster}, Result: map[string]any{"value": item.Value, "error": item.Error},
+		Custom: map[string]any{"route": route}})
 }
 
 // keyError is why one key got no facts.

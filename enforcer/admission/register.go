@@ -81,6 +81,10 @@ func (h *handler) register(w http.ResponseWriter, r *http.Request, route, cluste
 				Message: "nodeguard could not judge whether this Node is a ghost (" + err.Error() + "); registrations fail open"}
 		}
 	}
+	name := ""
+	if req.Object != nil && req.Object.obj != nil {
+		name = req.Object.obj.GetName()
+	}
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: a.Allowed}
 	if a.Allowed && a.Message != "" {
 		resp.Warnings = []string{"nodeguard: " + a.Message}
@@ -88,9 +92,12 @@ func (h *handler) register(w http.ResponseWriter, r *http.Request, route, cluste
 	if !a.Allowed {
 		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden, Message: a.Message}
 	}
-	name := ""
-	if req.Object != nil && req.Object.obj != nil {
-		name = req.Object.obj.GetName()
+	if h.opts.DecisionLog.Enabled() {
+		id := rule.NewDecisionID()
+		resp.AuditAnnotations = map[string]string{DecisionIDAuditAnnotation: id}
+		h.opts.DecisionLog.Log(rule.DecisionEvent{ID: id, Path: rule.RegistrationEntry.Path(), Result: a, Time: start,
+			Input: map[string]any{"review": map[string]any{"operation": req.Operation, "name": name, "userInfo": map[string]any{"username": req.UserInfo.Username}}},
+			Custom: map[string]any{"route": route, "cluster": cluster, "uid": string(req.UID)}})
 	}
 	elapsed := time.Since(start)
 	h.opts.Metrics.observe(route, cluster, result(a.Allowed), a.Reason, rule.ActionDeny, elapsed)

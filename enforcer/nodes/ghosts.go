@@ -28,6 +28,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // Protection is what nodeguard does about a cluster's ghosts besides
@@ -104,7 +105,9 @@ type GhostOptions struct {
 	// and acted on (default DefaultGhostConfirm).
 	Confirm time.Duration
 	Metrics *GhostMetrics
-	Log     *slog.Logger
+	// DecisionLog, when set, gets each ghost confirmed and each ghost no more.
+	DecisionLog *rule.DecisionLog
+	Log         *slog.Logger
 }
 
 // DefaultGhostConfirm: a new InfraMachine (management cluster) and the Node its
@@ -175,6 +178,7 @@ func (tr *GhostTracker) Observe(ctx context.Context, t GhostTarget, g guard.Ghos
 		if have != nil && have.confirmed {
 			tr.report(t.Cluster)
 			tr.opts.Log.Info("ghost Node no more", "cluster", t.Cluster, "node", g.Node, "kept", g.Kept)
+			tr.logVerdict(t.Cluster, g, "ghost-no-more")
 		}
 		if (have != nil && have.tainted) || untaint {
 			return time.Time{}, tr.setTaint(ctx, t, g, false)
@@ -198,6 +202,7 @@ func (tr *GhostTracker) Observe(ctx context.Context, t GhostTarget, g guard.Ghos
 		tr.report(t.Cluster)
 		tr.opts.Log.Warn(GhostLogMessage, "cluster", t.Cluster, "node", g.Node, "providerID", g.ProviderID,
 			"reason", g.Reason)
+		tr.logVerdict(t.Cluster, g, "ghost")
 		if t.Recorder != nil {
 			t.Recorder.Eventf(nodeRef(g), nil, "Warning", GhostReason, "Detect",
 				"Ghost Node: %s. Stop that host (docs/runbook.md#nodeguardghostnode); nodeguard never deletes this Node.", g.Reason)
@@ -352,4 +357,15 @@ func (m *GhostMetrics) forget(cluster string) {
 	if m != nil {
 		m.ghosts.DeleteLabelValues(cluster)
 	}
+}
+
+// logVerdict hands a ghost verdict that changed what is reported (a ghost
+// confirmed, a ghost no more) to the decision log.
+func (tr *GhostTracker) logVerdict(cluster string, g guard.Ghost, transition string) {
+	if !tr.opts.DecisionLog.Enabled() {
+		return
+	}
+	tr.opts.DecisionLog.Log(rule.DecisionEvent{Path: rule.GhostEntry.Path(),
+		Input: map[string]any{"cluster": cluster, "node": g.Node, "uid": string(g.UID), "providerID": g.ProviderID}, Result: g,
+		Custom: map[string]any{"transition": transition, "protection": string(tr.protection(cluster))}})
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/metrics"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 )
 
 // ReapTarget is one cluster whose Nodes are reconciled.
@@ -87,6 +88,9 @@ type ReaperOptions struct {
 	// and the sighting is tried again later. It is what makes one object
 	// stop every Node delete at once (serve: SwitchPermits).
 	Permitted func(ctx context.Context) error
+	// DecisionLog, when set, gets each orphan verdict first seen and each
+	// act on one (deleted, would delete, kept on a fresh read).
+	DecisionLog *rule.DecisionLog
 }
 
 // Reaper remembers, per Node, when it first saw it an orphan.
@@ -158,6 +162,7 @@ func (r *Reaper) Observe(ctx context.Context, t ReapTarget, v guard.OrphanVerdic
 		r.known[k] = sighting{uid: v.UID, first: now}
 		r.mu.Unlock()
 		r.Report(t.Cluster)
+		r.logVerdict(t.Cluster, v, "first-seen", nil)
 		return FirstSeen, now.Add(grace), nil
 	}
 	r.mu.Unlock()
@@ -268,12 +273,14 @@ func (r *Reaper) act(ctx context.Context, t ReapTarget, seen guard.OrphanVerdict
 	v := verdicts[0]
 	if !v.Orphan {
 		log.Info("node no longer an orphan on a fresh read; not deleting", "kept", v.Kept)
+		r.logVerdict(t.Cluster, v, "kept-on-fresh-read", nil)
 		r.Forget(t.Cluster, seen.Node)
 		return NotDeleted, nil
 	}
 	attrs := []any{"machine", v.Machine, "notReadySince", v.NotReadySince, "reason", v.Reason, "resourceVersion", v.ResourceVersion}
 	if r.opts.DryRun {
 		log.Info("dry run: would delete orphan node", attrs...)
+		r.logVerdict(t.Cluster, v, "would-delete", nil)
 		return WouldDelete, nil
 	}
 	if r.opts.Permitted != nil {
@@ -286,10 +293,12 @@ func (r *Reaper) act(ctx context.Context, t ReapTarget, seen guard.OrphanVerdict
 		// admission: observe again from scratch.
 		r.Forget(t.Cluster, seen.Node)
 		log.Warn("orphan node not deleted", append(attrs, "error", err.Error())...)
+		r.logVerdict(t.Cluster, v, "not-deleted", err)
 		return NotDeleted, nil
 	}
 	r.Forget(t.Cluster, seen.Node)
 	log.Info("deleted orphan node", attrs...)
+	r.logVerdict(t.Cluster, v, "deleted", nil)
 	if r.opts.Metrics != nil {
 		r.opts.Metrics.deleted.WithLabelValues(t.Cluster).Inc()
 	}
@@ -314,4 +323,18 @@ func DeleteNode(ctx context.Context, client dynamic.Interface, v guard.OrphanVer
 		return fmt.Errorf("delete Node %q (uid %s, resourceVersion %s): %w", v.Node, uid, rv, err)
 	}
 	return nil
+}
+
+// logVerdict hands an orphan verdict and what the reaper did about it to
+// the decision log.
+func (r *Reaper) logVerdict(cluster string, v guard.OrphanVerdict, outcome string, err error) {
+	if !r.opts.DecisionLog.Enabled() {
+		return
+	}
+	custom := map[string]any{"outcome": outcome, "reaper": r.opts.Delete && !r.opts.DryRun}
+	if err != nil {
+		custom["error"] = err.Error()
+	}
+	r.opts.DecisionLog.Log(rule.DecisionEvent{Path: rule.OrphanEntry.Path(),
+		Input: map[string]any{"cluster": cluster, "node": v.Node, "uid": string(v.UID)}, Result: v, Custom: custom})
 }

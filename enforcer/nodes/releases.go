@@ -54,6 +54,9 @@ type PublisherOptions struct {
 	Log     *slog.Logger
 	// Metrics, when set, counts the writes and the Nodes released.
 	Metrics *ReleaseMetrics
+	// DecisionLog, when set, gets each verdict written (a release, a
+	// revocation, a blocker's message).
+	DecisionLog *rule.DecisionLog
 }
 
 // WriteVerdict writes the verdict on one Node of a workload cluster.
@@ -294,6 +297,14 @@ func (p *Publisher) reconcile(ctx context.Context, k nodeKey) kube.Result {
 	if c.node(k.node) == n {
 		c.carries(n, want)
 		p.opts.Metrics.released(k.cluster, c.released)
+	}
+	if p.opts.DecisionLog.Enabled() {
+		change := "revoked"
+		if want.UID != "" {
+			change = "released"
+		}
+		p.opts.DecisionLog.Log(rule.DecisionEvent{Path: rule.ReleaseEntry.Path(), Input: map[string]any{"cluster": k.cluster, "node": k.node},
+			Result: map[string]any{"released": want.UID != "", "uid": want.UID, "blocker": want.Blocker}, Custom: map[string]any{"written": change}})
 	}
 	return kube.Result{}
 }

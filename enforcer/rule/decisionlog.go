@@ -51,6 +51,9 @@ type DecisionLogOptions struct {
 	// ID names this nodeguard in the events' labels.id; Version is their
 	// labels.nodeguard_version (OPA's own is labels.version).
 	ID, Version string
+	// Policy, when set, is the policy in force: an event that names none
+	// is logged under it.
+	Policy func() Policy
 }
 
 // DefaultDecisionLogQueue is DecisionLogOptions.Queue's default.
@@ -62,6 +65,7 @@ const DefaultDecisionLogQueue = 10000
 // masking included, runs on a goroutine of its own. A nil *DecisionLog logs
 // nothing.
 type DecisionLog struct {
+	policy  func() Policy
 	manager *plugins.Manager
 	plugin  *logs.Plugin
 	metrics metrics.Metrics
@@ -181,16 +185,26 @@ func StartDecisionLog(ctx context.Context, opts DecisionLogOptions) (*DecisionLo
 	if queue <= 0 {
 		queue = DefaultDecisionLogQueue
 	}
-	d := &DecisionLog{manager: manager, plugin: plugin, metrics: m, queue: make(chan DecisionEvent, queue), done: make(chan struct{})}
+	d := &DecisionLog{policy: opts.Policy, manager: manager, plugin: plugin, metrics: m, queue: make(chan DecisionEvent, queue), done: make(chan struct{})}
 	go d.run()
 	return d, nil
 }
 
 // Log queues e for the plugin and returns at once; with the queue full, e
-// is dropped and counted.
+// is dropped and counted. An event without an ID, a time or a policy gets a
+// new ID, now and the policy in force.
 func (d *DecisionLog) Log(e DecisionEvent) {
 	if d == nil {
 		return
+	}
+	if e.ID == "" {
+		e.ID = NewDecisionID()
+	}
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	if e.Policy == (Policy{}) && d.policy != nil {
+		e.Policy = d.policy()
 	}
 	select {
 	case d.queue <- e:

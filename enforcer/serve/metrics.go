@@ -20,6 +20,8 @@ type Sources struct {
 	// Watched says which kinds the informers watch and why.
 	Watched func() []facts.Watched
 	Ready   func() error
+	// DecisionLog, when on, adds its drops and buffer.
+	DecisionLog *rule.DecisionLog
 }
 
 // Metrics are the series of every part of nodeguard serve.
@@ -62,6 +64,9 @@ func Register(reg prometheus.Registerer, src Sources) (*Metrics, error) {
 		r.Collector(watchedKinds{watched: src.Watched, desc: prometheus.NewDesc("nodeguard_watched_kinds",
 			"Kinds the informers watch (1: synced, 0: not yet, so an absence of them proves nothing), by role and why: referrer (Machine, MachinePool), parameter (infraMachineKinds, infraMachinePoolKinds), referenced (by a cached Machine or MachinePool), contract (a CRD with a Cluster API contract label and spec.providerID or spec.providerIDList).",
 			[]string{"group", "version", "kind", "role", "source"}, nil)})
+	}
+	for _, c := range src.DecisionLog.Collectors() {
+		r.Collector(c)
 	}
 	if err := r.Err("nodeguard serve's metrics"); err != nil {
 		return nil, err

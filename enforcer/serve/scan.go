@@ -126,7 +126,10 @@ type OrphanScan struct {
 	// (else, reaping, the scan campaigns itself); ReleaseLeader, when set,
 	// the fleet's, whose leader alone writes the releases.
 	ReapLeader, ReleaseLeader *kube.Leader
-	Log                       *slog.Logger
+	// DecisionLog, when set, gets the orphan, ghost and release verdicts
+	// acted on.
+	DecisionLog *rule.DecisionLog
+	Log         *slog.Logger
 }
 
 // Start runs the scan until ctx is done: a reduced Node cache per cluster,
@@ -181,7 +184,7 @@ func (o OrphanScan) Start(ctx context.Context) (*nodes.Scanner, error) {
 		store = facts.NewTombstones(facts.TombstoneOptions{Window: opts.Ghosts.Window, Max: opts.Ghosts.Max, Metrics: m.Tombstones,
 			Changed: func(pid string) { scanner.TombstoneChanged(pid) }})
 		tracker = nodes.NewGhostTracker(nodes.GhostOptions{Protection: func(cluster string) nodes.Protection { return o.protection(sessions, cluster) },
-			Metrics: m.Ghosts, Log: log})
+			Metrics: m.Ghosts, DecisionLog: o.DecisionLog, Log: log})
 	}
 	evidence := guard.NewEvidence(model)
 	finder, err := guard.NewFinder(guard.FinderOptions{Guard: e.Guard, Inventory: e.Inventory, Evidence: evidence,
@@ -189,7 +192,7 @@ func (o OrphanScan) Start(ctx context.Context) (*nodes.Scanner, error) {
 	if err != nil {
 		return nil, err
 	}
-	ropts := nodes.ReaperOptions{Finder: finder, Delete: opts.Enabled, DryRun: opts.DryRun, Log: log, Metrics: m.Reaper}
+	ropts := nodes.ReaperOptions{Finder: finder, Delete: opts.Enabled, DryRun: opts.DryRun, Log: log, Metrics: m.Reaper, DecisionLog: o.DecisionLog}
 	mgmt := o.Kube
 	if (opts.Enabled || opts.WorkloadClusters) && mgmt == nil {
 		return nil, fmt.Errorf("reaping orphan Nodes needs a kubeconfig or in-cluster config")
@@ -223,7 +226,8 @@ func (o OrphanScan) Start(ctx context.Context) (*nodes.Scanner, error) {
 			leading = o.ReleaseLeader.Leading
 		}
 		if published, err = nodes.NewPublisher(nodes.PublisherOptions{Judge: finder.Releases, Ready: ready, Log: log, Metrics: m.Releases, Leading: leading, Info: info,
-			Rejudge: func(cluster string) { scanner.JudgeCluster(cluster) }}); err != nil {
+			DecisionLog: o.DecisionLog,
+			Rejudge:     func(cluster string) { scanner.JudgeCluster(cluster) }}); err != nil {
 			return nil, err
 		}
 	}

@@ -126,11 +126,12 @@ type DecisionLogOptions struct {
 }
 
 // start starts the decision logs (nil when off).
-func (o DecisionLogOptions) start(ctx context.Context, log *slog.Logger) (*rule.DecisionLog, error) {
+func (o DecisionLogOptions) start(ctx context.Context, policy func() rule.Policy, log *slog.Logger) (*rule.DecisionLog, error) {
 	if o.ConfigFile == "" && !o.Console {
 		return nil, nil
 	}
-	opts := rule.DecisionLogOptions{Console: o.Console, Queue: o.Queue, ID: os.Getenv("POD_NAME"), Version: rule.ReadBinary().Version}
+	host, _ := os.Hostname() // a Pod's name
+	opts := rule.DecisionLogOptions{Console: o.Console, Queue: o.Queue, ID: host, Version: rule.ReadBinary().Version, Policy: policy}
 	if o.ConfigFile != "" {
 		raw, err := os.ReadFile(o.ConfigFile)
 		if err != nil {
@@ -219,27 +220,27 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	metrics, err := Register(reg, Sources{Policy: eval.Policy, Cached: e.Inventory.Count, Watched: e.Syncer.Watched, Ready: e.Syncer.Ready})
-	if err != nil {
-		return err
-	}
-	sessions, err := workloadSessions(c, opts, metrics, log)
-	if err != nil {
-		return err
-	}
-	dlog, err := opts.DecisionLogs.start(ctx, log)
+	dlog, err := opts.DecisionLogs.start(ctx, eval.Policy, log)
 	if err != nil {
 		return err
 	}
 	if dlog != nil {
-		reg.MustRegister(dlog.Collectors()...)
 		// Flushed last, after the review port closed.
 		defer func() {
 			stop, done := context.WithTimeout(context.WithoutCancel(ctx), opts.ShutdownGrace)
 			defer done()
 			dlog.Stop(stop)
 		}()
+	}
+	reg := prometheus.NewRegistry()
+	metrics, err := Register(reg, Sources{Policy: eval.Policy, Cached: e.Inventory.Count, Watched: e.Syncer.Watched, Ready: e.Syncer.Ready,
+		DecisionLog: dlog})
+	if err != nil {
+		return err
+	}
+	sessions, err := workloadSessions(c, opts, metrics, log)
+	if err != nil {
+		return err
 	}
 	publish := opts.Fleet.Enabled && opts.Fleet.AdmissionPolicy
 	if publish && opts.Orphans.Interval <= 0 {
@@ -271,7 +272,7 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	var scanner *nodes.Scanner
 	if opts.Orphans.Interval > 0 {
 		scan := OrphanScan{Management: c, Enforcer: e, Changes: changes, Registry: reg, Metrics: metrics.Orphans, Options: opts.Orphans,
-			Sessions: sessions, Releases: publish, Events: rec, Log: log, ReapLeader: leaders.reaper, ReleaseLeader: leaders.fleet}
+			Sessions: sessions, Releases: publish, Events: rec, Log: log, ReapLeader: leaders.reaper, ReleaseLeader: leaders.fleet, DecisionLog: dlog}
 		if scanner, err = scan.Start(ctx); err != nil {
 			return err
 		}
@@ -473,7 +474,7 @@ func routes(ctx context.Context, c kube.Clients, e *guard.Enforcer, scanner *nod
 	}
 	// Answered a little before Gatekeeper gives up on the request.
 	if _, err := admission.NewProvider(admission.ProviderOptions{Facts: e.Guard, ClientCAs: gatekeeperCAs, Clusters: clusters, Intake: in,
-		Timeout: admission.ProviderTimeoutSeconds*time.Second - 200*time.Millisecond, Metrics: metrics.Provider, Log: log, Mux: mux}); err != nil {
+		Timeout: admission.ProviderTimeoutSeconds*time.Second - 200*time.Millisecond, Metrics: metrics.Provider, Log: log, DecisionLog: dlog, Mux: mux}); err != nil {
 		return nil, nil, err
 	}
 	log.Info("serving Gatekeeper's external data", "routes", []string{admission.ProviderRouteSelf, admission.ProviderRouteCluster})
