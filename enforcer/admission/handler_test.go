@@ -30,6 +30,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
+	"github.com/nodeguard/nodeguard/internal/testlog"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
@@ -634,7 +635,7 @@ nodeguard_decisions_total{cluster="default/strict",enforcement_action="deny",rea
 // the rule's decision on what it read, with the answer given.
 func TestAnAnswerCarriesItsDecisionID(t *testing.T) {
 	g, _, nodes := example(t)
-	var console syncWriter
+	var console testlog.Buffer
 	dlog, err := rule.StartDecisionLog(context.Background(), rule.DecisionLogOptions{Console: true, ConsoleOutput: &console})
 	require.NoError(t, err)
 	var denied []events.Denial
@@ -673,22 +674,4 @@ func TestAnAnswerCarriesItsDecisionID(t *testing.T) {
 	plain := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g}), admission.TLSOptions{}, nil)
 	_, _, out = plain.post(t, "/validate", "application/json", review(admissionv1.Delete, "Node", nodes[linkedNode].Object))
 	assert.Empty(t, out.Response.AuditAnnotations, "no decision log: no decision_id")
-}
-
-// syncWriter is a bytes.Buffer safe for the decision log's goroutine.
-type syncWriter struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }

@@ -473,3 +473,27 @@ func TestOwnEventsShareTheRecorder(t *testing.T) {
 	}
 	assert.Equal(t, []string{`prod-2: Node "md-0-b" of workload cluster fleet/prod-2: ghost`}, fallback)
 }
+
+// A denial's decision_id is on its Event: the first of the series, the
+// later ones counted into it.
+func TestTheEventCarriesTheFirstDecisionID(t *testing.T) {
+	f := newFixture(t, Options{})
+	for _, id := range []string{"decision-1", "decision-2"} {
+		d := blocked("md-0-a", "alice")
+		d.DecisionID = id
+		f.r.observe(denied(d))
+	}
+	f.r.observe(denied(blocked("md-0-b", "alice"))) // no decision log: no annotation
+	f.r.flush(f.ctx)
+	got := events(t, f.kube.EventsV1(), "default")
+	require.Len(t, got, 2)
+	for _, ev := range got {
+		switch ev.Regarding.Name {
+		case "md-0-a":
+			assert.Equal(t, map[string]string{DecisionIDAnnotation: "decision-1"}, ev.Annotations)
+			assert.EqualValues(t, 2, ev.Series.Count)
+		default:
+			assert.Empty(t, ev.Annotations)
+		}
+	}
+}

@@ -30,7 +30,9 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
+	"github.com/nodeguard/nodeguard/internal/testlog"
 )
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -481,4 +483,30 @@ func TestDeleteNeedsPreconditions(t *testing.T) {
 	client, _ := testcluster.CAPD(t, "../guard/testdata")
 	err := DeleteNode(context.Background(), client, guard.OrphanVerdict{Node: "dev-md-0-recent"})
 	assert.ErrorContains(t, err, "no UID or resourceVersion")
+}
+
+// With a decision log, an orphan first seen and the reaper's act on it are
+// logged: the verdict, and what was done.
+func TestOrphanVerdictsAreDecisionLogged(t *testing.T) {
+	var console testlog.Buffer
+	dlog, err := rule.StartDecisionLog(context.Background(), rule.DecisionLogOptions{Console: true, ConsoleOutput: &console})
+	require.NoError(t, err)
+	f := newFixture(t, ReaperOptions{Delete: true, IsLeader: leader, DecisionLog: dlog})
+	f.pass(t)
+	f.clock.Step(5 * time.Minute)
+	assert.Equal(t, []string{"dev-md-0-left"}, f.pass(t).Deleted)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	dlog.Stop(ctx)
+	lines, err := console.Lines()
+	require.NoError(t, err)
+	var outcomes []string
+	for _, l := range lines {
+		if l["input"].(map[string]any)["node"] == "dev-md-0-left" {
+			assert.Equal(t, "nodeguard/orphan", l["path"])
+			assert.Equal(t, true, l["result"].(map[string]any)["orphan"], "the verdict")
+			outcomes = append(outcomes, l["custom"].(map[string]any)["outcome"].(string))
+		}
+	}
+	assert.Equal(t, []string{"first-seen", "deleted"}, outcomes)
 }

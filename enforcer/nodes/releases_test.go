@@ -18,6 +18,8 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/nodes"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
+	"github.com/nodeguard/nodeguard/internal/testlog"
 )
 
 const cluster = "fleet/prod"
@@ -105,10 +107,16 @@ func (w *world) set(f func()) {
 
 func start(t *testing.T, m *nodes.ReleaseMetrics) (*world, *nodes.Publisher) {
 	t.Helper()
+	return startWith(t, m, nil)
+}
+
+// startWith is start with a decision log.
+func startWith(t *testing.T, m *nodes.ReleaseMetrics, dlog *rule.DecisionLog) (*world, *nodes.Publisher) {
+	t.Helper()
 	info, err := admission.LoadPolicyInfo()
 	require.NoError(t, err)
 	w := &world{info: info, cached: map[string]guard.Release{}, fresh: map[string]guard.Release{}, on: map[string]admission.ReleaseVerdict{}, leading: true}
-	p, err := nodes.NewPublisher(nodes.PublisherOptions{Judge: w.judge, Info: info, Metrics: m,
+	p, err := nodes.NewPublisher(nodes.PublisherOptions{Judge: w.judge, Info: info, Metrics: m, DecisionLog: dlog,
 		Ready: func() error {
 			w.mu.Lock()
 			defer w.mu.Unlock()
@@ -341,4 +349,31 @@ func TestWhatANodeCarriesIsFollowedWithoutAJudgment(t *testing.T) {
 	require.Eventually(t, func() bool { return w.carries("n") == admission.ReleaseVerdict{} }, 5*time.Second, 5*time.Millisecond, "revoked")
 	assert.Equal(t, reads, w.freshN, "no judgment: a revocation needs no fresh read")
 	assert.Equal(t, 1, w.writes)
+}
+
+// With a decision log, each verdict written is logged: the release, then
+// its revocation.
+func TestEachVerdictWrittenIsDecisionLogged(t *testing.T) {
+	var console testlog.Buffer
+	dlog, err := rule.StartDecisionLog(context.Background(), rule.DecisionLogOptions{Console: true, ConsoleOutput: &console})
+	require.NoError(t, err)
+	w, p := startWith(t, nil, dlog)
+	w.set(func() { w.cached["md-0"], w.fresh["md-0"] = guard.Release{Released: true}, guard.Release{Released: true} })
+	require.NoError(t, p.Judge(context.Background(), cluster, w.node("md-0", "uid-1")))
+	carriesSoon(t, w, "md-0", admission.ReleaseVerdict{UID: "uid-1"})
+	w.set(func() { w.cached["md-0"] = guard.Release{} })
+	require.NoError(t, p.Judge(context.Background(), cluster, w.node("md-0", "uid-1")))
+	carriesSoon(t, w, "md-0", admission.ReleaseVerdict{})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	dlog.Stop(ctx)
+	lines, err := console.Lines()
+	require.NoError(t, err)
+	require.Len(t, lines, 2)
+	for i, want := range []string{"released", "revoked"} {
+		assert.Equal(t, "nodeguard/release", lines[i]["path"])
+		assert.Equal(t, map[string]any{"cluster": cluster, "node": "md-0"}, lines[i]["input"])
+		assert.Equal(t, want, lines[i]["custom"].(map[string]any)["written"])
+		assert.Equal(t, want == "released", lines[i]["result"].(map[string]any)["released"])
+	}
 }

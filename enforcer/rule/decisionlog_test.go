@@ -1,7 +1,6 @@
 package rule
 
 import (
-	"bytes"
 	"compress/gzip"
 	"context"
 	"encoding/json"
@@ -17,25 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nodeguard/nodeguard/internal/testlog"
 )
-
-// syncBuffer is a bytes.Buffer safe for the plugin's goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func denial() DecisionEvent {
 	return DecisionEvent{
@@ -59,7 +42,7 @@ func TestAnEntryPathIsTheDataPath(t *testing.T) {
 // with the requester's extra attributes masked, result, bundle revision,
 // labels, nodeguard's own context.
 func TestTheConsoleGetsOPAsEventMasked(t *testing.T) {
-	var out syncBuffer
+	var out testlog.Buffer
 	d, err := StartDecisionLog(context.Background(), DecisionLogOptions{Console: true, ConsoleOutput: &out, ID: "replica-1", Version: "v1.1.2"})
 	require.NoError(t, err)
 	e := denial()

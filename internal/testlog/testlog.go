@@ -3,6 +3,8 @@ package testlog
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"sync"
 )
@@ -30,4 +32,21 @@ func (l *Buffer) String() string {
 func JSON() (*slog.Logger, *Buffer) {
 	b := &Buffer{}
 	return slog.New(slog.NewJSONHandler(b, nil)), b
+}
+
+// Lines decodes what was written as JSON lines, one object each; a line
+// that is not one is an error.
+func (l *Buffer) Lines() ([]map[string]any, error) {
+	var out []map[string]any
+	for _, line := range bytes.Split(bytes.TrimSpace([]byte(l.String())), []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal(line, &m); err != nil {
+			return nil, fmt.Errorf("line %q: %w", line, err)
+		}
+		out = append(out, m)
+	}
+	return out, nil
 }
