@@ -30,8 +30,8 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
-	"github.com/nodeguard/nodeguard/internal/testlog"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
+	"github.com/nodeguard/nodeguard/internal/testlog"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 

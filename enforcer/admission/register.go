@@ -96,7 +96,7 @@ func (h *handler) register(w http.ResponseWriter, r *http.Request, route, cluste
 		id := rule.NewDecisionID()
 		resp.AuditAnnotations = map[string]string{DecisionIDAuditAnnotation: id}
 		h.opts.DecisionLog.Log(rule.DecisionEvent{ID: id, Path: rule.RegistrationEntry.Path(), Result: a, Time: start,
-			Input: map[string]any{"review": map[string]any{"operation": req.Operation, "name": name, "userInfo": map[string]any{"username": req.UserInfo.Username}}},
+			Input:  map[string]any{"review": map[string]any{"operation": req.Operation, "name": name, "userInfo": map[string]any{"username": req.UserInfo.Username}}},
 			Custom: map[string]any{"route": route, "cluster": cluster, "uid": string(req.UID)}})
 	}
 	elapsed := time.Since(start)

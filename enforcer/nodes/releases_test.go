@@ -358,7 +358,9 @@ func TestEachVerdictWrittenIsDecisionLogged(t *testing.T) {
 	dlog, err := rule.StartDecisionLog(context.Background(), rule.DecisionLogOptions{Console: true, ConsoleOutput: &console})
 	require.NoError(t, err)
 	w, p := startWith(t, nil, dlog)
-	w.set(func() { w.cached["md-0"], w.fresh["md-0"] = guard.Release{Released: true}, guard.Release{Released: true} })
+	w.set(func() {
+		w.cached["md-0"], w.fresh["md-0"] = guard.Release{Released: true}, guard.Release{Released: true}
+	})
 	require.NoError(t, p.Judge(context.Background(), cluster, w.node("md-0", "uid-1")))
 	carriesSoon(t, w, "md-0", admission.ReleaseVerdict{UID: "uid-1"})
 	w.set(func() { w.cached["md-0"] = guard.Release{} })
