@@ -230,21 +230,35 @@ func (d *DecisionLog) run() {
 	}
 }
 
-// info converts e to the plugin's record: masking needs input as generic
-// JSON (maps and slices), so input and result go through encoding/json.
+// info converts e to the plugin's record. The input is converted to an AST
+// once (a rule Input as the rule converts it: its parameters are converted
+// already), which the mask and drop rules read, and the event's JSON form is
+// made from that: a copy, which masking may change.
 func (e DecisionEvent) info() (*server.Info, error) {
-	var input, result any
-	for _, c := range []struct {
-		from any
-		to   *any
-	}{{e.Input, &input}, {e.Result, &result}} {
-		b, err := json.Marshal(c.from)
-		if err != nil {
-			return nil, fmt.Errorf("decision %s: %w", e.ID, err)
-		}
-		if err := json.Unmarshal(b, c.to); err != nil {
-			return nil, fmt.Errorf("decision %s: %w", e.ID, err)
-		}
+	var in ast.Value
+	var err error
+	switch x := e.Input.(type) {
+	case ast.Value:
+		in = x
+	case Input:
+		in, err = InputValue(map[string]any{"review": x.Review, "inventory": x.Inventory, "parameters": x.Parameters})
+	default:
+		in, err = ast.InterfaceToValue(x)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("decision %s: input: %w", e.ID, err)
+	}
+	input, err := ast.JSON(in)
+	if err != nil {
+		return nil, fmt.Errorf("decision %s: input: %w", e.ID, err)
+	}
+	res, err := ast.InterfaceToValue(e.Result)
+	if err != nil {
+		return nil, fmt.Errorf("decision %s: result: %w", e.ID, err)
+	}
+	result, err := ast.JSON(res)
+	if err != nil {
+		return nil, fmt.Errorf("decision %s: result: %w", e.ID, err)
 	}
 	revision := e.Policy.Revision
 	if revision == "" {
@@ -254,6 +268,7 @@ func (e DecisionEvent) info() (*server.Info, error) {
 		DecisionID: e.ID,
 		Path:       e.Path,
 		Input:      &input,
+		InputAST:   in,
 		Results:    &result,
 		Bundles:    map[string]server.BundleInfo{"nodeguard": {Revision: revision}},
 		Timestamp:  e.Time,

@@ -166,3 +166,50 @@ func TestADecisionLogNeedsDecisionLogs(t *testing.T) {
 	none.Log(denial()) // off: nothing, no panic
 	assert.False(t, none.Enabled())
 }
+
+// blockedInput is the size of what a blocked decision read: the review, the
+// Node's Machine and InfraMachine as the rule gets them, the parameters.
+func blockedInput() map[string]any {
+	object := func(kind, name string) map[string]any {
+		return map[string]any{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": kind,
+			"metadata": map[string]any{"name": name, "namespace": "default", "uid": "0b7cc6a2-5b1e-4a5a-8d0f-43a1b2c3d4e5",
+				"labels": map[string]any{"cluster.x-k8s.io/cluster-name": "dev"}, "deletionTimestamp": nil},
+			"spec":   map[string]any{"providerID": "docker:////" + name, "infrastructureRef": map[string]any{"kind": "DockerMachine", "name": name}},
+			"status": map[string]any{"nodeRef": map[string]any{"name": name}, "phase": "Running"}}
+	}
+	return map[string]any{
+		"review": map[string]any{"operation": "DELETE", "name": "dev-md-0-abc", "kind": map[string]any{"group": "", "version": "v1", "kind": "Node"},
+			"userInfo": map[string]any{"username": "kubernetes-admin", "groups": []any{"system:masters"}},
+			"oldObject": map[string]any{"metadata": map[string]any{"name": "dev-md-0-abc", "annotations": map[string]any{
+				"cluster.x-k8s.io/machine": "dev-md-0-abc", "cluster.x-k8s.io/cluster-namespace": "default"}},
+				"spec": map[string]any{"providerID": "docker:////dev-md-0-abc"}}},
+		"inventory": map[string]any{"namespace": map[string]any{"default": map[string]any{
+			"cluster.x-k8s.io/v1beta2": map[string]any{"Machine": map[string]any{"dev-md-0-abc": object("Machine", "dev-md-0-abc")}},
+			"infrastructure.cluster.x-k8s.io/v1beta2": map[string]any{"DockerMachine": map[string]any{"dev-md-0-abc": object("DockerMachine", "dev-md-0-abc")}}}}},
+		"parameters": map[string]any{"exemptGroups": []any{}, "exemptUsers": []any{}},
+	}
+}
+
+// BenchmarkDecisionLogEvent is the decision log's work per event, on its
+// own goroutine, to an HTTP service: what logging takes from the cores a
+// decision shares.
+func BenchmarkDecisionLogEvent(b *testing.B) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) }))
+	defer srv.Close()
+	cfg := "services:\n  c:\n    url: " + srv.URL + "\ndecision_logs:\n  service: c\n  reporting:\n    buffer_type: event\n    buffer_size_limit_events: 1000000\n    min_delay_seconds: 1\n    max_delay_seconds: 1\n"
+	d, err := StartDecisionLog(context.Background(), DecisionLogOptions{Config: []byte(cfg), Queue: b.N + 1})
+	require.NoError(b, err)
+	e := denial()
+	in := blockedInput()
+	params, err := NewParameters(in["parameters"].(map[string]any))
+	require.NoError(b, err)
+	e.Input = Input{Review: in["review"].(map[string]any), Inventory: in["inventory"].(map[string]any), Parameters: params}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		d.Log(e)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d.Stop(ctx)
+}
