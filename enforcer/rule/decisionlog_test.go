@@ -184,7 +184,7 @@ func blockedInput() map[string]any {
 				"cluster.x-k8s.io/machine": "dev-md-0-abc", "cluster.x-k8s.io/cluster-namespace": "default"}},
 				"spec": map[string]any{"providerID": "docker:////dev-md-0-abc"}}},
 		"inventory": map[string]any{"namespace": map[string]any{"default": map[string]any{
-			"cluster.x-k8s.io/v1beta2": map[string]any{"Machine": map[string]any{"dev-md-0-abc": object("Machine", "dev-md-0-abc")}},
+			"cluster.x-k8s.io/v1beta2":                map[string]any{"Machine": map[string]any{"dev-md-0-abc": object("Machine", "dev-md-0-abc")}},
 			"infrastructure.cluster.x-k8s.io/v1beta2": map[string]any{"DockerMachine": map[string]any{"dev-md-0-abc": object("DockerMachine", "dev-md-0-abc")}}}}},
 		"parameters": map[string]any{"exemptGroups": []any{}, "exemptUsers": []any{}},
 	}
