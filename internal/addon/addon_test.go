@@ -1,7 +1,6 @@
 package addon_test
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,12 +11,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/nodeguard/nodeguard/internal/addon"
 	"github.com/nodeguard/nodeguard/internal/policydoc"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
 const root = "../.."
@@ -40,17 +39,10 @@ func substitute(t *testing.T, in []byte, values map[string]string) []byte {
 func objects(t *testing.T, stream []byte) map[string]*unstructured.Unstructured {
 	t.Helper()
 	out := map[string]*unstructured.Unstructured{}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(stream), 4096)
-	for {
-		u := &unstructured.Unstructured{}
-		if err := dec.Decode(&u.Object); err != nil {
-			require.ErrorContains(t, err, "EOF")
-			return out
-		}
-		if len(u.Object) > 0 {
-			out[u.GetKind()+" "+u.GetNamespace()+"/"+u.GetName()] = u
-		}
+	for _, u := range testcluster.Objects(t, stream) {
+		out[u.GetKind()+" "+u.GetNamespace()+"/"+u.GetName()] = u
 	}
+	return out
 }
 
 // kustomizeWith renders enforcer/deploy with the components named, as an

@@ -23,6 +23,7 @@ import (
 	ngkube "github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/internal/addon"
 	"github.com/nodeguard/nodeguard/internal/constraints"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
 // clusterctl, the pinned release, renders nodeguard's add-on provider from a
@@ -72,7 +73,7 @@ func testClusterctlRendersTheAddon(t *testing.T, kube kubernetes.Interface, clie
 	out, stderr, err = generate("NODEGUARD_FLEET_HOST=nodeguard.fleet.example")
 	require.NoError(t, err, "every other variable has a default: %s", stderr)
 	assert.NotContains(t, string(out), "${", "every variable substituted")
-	objs := decodeAll(t, out)
+	objs := testcluster.Objects(t, out)
 	var rest []*unstructured.Unstructured
 	for _, u := range objs {
 		assert.Equal(t, addon.Label, u.GetLabels()["cluster.x-k8s.io/provider"], "%s %s", u.GetKind(), u.GetName())

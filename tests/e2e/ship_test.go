@@ -18,7 +18,6 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -31,6 +30,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 	"github.com/nodeguard/nodeguard/internal/localcluster"
 	"github.com/nodeguard/nodeguard/internal/testbundle"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -99,7 +99,7 @@ func TestChartPassesServerSideDryRun(t *testing.T) {
 			rendered, err := cmd.Output()
 			require.NoError(t, err, stderr.String())
 
-			kinds := dryRunCreate(t, clients, dyn, decodeAll(t, rendered))
+			kinds := dryRunCreate(t, clients, dyn, testcluster.Objects(t, rendered))
 			t.Logf("validated by the API server: %v", kinds)
 			for _, k := range tc.kinds {
 				assert.Positive(t, kinds[k], "%s rendered and validated", k)
@@ -140,23 +140,6 @@ func installCRDs(t *testing.T, env *envtest.Environment, module string, files ..
 	}
 	_, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{CRDs: crds})
 	require.NoError(t, err)
-}
-
-// decodeAll decodes a stream of YAML documents, skipping empty ones.
-func decodeAll(t *testing.T, stream []byte) []*unstructured.Unstructured {
-	t.Helper()
-	var out []*unstructured.Unstructured
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(stream), 4096)
-	for {
-		u := &unstructured.Unstructured{}
-		if err := dec.Decode(&u.Object); err != nil {
-			require.ErrorContains(t, err, "EOF")
-			return out
-		}
-		if len(u.Object) > 0 {
-			out = append(out, u)
-		}
-	}
 }
 
 // dryRunCreate has the API server validate each object as a create
