@@ -25,6 +25,7 @@ import (
 	"github.com/nodeguard/nodeguard/enforcer/rule"
 	"github.com/nodeguard/nodeguard/internal/stacks"
 	"github.com/nodeguard/nodeguard/internal/testcluster"
+	"github.com/nodeguard/nodeguard/internal/testlog"
 	"github.com/nodeguard/nodeguard/internal/testpki"
 )
 
@@ -63,6 +64,13 @@ type providerServer struct {
 // routes' CA, "anonymous" none.
 func providerServe(t testing.TB, facts admission.ProviderFacts, clusterExists func(context.Context, string, string) (bool, error)) *providerServer {
 	t.Helper()
+	return providerServeWith(t, facts, clusterExists, nil)
+}
+
+// providerServeWith is providerServe with a decision log.
+func providerServeWith(t testing.TB, facts admission.ProviderFacts, clusterExists func(context.Context, string, string) (bool, error),
+	dlog *rule.DecisionLog) *providerServer {
+	t.Helper()
 	pki, gatekeeperCA, apiServerCA := testpki.New(t), testpki.New(t), testpki.New(t)
 	reg := prometheus.NewRegistry()
 	im, err := admission.NewIntakeMetrics(reg)
@@ -78,7 +86,8 @@ func providerServe(t testing.TB, facts admission.ProviderFacts, clusterExists fu
 			return ok, "", err
 		})
 	}
-	h, err := admission.NewProvider(admission.ProviderOptions{Facts: facts, ClientCAs: gatekeeperCA.Pool(), Clusters: clusters, Intake: in, Metrics: pm})
+	h, err := admission.NewProvider(admission.ProviderOptions{Facts: facts, ClientCAs: gatekeeperCA.Pool(), Clusters: clusters, Intake: in, Metrics: pm,
+		DecisionLog: dlog})
 	require.NoError(t, err)
 	url, _ := pki.Serve(t, h, admission.TLSOptions{ClientCAFiles: []string{gatekeeperCA.CAFile(t), apiServerCA.CAFile(t)}})
 	client := func(ca *testpki.CA) *http.Client {
@@ -305,4 +314,33 @@ func TestConcurrentKeysOfOneNodeShareOneRead(t *testing.T) {
 	close(release)
 	wg.Wait()
 	assert.EqualValues(t, 1, f.reads.Load())
+}
+
+// With a decision log, each key's answer is logged: its facts, or its error.
+func TestEachAnswerIsDecisionLogged(t *testing.T) {
+	g, nodes := exampleGuard(t)
+	var console testlog.Buffer
+	dlog, err := rule.StartDecisionLog(context.Background(), rule.DecisionLogOptions{Console: true, ConsoleOutput: &console})
+	require.NoError(t, err)
+	s := providerServeWith(t, g, nil, dlog)
+	linked := key(t, "uid-1", nodes[providerLinkedNode])
+	code, raw, _ := s.post(t, "gatekeeper", "/externaldata", request(linked, "not-a-key"))
+	require.Equal(t, 200, code, raw)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	dlog.Stop(ctx)
+	lines, err := console.Lines()
+	require.NoError(t, err)
+	require.Len(t, lines, 2)
+	for _, l := range lines {
+		assert.Equal(t, admission.ExternalDataPath, l["path"])
+		result := l["result"].(map[string]any)
+		switch l["input"].(map[string]any)["key"] {
+		case linked:
+			assert.ElementsMatch(t, []string{"Machine default/" + providerLinkedNode, "DockerMachine default/" + providerLinkedNode}, kinds(t, result["value"]))
+			assert.Empty(t, result["error"])
+		default:
+			assert.NotEmpty(t, result["error"])
+		}
+	}
 }

@@ -45,9 +45,9 @@ type Registration struct {
 
 // RegistrationAnswer is what the registration routes answer.
 type RegistrationAnswer struct {
-	Allowed bool
-	Reason  string // one of the Reason* of the registration routes
-	Message string // why it is denied
+	Allowed bool   `json:"allowed"`
+	Reason  string `json:"reason"`  // one of the Reason* of the registration routes
+	Message string `json:"message"` // why it is denied
 }
 
 // register answers one registration review on route for cluster; any

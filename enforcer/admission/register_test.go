@@ -6,12 +6,15 @@ import (
 	"errors"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
+	"github.com/nodeguard/nodeguard/internal/testlog"
 )
 
 // registration is an AdmissionReview of a Node CREATE (old nil) or UPDATE.
@@ -86,4 +89,30 @@ func TestRegistrationsAreAdmittedWithoutAJudge(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	assert.True(t, resp.Response.Allowed)
 	assert.Empty(t, resp.Response.Warnings)
+}
+
+// With a decision log, a registration's answer carries its decision_id and
+// is logged.
+func TestARegistrationIsDecisionLogged(t *testing.T) {
+	g, _, _ := example(t)
+	var console testlog.Buffer
+	dlog, err := rule.StartDecisionLog(context.Background(), rule.DecisionLogOptions{Console: true, ConsoleOutput: &console})
+	require.NoError(t, err)
+	s := serve(t, admission.NewWebhook(admission.WebhookOptions{Decider: g, DecisionLog: dlog,
+		Register: func(context.Context, admission.Registration) (admission.RegistrationAnswer, error) {
+			return admission.RegistrationAnswer{Reason: admission.ReasonGhost, Message: "its host was not destroyed"}, nil
+		}}), admission.TLSOptions{}, nil)
+	_, _, resp := s.post(t, "/register/clusters/default/dev", "application/json", registration(admissionv1.Create, kubeletNode("aws:///a/i-1"), nil))
+	id := resp.Response.AuditAnnotations[admission.DecisionIDAuditAnnotation]
+	require.NotEmpty(t, id)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	dlog.Stop(ctx)
+	lines, err := console.Lines()
+	require.NoError(t, err)
+	require.Len(t, lines, 1)
+	assert.Equal(t, id, lines[0]["decision_id"])
+	assert.Equal(t, "nodeguard/registration", lines[0]["path"])
+	assert.Equal(t, "ghost", lines[0]["result"].(map[string]any)["reason"])
+	assert.Equal(t, "default/dev", lines[0]["custom"].(map[string]any)["cluster"])
 }

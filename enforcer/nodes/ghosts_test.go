@@ -12,6 +12,8 @@ import (
 
 	"github.com/nodeguard/nodeguard/enforcer/guard"
 	"github.com/nodeguard/nodeguard/enforcer/nodes"
+	"github.com/nodeguard/nodeguard/enforcer/rule"
+	"github.com/nodeguard/nodeguard/internal/testlog"
 )
 
 // A Workload cluster removed while one of its Nodes was being judged: the
@@ -53,4 +55,36 @@ func TestAVerdictToldAfterItsClusterWentBringsNothingBack(t *testing.T) {
 	confirm(t0.Add(2 * time.Minute))
 	assert.Len(t, tr.Ghosts(), 1)
 	assert.Equal(t, 1, series())
+}
+
+// With a decision log, a ghost confirmed and a ghost no more are logged;
+// the verdicts between them, which change nothing reported, are not.
+func TestGhostTransitionsAreDecisionLogged(t *testing.T) {
+	var console testlog.Buffer
+	dlog, err := rule.StartDecisionLog(context.Background(), rule.DecisionLogOptions{Console: true, ConsoleOutput: &console})
+	require.NoError(t, err)
+	tr := nodes.NewGhostTracker(nodes.GhostOptions{Confirm: time.Second, DecisionLog: dlog})
+	ctx := context.Background()
+	target := nodes.GhostTarget{Cluster: "fleet/dev"}
+	g := guard.Ghost{Node: "dev-md-0-x", ProviderID: "docker:////dev-md-0-x", Ghost: true, UID: "u1", Reason: "alive again"}
+	t0 := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	for _, at := range []time.Duration{0, time.Second, 2 * time.Second} {
+		_, err := tr.Observe(ctx, target, g, t0.Add(at), false)
+		require.NoError(t, err)
+	}
+	g.Ghost, g.Reason = false, ""
+	_, err = tr.Observe(ctx, target, g, t0.Add(3*time.Second), false)
+	require.NoError(t, err)
+	stop, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	dlog.Stop(stop)
+	lines, err := console.Lines()
+	require.NoError(t, err)
+	require.Len(t, lines, 2)
+	for i, want := range []string{"ghost", "ghost-no-more"} {
+		assert.Equal(t, "nodeguard/ghost", lines[i]["path"])
+		assert.Equal(t, want, lines[i]["custom"].(map[string]any)["transition"])
+		assert.Equal(t, map[string]any{"cluster": "fleet/dev", "node": "dev-md-0-x", "uid": "u1", "providerID": "docker:////dev-md-0-x"}, lines[i]["input"])
+		assert.Equal(t, want == "ghost", lines[i]["result"].(map[string]any)["ghost"])
+	}
 }
