@@ -71,7 +71,10 @@ type DecisionLog struct {
 	metrics metrics.Metrics
 	queue   chan DecisionEvent
 	dropped atomic.Uint64
-	done    chan struct{}
+	// stop ends the worker, which first hands what is queued to the plugin;
+	// the queue is never closed, so a Log racing Stop cannot panic.
+	stop chan struct{}
+	done chan struct{}
 }
 
 // DecisionEvent is one verdict, in the terms of OPA's decision log event.
@@ -185,7 +188,8 @@ func StartDecisionLog(ctx context.Context, opts DecisionLogOptions) (*DecisionLo
 	if queue <= 0 {
 		queue = DefaultDecisionLogQueue
 	}
-	d := &DecisionLog{policy: opts.Policy, manager: manager, plugin: plugin, metrics: m, queue: make(chan DecisionEvent, queue), done: make(chan struct{})}
+	d := &DecisionLog{policy: opts.Policy, manager: manager, plugin: plugin, metrics: m, queue: make(chan DecisionEvent, queue),
+		stop: make(chan struct{}), done: make(chan struct{})}
 	go d.run()
 	return d, nil
 }
@@ -218,15 +222,31 @@ func (d *DecisionLog) Enabled() bool { return d != nil }
 
 func (d *DecisionLog) run() {
 	defer close(d.done)
-	ctx := context.Background()
-	for e := range d.queue {
-		info, err := e.info()
-		if err == nil {
-			err = d.plugin.Log(ctx, info)
+	for {
+		select {
+		case e := <-d.queue:
+			d.hand(e)
+		case <-d.stop:
+			for {
+				select {
+				case e := <-d.queue:
+					d.hand(e)
+				default:
+					return
+				}
+			}
 		}
-		if err != nil {
-			d.dropped.Add(1)
-		}
+	}
+}
+
+// hand converts e and gives it to the plugin; what cannot be is dropped.
+func (d *DecisionLog) hand(e DecisionEvent) {
+	info, err := e.info()
+	if err == nil {
+		err = d.plugin.Log(context.Background(), info)
+	}
+	if err != nil {
+		d.dropped.Add(1)
 	}
 }
 
@@ -276,13 +296,14 @@ func (e DecisionEvent) info() (*server.Info, error) {
 	}, nil
 }
 
-// Stop stops taking events, hands the queued ones to the plugin and stops
-// it, uploading what it holds until ctx ends.
+// Stop hands the queued events to the plugin and stops it, uploading what
+// it holds until ctx ends; events logged meanwhile or after may be lost.
+// Call it once.
 func (d *DecisionLog) Stop(ctx context.Context) {
 	if d == nil {
 		return
 	}
-	close(d.queue)
+	close(d.stop)
 	select {
 	case <-d.done:
 	case <-ctx.Done():
