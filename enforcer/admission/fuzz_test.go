@@ -8,12 +8,16 @@ import (
 	"testing"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 )
 
 // FuzzValidate feeds arbitrary bodies to /validate: the handler must never
-// panic, must answer 200 only with a response for the request's uid, and must
+// panic, must answer 200 only to a review (as far as it reads one: a field
+// it never reads may hold anything) with a response for the request's uid, and must
 // never allow the delete of the linked Node to a user who is not exempt, nor
 // a Node delete without oldObject to anyone (the rule's own denial).
 // The seeds run with every `go test`; `go test -fuzz FuzzValidate` explores.
@@ -36,7 +40,23 @@ func FuzzValidate(f *testing.F) {
 		if rec.Code != http.StatusOK {
 			return
 		}
-		var in, out admissionv1.AdmissionReview
+		// A review as far as the handler reads one: the fields it never reads
+		// (resource, options, the object of a DELETE) may hold anything.
+		var in struct {
+			Request *struct {
+				UID       types.UID               `json:"uid"`
+				Kind      metav1.GroupVersionKind `json:"kind"`
+				Name      string                  `json:"name"`
+				Operation admissionv1.Operation   `json:"operation"`
+				UserInfo  struct {
+					Username string   `json:"username"`
+					Groups   []string `json:"groups"`
+				} `json:"userInfo"`
+				OldObject runtime.RawExtension `json:"oldObject"`
+				DryRun    *bool                `json:"dryRun"`
+			} `json:"request"`
+		}
+		var out admissionv1.AdmissionReview
 		if err := json.Unmarshal(body, &in); err != nil || in.Request == nil {
 			t.Fatalf("200 for a body that is not a review: %q", body)
 		}
