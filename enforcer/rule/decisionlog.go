@@ -115,6 +115,9 @@ func StartDecisionLog(ctx context.Context, opts DecisionLogOptions) (*DecisionLo
 	if err := yaml.Unmarshal(raw, &cfg); err != nil {
 		return nil, fmt.Errorf("decision log configuration: %w", err)
 	}
+	if cfg == nil { // a file holding only comments or null
+		cfg = map[string]any{}
+	}
 	if opts.Console {
 		dl, _ := cfg["decision_logs"].(map[string]any)
 		if dl == nil {

@@ -160,6 +160,11 @@ func bufferDrops(t *testing.T, reg *prometheus.Registry) float64 {
 func TestADecisionLogNeedsDecisionLogs(t *testing.T) {
 	_, err := StartDecisionLog(context.Background(), DecisionLogOptions{Config: []byte("services: {}\n")})
 	assert.ErrorContains(t, err, "no decision_logs section")
+	_, err = StartDecisionLog(context.Background(), DecisionLogOptions{Config: []byte("# nothing yet\n")})
+	assert.ErrorContains(t, err, "no decision_logs section", "an empty file is no configuration")
+	d, err := StartDecisionLog(context.Background(), DecisionLogOptions{Config: []byte("null\n"), Console: true, ConsoleOutput: io.Discard})
+	require.NoError(t, err, "nothing but the console")
+	d.Stop(context.Background())
 	_, err = StartDecisionLog(context.Background(), DecisionLogOptions{Console: true, Mask: "package other\n\nmask contains \"/input\"\n"})
 	assert.ErrorContains(t, err, "package other, want system.log")
 	var none *DecisionLog
