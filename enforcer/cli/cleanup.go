@@ -128,8 +128,9 @@ func scale(ctx context.Context, kube kubernetes.Interface, opts CleanupOptions, 
 	return nil
 }
 
-// remove deletes what nodeguard owns: Gatekeeper's Provider and the fleet's
-// status here, and what the fleet installed in each workload cluster.
+// remove deletes what nodeguard owns: Gatekeeper's Provider here, and what
+// the fleet installed in each workload cluster. The fleet's ClusterGuards go
+// with their CustomResourceDefinition, which the uninstall deletes.
 func remove(ctx context.Context, c kube.Clients, namespace string, out io.Writer) error {
 	var errs []error
 	here := []struct {
@@ -138,7 +139,6 @@ func remove(ctx context.Context, c kube.Clients, namespace string, out io.Writer
 		namespace, name string
 	}{
 		{"Gatekeeper Provider nodeguard", admission.ProviderGVR, "", "nodeguard"},
-		{"ConfigMap " + namespace + "/" + fleet.StatusName, schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, namespace, fleet.StatusName},
 	}
 	for _, h := range here {
 		deleted, err := kube.DeleteOwned(ctx, c.Dynamic, h.gvr, h.namespace, h.name)

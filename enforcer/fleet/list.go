@@ -8,8 +8,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 )
 
@@ -18,16 +16,13 @@ import (
 const ReasonNotReported = "not-reported"
 
 // List is every Cluster of the management cluster c with the State the
-// fleet reconciler reported for it (in namespace ns), sorted by key.
-func List(ctx context.Context, c kube.Clients, ns string) ([]State, error) {
+// fleet reconciler reported for it in its ClusterGuard, sorted by key.
+func List(ctx context.Context, c kube.Clients) ([]State, error) {
 	keys, err := kube.ClusterKeys(ctx, c, "")
 	if err != nil {
 		return nil, err
 	}
-	reported, err := ReadStatus(ctx, c.Dynamic, ns)
-	if apierrors.IsNotFound(err) {
-		reported, err = map[string]State{}, nil
-	}
+	reported, err := ReadStatus(ctx, c.Dynamic)
 	if err != nil {
 		return nil, err
 	}
@@ -36,7 +31,7 @@ func List(ctx context.Context, c kube.Clients, ns string) ([]State, error) {
 		st, ok := reported[key]
 		if !ok {
 			st = State{Cluster: key, Reason: ReasonNotReported,
-				Message: "nodeguard serve --fleet has not reported this Cluster (" + ns + "/" + StatusName + ")"}
+				Message: "nodeguard serve --fleet has not written this Cluster's ClusterGuard"}
 		}
 		out = append(out, st)
 	}

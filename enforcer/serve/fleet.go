@@ -107,8 +107,7 @@ func startFleet(ctx context.Context, c kube.Clients, opts Options, params map[st
 	if len(caFiles) == 0 {
 		caFiles = []string{filepath.Join(filepath.Dir(opts.CertFile), "ca.crt")}
 	}
-	ns := LeaseNamespace(f.Namespace)
-	status := &fleet.Status{Client: c.Dynamic, Namespace: ns, Log: log}
+	status := &fleet.Status{Client: c.Dynamic, Owner: sessions.Set.Meta, Leading: leader.Leading, Log: log}
 	clusterEvents := rec.In("", nil)
 	var certs *fleet.ClientCerts
 	if issuer != nil {
@@ -150,10 +149,10 @@ func startFleet(ctx context.Context, c kube.Clients, opts Options, params map[st
 	if leader.Leading() {
 		r.Lead()
 	}
-	go status.Run(ctx)
+	bg.Go(func() { status.Run(ctx) })
 	bg.Go(func() { r.Run(ctx) })
 	log.Info("fleet: guarding workload clusters", "url", f.URL, "selector", selector.String(), "caFiles", caFiles,
-		"proofInterval", f.ProofInterval.String(), "statusConfigMap", ns+"/"+fleet.StatusName)
+		"proofInterval", f.ProofInterval.String())
 	return r, nil
 }
 

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nodeguard/nodeguard/enforcer/fleet"
 	"github.com/nodeguard/nodeguard/enforcer/kube"
 	"github.com/nodeguard/nodeguard/enforcer/serve"
 )
@@ -96,8 +97,8 @@ func ModuleDir(module string) (string, error) {
 	return info.Dir, nil
 }
 
-// CRDs reads the release's core CRDs and CAPD's; CAPD's carry the contract
-// label.
+// CRDs reads the release's core CRDs and CAPD's (CAPD's carry the contract
+// label), and adds nodeguard's ClusterGuard.
 func (r Release) CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	capi, err := ModuleDir(r.CAPI)
 	if err != nil {
@@ -130,7 +131,8 @@ func (r Release) CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	if err := read(filepath.Join(capd, capdCRDs), r.CAPDCRDs, r.Contract); err != nil {
 		return nil, err
 	}
-	return out, nil
+	// nodeguard's own, where the fleet writes its status.
+	return append(out, fleet.ClusterGuardCRD()), nil
 }
 
 // Environment is an envtest environment over the binaries in binDir with the

@@ -314,7 +314,7 @@ func capiAdmissionPolicyMode(t *testing.T, workloadEnv *envtest.Environment) {
 	started := time.Now()
 	_, stop := serveWith(t, clients, ca, opts)
 	require.EventuallyWithT(t, func(col *assert.CollectT) {
-		states, err := fleet.List(ctx, clients, "default")
+		states, err := fleet.List(ctx, clients)
 		require.NoError(col, err)
 		require.Len(col, states, 1)
 		assert.True(col, states[0].Guarded, "%+v", states[0])

@@ -321,7 +321,7 @@ func TestCAPIManagementAndWorkloadClusters(t *testing.T) {
 	require.NoError(t, err)
 	serveFleet(t, clients, testpki.New(t), serve.Options{})
 	require.EventuallyWithT(t, func(col *assert.CollectT) {
-		states, err := fleet.List(context.Background(), clients, "default")
+		states, err := fleet.List(context.Background(), clients)
 		require.NoError(col, err)
 		require.Len(col, states, 1)
 		assert.True(col, states[0].Guarded, "%+v", states[0])

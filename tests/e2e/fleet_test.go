@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -94,7 +96,7 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 	workloadAdmin(t, ctx, w2Env, mgmtKube, "default", "two")
 
 	states := func(c require.TestingT) map[string]fleet.State {
-		list, err := fleet.List(ctx, clients, "default")
+		list, err := fleet.List(ctx, clients)
 		require.NoError(c, err)
 		out := map[string]fleet.State{}
 		for _, s := range list {
@@ -321,6 +323,48 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		denied(t, kube1, "md-0-a", "DockerMachine default/md-0-a")
 	})
 
+	t.Run("kubectl get clusterguards shows the fleet at a glance, with its conditions", func(t *testing.T) {
+		// dev guarded, two opted out, gone unreachable.
+		var table string
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			out, err := kubectl(t, mgmtEnv, "get", "clusterguards", "-A")
+			require.NoError(c, err, out)
+			rows := map[string][]string{}
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+				f := strings.Fields(line)
+				rows[f[1]] = f
+			}
+			// NAMESPACE NAME MODE GUARDED REASON ACTION LAST PROOF AGE
+			assert.Equal(c, []string{"default", "dev", "webhook", "True", "Guarded", "deny"}, head(rows["dev"], 6), out)
+			assert.Equal(c, []string{"default", "two", "webhook", "False", "OptedOut"}, head(rows["two"], 5), out)
+			assert.Equal(c, []string{"default", "gone", "webhook", "False", "Unreachable"}, head(rows["gone"], 5), out)
+			table = out
+		}, 30*time.Second, 200*time.Millisecond)
+		t.Logf("kubectl get clusterguards -A:\n%s", table)
+		want := map[string]map[string]string{
+			"dev":  {fleet.ConditionGuarded: "True", fleet.ConditionReachable: "True", fleet.ConditionProven: "True"},
+			"two":  {fleet.ConditionGuarded: "False", fleet.ConditionReachable: "Unknown", fleet.ConditionProven: "Unknown"},
+			"gone": {fleet.ConditionGuarded: "False", fleet.ConditionReachable: "False", fleet.ConditionProven: "Unknown"},
+		}
+		for name, conds := range want {
+			cg, err := dyn.Resource(fleet.ClusterGuards).Namespace("default").Get(ctx, name, metav1.GetOptions{})
+			require.NoError(t, err)
+			cluster, err := dyn.Resource(clustersGVR).Namespace("default").Get(ctx, name, metav1.GetOptions{})
+			require.NoError(t, err)
+			require.Len(t, cg.GetOwnerReferences(), 1, name)
+			assert.Equal(t, cluster.GetUID(), cg.GetOwnerReferences()[0].UID, "%s is owned by its Cluster", name)
+			list, _, _ := unstructured.NestedSlice(cg.Object, "status", "conditions")
+			got := map[string]string{}
+			for _, c := range list {
+				m := c.(map[string]any)
+				got[m["type"].(string)] = m["status"].(string)
+				assert.NotEmpty(t, m["reason"], "%s %s", name, m["type"])
+				assert.EqualValues(t, cg.GetGeneration(), m["observedGeneration"], "%s %s", name, m["type"])
+			}
+			assert.Equal(t, conds, got, name)
+		}
+	})
+
 	t.Run("a Cluster renamed by delete and create takes the configuration over", func(t *testing.T) {
 		require.NoError(t, dyn.Resource(clustersGVR).Namespace("default").Delete(ctx, "dev", metav1.DeleteOptions{}))
 		apply(t, dyn, clustersGVR, map[string]any{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
@@ -332,6 +376,8 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 			s := states(c)
 			assert.True(c, s["default/dev2"].Guarded, "%+v", s["default/dev2"])
 			assert.NotContains(c, s, "default/dev", "the deleted Cluster is forgotten")
+			_, err := dyn.Resource(fleet.ClusterGuards).Namespace("default").Get(ctx, "dev", metav1.GetOptions{})
+			assert.True(c, apierrors.IsNotFound(err), "the deleted Cluster's ClusterGuard goes with it: %v", err)
 			vwc, err := kube1.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, admission.Name, metav1.GetOptions{})
 			require.NoError(c, err)
 			assert.Equal(c, "default/dev2", vwc.Annotations[admission.ClusterAnnotation])
@@ -367,8 +413,6 @@ func TestFleetGuardsEveryWorkloadCluster(t *testing.T) {
 		assert.True(t, apierrors.IsNotFound(err), "and nodeguard's identity there: %v", err)
 		_, err = kube2.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, admission.Name, metav1.GetOptions{})
 		assert.NoError(t, err, "Helm's stays")
-		_, err = mgmtKube.CoreV1().ConfigMaps("default").Get(ctx, fleet.StatusName, metav1.GetOptions{})
-		assert.True(t, apierrors.IsNotFound(err), "the fleet's status is gone: %v", err)
 		require.NoError(t, dryRunDelete(ctx, kube1, "md-0-a"), "no configuration left to deny it")
 	})
 }
@@ -499,3 +543,6 @@ func mustSecret(t *testing.T, kube kubernetes.Interface, name string) []byte {
 	require.NoError(t, err)
 	return s.Data["value"]
 }
+
+// head is the first n fields of a table row (all of them when fewer).
+func head(fields []string, n int) []string { return fields[:min(n, len(fields))] }

@@ -191,7 +191,7 @@ func unguardedEvents(c require.TestingT, kube kubernetes.Interface, name string)
 
 // fleetStates are the States `nodeguard clusters` reads, by Cluster key.
 func fleetStates(c require.TestingT, clients ngkube.Clients) map[string]fleet.State {
-	list, err := fleet.List(context.Background(), clients, "default")
+	list, err := fleet.List(context.Background(), clients)
 	require.NoError(c, err)
 	out := map[string]fleet.State{}
 	for _, s := range list {
@@ -264,7 +264,7 @@ func TestTheFleetTellsTheTruth(t *testing.T) {
 		var mu sync.Mutex
 		seen := map[string][]string{} // every reason read, in order
 		sample := func(ctx context.Context) {
-			list, err := fleet.List(ctx, clients, "default")
+			list, err := fleet.List(ctx, clients)
 			if err != nil {
 				return
 			}

@@ -122,7 +122,7 @@ func TestCAPIGhostNodes(t *testing.T) {
 	metrics := (<-metricsAt).String()
 	guarded := func(what string) {
 		require.EventuallyWithT(t, func(col *assert.CollectT) {
-			states, err := fleet.List(ctx, clients, "default")
+			states, err := fleet.List(ctx, clients)
 			require.NoError(col, err)
 			require.Len(col, states, 1)
 			assert.True(col, states[0].Guarded, "%+v", states[0])

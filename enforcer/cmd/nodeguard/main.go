@@ -315,7 +315,7 @@ func serveCommand(stderr io.Writer) *cobra.Command {
 	f.StringVar(&opts.Fleet.ClientCACertFile, "fleet-client-ca-cert-file", "", "with --fleet: PEM CA certificate that issues each selected Cluster's workload API server a webhook client certificate of its own (Secret NAME-nodeguard-webhook-client beside the Cluster, a kubeconfig whose user is --fleet-url's host:port); the Cluster's route then accepts only that certificate (401 otherwise)")
 	f.StringVar(&opts.Fleet.ClientCAKeyFile, "fleet-client-ca-key-file", "", "with --fleet-client-ca-cert-file: that CA's PEM private key")
 	f.DurationVar(&opts.Fleet.ClientCertValidity, "fleet-client-cert-validity", fleet.DefaultClientCertValidity, "with --fleet-client-ca-cert-file: how long each issued certificate is valid; it is renewed when a third of that is left (the API server reads it when it starts: at the control plane's next rollout)")
-	f.StringVar(&opts.Fleet.Namespace, "fleet-namespace", "", "with --fleet: namespace of the status ConfigMap nodeguard-fleet and the Lease (default: $POD_NAMESPACE, else nodeguard-system)")
+	f.StringVar(&opts.Fleet.Namespace, "fleet-namespace", "", "with --fleet: namespace of the Lease nodeguard-fleet (default: $POD_NAMESPACE, else nodeguard-system)")
 	return cmd
 }
 
