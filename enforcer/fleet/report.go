@@ -139,6 +139,15 @@ func (s *Status) Report(st State) {
 	}
 }
 
+// Lead is told that this replica leads now: another leader may have
+// written since this one last did, so every State is written afresh.
+func (s *Status) Lead() {
+	s.init()
+	s.mu.Lock()
+	clear(s.written)
+	s.mu.Unlock()
+}
+
 // Forget deletes the ClusterGuard of a Cluster that is gone
 // (Options.Forgotten); its owner reference has the garbage collector do the
 // same when nodeguard is not running.

@@ -143,6 +143,7 @@ func startFleet(ctx context.Context, c kube.Clients, opts Options, params map[st
 	// A new leader proves every cluster at once.
 	leader.Notify(func(leading bool) {
 		if leading {
+			status.Lead()
 			r.Lead()
 		}
 	})
