@@ -136,6 +136,9 @@ const (
 	// retryUnguarded is how soon a reachable but unguarded cluster is
 	// proven again.
 	retryUnguarded = 15 * time.Second
+	// repairedRetry is how soon a cluster whose identity was installed
+	// again is looked at: RBAC's informers see a binding in milliseconds.
+	repairedRetry = time.Second
 	// publishWait bounds how long a cluster entering mode admission-policy
 	// waits, unreported, for the verdicts on its Nodes to be written (every
 	// Node judged once) before its delete policy is bound.
@@ -693,6 +696,9 @@ func (r *Reconciler) repaired(ctx context.Context, key string, s *session, err e
 		return "; installing nodeguard's identity again failed: " + rerr.Error()
 	}
 	r.opts.Log.Info("fleet: nodeguard's identity was refused; installed it again", "cluster", key, "error", err.Error())
+	// Look again once the API server's authorizer has the grants back,
+	// not after the unguarded retry.
+	r.loop.AddAfter(key, repairedRetry)
 	return "; nodeguard's identity was refused and is installed again"
 }
 
