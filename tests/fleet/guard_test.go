@@ -20,9 +20,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
 	ngfleet "github.com/nodeguard/nodeguard/enforcer/fleet"
@@ -220,6 +225,42 @@ func mustJSON(v any) []byte {
 type guardFleet struct {
 	servers map[string]*guardServer
 	r       *ngfleet.Reconciler
+	// guards counts the ClusterGuard requests of the fleet's status writer
+	// to the (fake) management cluster.
+	guards *guardWrites
+}
+
+// guardWrites stands in for the management API server's ClusterGuards: it
+// counts the status writer's requests and remembers which objects exist.
+type guardWrites struct {
+	requests atomic.Int64
+	mu       sync.Mutex
+	exists   map[string]bool
+}
+
+func (g *guardWrites) client() *dynamicfake.FakeDynamicClient {
+	c := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(k8sruntime.NewScheme(),
+		map[schema.GroupVersionResource]string{ngfleet.ClusterGuards: ngfleet.ClusterGuardKind + "List"})
+	c.PrependReactor("*", "clusterguards", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		g.requests.Add(1)
+		p, ok := a.(k8stesting.PatchAction)
+		if !ok {
+			return true, nil, fmt.Errorf("unexpected %s", a.GetVerb())
+		}
+		key := p.GetNamespace() + "/" + p.GetName()
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if p.GetSubresource() == "status" && !g.exists[key] {
+			return true, nil, apierrors.NewNotFound(ngfleet.ClusterGuards.GroupResource(), p.GetName())
+		}
+		g.exists[key] = true
+		obj := &unstructured.Unstructured{}
+		if err := obj.UnmarshalJSON(p.GetPatch()); err != nil {
+			return true, nil, err
+		}
+		return true, obj, nil
+	})
+	return c
 }
 
 func startGuardFleet(t testing.TB, ctx context.Context, n int) *guardFleet {
@@ -245,9 +286,13 @@ func startGuardFleet(t testing.TB, ctx context.Context, n int) *guardFleet {
 		Start:    func(ctx context.Context, c *kube.Cluster) { f.r.Session(ctx, c) },
 		Changed:  func(key string) { f.r.Changed(key) }})
 	require.NoError(t, err)
-	f.r, err = ngfleet.New(ngfleet.Options{Clusters: set, URL: "https://nodeguard.example.com", CAFiles: []string{caFile}, ProofInterval: *guardProofFlag})
+	f.guards = &guardWrites{exists: map[string]bool{}}
+	status := &ngfleet.Status{Client: f.guards.client(), Owner: set.Meta}
+	f.r, err = ngfleet.New(ngfleet.Options{Clusters: set, URL: "https://nodeguard.example.com", CAFiles: []string{caFile}, ProofInterval: *guardProofFlag,
+		Report: status.Report, Forgotten: status.Forget})
 	require.NoError(t, err)
 	go func() { _ = set.Run(ctx) }()
+	go status.Run(ctx)
 	go f.r.Run(ctx)
 	return f
 }
@@ -284,10 +329,12 @@ func BenchmarkFleetGuard(b *testing.B) {
 		took, coldCPU := time.Since(start), cpu(b)-cpu0
 		heapGuarded := heap()
 		all0, proofs0, health0 := f.requests()
+		guards0 := f.guards.requests.Load()
 		cpu1 := cpu(b)
 		time.Sleep(*guardWindowFlag) // time under test: the measured window, nothing changing
 		idleCPU := cpu(b) - cpu1
 		all1, proofs1, health1 := f.requests()
+		guards1 := f.guards.requests.Load()
 		perMin := float64(time.Minute) / float64(*guardWindowFlag)
 		health := float64(health1-health0) * perMin / float64(n)
 		other := float64((all1-all0)-(proofs1-proofs0)-(health1-health0)) * perMin / float64(n)
@@ -296,6 +343,9 @@ func BenchmarkFleetGuard(b *testing.B) {
 		b.ReportMetric(float64(heapGuarded)/(1<<20), "heap-MiB")
 		b.ReportMetric(other, "req/cluster/min-besides-proofs-and-health")
 		b.ReportMetric(health, "health-req/cluster/min")
+		b.ReportMetric(float64(guards1-guards0)*perMin/float64(n), "clusterguard-req/cluster/min")
+		b.Logf("ClusterGuard requests to the management cluster: %.2f a cluster until all were guarded (creation: a status apply finding none, the object, its status), %.3f a cluster a minute after",
+			float64(guards0)/float64(n), float64(guards1-guards0)*perMin/float64(n))
 		b.Logf("proof interval %s; %d clusters: all guarded and proven %s after a cold start (%s CPU); nothing changing: %s CPU/min, %.3f health checks/cluster/min, %.3f other requests/cluster/min besides the proofs (%d proofs in the %s window), heap %.0f MiB (simulated servers included), RSS %.0f MiB",
 			*guardProofFlag, n, took.Round(100*time.Millisecond), coldCPU.Round(10*time.Millisecond), time.Duration(float64(idleCPU)*perMin).Round(10*time.Millisecond),
 			health, other, proofs1-proofs0, *guardWindowFlag, float64(heapGuarded)/(1<<20), rssMiB(b))
@@ -314,6 +364,12 @@ func TestSmallFleetIsGuarded(t *testing.T) {
 	for _, st := range f.r.States() {
 		assert.Equal(t, kube.Username, st.Identity, "%s: proven as nodeguard's own identity", st.Cluster)
 	}
+	// Each Cluster's ClusterGuard created once: a status apply finding
+	// none, the object, its status.
+	require.Eventually(t, func() bool { return f.guards.requests.Load() >= 3*20 }, 10*time.Second, 10*time.Millisecond)
+	f.guards.mu.Lock()
+	assert.Len(t, f.guards.exists, 20)
+	f.guards.mu.Unlock()
 	s := f.servers["fleet/prod-0007"]
 	writes := s.requests["vwc-write"].Load()
 	s.mu.Lock()
