@@ -657,13 +657,9 @@ func TestAnAnswerCarriesItsDecisionID(t *testing.T) {
 	other := out.Response.AuditAnnotations[admission.DecisionIDAuditAnnotation]
 	assert.NotEqual(t, id, other, "each answer its own")
 
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	dlog.Stop(ctx)
-	lines := strings.Split(strings.TrimSpace(console.String()), "\n")
+	lines := console.LinesAfter(t, dlog.Stop)
 	require.Len(t, lines, 2)
-	var first map[string]any
-	require.NoError(t, json.Unmarshal([]byte(lines[0]), &first))
+	first := lines[0]
 	assert.Equal(t, id, first["decision_id"])
 	assert.Equal(t, "blocked", first["result"].(map[string]any)["reason"])
 	assert.Equal(t, "x", first["input"].(map[string]any)["review"].(map[string]any)["name"], "the review's name")

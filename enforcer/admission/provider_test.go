@@ -326,11 +326,7 @@ func TestEachAnswerIsDecisionLogged(t *testing.T) {
 	linked := key(t, "uid-1", nodes[providerLinkedNode])
 	code, raw, _ := s.post(t, "gatekeeper", "/externaldata", request(linked, "not-a-key"))
 	require.Equal(t, 200, code, raw)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	dlog.Stop(ctx)
-	lines, err := console.Lines()
-	require.NoError(t, err)
+	lines := console.LinesAfter(t, dlog.Stop)
 	require.Len(t, lines, 2)
 	for _, l := range lines {
 		assert.Equal(t, admission.ExternalDataPath, l["path"])

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -105,11 +104,7 @@ func TestARegistrationIsDecisionLogged(t *testing.T) {
 	_, _, resp := s.post(t, "/register/clusters/default/dev", "application/json", registration(admissionv1.Create, kubeletNode("aws:///a/i-1"), nil))
 	id := resp.Response.AuditAnnotations[admission.DecisionIDAuditAnnotation]
 	require.NotEmpty(t, id)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	dlog.Stop(ctx)
-	lines, err := console.Lines()
-	require.NoError(t, err)
+	lines := console.LinesAfter(t, dlog.Stop)
 	require.Len(t, lines, 1)
 	assert.Equal(t, id, lines[0]["decision_id"])
 	assert.Equal(t, "nodeguard/registration", lines[0]["path"])

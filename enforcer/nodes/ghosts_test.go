@@ -75,11 +75,7 @@ func TestGhostTransitionsAreDecisionLogged(t *testing.T) {
 	g.Ghost, g.Reason = false, ""
 	_, err = tr.Observe(ctx, target, g, t0.Add(3*time.Second), false)
 	require.NoError(t, err)
-	stop, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	dlog.Stop(stop)
-	lines, err := console.Lines()
-	require.NoError(t, err)
+	lines := console.LinesAfter(t, dlog.Stop)
 	require.Len(t, lines, 2)
 	for i, want := range []string{"ghost", "ghost-no-more"} {
 		assert.Equal(t, "nodeguard/ghost", lines[i]["path"])

@@ -495,11 +495,7 @@ func TestOrphanVerdictsAreDecisionLogged(t *testing.T) {
 	f.pass(t)
 	f.clock.Step(5 * time.Minute)
 	assert.Equal(t, []string{"dev-md-0-left"}, f.pass(t).Deleted)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	dlog.Stop(ctx)
-	lines, err := console.Lines()
-	require.NoError(t, err)
+	lines := console.LinesAfter(t, dlog.Stop)
 	var outcomes []string
 	for _, l := range lines {
 		if l["input"].(map[string]any)["node"] == "dev-md-0-left" {

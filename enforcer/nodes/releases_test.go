@@ -366,11 +366,7 @@ func TestEachVerdictWrittenIsDecisionLogged(t *testing.T) {
 	w.set(func() { w.cached["md-0"] = guard.Release{} })
 	require.NoError(t, p.Judge(context.Background(), cluster, w.node("md-0", "uid-1")))
 	carriesSoon(t, w, "md-0", admission.ReleaseVerdict{})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	dlog.Stop(ctx)
-	lines, err := console.Lines()
-	require.NoError(t, err)
+	lines := console.LinesAfter(t, dlog.Stop)
 	require.Len(t, lines, 2)
 	for i, want := range []string{"released", "revoked"} {
 		assert.Equal(t, "nodeguard/release", lines[i]["path"])

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -47,12 +46,9 @@ func TestTheConsoleGetsOPAsEventMasked(t *testing.T) {
 	require.NoError(t, err)
 	e := denial()
 	d.Log(e)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	d.Stop(ctx)
-
-	var line map[string]any
-	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out.String())), &line), out.String())
+	lines := out.LinesAfter(t, d.Stop)
+	require.Len(t, lines, 1, out.String())
+	line := lines[0]
 	assert.Equal(t, "Decision Log", line["msg"])
 	assert.Equal(t, e.ID, line["decision_id"])
 	assert.Equal(t, "nodeguard/decision", line["path"])

@@ -3,10 +3,15 @@ package testlog
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // Buffer is a bytes.Buffer safe for one writer and readers at once.
@@ -49,4 +54,17 @@ func (l *Buffer) Lines() ([]map[string]any, error) {
 		out = append(out, m)
 	}
 	return out, nil
+}
+
+// LinesAfter has stop end the writer (within 5 s: an asynchronous log, such
+// as the decision log's console, flushes when it stops) and decodes what
+// it wrote (Lines).
+func (l *Buffer) LinesAfter(t testing.TB, stop func(context.Context)) []map[string]any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stop(ctx)
+	lines, err := l.Lines()
+	require.NoError(t, err)
+	return lines
 }
