@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"fmt"
 	"strings"
 	"time"
 
@@ -117,12 +116,13 @@ func ClusterGuardCRD() *apiextensionsv1.CustomResourceDefinition {
 var reachedReasons = map[string]bool{ReasonNotInstalled: true, ReasonStaleCABundle: true, ReasonReviewNotReceived: true,
 	ReasonNoNodes: true, ReasonModeUnsupported: true, ReasonDryRun: true}
 
-// conditions are a State's conditions, each with the time given; the
-// writer keeps an earlier time where a condition's status did not change.
-func conditions(s State, at time.Time, generation int64) []metav1.Condition {
+// conditions are a State's conditions, each changed when its verdict was
+// (Since); the writer keeps an earlier time where a condition's status did
+// not change.
+func conditions(s State, generation int64) []metav1.Condition {
 	cond := func(t string, ok metav1.ConditionStatus, reason, message string) metav1.Condition {
 		return metav1.Condition{Type: t, Status: ok, Reason: reason, Message: message,
-			ObservedGeneration: generation, LastTransitionTime: metav1.NewTime(at)}
+			ObservedGeneration: generation, LastTransitionTime: metav1.NewTime(s.Since)}
 	}
 	reason := CamelReason(s.Reason)
 	if s.Guarded {
@@ -173,15 +173,11 @@ func reasonOf(camel string) string {
 	return camel
 }
 
-// clusterGuard is the ClusterGuard of a State, owned by its Cluster; keep
-// holds the conditions written before, whose times stand where a status did
-// not change.
-func clusterGuard(s State, owner metav1.OwnerReference, generation int64, keep []metav1.Condition) (*unstructured.Unstructured, []metav1.Condition, error) {
-	ns, name, ok := strings.Cut(s.Cluster, "/")
-	if !ok {
-		return nil, nil, fmt.Errorf("cluster key %q is not namespace/name", s.Cluster)
-	}
-	conds := conditions(s, s.Since, generation)
+// clusterGuard is the ClusterGuard of a State, ns/name its Cluster's and
+// owned by it; keep holds the conditions written before, whose times stand
+// where a status did not change.
+func clusterGuard(s State, ns, name string, owner metav1.OwnerReference, generation int64, keep []metav1.Condition) (*unstructured.Unstructured, []metav1.Condition) {
+	conds := conditions(s, generation)
 	for i, c := range conds {
 		for _, k := range keep {
 			if k.Type == c.Type && k.Status == c.Status {
@@ -214,7 +210,7 @@ func clusterGuard(s State, owner metav1.OwnerReference, generation int64, keep [
 			"labels":          map[string]any{"app.kubernetes.io/name": "nodeguard", "cluster.x-k8s.io/cluster-name": name, kube.ManagedByLabel: kube.Owner},
 			"ownerReferences": []any{map[string]any{"apiVersion": owner.APIVersion, "kind": owner.Kind, "name": owner.Name, "uid": string(owner.UID)}}},
 		"status": status,
-	}}, conds, nil
+	}}, conds
 }
 
 // stateOf reads a ClusterGuard back as the State it was written from.

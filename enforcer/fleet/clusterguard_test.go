@@ -21,8 +21,7 @@ func TestClusterGuardHoldsTheState(t *testing.T) {
 		states = append(states, State{Cluster: "ns/dev", Mode: ModeWebhook, Reason: r, Message: "because " + r, Since: since})
 	}
 	for _, st := range states {
-		obj, conds, err := clusterGuard(st, owner, 1, nil)
-		require.NoError(t, err)
+		obj, conds := clusterGuard(st, "ns", "dev", owner, 1, nil)
 		assert.Equal(t, st, stateOf(obj), "reason %q", st.Reason)
 		assert.Equal(t, "u-1", string(obj.GetOwnerReferences()[0].UID))
 		byType := map[string]metav1.Condition{}
@@ -56,10 +55,8 @@ func TestClusterGuardHoldsTheState(t *testing.T) {
 func TestClusterGuardKeepsTransitionTimes(t *testing.T) {
 	first, later := time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC), time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
 	owner := metav1.OwnerReference{Kind: "Cluster", Name: "dev", UID: "u-1"}
-	_, before, err := clusterGuard(State{Cluster: "ns/dev", Reason: ReasonReviewNotReceived, Since: first}, owner, 1, nil)
-	require.NoError(t, err)
-	_, after, err := clusterGuard(State{Cluster: "ns/dev", Guarded: true, Since: later}, owner, 1, before)
-	require.NoError(t, err)
+	_, before := clusterGuard(State{Cluster: "ns/dev", Reason: ReasonReviewNotReceived, Since: first}, "ns", "dev", owner, 1, nil)
+	_, after := clusterGuard(State{Cluster: "ns/dev", Guarded: true, Since: later}, "ns", "dev", owner, 1, before)
 	for _, c := range after {
 		want := later
 		if c.Type == ConditionReachable {

@@ -194,11 +194,7 @@ func (s *Status) write(ctx context.Context, key string) kube.Result {
 		return kube.Result{} // the Cluster is gone: Forget follows
 	}
 	owner := metav1.OwnerReference{APIVersion: meta.APIVersion, Kind: "Cluster", Name: name, UID: meta.UID}
-	obj, conds, err := clusterGuard(st, owner, max(w.generation, 1), w.conditions)
-	if err != nil {
-		s.failed(key, err)
-		return kube.Result{}
-	}
+	obj, conds := clusterGuard(st, ns, name, owner, max(w.generation, 1), w.conditions)
 	stored, err := s.applyStatus(ctx, obj)
 	if apierrors.IsNotFound(err) || (err == nil && !ownedBy(stored, meta.UID)) {
 		// Created here (or taken over from a Cluster of the same name
