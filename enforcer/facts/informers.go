@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
 
@@ -49,6 +50,11 @@ type SyncerOptions struct {
 	// InfraMachine or InfraMachinePool (contract.go), from when its CRD is
 	// established.
 	Contract bool
+	// WatchFilter, when set, has every kind's informer hold only the objects
+	// labelled kube.WatchFilterLabel with this value, as Cluster API's own
+	// --watch-filter scopes its caches. An object that leaves the cache with
+	// no deletionTimestamp was relabelled, not deleted (Change.Moved).
+	WatchFilter string
 }
 
 // Syncer starts informers and reports readiness.
@@ -76,6 +82,11 @@ type Syncer struct {
 type Change struct {
 	Role     Role
 	Old, New *record.Record
+	// Moved marks a delete of an object that left a watch-filtered cache
+	// without being deleted (relabelled to another shard; it carries no
+	// deletionTimestamp, which every Cluster API object's finalizer gives
+	// a deletion): it still exists, only elsewhere.
+	Moved bool
 }
 
 // Subscribe calls f with every change of every watched kind, of informers
@@ -86,7 +97,7 @@ func (s *Syncer) Subscribe(f func(Change)) error {
 	defer s.mu.Unlock()
 	s.subs = append(s.subs, f)
 	for gk, t := range s.informers {
-		if _, err := t.informer.AddEventHandler(handler(t.role, f)); err != nil {
+		if _, err := t.informer.AddEventHandler(s.handler(t.role, f)); err != nil {
 			return fmt.Errorf("watch %s changes: %w", gk, err)
 		}
 	}
@@ -94,11 +105,19 @@ func (s *Syncer) Subscribe(f func(Change)) error {
 }
 
 // handler sends one role's events to f.
-func handler(role Role, f func(Change)) cache.ResourceEventHandler {
+func (s *Syncer) handler(role Role, f func(Change)) cache.ResourceEventHandler {
+	deletion := s.inv.Model().DeletionTimestamp
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { f(Change{Role: role, New: asRecord(obj)}) },
 		UpdateFunc: func(old, obj any) { f(Change{Role: role, Old: asRecord(old), New: asRecord(obj)}) },
-		DeleteFunc: func(obj any) { f(Change{Role: role, Old: asRecord(obj)}) },
+		DeleteFunc: func(obj any) {
+			c := Change{Role: role, Old: asRecord(obj)}
+			if s.opts.WatchFilter != "" && c.Old != nil {
+				_, deleting := c.Old.Get(deletion)
+				c.Moved = !deleting
+			}
+			f(c)
+		},
 	}
 }
 
@@ -112,8 +131,9 @@ func asRecord(obj any) *record.Record {
 }
 
 type tracked struct {
-	gvk  schema.GroupVersionKind
-	role Role
+	gvk      schema.GroupVersionKind
+	resource schema.GroupVersionResource
+	role     Role
 	// sources say why the kind is watched (Source*), each once.
 	sources  []string
 	stop     context.CancelFunc
@@ -248,10 +268,19 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role Role, source string, re
 		resource = &mapping.Resource
 	}
 	client := s.opts.Client.Resource(*resource)
-	t := tracked{gvk: gvk, role: role, sources: []string{source}, health: &health{}}
-	lw := &watchedLW{inner: &cache.ListWatch{WatchFuncWithContext: client.Watch,
+	t := tracked{gvk: gvk, resource: *resource, role: role, sources: []string{source}, health: &health{}}
+	scope := func(opts metav1.ListOptions) metav1.ListOptions {
+		if s.opts.WatchFilter != "" {
+			opts.LabelSelector = kube.WatchFilterLabel + "=" + s.opts.WatchFilter
+		}
+		return opts
+	}
+	lw := &watchedLW{inner: &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return client.Watch(ctx, scope(opts))
+		},
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			return client.List(ctx, opts)
+			return client.List(ctx, scope(opts))
 		}}, h: t.health}
 	// Lists stream when the client can: a streaming list is a watch, whose
 	// failures lw sees as well, and it keeps the initial list's memory to an
@@ -267,7 +296,7 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role Role, source string, re
 		return fmt.Errorf("set transform on %s informer: %w", gvk, err)
 	}
 	for _, f := range s.subs {
-		if _, err := informer.AddEventHandler(handler(role, f)); err != nil {
+		if _, err := informer.AddEventHandler(s.handler(role, f)); err != nil {
 			return fmt.Errorf("watch %s changes: %w", gvk, err)
 		}
 	}

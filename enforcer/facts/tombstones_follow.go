@@ -17,6 +17,10 @@ import (
 // tombstone. nodeName, when set, names the Node that has a providerID now
 // (evidence); a Machine's own link by Node name is asked first.
 func (s *Tombstones) Follow(model *rule.Model, c Change, nodeName func(providerID string) string) {
+	if c.Moved {
+		// Relabelled to another shard: its host lives on, it is no ghost's.
+		return
+	}
 	for _, l := range model.ProviderIDLinks(c.Role) {
 		was, is := carried(c.Old, l), carried(c.New, l)
 		for _, pid := range is {

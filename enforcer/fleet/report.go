@@ -95,7 +95,12 @@ type Status struct {
 	// Owner is the Cluster of a key, for the ClusterGuard's owner reference.
 	Owner func(key string) (kube.ClusterMeta, bool)
 	// Leading, when set, says whether this replica writes.
-	Leading      func() bool
+	Leading func() bool
+	// WatchFilter, when set, labels the ClusterGuards this install writes
+	// (kube.WatchFilterLabel), takes over one another install wrote, and
+	// deletes only its own: a Cluster moved to another shard keeps the
+	// ClusterGuard the new one writes.
+	WatchFilter  string
 	ProofRefresh time.Duration // default DefaultProofRefresh
 	Workers      int           // writes at once (default 4)
 	Log          *slog.Logger
@@ -178,7 +183,8 @@ func (s *Status) write(ctx context.Context, key string) kube.Result {
 	w := s.written[key]
 	s.mu.Unlock()
 	if !want {
-		if _, err := kube.DeleteOwned(ctx, s.Client, ClusterGuards, ns, name); err != nil {
+		mine := func(u *unstructured.Unstructured) bool { return u.GetLabels()[kube.WatchFilterLabel] == s.WatchFilter }
+		if _, err := kube.DeleteOwnedIf(ctx, s.Client, ClusterGuards, ns, name, mine); err != nil {
 			s.failed(key, err)
 			return kube.Result{Retry: true}
 		}
@@ -195,10 +201,16 @@ func (s *Status) write(ctx context.Context, key string) kube.Result {
 	}
 	owner := metav1.OwnerReference{APIVersion: meta.APIVersion, Kind: "Cluster", Name: name, UID: meta.UID}
 	obj, conds := clusterGuard(st, ns, name, owner, max(w.generation, 1), w.conditions)
+	if s.WatchFilter != "" {
+		labels := obj.GetLabels()
+		labels[kube.WatchFilterLabel] = s.WatchFilter
+		obj.SetLabels(labels)
+	}
 	stored, err := s.applyStatus(ctx, obj)
-	if apierrors.IsNotFound(err) || (err == nil && !ownedBy(stored, meta.UID)) {
+	if apierrors.IsNotFound(err) || (err == nil && (!ownedBy(stored, meta.UID) || stored.GetLabels()[kube.WatchFilterLabel] != s.WatchFilter)) {
 		// Created here (or taken over from a Cluster of the same name
-		// before it): the object first, then its status.
+		// before it, or from the shard the Cluster moved from): the object
+		// first, then its status.
 		whole := obj.DeepCopy()
 		unstructured.RemoveNestedField(whole.Object, "status")
 		if _, err = kube.ApplyOwned(ctx, s.Client, kube.Owned{Resource: ClusterGuards, Object: whole}); err == nil {

@@ -33,6 +33,10 @@ type EnforcerOptions struct {
 	// OnChange, when set, gets every change of the inventory from the
 	// informers' first objects on (the orphan scan's facts.Relay).
 	OnChange func(facts.Change)
+	// WatchFilter, when set, caches only the objects labelled
+	// cluster.x-k8s.io/watch-filter with this value, and judges a Cluster's
+	// route only once its Shard proves the caches hold that Cluster whole.
+	WatchFilter string
 }
 
 // Enforcer is a Guard over informer caches of one cluster.
@@ -41,6 +45,9 @@ type Enforcer struct {
 	Guard     *Guard
 	Syncer    *facts.Syncer
 	Inventory *facts.Inventory
+	// Shard is nil without a watch filter; with one, its caller runs it
+	// (Shard.Run) with the Clusters it acts on.
+	Shard *facts.Shard
 }
 
 // StartEnforcer starts the informers and returns at once; the Guard denies every
@@ -58,7 +65,15 @@ func StartEnforcer(ctx context.Context, c kube.Clients, opts EnforcerOptions) (*
 	inv := facts.NewInventory(eval.Model())
 	// Kinds are found by the contract too, so a provider kind no parameter
 	// lists still blocks (informers/contract.go).
-	syncer := facts.NewSyncer(inv, facts.SyncerOptions{Client: c.Dynamic, Mapper: c.Mapper, InfraKinds: infraKinds, PoolKinds: poolKinds, Contract: true})
+	syncer := facts.NewSyncer(inv, facts.SyncerOptions{Client: c.Dynamic, Mapper: c.Mapper, InfraKinds: infraKinds, PoolKinds: poolKinds, Contract: true,
+		WatchFilter: opts.WatchFilter})
+	var shard *facts.Shard
+	if opts.WatchFilter != "" {
+		shard = facts.NewShard(facts.ShardOptions{Value: opts.WatchFilter, Client: c.Dynamic, Syncer: syncer})
+		if err := syncer.Subscribe(shard.Changed); err != nil {
+			return nil, err
+		}
+	}
 	if opts.OnChange != nil {
 		if err := syncer.Subscribe(opts.OnChange); err != nil {
 			return nil, err
@@ -75,6 +90,9 @@ func StartEnforcer(ctx context.Context, c kube.Clients, opts EnforcerOptions) (*
 		Recovering:   syncer.Recovering,
 		FreshTimeout: opts.FreshTimeout,
 	}
+	if shard != nil {
+		gopts.Holds = shard.Holds
+	}
 	if !opts.NoFreshReads {
 		gopts.Fresh = facts.NewFreshReader(c.Dynamic, c.Mapper)
 	}
@@ -82,7 +100,7 @@ func StartEnforcer(ctx context.Context, c kube.Clients, opts EnforcerOptions) (*
 	if err != nil {
 		return nil, err
 	}
-	return &Enforcer{Engine: eval, Guard: g, Syncer: syncer, Inventory: inv}, nil
+	return &Enforcer{Engine: eval, Guard: g, Syncer: syncer, Inventory: inv, Shard: shard}, nil
 }
 
 // WaitReady polls ready until it reports no error, the timeout passes, or

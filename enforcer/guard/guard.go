@@ -67,6 +67,11 @@ type Options struct {
 	// prove an absence then, so a decision that found nothing linked is a
 	// denial, and Objects fails.
 	Recovering func() error
+	// Holds, when set, returns an error for a cluster route ("" for none)
+	// whose objects the inventory cannot prove it holds whole (a
+	// watch-filter install: facts.Shard): a decision that found nothing
+	// linked is then a denial, and the orphan criteria judge nothing there.
+	Holds func(cluster string) error
 	// Fresh, when set, re-reads every candidate before deciding.
 	Fresh FreshReader
 	// FreshTimeout bounds all fresh reads of one decision (default 2s).
@@ -214,7 +219,22 @@ func (g *Guard) decide(ctx context.Context, req Request) (rule.Decision, any, er
 		return rule.Denial(rule.ReasonCacheRecovering, fmt.Sprintf("Node %q cannot be deleted right now: %v, so nodeguard cannot "+
 			"prove nothing links to the Node; this passes within seconds of the API server answering again, retry.", req.name(), rerr)), in, nil
 	}
+	// Nor can caches that hold only part of the Cluster.
+	if herr := g.Holds(req.Cluster); herr != nil {
+		return rule.Denial(rule.ReasonNotHeld, fmt.Sprintf("Node %q cannot be deleted right now: %v. Nothing linked was found, "+
+			"which proves nothing while the Cluster's objects are not all here; retry once the Cluster's objects all carry one "+
+			"watch-filter value.", req.name(), herr)), in, nil
+	}
 	return d, in, nil
+}
+
+// Holds returns nil when the inventory holds every object of cluster
+// ("namespace/name", "" for none) that could link to its Nodes.
+func (g *Guard) Holds(cluster string) error {
+	if g.opts.Holds == nil {
+		return nil
+	}
+	return g.opts.Holds(cluster)
 }
 
 func reviewOnly(req Request) map[string]any { return map[string]any{"review": req.Review()} }

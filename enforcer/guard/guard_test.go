@@ -213,6 +213,39 @@ func TestARecoveringCacheCannotProveAnAbsence(t *testing.T) {
 	assert.ErrorContains(t, err, "catching up", "no answer of what is linked while it may lack some")
 }
 
+// A watch-filter install that does not hold a Cluster whole proves no
+// absence there: a decision that found nothing linked is a denial naming
+// why; one that found a blocker names it; the orphan criteria get no route.
+func TestAClusterNotHeldWholeCannotProveAnAbsence(t *testing.T) {
+	notHeld := guard.Options{Holds: func(cluster string) error {
+		if cluster == "default/c1" {
+			return nil
+		}
+		return fmt.Errorf("Cluster %s is moving between nodeguard shards", cluster)
+	}}
+	g, err := newGuard(context.Background(), cache(t, capdMachine()), notHeld)
+	require.NoError(t, err)
+	d, err := g.Decide(context.Background(), guard.Request{Node: capdNode(), Cluster: "default/c2"})
+	require.NoError(t, err)
+	assert.False(t, d.Allowed)
+	assert.Equal(t, rule.ReasonNotHeld, d.Reason)
+	assert.Contains(t, d.Messages[0], "Cluster default/c2 is moving between nodeguard shards")
+	d, err = g.Decide(context.Background(), guard.Request{Node: capdNode(), Cluster: "default/c1"})
+	require.NoError(t, err)
+	assert.True(t, d.Allowed, "a Cluster held whole is judged by the rule alone")
+
+	inv := cache(t, capdMachine(), capdInfra())
+	g, err = newGuard(context.Background(), inv, notHeld)
+	require.NoError(t, err)
+	d, err = g.Decide(context.Background(), guard.Request{Node: capdNode()})
+	require.NoError(t, err)
+	assert.Equal(t, rule.ReasonBlocked, d.Reason, "what the cache shows still blocks")
+	f, err := guard.NewFinder(guard.FinderOptions{Guard: g, Inventory: inv})
+	require.NoError(t, err)
+	_, err = f.Route("default/c2")
+	assert.ErrorContains(t, err, "moving between nodeguard shards", "no orphan, release or ghost where the caches hold part")
+}
+
 func TestSyncedKindsReplaceTheParameters(t *testing.T) {
 	none := func() ([]schema.GroupVersionKind, []schema.GroupVersionKind) { return nil, nil }
 	allowed, msgs := decide(t, cache(t, capdMachine()), guard.Options{SyncedKinds: none}, guard.Request{Node: capdNode()})

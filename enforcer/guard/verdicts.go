@@ -158,6 +158,11 @@ type Route struct {
 // Route returns the parameters of a cluster route ("namespace/name", or ""
 // for all), as they are now (they change with the synced kinds).
 func (f *Finder) Route(cluster string) (Route, error) {
+	// What caches hold only in part proves no absence: no orphan, no
+	// release, no ghost there.
+	if err := f.opts.Guard.Holds(cluster); err != nil {
+		return Route{}, err
+	}
 	params, err := f.opts.Guard.RouteParameters(cluster)
 	if err != nil {
 		return Route{}, err

@@ -38,6 +38,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -53,6 +54,11 @@ import (
 
 // ClusterKind is Cluster API's Cluster.
 var ClusterKind = schema.GroupKind{Group: "cluster.x-k8s.io", Kind: "Cluster"}
+
+// WatchFilterLabel is Cluster API's label that splits a fleet between
+// controllers started with --watch-filter: each acts only on objects
+// carrying its value.
+const WatchFilterLabel = "cluster.x-k8s.io/watch-filter"
 
 // Cluster is one workload cluster's connection.
 type Cluster struct {
@@ -121,6 +127,9 @@ type ClusterSetOptions struct {
 	Identity *IdentityOptions
 	// Metrics, when set, counts failures and probes.
 	Metrics *ClusterMetrics
+	// WatchFilter, when set, keeps only the Clusters labelled
+	// WatchFilterLabel with this value: the server filters the watch.
+	WatchFilter string
 }
 
 // DefaultClusterRecheck is how often kubeconfig Secrets are read again.
@@ -297,7 +306,12 @@ func (s *ClusterSet) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	factory := dynamicinformer.NewDynamicSharedInformerFactory(s.opts.Management.Dynamic, 0)
+	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.opts.Management.Dynamic, 0, metav1.NamespaceAll,
+		func(o *metav1.ListOptions) {
+			if s.opts.WatchFilter != "" {
+				o.LabelSelector = WatchFilterLabel + "=" + s.opts.WatchFilter
+			}
+		})
 	informer := factory.ForResource(mapping.Resource).Informer()
 	// Only the key and Meta are read: keep nothing else of a Cluster.
 	if err := informer.SetTransform(reduce); err != nil {

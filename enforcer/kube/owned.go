@@ -158,6 +158,14 @@ const Owner = "nodeguard"
 // cluster-scoped) if ManagedByLabel says nodeguard keeps it: one it does not own is
 // left alone. A missing object is no error.
 func DeleteOwned(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionResource, namespace, name string) (bool, error) {
+	return DeleteOwnedIf(ctx, c, gvr, namespace, name, nil)
+}
+
+// DeleteOwnedIf is DeleteOwned of an object mine also says is this
+// nodeguard's (nil: any nodeguard's), deleted only as it was read: one
+// changed in between (another install took it over) fails with a conflict.
+func DeleteOwnedIf(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersionResource, namespace, name string,
+	mine func(*unstructured.Unstructured) bool) (bool, error) {
 	r := c.Resource(gvr).Namespace(namespace)
 	have, err := r.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -166,11 +174,16 @@ func DeleteOwned(ctx context.Context, c dynamic.Interface, gvr schema.GroupVersi
 	if err != nil {
 		return false, fmt.Errorf("get %s %s: %w", gvr.Resource, name, err)
 	}
-	if have.GetLabels()[ManagedByLabel] != Owner {
+	if have.GetLabels()[ManagedByLabel] != Owner || (mine != nil && !mine(have)) {
 		return false, nil
 	}
 	uid := have.GetUID()
-	err = r.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	pre := &metav1.Preconditions{UID: &uid}
+	if mine != nil {
+		rv := have.GetResourceVersion()
+		pre.ResourceVersion = &rv
+	}
+	err = r.Delete(ctx, name, metav1.DeleteOptions{Preconditions: pre})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return false, fmt.Errorf("delete %s %s: %w", gvr.Resource, name, err)
 	}

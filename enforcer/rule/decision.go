@@ -64,6 +64,7 @@ const (
 
 	ReasonNotReady        = "not-ready"         // denied: caches not synced yet
 	ReasonCacheRecovering = "cache-recovering"  // denied: nothing linked found, but a cache is catching up after a broken watch
+	ReasonNotHeld         = "not-held"          // denied: nothing linked found, but a watch-filter install does not hold the Cluster whole
 	ReasonFreshReadFailed = "fresh-read-failed" // denied: the API server did not answer in time
 	ReasonError           = "error"             // denied: no decision could be made
 	ReasonBusy            = "busy"              // denied: no decision slot within the deadline

@@ -32,6 +32,12 @@ type FleetOptions struct {
 	CAFiles []string
 	// Selector is a label selector on Clusters (default: all).
 	Selector string
+	// WatchFilter, when set, makes this install one shard of a fleet, as
+	// Cluster API's --watch-filter does: it watches only the Clusters,
+	// Machines, InfraMachines and pools labelled
+	// cluster.x-k8s.io/watch-filter with this value, judges only their
+	// routes (facts.Shard), and campaigns for Leases of its own.
+	WatchFilter string
 	// ProofInterval: how often each guarded cluster is proven again.
 	ProofInterval time.Duration
 	// CARetention: how long a CA that left CAFiles stays trusted.
@@ -107,7 +113,7 @@ func startFleet(ctx context.Context, c kube.Clients, opts Options, params map[st
 	if len(caFiles) == 0 {
 		caFiles = []string{filepath.Join(filepath.Dir(opts.CertFile), "ca.crt")}
 	}
-	status := &fleet.Status{Client: c.Dynamic, Owner: sessions.Set.Meta, Leading: leader.Leading, Log: log}
+	status := &fleet.Status{Client: c.Dynamic, Owner: sessions.Set.Meta, Leading: leader.Leading, WatchFilter: f.WatchFilter, Log: log}
 	clusterEvents := rec.In("", nil)
 	var certs *fleet.ClientCerts
 	if issuer != nil {
@@ -152,7 +158,7 @@ func startFleet(ctx context.Context, c kube.Clients, opts Options, params map[st
 	}
 	bg.Go(func() { status.Run(ctx) })
 	bg.Go(func() { r.Run(ctx) })
-	log.Info("fleet: guarding workload clusters", "url", f.URL, "selector", selector.String(), "caFiles", caFiles,
+	log.Info("fleet: guarding workload clusters", "url", f.URL, "selector", selector.String(), "watchFilter", f.WatchFilter, "caFiles", caFiles,
 		"proofInterval", f.ProofInterval.String())
 	return r, nil
 }

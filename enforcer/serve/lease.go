@@ -19,6 +19,15 @@ const (
 	reaperLease = "nodeguard-orphan-reaper"
 )
 
+// leaseName is a Lease's name for an install with watch filter value
+// (none: base): each shard of a fleet elects its own leaders.
+func leaseName(base, value string) string {
+	if value == "" {
+		return base
+	}
+	return base + "-" + value
+}
+
 // elect campaigns for a Lease in namespace until ctx is done, then gives it
 // up (Done), watching it so a standby takes a released Lease at once.
 func elect(ctx context.Context, client kubernetes.Interface, dyn dynamic.Interface, namespace, name, purpose string, log *slog.Logger) (*kube.Leader, error) {

@@ -259,8 +259,12 @@ func (o OrphanScan) Start(ctx context.Context) (*nodes.Scanner, error) {
 		return nil, err
 	}
 	watchErrors := &watchErrors{metrics: m.Clusters, log: log, last: map[string]time.Time{}}
-	if err := watchNodes(ctx, scanner, shape, "", o.Nodes, c.Dynamic, self, watchErrors, false); err != nil {
-		return nil, err
+	// A shard holds only its Clusters' objects: the management cluster's
+	// own Nodes are for an install without a watch filter.
+	if e.Shard == nil {
+		if err := watchNodes(ctx, scanner, shape, "", o.Nodes, c.Dynamic, self, watchErrors, false); err != nil {
+			return nil, err
+		}
 	}
 	var own *WorkloadSessions // sessions the scan runs itself
 	if opts.WorkloadClusters || o.Releases {

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
@@ -209,7 +211,11 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 		return err
 	}
 	params := spec.Parameters
-	lopts := guard.EnforcerOptions{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Engine: eval}
+	if err := checkWatchFilter(opts); err != nil {
+		return err
+	}
+	lopts := guard.EnforcerOptions{Parameters: params, NoFreshReads: opts.NoFreshReads, FreshTimeout: opts.FreshReadTimeout, Engine: eval,
+		WatchFilter: opts.Fleet.WatchFilter}
 	// The orphan scan hears of every inventory change from the first.
 	var changes *facts.Relay
 	if opts.Orphans.Interval > 0 {
@@ -241,6 +247,11 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	sessions, err := workloadSessions(c, opts, metrics, log)
 	if err != nil {
 		return err
+	}
+	if e.Shard != nil && sessions != nil {
+		// A shard proves it holds each of its Clusters whole (facts.Shard).
+		sessions.Add(nil, nil, e.Shard.ClusterChanged)
+		go e.Shard.Run(ctx, func(key string) bool { _, ok := sessions.Set.Meta(key); return ok })
 	}
 	publish := opts.Fleet.Enabled && opts.Fleet.AdmissionPolicy
 	if publish && opts.Orphans.Interval <= 0 {
@@ -357,6 +368,26 @@ func RunWith(ctx context.Context, c kube.Clients, opts Options, log *slog.Logger
 	return srv.Serve(ctx, l, opts.ShutdownGrace)
 }
 
+// checkWatchFilter refuses a watch filter that is no label value, or one
+// given to an install that guards no fleet: a shard is a fleet's part.
+func checkWatchFilter(opts Options) error {
+	v := opts.Fleet.WatchFilter
+	if v == "" {
+		return nil
+	}
+	if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+		return fmt.Errorf("--watch-filter %q is not a label value: %s", v, strings.Join(errs, "; "))
+	}
+	if !opts.Fleet.Enabled {
+		return fmt.Errorf("--watch-filter %q needs --fleet: an install with a watch filter is one shard of a fleet", v)
+	}
+	if opts.SelfCluster != "" {
+		return fmt.Errorf("--watch-filter %q with --self-cluster: the management cluster's own Nodes are guarded by an install "+
+			"without a watch filter", v)
+	}
+	return nil
+}
+
 // waitFor waits for what runs in the background to stop, for at most grace:
 // what has not by then is left to the process's exit.
 func waitFor(bg *sync.WaitGroup, grace time.Duration, log *slog.Logger) {
@@ -397,7 +428,8 @@ func electLeaders(ctx context.Context, c kube.Clients, opts Options, sessions *W
 		if sessions == nil {
 			return l, fmt.Errorf("--fleet needs a kubeconfig or in-cluster config")
 		}
-		if l.fleet, err = elect(ctx, sessions.Management, c.Dynamic, LeaseNamespace(opts.Fleet.Namespace), fleetLease, "fleet", log); err != nil {
+		if l.fleet, err = elect(ctx, sessions.Management, c.Dynamic, LeaseNamespace(opts.Fleet.Namespace),
+			leaseName(fleetLease, opts.Fleet.WatchFilter), "fleet", log); err != nil {
 			return l, err
 		}
 	}
@@ -406,7 +438,8 @@ func electLeaders(ctx context.Context, c kube.Clients, opts Options, sessions *W
 		if err != nil {
 			return l, fmt.Errorf("create client: %w", err)
 		}
-		if l.reaper, err = elect(ctx, kube, c.Dynamic, LeaseNamespace(opts.Orphans.LeaseNamespace), reaperLease, "orphan reaper", log); err != nil {
+		if l.reaper, err = elect(ctx, kube, c.Dynamic, LeaseNamespace(opts.Orphans.LeaseNamespace), leaseName(reaperLease, opts.Fleet.WatchFilter),
+			"orphan reaper", log); err != nil {
 			return l, err
 		}
 	}

@@ -50,7 +50,7 @@ func NewWorkloadSessions(c kube.Clients, secrets kubernetes.Interface, opts Reap
 		id.Owns = append(id.Owns, admission.PolicyRules(info)...)
 	}
 	so := kube.ClusterSetOptions{Management: c, Secrets: secrets, Recheck: opts.KubeconfigRecheck, Identity: id, Log: log, Metrics: metrics,
-		Start: w.start, Stopped: w.stop, Changed: w.change}
+		Start: w.start, Stopped: w.stop, Changed: w.change, WatchFilter: fleet.WatchFilter}
 	if c.Config != nil {
 		so.QPS, so.Burst = c.Config.QPS, c.Config.Burst
 	}
