@@ -72,6 +72,9 @@ type Syncer struct {
 	contract cache.SharedIndexInformer
 	ctx      context.Context
 	subs     []func(Change)
+	// leaving is told of an object leaving a watch-filtered cache without
+	// being deleted, before the cache drops it (OnLeaving).
+	leaving func(Role, *unstructured.Unstructured)
 	// resolving starts the informers of referenced kinds, retrying those
 	// that cannot be resolved yet.
 	resolving *kube.Loop[schema.GroupKind]
@@ -102,6 +105,32 @@ func (s *Syncer) Subscribe(f func(Change)) error {
 		}
 	}
 	return nil
+}
+
+// OnLeaving has f told, before the cache drops it, of every object that
+// leaves a watch-filtered cache with no deletionTimestamp (relabelled to
+// another shard). It runs on the watch's goroutine, ahead of the event it
+// reads, and must not block. Call it before Start.
+func (s *Syncer) OnLeaving(f func(Role, *unstructured.Unstructured)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.leaving = f
+}
+
+// leave tells OnLeaving's f of an event's object leaving the cache
+// unprovoked by a deletion, and passes the event on unchanged.
+func (s *Syncer) leave(role Role, e watch.Event) (watch.Event, bool) {
+	if e.Type != watch.Deleted {
+		return e, true
+	}
+	u, ok := e.Object.(*unstructured.Unstructured)
+	s.mu.Lock()
+	f := s.leaving
+	s.mu.Unlock()
+	if ok && f != nil && u.GetDeletionTimestamp() == nil {
+		f(role, u)
+	}
+	return e, true
 }
 
 // handler sends one role's events to f.
@@ -277,7 +306,14 @@ func (s *Syncer) track(gvk schema.GroupVersionKind, role Role, source string, re
 	}
 	lw := &watchedLW{inner: &cache.ListWatch{
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			return client.Watch(ctx, scope(opts))
+			w, err := client.Watch(ctx, scope(opts))
+			if err != nil || s.opts.WatchFilter == "" {
+				return w, err
+			}
+			// A relabelled object is seen leaving before the cache drops
+			// it: no decision finds it gone while its Cluster still
+			// counts as held (Shard).
+			return watch.Filter(w, func(e watch.Event) (watch.Event, bool) { return s.leave(role, e) }), nil
 		},
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			return client.List(ctx, scope(opts))

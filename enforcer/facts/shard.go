@@ -21,6 +21,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
@@ -67,13 +68,15 @@ type Shard struct {
 	held map[string]error
 }
 
-// NewShard returns a Shard; Run starts it.
+// NewShard returns a Shard of opts.Syncer's caches, before the Syncer
+// starts; Run starts it.
 func NewShard(opts ShardOptions) *Shard {
 	if opts.Recheck <= 0 {
 		opts.Recheck = DefaultShardRecheck
 	}
 	s := &Shard{opts: opts, held: map[string]error{}}
 	s.loop = kube.NewLoop(kube.LoopOptions{Name: "shard", Workers: 4, BaseBackoff: shardCatchUpRetry, MaxBackoff: shardMovingRetry}, s.prove)
+	opts.Syncer.OnLeaving(s.leaving)
 	return s
 }
 
@@ -109,21 +112,18 @@ func (s *Shard) Holds(cluster string) error {
 	return nil
 }
 
-// Changed follows the caches: an object that left them without being
-// deleted (moved to another shard) makes its Cluster not held until proven
-// again. It runs on the informers' goroutines and does not block.
-func (s *Shard) Changed(c Change) {
-	if !c.Moved {
-		return
-	}
-	key := clusterOf(s.opts.Syncer.inv.Model(), c.Old)
+// leaving is told (Syncer.OnLeaving) of an object that leaves the caches
+// without being deleted (moved to another shard), before they drop it: its
+// Cluster is not held from that moment until proven again.
+func (s *Shard) leaving(role Role, u *unstructured.Unstructured) {
+	key := clusterOf(s.opts.Syncer.inv.Model(), s.opts.Syncer.inv.Record(u, role))
 	if key == "" {
 		return
 	}
 	s.mu.Lock()
 	if err, seen := s.held[key]; seen && err == nil {
 		s.held[key] = fmt.Errorf("%s %s/%s of Cluster %s left this nodeguard's caches (relabelled away from %s=%s): proving the "+
-			"Cluster's objects again", c.Old.Kind(), c.Old.Namespace(), c.Old.Name(), key, kube.WatchFilterLabel, s.opts.Value)
+			"Cluster's objects again", u.GetKind(), u.GetNamespace(), u.GetName(), key, kube.WatchFilterLabel, s.opts.Value)
 	}
 	s.mu.Unlock()
 	s.loop.Add(key)

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/nodeguard/nodeguard/enforcer/facts"
 	"github.com/nodeguard/nodeguard/enforcer/rule"
@@ -47,7 +48,6 @@ func TestShardHoldsAClusterOnlyWhole(t *testing.T) {
 		}
 	}))
 	shard := facts.NewShard(facts.ShardOptions{Value: "a", Client: client, Syncer: s})
-	require.NoError(t, s.Subscribe(shard.Changed))
 	require.NoError(t, s.Start(ctx))
 	require.Eventually(t, func() bool { return s.Ready() == nil }, 5*time.Second, 10*time.Millisecond)
 	members := map[string]bool{"default/c1": true}
@@ -71,13 +71,24 @@ func TestShardHoldsAClusterOnlyWhole(t *testing.T) {
 	require.Eventually(t, func() bool { return shard.Holds("default/c1") == nil }, 10*time.Second, 20*time.Millisecond)
 
 	// An object that leaves without a deletionTimestamp was moved away:
-	// the Cluster is not held from that event on.
+	// the Cluster is not held from that event on, and proven again at once
+	// (not at the 10-minute recheck).
+	proofs := func() int {
+		n := 0
+		for _, a := range client.Actions() {
+			if l, ok := a.(clienttesting.ListAction); ok && l.GetListRestrictions().Labels.String() == "cluster.x-k8s.io/cluster-name=c1" {
+				n++
+			}
+		}
+		return n
+	}
+	before := proofs()
 	require.NoError(t, machines.Delete(ctx, "m2", metav1.DeleteOptions{}))
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(moved) == 1 }, 5*time.Second, 10*time.Millisecond)
 	mu.Lock()
 	assert.True(t, moved[0].Moved, "a delete with no deletionTimestamp in a filtered cache is a move")
 	mu.Unlock()
-	require.Eventually(t, func() bool { return shard.Holds("default/c1") == nil }, 10*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return proofs() > before && shard.Holds("default/c1") == nil }, 10*time.Second, 20*time.Millisecond,
 		"proven again: m2 is gone for good")
 
 	// A Cluster no longer the install's is forgotten.

@@ -70,9 +70,6 @@ func StartEnforcer(ctx context.Context, c kube.Clients, opts EnforcerOptions) (*
 	var shard *facts.Shard
 	if opts.WatchFilter != "" {
 		shard = facts.NewShard(facts.ShardOptions{Value: opts.WatchFilter, Client: c.Dynamic, Syncer: syncer})
-		if err := syncer.Subscribe(shard.Changed); err != nil {
-			return nil, err
-		}
 	}
 	if opts.OnChange != nil {
 		if err := syncer.Subscribe(opts.OnChange); err != nil {
