@@ -796,3 +796,52 @@ func TestChartDecisionLogs(t *testing.T) {
 	}
 	assert.NotContains(t, keys(off), "ConfigMap/nodeguard-decision-logs")
 }
+
+// fleet.watchFilter makes a release one shard of a fleet: serve and its
+// cleanup scoped to the value, the fleet's Leases its own, and every object
+// two shards' releases would share named for the shard, so releases in two
+// namespaces install side by side; the CRD comes with one of them.
+func TestChartShards(t *testing.T) {
+	shard := func(value string, more ...string) objects {
+		return chart(t, append([]string{"fleet.enabled=true", "fleet.url=https://" + value + ".example.com", "fleet.allowUnauthenticatedReviews=true",
+			"fleet.watchFilter=" + value, "webhook.enabled=false", "fleet.secretNamespaces={fleet-x}"}, more...)...)
+	}
+	a, b := shard("a"), shard("b", "fleet.clusterGuardCRD=false")
+	var d appsv1.Deployment
+	a.decode(t, "Deployment/nodeguard", &d)
+	assert.Contains(t, d.Spec.Template.Spec.Containers[0].Args, "--watch-filter=a")
+	var job batchv1.Job
+	a.decode(t, "Job/nodeguard-cleanup", &job)
+	assert.Contains(t, job.Spec.Template.Spec.Containers[0].Args, "--watch-filter=a", "uninstalling a shard cleans only its Clusters")
+	var role rbacv1.Role
+	a.decode(t, "Role/nodeguard-fleet", &role)
+	assert.Contains(t, role.Rules[len(role.Rules)-1].ResourceNames, "nodeguard-fleet-a", "the shard's own Lease")
+	shared := func(o objects) []string {
+		var out []string
+		for _, k := range keys(o) {
+			if strings.HasPrefix(k, "ClusterRole") || strings.HasPrefix(k, "CustomResourceDefinition") || strings.HasSuffix(k, "@fleet-x") {
+				out = append(out, k)
+			}
+		}
+		return out
+	}
+	sa, sb := shared(a), shared(b)
+	assert.NotEmpty(t, sa)
+	for _, k := range sa {
+		assert.NotContains(t, sb, k, "two shards' releases both render %s", k)
+	}
+	assert.Contains(t, sa, "CustomResourceDefinition/clusterguards.nodeguard.io")
+	var crb rbacv1.ClusterRoleBinding
+	a.decode(t, "ClusterRoleBinding/nodeguard-fleet-a", &crb)
+	assert.Equal(t, "nodeguard-fleet-a", crb.RoleRef.Name)
+
+	_, unsharded := chart(t, "fleet.enabled=true", "fleet.url=https://x.example.com", "fleet.allowUnauthenticatedReviews=true")["ClusterRole/nodeguard-fleet"]
+	assert.True(t, unsharded, "no watch filter: the names as before")
+
+	cmd := exec.Command("go", "tool", "-modfile=tools/helm/go.mod", "helm", "template", "nodeguard", "charts/nodeguard", "--set", "fleet.enabled=true",
+		"--set", "fleet.url=https://a.example.com", "--set", "fleet.allowUnauthenticatedReviews=true", "--set", "fleet.watchFilter=a")
+	cmd.Dir = ".."
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "a shard with the management webhook renders")
+	assert.Contains(t, string(out), "set webhook.enabled=false")
+}

@@ -68,7 +68,7 @@ func Audit(ctx context.Context, opts AuditOptions, out io.Writer) (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	keys, err := kube.ClusterKeys(ctx, c, opts.Cluster)
+	keys, err := kube.ClusterKeys(ctx, c, opts.Cluster, "")
 	if err != nil {
 		return 1, err
 	}

@@ -35,6 +35,10 @@ type CleanupOptions struct {
 	Deployment string
 	// Timeout bounds the wait for its Pods to go.
 	Timeout time.Duration
+	// WatchFilter is the install's (serve --watch-filter): only its
+	// Clusters are cleaned, and Gatekeeper's Provider, which a shard never
+	// writes, is left alone.
+	WatchFilter string
 }
 
 // Cleanup cleans up and prints what it removed; the int is the exit code: 1 when
@@ -66,7 +70,7 @@ func run(ctx context.Context, c kube.Clients, kube kubernetes.Interface, opts Cl
 			return 1, err
 		}
 	}
-	errs := remove(ctx, c, opts.Namespace, out)
+	errs := remove(ctx, c, opts.WatchFilter, out)
 	if errs == nil {
 		fmt.Fprintln(out, "cleanup: done")
 		return 0, nil
@@ -131,14 +135,18 @@ func scale(ctx context.Context, kube kubernetes.Interface, opts CleanupOptions, 
 // remove deletes what nodeguard owns: Gatekeeper's Provider here, and what
 // the fleet installed in each workload cluster. The fleet's ClusterGuards go
 // with their CustomResourceDefinition, which the uninstall deletes.
-func remove(ctx context.Context, c kube.Clients, namespace string, out io.Writer) error {
+func remove(ctx context.Context, c kube.Clients, watchFilter string, out io.Writer) error {
 	var errs []error
+	selector := ""
 	here := []struct {
 		what            string
 		gvr             schema.GroupVersionResource
 		namespace, name string
 	}{
 		{"Gatekeeper Provider nodeguard", admission.ProviderGVR, "", "nodeguard"},
+	}
+	if watchFilter != "" {
+		here, selector = nil, kube.WatchFilterLabel+"="+watchFilter
 	}
 	for _, h := range here {
 		deleted, err := kube.DeleteOwned(ctx, c.Dynamic, h.gvr, h.namespace, h.name)
@@ -148,7 +156,7 @@ func remove(ctx context.Context, c kube.Clients, namespace string, out io.Writer
 			fmt.Fprintf(out, "cleanup: removed %s\n", h.what)
 		}
 	}
-	keys, err := kube.ClusterKeys(ctx, c, "")
+	keys, err := kube.ClusterKeys(ctx, c, "", selector)
 	if meta.IsNoMatchError(err) || meta.IsNoMatchError(errors.Unwrap(err)) {
 		return errors.Join(errs...) // no Cluster API here: no workload cluster to clean
 	}

@@ -130,7 +130,7 @@ func judgeGhost(ctx context.Context, c kube.Clients, opts GhostsOptions, params 
 	if opts.Cluster == "" {
 		sources = append(sources, source{nodes: c.Dynamic.Resource(guard.NodeGVR)})
 	}
-	keys, err := kube.ClusterKeys(ctx, c, opts.Cluster)
+	keys, err := kube.ClusterKeys(ctx, c, opts.Cluster, "")
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,7 @@ const ReasonNotReported = "not-reported"
 // List is every Cluster of the management cluster c with the State the
 // fleet reconciler reported for it in its ClusterGuard, sorted by key.
 func List(ctx context.Context, c kube.Clients) ([]State, error) {
-	keys, err := kube.ClusterKeys(ctx, c, "")
+	keys, err := kube.ClusterKeys(ctx, c, "", "")
 	if err != nil {
 		return nil, err
 	}

@@ -50,7 +50,7 @@ func ClusterDynamic(ctx context.Context, management *rest.Config, key string) (d
 
 // ClusterKeys are CAPI Clusters of the cluster of c, "namespace/name", sorted:
 // one, checked to exist, or all ("").
-func ClusterKeys(ctx context.Context, c Clients, one string) ([]string, error) {
+func ClusterKeys(ctx context.Context, c Clients, one, selector string) ([]string, error) {
 	mapping, err := RESTMapping(c.Mapper, ClusterKind)
 	if err != nil {
 		return nil, fmt.Errorf("find Cluster API's Clusters: %w", err)
@@ -66,7 +66,7 @@ func ClusterKeys(ctx context.Context, c Clients, one string) ([]string, error) {
 		}
 		return []string{one}, nil
 	}
-	list, err := res.List(ctx, metav1.ListOptions{})
+	list, err := res.List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		return nil, fmt.Errorf("list Clusters: %w", err)
 	}

@@ -65,7 +65,7 @@ func renderDashboard() ([]byte, error) {
 			WithTarget(query(`max by (pod, source, version, revision) (nodeguard_policy_info{`+sel+`})`, "").Instant().Format(prometheus.PromQueryFormatTable)).
 			WithTarget(query(`max by (pod, version, commit) (nodeguard_build_info{`+sel+`})`, "").Instant().Format(prometheus.PromQueryFormatTable))).
 		WithPanel(series("Decisions by result and reason", "reqps",
-			"Reviews answered per second. Denied with reason blocked/unverified/unjudgeable: the rule's verdict. fresh-read-failed, not-ready, cache-recovering, busy, error: denied without judging.",
+			"Reviews answered per second. Denied with reason blocked/unverified/unjudgeable: the rule's verdict. fresh-read-failed, not-ready, cache-recovering, not-held, busy, error: denied without judging.",
 			query(`sum by (result, reason) (rate(nodeguard_decisions_total{`+sel+`}[$__rate_interval]))`, "{{result}} {{reason}}"))).
 		WithPanel(series("Decision latency beside the webhook timeout", "s",
 			"Time to answer a review, fresh reads included, by route; the webhook's timeoutSeconds and the 4 s review deadline for scale.",

@@ -28,7 +28,7 @@ func Params() []Param {
 		{"thresholds.unavailableFor", "1m", "NodeguardUnavailable: how long without a ready replica"},
 		{"thresholds.notReadyFor", "10m", "NodeguardReplicaNotReady: how long one replica stays not ready"},
 		{"thresholds.freshReadFailuresFor", "10m", "NodeguardFreshReadsFailing: how long fresh-read-failed denials keep coming"},
-		{"thresholds.unjudgedDenialsPerSecond", "0.1", "NodeguardDenyingWithoutJudging: denials/s for fresh-read-failed, not-ready, cache-recovering, busy or error, per reason"},
+		{"thresholds.unjudgedDenialsPerSecond", "0.1", "NodeguardDenyingWithoutJudging: denials/s for fresh-read-failed, not-ready, cache-recovering, not-held, busy or error, per reason"},
 		{"thresholds.unjudgedDenialsFor", "5m", "NodeguardDenyingWithoutJudging: for how long"},
 		{"thresholds.rejectedRequestsPerSecond", "0.1", "NodeguardRejectingRequests: requests/s answered with an HTTP error, per reason"},
 		{"thresholds.rejectedRequestsFor", "10m", "NodeguardRejectingRequests: for how long"},

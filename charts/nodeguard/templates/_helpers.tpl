@@ -52,3 +52,18 @@ certificate, create and patch (server-side apply of
 ["get"]
 {{- end -}}
 {{- end }}
+
+{{/*
+The name of an object several releases of this chart would otherwise share
+(cluster-scoped, or in fleet.secretNamespaces): with fleet.watchFilter, each
+shard's release has its own ("NAME-VALUE").
+*/}}
+{{- define "nodeguard.clusterScoped" -}}
+{{- $root := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- if and $root.Values.fleet.enabled $root.Values.fleet.watchFilter -}}
+{{ printf "%s-%s" $name $root.Values.fleet.watchFilter }}
+{{- else -}}
+{{ $name }}
+{{- end -}}
+{{- end }}

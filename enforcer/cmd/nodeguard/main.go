@@ -104,7 +104,8 @@ func cleanupCommand(code *int) *cobra.Command {
 		Long: "The chart's pre-delete hook. With --deployment it first scales nodeguard to 0 and waits for its Pods (the fleet\n" +
 			"restores what it keeps), then removes, where nodeguard's label marks them: in each CAPI Cluster's workload\n" +
 			"cluster (through its kubeconfig Secret) the webhook configuration, the admission policy, its binding and released\n" +
-			"Nodes, and nodeguard's identity; here Gatekeeper's Provider nodeguard and the fleet's status ConfigMap. When\n" +
+			"Nodes, and nodeguard's identity; here Gatekeeper's Provider nodeguard (with --watch-filter: only that shard's\n" +
+			"Clusters, and no Provider). When\n" +
 			"something cannot be removed it says what, scales the Deployment back and exits 1.",
 		Args: cobra.NoArgs,
 		RunE: withCode(code, func(ctx context.Context, out io.Writer) (int, error) { return cli.Cleanup(ctx, opts, out) }),
@@ -113,6 +114,7 @@ func cleanupCommand(code *int) *cobra.Command {
 	f.StringVar(&opts.Namespace, "namespace", "", "nodeguard's namespace (required)")
 	f.StringVar(&opts.Deployment, "deployment", "", "nodeguard's Deployment there, scaled to 0 first")
 	f.DurationVar(&opts.Timeout, "timeout", 2*time.Minute, "how long to wait for the Deployment's Pods to go")
+	f.StringVar(&opts.WatchFilter, "watch-filter", "", "the install's serve --watch-filter: clean only the workload clusters of the Clusters labelled cluster.x-k8s.io/watch-filter=VALUE")
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster)")
 	f.StringVar(&opts.Context, "context", "", "kubeconfig context")
 	_ = cmd.MarkFlagRequired("namespace")
