@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -41,7 +42,83 @@ var (
 	guardClustersFlag = flag.Int("guard-clusters", 1000, "workload clusters the fleet reconciler guards (BenchmarkFleetGuard)")
 	guardWindowFlag   = flag.Duration("guard-window", time.Minute, "how long nothing changes while the fleet reconciler's CPU and requests are counted")
 	guardProofFlag    = flag.Duration("guard-proof-interval", ngfleet.DefaultProofInterval, "the fleet's proof interval; below the window, the window's CPU includes proofs")
+	guardApartFlag    = flag.Bool("guard-servers-apart", false, "run the simulated workload API servers in a child process, so the CPU, heap and RSS measured are nodeguard's alone")
 )
+
+// farmEnv, set to a number of clusters, makes the test binary a farm of
+// that many simulated workload API servers (serveFarm) instead of a test.
+const farmEnv = "NODEGUARD_FLEET_FARM"
+
+func TestMain(m *testing.M) {
+	if n, err := strconv.Atoi(os.Getenv(farmEnv)); err == nil {
+		serveFarm(n)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// farmServer is one server of a farm, as the farm announces it.
+type farmServer struct {
+	Cluster, URL string
+}
+
+// farmCounts are a farm's request counts (guardFleet.requests).
+type farmCounts struct {
+	All, Proofs, Health int64
+}
+
+// serveFarm runs n guardServers, prints the URL of its counts, then one
+// farmServer a line, and serves until its standard input closes (the
+// benchmark that started it ended).
+func serveFarm(n int) {
+	servers := make([]*guardServer, 0, n)
+	for i := range n {
+		servers = append(servers, newGuardServer(fmt.Sprintf("fleet/prod-%04d", i)))
+	}
+	counts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		var c farmCounts
+		for _, s := range servers {
+			c.All += s.total()
+			c.Proofs += s.requests["proof"].Load()
+			c.Health += s.requests["health"].Load()
+		}
+		writeJSON(w, http.StatusOK, c)
+	}))
+	out := json.NewEncoder(os.Stdout)
+	_ = out.Encode(counts.URL)
+	for _, s := range servers {
+		_ = out.Encode(farmServer{Cluster: s.cluster, URL: s.srv.URL})
+	}
+	_, _ = io.Copy(io.Discard, os.Stdin)
+}
+
+// startFarm starts a farm of n servers in a child process and returns
+// their URLs by cluster and the URL of their counts.
+func startFarm(t testing.TB, n int) (map[string]string, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", farmEnv, n))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = stdin.Close()
+		_ = cmd.Wait()
+	})
+	in := json.NewDecoder(stdout)
+	var counts string
+	require.NoError(t, in.Decode(&counts))
+	urls := map[string]string{}
+	for range n {
+		var s farmServer
+		require.NoError(t, in.Decode(&s))
+		urls[s.Cluster] = s.URL
+	}
+	return urls, counts
+}
 
 const vwcPath = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 
@@ -224,7 +301,10 @@ func mustJSON(v any) []byte {
 // them, on a fake management cluster.
 type guardFleet struct {
 	servers map[string]*guardServer
-	r       *ngfleet.Reconciler
+	// farm, when the servers run apart (startFarm), is the URL of their
+	// request counts.
+	farm string
+	r    *ngfleet.Reconciler
 	// guards counts the ClusterGuard requests of the fleet's status writer
 	// to the (fake) management cluster.
 	guards *guardWrites
@@ -268,14 +348,22 @@ func startGuardFleet(t testing.TB, ctx context.Context, n int) *guardFleet {
 	secrets := fake.NewClientset()
 	var objs []k8sruntime.Object
 	f := &guardFleet{servers: map[string]*guardServer{}}
+	var apart map[string]string
+	if *guardApartFlag {
+		apart, f.farm = startFarm(t, n)
+	}
 	for i := range n {
 		name := fmt.Sprintf("prod-%04d", i)
-		s := newGuardServer("fleet/" + name)
-		t.Cleanup(s.srv.Close)
-		f.servers["fleet/"+name] = s
+		url, ok := apart["fleet/"+name]
+		if !ok {
+			s := newGuardServer("fleet/" + name)
+			t.Cleanup(s.srv.Close)
+			f.servers["fleet/"+name] = s
+			url = s.srv.URL
+		}
 		objs = append(objs, testcluster.Object(clusterGVK, "fleet", name, nil))
 		_, err := secrets.CoreV1().Secrets("fleet").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "fleet", Name: name + "-kubeconfig"},
-			Data: map[string][]byte{"value": testcluster.Kubeconfig(t, s.srv.URL)}}, metav1.CreateOptions{})
+			Data: map[string][]byte{"value": testcluster.Kubeconfig(t, url)}}, metav1.CreateOptions{})
 		require.NoError(t, err)
 	}
 	dyn, mapper := testcluster.Serve([]testcluster.Kind{{GVK: clusterGVK, Resource: "clusters"}}, objs...)
@@ -307,7 +395,15 @@ func (f *guardFleet) guarded() int {
 	return n
 }
 
-func (f *guardFleet) requests() (all, proofs, health int64) {
+func (f *guardFleet) requests(t testing.TB) (all, proofs, health int64) {
+	if f.farm != "" {
+		resp, err := http.Get(f.farm)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var c farmCounts
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&c))
+		return c.All, c.Proofs, c.Health
+	}
 	for _, s := range f.servers {
 		all += s.total()
 		proofs += s.requests["proof"].Load()
@@ -328,12 +424,12 @@ func BenchmarkFleetGuard(b *testing.B) {
 		require.Eventually(b, func() bool { return f.guarded() == n }, 10*time.Minute, 100*time.Millisecond, "every cluster guarded")
 		took, coldCPU := time.Since(start), cpu(b)-cpu0
 		heapGuarded := heap()
-		all0, proofs0, health0 := f.requests()
+		all0, proofs0, health0 := f.requests(b)
 		guards0 := f.guards.requests.Load()
 		cpu1 := cpu(b)
 		time.Sleep(*guardWindowFlag) // time under test: the measured window, nothing changing
 		idleCPU := cpu(b) - cpu1
-		all1, proofs1, health1 := f.requests()
+		all1, proofs1, health1 := f.requests(b)
 		guards1 := f.guards.requests.Load()
 		perMin := float64(time.Minute) / float64(*guardWindowFlag)
 		health := float64(health1-health0) * perMin / float64(n)
@@ -346,9 +442,9 @@ func BenchmarkFleetGuard(b *testing.B) {
 		b.ReportMetric(float64(guards1-guards0)*perMin/float64(n), "clusterguard-req/cluster/min")
 		b.Logf("ClusterGuard requests to the management cluster: %.2f a cluster until all were guarded (creation: a status apply finding none, the object, its status), %.3f a cluster a minute after",
 			float64(guards0)/float64(n), float64(guards1-guards0)*perMin/float64(n))
-		b.Logf("proof interval %s; %d clusters: all guarded and proven %s after a cold start (%s CPU); nothing changing: %s CPU/min, %.3f health checks/cluster/min, %.3f other requests/cluster/min besides the proofs (%d proofs in the %s window), heap %.0f MiB (simulated servers included), RSS %.0f MiB",
+		b.Logf("proof interval %s; %d clusters: all guarded and proven %s after a cold start (%s CPU); nothing changing: %s CPU/min, %.3f health checks/cluster/min, %.3f other requests/cluster/min besides the proofs (%d proofs in the %s window), heap %.0f MiB, RSS %.0f MiB (%s)",
 			*guardProofFlag, n, took.Round(100*time.Millisecond), coldCPU.Round(10*time.Millisecond), time.Duration(float64(idleCPU)*perMin).Round(10*time.Millisecond),
-			health, other, proofs1-proofs0, *guardWindowFlag, float64(heapGuarded)/(1<<20), rssMiB(b))
+			health, other, proofs1-proofs0, *guardWindowFlag, float64(heapGuarded)/(1<<20), rssMiB(b), servers(f))
 		cancel()
 	}
 }
@@ -385,6 +481,14 @@ func TestSmallFleetIsGuarded(t *testing.T) {
 	s.mu.Lock()
 	assert.NotNil(t, s.vwc)
 	s.mu.Unlock()
+}
+
+// servers says where the figures' simulated servers ran.
+func servers(f *guardFleet) string {
+	if f.farm != "" {
+		return "nodeguard alone: the simulated servers ran in a child process"
+	}
+	return "simulated servers included"
 }
 
 // rssMiB is the process's resident set.
