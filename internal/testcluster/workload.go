@@ -13,8 +13,15 @@ import (
 // writes it into the Secret <name>-kubeconfig.
 func Kubeconfig(t testing.TB, server string) []byte {
 	t.Helper()
+	return KubeconfigTLS(t, server, nil)
+}
+
+// KubeconfigTLS is Kubeconfig of a server whose certificate caPEM (nil:
+// none) verifies.
+func KubeconfigTLS(t testing.TB, server string, caPEM []byte) []byte {
+	t.Helper()
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["workload"] = &clientcmdapi.Cluster{Server: server}
+	cfg.Clusters["workload"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
 	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: "t"}
 	cfg.Contexts["admin@workload"] = &clientcmdapi.Context{Cluster: "workload", AuthInfo: "admin"}
 	cfg.CurrentContext = "admin@workload"

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"flag"
 	"fmt"
 	"io"
@@ -57,9 +58,11 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// farmServer is one server of a farm, as the farm announces it.
+// farmServer is one server of a farm, as the farm announces it, with the
+// certificate that verifies it (PEM).
 type farmServer struct {
 	Cluster, URL string
+	CA           []byte
 }
 
 // farmCounts are a farm's request counts (guardFleet.requests).
@@ -87,14 +90,14 @@ func serveFarm(n int) {
 	out := json.NewEncoder(os.Stdout)
 	_ = out.Encode(counts.URL)
 	for _, s := range servers {
-		_ = out.Encode(farmServer{Cluster: s.cluster, URL: s.srv.URL})
+		_ = out.Encode(farmServer{Cluster: s.cluster, URL: s.srv.URL, CA: s.caPEM()})
 	}
 	_, _ = io.Copy(io.Discard, os.Stdin)
 }
 
 // startFarm starts a farm of n servers in a child process and returns
 // their URLs by cluster and the URL of their counts.
-func startFarm(t testing.TB, n int) (map[string]string, string) {
+func startFarm(t testing.TB, n int) (map[string]farmServer, string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", farmEnv, n))
@@ -111,13 +114,13 @@ func startFarm(t testing.TB, n int) (map[string]string, string) {
 	in := json.NewDecoder(stdout)
 	var counts string
 	require.NoError(t, in.Decode(&counts))
-	urls := map[string]string{}
+	servers := map[string]farmServer{}
 	for range n {
 		var s farmServer
 		require.NoError(t, in.Decode(&s))
-		urls[s.Cluster] = s.URL
+		servers[s.Cluster] = s
 	}
-	return urls, counts
+	return servers, counts
 }
 
 const vwcPath = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
@@ -146,7 +149,11 @@ func newGuardServer(cluster string) *guardServer {
 	for _, k := range []string{"vwc-read", "vwc-write", "watch", "proof", "identity", "health", "other"} {
 		s.requests[k] = &atomic.Int64{}
 	}
-	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
+	// HTTPS and HTTP/2, as a kube-apiserver serves: each connection is kept
+	// and multiplexed, so a health check costs what it costs a real fleet.
+	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
+	s.srv.EnableHTTP2 = true
+	s.srv.StartTLS()
 	return s
 }
 
@@ -193,6 +200,11 @@ func (s *guardServer) serve(w http.ResponseWriter, r *http.Request) {
 		s.requests["other"].Add(1)
 		http.Error(w, "not served here", http.StatusNotFound)
 	}
+}
+
+// caPEM is the certificate the server serves, which verifies it.
+func (s *guardServer) caPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.srv.Certificate().Raw})
 }
 
 func (s *guardServer) items() []any {
@@ -348,22 +360,22 @@ func startGuardFleet(t testing.TB, ctx context.Context, n int) *guardFleet {
 	secrets := fake.NewClientset()
 	var objs []k8sruntime.Object
 	f := &guardFleet{servers: map[string]*guardServer{}}
-	var apart map[string]string
+	var apart map[string]farmServer
 	if *guardApartFlag {
 		apart, f.farm = startFarm(t, n)
 	}
 	for i := range n {
 		name := fmt.Sprintf("prod-%04d", i)
-		url, ok := apart["fleet/"+name]
+		at, ok := apart["fleet/"+name]
 		if !ok {
 			s := newGuardServer("fleet/" + name)
 			t.Cleanup(s.srv.Close)
 			f.servers["fleet/"+name] = s
-			url = s.srv.URL
+			at = farmServer{URL: s.srv.URL, CA: s.caPEM()}
 		}
 		objs = append(objs, testcluster.Object(clusterGVK, "fleet", name, nil))
 		_, err := secrets.CoreV1().Secrets("fleet").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "fleet", Name: name + "-kubeconfig"},
-			Data: map[string][]byte{"value": testcluster.Kubeconfig(t, url)}}, metav1.CreateOptions{})
+			Data: map[string][]byte{"value": testcluster.KubeconfigTLS(t, at.URL, at.CA)}}, metav1.CreateOptions{})
 		require.NoError(t, err)
 	}
 	dyn, mapper := testcluster.Serve([]testcluster.Kind{{GVK: clusterGVK, Resource: "clusters"}}, objs...)
