@@ -43,7 +43,7 @@ func (s *session) servesPolicies() (bool, error) {
 	if s.served != nil {
 		return *s.served, nil
 	}
-	list, err := s.kube.Discovery().ServerResourcesForGroupVersion(admission.PolicyGVR.GroupVersion().String())
+	list, err := s.disco.ServerResourcesForGroupVersion(admission.PolicyGVR.GroupVersion().String())
 	if apierrors.IsNotFound(err) {
 		list, err = &metav1.APIResourceList{}, nil
 	}
@@ -290,7 +290,7 @@ func (r *Reconciler) guardStatic(ctx context.Context, key string, s *session, t 
 // verdict releases it, or with released false does not (nil: none), and
 // the Nodes listed.
 func (r *Reconciler) nodeWhere(ctx context.Context, s *session, selector string, released bool) (*corev1.Node, []corev1.Node, error) {
-	nodes, err := s.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 100, LabelSelector: selector})
+	nodes, err := s.core.Nodes().List(ctx, metav1.ListOptions{Limit: 100, LabelSelector: selector})
 	if err != nil {
 		return nil, nil, err
 	}

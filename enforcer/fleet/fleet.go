@@ -46,7 +46,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/discovery"
+	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 
 	"github.com/nodeguard/nodeguard/enforcer/admission"
@@ -577,8 +579,12 @@ func (r *Reconciler) next(t *tracked, st State) time.Duration {
 // clients to write and prove with, and the watches of what it keeps there.
 type session struct {
 	c *kube.Cluster
-	// kube collects warnings per request (proofs), as JSON.
-	kube kubernetes.Interface
+	// core, auth and disco collect warnings per request (proofs), as JSON:
+	// the three groups a session asks, not a clientset's fifty clients (a
+	// few KiB each, at thousands of clusters).
+	core  corev1client.CoreV1Interface
+	auth  authenticationv1client.AuthenticationV1Interface
+	disco discovery.DiscoveryInterface
 	// vwc is nodeguard's webhook configuration there; policy, binding,
 	// guard and guardBinding the objects of mode admission-policy (nil
 	// without --fleet-admission-policy: nodeguard's identity may not read
@@ -614,12 +620,17 @@ func (r *Reconciler) Session(ctx context.Context, c *kube.Cluster) {
 	cfg.WarningHandlerWithContext = warningCollector{}
 	// JSON, not the connection's protobuf: proofs read Nodes' names only.
 	cfg.ContentType, cfg.AcceptContentTypes = "", ""
-	kc, err := kubernetes.NewForConfig(cfg)
+	s := &session{c: c}
+	var err error
+	if s.core, err = corev1client.NewForConfig(cfg); err == nil {
+		if s.auth, err = authenticationv1client.NewForConfig(cfg); err == nil {
+			s.disco, err = discovery.NewDiscoveryClientForConfig(cfg)
+		}
+	}
 	if err != nil {
 		r.opts.Log.Error("fleet: no client for the workload cluster", "cluster", c.Key, "error", err.Error())
 		return
 	}
-	s := &session{c: c, kube: kc}
 	queue := func(*unstructured.Unstructured) { r.loop.Add(c.Key) }
 	watch := func(o kube.ObjectOptions) *kube.ObjectWatch {
 		o.Client, o.Changed = c.Dynamic, queue
@@ -674,10 +685,10 @@ func (s *session) synced() bool {
 
 // whoAmI is the user the API server sees kube's credentials as ("" when
 // it cannot say).
-func whoAmI(ctx context.Context, kube kubernetes.Interface) string {
+func whoAmI(ctx context.Context, auth authenticationv1client.AuthenticationV1Interface) string {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	r, err := kube.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	r, err := auth.SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	if err != nil {
 		return ""
 	}

@@ -109,7 +109,8 @@ func TestLeftoversNodeguardMayNotRemoveAreRemovedWithTheKubeconfig(t *testing.T)
 	r.opts.Log = slog.New(slog.DiscardHandler)
 	// A workload cluster with no Node: nothing to observe the binding's
 	// removal on.
-	s := &session{c: &kube.Cluster{Key: "fleet/a", Dynamic: identity, Admin: admin}, kube: k8sfake.NewClientset()}
+	kc := k8sfake.NewClientset()
+	s := &session{c: &kube.Cluster{Key: "fleet/a", Dynamic: identity, Admin: admin}, core: kc.CoreV1(), auth: kc.AuthenticationV1(), disco: kc.Discovery()}
 	tr := &tracked{}
 	ctx := context.Background()
 	require.True(t, r.policyLeft(ctx, s), "found with the kubeconfig's credentials")
@@ -158,7 +159,7 @@ func TestTheDefaultModeFollowsWhatTheAPIServerServes(t *testing.T) {
 	connect := func(served ...*metav1.APIResourceList) (*session, *k8stesting.Fake) {
 		kc := k8sfake.NewClientset()
 		kc.Resources = served
-		return &session{kube: kc}, &kc.Fake
+		return &session{core: kc.CoreV1(), auth: kc.AuthenticationV1(), disco: kc.Discovery()}, &kc.Fake
 	}
 	annotated := func(mode string) kube.ClusterMeta {
 		return kube.ClusterMeta{Annotations: map[string]string{ModeAnnotation: mode}}

@@ -203,11 +203,11 @@ func (r *Reconciler) matched(t *tracked, st State, action rule.Action, why strin
 // warnings.
 func (r *Reconciler) dryRun(ctx context.Context, s *session, node *corev1.Node) ([]string, error) {
 	if s.user == "" {
-		s.user = whoAmI(ctx, s.kube)
+		s.user = whoAmI(ctx, s.auth)
 	}
 	var warnings []string
 	uid := node.UID
-	err := s.kube.CoreV1().Nodes().Delete(withWarnings(ctx, &warnings), node.Name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll},
+	err := s.core.Nodes().Delete(withWarnings(ctx, &warnings), node.Name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll},
 		Preconditions: &metav1.Preconditions{UID: &uid}})
 	return warnings, err
 }

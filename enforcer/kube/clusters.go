@@ -573,11 +573,13 @@ func (s *ClusterSet) build(key string, cfg *rest.Config, suspect func(error)) (*
 	}
 	ecfg := rest.CopyConfig(clients.Config)
 	ecfg.QPS, ecfg.Burst = s.opts.EventsQPS, s.opts.EventsBurst
-	events, err := kubernetes.NewForConfig(ecfg)
+	// The events group alone: a clientset's fifty clients cost a few KiB
+	// each, at thousands of clusters.
+	events, err := eventsv1client.NewForConfig(ecfg)
 	if err != nil {
 		return nil, fmt.Errorf("events client of Cluster %s: %w", key, err)
 	}
-	return &Cluster{Key: key, Config: clients.Config, Kube: kube, Dynamic: clients.Dynamic, Events: events.EventsV1()}, nil
+	return &Cluster{Key: key, Config: clients.Config, Kube: kube, Dynamic: clients.Dynamic, Events: events}, nil
 }
 
 func (s *ClusterSet) start(ctx context.Context, c *conn) {
