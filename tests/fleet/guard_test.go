@@ -43,6 +43,8 @@ var (
 	guardClustersFlag = flag.Int("guard-clusters", 1000, "workload clusters the fleet reconciler guards (BenchmarkFleetGuard)")
 	guardWindowFlag   = flag.Duration("guard-window", time.Minute, "how long nothing changes while the fleet reconciler's CPU and requests are counted")
 	guardProofFlag    = flag.Duration("guard-proof-interval", ngfleet.DefaultProofInterval, "the fleet's proof interval; below the window, the window's CPU includes proofs")
+	guardProbeFlag    = flag.Duration("guard-probe-interval", kube.DefaultProbeInterval, "how often each workload API server is health-checked")
+	guardRecheckFlag  = flag.Duration("guard-recheck", kube.DefaultClusterRecheck, "how often each kubeconfig Secret is read again")
 	guardApartFlag    = flag.Bool("guard-servers-apart", false, "run the simulated workload API servers in a child process, so the CPU, heap and RSS measured are nodeguard's alone")
 )
 
@@ -382,6 +384,7 @@ func startGuardFleet(t testing.TB, ctx context.Context, n int) *guardFleet {
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	require.NoError(t, os.WriteFile(caFile, testpki.CAPEM(t), 0o600))
 	set, err := kube.NewClusterSet(kube.ClusterSetOptions{Management: kube.Clients{Dynamic: dyn, Mapper: mapper}, Secrets: secrets,
+		ProbeInterval: *guardProbeFlag, Recheck: *guardRecheckFlag,
 		Identity: &kube.IdentityOptions{Delete: true, Owns: admission.WebhookRules()},
 		Start:    func(ctx context.Context, c *kube.Cluster) { f.r.Session(ctx, c) },
 		Changed:  func(key string) { f.r.Changed(key) }})
