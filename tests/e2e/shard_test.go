@@ -38,23 +38,100 @@ func shardLabel(t *testing.T, dyn dynamic.Interface, gvr schema.GroupVersionReso
 }
 
 // shardInstall runs one `nodeguard serve --fleet --watch-filter value`
-// process with a serving CA and port of its own; it returns the process
-// and its URL.
+// process (no filter for "") with a serving CA and port of its own; it
+// returns the process and its URL.
 func shardInstall(t *testing.T, kubeconfig, value string) (*replica, string) {
 	t.Helper()
 	ca := testpki.New(t)
 	cert, key := ca.ServerFiles(t, "nodeguard")
 	listen := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	r := startReplica(t, "shard-"+value, kubeconfig, "--listen-address", listen, "--tls-cert-file", cert, "--tls-private-key-file", key,
-		"--fleet", "--fleet-url", "https://"+listen, "--fleet-ca-file", ca.CAFile(t), "--fleet-namespace", "default", "--watch-filter", value)
-	return r, "https://" + listen
+	args := []string{"--listen-address", listen, "--tls-cert-file", cert, "--tls-private-key-file", key,
+		"--fleet", "--fleet-url", "https://" + listen, "--fleet-ca-file", ca.CAFile(t), "--fleet-namespace", "default"}
+	name := "unsharded"
+	if value != "" {
+		args, name = append(args, "--watch-filter", value), "shard-"+value
+	}
+	return startReplica(t, name, kubeconfig, args...), "https://" + listen
 }
 
-// Two installs with different watch-filter values split a fleet as Cluster
-// API's own controllers do: each guards only its Clusters and caches only
-// their Machines, with a Lease and URL of its own; a Cluster relabelled from
-// one to the other, in the documented order, stays guarded throughout (a
-// dry-run delete of its blocked Node every 100 ms: every one denied).
+// blockedStream sends a dry-run delete of a blocked Node every 100 ms and
+// keeps each answer by its kind, until stop.
+type blockedStream struct {
+	stop    context.CancelFunc
+	wg      sync.WaitGroup
+	tries   atomic.Int64
+	mu      sync.Mutex
+	answers map[string]int
+}
+
+// Kinds of answers to a dry-run delete of a blocked Node.
+const (
+	answerAllowed     = "allowed"
+	answerBlocked     = "blocked by the rule"
+	answerNotHeld     = "not held by the shard asked"
+	answerUnreachable = "webhook unreachable: failed closed"
+)
+
+func streamBlocked(ctx context.Context, kube kubernetes.Interface, node, blocker string) *blockedStream {
+	s := &blockedStream{answers: map[string]int{}}
+	ctx, s.stop = context.WithCancel(ctx)
+	s.wg.Go(func() {
+		for ctx.Err() == nil {
+			err := dryRunDelete(ctx, kube, node)
+			if ctx.Err() != nil {
+				return
+			}
+			s.tries.Add(1)
+			kind := answerAllowed
+			switch {
+			case err == nil:
+			case strings.Contains(err.Error(), "not one of this nodeguard's Clusters"), strings.Contains(err.Error(), "moving between nodeguard shards"),
+				strings.Contains(err.Error(), "left this nodeguard's caches"), strings.Contains(err.Error(), "caches have not caught up"):
+				kind = answerNotHeld
+			case strings.Contains(err.Error(), blocker):
+				kind = answerBlocked
+			case strings.Contains(err.Error(), "failed calling webhook"):
+				kind = answerUnreachable
+			default:
+				kind = "other: " + err.Error()
+			}
+			s.mu.Lock()
+			s.answers[kind]++
+			s.mu.Unlock()
+			time.Sleep(100 * time.Millisecond) // time under test: the stream's pace
+		}
+	})
+	return s
+}
+
+// finish lets n more deletes run, stops, and returns the answers by kind.
+func (s *blockedStream) finish(t *testing.T, n int64) map[string]int {
+	t.Helper()
+	more := s.tries.Load() + n
+	require.Eventually(t, func() bool { return s.tries.Load() >= more }, 30*time.Second, 50*time.Millisecond)
+	s.stop()
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.answers
+}
+
+// allDenied checks that no answer let the blocked Node go, and that each
+// came from nodeguard (or the API server failing closed without it).
+func allDenied(t *testing.T, answers map[string]int) {
+	t.Helper()
+	assert.Zero(t, answers[answerAllowed], "a blocked Node's delete was allowed: %v", answers)
+	for kind := range answers {
+		assert.False(t, strings.HasPrefix(kind, "other"), "an answer of no nodeguard: %s", kind)
+	}
+}
+
+// A running fleet split into two installs with different watch-filter
+// values, as Cluster API splits its own controllers: each then guards only
+// its Clusters and caches only their Machines, with a Lease and URL of its
+// own; a Cluster relabelled from one to the other, in the documented order,
+// stays guarded throughout. Through the split and the move, a dry-run delete
+// of each blocked Node every 100 ms: every one denied.
 func TestShardsSplitTheFleetByWatchFilter(t *testing.T) {
 	mgmt, mgmtEnv := apiServerEnv(t)
 	w1, w1Env := apiServerWith(t, current, nil)
@@ -67,11 +144,8 @@ func TestShardsSplitTheFleetByWatchFilter(t *testing.T) {
 	ctx := context.Background()
 	machines := current.GVR("cluster.x-k8s.io", "machines")
 
-	// dev is shard a's, two shard b's: the Cluster, its Machine and its
-	// DockerMachine labelled, as Cluster API's watch filter asks.
-	for name, shard := range map[string]string{"dev": "a", "two": "b"} {
+	for _, name := range []string{"dev", "two"} {
 		writeCluster(t, dyn, name, map[string]any{fleet.ModeAnnotation: fleet.ModeWebhook})
-		shardLabel(t, dyn, clustersGVR, name, shard)
 	}
 	clusterMachine(t, dyn, kube1, "dev", "dev-md-0")
 	clusterMachine(t, dyn, kube2, "two", "two-md-0")
@@ -83,10 +157,6 @@ func TestShardsSplitTheFleetByWatchFilter(t *testing.T) {
 		[]byte(`{"metadata":{"annotations":{"cluster.x-k8s.io/cluster-name":null,"cluster.x-k8s.io/cluster-namespace":null,"cluster.x-k8s.io/machine":null}}}`),
 		metav1.PatchOptions{})
 	require.NoError(t, err)
-	for name, shard := range map[string]string{"dev-md-0": "a", "two-md-0": "b"} {
-		shardLabel(t, dyn, machines, name, shard)
-		shardLabel(t, dyn, dockerMachine, name, shard)
-	}
 	for _, k := range []kubernetes.Interface{kube1, kube2} {
 		_, err := k.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "free"}}, metav1.CreateOptions{})
 		require.NoError(t, err)
@@ -94,8 +164,8 @@ func TestShardsSplitTheFleetByWatchFilter(t *testing.T) {
 	workloadAdmin(t, ctx, w1Env, mgmtKube, "default", "dev")
 	workloadAdmin(t, ctx, w2Env, mgmtKube, "default", "two")
 	kubeconfig := adminKubeconfig(t, mgmtEnv)
-	a, urlA := shardInstall(t, kubeconfig, "a")
-	b, urlB := shardInstall(t, kubeconfig, "b")
+	// The fleet as it runs before it is split: one install, no filter.
+	unsharded, urlU := shardInstall(t, kubeconfig, "")
 
 	guardedBy := func(c require.TestingT, cluster, shard string) {
 		cg, err := dyn.Resource(fleet.ClusterGuards).Namespace("default").Get(ctx, cluster, metav1.GetOptions{})
@@ -114,9 +184,41 @@ func TestShardsSplitTheFleetByWatchFilter(t *testing.T) {
 		return v
 	}
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		guardedBy(c, "dev", "")
+		guardedBy(c, "two", "")
+		assert.True(c, strings.HasPrefix(webhookURL(c, kube1), urlU+"/"))
+		assert.True(c, strings.HasPrefix(webhookURL(c, kube2), urlU+"/"))
+	}, 60*time.Second, 200*time.Millisecond, "both guarded by the install without a filter")
+
+	// Split the running fleet, as operate.md says: label every object (the
+	// install without a filter acts on all of them alike), start the shards,
+	// stop the old install. A dry-run delete of each blocked Node every
+	// 100 ms throughout.
+	streams := []*blockedStream{streamBlocked(ctx, kube1, "dev-md-0", "DockerMachine default/dev-md-0"),
+		streamBlocked(ctx, kube2, "two-md-0", "DockerMachine default/two-md-0")}
+	time.Sleep(time.Second)
+	split := time.Now()
+	for name, shard := range map[string]string{"dev": "a", "two": "b"} {
+		shardLabel(t, dyn, clustersGVR, name, shard)
+		shardLabel(t, dyn, machines, name+"-md-0", shard)
+		shardLabel(t, dyn, dockerMachine, name+"-md-0", shard)
+	}
+	a, urlA := shardInstall(t, kubeconfig, "a")
+	b, urlB := shardInstall(t, kubeconfig, "b")
+	unsharded.terminate(t)
+	<-unsharded.exited
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		guardedBy(c, "dev", "a")
 		guardedBy(c, "two", "b")
+		assert.True(c, strings.HasPrefix(webhookURL(c, kube1), urlA+"/"), "dev's API server calls shard a")
+		assert.True(c, strings.HasPrefix(webhookURL(c, kube2), urlB+"/"), "two's API server calls shard b")
 	}, 60*time.Second, 200*time.Millisecond, "each Cluster guarded by its shard")
+	t.Logf("fleet split into shards a and b %s after the labels were set", time.Since(split).Round(100*time.Millisecond))
+	for i, s := range streams {
+		answers := s.finish(t, 10)
+		t.Logf("splitting, workload cluster %d: %d dry-run deletes of its blocked Node: %v", i+1, s.tries.Load(), answers)
+		allDenied(t, answers)
+	}
 
 	t.Run("each shard guards only its Clusters, caches only their Machines, with a Lease and URL of its own", func(t *testing.T) {
 		assert.True(t, strings.HasPrefix(webhookURL(t, kube1), urlA+"/"), "dev's API server calls shard a")
@@ -140,38 +242,7 @@ func TestShardsSplitTheFleetByWatchFilter(t *testing.T) {
 	})
 
 	t.Run("a Cluster relabelled to the other shard stays guarded throughout", func(t *testing.T) {
-		// A dry-run delete of dev's blocked Node every 100 ms, each answer
-		// kept by its kind.
-		var tries, allowed atomic.Int64
-		var mu sync.Mutex
-		answers := map[string]int{}
-		stream, stop := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			for stream.Err() == nil {
-				err := dryRunDelete(stream, kube1, "dev-md-0")
-				if stream.Err() != nil {
-					return
-				}
-				tries.Add(1)
-				kind := "allowed"
-				switch {
-				case err == nil:
-					allowed.Add(1)
-				case strings.Contains(err.Error(), "not one of this nodeguard's Clusters"), strings.Contains(err.Error(), "moving between nodeguard shards"),
-					strings.Contains(err.Error(), "left this nodeguard's caches"), strings.Contains(err.Error(), "caches have not caught up"):
-					kind = "not held by the shard asked"
-				case strings.Contains(err.Error(), "DockerMachine default/dev-md-0"):
-					kind = "blocked by the rule"
-				default:
-					kind = "other: " + err.Error()
-				}
-				mu.Lock()
-				answers[kind]++
-				mu.Unlock()
-				time.Sleep(100 * time.Millisecond) // time under test: the stream's pace
-			}
-		})
+		stream := streamBlocked(ctx, kube1, "dev-md-0", "DockerMachine default/dev-md-0")
 		time.Sleep(time.Second)
 		// The documented order: the Cluster first, then everything that
 		// carries its name.
@@ -197,19 +268,11 @@ func TestShardsSplitTheFleetByWatchFilter(t *testing.T) {
 		}, 60*time.Second, 200*time.Millisecond, "dev guarded by shard b")
 		t.Logf("dev moved from shard a to shard b in %s", time.Since(moved).Round(100*time.Millisecond))
 		// A while longer on shard b alone.
-		more := tries.Load() + 20
-		require.Eventually(t, func() bool { return tries.Load() >= more }, 30*time.Second, 50*time.Millisecond)
-		stop()
-		wg.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		t.Logf("during the move: %d dry-run deletes of dev's blocked Node: %v", tries.Load(), answers)
-		assert.Zero(t, allowed.Load(), "a blocked Node's delete was allowed during the move: %v", answers)
-		for kind := range answers {
-			assert.False(t, strings.HasPrefix(kind, "other"), "an answer of neither shard: %s", kind)
-		}
-		assert.Positive(t, answers["blocked by the rule"])
-		assert.Positive(t, answers["not held by the shard asked"], "shard b was asked before it held dev")
+		answers := stream.finish(t, 20)
+		t.Logf("during the move: %d dry-run deletes of dev's blocked Node: %v", stream.tries.Load(), answers)
+		allDenied(t, answers)
+		assert.Positive(t, answers[answerBlocked])
+		assert.Positive(t, answers[answerNotHeld], "shard b was asked before it held dev")
 
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
 			assert.Equal(c, 0.0, cached(c, a, "Machine"), "shard a caches no Machine now")
