@@ -14,12 +14,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/nodeguard/nodeguard/enforcer/kube"
+	"github.com/nodeguard/nodeguard/internal/testcluster"
 )
 
 // scales records the replicas each scale update asks for (the fake
@@ -75,4 +77,26 @@ func TestCleanupScalesBackWhenSomethingStays(t *testing.T) {
 	assert.Equal(t, []int32{0, 2}, *asked)
 	assert.Contains(t, out.String(), "Gatekeeper Provider nodeguard: get providers nodeguard: the API server said no")
 	assert.Contains(t, out.String(), "scaled back to 2: nodeguard guards as before")
+}
+
+// A shard's cleanup (--watch-filter) looks only at its own Clusters and
+// leaves Gatekeeper's Provider, which a shard never writes, alone.
+func TestCleanupOfAShardKeepsToItsClusters(t *testing.T) {
+	clusterGVK := schema.GroupVersionKind{Group: "cluster.x-k8s.io", Version: "v1beta2", Kind: "Cluster"}
+	labelled := func(name, shard string) runtime.Object {
+		u := testcluster.Object(clusterGVK, "default", name, nil)
+		u.SetLabels(map[string]string{"cluster.x-k8s.io/watch-filter": shard})
+		return u
+	}
+	dyn, mapper := testcluster.Serve([]testcluster.Kind{{GVK: clusterGVK, Resource: "clusters"}}, labelled("dev", "a"), labelled("two", "b"))
+	var out bytes.Buffer
+	code, err := run(context.Background(), kube.Clients{Dynamic: dyn, Mapper: mapper}, fake.NewClientset(),
+		CleanupOptions{Namespace: "nodeguard-system", WatchFilter: "a"}, &out)
+	require.NoError(t, err)
+	assert.Equal(t, 0, code, out.String())
+	assert.Contains(t, out.String(), "Cluster default/dev skipped", "its own Cluster is looked at (no kubeconfig here)")
+	assert.NotContains(t, out.String(), "default/two", "another shard's is not")
+	for _, a := range dyn.Actions() {
+		assert.NotEqual(t, "providers", a.GetResource().Resource, "Gatekeeper's Provider is no shard's")
+	}
 }
