@@ -311,7 +311,7 @@ func TestQueriesReadExportedMetrics(t *testing.T) {
 	}
 	reasons := map[string][]string{
 		"nodeguard_decisions_total": {rule.ReasonNoLink, rule.ReasonExempt, rule.ReasonNotJudged, rule.ReasonBlocked,
-			rule.ReasonUnverified, rule.ReasonMisrouted, rule.ReasonUnjudgeable, rule.ReasonNotReady, rule.ReasonCacheRecovering, rule.ReasonFreshReadFailed,
+			rule.ReasonUnverified, rule.ReasonMisrouted, rule.ReasonUnjudgeable, rule.ReasonNotReady, rule.ReasonCacheRecovering, rule.ReasonNotHeld, rule.ReasonFreshReadFailed,
 			rule.ReasonError, rule.ReasonBusy, rule.ReasonBadRequest},
 		"nodeguard_rejected_requests_total": {admission.RejectMethod, admission.RejectClientCert, admission.RejectContentType, admission.RejectTooLarge,
 			admission.RejectNoLength, admission.RejectRead, admission.RejectBusy, admission.RejectMalformed, admission.RejectNotReview,
