@@ -85,6 +85,11 @@ func TestChartPassesServerSideDryRun(t *testing.T) {
 			kinds: []string{"Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
 				"ValidatingWebhookConfiguration", "ConfigMap", "NetworkPolicy", "Role", "RoleBinding"},
 		},
+		"a fleet shard (fleet.watchFilter)": {
+			args: []string{"--set", "fleet.enabled=true", "--set", "fleet.url=https://nodeguard-a.example.com", "--set", "fleet.allowUnauthenticatedReviews=true",
+				"--set", "fleet.watchFilter=a", "--set", "webhook.enabled=false", "--set", "fleet.secretNamespaces={default}"},
+			kinds: []string{"Deployment", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "CustomResourceDefinition", "Job"},
+		},
 		"monitoring, denial Events in workload clusters": {
 			args: []string{"--set", "monitoring.serviceMonitor.enabled=true", "--set", "monitoring.prometheusRule.enabled=true",
 				"--set", "monitoring.dashboard.enabled=true", "--set", "denialEvents.workloadClusters=true"},
