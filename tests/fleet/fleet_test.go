@@ -367,8 +367,11 @@ func measure(t testing.TB, clusterCount, nodeCount int, window time.Duration, up
 	before := heap()
 	cpu0, t0 := cpu(t), time.Now()
 	f.start(t, ctx, e)
-	require.Eventually(t, func() bool { return f.judged(t) >= float64(f.nodes) }, 10*time.Minute, 50*time.Millisecond,
-		"every Node judged once its cache synced")
+	// Judgments alone can reach the count early (the inventory's replay
+	// judges Nodes of synced clusters again): every cluster synced too.
+	require.Eventually(t, func() bool {
+		return f.metric(t, "nodeguard_orphan_watch_synced") == float64(clusterCount+1) && f.judged(t) >= float64(f.nodes)
+	}, 10*time.Minute, 50*time.Millisecond, "every Node judged once its cache synced")
 	fig.SyncTime, fig.SyncCPU = time.Since(t0), cpu(t)-cpu0
 	require.Equal(t, float64(clusterCount+1), f.metric(t, "nodeguard_orphan_watch_synced"), "every cluster synced, and the management cluster (no Nodes here)")
 	// The inventory's objects replayed to the scan re-judge their Nodes for a
