@@ -29,6 +29,9 @@ type Evidence struct {
 	mu      sync.Mutex
 	byKey   map[evidenceKey]*evidenceGroup
 	objects []*unstructured.Unstructured // one per key; nil after a change
+	// byCluster is objects by the namespace and cluster label of their key,
+	// built with objects.
+	byCluster map[[2]string][]*unstructured.Unstructured
 }
 
 type evidenceKey struct {
@@ -140,10 +143,44 @@ func (e *Evidence) Objects() []*unstructured.Unstructured {
 		return e.objects
 	}
 	out := make([]*unstructured.Unstructured, 0, len(e.byKey))
+	e.byCluster = map[[2]string][]*unstructured.Unstructured{}
 	for _, k := range slices.SortedFunc(maps.Keys(e.byKey), func(a, b evidenceKey) int { return strings.Compare(keyString(a), keyString(b)) }) {
-		out = append(out, e.byKey[k].shown.Unstructured())
+		u := e.byKey[k].shown.Unstructured()
+		out = append(out, u)
+		at := [2]string{k.namespace, k.cluster}
+		e.byCluster[at] = append(e.byCluster[at], u)
 	}
 	e.objects = out
+	return out
+}
+
+// ObjectsFor returns what Objects does that a cluster route ("namespace/
+// name"; "" for all) can count: the criteria take as evidence for a cluster
+// only InfraMachines in its namespace labelled with its name
+// (orphans.rego, _evidence_for_cluster), so every other cluster's would be
+// read for each Node and thrown away, a cost that grew with the fleet.
+func (e *Evidence) ObjectsFor(cluster string) []*unstructured.Unstructured {
+	all := e.Objects()
+	ns, name, ok := strings.Cut(cluster, "/")
+	if !ok {
+		return all
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.objects == nil {
+		return filterCluster(all, ns, name, e.label) // changed since: filter what was read
+	}
+	return e.byCluster[[2]string{ns, name}]
+}
+
+// filterCluster keeps the objects in namespace ns whose label (path) is name.
+func filterCluster(objs []*unstructured.Unstructured, ns, name string, label rule.Path) []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	for _, o := range objs {
+		if v, _, _ := unstructured.NestedString(o.Object, label...); o.GetNamespace() == ns && v == name {
+			out = append(out, o)
+		}
+	}
 	return out
 }
 

@@ -215,12 +215,11 @@ func (f *Finder) judge(ctx context.Context, nodes []*unstructured.Unstructured, 
 	if err != nil {
 		return nil, err
 	}
-	var evidence []*unstructured.Unstructured
-	if f.opts.Evidence != nil {
-		evidence = f.opts.Evidence.Objects()
-	} else {
-		evidence = EvidenceOf(f.opts.Inventory).Objects()
+	e := f.opts.Evidence
+	if e == nil {
+		e = EvidenceOf(f.opts.Inventory)
 	}
+	evidence := e.ObjectsFor(cluster)
 	out := make([]OrphanVerdict, 0, len(nodes))
 	for _, node := range nodes {
 		objs, err := f.opts.Guard.Objects(ctx, node, fresh)
